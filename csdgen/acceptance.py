@@ -1,0 +1,264 @@
+"""Acceptance rules: the probability of keeping each draft token of a window, and the residual.
+
+Notation (the CSD paper's; the SJD paper swaps the letters):
+
+* ``q`` = ``target_probs`` — the target model's distribution at a window position, after
+  guidance and warping;
+* ``p`` = ``draft_probs`` — the distribution the draft token ``x`` at that position was
+  sampled from;
+* ``x`` = ``draft_tokens``; ``y`` = ``target_sample``, one sample from ``q`` per position
+  drawn by the decoding loop (only the exact-match Jacobi rule looks at it).
+
+A rule is a pure function of these tensors: it returns acceptance probabilities ``b`` for
+every position of every window at once (``[B, W]``) and the residual distribution to
+resample from after a rejection (``[B, W, V]``). Uniform draws and the left-to-right walk
+belong to :func:`first_rejection` and the decoding loop; no rule holds a model, a cache or
+a random generator.
+
+Lossless rule: :class:`SJD`. Every lossy rule starts from the same exact ratio
+(:func:`lossless_acceptance`) and changes it, so the exact path is written once.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import torch
+
+from .sampling import entropy, total_variation
+
+__all__ = [
+    "AcceptanceRule",
+    "SJD",
+    "CSD",
+    "Addition",
+    "JacobiMatch",
+    "lossless_acceptance",
+    "residual_distribution",
+    "first_rejection",
+    "make_rule",
+    "RULES",
+]
+
+
+def lossless_acceptance(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
+    """Exact speculative-sampling acceptance ``b = min(1, q(x) / p(x))``.
+
+    Leviathan et al. (2023), Algorithm 1; used per window position by SJD (Teng et al., 2024,
+    eq. 3) and as the base of every relaxed rule here. A zero draft probability ``p(x) = 0``
+    (which a correctly sampled draft never has) gives ``b = 0``: reject.
+
+    Args:
+        draft_tokens: ``[B, W]`` int64 draft ids ``x``.
+        draft_probs: ``[B, W, V]`` float, ``p`` the draft was sampled from.
+        target_probs: ``[B, W, V]`` float, target ``q``.
+
+    Returns:
+        ``[B, W]`` float32 in [0, 1].
+    """
+    index = draft_tokens.unsqueeze(-1)
+    q_x = target_probs.gather(-1, index).squeeze(-1).float()
+    p_x = draft_probs.gather(-1, index).squeeze(-1).float()
+    ratio = torch.where(p_x > 0, q_x / p_x.clamp_min(torch.finfo(torch.float32).tiny), torch.zeros_like(q_x))
+    return ratio.clamp(max=1.0)
+
+
+def residual_distribution(draft_probs: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
+    """The residual ``norm(max(0, q - p))`` to resample from after a rejection.
+
+    Leviathan et al. (2023), Algorithm 1; the CSD paper (Theorem on optimal resampling) shows
+    the same distribution minimises the total variation to ``q`` under its relaxed
+    acceptance. A rejection implies ``q(x) < p(x)``, so the residual mass equals
+    ``TV(p, q) > 0``; where it is zero in floating point the residual falls back to ``q``.
+
+    Args:
+        draft_probs: ``[B, W, V]`` float ``p``.
+        target_probs: ``[B, W, V]`` float ``q``.
+
+    Returns:
+        ``[B, W, V]`` float32 probabilities, never NaN.
+    """
+    diff = (target_probs.float() - draft_probs.float()).clamp_min(0.0)
+    mass = diff.sum(-1, keepdim=True)
+    degenerate = mass <= 1e-12
+    return torch.where(degenerate, target_probs.float(), diff / torch.where(degenerate, torch.ones_like(mass), mass))
+
+
+def first_rejection(accepted: torch.Tensor) -> torch.Tensor:
+    """Number of leading accepted positions of each window, with no loop over positions.
+
+    Args:
+        accepted: ``[B, W]`` bool, True where the draft at that position passes its test.
+
+    Returns:
+        ``[B]`` int64 in [0, W]: the index of the first rejection, or W if none.
+    """
+    return accepted.long().cumprod(-1).sum(-1)
+
+
+class AcceptanceRule(ABC):
+    """A rule deciding how likely each draft token of a window is to be kept.
+
+    Subclasses set ``name`` (the CLI/method name) and ``lossless`` (True only when the output
+    distribution provably equals the target distribution), and implement
+    :meth:`acceptance_probability`. The residual defaults to :func:`residual_distribution`.
+    """
+
+    name: ClassVar[str]
+    lossless: ClassVar[bool] = False
+
+    @abstractmethod
+    def acceptance_probability(
+        self,
+        draft_tokens: torch.Tensor,
+        draft_probs: torch.Tensor,
+        target_probs: torch.Tensor,
+        target_sample: torch.Tensor,
+    ) -> torch.Tensor:
+        """Acceptance probabilities ``b`` for a whole window.
+
+        Args:
+            draft_tokens: ``[B, W]`` int64 draft ids ``x``.
+            draft_probs: ``[B, W, V]`` float, ``p``.
+            target_probs: ``[B, W, V]`` float, ``q``.
+            target_sample: ``[B, W]`` int64, one sample ``y ~ q`` per position.
+
+        Returns:
+            ``[B, W]`` float32 in [0, 1].
+        """
+
+    def residual(self, draft_probs: torch.Tensor, target_probs: torch.Tensor, target_sample: torch.Tensor) -> torch.Tensor:
+        """Distribution ``[B, W, V]`` to sample a rejected position from (default ``norm(max(0, q - p))``)."""
+        return residual_distribution(draft_probs, target_probs)
+
+    def options(self) -> dict:
+        """The rule's parameters, for records and tables."""
+        return {}
+
+    def __repr__(self) -> str:
+        opts = ", ".join(f"{k}={v!r}" for k, v in self.options().items())
+        return f"{type(self).__name__}({opts})"
+
+
+class SJD(AcceptanceRule):
+    """Lossless speculative Jacobi decoding: ``b = min(1, q(x) / p(x))`` (Teng et al., 2024)."""
+
+    name = "sjd"
+    lossless = True
+
+    def acceptance_probability(self, draft_tokens, draft_probs, target_probs, target_sample):
+        return lossless_acceptance(draft_tokens, draft_probs, target_probs)
+
+
+class CSD(AcceptanceRule):
+    """Content-aware speculative decoding (CSD paper, eqs. for ``b_k`` and the alignment filter).
+
+    ``b = min(1, min(1, q(x)/p(x)) + lam * H(q))`` where ``TV(p, q) < delta``, else the exact
+    ``min(1, q(x)/p(x))``. Lossy: the relaxation trades exactness for acceptance.
+
+    As in the public CSD code, ``p`` and ``q`` are clamped to at least ``eps`` (1e-10) before
+    the entropy and the TV distance, and the entropy is per window position in nats. The ratio
+    term is the exact SJD ratio (the reference also clamps it, which changes it only where
+    ``q(x) < 1e-10``); this keeps ``lam = 0`` or ``delta = 0`` identical to :class:`SJD`.
+
+    Args:
+        lam: relaxation coefficient ``lambda`` >= 0 (default 0.5, the reference's). With
+            nats, ``lam * H >= 1`` once ``H >= 1 / lam`` (2 nats at the default): such
+            positions are accepted for sure whenever the filter passes.
+        delta: TV threshold in [0, 1] (default 0.65). 0 switches the relaxation off.
+        entropy_unit: ``"nats"`` (reference) or ``"normalized"`` (H / ln V in [0, 1];
+            csdgen's variant, not in the paper).
+        eps: clamping floor for entropy and TV (default 1e-10, the reference's).
+
+    Raises:
+        ValueError: ``lam < 0``, ``delta`` outside [0, 1], an unknown ``entropy_unit`` or ``eps < 0``.
+    """
+
+    name = "csd"
+
+    def __init__(self, lam: float = 0.5, delta: float = 0.65, entropy_unit: str = "nats", eps: float = 1e-10):
+        if not math.isfinite(lam) or lam < 0:
+            raise ValueError(f"lam={lam!r}: the CSD relaxation coefficient lambda must be a finite number >= 0")
+        if not (0.0 <= delta <= 1.0):
+            raise ValueError(f"delta={delta!r}: the CSD TV threshold must lie in [0, 1]")
+        if entropy_unit not in ("nats", "normalized"):
+            raise ValueError(f"entropy_unit={entropy_unit!r}: allowed 'nats' (reference) or 'normalized' (H / ln V)")
+        if not (eps >= 0):
+            raise ValueError(f"eps={eps!r}: must be >= 0")
+        self.lam, self.delta, self.entropy_unit, self.eps = float(lam), float(delta), entropy_unit, float(eps)
+
+    def acceptance_probability(self, draft_tokens, draft_probs, target_probs, target_sample):
+        # q = target_probs (model), p = draft_probs (previous Jacobi iterate or initialisation)
+        exact = lossless_acceptance(draft_tokens, draft_probs, target_probs)
+        h = entropy(target_probs, normalized=self.entropy_unit == "normalized", eps=self.eps)
+        aligned = total_variation(draft_probs, target_probs, eps=self.eps) < self.delta
+        relaxed = (exact + self.lam * h).clamp(max=1.0)
+        return torch.where(aligned, relaxed, exact)
+
+    def options(self):
+        return {"lam": self.lam, "delta": self.delta, "entropy_unit": self.entropy_unit}
+
+
+class Addition(AcceptanceRule):
+    """Constant relaxation ``b = min(1, q(x)/p(x) + c)`` without entropy or filter.
+
+    The "Addition" ablation of the CSD paper's tables; its code is not public, so this is the
+    natural reading of the name. Lossy for ``c > 0``.
+
+    Raises:
+        ValueError: ``c < 0``.
+    """
+
+    name = "addition"
+
+    def __init__(self, c: float = 0.2):
+        if not math.isfinite(c) or c < 0:
+            raise ValueError(f"c={c!r}: the Addition constant must be a finite number >= 0")
+        self.c = float(c)
+
+    def acceptance_probability(self, draft_tokens, draft_probs, target_probs, target_sample):
+        return (lossless_acceptance(draft_tokens, draft_probs, target_probs) + self.c).clamp(max=1.0)
+
+    def options(self):
+        return {"c": self.c}
+
+
+class JacobiMatch(AcceptanceRule):
+    """Exact-match Jacobi decoding: keep ``x`` iff it equals this forward's sample ``y ~ q``.
+
+    On a rejection the committed token is ``y`` itself, so every committed token is a sample
+    from ``q``: lossless, but it accepts far less often than :class:`SJD` when sampling
+    (with greedy decoding it is classic Jacobi decoding, Song et al., 2021).
+    """
+
+    name = "jacobi"
+    lossless = True
+
+    def acceptance_probability(self, draft_tokens, draft_probs, target_probs, target_sample):
+        return (draft_tokens == target_sample).float()
+
+    def residual(self, draft_probs, target_probs, target_sample):
+        return torch.nn.functional.one_hot(target_sample, target_probs.shape[-1]).float()
+
+
+RULES: dict[str, type[AcceptanceRule]] = {rule.name: rule for rule in (SJD, CSD, Addition, JacobiMatch)}
+
+
+def make_rule(method: str | AcceptanceRule, **options) -> AcceptanceRule:
+    """Build a rule from its name and options (``make_rule("csd", lam=0.3)``), or pass one through.
+
+    Raises:
+        ValueError: unknown name (listing the known ones) or an option the rule does not take.
+    """
+    if isinstance(method, AcceptanceRule):
+        if options:
+            raise ValueError(f"options {sorted(options)} given with a ready rule {method!r}; set them on the rule")
+        return method
+    if method not in RULES:
+        raise ValueError(f"unknown acceptance rule {method!r}; allowed: {', '.join(sorted(RULES))}")
+    try:
+        return RULES[method](**options)
+    except TypeError as exc:
+        raise ValueError(f"bad options {options} for rule {method!r}: {exc}") from None

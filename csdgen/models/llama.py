@@ -1,0 +1,159 @@
+"""A class-conditional image-token model on a transformers Llama backbone, with its KV cache.
+
+Sequence layout: ``[class_token, code_0, ..., code_{N-1}]`` where codebook ids are
+``0 .. V - 1``, class ``c`` is id ``V + c`` and the null class (for the unconditional rows of
+classifier-free guidance) is id ``V + num_classes``. Position ids start at 0 on the class
+token. This is the layout of the built-in model; the tests use tiny random instances of it as
+"the cached transformer".
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+from .base import DecodingSession, ImageTokenModel, WindowLogits
+
+__all__ = ["ClassConditionalLlama"]
+
+
+class ClassConditionalLlama(ImageTokenModel):
+    """Class-conditional AR image-token model over a ``LlamaForCausalLM``.
+
+    Args:
+        backbone: a ``LlamaForCausalLM`` whose vocabulary holds ``V + num_classes + 1`` ids.
+        codebook_size: V.
+        num_classes: number of classes (the null class comes on top).
+        grid: ``(rows, cols)`` of the image tokens.
+        class_names: optional names, so conditions may be given by name.
+
+    Raises:
+        ValueError: if the backbone's vocabulary or positions cannot hold this layout.
+    """
+
+    def __init__(
+        self,
+        backbone: LlamaForCausalLM,
+        codebook_size: int,
+        num_classes: int,
+        grid: tuple[int, int],
+        class_names: Sequence[str] | None = None,
+    ):
+        cfg = backbone.config
+        if cfg.vocab_size < codebook_size + num_classes + 1:
+            raise ValueError(f"backbone vocab_size={cfg.vocab_size} < V + classes + 1 = {codebook_size + num_classes + 1}")
+        if cfg.max_position_embeddings < grid[0] * grid[1] + 1:
+            raise ValueError(f"backbone max_position_embeddings={cfg.max_position_embeddings} < N + 1 = {grid[0] * grid[1] + 1}")
+        if class_names is not None and len(class_names) != num_classes:
+            raise ValueError(f"{len(class_names)} class names for num_classes={num_classes}")
+        self.backbone = backbone.eval()
+        self.codebook_size, self.num_classes, self.grid = codebook_size, num_classes, tuple(grid)
+        self.num_image_tokens = grid[0] * grid[1]
+        self.class_names = list(class_names) if class_names is not None else None
+        self.device = next(backbone.parameters()).device
+
+    @classmethod
+    def random(
+        cls,
+        codebook_size: int = 32,
+        num_classes: int = 4,
+        grid: tuple[int, int] = (4, 4),
+        hidden_size: int = 32,
+        num_layers: int = 2,
+        num_heads: int = 4,
+        seed: int = 0,
+    ) -> "ClassConditionalLlama":
+        """A small randomly initialised instance (for tests and benchmarks); deterministic in ``seed``."""
+        config = LlamaConfig(
+            vocab_size=codebook_size + num_classes + 1,
+            hidden_size=hidden_size,
+            intermediate_size=2 * hidden_size,
+            num_hidden_layers=num_layers,
+            num_attention_heads=num_heads,
+            num_key_value_heads=num_heads,
+            max_position_embeddings=grid[0] * grid[1] + 1,
+        )
+        torch.manual_seed(seed)
+        return cls(LlamaForCausalLM(config), codebook_size, num_classes, grid)
+
+    def class_ids(self, conditions: Sequence[int | str]) -> list[int]:
+        """Resolve class names or indices to indices.
+
+        Raises:
+            ValueError: for an unknown name or an index outside ``0 .. num_classes - 1``.
+        """
+        ids = []
+        for c in conditions:
+            if isinstance(c, str) and not c.lstrip("-").isdigit():
+                if self.class_names is None or c not in self.class_names:
+                    allowed = ", ".join(self.class_names) if self.class_names else f"0..{self.num_classes - 1}"
+                    raise ValueError(f"unknown class {c!r}; allowed: {allowed}")
+                ids.append(self.class_names.index(c))
+                continue
+            index = int(c)
+            if not 0 <= index < self.num_classes:
+                raise ValueError(f"class index {index}: allowed 0..{self.num_classes - 1}")
+            ids.append(index)
+        return ids
+
+    def start(self, conditions, batch_size, guided):
+        if conditions is None:
+            raise ValueError("ClassConditionalLlama needs conditions: a list of class indices or names")
+        ids = self.class_ids(list(conditions))
+        if not ids:
+            raise ValueError("conditions is empty; give at least one class")
+        if batch_size is not None and batch_size != len(ids):
+            raise ValueError(f"batch_size={batch_size} differs from the {len(ids)} conditions given")
+        return _LlamaSession(self, ids, guided)
+
+
+class _LlamaSession(DecodingSession):
+    """KV-cached session; cond rows first, then (when guided) the null-class rows."""
+
+    def __init__(self, model: ClassConditionalLlama, class_ids: list[int], guided: bool):
+        self.model, self.batch_size, self.guided = model, len(class_ids), guided
+        V, C = model.codebook_size, model.num_classes
+        first = torch.tensor([V + c for c in class_ids], device=model.device)
+        if guided:
+            first = torch.cat([first, torch.full_like(first, V + C)])
+        self.first_tokens = first[:, None]  # [B or 2B, 1]
+        self.cache = DynamicCache(config=model.backbone.config)
+        self._length = -1  # image positions cached; -1 before prefill
+
+    def _run(self, input_ids: torch.Tensor, first_position: int) -> WindowLogits:
+        positions = torch.arange(first_position, first_position + input_ids.shape[1], device=input_ids.device)
+        with torch.no_grad():
+            out = self.model.backbone(
+                input_ids=input_ids, position_ids=positions.expand(input_ids.shape[0], -1), cache=self.cache, use_cache=True
+            )
+        logits = out.logits[..., : self.model.codebook_size]
+        if self.guided:
+            return WindowLogits(logits[: self.batch_size], logits[self.batch_size :])
+        return WindowLogits(logits, None)
+
+    def prefill(self) -> WindowLogits:
+        logits = self._run(self.first_tokens, 0)
+        self._length = 0
+        return logits
+
+    def forward(self, tokens, start):
+        if start != self._length:
+            raise ValueError(f"start={start} but the session holds {self._length} image positions")
+        ids = torch.cat([tokens, tokens]) if self.guided else tokens
+        logits = self._run(ids, 1 + start)
+        self._length += tokens.shape[1]
+        return logits
+
+    def rollback(self, length):
+        if not 0 <= length <= self._length:
+            raise ValueError(f"rollback length={length}: allowed 0..{self._length}")
+        drop = self._length - length
+        if drop:
+            self.cache.crop(-drop)  # transformers 5.24 accepts only a negative count here
+        self._length = length
+
+    @property
+    def cache_length(self):
+        return self._length

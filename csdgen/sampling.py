@@ -1,0 +1,230 @@
+"""Target distributions from logits, and the measures the acceptance rules use.
+
+Letters used for tensor shapes throughout csdgen:
+
+* ``B`` batch (images), ``W`` window (slots of one Jacobi forward), ``V`` image vocabulary
+  (codebook size), ``N`` image tokens per image, ``T`` sequence length, ``D`` width.
+
+Everything here works on the last dimension of ``[..., V]`` tensors, so the same warpers
+apply to one position (``[B, V]``) or to a whole window (``[B, W, V]``).
+
+Order of operations (as in transformers' logits processors and the SJD/CSD reference code):
+classifier-free guidance -> temperature -> top-k -> top-p -> softmax in float32.
+Temperature 0 means greedy decoding: the target distribution is one-hot on the argmax.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "SamplingConfig",
+    "apply_guidance",
+    "apply_temperature",
+    "apply_top_k",
+    "apply_top_p",
+    "target_probs",
+    "has_nan",
+    "sample",
+    "entropy",
+    "total_variation",
+]
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How logits become the target distribution ``q``.
+
+    Attributes:
+        guidance_scale: classifier-free guidance scale ``s`` in ``l_u + s (l_c - l_u)``;
+            1.0 disables guidance (no unconditional rows are run). Must be >= 0.
+        temperature: softmax temperature; 0 selects greedy decoding (one-hot on argmax).
+        top_k: keep the ``top_k`` largest logits per position (None = all). 1 <= top_k <= V.
+        top_p: keep the smallest set of tokens whose probability reaches ``top_p``
+            (None = all). 0 < top_p <= 1.
+
+    Raises:
+        ValueError: for a value outside the ranges above (checked on construction; top_k
+            against V is checked when logits arrive).
+    """
+
+    guidance_scale: float = 1.0
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.guidance_scale) or self.guidance_scale < 0:
+            raise ValueError(f"guidance_scale={self.guidance_scale!r}: must be a finite number >= 0")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature!r}: must be a finite number >= 0 (0 = greedy)")
+        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1):
+            raise ValueError(f"top_k={self.top_k!r}: must be None or an integer >= 1")
+        if self.top_p is not None and not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p={self.top_p!r}: must be None or in (0, 1]")
+
+    @property
+    def guided(self) -> bool:
+        """True when unconditional rows are needed (guidance scale != 1)."""
+        return self.guidance_scale != 1.0
+
+    @property
+    def greedy(self) -> bool:
+        """True for temperature 0 (argmax decoding)."""
+        return self.temperature == 0.0
+
+
+def apply_guidance(cond_logits: torch.Tensor, uncond_logits: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """Classifier-free guidance: ``l = l_u + s (l_c - l_u)`` (Ho & Salimans, 2022, eq. 6 in logit form).
+
+    Args:
+        cond_logits: ``[..., V]`` float, logits of the conditional rows.
+        uncond_logits: ``[..., V]`` float of the same shape, logits of the unconditional rows
+            of the same forward; None when guidance is off.
+        scale: guidance scale ``s``; 1.0 returns ``cond_logits`` unchanged.
+
+    Returns:
+        ``[..., V]`` float32 guided logits.
+
+    Raises:
+        ValueError: if guidance is requested but no unconditional logits are given, or shapes differ.
+    """
+    cond = cond_logits.float()
+    if scale == 1.0:
+        return cond
+    if uncond_logits is None:
+        raise ValueError(f"guidance_scale={scale} needs unconditional logits, but the model returned none")
+    if uncond_logits.shape != cond_logits.shape:
+        raise ValueError(f"unconditional logits {tuple(uncond_logits.shape)} do not match conditional {tuple(cond_logits.shape)}")
+    uncond = uncond_logits.float()
+    return uncond + scale * (cond - uncond)
+
+
+def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Divide ``[..., V]`` logits by ``temperature`` (> 0). Temperature 0 is handled by :func:`target_probs`."""
+    return logits if temperature == 1.0 else logits / temperature
+
+
+def apply_top_k(logits: torch.Tensor, top_k: int | None) -> torch.Tensor:
+    """Keep the ``top_k`` largest of ``[..., V]`` logits, set the rest to -inf.
+
+    Raises:
+        ValueError: if ``top_k`` exceeds V.
+    """
+    if top_k is None:
+        return logits
+    vocab = logits.shape[-1]
+    if top_k > vocab:
+        raise ValueError(f"top_k={top_k} exceeds the image vocabulary size V={vocab}; allowed: 1..{vocab} or None")
+    if top_k == vocab:
+        return logits
+    kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def apply_top_p(logits: torch.Tensor, top_p: float | None) -> torch.Tensor:
+    """Nucleus filtering (Holtzman et al., 2020) on ``[..., V]`` logits.
+
+    Keeps the most probable tokens whose cumulative probability first reaches ``top_p``
+    (the most probable token is always kept); the rest become -inf.
+    """
+    if top_p is None or top_p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    cum = sorted_logits.softmax(-1).cumsum(-1)
+    drop_sorted = (cum - sorted_logits.softmax(-1)) >= top_p  # mass before this token already reached top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def target_probs(
+    cond_logits: torch.Tensor, uncond_logits: torch.Tensor | None, config: SamplingConfig
+) -> torch.Tensor:
+    """The target distribution ``q`` for every position: guidance, temperature, top-k, top-p, softmax.
+
+    Args:
+        cond_logits: ``[..., V]`` logits (any float dtype) of the conditional rows.
+        uncond_logits: ``[..., V]`` logits of the unconditional rows, or None without guidance.
+        config: the sampling settings.
+
+    Returns:
+        ``[..., V]`` float32 probabilities summing to 1 on the last dimension; one-hot on the
+        argmax (first one on ties) when ``config.temperature == 0``.
+
+    Raises:
+        ValueError: an invalid ``top_k`` for this V.
+
+    NaN logits are not checked here (that would cost a host sync per call): use
+    :func:`has_nan` and check it where a sync happens anyway, as the decoding loop does.
+    """
+    logits = apply_guidance(cond_logits, uncond_logits, config.guidance_scale)
+    if config.greedy:
+        index = logits.argmax(-1, keepdim=True)
+        return torch.zeros_like(logits).scatter_(-1, index, 1.0)
+    logits = apply_temperature(logits, config.temperature)
+    logits = apply_top_k(logits, config.top_k)
+    logits = apply_top_p(logits, config.top_p)
+    return logits.softmax(-1)
+
+
+def has_nan(*tensors: torch.Tensor | None) -> torch.Tensor:
+    """A 0-dim bool tensor, True if any of ``tensors`` (None skipped) holds a NaN. No host sync."""
+    flags = [torch.isnan(t).any() for t in tensors if t is not None]
+    return torch.stack(flags).any() if flags else torch.tensor(False)
+
+
+def sample(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling: one token per row of ``probs`` from one uniform number each.
+
+    Using given uniforms (instead of ``torch.multinomial``) makes the draws of a whole
+    iteration independent of which tokens were accepted, so two rules that agree on a
+    decision also agree on every sample ("sample for sample" comparisons).
+
+    Args:
+        probs: ``[..., V]`` non-negative weights (need not be normalised; a row must have
+            positive mass).
+        uniforms: ``[...]`` float64 numbers in [0, 1).
+
+    Returns:
+        ``[...]`` int64 token ids; a token with zero weight is never returned.
+    """
+    cdf = probs.double().cumsum(-1)
+    target = (uniforms * cdf[..., -1]).unsqueeze(-1)
+    index = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    return index.clamp_(max=probs.shape[-1] - 1)
+
+
+def entropy(probs: torch.Tensor, *, normalized: bool = False, eps: float = 0.0) -> torch.Tensor:
+    """Shannon entropy ``H(q) = -sum_v q(v) ln q(v)`` of ``[..., V]`` distributions, in nats.
+
+    Args:
+        probs: ``[..., V]`` probabilities.
+        normalized: divide by ``ln V`` so the result lies in [0, 1] (csdgen's option; the CSD
+            reference uses nats).
+        eps: clamp probabilities to at least ``eps`` first (the CSD reference uses 1e-10);
+            0 leaves them as they are, with ``0 ln 0 = 0``.
+
+    Returns:
+        ``[...]`` float32 entropy (nats, or nats / ln V when normalised).
+    """
+    p = probs.float().clamp_min(eps) if eps > 0 else probs.float()
+    h = -(p * torch.log(p.clamp_min(torch.finfo(p.dtype).tiny))).sum(-1)
+    return h / math.log(probs.shape[-1]) if normalized else h
+
+
+def total_variation(p: torch.Tensor, q: torch.Tensor, *, eps: float = 0.0) -> torch.Tensor:
+    """Total variation distance ``TV(p, q) = 1/2 sum_v |p(v) - q(v)|`` over the last dimension.
+
+    Args:
+        p, q: ``[..., V]`` probabilities of the same shape.
+        eps: clamp both to at least ``eps`` first (the CSD reference uses 1e-10).
+
+    Returns:
+        ``[...]`` float32 in [0, 1] (slightly above 1 is possible after clamping).
+    """
+    if eps > 0:
+        p, q = p.clamp_min(eps), q.clamp_min(eps)
+    return 0.5 * (p.float() - q.float()).abs().sum(-1)
