@@ -1,0 +1,71 @@
+"""Shared fixtures: the small cached transformer and a model with a known joint distribution."""
+
+import itertools
+
+import pytest
+import torch
+
+from csdgen.models import ClassConditionalLlama, FunctionModel
+from csdgen.sampling import SamplingConfig, target_probs
+
+# The test models are tiny: one thread is faster than two, and immune to a busy machine.
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def cached_model():
+    """A tiny random class-conditional Llama with a KV cache: 6 x 8 = 48 tokens, V = 48.
+
+    Random weights with a scaled-up output layer (peaked target distributions) and scaled-down
+    code embeddings (weaker dependence on the previous tokens), so that drafts are both
+    accepted and rejected, greedy Jacobi iteration included.
+    """
+    model = ClassConditionalLlama.random(codebook_size=48, num_classes=5, grid=(6, 8), hidden_size=64, num_layers=2, seed=0)
+    with torch.no_grad():
+        model.backbone.lm_head.weight.mul_(4.0)
+        model.backbone.model.embed_tokens.weight[:48].mul_(0.1)
+    return model
+
+
+class KnownJoint:
+    """A FunctionModel over V = 3 tokens, N = 4 positions, with an exactly computable joint law.
+
+    Next-token logits are a fixed random table indexed by the whole prefix; the conditional
+    and unconditional tables differ, so guidance is exercised too.
+    """
+
+    V, N = 3, 4
+
+    def __init__(self, sampling: SamplingConfig, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        self.sampling = sampling
+        size = sum(self.V**t for t in range(self.N))  # one row per prefix of length 0..N-1
+        self.cond_table = torch.randn(size, self.V, generator=g) * 1.5
+        self.uncond_table = torch.randn(size, self.V, generator=g) * 1.5
+        self.model = FunctionModel(self._fn(self.cond_table), self.N, self.V, uncond_fn=self._fn(self.uncond_table))
+
+    def _index(self, prefix):
+        t = prefix.shape[1]
+        offset = sum(self.V**s for s in range(t))
+        weights = torch.tensor([self.V ** (t - 1 - s) for s in range(t)], dtype=torch.long)
+        return offset + (prefix * weights).sum(-1) if t else torch.full((prefix.shape[0],), offset)
+
+    def _fn(self, table):
+        return lambda prefix: table[self._index(prefix)]
+
+    def joint(self) -> dict[tuple, float]:
+        """Exact probability of every sequence under the target (guided, warped) distribution."""
+        law = {}
+        for seq in itertools.product(range(self.V), repeat=self.N):
+            prob = 1.0
+            for t in range(self.N):
+                prefix = torch.tensor([seq[:t]], dtype=torch.long)
+                q = target_probs(self.model.fn(prefix)[:, None], self.model.uncond_fn(prefix)[:, None], self.sampling)
+                prob *= q[0, 0, seq[t]].item()
+            law[seq] = prob
+        return law
+
+
+@pytest.fixture(scope="session")
+def known_joint():
+    return KnownJoint(SamplingConfig(guidance_scale=2.0, temperature=1.0))

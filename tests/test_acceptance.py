@@ -1,0 +1,167 @@
+"""Acceptance rules: hand-computed cases, relations between rules (hypothesis), residual safety."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from csdgen.acceptance import (
+    CSD,
+    SJD,
+    Addition,
+    JacobiMatch,
+    first_rejection,
+    lossless_acceptance,
+    make_rule,
+    residual_distribution,
+)
+
+
+def window(p_rows, q_rows, x):
+    """Build [1, W] / [1, W, V] tensors from lists."""
+    return torch.tensor([x]), torch.tensor([p_rows]), torch.tensor([q_rows])
+
+
+def test_sjd_ratio_hand_computed():
+    # q(x)/p(x): 0.2/0.4 = 0.5; 0.6/0.3 -> capped at 1; p(x) = 0 -> reject (0)
+    x, p, q = window([[0.4, 0.6], [0.7, 0.3], [0.0, 1.0]], [[0.2, 0.8], [0.4, 0.6], [0.5, 0.5]], [0, 1, 0])
+    b = SJD().acceptance_probability(x, p, q, x)
+    torch.testing.assert_close(b, torch.tensor([[0.5, 1.0, 0.0]]))
+
+
+def test_csd_saturates_at_two_nats_with_default_lambda():
+    V = 16
+    q = torch.full((V,), 1 / V)  # H = ln 16 = 2.77 nats >= 2: lam * H >= 1
+    p = q.clone()
+    p[0], p[1] = p[0] + 0.05, p[1] - 0.05  # TV 0.05 < 0.65
+    x, pp, qq = torch.tensor([[0]]), p[None, None], q[None, None]
+    assert SJD().acceptance_probability(x, pp, qq, x).item() < 1
+    assert CSD().acceptance_probability(x, pp, qq, x).item() == 1.0
+
+
+def test_csd_relaxation_hand_computed_below_saturation():
+    # q = [0.9, 0.1]: H = -(0.9 ln 0.9 + 0.1 ln 0.1) = 0.32508 nats; p = [0.5, 0.5], x = 1:
+    # exact = 0.1 / 0.5 = 0.2; TV = 0.4 < 0.65 -> b = 0.2 + 0.5 * 0.32508 = 0.36254
+    x, p, q = window([[0.5, 0.5]], [[0.9, 0.1]], [1])
+    h = -(0.9 * math.log(0.9) + 0.1 * math.log(0.1))
+    assert CSD().acceptance_probability(x, p, q, x).item() == pytest.approx(0.2 + 0.5 * h, rel=1e-5)
+    # normalised entropy: H / ln 2
+    normed = CSD(entropy_unit="normalized").acceptance_probability(x, p, q, x).item()
+    assert normed == pytest.approx(0.2 + 0.5 * h / math.log(2), rel=1e-5)
+
+
+def test_csd_tv_gate_switches_relaxation_off():
+    # TV([1, 0], [0.3, 0.7]) = 0.7 >= 0.65: exact ratio 0.3
+    x, p, q = window([[1.0, 0.0]], [[0.3, 0.7]], [0])
+    assert CSD().acceptance_probability(x, p, q, x).item() == pytest.approx(0.3)
+    assert CSD(delta=0.71).acceptance_probability(x, p, q, x).item() == pytest.approx(min(1.0, 0.3 + 0.5 * 0.6109), rel=1e-4)
+
+
+def test_csd_clamping_keeps_entropy_and_tv_finite_on_zeros():
+    # q one-hot on token 1, p one-hot on token 0, draft 0: q(x) = 0 -> exact 0; H(clamped) ~ 0, TV ~ 1
+    x, p, q = window([[1.0, 0.0, 0.0]], [[0.0, 1.0, 0.0]], [0])
+    b = CSD(delta=1.0).acceptance_probability(x, p, q, x)
+    assert torch.isfinite(b).all() and b.item() < 1e-7
+
+
+def test_jacobi_match_accepts_iff_equal_to_target_sample():
+    x = torch.tensor([[0, 1, 2]])
+    y = torch.tensor([[0, 2, 2]])
+    probs = torch.full((1, 3, 3), 1 / 3)
+    assert JacobiMatch().acceptance_probability(x, probs, probs, y).tolist() == [[1.0, 0.0, 1.0]]
+    assert torch.equal(JacobiMatch().residual(probs, probs, y).argmax(-1), y)
+
+
+def test_residual_hand_computed_and_degenerate_falls_back_to_target():
+    p, q = torch.tensor([[[0.5, 0.5, 0.0]]]), torch.tensor([[[0.2, 0.3, 0.5]]])
+    torch.testing.assert_close(residual_distribution(p, q), torch.tensor([[[0.0, 0.0, 1.0]]]))
+    same = residual_distribution(q, q)
+    torch.testing.assert_close(same, q)
+
+
+def test_first_rejection_counts_leading_accepts():
+    accepted = torch.tensor([[True, True, False, True], [False, True, True, True], [True, True, True, True]])
+    assert first_rejection(accepted).tolist() == [2, 0, 4]
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: CSD(lam=-0.1), "lam=-0.1"),
+        (lambda: CSD(delta=1.5), "delta=1.5"),
+        (lambda: CSD(delta=-0.01), "delta=-0.01"),
+        (lambda: CSD(entropy_unit="bits"), "entropy_unit='bits'"),
+        (lambda: Addition(c=-1), "c=-1"),
+        (lambda: make_rule("gsd2"), "unknown acceptance rule 'gsd2'"),
+        (lambda: make_rule("csd", lamda=1), "bad options"),
+    ],
+)
+def test_bad_rule_options_raise_value_error(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+# ----- properties over random p, q (hypothesis) -----
+
+@st.composite
+def windows(draw):
+    B, W, V = draw(st.integers(1, 3)), draw(st.integers(1, 6)), draw(st.integers(2, 40))
+    seed = draw(st.integers(0, 2**31 - 1))
+    g = torch.Generator().manual_seed(seed)
+    sharp_p, sharp_q = draw(st.floats(0.1, 20)), draw(st.floats(0.1, 20))
+    p = (torch.randn(B, W, V, generator=g) * sharp_p).softmax(-1)
+    q = (torch.randn(B, W, V, generator=g) * sharp_q).softmax(-1)
+    if draw(st.booleans()):  # zero entries, as top-k produces
+        q = q * (torch.rand(B, W, V, generator=g) > 0.5)
+        q[..., 0] += 1e-3
+        q = q / q.sum(-1, keepdim=True)
+    x = torch.multinomial(p.reshape(-1, V), 1, generator=g).reshape(B, W)
+    return x, p, q
+
+
+@settings(max_examples=150, deadline=None)
+@given(windows(), st.floats(0, 3), st.floats(0, 1))
+def test_relaxed_rules_never_accept_less_than_sjd(w, lam, delta):
+    x, p, q = w
+    exact = SJD().acceptance_probability(x, p, q, x)
+    for rule in (CSD(lam=lam, delta=delta), CSD(lam=lam, delta=delta, entropy_unit="normalized"), Addition(c=lam)):
+        b = rule.acceptance_probability(x, p, q, x)
+        assert (b >= exact).all() and (b <= 1).all()
+
+
+@settings(max_examples=100, deadline=None)
+@given(windows(), st.floats(0, 3), st.floats(0, 1))
+def test_zero_relaxation_is_exactly_sjd(w, lam, delta):
+    x, p, q = w
+    exact = SJD().acceptance_probability(x, p, q, x)
+    assert torch.equal(CSD(lam=0.0, delta=delta).acceptance_probability(x, p, q, x), exact)
+    assert torch.equal(CSD(lam=lam, delta=0.0).acceptance_probability(x, p, q, x), exact)
+    assert torch.equal(Addition(c=0.0).acceptance_probability(x, p, q, x), exact)
+
+
+@settings(max_examples=100, deadline=None)
+@given(windows())
+def test_residual_is_a_distribution_never_nan(w):
+    _, p, q = w
+    for pp in (p, q, q.clone()):
+        r = residual_distribution(pp, q)
+        assert torch.isfinite(r).all() and (r >= 0).all()
+        torch.testing.assert_close(r.sum(-1), torch.ones(r.shape[:-1]))
+
+
+def test_lossless_acceptance_single_position_law():
+    """One position, exact rule: accept-or-resample yields q (the lemma every test builds on)."""
+    V = 5
+    g = torch.Generator().manual_seed(1)
+    p = torch.tensor([0.4, 0.3, 0.1, 0.1, 0.1])
+    q = torch.tensor([0.1, 0.2, 0.3, 0.0, 0.4])
+    # exact law: P(out = v) = p(v) b(v) + (1 - sum p b) r(v)
+    b = torch.minimum(torch.ones(V), q / p)
+    r = residual_distribution(p[None, None], q[None, None])[0, 0]
+    law = p * b + (1 - (p * b).sum()) * r
+    torch.testing.assert_close(law, q)
+    x = torch.multinomial(p, 100_000, replacement=True, generator=g)
+    accept = torch.rand(100_000, generator=g) < lossless_acceptance(x[None], p.expand(1, 100_000, V), q.expand(1, 100_000, V))[0]
+    assert abs(accept.float().mean().item() - (p * b).sum().item()) < 0.01

@@ -1,0 +1,113 @@
+"""Warpers, entropy, total variation and inverse-CDF sampling, against hand-computed values."""
+
+import math
+
+import pytest
+import torch
+
+from csdgen.sampling import (
+    SamplingConfig,
+    apply_guidance,
+    apply_top_k,
+    apply_top_p,
+    entropy,
+    has_nan,
+    sample,
+    target_probs,
+    total_variation,
+)
+
+
+def test_guidance_formula_hand_computed():
+    # l_u = [0, 1], l_c = [2, 0], s = 3: l_u + 3 (l_c - l_u) = [6, -2]
+    out = apply_guidance(torch.tensor([2.0, 0.0]), torch.tensor([0.0, 1.0]), 3.0)
+    assert torch.equal(out, torch.tensor([6.0, -2.0]))
+
+
+def test_guidance_scale_one_ignores_uncond_and_missing_uncond_raises():
+    cond = torch.randn(2, 3, 5)
+    assert torch.equal(apply_guidance(cond, None, 1.0), cond)
+    with pytest.raises(ValueError, match="unconditional"):
+        apply_guidance(cond, None, 2.0)
+
+
+def test_top_k_keeps_k_largest_and_rejects_k_above_vocab():
+    logits = torch.tensor([[1.0, 4.0, 3.0, 2.0]])
+    kept = apply_top_k(logits, 2)
+    assert torch.isinf(kept[0, [0, 3]]).all() and torch.equal(kept[0, [1, 2]], torch.tensor([4.0, 3.0]))
+    with pytest.raises(ValueError, match="top_k=5 exceeds.*V=4"):
+        apply_top_k(logits, 5)
+
+
+def test_top_p_keeps_smallest_prefix_reaching_p():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    kept = apply_top_p(probs.log(), 0.7)  # 0.5 < 0.7, 0.5 + 0.3 >= 0.7: keep two
+    assert torch.isfinite(kept).tolist() == [True, True, False, False]
+    assert torch.isfinite(apply_top_p(probs.log(), 0.4)).tolist() == [True, False, False, False]
+
+
+def test_target_probs_window_shape_and_greedy_one_hot():
+    logits = torch.randn(2, 7, 11)
+    q = target_probs(logits, None, SamplingConfig())
+    assert q.shape == (2, 7, 11) and q.dtype == torch.float32
+    torch.testing.assert_close(q.sum(-1), torch.ones(2, 7))
+    greedy = target_probs(logits, None, SamplingConfig(temperature=0))
+    assert torch.equal(greedy.argmax(-1), logits.argmax(-1)) and torch.equal(greedy.sum(-1), torch.ones(2, 7))
+
+
+def test_temperature_sharpens():
+    logits = torch.tensor([1.0, 2.0, 3.0])
+    hot = target_probs(logits, None, SamplingConfig(temperature=2.0))
+    cold = target_probs(logits, None, SamplingConfig(temperature=0.5))
+    assert cold.max() > hot.max()
+    torch.testing.assert_close(hot, (logits / 2).softmax(-1))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"temperature": -1.0}, "temperature=-1.0"),
+        ({"guidance_scale": float("nan")}, "guidance_scale"),
+        ({"top_k": 0}, "top_k=0"),
+        ({"top_p": 0.0}, "top_p=0.0"),
+        ({"top_p": 1.5}, "top_p=1.5"),
+    ],
+)
+def test_sampling_config_rejects_bad_values(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingConfig(**kwargs)
+
+
+def test_entropy_hand_computed():
+    uniform = torch.full((8,), 1 / 8)
+    assert entropy(uniform).item() == pytest.approx(math.log(8))
+    assert entropy(uniform, normalized=True).item() == pytest.approx(1.0)
+    assert entropy(torch.tensor([1.0, 0.0, 0.0])).item() == 0.0  # 0 ln 0 = 0
+    # clamping at 1e-10: two zero entries contribute -2 * 1e-10 * ln(1e-10) = 4.6e-9
+    assert entropy(torch.tensor([1.0, 0.0, 0.0]), eps=1e-10).item() == pytest.approx(4.605e-9, rel=1e-3)
+    # H([0.5, 0.25, 0.25]) = 1.5 ln 2
+    assert entropy(torch.tensor([0.5, 0.25, 0.25])).item() == pytest.approx(1.5 * math.log(2))
+
+
+def test_total_variation_hand_computed():
+    p, q = torch.tensor([0.5, 0.5, 0.0]), torch.tensor([0.2, 0.3, 0.5])
+    assert total_variation(p, q).item() == pytest.approx(0.5)
+    assert total_variation(p, p).item() == 0.0
+    assert total_variation(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])).item() == 1.0
+
+
+def test_sample_never_returns_zero_probability_tokens_and_matches_distribution():
+    probs = torch.tensor([0.0, 0.7, 0.0, 0.3, 0.0])
+    u = torch.rand(200_000, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    tokens = sample(probs.expand(len(u), -1), u)
+    counts = torch.bincount(tokens, minlength=5).double() / len(u)
+    assert counts[[0, 2, 4]].sum() == 0
+    assert abs(counts[1] - 0.7) < 0.005
+    # edge uniforms
+    assert sample(probs, torch.tensor(0.0, dtype=torch.float64)).item() == 1
+    assert sample(probs, torch.tensor(1 - 1e-16, dtype=torch.float64)).item() == 3
+
+
+def test_has_nan():
+    assert not has_nan(torch.zeros(3), None)
+    assert has_nan(torch.zeros(3), torch.tensor([0.0, float("nan")]))
