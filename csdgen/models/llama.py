@@ -98,6 +98,25 @@ class ClassConditionalLlama(ImageTokenModel):
             ids.append(index)
         return ids
 
+    def token_nll(self, tokens: torch.Tensor, conditions) -> torch.Tensor:
+        """Negative log-likelihood of image tokens under the conditional model (no guidance).
+
+        Teacher-forced: one forward over ``[class_token, tokens]``.
+
+        Args:
+            tokens: ``[B, N]`` int64 image tokens.
+            conditions: ``B`` class indices or names.
+
+        Returns:
+            ``[B]`` float32 mean NLL per token, in nats (compare with ``ln V``).
+        """
+        ids = torch.tensor([self.codebook_size + c for c in self.class_ids(list(conditions))], device=self.device)
+        inputs = torch.cat([ids[:, None], tokens[:, :-1].to(self.device)], dim=1)
+        with torch.no_grad():
+            logits = self.backbone(input_ids=inputs).logits[..., : self.codebook_size].float()
+        logp = logits.log_softmax(-1).gather(-1, tokens.to(self.device)[..., None]).squeeze(-1)
+        return -logp.mean(-1)
+
     def start(self, conditions, batch_size, guided):
         if conditions is None:
             raise ValueError("ClassConditionalLlama needs conditions: a list of class indices or names")

@@ -1,0 +1,1 @@
+"""Measurement on top of the engine: quality scores, acceptance maps, comparisons."""

@@ -1,0 +1,122 @@
+"""Compare decoding methods on the same classes and seeds: speed and quality side by side.
+
+Every method runs the same images (classes and per-batch seeds, see
+:mod:`csdgen.evaluation.runs`). AR is run twice, with two seeds: the gap between the two AR
+rows is the noise floor of every quality score at this image count.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from csdgen.acceptance import CSD, Addition, JacobiMatch
+
+from .runs import generate_batches, write_json
+
+__all__ = ["method_presets", "MethodRun", "run_method", "table_rows", "to_markdown", "to_csv"]
+
+
+def method_presets(lam: float = 0.5, delta: float = 0.65, addition_c: float = 0.2) -> dict[str, dict[str, Any]]:
+    """Named settings for ``generate``: every method csdgen has, the reference ones first."""
+    return {
+        "ar": {"method": "ar"},
+        "sjd": {"method": "sjd"},
+        "sjd-coupled": {"method": "sjd", "refresh": "coupled"},
+        "jacobi": {"method": JacobiMatch()},
+        "addition": {"method": Addition(c=addition_c)},
+        "csd": {"method": CSD(lam=lam, delta=delta)},
+        "csd-coupled": {"method": CSD(lam=lam, delta=delta), "refresh": "coupled"},
+    }
+
+
+@dataclass
+class MethodRun:
+    """Tokens and statistics of one method over all images."""
+
+    name: str
+    tokens: torch.Tensor  #: [M, N] int64
+    steps: list[int]  #: per image
+    compression: list[float]  #: per image
+    seconds: float  #: total decoding wall time
+    settings: dict
+
+
+def run_method(model, name: str, preset: dict, classes: list, *, seed: int, batch_size: int, window: int,
+               sampling, out_dir: Path, progress: Callable[[int], None] | None = None) -> MethodRun:
+    """Run one method over all images, or load its saved result when the same run is on disk."""
+    key = {"name": name, "seed": seed, "batch_size": batch_size, "window": window, "classes": list(map(str, classes)),
+           "sampling": repr(sampling), "preset": repr(preset)}
+    meta_path, tokens_path = out_dir / f"run_{name}.json", out_dir / f"run_{name}.safetensors"
+    if meta_path.is_file() and tokens_path.is_file():
+        meta = json.loads(meta_path.read_text())
+        if meta["key"] == key:
+            if progress:
+                progress(len(classes))
+            return MethodRun(name, load_file(str(tokens_path))["tokens"], meta["steps"], meta["compression"],
+                             meta["seconds"], meta["settings"])
+    tokens, steps, compression, seconds, settings = [], [], [], 0.0, {}
+    for indices, result in generate_batches(model, classes, batch_size=batch_size, seed=seed, window=window,
+                                            sampling=sampling, **preset):
+        tokens.append(result.tokens.cpu())
+        steps += [s.steps for s in result.images]
+        compression += [s.step_compression for s in result.images]
+        seconds += result.seconds
+        settings = result.settings
+        if progress:
+            progress(len(indices))
+    run = MethodRun(name, torch.cat(tokens), steps, compression, seconds, settings)
+    tmp = tokens_path.with_name(f".{tokens_path.name}.tmp")
+    save_file({"tokens": run.tokens.contiguous()}, str(tmp))
+    tmp.replace(tokens_path)
+    write_json({"key": key, "steps": steps, "compression": compression, "seconds": seconds, "settings": settings}, meta_path)
+    return run
+
+
+def table_rows(runs: list[MethodRun], scores: dict[str, dict[str, float]], reference: str = "ar") -> list[dict]:
+    """One row per run: speed figures and the quality scores given for it."""
+    base = next(r.seconds for r in runs if r.name == reference)
+    rows = []
+    for r in runs:
+        rows.append({
+            "method": r.name,
+            "images": len(r.steps),
+            "steps": sum(r.steps) / len(r.steps),
+            "step_compression": sum(r.compression) / len(r.compression),
+            "wall_s": r.seconds,
+            "speedup_vs_ar": base / r.seconds if r.seconds > 0 else float("nan"),
+            **scores.get(r.name, {}),
+        })
+    return rows
+
+
+_FORMATS = {"steps": "{:.1f}", "step_compression": "{:.2f}", "wall_s": "{:.2f}", "speedup_vs_ar": "{:.2f}x",
+            "class_consistency": "{:.3f}", "frechet_distance": "{:.2f}", "nll": "{:.3f}"}
+
+
+def _cell(key: str, value) -> str:
+    return _FORMATS.get(key, "{}").format(value) if isinstance(value, (int, float)) else str(value)
+
+
+def to_markdown(rows: list[dict]) -> str:
+    """A Markdown table of :func:`table_rows` output."""
+    keys = list(rows[0])
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(_cell(k, row.get(k, "")) for k in keys) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(rows: list[dict]) -> str:
+    """CSV text of :func:`table_rows` output (full precision)."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()

@@ -1,0 +1,61 @@
+"""The built-in model as an image-token model: class-conditional Llama + VQ tokenizer + classifier.
+
+Shipped inside the package (``csdgen/builtin/weights``, trained by
+``python -m csdgen.builtin.train``), so csdgen generates images on a fresh machine with no
+download. 64 x 64 RGB images, 16 x 16 = 256 tokens, codebook of 512, 20 classes (the source
+photographs of scikit-image and scikit-learn).
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+import torch
+
+from .llama import ClassConditionalLlama
+
+__all__ = ["BuiltinModel", "load_builtin_model"]
+
+
+class BuiltinModel(ClassConditionalLlama):
+    """:class:`ClassConditionalLlama` with the built-in VQ decoder and crop classifier attached.
+
+    Attributes:
+        components: the loaded :class:`csdgen.builtin.BuiltinComponents` (vq, ar, classifier, config).
+    """
+
+    def __init__(self, components):
+        config = components.config
+        super().__init__(components.ar, config["codebook_size"], config["num_classes"], tuple(config["grid"]),
+                         class_names=config["class_names"])
+        self.components = components
+
+    def decode_images(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Image tokens ``[B, N]`` int64 -> images ``[B, 3, 64, 64]`` float32 in [-1, 1]."""
+        with torch.no_grad():
+            return self.components.vq.decode(tokens.reshape(-1, *self.grid).to(self.device))
+
+    def codebook_embeddings(self) -> torch.Tensor:
+        """``[V, D]`` float32 codebook vectors of the VQ tokenizer."""
+        return self.components.vq.embeddings.detach()
+
+
+@lru_cache(maxsize=2)
+def _load(weights_dir: str | None) -> BuiltinModel:
+    from csdgen.builtin import load_components
+
+    return BuiltinModel(load_components(weights_dir))
+
+
+def load_builtin_model(weights_dir: str | os.PathLike | None = None) -> BuiltinModel:
+    """Load the built-in model offline (cached per process).
+
+    Args:
+        weights_dir: folder holding ``config.json`` and the ``*.safetensors`` files; default:
+            the weights shipped in the package.
+
+    Raises:
+        FileNotFoundError: if the weights are not there.
+    """
+    return _load(None if weights_dir is None else str(weights_dir))

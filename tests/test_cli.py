@@ -1,0 +1,122 @@
+"""The csdgen command on a tiny random stand-in for the built-in weights."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from csdgen import cli
+from csdgen.models.builtin import load_builtin_model
+
+from builtin_fixture import CLASS_NAMES, make_tiny_weights
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    return make_tiny_weights(tmp_path_factory.mktemp("weights"))
+
+
+def run(*argv):
+    return cli.main([str(a) for a in argv])
+
+
+def test_generate_writes_images_maps_and_record(weights, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert run("generate", "--weights", weights, "-n", 3, "--batch-size", 2, "--out", out, "--class", "moon,brick") == 0
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["0000_moon.png", "0000_moon_map.png", "0001_brick.png", "0001_brick_map.png",
+                     "0002_moon.png", "0002_moon_map.png", "record.json"]
+    record = json.loads((out / "record.json").read_text())
+    assert record["settings"]["method"] == "csd" and len(record["images"]) == 3
+    image = record["images"]["0"]
+    assert image["tokens"] == 256 and image["steps"] >= 1 and image["step_compression"] == pytest.approx(256 / image["steps"])
+    assert sum(image[f"tokens_{k}"] for k in ("sampled", "accepted", "relaxed", "resampled")) == 256
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert summary.startswith("3 images, 768 tokens,") and "step compression" in summary
+
+
+def test_generate_resumes_without_redoing_and_keeps_written_images(weights, tmp_path):
+    out = tmp_path / "out"
+    assert run("generate", "--weights", weights, "-n", 2, "--batch-size", 1, "--out", out, "--method", "sjd") == 0
+    first = (out / "0000_brick.png").stat().st_mtime_ns
+    (out / "0001_coffee.png").unlink()  # as if the run had been killed before the second batch
+    assert run("generate", "--weights", weights, "-n", 2, "--batch-size", 1, "--out", out, "--method", "sjd") == 0
+    assert (out / "0000_brick.png").stat().st_mtime_ns == first  # not regenerated
+    assert (out / "0001_coffee.png").is_file()
+
+
+def test_same_seed_same_images_other_seed_other_images(weights, tmp_path):
+    def png(out, seed):
+        assert run("generate", "--weights", weights, "-n", 1, "--out", out, "--class", "coffee", "--seed", seed) == 0
+        return (out / "0000_coffee.png").read_bytes()
+
+    assert png(tmp_path / "a", 4) == png(tmp_path / "b", 4) != png(tmp_path / "c", 5)
+    assert load_builtin_model(weights).class_names == CLASS_NAMES
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--class", "dog"], "unknown class 'dog'"),
+        (["--lam", "-1"], "lam=-1.0"),
+        (["--delta", "2"], "delta=2.0"),
+        (["--top-k", "600"], "top_k=600 exceeds"),
+        (["--window", "0"], None),
+        (["-n", "-3"], None),
+    ],
+)
+def test_bad_input_gives_a_clear_error(weights, tmp_path, capsys, argv, message):
+    argv = ["generate", "--weights", str(weights), "--out", str(tmp_path / "o"), *argv]
+    if message is None:  # argparse rejects it: exit status 2 with a usage message
+        with pytest.raises(SystemExit) as exc:
+            cli.main(argv)
+        assert exc.value.code == 2 and "must be an integer >= 1" in capsys.readouterr().err
+    else:
+        assert cli.main(argv) == 2
+        assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_unwritable_output_folder_is_refused(weights, tmp_path, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    assert run("generate", "--weights", weights, "--out", locked / "x") == 2
+    assert "not writable" in capsys.readouterr().err
+
+
+def test_output_path_that_is_a_file_is_refused(weights, tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert run("generate", "--weights", weights, "--out", blocker / "sub") == 2
+    assert "not writable" in capsys.readouterr().err
+
+
+def test_missing_weights_folder_is_a_clear_error(tmp_path, capsys):
+    assert run("generate", "--weights", tmp_path / "nowhere", "--out", tmp_path / "o") == 2
+    assert "no built-in weights" in capsys.readouterr().err
+
+
+def test_compare_prints_and_saves_one_table(weights, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    argv = ["compare", "--weights", weights, "-n", 4, "--batch-size", 2, "--out", out, "--methods", "sjd,csd"]
+    assert run(*argv) == 0
+    table = (out / "compare.md").read_text()
+    for name in ("| ar |", "| sjd |", "| csd |", "| ar-seed2 |"):
+        assert name in table
+    assert (out / "compare.csv").read_text().startswith("method,images,steps,step_compression,wall_s,speedup_vs_ar,")
+    assert (out / "compare.png").is_file()
+    # a second run loads every method from disk
+    before = (out / "run_csd.safetensors").stat().st_mtime_ns
+    assert run(*argv) == 0
+    assert (out / "run_csd.safetensors").stat().st_mtime_ns == before
+
+
+def test_token_nll_matches_a_manual_computation(weights):
+    model = load_builtin_model(weights)
+    tokens = torch.randint(512, (2, 256), generator=torch.Generator().manual_seed(0))
+    nll = model.token_nll(tokens, [0, 2])
+    ids = torch.tensor([[512], [514]])
+    logits = model.backbone(input_ids=torch.cat([ids, tokens[:, :-1]], 1)).logits[..., :512]
+    manual = torch.nn.functional.cross_entropy(logits.reshape(-1, 512), tokens.reshape(-1), reduction="none").reshape(2, -1).mean(-1)
+    torch.testing.assert_close(nll, manual.detach(), rtol=1e-4, atol=1e-4)
