@@ -104,3 +104,11 @@ class ImageTokenModel(ABC):
     def codebook_embeddings(self) -> torch.Tensor | None:
         """``[V, D]`` float codebook vectors, when the model has a tokenizer (None otherwise)."""
         return None
+
+    def decode_images(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Image tokens ``[B, N]`` int64 -> images ``[B, 3, H, W]`` float32 in [-1, 1].
+
+        Raises:
+            NotImplementedError: for a model without an image decoder.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no image decoder")
