@@ -35,6 +35,8 @@ __all__ = [
     "CSD",
     "Addition",
     "JacobiMatch",
+    "GSD",
+    "Lantern",
     "lossless_acceptance",
     "residual_distribution",
     "first_rejection",
@@ -108,6 +110,7 @@ class AcceptanceRule(ABC):
 
     name: ClassVar[str]
     lossless: ClassVar[bool] = False
+    needs_codebook: ClassVar[bool] = False
 
     @abstractmethod
     def acceptance_probability(
@@ -243,11 +246,123 @@ class JacobiMatch(AcceptanceRule):
         return torch.nn.functional.one_hot(target_sample, target_probs.shape[-1]).float()
 
 
-RULES: dict[str, type[AcceptanceRule]] = {rule.name: rule for rule in (SJD, CSD, Addition, JacobiMatch)}
+def _codebook(codebook: torch.Tensor | None, rule: str) -> torch.Tensor:
+    if codebook is None or codebook.dim() != 2:
+        raise ValueError(f"the {rule} rule needs the model's codebook embeddings [V, D]; this model provides none")
+    return codebook.detach().float()
 
 
-def make_rule(method: str | AcceptanceRule, **options) -> AcceptanceRule:
+class GSD(AcceptanceRule):
+    """Grouped speculative decoding (So et al., ICCV 2025): accept against a cluster of the draft.
+
+    ``b = min(1, sum_C q / sum_C p)`` where the cluster ``C`` of draft ``x`` holds the tokens
+    within ``radius`` ranks of ``x`` in the target's probability-sorted order that also have
+    ``|q(x') - q(x)| < prob_gap`` and squared codebook distance to ``x`` below ``max_distance``
+    (the official code's values: 7, 0.15, 0.5). ``x`` is always in ``C``; an empty draft mass
+    ``sum_C p = 0`` rejects. The cluster can lower one token's ratio below SJD's; on average it
+    accepts more. Lossy for ``radius > 0``. One batched sort per window replaces the official
+    per-position loop, and codebook distances are computed for the ``2 radius + 1`` candidates
+    only (no ``V x V`` matrix).
+
+    Args:
+        codebook: ``[V, D]`` codebook vectors (``model.codebook_embeddings()``).
+        radius: rank radius (the "group size" parameter), >= 0.
+        prob_gap: maximal ``|q(x') - q(x)|``, > 0.
+        max_distance: maximal squared codebook distance, > 0.
+
+    Raises:
+        ValueError: missing codebook or a parameter out of range.
+    """
+
+    name = "gsd"
+    needs_codebook = True
+
+    def __init__(self, codebook: torch.Tensor | None = None, radius: int = 7, prob_gap: float = 0.15, max_distance: float = 0.5):
+        if isinstance(radius, bool) or not isinstance(radius, int) or radius < 0:
+            raise ValueError(f"radius={radius!r}: the GSD rank radius must be an integer >= 0")
+        if not prob_gap > 0 or not max_distance > 0:
+            raise ValueError(f"prob_gap={prob_gap!r}, max_distance={max_distance!r}: both must be > 0")
+        self.codebook = _codebook(codebook, "gsd")
+        self.radius, self.prob_gap, self.max_distance = radius, float(prob_gap), float(max_distance)
+
+    def acceptance_probability(self, draft_tokens, draft_probs, target_probs, target_sample):
+        # q = target_probs, p = draft_probs
+        q, p, x = target_probs.float(), draft_probs.float(), draft_tokens
+        V = q.shape[-1]
+        order = q.argsort(dim=-1, descending=True, stable=True)  # [B, W, V] token at each rank
+        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(V, device=q.device).expand_as(order))
+        offsets = torch.arange(-self.radius, self.radius + 1, device=q.device)
+        at = rank.gather(-1, x[..., None]) + offsets  # [B, W, 2r+1] ranks around x
+        inside = (at >= 0) & (at < V)
+        candidates = order.gather(-1, at.clamp(0, V - 1))  # [B, W, 2r+1]
+        q_c, p_c = q.gather(-1, candidates), p.gather(-1, candidates)
+        q_x = q.gather(-1, x[..., None])
+        emb = self.codebook.to(q.device)
+        distance = (emb[candidates] - emb[x][..., None, :]).pow(2).sum(-1)
+        member = inside & ((q_c - q_x).abs() < self.prob_gap) & (distance < self.max_distance)
+        q_sum, p_sum = (q_c * member).sum(-1), (p_c * member).sum(-1)
+        return torch.where(p_sum > 0, q_sum / p_sum.clamp_min(torch.finfo(torch.float32).tiny), torch.zeros_like(q_sum)).clamp(max=1.0)
+
+    def options(self):
+        return {"radius": self.radius, "prob_gap": self.prob_gap, "max_distance": self.max_distance}
+
+
+class Lantern(AcceptanceRule):
+    """LANTERN's latent-proximity relaxation (Jang et al., ICLR 2025), inside SJD (training-free).
+
+    ``b = min(1, q~(x) / p(x))`` with ``q~(x) = q(x) + `` the target mass of ``x``'s nearest
+    codebook neighbours, added nearest first while the added mass stays ``<= delta``.
+    LANTERN++ (``cap``) bounds ``q~(x) <= cap * q(x)``. The residual stays
+    ``norm(max(0, q - p))``. Lossy for ``delta > 0``. Neighbour tables: :mod:`csdgen.codebook`.
+
+    Args:
+        codebook: ``[V, D]`` codebook vectors (``model.codebook_embeddings()``).
+        k: neighbours per token (default 1000, or V - 1 if smaller).
+        delta: added-mass budget in [0, 1] (the paper uses 0.1-0.2).
+        cap: LANTERN++ cap ``lambda >= 1`` on ``q~ / q``; None for plain LANTERN.
+
+    Raises:
+        ValueError: missing codebook or a parameter out of range.
+    """
+
+    name = "lantern"
+    needs_codebook = True
+
+    def __init__(self, codebook: torch.Tensor | None = None, k: int = 1000, delta: float = 0.1, cap: float | None = None):
+        from .codebook import neighbour_table
+
+        codebook = _codebook(codebook, "lantern")
+        if not 0.0 <= delta <= 1.0:
+            raise ValueError(f"delta={delta!r}: the LANTERN mass budget must lie in [0, 1]")
+        if cap is not None and not cap >= 1.0:
+            raise ValueError(f"cap={cap!r}: the LANTERN++ cap must be >= 1 (or None)")
+        self.k, self.delta, self.cap = min(int(k), codebook.shape[0] - 1), float(delta), cap
+        self.table = neighbour_table(codebook, self.k)
+
+    def acceptance_probability(self, draft_tokens, draft_probs, target_probs, target_sample):
+        # q = target_probs, p = draft_probs
+        q, x = target_probs.float(), draft_tokens
+        q_x = q.gather(-1, x[..., None]).squeeze(-1)
+        p_x = draft_probs.float().gather(-1, x[..., None]).squeeze(-1)
+        q_near = q.gather(-1, self.table.neighbours(x))  # [B, W, k] nearest first
+        added = torch.where(q_near.cumsum(-1) <= self.delta, q_near, torch.zeros_like(q_near)).sum(-1)
+        q_tilde = q_x + added
+        if self.cap is not None:
+            q_tilde = torch.minimum(q_tilde, self.cap * q_x)
+        ratio = q_tilde / p_x.clamp_min(torch.finfo(torch.float32).tiny)
+        return torch.where(p_x > 0, ratio, torch.zeros_like(ratio)).clamp(max=1.0)
+
+    def options(self):
+        return {"k": self.k, "delta": self.delta, "cap": self.cap}
+
+
+RULES: dict[str, type[AcceptanceRule]] = {rule.name: rule for rule in (SJD, CSD, Addition, JacobiMatch, GSD, Lantern)}
+
+
+def make_rule(method: str | AcceptanceRule, codebook: torch.Tensor | None = None, **options) -> AcceptanceRule:
     """Build a rule from its name and options (``make_rule("csd", lam=0.3)``), or pass one through.
+
+    ``codebook`` (``[V, D]``) is given to the rules that need one (GSD, LANTERN) and ignored by the others.
 
     Raises:
         ValueError: unknown name (listing the known ones) or an option the rule does not take.
@@ -258,6 +373,8 @@ def make_rule(method: str | AcceptanceRule, **options) -> AcceptanceRule:
         return method
     if method not in RULES:
         raise ValueError(f"unknown acceptance rule {method!r}; allowed: {', '.join(sorted(RULES))}")
+    if getattr(RULES[method], "needs_codebook", False):
+        options["codebook"] = codebook
     try:
         return RULES[method](**options)
     except TypeError as exc:

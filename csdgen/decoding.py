@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 import torch
 
-from .acceptance import SJD, AcceptanceRule, first_rejection, lossless_acceptance, make_rule
+from .acceptance import RULES, SJD, AcceptanceRule, first_rejection, lossless_acceptance, make_rule
 from .drafting import check_drafting, init_drafts, refresh_drafts
 from .models.base import DecodingSession, ImageTokenModel
 from .sampling import SamplingConfig, entropy, has_nan, sample, target_probs
@@ -47,7 +47,7 @@ from .sampling import SamplingConfig, entropy, has_nan, sample, target_probs
 __all__ = ["Decision", "ImageStats", "StepInfo", "GenerationResult", "generate", "METHODS"]
 
 #: method names ``generate`` takes: ``"ar"`` plus every acceptance rule's name
-METHODS = ("ar", "sjd", "csd", "addition", "jacobi")
+METHODS = ("ar", "sjd", "csd", "addition", "jacobi", "gsd", "lantern")
 
 _DRAWS = 6  # uniform blocks per iteration: target sample, accept, residual, init, keep, coupled residual
 
@@ -160,12 +160,13 @@ def _check_window(window: Any) -> int:
     return window
 
 
-def _resolve_method(method: str | AcceptanceRule, window: int) -> tuple[AcceptanceRule, int, str]:
+def _resolve_method(method: str | AcceptanceRule, window: int, model: ImageTokenModel) -> tuple[AcceptanceRule, int, str]:
     if isinstance(method, str) and method == "ar":
         return SJD(), 1, "ar"
     if isinstance(method, str) and method not in METHODS:
         raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)} (or an AcceptanceRule)")
-    rule = make_rule(method)
+    needs_codebook = isinstance(method, str) and getattr(RULES[method], "needs_codebook", False)
+    rule = make_rule(method, codebook=model.codebook_embeddings() if needs_codebook else None)
     return rule, window, rule.name
 
 
@@ -193,8 +194,9 @@ def generate(
         model: any :class:`~csdgen.models.base.ImageTokenModel`.
         conditions: what the model conditions on (class ids, prompts; one per image) or None.
         batch_size: number of images when ``conditions`` does not fix it.
-        method: ``"ar"``, ``"sjd"``, ``"csd"``, ``"addition"``, ``"jacobi"`` (default options)
-            or an :class:`~csdgen.acceptance.AcceptanceRule` instance such as ``CSD(lam=0.3)``.
+        method: ``"ar"``, ``"sjd"``, ``"csd"``, ``"addition"``, ``"jacobi"``, ``"gsd"``,
+            ``"lantern"`` (default options; the last two take the model's codebook) or an
+            :class:`~csdgen.acceptance.AcceptanceRule` instance such as ``CSD(lam=0.3)``.
         window: W, input slots of one Jacobi forward; each forward commits 1..W tokens per image.
             Ignored (1) for ``"ar"``.
         seed: seed of the loop's ``torch.Generator``; the same seed gives the same images.
@@ -212,7 +214,7 @@ def generate(
             sampling settings (e.g. top-k > V), conditions the model rejects, or NaN logits.
     """
     window = _check_window(window)
-    rule, window, method_name = _resolve_method(method, window)
+    rule, window, method_name = _resolve_method(method, window, model)
     check_drafting(draft_init, refresh)
     sampling = sampling or SamplingConfig()
     if sampling.top_k is not None and sampling.top_k > model.codebook_size:
