@@ -18,6 +18,7 @@ from tqdm import tqdm
 from csdgen.acceptance import make_rule
 from csdgen.decoding import METHODS
 from csdgen.drafting import DRAFT_INITS, REFRESH_MODES
+from csdgen.evaluation.sweep import SweepGrid
 from csdgen.sampling import SamplingConfig
 
 #: defaults of the built-in model, chosen by measurement (docs/builtin-defaults.md)
@@ -68,7 +69,27 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_and_sampling(cmp_)
     cmp_.set_defaults(num_images=64, batch_size=16, out=Path("compare"))
     cmp_.add_argument("--methods", type=_classes, default=None, help="comma-separated (default: all)")
+    sw = sub.add_parser("sweep", help="every method over its parameter: table and speed-quality frontier plot",
+                        conflict_handler="resolve")  # --addition-c becomes a list here
+    _add_model_and_sampling(sw)
+    sw.set_defaults(num_images=64, batch_size=16, out=Path("sweep"))
+    grid = SweepGrid()
+    for name, kind in (("csd_lam", float), ("csd_delta", float), ("addition_c", float), ("gsd_radius", int),
+                       ("lantern_delta", float), ("windows", int)):
+        sw.add_argument("--" + name.replace("_", "-"), type=_numbers(kind), default=getattr(grid, name),
+                        help=f"comma-separated (default {','.join(map(str, getattr(grid, name)))}; empty string = none)")
+    sw.add_argument("--draft-inits", type=_classes, default=grid.draft_inits)
+    sw.add_argument("--baselines", type=_classes, default=grid.baselines, help="of ar,sjd,sjd-coupled")
     return parser
+
+
+def _numbers(kind):
+    def parse(text: str) -> list:
+        try:
+            return [kind(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated {kind.__name__} values") from None
+    return parse
 
 
 def _writable(folder: Path) -> Path:
@@ -151,16 +172,13 @@ def cmd_generate(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    import torch
-    from PIL import Image
-
-    from csdgen.evaluation.compare import method_presets, run_method, table_rows, to_csv, to_markdown
+    from csdgen.evaluation.compare import method_presets, run_method, score_run, table_rows, to_csv, to_markdown
     from csdgen.evaluation.maps import image_grid, save_png, to_uint8
     from csdgen.evaluation.quality import QualityScorer
 
     model, sampling, _, classes = _setup(args)
     out = _writable(args.out)
-    presets = method_presets(args.lam, args.delta, args.addition_c)
+    presets = method_presets(args.lam, args.delta, args.addition_c, model.codebook_embeddings())
     names = args.methods or list(presets)
     unknown = [n for n in names if n not in presets]
     if unknown:
@@ -178,12 +196,7 @@ def cmd_compare(args) -> int:
     bar.close()
     scores, grid_rows = {}, []
     for run in runs:
-        images = torch.cat([model.decode_images(run.tokens[i : i + 64]) for i in range(0, len(run.tokens), 64)])
-        scores[run.name] = {
-            "class_consistency": float(scorer.class_consistency(images, classes).mean()),
-            "frechet_distance": scorer.frechet_distance(images),
-            "nll": float(torch.cat([scorer.nll(run.tokens[i : i + 64], classes[i : i + 64]) for i in range(0, len(classes), 64)]).mean()),
-        }
+        scores[run.name], images = score_run(model, scorer, run, classes)
         grid_rows.append(list(to_uint8(images[:8])))
     rows = table_rows(runs, scores)
     markdown = to_markdown(rows)
@@ -195,10 +208,47 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def cmd_sweep(args) -> int:
+    from csdgen.drafting import check_drafting
+    from csdgen.evaluation.compare import run_method, score_run, to_csv, to_markdown
+    from csdgen.evaluation.quality import QualityScorer
+    from csdgen.evaluation.runs import write_json
+    from csdgen.evaluation.sweep import frontier_plot, settings
+
+    model, sampling, _, classes = _setup(args)
+    for init in args.draft_inits:
+        check_drafting(init, "independent")
+    out = _writable(args.out)
+    grid = SweepGrid(args.csd_lam, args.csd_delta, args.addition_c, args.gsd_radius, args.lantern_delta,
+                     args.windows, args.draft_inits, args.baselines)
+    points = settings(grid, model.codebook_embeddings())
+    scorer = QualityScorer(model)
+    bar = tqdm(total=len(points) * len(classes), unit="img", desc="sweep")
+    rows = []
+    for point in points:
+        bar.set_postfix_str(point.name)
+        run = run_method(model, point.name, point.preset, classes, seed=args.seed, batch_size=args.batch_size,
+                         window=point.window, sampling=sampling, out_dir=out, progress=bar.update)
+        scores, _ = score_run(model, scorer, run, classes)
+        rows.append({"method": point.method, "parameter": point.parameter, "value": point.value, "window": point.window,
+                     "draft_init": point.draft_init, "images": len(classes),
+                     "step_compression": sum(run.compression) / len(run.compression),
+                     "mean_accepted_length": sum(run.accepted) / len(run.accepted),
+                     "latency_s_per_image": run.seconds / len(classes), **scores})
+        write_json(rows, out / "sweep.json")
+    bar.close()
+    (out / "sweep.md").write_text(to_markdown(rows))
+    (out / "sweep.csv").write_text(to_csv(rows))
+    frontier_plot(rows, out / "frontier.png")
+    print(to_markdown(rows))
+    print(f"{len(points)} settings x {len(classes)} images. Wrote {out}/sweep.md, sweep.csv, frontier.png")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"generate": cmd_generate, "compare": cmd_compare}[args.command](args)
+        return {"generate": cmd_generate, "compare": cmd_compare, "sweep": cmd_sweep}[args.command](args)
     except (ValueError, FileNotFoundError) as exc:
         print(f"csdgen: error: {exc}", file=sys.stderr)
         return 2

@@ -104,7 +104,7 @@ def test_compare_prints_and_saves_one_table(weights, tmp_path, capsys):
     table = (out / "compare.md").read_text()
     for name in ("| ar |", "| sjd |", "| csd |", "| ar-seed2 |"):
         assert name in table
-    assert (out / "compare.csv").read_text().startswith("method,images,steps,step_compression,wall_s,speedup_vs_ar,")
+    assert (out / "compare.csv").read_text().startswith("method,images,steps,step_compression,mean_accepted_length,wall_s,speedup_vs_ar,")
     assert (out / "compare.png").is_file()
     # a second run loads every method from disk
     before = (out / "run_csd.safetensors").stat().st_mtime_ns
@@ -120,3 +120,23 @@ def test_token_nll_matches_a_manual_computation(weights):
     logits = model.backbone(input_ids=torch.cat([ids, tokens[:, :-1]], 1)).logits[..., :512]
     manual = torch.nn.functional.cross_entropy(logits.reshape(-1, 512), tokens.reshape(-1), reduction="none").reshape(2, -1).mean(-1)
     torch.testing.assert_close(nll, manual.detach(), rtol=1e-4, atol=1e-4)
+
+
+def test_sweep_writes_table_and_frontier_plot(weights, tmp_path, capsys):
+    out = tmp_path / "sweep"
+    argv = ["sweep", "--weights", weights, "-n", 2, "--batch-size", 2, "--out", out, "--csd-lam", "0.1,1",
+            "--addition-c", "0.2", "--gsd-radius", "3", "--lantern-delta", "0.1", "--baselines", "ar,sjd"]
+    assert run(*argv) == 0
+    rows = (out / "sweep.csv").read_text().splitlines()
+    assert rows[0].startswith("method,parameter,value,window,draft_init,images,step_compression,mean_accepted_length,")
+    methods = [r.split(",")[0] for r in rows[1:]]
+    assert methods == ["ar", "sjd", "csd", "csd", "addition", "gsd", "lantern"]
+    assert (out / "frontier.png").stat().st_size > 1000
+
+
+def test_sweep_rejects_bad_lists(weights, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["sweep", "--weights", str(weights), "--csd-lam", "a,b"])
+    assert "expected comma-separated float values" in capsys.readouterr().err
+    assert cli.main(["sweep", "--weights", str(weights), "--out", str(tmp_path), "--csd-lam", "-1", "-n", "2"]) == 2
+    assert "lam=-1.0" in capsys.readouterr().err

@@ -17,24 +17,30 @@ from typing import Any, Callable
 import torch
 from safetensors.torch import load_file, save_file
 
-from csdgen.acceptance import CSD, Addition, JacobiMatch
+from csdgen.acceptance import CSD, GSD, Addition, JacobiMatch, Lantern
 
 from .runs import generate_batches, write_json
 
-__all__ = ["method_presets", "MethodRun", "run_method", "table_rows", "to_markdown", "to_csv"]
+__all__ = ["method_presets", "MethodRun", "run_method", "score_run", "table_rows", "to_markdown", "to_csv"]
 
 
-def method_presets(lam: float = 0.5, delta: float = 0.65, addition_c: float = 0.2) -> dict[str, dict[str, Any]]:
-    """Named settings for ``generate``: every method csdgen has, the reference ones first."""
-    return {
+def method_presets(lam: float = 0.5, delta: float = 0.65, addition_c: float = 0.2,
+                   codebook: torch.Tensor | None = None) -> dict[str, dict[str, Any]]:
+    """Named settings for ``generate``: every method csdgen has, the reference ones first.
+
+    GSD and LANTERN (official defaults) are included when the model's ``codebook`` ``[V, D]`` is given.
+    """
+    presets = {
         "ar": {"method": "ar"},
         "sjd": {"method": "sjd"},
         "sjd-coupled": {"method": "sjd", "refresh": "coupled"},
         "jacobi": {"method": JacobiMatch()},
         "addition": {"method": Addition(c=addition_c)},
+        **({} if codebook is None else {"gsd": {"method": GSD(codebook)}, "lantern": {"method": Lantern(codebook)}}),
         "csd": {"method": CSD(lam=lam, delta=delta)},
         "csd-coupled": {"method": CSD(lam=lam, delta=delta), "refresh": "coupled"},
     }
+    return presets
 
 
 @dataclass
@@ -45,6 +51,7 @@ class MethodRun:
     tokens: torch.Tensor  #: [M, N] int64
     steps: list[int]  #: per image
     compression: list[float]  #: per image
+    accepted: list[float]  #: mean accepted length per image
     seconds: float  #: total decoding wall time
     settings: dict
 
@@ -61,23 +68,37 @@ def run_method(model, name: str, preset: dict, classes: list, *, seed: int, batc
             if progress:
                 progress(len(classes))
             return MethodRun(name, load_file(str(tokens_path))["tokens"], meta["steps"], meta["compression"],
-                             meta["seconds"], meta["settings"])
-    tokens, steps, compression, seconds, settings = [], [], [], 0.0, {}
+                             meta["accepted"], meta["seconds"], meta["settings"])
+    tokens, steps, compression, accepted, seconds, settings = [], [], [], [], 0.0, {}
     for indices, result in generate_batches(model, classes, batch_size=batch_size, seed=seed, window=window,
                                             sampling=sampling, **preset):
         tokens.append(result.tokens.cpu())
         steps += [s.steps for s in result.images]
         compression += [s.step_compression for s in result.images]
+        accepted += [s.mean_accepted_length for s in result.images]
         seconds += result.seconds
         settings = result.settings
         if progress:
             progress(len(indices))
-    run = MethodRun(name, torch.cat(tokens), steps, compression, seconds, settings)
+    run = MethodRun(name, torch.cat(tokens), steps, compression, accepted, seconds, settings)
     tmp = tokens_path.with_name(f".{tokens_path.name}.tmp")
     save_file({"tokens": run.tokens.contiguous()}, str(tmp))
     tmp.replace(tokens_path)
-    write_json({"key": key, "steps": steps, "compression": compression, "seconds": seconds, "settings": settings}, meta_path)
+    write_json({"key": key, "steps": steps, "compression": compression, "accepted": accepted, "seconds": seconds,
+                "settings": settings}, meta_path)
     return run
+
+
+def score_run(model, scorer, run: MethodRun, classes: list, batch: int = 64) -> tuple[dict[str, float], torch.Tensor]:
+    """Quality scores of one run (class consistency, Frechet distance, NLL) and its decoded images ``[M, 3, H, W]``."""
+    images = torch.cat([model.decode_images(run.tokens[i : i + batch]) for i in range(0, len(run.tokens), batch)])
+    nll = torch.cat([scorer.nll(run.tokens[i : i + batch], classes[i : i + batch]) for i in range(0, len(classes), batch)])
+    scores = {
+        "class_consistency": float(scorer.class_consistency(images, classes).mean()),
+        "frechet_distance": scorer.frechet_distance(images),
+        "nll": float(nll.mean()),
+    }
+    return scores, images
 
 
 def table_rows(runs: list[MethodRun], scores: dict[str, dict[str, float]], reference: str = "ar") -> list[dict]:
@@ -90,6 +111,7 @@ def table_rows(runs: list[MethodRun], scores: dict[str, dict[str, float]], refer
             "images": len(r.steps),
             "steps": sum(r.steps) / len(r.steps),
             "step_compression": sum(r.compression) / len(r.compression),
+            "mean_accepted_length": sum(r.accepted) / len(r.accepted),
             "wall_s": r.seconds,
             "speedup_vs_ar": base / r.seconds if r.seconds > 0 else float("nan"),
             **scores.get(r.name, {}),
@@ -97,7 +119,7 @@ def table_rows(runs: list[MethodRun], scores: dict[str, dict[str, float]], refer
     return rows
 
 
-_FORMATS = {"steps": "{:.1f}", "step_compression": "{:.2f}", "wall_s": "{:.2f}", "speedup_vs_ar": "{:.2f}x",
+_FORMATS = {"latency_s_per_image": "{:.3f}", "steps": "{:.1f}", "step_compression": "{:.2f}", "mean_accepted_length": "{:.2f}", "wall_s": "{:.2f}", "speedup_vs_ar": "{:.2f}x",
             "class_consistency": "{:.3f}", "frechet_distance": "{:.2f}", "nll": "{:.3f}"}
 
 

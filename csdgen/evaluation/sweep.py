@@ -1,0 +1,105 @@
+"""Speed-quality sweeps: every method over its relaxation parameter, measured the same way.
+
+A sweep is a list of :class:`Setting` (a method, the value of its parameter, a window and a
+drafting scheme); each runs on the same classes and seeds as every other (see
+:mod:`csdgen.evaluation.runs`) and becomes one table row. :func:`frontier_plot` draws step
+compression against each quality score with one curve per method.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from csdgen.acceptance import CSD, GSD, Addition, Lantern
+
+__all__ = ["SweepGrid", "Setting", "settings", "frontier_plot"]
+
+
+@dataclass
+class SweepGrid:
+    """Parameter values to sweep per method (an empty list leaves the method out)."""
+
+    csd_lam: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.25, 0.5, 1.0])
+    csd_delta: list[float] = field(default_factory=lambda: [0.65])
+    addition_c: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.2, 0.4])
+    gsd_radius: list[int] = field(default_factory=lambda: [1, 3, 7])
+    lantern_delta: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.2, 0.4])
+    windows: list[int] = field(default_factory=lambda: [16])
+    draft_inits: list[str] = field(default_factory=lambda: ["uniform"])
+    baselines: list[str] = field(default_factory=lambda: ["ar", "sjd", "sjd-coupled"])
+
+
+@dataclass
+class Setting:
+    """One point of a sweep."""
+
+    name: str  #: unique file-safe name
+    method: str  #: curve label
+    parameter: str  #: swept parameter name ("" for baselines)
+    value: Any
+    window: int
+    draft_init: str
+    preset: dict  #: keyword arguments of ``csdgen.generate`` besides window/sampling/seed
+
+
+def _methods(grid: SweepGrid, codebook: torch.Tensor | None) -> list[tuple[str, str, Any, dict]]:
+    out: list[tuple[str, str, Any, dict]] = []
+    baselines = {"sjd": {"method": "sjd"}, "sjd-coupled": {"method": "sjd", "refresh": "coupled"}}
+    out += [(b, "", "", baselines[b]) for b in grid.baselines if b in baselines]
+    for delta in grid.csd_delta:
+        label = "csd" if len(grid.csd_delta) == 1 else f"csd (delta {delta})"
+        out += [(label, "lam", lam, {"method": CSD(lam=lam, delta=delta)}) for lam in grid.csd_lam]
+    out += [("addition", "c", c, {"method": Addition(c=c)}) for c in grid.addition_c]
+    if codebook is not None:
+        out += [("gsd", "radius", r, {"method": GSD(codebook, radius=r)}) for r in grid.gsd_radius]
+        out += [("lantern", "delta", d, {"method": Lantern(codebook, delta=d)}) for d in grid.lantern_delta]
+    return out
+
+
+def settings(grid: SweepGrid, codebook: torch.Tensor | None = None) -> list[Setting]:
+    """Every setting of the grid (AR once, at window 1); GSD and LANTERN only with a codebook ``[V, D]``."""
+    points = [Setting("ar", "ar", "", "", 1, "uniform", {"method": "ar"})] if "ar" in grid.baselines else []
+    for window in grid.windows:
+        for init in grid.draft_inits:
+            for method, parameter, value, preset in _methods(grid, codebook):
+                tag = f"{method.split(' ')[0]}{'_' + parameter + str(value) if parameter else ''}"
+                if method.startswith("csd ("):
+                    tag += f"_delta{preset['method'].delta}"
+                points.append(Setting(f"{tag}_W{window}_{init}", method, parameter, value, window, init,
+                                      {**preset, "draft_init": init}))
+    return points
+
+
+def frontier_plot(rows: list[dict], path, scores=("class_consistency", "frechet_distance", "nll")) -> None:
+    """Step compression (x) against each quality score (one panel each), one curve per method.
+
+    Args:
+        rows: sweep rows with keys ``method``, ``value``, ``step_compression`` and the scores.
+        path: PNG file to write.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    better = {"class_consistency": "higher is better", "frechet_distance": "lower is better", "nll": "lower is better"}
+    fig, axes = plt.subplots(1, len(scores), figsize=(5.2 * len(scores), 4.2))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    for ax, score in zip(axes, scores):
+        for method in methods:
+            pts = sorted((r["step_compression"], r[score], r["value"]) for r in rows if r["method"] == method)
+            style = "o-" if len(pts) > 1 else "s"
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=method, markersize=5)
+            for x, y, v in pts:
+                if v != "":
+                    ax.annotate(str(v), (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7)
+        ax.set_xlabel("step compression (image tokens per forward)")
+        ax.set_ylabel(f"{score.replace('_', ' ')} ({better.get(score, '')})")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
