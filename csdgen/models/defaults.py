@@ -1,0 +1,64 @@
+"""Published decoding defaults per model family, with their sources.
+
+``None`` for top-k means no top-k. Where no value is published the entry says so in
+``notes`` and csdgen falls back to the CSD reference values (lambda 0.5, delta 0.65, window 16).
+The same table is in ``docs/models.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["FamilyDefaults", "FAMILY_DEFAULTS", "family_defaults"]
+
+
+@dataclass(frozen=True)
+class FamilyDefaults:
+    """Decoding defaults of one family."""
+
+    guidance_scale: float
+    temperature: float
+    top_k: int | None
+    window: int
+    lam: float
+    delta: float
+    sources: str
+    notes: str = ""
+
+
+FAMILY_DEFAULTS: dict[str, FamilyDefaults] = {
+    "janus": FamilyDefaults(
+        5.0, 1.0, None, 16, 0.5, 0.65,
+        sources="CSD public code (Janus-Pro-7B): CFG 5, T 1, no top-k, window 16, lambda 0.5, delta 0.65",
+    ),
+    "lumina-mgpt": FamilyDefaults(
+        3.0, 1.0, 2000, 16, 0.5, 0.65,
+        sources="SJD code / Lumina-mGPT 768 px: CFG 3.0, image top-k 2000, T 1.0, window 16",
+        notes="CSD's lambda and delta for Lumina-mGPT are not published (no public code): CSD reference values used",
+    ),
+    "emu3": FamilyDefaults(
+        3.0, 1.0, 2048, 16, 0.5, 0.65,
+        sources="SJD code (Emu3): CFG 3.0, top-k 2048, window 16",
+        notes="temperature, lambda and delta not published for Emu3: T 1 and the CSD reference values used",
+    ),
+    "anole": FamilyDefaults(
+        3.0, 1.0, 2000, 16, 0.5, 0.65,
+        sources="none published for speculative decoding; Lumina-mGPT's settings (same Chameleon backbone)",
+        notes="unverified: chosen by analogy with Lumina-mGPT",
+    ),
+    "builtin": FamilyDefaults(
+        3.0, 1.0, None, 16, 0.5, 0.65,
+        sources="measured on the built-in model (docs/builtin-defaults.md)",
+    ),
+}
+
+
+def family_defaults(family: str) -> FamilyDefaults:
+    """Defaults of ``family``.
+
+    Raises:
+        ValueError: unknown family (listing the known ones).
+    """
+    if family not in FAMILY_DEFAULTS:
+        raise ValueError(f"unknown model family {family!r}; allowed: {', '.join(FAMILY_DEFAULTS)}")
+    return FAMILY_DEFAULTS[family]
