@@ -1,0 +1,451 @@
+"""Reproducible training of the built-in model (CPU, float32, fixed seeds and step counts).
+
+    python -m csdgen.builtin.train --out csdgen/builtin/weights
+
+Stages: build crops -> train VQ tokenizer -> encode crops to codes -> train the
+class-conditional LlamaForCausalLM on [class, code_0..code_255] -> train the crop
+classifier -> evaluate -> write weights (safetensors), config.json, metrics.json and the held-out
+crops' classifier-feature statistics (``reference_features.safetensors``, for the Frechet distance).
+Needs the ``train`` extras (scikit-image, scikit-learn) for the data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from safetensors.torch import save_file
+
+from . import build_ar_model
+from .classifier import CropClassifier
+from .data import CLASS_NAMES, HELDOUT_SEED, TRAIN_SEED, build_datasets
+from .vq import VQConfig, VQTokenizer
+from ..evaluation.quality import REFERENCE_FILE, reference_feature_states
+
+CODEBOOK_SIZE = 512
+T0 = time.time()
+
+
+def log(msg: str) -> None:
+    """Print a progress line with elapsed wall seconds since start."""
+    print(f"[{time.time() - T0:7.1f}s] {msg}", flush=True)
+
+
+def cosine_lr(progress: float, peak: float, warmup: float) -> float:
+    """Learning rate at ``progress`` in [0, 1]: linear warmup over the first ``warmup``
+    fraction, then cosine decay to 0 at progress 1."""
+    if progress < warmup:
+        return peak * max(progress, 1e-3) / warmup
+    return 0.5 * peak * (1 + math.cos(math.pi * min(1.0, (progress - warmup) / (1 - warmup))))
+
+
+class StageClock:
+    """Progress of a training stage: max(step / steps, elapsed / budget).
+
+    The stage ends at the fixed step count or at its wall-clock budget (minutes, 0 = none),
+    whichever comes first; the cosine schedule follows this progress so it always anneals.
+    Also picks the faster of 1 or 2 torch threads every 50 steps (the machine is shared:
+    two threads on a busy core are several times slower than one).
+    """
+
+    def __init__(self, stage: str, steps: int, minutes: float, max_threads: int):
+        self.stage, self.steps, self.budget = stage, steps, 60 * minutes
+        self.start = time.time()
+        self.max_threads = max_threads
+        torch.set_num_threads(max_threads)
+        self.trial: dict[int, float] = {}
+        self.t_step = self.start
+
+    def progress(self, step: int) -> float:
+        by_time = (time.time() - self.start) / self.budget if self.budget > 0 else 0.0
+        return max(step / self.steps, by_time)
+
+    def tick(self, step: int) -> None:
+        """Call at the start of every step: times the previous step, tunes threads."""
+        now = time.time()
+        dt, self.t_step = now - self.t_step, now
+        phase = step % 50
+        if self.max_threads < 2 or step == 0:
+            return
+        # step 50k+1 runs on 2 threads, 50k+2..50k+4 on 1; keep the faster for the rest.
+        if phase in (2, 5):
+            self.trial[2 if phase == 2 else 1] = dt
+            torch.set_num_threads(1 if phase == 2 else 2 if self.trial[2] < self.trial[1] else 1)
+        elif phase == 0:
+            torch.set_num_threads(2)
+
+
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    for g in opt.param_groups:
+        g["lr"] = lr
+
+
+def batch_indices(n: int, batch: int, steps: int, seed: int):
+    """Yield ``steps`` index tensors of size ``batch`` from reshuffled epochs over ``n``."""
+    gen = torch.Generator().manual_seed(seed)
+    perm, pos = torch.randperm(n, generator=gen), 0
+    for _ in range(steps):
+        if pos + batch > n:
+            perm, pos = torch.randperm(n, generator=gen), 0
+        yield perm[pos:pos + batch]
+        pos += batch
+
+
+def save_safetensors(state: dict[str, torch.Tensor], path: Path, dtype=None) -> None:
+    """Atomic write of a state dict (optionally cast floating tensors to ``dtype``)."""
+    out = {}
+    for k, v in state.items():
+        v = v.detach().cpu()
+        if dtype is not None and v.is_floating_point():
+            v = v.to(dtype)
+        out[k] = v.contiguous()
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    save_file(out, str(tmp))
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def save_json(obj: dict, path: Path) -> None:
+    """Atomic JSON write."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------- VQ
+
+
+def train_vq(images: torch.Tensor, args) -> VQTokenizer:
+    """Train the VQ tokenizer on images float [N, 3, 64, 64] (MSE + VQ losses)."""
+    torch.manual_seed(args.seed)
+    vq = VQTokenizer(VQConfig()).train()
+    opt = torch.optim.AdamW(vq.parameters(), lr=args.vq_lr, betas=(0.9, 0.99), weight_decay=0.0)
+    clock = StageClock("vq", args.vq_steps, args.max_minutes_vq, args.threads)
+    for step, idx in enumerate(batch_indices(len(images), args.vq_batch, args.vq_steps, args.seed)):
+        if clock.progress(step) >= 1.0:
+            break
+        clock.tick(step)
+        args.done_steps["vq"] = step + 1
+        set_lr(opt, cosine_lr(clock.progress(step), args.vq_lr, warmup=0.05))
+        x = images[idx]
+        recon, vq_loss, codes, z = vq(x)
+        rec_loss = F.mse_loss(recon, x)
+        loss = rec_loss + vq_loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        restarted = vq.restart_dead_codes(codes, z) if clock.progress(step) < 0.8 else 0
+        if step % args.log_every == 0 or step == args.vq_steps - 1:
+            psnr = 10 * math.log10(4.0 / max(rec_loss.item(), 1e-10))
+            log(f"vq step {step} loss {loss.item():.4f} rec {rec_loss.item():.4f} "
+                f"psnr {psnr:.2f} dB restarted {restarted}")
+    return vq.eval()
+
+
+@torch.no_grad()
+def encode_all(vq: VQTokenizer, images: torch.Tensor, batch: int = 256) -> torch.Tensor:
+    """images float [N, 3, 64, 64] -> codes int64 [N, 256] (raster order)."""
+    return torch.cat([vq.encode(images[i:i + batch]).flatten(1) for i in range(0, len(images), batch)])
+
+
+@torch.no_grad()
+def eval_vq(vq: VQTokenizer, images: torch.Tensor, train_codes: torch.Tensor) -> dict:
+    """Held-out PSNR (mean per-image, pixel range [0, 1]) and codebook statistics."""
+    codes = encode_all(vq, images)
+    recon = torch.cat([vq.decode(codes[i:i + 256]) for i in range(0, len(codes), 256)])
+    mse = ((recon - images) / 2).pow(2).flatten(1).mean(1).clamp_min(1e-10)
+    counts = torch.bincount(train_codes.flatten(), minlength=CODEBOOK_SIZE).float()
+    p = counts / counts.sum()
+    entropy = -(p[p > 0] * p[p > 0].log()).sum().item()
+    return {
+        "heldout_psnr_db": float((10 * torch.log10(1.0 / mse)).mean()),
+        "heldout_mse_01": float(mse.mean()),
+        "codebook_usage_train": int((counts > 0).sum()),
+        "codebook_usage_heldout": int(torch.unique(codes).numel()),
+        "codebook_perplexity_train": float(math.exp(entropy)),
+    }
+
+
+# ----------------------------------------------------------------------------- AR
+
+
+def llama_config_dict(num_classes: int) -> dict:
+    """LlamaConfig fields of the AR model (vocab = 512 codes + classes + null)."""
+    return dict(
+        vocab_size=CODEBOOK_SIZE + num_classes + 1, hidden_size=256, intermediate_size=768,
+        num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=8,
+        max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=10000.0,
+        tie_word_embeddings=False, attention_dropout=0.0, initializer_range=0.02,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None, use_cache=True,
+    )
+
+
+def ar_inputs(codes: torch.Tensor, labels: torch.Tensor, null_id: int,
+              drop_p: float = 0.0, gen: torch.Generator | None = None) -> torch.Tensor:
+    """codes [B, 256], labels [B] -> input ids int64 [B, 256] = [class, code_0..code_254].
+
+    With ``drop_p`` > 0 the class token is replaced by ``null_id`` with that probability.
+    """
+    cls = labels + CODEBOOK_SIZE
+    if drop_p > 0:
+        drop = torch.rand(labels.shape, generator=gen) < drop_p
+        cls = torch.where(drop, torch.full_like(cls, null_id), cls)
+    return torch.cat([cls[:, None], codes[:, :-1]], dim=1)
+
+
+def ar_loss(model, codes: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+    """Mean NLL (nats) of the 256 codes given [class, code_<i] (full-vocabulary softmax)."""
+    logits = model(input_ids=inputs, use_cache=False).logits
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), codes.reshape(-1))
+
+
+def train_ar(codes: torch.Tensor, labels: torch.Tensor, llama_cfg: dict, args):
+    """Train LlamaForCausalLM on code sequences (10% condition dropout, AdamW, cosine)."""
+    torch.manual_seed(args.seed + 1)
+    model = build_ar_model(llama_cfg).train()
+    null_id = CODEBOOK_SIZE + len(CLASS_NAMES)
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.ar_lr, betas=(0.9, 0.95))
+    gen = torch.Generator().manual_seed(args.seed + 2)
+    idx_iter = batch_indices(len(codes), args.ar_batch, args.ar_steps, args.seed + 3)
+    clock = StageClock("ar", args.ar_steps, args.max_minutes_ar, args.threads)
+    for step, idx in enumerate(idx_iter):
+        if clock.progress(step) >= 1.0:
+            break
+        clock.tick(step)
+        args.done_steps["ar"] = step + 1
+        set_lr(opt, cosine_lr(clock.progress(step), args.ar_lr, warmup=0.06))
+        inputs = ar_inputs(codes[idx], labels[idx], null_id, drop_p=0.1, gen=gen)
+        loss = ar_loss(model, codes[idx], inputs)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % args.log_every == 0 or step == args.ar_steps - 1:
+            log(f"ar step {step} loss {loss.item():.4f} threads {torch.get_num_threads()} lr {opt.param_groups[0]['lr']:.2e}")
+    return model.eval()
+
+
+@torch.no_grad()
+def eval_ar(model, codes: torch.Tensor, labels: torch.Tensor, batch: int = 50) -> dict:
+    """Held-out NLL per token (nats), conditional (true class) and unconditional (null)."""
+    null_id = CODEBOOK_SIZE + len(CLASS_NAMES)
+    out = {}
+    for name, null in (("cond", False), ("uncond", True)):
+        total = 0.0
+        for i in range(0, len(codes), batch):
+            c, y = codes[i:i + batch], labels[i:i + batch]
+            inputs = ar_inputs(c, y, null_id, drop_p=1.0 if null else 0.0)
+            total += ar_loss(model, c, inputs).item() * len(c)
+        out[f"heldout_nll_per_token_{name}"] = total / len(codes)
+    out["ln_codebook_size"] = math.log(CODEBOOK_SIZE)
+    return out
+
+
+@torch.no_grad()
+def sample_ar(model, class_ids: torch.Tensor, null_id: int, guidance: float = 3.0,
+              temperature: float = 1.0, seed: int = 0, n_tokens: int = 256) -> torch.Tensor:
+    """Plain AR sampling with classifier-free guidance and a KV cache (private helper).
+
+    class_ids int64 [B] (token ids 512 + c) -> codes int64 [B, n_tokens].
+    Guided logits = uncond + guidance * (cond - uncond), restricted to the 512 codes.
+    """
+    from transformers import DynamicCache
+
+    gen = torch.Generator().manual_seed(seed)
+    b = class_ids.shape[0]
+    tokens = torch.cat([class_ids, torch.full_like(class_ids, null_id)])[:, None]
+    cache = DynamicCache(config=model.config)
+    out = []
+    for pos in range(n_tokens):
+        position_ids = torch.full((2 * b, tokens.shape[1]), pos, dtype=torch.long)
+        logits = model(input_ids=tokens, cache=cache, position_ids=position_ids,
+                       use_cache=True).logits[:, -1, :CODEBOOK_SIZE].float()
+        cond, uncond = logits[:b], logits[b:]
+        guided = (uncond + guidance * (cond - uncond)) / temperature
+        nxt = torch.multinomial(F.softmax(guided, dim=-1), 1, generator=gen)
+        out.append(nxt)
+        tokens = torch.cat([nxt, nxt])
+    return torch.cat(out, dim=1)
+
+
+# ----------------------------------------------------------------------------- classifier
+
+
+def train_classifier(images: torch.Tensor, labels: torch.Tensor, args) -> CropClassifier:
+    """Train the crop classifier (cross-entropy, AdamW, cosine, random flips)."""
+    torch.manual_seed(args.seed + 4)
+    clf = CropClassifier(num_classes=len(CLASS_NAMES)).train()
+    opt = torch.optim.AdamW(clf.parameters(), lr=args.cls_lr, weight_decay=1e-4)
+    gen = torch.Generator().manual_seed(args.seed + 5)
+    clock = StageClock("cls", args.cls_steps, args.max_minutes_cls, args.threads)
+    for step, idx in enumerate(batch_indices(len(images), args.cls_batch, args.cls_steps, args.seed + 6)):
+        if clock.progress(step) >= 1.0:
+            break
+        clock.tick(step)
+        args.done_steps["cls"] = step + 1
+        set_lr(opt, cosine_lr(clock.progress(step), args.cls_lr, warmup=0.05))
+        x = images[idx]
+        flip = torch.rand(len(idx), generator=gen) < 0.5
+        x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+        loss = F.cross_entropy(clf(x), labels[idx], label_smoothing=0.05)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step % args.log_every == 0 or step == args.cls_steps - 1:
+            log(f"cls step {step} loss {loss.item():.4f}")
+    return clf.eval()
+
+
+@torch.no_grad()
+def classify(clf: CropClassifier, images: torch.Tensor, batch: int = 200) -> torch.Tensor:
+    """images float [N, 3, 64, 64] -> predicted class indices int64 [N]."""
+    return torch.cat([clf(images[i:i + batch]).argmax(-1) for i in range(0, len(images), batch)])
+
+
+# ----------------------------------------------------------------------------- images
+
+
+def to_uint8(images: torch.Tensor) -> np.ndarray:
+    """float [N, 3, H, W] in [-1, 1] -> uint8 [N, H, W, 3]."""
+    x = ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    return x.permute(0, 2, 3, 1).numpy()
+
+
+def save_grid(images: torch.Tensor, rows: int, path: Path, scale: int = 2) -> None:
+    """Save float [rows*cols, 3, H, W] in [-1, 1] (row-major) as a PNG grid."""
+    arr = to_uint8(images)
+    n, h, w, _ = arr.shape
+    cols = n // rows
+    grid = arr[:rows * cols].reshape(rows, cols, h, w, 3).transpose(0, 2, 1, 3, 4)
+    img = Image.fromarray(grid.reshape(rows * h, cols * w, 3))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    img.resize((cols * w * scale, rows * h * scale), Image.NEAREST).save(path)
+
+
+def one_per_class(labels: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the first ``k`` examples of each class, ordered [k, num_classes] row-major."""
+    per = [torch.nonzero(labels == c).flatten()[:k] for c in range(len(CLASS_NAMES))]
+    return torch.stack(per, dim=1).flatten()
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "weights")
+    p.add_argument("--docs", type=Path, default=None, help="folder for sample/reconstruction PNGs")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--n-train", type=int, default=14000)
+    p.add_argument("--n-heldout", type=int, default=800)
+    p.add_argument("--vq-steps", type=int, default=1000)
+    p.add_argument("--vq-batch", type=int, default=16)
+    p.add_argument("--vq-lr", type=float, default=1e-3)
+    p.add_argument("--ar-steps", type=int, default=900)
+    p.add_argument("--ar-batch", type=int, default=32)
+    p.add_argument("--ar-lr", type=float, default=1.2e-3)
+    p.add_argument("--cls-steps", type=int, default=300)
+    p.add_argument("--cls-batch", type=int, default=64)
+    p.add_argument("--cls-lr", type=float, default=2e-3)
+    p.add_argument("--samples-per-class", type=int, default=4)
+    p.add_argument("--guidance", type=float, default=3.0)
+    p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--max-minutes-vq", type=float, default=8.5, help="wall budget (0 = none)")
+    p.add_argument("--max-minutes-ar", type=float, default=37.0, help="wall budget (0 = none)")
+    p.add_argument("--max-minutes-cls", type=float, default=3.5, help="wall budget (0 = none)")
+    args = p.parse_args(argv)
+    args.done_steps = {}
+    return args
+
+
+def write_config(out: Path, args, llama_cfg: dict, vq: VQTokenizer, clf_cfg: dict) -> None:
+    config = {
+        "format_version": 1,
+        "image_size": 64, "grid": list(vq.grid), "codebook_size": CODEBOOK_SIZE,
+        "class_names": list(CLASS_NAMES), "num_classes": len(CLASS_NAMES),
+        "class_token_offset": CODEBOOK_SIZE, "null_class_id": CODEBOOK_SIZE + len(CLASS_NAMES),
+        "sequence": "[class_token, code_0 .. code_255], raster order",
+        "vq": vq.config.to_dict(), "llama": llama_cfg, "classifier": clf_cfg,
+        "ar_dtype_on_disk": "float16",
+        "training": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                     if k not in ("out", "docs")}
+        | {"data_seeds": {"train": TRAIN_SEED, "heldout": HELDOUT_SEED}, "cond_dropout": 0.1},
+    }
+    save_json(config, out / "config.json")
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+    times, metrics = {}, {}
+    t = time.time()
+    (xtr, ytr), (xho, yho) = build_datasets(args.n_train, args.n_heldout)
+    times["data_s"] = time.time() - t
+    log(f"data: train {tuple(xtr.shape)} heldout {tuple(xho.shape)}")
+
+    t = time.time()
+    vq = train_vq(xtr, args)
+    times["vq_train_s"] = time.time() - t
+    save_safetensors(vq.state_dict(), args.out / "vq.safetensors")
+    t = time.time()
+    ctr, cho = encode_all(vq, xtr), encode_all(vq, xho)
+    times["encode_s"] = time.time() - t
+    metrics["vq"] = eval_vq(vq, xho, ctr)
+    log(f"vq metrics {metrics['vq']}")
+
+    llama_cfg = llama_config_dict(len(CLASS_NAMES))
+    t = time.time()
+    ar = train_ar(ctr, ytr, llama_cfg, args)
+    times["ar_train_s"] = time.time() - t
+    save_safetensors(ar.state_dict(), args.out / "ar.safetensors", dtype=torch.float16)
+    metrics["ar"] = eval_ar(ar, cho, yho) | {"params": sum(p.numel() for p in ar.parameters())}
+    log(f"ar metrics {metrics['ar']}")
+
+    t = time.time()
+    clf = train_classifier(xtr, ytr, args)
+    times["cls_train_s"] = time.time() - t
+    clf_cfg = {"num_classes": clf.num_classes, "feature_dim": clf.feature_dim}
+    save_safetensors(clf.state_dict(), args.out / "classifier.safetensors")
+    metrics["classifier"] = {"heldout_accuracy": float((classify(clf, xho) == yho).float().mean())}
+    write_config(args.out, args, llama_cfg, vq, clf_cfg)
+    save_safetensors(reference_feature_states(clf.eval(), xho), args.out / REFERENCE_FILE)  # for the Frechet distance
+
+    t = time.time()
+    k = args.samples_per_class
+    cls_ids = torch.arange(len(CLASS_NAMES)).repeat(k)           # row-major [k, classes]
+    codes = sample_ar(ar, cls_ids + CODEBOOK_SIZE, CODEBOOK_SIZE + len(CLASS_NAMES),
+                      guidance=args.guidance, seed=args.seed + 7)
+    samples = vq.decode(codes)
+    times["sample_s"] = time.time() - t
+    metrics["samples"] = {"n": len(cls_ids), "guidance": args.guidance, "temperature": 1.0,
+                          "classifier_agreement": float((classify(clf, samples) == cls_ids).float().mean())}
+    if args.docs is not None:
+        save_grid(samples, k, args.docs / "builtin_samples.png")
+        idx = one_per_class(yho, 2)
+        recon = vq.decode(encode_all(vq, xho[idx]))
+        save_grid(torch.cat([xho[idx[:20]], recon[:20], xho[idx[20:]], recon[20:]]), 4,
+                  args.docs / "builtin_reconstructions.png")
+    times["total_s"] = time.time() - T0
+    metrics["wall_times_s"] = times
+    metrics["steps_done"] = dict(args.done_steps)
+    metrics["sizes_bytes"] = {p.name: p.stat().st_size for p in sorted(args.out.glob("*.safetensors"))}
+    save_json(metrics, args.out / "metrics.json")
+    log(f"done: {json.dumps(metrics)}")
+
+
+if __name__ == "__main__":
+    main()
