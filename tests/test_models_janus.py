@@ -1,0 +1,280 @@
+"""Janus adapter: greedy equality with transformers' own image generation, SJD == AR, layout,
+batched guidance, KV state after rollback, errors.
+
+The checkpoint is a tiny random Janus (llama text model, 6 x 6 = 36 image tokens, V = 256,
+24 px images) with a word-level tokenizer and a JanusProcessor, saved to a tmp dir and loaded
+back offline. The generation head is scaled up (peaked, well-separated logits: argmax is not
+decided by rounding) and the image-token embeddings scaled down (drafts get accepted).
+"""
+
+import json
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import (
+    GenerationConfig, JanusConfig, JanusForConditionalGeneration, JanusImageProcessorPil, JanusProcessor,
+    PreTrainedTokenizerFast,
+)
+
+import csdgen
+from csdgen import SamplingConfig
+from csdgen.models.janus import JanusImageModel, estimate_memory_from_pretrained
+
+PAD, BOS, EOS, IMAGE, BOI, EOI = 0, 1, 2, 3, 4, 5
+SPECIALS = ["<pad>", "<bos>", "<eos>", "<image_placeholder>", "<begin_of_image>", "<end_of_image>", "<|User|>", "<|Assistant|>"]
+WORDS = ["a", "red", "dog", "cat", "running", "in", "the", "rain", ":", "<unk>"]
+CHAT = (
+    "{% for m in messages %}<|User|>: {{ m['content'][0]['text'] }}\n\n{% endfor %}"
+    "{% if add_generation_prompt %}<|Assistant|>:{% endif %}"
+)
+GRID, SIZE, V = 6, 24, 256
+PROMPTS = ["a red dog", "the cat running in the rain"]  # different lengths: left padding
+GUIDED = SamplingConfig(temperature=0, guidance_scale=3.0)
+
+
+def tiny_tokenizer():
+    vocab = {t: i for i, t in enumerate(SPECIALS + WORDS)}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.add_special_tokens(SPECIALS)
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tk.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", BOS)])
+    extra = {"image_token": "<image_placeholder>", "boi_token": "<begin_of_image>", "eoi_token": "<end_of_image>"}
+    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                                   unk_token="<unk>", extra_special_tokens=extra)
+
+
+def tiny_janus(seed=0):
+    config = JanusConfig(
+        text_config=dict(model_type="llama", vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS),
+        vision_config=dict(image_size=SIZE, patch_size=4, num_image_tokens=GRID * GRID, hidden_size=32, intermediate_size=64,
+                           num_hidden_layers=1, num_attention_heads=2, projection_dim=64),
+        vq_config=dict(embed_dim=8, num_embeddings=V, base_channels=32, channel_multiplier=[1, 1, 2],
+                       image_token_embed_dim=64, projection_dim=64, num_patches=GRID),
+        image_token_id=IMAGE,
+    )
+    torch.manual_seed(seed)
+    model = JanusForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        model.model.generation_head.vision_head.weight.mul_(30.0)
+        model.model.generation_embeddings.weight.mul_(0.1)
+    model.generation_config = GenerationConfig(bos_token_id=BOS, pad_token_id=PAD, eos_token_id=EOS,
+                                               generation_kwargs={"boi_token_id": BOI})
+    return model
+
+
+def build_checkpoint(folder):
+    """Save the tiny Janus and its processor (tokenizer + chat template) to ``folder``; return it."""
+    tiny_janus().save_pretrained(folder)
+    processor = JanusProcessor(JanusImageProcessorPil(size={"height": SIZE, "width": SIZE}), tiny_tokenizer(),
+                               chat_template=CHAT, num_image_tokens=GRID * GRID)
+    processor.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return build_checkpoint(tmp_path_factory.mktemp("janus"))
+
+
+@pytest.fixture(scope="module")
+def janus(checkpoint):
+    return JanusImageModel.from_pretrained(checkpoint)
+
+
+@pytest.fixture(scope="module")
+def ar_tokens(janus):
+    return {b: csdgen.generate(janus, PROMPTS[:b], method="ar", sampling=GUIDED).tokens for b in (1, 2)}
+
+
+def reference_inputs(janus, prompts):
+    """The inputs of the transformers Janus example: chat template, then processor(generation_mode="image")."""
+    chats = [janus.processor.apply_chat_template([{"role": "user", "content": [{"type": "text", "text": p}]}],
+                                                 add_generation_prompt=True) for p in prompts]
+    return janus.processor(text=chats, generation_mode="image", return_tensors="pt", padding=True)
+
+
+# (1) the family's own greedy generation
+
+
+@pytest.mark.parametrize("scale", [3.0, 5.0])
+def test_ar_equals_transformers_generate_image_mode(janus, ar_tokens, scale):
+    inputs = reference_inputs(janus, PROMPTS)
+    assert inputs["attention_mask"].min() == 0  # the batch is left-padded
+    reference = janus.model.generate(**inputs, generation_mode="image", do_sample=False, guidance_scale=scale)
+    ours = ar_tokens[2] if scale == 3.0 else csdgen.generate(
+        janus, PROMPTS, method="ar", sampling=SamplingConfig(temperature=0, guidance_scale=scale)).tokens
+    assert reference.shape == ours.shape == (2, GRID * GRID)
+    assert torch.equal(reference, ours)
+
+
+def test_token_id_conditions_equal_the_prompt_strings(janus, ar_tokens):
+    ids = [janus.encode_conditions([p])[0] for p in PROMPTS]
+    out = csdgen.generate(janus, [ids[0], ids[1][:-1]], method="ar", sampling=GUIDED)  # BOI appended when missing
+    assert torch.equal(out.tokens, ar_tokens[2])
+
+
+# (2) speculative greedy == AR
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_greedy_sjd_equals_ar(janus, ar_tokens, batch):
+    steps = []
+    for window in (2, 5, 7, 13, 36):  # 5, 7, 13 span rows of 6
+        out = csdgen.generate(janus, PROMPTS[:batch], method="sjd", window=window, sampling=GUIDED)
+        assert torch.equal(out.tokens, ar_tokens[batch]), window
+        steps.append(out.steps)
+    assert min(steps) < GRID * GRID  # drafts were accepted somewhere
+    csd = csdgen.generate(janus, PROMPTS[:batch], method="csd", window=7, sampling=GUIDED, refresh="coupled")
+    assert torch.equal(csd.tokens, ar_tokens[batch])
+
+
+# (3) sequence layout and image size
+
+
+def test_prompt_and_uncond_rows_are_laid_out_as_generate_does(janus):
+    ids = janus.encode_conditions(PROMPTS)
+    tok = janus.processor.tokenizer
+    assert ids[0] == [BOS] + tok.convert_tokens_to_ids(["<|User|>", ":", "a", "red", "dog", "<|Assistant|>", ":"]) + [BOI]
+    session = janus.start(PROMPTS, None, guided=True)
+    P = len(ids[1])
+    pad = P - len(ids[0])
+    uncond0 = [BOS] + [PAD] * (len(ids[0]) - 2) + [BOI]
+    expected = [[PAD] * pad + ids[0], ids[1], [PAD] * pad + uncond0, [BOS] + [PAD] * (P - 2) + [BOI]]
+    assert session.input_ids.tolist() == expected  # cond rows first, then uncond, left-padded
+    assert session.prompt_mask.tolist() == [[0] * pad + [1] * len(ids[0]), [1] * P] * 2
+
+
+def test_window_logits_equal_one_teacher_forced_forward_of_the_full_sequence(janus, ar_tokens):
+    """Prompt ids, then image tokens through the generation embeddings, in one cache-free forward."""
+    ids, tokens = janus.encode_conditions(PROMPTS[1:]), ar_tokens[2][1:]
+    model = janus.model
+    with torch.no_grad():
+        embeds = torch.cat([model.get_input_embeddings()(torch.tensor(ids)),
+                            model.prepare_embeddings_for_image_generation(tokens[:, :-1])], dim=1)
+        full = model.model.generation_head(model.model.language_model(inputs_embeds=embeds).last_hidden_state)
+    session = janus.start(PROMPTS[1:], None, guided=False)
+    first = session.prefill().cond
+    rest = torch.cat([session.forward(tokens[:, k : k + 7], k).cond for k in range(0, 35, 7)], dim=1)
+    P = len(ids[0])
+    torch.testing.assert_close(torch.cat([first, rest], dim=1), full[:, P - 1 :], atol=1e-4, rtol=1e-4)
+
+
+def test_decode_images_size_range_and_equality_with_decode_image_tokens(janus, ar_tokens):
+    images = janus.decode_images(ar_tokens[2])
+    assert images.shape == (2, 3, SIZE, SIZE) and images.dtype == torch.float32
+    assert images.min() >= -1 and images.max() <= 1 and not images.requires_grad
+    with torch.no_grad():
+        nhwc = janus.model.decode_image_tokens(ar_tokens[2])
+    assert torch.equal(images, nhwc.permute(0, 3, 1, 2).clamp(-1, 1))
+    assert janus.grid == (GRID, GRID) and janus.num_image_tokens == 36 and janus.codebook_size == V
+    assert janus.image_size == SIZE
+    codes = janus.codebook_embeddings()
+    assert codes.shape == (V, 8)
+    torch.testing.assert_close(codes.norm(dim=-1), torch.ones(V))
+
+
+# (4) guidance in one batched forward == separate cond-only and uncond-only forwards
+
+
+def test_batched_guidance_equals_separate_forwards(janus, ar_tokens):
+    ids = janus.encode_conditions(PROMPTS)
+    tokens = ar_tokens[2][:, :9]
+    both = janus.start(PROMPTS, None, guided=True)
+    cond = janus.start(ids, None, guided=False)
+    uncond = janus.start([janus.uncond_ids(i) for i in ids], None, guided=False)
+    runs = [(s.prefill(), s.forward(tokens, 0)) for s in (both, cond, uncond)]
+    for step in range(2):
+        torch.testing.assert_close(runs[0][step].cond, runs[1][step].cond, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(runs[0][step].uncond, runs[2][step].cond, atol=1e-5, rtol=1e-5)
+        assert runs[1][step].uncond is None
+    # a padded row gives what the same prompt gives alone
+    alone = janus.start(PROMPTS[:1], None, guided=True)
+    alone.prefill()
+    single = alone.forward(tokens[:1], 0)
+    torch.testing.assert_close(single.cond, runs[0][1].cond[:1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(single.uncond, runs[0][1].uncond[:1], atol=1e-5, rtol=1e-5)
+
+
+# (5) KV cache after rollback == fresh prefill of the committed tokens
+
+
+def cache_tensors(session):
+    return [(layer.keys, layer.values) for layer in session.cache.layers]
+
+
+@pytest.mark.parametrize("method, sampling", [("sjd", SamplingConfig(guidance_scale=3.0)), ("csd", GUIDED)])
+def test_kv_state_after_every_iteration_equals_fresh_prefill(janus, method, sampling):
+    checked = []
+
+    def check(info):
+        K = info.session.cache_length
+        fresh = janus.start(PROMPTS, None, sampling.guided)
+        fresh.prefill()
+        if K:
+            fresh.forward(info.tokens[:, :K], start=0)
+        for (k1, v1), (k2, v2) in zip(cache_tensors(info.session), cache_tensors(fresh)):
+            assert k1.shape == k2.shape
+            torch.testing.assert_close(k1, k2, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(v1, v2, atol=1e-5, rtol=1e-5)
+        checked.append(K)
+
+    out = csdgen.generate(janus, PROMPTS, method=method, window=8, sampling=sampling, seed=1, callback=check)
+    assert len(checked) == out.steps and checked[-1] == 35
+
+
+# (6) errors
+
+
+def test_missing_folder_and_missing_weights(tmp_path, checkpoint):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        JanusImageModel.from_pretrained(tmp_path / "nowhere")
+    (tmp_path / "config.json").write_text((checkpoint / "config.json").read_text())
+    with pytest.raises(FileNotFoundError, match="holds no weights"):
+        JanusImageModel.from_pretrained(tmp_path)
+
+
+def test_bad_resolution(checkpoint, janus):
+    with pytest.raises(ValueError, match="image_size=384: .* allowed: 24"):
+        JanusImageModel.from_pretrained(checkpoint, image_size=384)
+    with pytest.raises(ValueError, match="allowed: 24"):
+        janus.start(PROMPTS, None, True, image_size=48)
+    assert janus.start(PROMPTS, None, True, image_size=SIZE).batch_size == 2
+
+
+def test_bad_conditions_and_dtype(janus, checkpoint):
+    with pytest.raises(ValueError, match="needs conditions"):
+        janus.start(None, 2, True)
+    with pytest.raises(ValueError, match="batch_size=3 differs"):
+        janus.start(PROMPTS, 3, True)
+    with pytest.raises(ValueError, match="ids in 0..63"):
+        janus.start([[BOS, 64]], None, True)
+    with pytest.raises(ValueError, match="non-empty list"):
+        janus.start("a red dog", None, True)
+    with pytest.raises(ValueError, match="dtype='int8'"):
+        JanusImageModel.from_pretrained(checkpoint, dtype="int8")
+    with pytest.raises(ValueError, match="start=3 but the session holds 0"):
+        session = janus.start(PROMPTS, None, True)
+        session.prefill()
+        session.forward(torch.zeros(2, 1, dtype=torch.long), 3)
+
+
+def test_strings_need_a_processor_and_generation_config_needs_special_ids(tmp_path):
+    model = tiny_janus()
+    model.save_pretrained(tmp_path)
+    janus = JanusImageModel.from_pretrained(tmp_path)  # no tokenizer: ids only
+    with pytest.raises(ValueError, match="no processor/tokenizer"):
+        janus.start(["a red dog"], None, True)
+    assert janus.start([[BOS, 7, BOI]], None, True).batch_size == 1
+    (tmp_path / "generation_config.json").write_text(json.dumps({"bos_token_id": BOS, "pad_token_id": PAD}))
+    with pytest.raises(ValueError, match="boi_token_id not found"):
+        JanusImageModel.from_pretrained(tmp_path)
+
+
+def test_memory_estimate_counts_parameters_kv_cache_and_buffers(janus, checkpoint):
+    params = sum(p.numel() for p in janus.model.parameters())
+    kv = 2 * 2 * 4 * (10 + 36) * 2 * 16 * 4  # layers, k+v, 2B rows, positions, kv heads, head dim, bytes
+    buffers = 4 * 2 * 16 * V * 4
+    assert janus.memory_estimate(2, 16, torch.float32, prompt_length=10) == params * 4 + kv + buffers
+    assert estimate_memory_from_pretrained(checkpoint, 2, 16, "float32", prompt_length=10) == params * 4 + kv + buffers
