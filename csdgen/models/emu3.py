@@ -1,0 +1,482 @@
+"""Emu3 (transformers ``Emu3ForConditionalGeneration``) as an image-token model.
+
+Sequence layout of Emu3 image generation (transformers 5.24: ``Emu3Processor(...,
+return_for_image_generation=True)`` builds the prompt, the ``prefix_allowed_tokens_fn`` of the
+transformers Emu3 docs constrains the rest; BAAI's original ``processor(mode='G')`` is the same):
+
+* prompt: ``BOS prompt <|image start|> "{rows}*{cols}" <|image token|>`` (the resolution is
+  plain text, height first, in VQ tokens; BOS is ``<|extra_203|>``);
+* image: ``rows`` rows of ``cols`` visual tokens ``<|visual tokenNNNNNN|>`` (codebook entry
+  ``NNNNNN``), each row followed by the end-of-line token ``<|extra_200|>``;
+* then end-of-frame ``<|extra_201|>``, end-of-image ``<|image end|>``, EOS ``<|extra_204|>``.
+
+The engine sees only the ``N = rows * cols`` visual tokens. :meth:`_Emu3Session.forward`
+inserts the end-of-line token after every row end inside its window (forced: the model's
+output at a row's last visual token is not returned; the end-of-line token's output predicts the
+next row's first token), and keeps the map image length ``k`` -> cached sequence length
+``P + k + k // cols`` for rollback.
+
+Classifier-free guidance: the unconditional row is the negative prompt in the same layout (as
+BAAI's Emu3-Gen example builds it, ``processor(NEGATIVE_PROMPT, mode='G')``; the transformers doc
+example feeds the bare negative prompt instead). Cond rows, then uncond rows, in one forward;
+prompts of different lengths are left-padded with an attention mask, and position ids count
+the real tokens only (as ``generate`` does from the attention mask).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from transformers import DynamicCache, Emu3Config, Emu3ForConditionalGeneration
+
+from .base import DecodingSession, ImageTokenModel, WindowLogits
+
+__all__ = [
+    "Emu3ImageModel",
+    "DEFAULT_NEGATIVE_PROMPT",
+    "emu3_memory_estimate",
+    "estimate_memory_from_pretrained",
+    "image_grid",
+]
+
+#: Emu3's documented negative prompt (BAAI Emu3-Gen model card, transformers Emu3 docs)
+DEFAULT_NEGATIVE_PROMPT = (
+    "lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, cropped, "
+    "worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, username, blurry."
+)
+#: default image area in pixels (``Emu3Processor.image_area``): 720 x 720 at 1:1
+DEFAULT_IMAGE_AREA = 518400
+#: prompt length assumed by memory estimates when none is given
+DEFAULT_PROMPT_LENGTH = 64
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+# (tokenizer attribute, Emu3 token name): the names of the Emu3-*-hf tokenizers
+_SPECIAL = {
+    "bos": ("bos_token", "<|extra_203|>"),
+    "eos": ("eos_token", "<|extra_204|>"),
+    "pad": ("pad_token", "<|endoftext|>"),
+    "boi": ("boi_token", "<|image start|>"),
+    "wrapper": ("image_wrapper_token", "<|image token|>"),
+    "eol": (None, "<|extra_200|>"),  # Emu3ImageVocabularyMapping.eol_token_id
+    "eof": ("eof_token", "<|extra_201|>"),
+    "eoi": ("eoi_token", "<|image end|>"),
+}
+
+
+def _resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in _DTYPES:
+        return _DTYPES[dtype]
+    raise ValueError(f"dtype={dtype!r}: allowed {', '.join(_DTYPES)} (or the torch dtypes)")
+
+
+def _check_checkpoint(path: str | os.PathLike) -> Path:
+    """Raise FileNotFoundError unless ``path`` is a folder with config.json and weights."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"Emu3 checkpoint folder {str(path)!r} does not exist (give a local folder; no downloads)")
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{str(path)!r} has no config.json: not a transformers Emu3 checkpoint")
+    if not any((folder / name).is_file() for name in _WEIGHT_FILES) and not any(folder.glob("*.safetensors")):
+        raise FileNotFoundError(f"{str(path)!r} holds no weights; expected one of {', '.join(_WEIGHT_FILES)}")
+    return folder
+
+
+def _spatial_factor(config: Emu3Config) -> int:
+    """Pixels per VQ token along each side: ``2 ** (len(channel_multiplier) - 1)`` (Emu3VQVAE)."""
+    return 2 ** (len(config.vq_config.channel_multiplier) - 1)
+
+
+def _largest_square(max_positions: int, reserve: int) -> int:
+    """Largest side s (tokens) with ``s * (s + 1) + reserve <= max_positions``."""
+    s = math.isqrt(max(max_positions - reserve, 0))
+    while s > 0 and s * (s + 1) + reserve > max_positions:
+        s -= 1
+    return s
+
+
+def image_grid(config: Emu3Config, height: int | None = None, width: int | None = None) -> tuple[int, int]:
+    """Requested size in pixels -> ``(rows, cols)`` in VQ tokens.
+
+    Default (None): Emu3's default area (``Emu3Processor.image_area`` = 518400 px, 1:1). A side
+    must be a positive multiple of the VQ's spatial factor, and the image sequence
+    ``rows * (cols + 1)`` (visual and end-of-line tokens) plus a minimal prompt must fit in
+    ``text_config.max_position_embeddings``.
+
+    Raises:
+        ValueError: naming the size and what is allowed.
+    """
+    factor = _spatial_factor(config)
+    side = round(math.sqrt(DEFAULT_IMAGE_AREA) / factor) * factor
+    sizes = {"height": side if height is None else height, "width": side if width is None else width}
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < factor or value % factor:
+            raise ValueError(f"{name}={value!r} px: allowed positive multiples of {factor} px (the VQ's spatial factor)")
+    rows, cols = sizes["height"] // factor, sizes["width"] // factor
+    limit = config.text_config.max_position_embeddings
+    reserve = 8  # BOS, begin-of-image, "r*c", image token, the 3 end tokens: the least an image needs
+    if rows * (cols + 1) + reserve > limit:
+        s = _largest_square(limit, reserve) * factor
+        raise ValueError(
+            f"{sizes['height']} x {sizes['width']} px = {rows} x {cols} tokens needs {rows * (cols + 1) + reserve} positions "
+            f"> max_position_embeddings={limit}; allowed: rows * (cols + 1) + prompt <= {limit} (e.g. up to {s} x {s} px)"
+        )
+    return rows, cols
+
+
+def emu3_memory_estimate(
+    config: Emu3Config, num_parameters: int, batch_size: int, window: int, dtype: torch.dtype | str,
+    grid: tuple[int, int], prompt_length: int = DEFAULT_PROMPT_LENGTH, guided: bool = True,
+) -> int:
+    """Bytes needed: parameters + KV cache of the full sequence + logits/probability buffers.
+
+    KV cache: ``layers * 2 * R * (prompt_length + rows * (cols + 1)) * kv_heads * head_dim``
+    elements of ``dtype``, ``R = 2B`` rows when guided (``B`` otherwise). Buffers: four
+    ``[B, W, V]`` float32 tensors (cond/uncond logits, target and draft probabilities) plus the
+    forward's ``[R, W + W // cols + 1, V]`` logits in ``dtype``.
+    """
+    size = torch.empty((), dtype=_resolve_dtype(dtype)).element_size()
+    text = config.text_config
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    rows = batch_size * (2 if guided else 1)
+    length = prompt_length + grid[0] * (grid[1] + 1)
+    kv = text.num_hidden_layers * 2 * rows * length * kv_heads * head_dim * size
+    V = config.vq_config.codebook_size
+    buffers = 4 * batch_size * window * V * 4 + rows * (window + window // grid[1] + 1) * V * size
+    return num_parameters * size + kv + buffers
+
+
+def estimate_memory_from_pretrained(
+    path: str | os.PathLike, batch_size: int, window: int, dtype: torch.dtype | str,
+    height: int | None = None, width: int | None = None, **kwargs,
+) -> int:
+    """:func:`emu3_memory_estimate` from a checkpoint's config.json only (weights not read).
+
+    Parameters are counted on the ``meta`` device; ``height``/``width`` in pixels as in
+    :func:`image_grid`. Extra keyword arguments (``prompt_length``, ``guided``) go to
+    :func:`emu3_memory_estimate`.
+    """
+    config = Emu3Config.from_pretrained(_check_checkpoint(path))
+    grid = image_grid(config, height, width)
+    with torch.device("meta"):
+        count = sum(p.numel() for p in Emu3ForConditionalGeneration(config).parameters())
+    return emu3_memory_estimate(config, count, batch_size, window, dtype, grid, **kwargs)
+
+
+class Emu3ImageModel(ImageTokenModel):
+    """Text-to-image Emu3 over a transformers ``Emu3ForConditionalGeneration``.
+
+    Args:
+        model: the loaded model (eval mode is set here).
+        tokenizer: the checkpoint's tokenizer (strings are tokenised with it), or None (token-id
+            conditions only).
+        height, width: image size in pixels (see :func:`image_grid`); default Emu3's 720 x 720.
+        negative_prompt: the unconditional row's prompt (string or token ids); default
+            :data:`DEFAULT_NEGATIVE_PROMPT`; ``""`` gives an empty negative prompt.
+
+    Attributes:
+        image_size: ``(height, width)`` in pixels of :meth:`decode_images`' output.
+        visual_ids: ``[V]`` int64, text-vocabulary id of codebook entry ``v``
+            (``model.vocabulary_mapping.img2bpe``).
+        special: ids of the layout's special tokens (bos, eos, pad, boi, wrapper, eol, eof, eoi).
+
+    Raises:
+        ValueError: bad size, visual tokens not numbered ``0 .. V - 1`` with V = the VQ codebook
+            size, or a special token missing from the vocabulary.
+    """
+
+    def __init__(
+        self, model: Emu3ForConditionalGeneration, tokenizer: Any = None, height: int | None = None,
+        width: int | None = None, negative_prompt: str | Sequence[int] = DEFAULT_NEGATIVE_PROMPT,
+    ):
+        self.model = model.eval()
+        self.config = model.config
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.grid = image_grid(self.config, height, width)
+        self.num_image_tokens = self.grid[0] * self.grid[1]
+        factor = _spatial_factor(self.config)
+        self.image_size = (self.grid[0] * factor, self.grid[1] * factor)
+        self.special = _special_ids(self.config.vocabulary_map or {}, tokenizer)
+        names = {i: n for n, i in (self.config.vocabulary_map or {}).items() if i in self.special.values()}
+        self._names = {k: names[i] for k, i in self.special.items()}
+        self.visual_ids = _visual_ids(model, self.config.vq_config.codebook_size).to(self.device)
+        self.codebook_size = int(self.visual_ids.numel())
+        self._head = _visual_head(model.lm_head.weight, self.visual_ids)
+        self.negative_prompt = negative_prompt
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | os.PathLike, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu",
+        height: int | None = None, width: int | None = None,
+        negative_prompt: str | Sequence[int] = DEFAULT_NEGATIVE_PROMPT,
+    ) -> "Emu3ImageModel":
+        """Load a transformers-format Emu3 checkpoint (e.g. a local copy of ``BAAI/Emu3-Gen-hf``).
+
+        Args:
+            path: folder with config.json, weights and (for string prompts) tokenizer files.
+            dtype: ``torch.float32`` / ``bfloat16`` / ``float16`` or their names.
+            device: where the model goes.
+            height, width: image size in pixels (multiples of the VQ's spatial factor, 8 for Emu3).
+            negative_prompt: see :class:`Emu3ImageModel`.
+
+        Raises:
+            FileNotFoundError: no such folder, or no config / weights in it.
+            ValueError: bad dtype or size (checked before the weights are read), or see :class:`Emu3ImageModel`.
+        """
+        folder = _check_checkpoint(path)
+        dtype = _resolve_dtype(dtype)
+        image_grid(Emu3Config.from_pretrained(folder), height, width)
+        model = Emu3ForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(device)
+        return cls(model, _load_tokenizer(folder), height, width, negative_prompt)
+
+    # -- prompts -------------------------------------------------------------------------
+
+    def image_prefix_text(self) -> str:
+        """``<|image start|>{rows}*{cols}<|image token|>``: what ``Emu3Processor`` appends to a prompt."""
+        return f"{self._names['boi']}{self.grid[0]}*{self.grid[1]}{self._names['wrapper']}"
+
+    def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        """One condition -> the full prompt ids, ``BOS ... <|image token|>``.
+
+        A string is tokenised as ``Emu3Processor(text, return_for_image_generation=True)`` does:
+        ``BOS + prompt + image prefix`` in one call of the tokenizer. A list of ids is the prompt
+        body: BOS is prepended (unless it is already first) and the image prefix appended.
+
+        Raises:
+            ValueError: a string without a tokenizer, ids outside the vocabulary.
+        """
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(f"prompt {prompt!r} is a string but the checkpoint has no tokenizer; give token-id lists")
+            text = f"{self.tokenizer.bos_token}{prompt}{self.image_prefix_text()}"
+            return list(self.tokenizer(text)["input_ids"])
+        ids = _check_ids(prompt, self.config.text_config.vocab_size)
+        bos = self.special["bos"]
+        body = ids if ids and ids[0] == bos else [bos] + ids
+        return body + self._prefix_ids()
+
+    def _prefix_ids(self) -> list[int]:
+        if self.tokenizer is not None:
+            return list(self.tokenizer(self.image_prefix_text())["input_ids"])
+        vocab = self.config.vocabulary_map
+        digits = [vocab.get(c) for c in f"{self.grid[0]}*{self.grid[1]}"]
+        if None in digits:
+            raise ValueError("the resolution text needs the tokenizer (digits are not single vocabulary entries); add tokenizer files")
+        return [self.special["boi"], *digits, self.special["wrapper"]]
+
+    def image_sequence(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Codebook ids ``[B, N]`` -> the generated part of Emu3's sequence ``[B, rows * (cols + 1) + 3]``.
+
+        Visual token ids row by row, end-of-line after every row, then end-of-frame, end-of-image,
+        EOS: what Emu3's ``generate`` with its prefix constraint produces and
+        ``decode_image_tokens`` takes.
+        """
+        rows, cols = self.grid
+        B = tokens.shape[0]
+        image = self.visual_ids[tokens.to(self.device)].view(B, rows, cols)
+        eol = image.new_full((B, rows, 1), self.special["eol"])
+        tail = torch.tensor([self.special[k] for k in ("eof", "eoi", "eos")], device=self.device).expand(B, 3)
+        return torch.cat([torch.cat([image, eol], dim=2).flatten(1), tail], dim=1)
+
+    # -- the engine's interface ------------------------------------------------------------
+
+    def start(self, conditions, batch_size, guided) -> "_Emu3Session":
+        """Open a session; ``conditions`` = prompt strings or token-id lists (see :meth:`prompt_ids`).
+
+        Raises:
+            ValueError: no/empty conditions, ``batch_size`` differing from their number, or a
+                sequence longer than ``max_position_embeddings``.
+        """
+        if conditions is None or isinstance(conditions, (str, torch.Tensor)) or len(conditions) == 0:
+            raise ValueError(f"conditions={conditions!r}: Emu3ImageModel needs a non-empty list of prompt strings or token-id lists")
+        if batch_size is not None and batch_size != len(conditions):
+            raise ValueError(f"batch_size={batch_size} differs from the {len(conditions)} conditions given")
+        prompts = [self.prompt_ids(c) for c in conditions]
+        rows = prompts + [self.prompt_ids(self.negative_prompt)] * len(prompts) if guided else prompts
+        self._check_length(max(len(r) for r in rows))
+        return _Emu3Session(self, rows, len(prompts), guided)
+
+    def _check_length(self, prompt_length: int) -> None:
+        limit = self.config.text_config.max_position_embeddings
+        need = prompt_length + self.grid[0] * (self.grid[1] + 1)
+        if need > limit:
+            raise ValueError(
+                f"prompt of {prompt_length} tokens + {self.grid[0]} x {self.grid[1]} image = {need} positions "
+                f"> max_position_embeddings={limit}; allowed: a shorter prompt or a smaller image"
+            )
+
+    def visual_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Hidden states ``[..., D]`` -> logits ``[..., V]`` of the visual tokens, column v = codebook entry v."""
+        return torch.nn.functional.linear(hidden, self._head)
+
+    def memory_estimate(self, batch_size: int, window: int, dtype: torch.dtype | str | None = None,
+                        prompt_length: int = DEFAULT_PROMPT_LENGTH, guided: bool = True) -> int:
+        """Bytes: see :func:`emu3_memory_estimate` (dtype defaults to the model's)."""
+        count = sum(p.numel() for p in self.model.parameters())
+        return emu3_memory_estimate(self.config, count, batch_size, window, dtype or self.dtype, self.grid,
+                                    prompt_length, guided)
+
+    def codebook_embeddings(self) -> torch.Tensor:
+        """``[V, D]`` float32 VQ codebook (``vqmodel.quantize.embedding``; Emu3 feeds it unnormalised)."""
+        return self.model.model.vqmodel.quantize.embedding.weight.detach().float()
+
+    def decode_images(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Image tokens ``[B, N]`` int64 -> ``[B, 3, H, W]`` float32 in [-1, 1], ``(H, W)`` = :attr:`image_size`.
+
+        Goes through Emu3's own path: :meth:`image_sequence` then
+        ``decode_image_tokens(image_tokens=, height=rows, width=cols)`` (NCHW, unclamped; clamped here).
+        """
+        if tokens.ndim != 2 or tokens.shape[1] != self.num_image_tokens:
+            raise ValueError(f"tokens of shape {tuple(tokens.shape)}: expected [B, {self.num_image_tokens}]")
+        if tokens.numel() and not (0 <= int(tokens.min()) and int(tokens.max()) < self.codebook_size):
+            raise ValueError(f"image tokens must lie in 0..{self.codebook_size - 1}")
+        with torch.no_grad():
+            images = self.model.decode_image_tokens(image_tokens=self.image_sequence(tokens), height=self.grid[0],
+                                                    width=self.grid[1])
+        return images.float().clamp(-1, 1)
+
+
+def _load_tokenizer(folder: Path):
+    """The folder's tokenizer, or None when it has no tokenizer files."""
+    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def _special_ids(vocab: dict[str, int], tokenizer) -> dict[str, int]:
+    """Ids of the layout's special tokens, by the tokenizer's names (Emu3's names as fallback).
+
+    Raises:
+        ValueError: a token missing from the vocabulary, or the tokenizer and the config's
+            ``vocabulary_map`` disagreeing on an id.
+    """
+    ids = {}
+    for key, (attr, default) in _SPECIAL.items():
+        name = (getattr(tokenizer, attr, None) if tokenizer is not None and attr else None) or default
+        if name not in vocab:
+            raise ValueError(f"special token {name!r} ({key}) is not in config.vocabulary_map: not an Emu3 vocabulary")
+        ids[key] = int(vocab[name])
+        if tokenizer is not None and tokenizer.convert_tokens_to_ids(name) != ids[key]:
+            raise ValueError(f"tokenizer and config.vocabulary_map disagree on the id of {name!r}")
+    return ids
+
+
+def _visual_ids(model: Emu3ForConditionalGeneration, codebook_size: int) -> torch.Tensor:
+    """``[V]`` int64 text ids of ``<|visual token000000|>`` ... from ``model.vocabulary_mapping``."""
+    img2bpe = model.vocabulary_mapping.img2bpe  # {codebook id: text id}, parsed from the token names
+    if sorted(img2bpe) != list(range(codebook_size)):
+        raise ValueError(
+            f"the vocabulary holds {len(img2bpe)} visual tokens; expected <|visual token000000|> .. "
+            f"<|visual token{codebook_size - 1:06d}|> (vq_config.codebook_size={codebook_size})"
+        )
+    return torch.tensor([img2bpe[v] for v in range(codebook_size)], dtype=torch.long)
+
+
+def _visual_head(weight: torch.Tensor, visual_ids: torch.Tensor) -> torch.Tensor:
+    """Rows of ``lm_head.weight`` for the visual tokens: a view when their ids are contiguous."""
+    first = int(visual_ids[0])
+    if torch.equal(visual_ids, torch.arange(first, first + visual_ids.numel(), device=visual_ids.device)):
+        return weight.detach().narrow(0, first, visual_ids.numel())
+    return weight.detach()[visual_ids]
+
+
+def _check_ids(ids: Sequence[int], vocab_size: int) -> list[int]:
+    ids = [int(i) for i in (ids.tolist() if isinstance(ids, torch.Tensor) else ids)]
+    if not all(0 <= i < vocab_size for i in ids):
+        raise ValueError(f"token ids {ids[:8]}...: allowed ids in 0..{vocab_size - 1}")
+    return ids
+
+
+class _Emu3Session(DecodingSession):
+    """KV-cached session over left-padded prompt rows (cond rows first, then uncond rows).
+
+    Image length ``k`` (positions cached) <-> cached sequence length ``P + k + k // cols``:
+    the end-of-line token after a row travels with the row's last image position.
+    """
+
+    def __init__(self, model: Emu3ImageModel, rows: list[list[int]], batch_size: int, guided: bool):
+        self.model, self.batch_size, self.guided = model, batch_size, guided
+        self.input_ids, self.prompt_mask = _left_pad(rows, model.special["pad"], model.device)  # [R, P]
+        self.pads = (1 - self.prompt_mask).sum(-1, keepdim=True)  # [R, 1] pad count per row
+        self.padded = not bool(self.prompt_mask.all())
+        self.cache = DynamicCache(config=model.config.text_config)
+        self._length = -1  # image positions cached; -1 before prefill
+
+    def sequence_length(self, image_length: int) -> int:
+        """Cached sequence length (prompt padding included) holding ``image_length`` image positions."""
+        return self.input_ids.shape[1] + image_length + image_length // self.model.grid[1]
+
+    def _run(self, ids: torch.Tensor, cached: int) -> torch.Tensor:
+        """Text model on ``[R, T]`` ids after ``cached`` sequence positions; returns hidden ``[R, T, D]``."""
+        T = ids.shape[1]
+        positions = torch.arange(cached, cached + T, device=ids.device)[None] - self.pads
+        mask = None
+        if self.padded:
+            mask = torch.cat([self.prompt_mask, self.prompt_mask.new_ones(ids.shape[0], cached + T - self.prompt_mask.shape[1])], 1)
+        with torch.no_grad():
+            out = self.model.model.model(input_ids=ids, attention_mask=mask, position_ids=positions.clamp(min=0),
+                                         cache=self.cache, use_cache=True)
+        return out.last_hidden_state
+
+    def _split(self, hidden: torch.Tensor) -> WindowLogits:
+        with torch.no_grad():
+            logits = self.model.visual_logits(hidden)
+        if self.guided:
+            return WindowLogits(logits[: self.batch_size], logits[self.batch_size :])
+        return WindowLogits(logits, None)
+
+    def prefill(self) -> WindowLogits:
+        if self._length >= 0:
+            raise ValueError("prefill was already run in this session")
+        hidden = self._run(self.input_ids, 0)[:, -1:]
+        self._length = 0
+        return self._split(hidden)
+
+    def forward(self, tokens, start):
+        """Feed image positions ``start .. start + W - 1``, an end-of-line token after each row end."""
+        if start != self._length:
+            raise ValueError(f"start={start} but the session holds {self._length} image positions")
+        W, cols = tokens.shape[1], self.model.grid[1]
+        if start + W > self.model.num_image_tokens:
+            raise ValueError(f"window of {W} at {start}: allowed up to position {self.model.num_image_tokens - 1}")
+        row_end = [(start + j + 1) % cols == 0 for j in range(W)]
+        out_at = [j + sum(row_end[: j + 1]) for j in range(W)]  # slot j's output: its EOL, else its token
+        seq = torch.full((tokens.shape[0], W + sum(row_end)), self.model.special["eol"], dtype=torch.long,
+                         device=self.model.device)
+        seq[:, [o - e for o, e in zip(out_at, row_end)]] = self.model.visual_ids[tokens.to(self.model.device)]
+        if self.guided:
+            seq = torch.cat([seq, seq])
+        hidden = self._run(seq, self.sequence_length(start))[:, out_at]
+        self._length += W
+        return self._split(hidden)
+
+    def rollback(self, length):
+        if not 0 <= length <= self._length:
+            raise ValueError(f"rollback length={length}: allowed 0..{self._length}")
+        drop = self.sequence_length(self._length) - self.sequence_length(length)
+        if drop:
+            self.cache.crop(-drop)  # transformers 5.24 accepts only a negative count here
+        self._length = length
+
+    @property
+    def cache_length(self):
+        return self._length
+
+
+def _left_pad(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad id lists: ``([R, P] int64 ids, [R, P] int64 mask)``."""
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long, device=device)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long, device=device)
+    return ids, mask
