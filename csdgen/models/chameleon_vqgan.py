@@ -1,0 +1,252 @@
+"""The decoder half of Chameleon's VQGAN (codes -> pixels), which transformers does not ship.
+
+``transformers.ChameleonVQVAE`` holds only the encoder and the quantizer, so it cannot turn
+image tokens back into pixels. Chameleon's original release (``tokenizer/vqgan.yaml`` and
+``tokenizer/vqgan.ckpt``, also used by Lumina-mGPT and Anole) decodes with the taming-transformers
+VQGAN (Esser et al., 2021, "Taming Transformers for High-Resolution Image Synthesis"). No
+maintained PyPI package provides it: ``taming-transformers`` 0.0.1 and
+``taming-transformers-rom1504`` 0.0.6 are 2021 snapshots that pull in pytorch-lightning and
+torchvision. So the architecture is written here, decoder only, following
+``chameleon/inference/vqgan.py`` of facebookresearch/chameleon (itself taming-transformers'
+``taming/modules/diffusionmodules/model.py``). Parameter names match that checkpoint's state
+dict: ``quantize.embedding.weight``, ``post_quant_conv.*``, ``decoder.conv_in.*``,
+``decoder.mid.block_1.*``, ``decoder.mid.attn_1.*``, ``decoder.mid.block_2.*``,
+``decoder.up.{level}.block.{i}.*``, ``decoder.up.{level}.attn.{i}.*``,
+``decoder.up.{level}.upsample.conv.*``, ``decoder.norm_out.*``, ``decoder.conv_out.*``.
+
+Assumed, not checked against the real file (no download possible here): the released
+``vqgan.yaml`` has the taming layout ``model.params.{ddconfig: {ch, out_ch, ch_mult,
+num_res_blocks, attn_resolutions, z_channels, resolution, in_channels, ...}, n_embed,
+embed_dim}`` with ch 128, ch_mult [1, 1, 2, 2, 4], num_res_blocks 2, attn_resolutions [],
+z_channels 256, embed_dim 256, n_embed 8192, resolution 512 (the values transformers'
+``ChameleonVQVAEConfig`` defaults to); ``vqgan.ckpt`` is ``{"state_dict": {...}}`` (what the
+original loader reads) or a bare state dict. Downsampling factor ``2 ** (len(ch_mult) - 1)``:
+16 for the real model, so ``rows x cols`` codes decode to ``16 rows x 16 cols`` pixels.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["VQGANConfig", "ChameleonVQGANDecoder", "load_vqgan_decoder"]
+
+
+@dataclass
+class VQGANConfig:
+    """The taming VQGAN keys the decoder needs (``vqgan.yaml``: ``model.params.ddconfig`` + two more).
+
+    Attributes:
+        ch: base channel count; ch_mult: per-level multipliers (levels = len(ch_mult)).
+        num_res_blocks: ResnetBlocks per level (the decoder uses ``num_res_blocks + 1``).
+        attn_resolutions: feature-map sizes (for a ``resolution`` input) that get attention.
+        z_channels: latent channels; embed_dim: codebook vector size; n_embed: codebook size V.
+        resolution: nominal image side (only used to place attention blocks); out_ch: 3 (RGB).
+    """
+
+    ch: int = 128
+    ch_mult: list[int] = field(default_factory=lambda: [1, 1, 2, 2, 4])
+    num_res_blocks: int = 2
+    attn_resolutions: list[int] = field(default_factory=list)
+    z_channels: int = 256
+    embed_dim: int = 256
+    n_embed: int = 8192
+    resolution: int = 512
+    out_ch: int = 3
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "VQGANConfig":
+        """Read the taming layout (``model.params.ddconfig``) or a flat dict of the same keys.
+
+        Raises:
+            ValueError: a required key is missing.
+        """
+        model = data.get("model")
+        params = model.get("params", data) if isinstance(model, dict) else data
+        dd = dict(params.get("ddconfig", params))
+        merged = {**dd, "n_embed": params.get("n_embed"), "embed_dim": params.get("embed_dim")}
+        missing = [k for k in ("ch", "ch_mult", "num_res_blocks", "z_channels", "n_embed", "embed_dim", "resolution") if merged.get(k) is None]
+        if missing:
+            raise ValueError(f"VQGAN config lacks {', '.join(missing)}; needed: ch, ch_mult, num_res_blocks, attn_resolutions, z_channels, embed_dim, n_embed, resolution")
+        return cls(
+            ch=int(merged["ch"]), ch_mult=[int(m) for m in merged["ch_mult"]], num_res_blocks=int(merged["num_res_blocks"]),
+            attn_resolutions=[int(r) for r in merged.get("attn_resolutions") or []], z_channels=int(merged["z_channels"]),
+            embed_dim=int(merged["embed_dim"]), n_embed=int(merged["n_embed"]), resolution=int(merged["resolution"]),
+            out_ch=int(merged.get("out_ch", 3)),
+        )
+
+    @property
+    def downsampling(self) -> int:
+        """Pixels per code along each side: ``2 ** (len(ch_mult) - 1)`` (16 for Chameleon)."""
+        return 2 ** (len(self.ch_mult) - 1)
+
+
+def _norm(channels: int) -> nn.GroupNorm:
+    return nn.GroupNorm(num_groups=32, num_channels=channels, eps=1e-6, affine=True)
+
+
+class _ResnetBlock(nn.Module):
+    """taming ResnetBlock without the time embedding (``temb_channels=0``)."""
+
+    def __init__(self, in_channels: int, out_channels: int):
+        super().__init__()
+        self.norm1 = _norm(in_channels)
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, padding=1)
+        self.norm2 = _norm(out_channels)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1)
+        if in_channels != out_channels:
+            self.nin_shortcut = nn.Conv2d(in_channels, out_channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(F.silu(self.norm1(x)))
+        h = self.conv2(F.silu(self.norm2(h)))
+        return (self.nin_shortcut(x) if hasattr(self, "nin_shortcut") else x) + h
+
+
+class _AttnBlock(nn.Module):
+    """taming AttnBlock: single-head self-attention over the feature map with 1x1 convolutions."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.norm = _norm(channels)
+        self.q, self.k, self.v, self.proj_out = (nn.Conv2d(channels, channels, 1) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, h, w = x.shape
+        y = self.norm(x)
+        q, k, v = (m(y).reshape(b, c, h * w).transpose(1, 2) for m in (self.q, self.k, self.v))
+        out = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0]  # scale c ** -0.5
+        return x + self.proj_out(out.transpose(1, 2).reshape(b, c, h, w))
+
+
+class _Upsample(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
+
+
+class _Decoder(nn.Module):
+    """taming Decoder (``give_pre_end=False``, ``tanh_out=False``, vanilla attention)."""
+
+    def __init__(self, cfg: VQGANConfig):
+        super().__init__()
+        levels = len(cfg.ch_mult)
+        block_in = cfg.ch * cfg.ch_mult[-1]
+        res = cfg.resolution // 2 ** (levels - 1)
+        self.conv_in = nn.Conv2d(cfg.z_channels, block_in, 3, padding=1)
+        self.mid = nn.Module()
+        self.mid.block_1, self.mid.attn_1, self.mid.block_2 = _ResnetBlock(block_in, block_in), _AttnBlock(block_in), _ResnetBlock(block_in, block_in)
+        ups = []
+        for level in reversed(range(levels)):
+            up = nn.Module()
+            up.block, up.attn = nn.ModuleList(), nn.ModuleList()
+            block_out = cfg.ch * cfg.ch_mult[level]
+            for _ in range(cfg.num_res_blocks + 1):
+                up.block.append(_ResnetBlock(block_in, block_out))
+                block_in = block_out
+                if res in cfg.attn_resolutions:
+                    up.attn.append(_AttnBlock(block_in))
+            if level != 0:
+                up.upsample = _Upsample(block_in)
+                res *= 2
+            ups.insert(0, up)
+        self.up = nn.ModuleList(ups)
+        self.norm_out = _norm(block_in)
+        self.conv_out = nn.Conv2d(block_in, cfg.out_ch, 3, padding=1)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        h = self.mid.block_2(self.mid.attn_1(self.mid.block_1(self.conv_in(z))))
+        for level in reversed(range(len(self.up))):
+            up = self.up[level]
+            for i, block in enumerate(up.block):
+                h = block(h)
+                if len(up.attn):
+                    h = up.attn[i](h)
+            if hasattr(up, "upsample"):
+                h = up.upsample(h)
+        return self.conv_out(F.silu(self.norm_out(h)))
+
+
+class _Quantize(nn.Module):
+    def __init__(self, n_embed: int, embed_dim: int):
+        super().__init__()
+        self.embedding = nn.Embedding(n_embed, embed_dim)
+
+
+class ChameleonVQGANDecoder(nn.Module):
+    """Codebook lookup + ``post_quant_conv`` + taming decoder: codes ``[B, rows, cols]`` -> RGB.
+
+    Args:
+        config: a :class:`VQGANConfig`.
+    """
+
+    def __init__(self, config: VQGANConfig):
+        super().__init__()
+        self.config = config
+        self.quantize = _Quantize(config.n_embed, config.embed_dim)
+        self.post_quant_conv = nn.Conv2d(config.embed_dim, config.z_channels, 1)
+        self.decoder = _Decoder(config)
+
+    @torch.no_grad()
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """Codebook ids ``[B, rows, cols]`` int64 -> images ``[B, 3, rows*f, cols*f]`` float32 in [-1, 1].
+
+        ``f`` = :attr:`VQGANConfig.downsampling`. Clamped to [-1, 1] as Chameleon's
+        ``_pil_from_chw_tensor`` does before making a PIL image.
+
+        Raises:
+            ValueError: codes not 3-D or outside ``0 .. n_embed - 1``.
+        """
+        if codes.ndim != 3:
+            raise ValueError(f"codes of shape {tuple(codes.shape)}: expected [B, rows, cols]")
+        if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= self.config.n_embed):
+            raise ValueError(f"codes outside 0..{self.config.n_embed - 1}")
+        z = self.quantize.embedding(codes.to(self.post_quant_conv.weight.device)).permute(0, 3, 1, 2)
+        pixels = self.decoder(self.post_quant_conv(z.to(self.post_quant_conv.weight.dtype)))
+        return pixels.float().clamp(-1.0, 1.0)
+
+
+def _decoder_state(raw: Any, path: str) -> dict[str, torch.Tensor]:
+    state = raw.get("state_dict", raw) if isinstance(raw, dict) else None
+    if not isinstance(state, dict):
+        raise ValueError(f"{path}: not a state dict nor {{'state_dict': ...}}")
+    keep = ("decoder.", "post_quant_conv.", "quantize.embedding.")
+    return {k: v for k, v in state.items() if k.startswith(keep)}
+
+
+def load_vqgan_decoder(config_path: str, ckpt_path: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> ChameleonVQGANDecoder:
+    """Build the decoder from ``vqgan.yaml`` and load ``vqgan.ckpt`` (encoder/loss keys are ignored).
+
+    Args:
+        config_path: YAML (taming layout or flat keys, see :class:`VQGANConfig`).
+        ckpt_path: ``torch.load(..., weights_only=True)``-able file: a state dict or ``{"state_dict": ...}``.
+
+    Raises:
+        ValueError: a file is missing, or decoder weights are missing / of the wrong shape.
+    """
+    import yaml  # a dependency of transformers
+
+    for p in (config_path, ckpt_path):
+        if not os.path.isfile(p):
+            raise ValueError(f"VQGAN file {p!r} does not exist; need vqgan.yaml and vqgan.ckpt (Chameleon's tokenizer/ folder)")
+    with open(config_path) as f:
+        config = VQGANConfig.from_dict(yaml.safe_load(f) or {})
+    model = ChameleonVQGANDecoder(config)
+    state = _decoder_state(torch.load(ckpt_path, map_location="cpu", weights_only=True), ckpt_path)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise ValueError(f"{ckpt_path}: {len(missing)} decoder weights missing, e.g. {missing[:3]}")
+    bad = [k for k in expected if tuple(state[k].shape) != tuple(expected[k].shape)]
+    if bad:
+        raise ValueError(f"{ckpt_path}: shapes differ from {config_path} for {bad[:3]}")
+    model.load_state_dict({k: state[k] for k in expected})
+    return model.to(device=device, dtype=dtype).eval()

@@ -1,0 +1,373 @@
+"""Chameleon-format models (Lumina-mGPT, Anole): tiny random checkpoints saved and reloaded.
+
+The tiny vocabulary holds the real special-token names (``<racm3:break>``, ``<eoss>``,
+``<reserved08799>``, ``<reserved088NN>``) and 48 ``IMGIMG...`` image tokens at shuffled ids, so
+codebook order differs from id order. Prompts are token ids (the shared checkpoint has no
+tokenizer); one test adds a word-level tokenizer to a copy to check string prompts. VQGAN: ch 32, ch_mult [1, 2] (downsampling 2), so the tiny Lumina layout at 12 x 16 px is
+6 x 8 tokens (resolution tokens <reserved08803>, <reserved08804>) and Anole (resolution 16)
+is 8 x 8 tokens.
+"""
+
+import os
+import shutil
+
+import pytest
+import torch
+import yaml
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import ChameleonConfig, ChameleonForConditionalGeneration, PreTrainedTokenizerFast
+
+import csdgen
+from csdgen import SamplingConfig
+from csdgen.models.chameleon import ChameleonImageModel, estimate_memory
+from csdgen.models.chameleon_vqgan import ChameleonVQGANDecoder, VQGANConfig, load_vqgan_decoder
+
+V = 48
+SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"] + [f"t{i}" for i in range(12)] + [
+    "<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>", "<image>"] + [f"<reserved{8800 + n:05d}>" for n in range(1, 9)]
+PROMPTS = [[4, 9, 7, 12, 5], [6, 6, 11]]  # token ids, different lengths (left padding)
+GUIDED = SamplingConfig(temperature=0, guidance_scale=3.0)
+VQGAN_YAML = {"model": {"params": {"embed_dim": 8, "n_embed": V, "ddconfig": {
+    "double_z": False, "z_channels": 8, "resolution": 16, "in_channels": 3, "out_ch": 3, "ch": 32,
+    "ch_mult": [1, 2], "num_res_blocks": 1, "attn_resolutions": [8], "dropout": 0.0}}}}
+
+
+def image_name(code: int) -> str:
+    return "IMGIMG" + "".join(chr(ord("A") + int(d)) for d in str(code)) + "Z"
+
+
+def tiny_config() -> ChameleonConfig:
+    vocab = {name: i for i, name in enumerate(SPECIALS)}
+    perm = torch.randperm(V, generator=torch.Generator().manual_seed(1)).tolist()
+    vocab.update({image_name(code): len(SPECIALS) + perm[code] for code in range(V)})
+    return ChameleonConfig(
+        vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, vocabulary_map=vocab, bos_token_id=1, pad_token_id=3,
+        vq_config=dict(embed_dim=8, num_embeddings=V, latent_channels=8, resolution=16, base_channels=32,
+                       channel_multiplier=[1, 2], num_res_blocks=1),
+    )
+
+
+def build_checkpoint(path: str) -> str:
+    """Save a tiny random checkpoint with vqgan.yaml + vqgan.ckpt beside it to ``path``; return it."""
+    torch.manual_seed(0)
+    model = ChameleonForConditionalGeneration(tiny_config())
+    with torch.no_grad():  # peaked targets, weak dependence on the previous token: drafts accepted and rejected
+        model.lm_head.weight.mul_(6.0)
+    model.save_pretrained(path)
+    with open(os.path.join(path, "vqgan.yaml"), "w") as f:
+        yaml.safe_dump(VQGAN_YAML, f)
+    decoder = ChameleonVQGANDecoder(VQGANConfig.from_dict(VQGAN_YAML))
+    state = {**decoder.state_dict(), "encoder.conv_in.weight": torch.zeros(1), "loss.logvar": torch.zeros(1)}
+    torch.save({"state_dict": state}, os.path.join(path, "vqgan.ckpt"))
+    return path
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return build_checkpoint(str(tmp_path_factory.mktemp("chameleon")))
+
+
+@pytest.fixture(scope="module")
+def lumina(checkpoint):
+    return ChameleonImageModel.from_pretrained(checkpoint, layout="lumina", height=12, width=16)
+
+
+@pytest.fixture(scope="module")
+def anole(checkpoint):
+    return ChameleonImageModel.from_pretrained(checkpoint, layout="anole")
+
+
+def vocab_of(model):
+    return model.backbone.config.vocabulary_map
+
+
+def image_ids_by_code(model):
+    vocab = vocab_of(model)
+    return [vocab[image_name(code)] for code in range(V)]
+
+
+def reference_greedy(model, prompt, scale):
+    """The family's generation, plainly: no cache, full forward each step, argmax of guided image logits.
+
+    Unconditional sequence as the families build it: Lumina-mGPT ``input_ids[:, image_start:]``
+    (begin-of-image, height, width tokens, then the image); Chameleon/Anole ``[bos, begin_image]``.
+    """
+    vocab, ids = vocab_of(model), image_ids_by_code(model)
+    lumina = model.layout.kind == "lumina"
+    rows, cols = model.grid
+    head = [vocab["<racm3:break>"]] + ([vocab["<reserved08803>"], vocab["<reserved08804>"]] if lumina else [])
+    cond = [vocab["<s>"], *prompt, *head]
+    uncond = list(head) if lumina else [vocab["<s>"], vocab["<racm3:break>"]]
+    codes = []
+
+    def last_logits(seq):
+        hidden = model.backbone.model(input_ids=torch.tensor([seq])).last_hidden_state
+        return model.backbone.lm_head(hidden)[0, -1, ids].float()
+
+    with torch.no_grad():
+        for i in range(rows * cols):
+            lc = last_logits(cond)
+            logits = lc if scale == 1.0 else (lambda lu: lu + scale * (lc - lu))(last_logits(uncond))
+            code = int(logits.argmax())
+            codes.append(code)
+            for seq in (cond, uncond):
+                seq.append(ids[code])
+                if lumina and i % cols == cols - 1:
+                    seq.append(vocab["<reserved08799>"])
+    return codes
+
+
+@pytest.fixture(scope="module")
+def ar_tokens(lumina, anole):
+    return {
+        (kind, scale, batch): csdgen.generate(model, PROMPTS[:batch], method="ar",
+                                              sampling=SamplingConfig(temperature=0, guidance_scale=scale)).tokens
+        for kind, model in (("lumina", lumina), ("anole", anole)) for scale in (1.0, 3.0) for batch in (1, 2)
+    }
+
+
+# (1) AR greedy == the family's reference generation
+
+
+@pytest.mark.parametrize("kind", ["lumina", "anole"])
+@pytest.mark.parametrize("scale", [1.0, 3.0])
+def test_ar_greedy_equals_reference_loop(request, ar_tokens, kind, scale):
+    model = request.getfixturevalue(kind)
+    tokens = ar_tokens[(kind, scale, 2)]
+    for b, prompt in enumerate(PROMPTS):
+        assert tokens[b].tolist() == reference_greedy(model, prompt, scale), (kind, scale, b)
+    assert torch.equal(ar_tokens[(kind, scale, 1)][0], tokens[0])  # batching (left padding) changes nothing
+    assert len(set(tokens[0].tolist())) > 3  # not a degenerate constant image
+
+
+# (2) greedy SJD == AR
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_greedy_sjd_equals_ar_lumina_windows_across_row_ends(lumina, ar_tokens, batch):
+    accepted = 0
+    for window in (2, 3, 7, 8, 9, 13, 16, 47):
+        out = csdgen.generate(lumina, PROMPTS[:batch], method="sjd", window=window, sampling=GUIDED)
+        assert torch.equal(out.tokens, ar_tokens[("lumina", 3.0, batch)]), window
+        accepted += sum(s.counts()["accepted"] for s in out.images)
+    assert accepted > 0  # the accept path (multi-token commits across row ends) was exercised
+
+
+def test_greedy_sjd_equals_ar_anole(anole, ar_tokens):
+    for window in (4, 11, 32):
+        for batch in (1, 2):
+            out = csdgen.generate(anole, PROMPTS[:batch], method="sjd", window=window, sampling=GUIDED)
+            assert torch.equal(out.tokens, ar_tokens[("anole", 3.0, batch)]), (window, batch)
+
+
+# (3) special tokens where the family's decoder expects them; decoded size
+
+
+def parse_lumina(model, seq):
+    """Lumina-mGPT's ``FlexARItemProcessor.decode_image`` logic, by token names."""
+    vocab = vocab_of(model)
+    names = {i: n for n, i in vocab.items()}
+    code_of = {i: c for c, i in enumerate(image_ids_by_code(model))}
+    start = seq.index(vocab["<racm3:break>"])
+    assert seq[-1] == vocab["<eoss>"]
+    tokens = seq[start + 1 : -1]
+    h_grids, w_grids = (int(names[t][len("<reserved"):-1]) - 8800 for t in tokens[:2])
+    tokens = tokens[2:]
+    h, w = 2 * h_grids, 2 * w_grids
+    assert len(tokens) == h * (w + 1)
+    codes = []
+    for i, t in enumerate(tokens):
+        if (i + 1) % (w + 1) == 0:
+            assert t == vocab["<reserved08799>"], i
+        else:
+            codes.append(code_of[t])
+    return (h, w), codes
+
+
+def test_lumina_sequence_layout_and_decoded_size(lumina, ar_tokens):
+    tokens = ar_tokens[("lumina", 3.0, 2)]
+    ids = image_ids_by_code(lumina)
+    for b, prompt in enumerate(PROMPTS):
+        seq = lumina.layout.full_sequence(prompt, [ids[c] for c in tokens[b].tolist()])
+        assert seq[: len(prompt) + 1] == [1, *prompt]
+        grid, codes = parse_lumina(lumina, seq)
+        assert grid == lumina.grid == (6, 8) and codes == tokens[b].tolist()
+    images = lumina.decode_images(tokens)
+    assert images.shape == (2, 3, 12, 16) and images.dtype == torch.float32
+    assert images.abs().max() <= 1.0 and images.std() > 0
+
+
+def test_cached_sequence_is_the_family_sequence(lumina, anole, ar_tokens):
+    for model in (lumina, anole):
+        seen = {}
+        out = csdgen.generate(model, PROMPTS, method="sjd", window=9, sampling=GUIDED,
+                              callback=lambda info: seen.update(seq=info.session.sequence.clone(), P=info.session.prefix_length))
+        ids = image_ids_by_code(model)
+        for b, prompt in enumerate(PROMPTS):
+            full = model.layout.full_sequence(prompt, [ids[c] for c in out.tokens[b].tolist()])
+            cached = seen["seq"][b].tolist()  # K = N - 1 image tokens at the end
+            pad = seen["P"] - len(model.layout.prefix(prompt))
+            assert cached[:pad] == [3] * pad
+            assert cached[pad:] == full[: len(cached) - pad]
+            assert cached[pad + len(full) - len(cached) :] != full  # and it is a strict prefix
+        assert torch.equal(seen["seq"][:2], seen["seq"][2:])  # uncond rows: same ids
+
+
+def test_anole_sequence_layout_and_decoded_size(anole, ar_tokens):
+    tokens = ar_tokens[("anole", 3.0, 1)]
+    vocab, ids = vocab_of(anole), image_ids_by_code(anole)
+    seq = anole.layout.full_sequence(PROMPTS[0], [ids[c] for c in tokens[0].tolist()])
+    assert seq == [1, *PROMPTS[0], vocab["<racm3:break>"], *[ids[c] for c in tokens[0].tolist()], vocab["<eoss>"]]
+    assert anole.grid == (8, 8) and anole.decode_images(tokens).shape == (1, 3, 16, 16)
+
+
+def test_real_vqgan_decoder_names_shapes_and_16x_size():
+    """Chameleon's released config (transformers' ChameleonVQVAEConfig defaults), built on the meta device."""
+    cfg = VQGANConfig()
+    assert cfg.downsampling == 16
+    with torch.device("meta"):
+        decoder = ChameleonVQGANDecoder(cfg)
+        out = decoder.decoder(decoder.post_quant_conv(torch.zeros(1, 256, 3, 5)))
+    assert out.shape == (1, 3, 48, 80)
+    shapes = {k: tuple(v.shape) for k, v in decoder.state_dict().items()}
+    assert shapes["quantize.embedding.weight"] == (8192, 256)
+    assert shapes["post_quant_conv.weight"] == (256, 256, 1, 1)
+    assert shapes["decoder.conv_in.weight"] == (512, 256, 3, 3)
+    assert shapes["decoder.mid.block_1.conv1.weight"] == (512, 512, 3, 3)
+    assert shapes["decoder.mid.attn_1.q.weight"] == (512, 512, 1, 1)
+    assert shapes["decoder.up.4.block.2.conv2.weight"] == (512, 512, 3, 3)
+    assert shapes["decoder.up.3.block.0.nin_shortcut.weight"] == (256, 512, 1, 1)
+    assert shapes["decoder.up.1.block.0.nin_shortcut.weight"] == (128, 256, 1, 1)
+    assert shapes["decoder.up.1.upsample.conv.weight"] == (128, 128, 3, 3)
+    assert shapes["decoder.conv_out.weight"] == (3, 128, 3, 3) and shapes["decoder.norm_out.weight"] == (128,)
+    assert not any(".attn." in k for k in shapes) and "decoder.up.0.upsample.conv.weight" not in shapes
+    assert not any("temb" in k or "encoder" in k for k in shapes)
+
+
+def test_vqgan_bare_state_dict_loads_and_attention_blocks_are_placed(checkpoint, tmp_path):
+    state = torch.load(os.path.join(checkpoint, "vqgan.ckpt"), weights_only=True)["state_dict"]
+    torch.save(state, tmp_path / "vqgan.ckpt")
+    decoder = load_vqgan_decoder(os.path.join(checkpoint, "vqgan.yaml"), str(tmp_path / "vqgan.ckpt"))
+    assert "decoder.up.1.attn.1.proj_out.weight" in decoder.state_dict()  # attn_resolutions [8]: lowest level
+    torch.testing.assert_close(decoder.quantize.embedding.weight, state["quantize.embedding.weight"])
+
+
+# (4) guidance in one batched forward == unbatched computation
+
+
+@pytest.mark.parametrize("kind", ["lumina", "anole"])
+def test_batched_guidance_equals_separate_cond_and_uncond_forwards(request, kind):
+    model = request.getfixturevalue(kind)
+    torch.manual_seed(3)
+    codes = torch.randint(0, V, (2, 11))
+    guided = model.start(PROMPTS, None, guided=True)
+    cond_only = model.start(PROMPTS, None, guided=False)
+    pre_g, pre_c = guided.prefill(), cond_only.prefill()
+    win_g, win_c = guided.forward(codes, 0), cond_only.forward(codes, 0)
+    assert pre_c.uncond is None
+    torch.testing.assert_close(pre_g.cond, pre_c.cond, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(win_g.cond, win_c.cond, atol=1e-5, rtol=1e-5)
+    vocab, ids = vocab_of(model), image_ids_by_code(model)
+    for b in range(2):  # unconditional: a plain forward over the visible tokens only
+        if kind == "lumina":
+            seq = [vocab["<racm3:break>"], vocab["<reserved08803>"], vocab["<reserved08804>"]]
+        else:
+            seq = [1, vocab["<racm3:break>"]]
+        outputs = [len(seq) - 1]
+        for i, c in enumerate(codes[b].tolist()):
+            seq.append(ids[c])
+            if kind == "lumina" and i % 8 == 7:
+                seq.append(vocab["<reserved08799>"])
+            outputs.append(len(seq) - 1)
+        with torch.no_grad():
+            logits = model.backbone.lm_head(model.backbone.model(input_ids=torch.tensor([seq])).last_hidden_state)[0][:, ids]
+        torch.testing.assert_close(pre_g.uncond[b, 0], logits[outputs[0]], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(win_g.uncond[b], logits[outputs[1:]], atol=1e-4, rtol=1e-4)
+
+
+# (5) KV cache after rollback == fresh prefill of the committed tokens
+
+
+@pytest.mark.parametrize("kind, method, sampling", [
+    ("lumina", "sjd", SamplingConfig(guidance_scale=3.0, temperature=1.0, top_k=20)),
+    ("lumina", "csd", SamplingConfig(guidance_scale=3.0, temperature=1.0)),
+    ("anole", "sjd", GUIDED),
+])
+def test_kv_state_after_every_iteration_equals_fresh_prefill(request, kind, method, sampling):
+    model = request.getfixturevalue(kind)
+    checked = []
+
+    def check(info):
+        K = info.session.cache_length
+        fresh = model.start(PROMPTS, None, sampling.guided)
+        fresh.prefill()
+        if K:
+            fresh.forward(info.tokens[:, :K], start=0)
+        assert torch.equal(info.session.sequence, fresh.sequence)
+        for a, b in zip(info.session.cache.layers, fresh.cache.layers):
+            assert a.keys.shape == b.keys.shape
+            torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(a.values, b.values, atol=1e-5, rtol=1e-5)
+        checked.append(K)
+
+    out = csdgen.generate(model, PROMPTS, method=method, window=10, sampling=sampling, seed=4, callback=check)
+    assert len(checked) == out.steps and checked[-1] == model.num_image_tokens - 1
+
+
+# (6) clear errors, and the memory estimate
+
+
+def test_errors_name_the_bad_value(checkpoint, lumina, tmp_path):
+    with pytest.raises(ValueError, match="not a directory"):
+        ChameleonImageModel.from_pretrained(str(tmp_path / "nope"))
+    tiny_config().save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="has no weights"):
+        ChameleonImageModel.from_pretrained(str(tmp_path), height=12, width=16)
+    for kwargs, match in [
+        (dict(height=10, width=16), "height=10: allowed positive multiples of 4"),
+        (dict(height=12, width=40), "resolution token for 40 px"),
+        (dict(layout="emu3"), "layout='emu3'; allowed: lumina, anole"),
+        (dict(layout="anole", height=32, width=32), "allowed only 16x16"),
+        (dict(height=12, width=16, vqgan_dir=str(tmp_path)), "vqgan.yaml"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            ChameleonImageModel.from_pretrained(checkpoint, **kwargs)
+    with pytest.raises(ValueError, match="need a tokenizer"):
+        csdgen.generate(lumina, ["a cat"], method="ar")
+    with pytest.raises(ValueError, match="token ids must be in 0..76"):
+        csdgen.generate(lumina, [[4, 77]], method="ar")
+    with pytest.raises(ValueError, match="batch_size=3 differs"):
+        lumina.start(PROMPTS, 3, True)
+    broken = {k: v for k, v in torch.load(os.path.join(checkpoint, "vqgan.ckpt"), weights_only=True)["state_dict"].items()
+              if not k.startswith("decoder.conv_out")}
+    torch.save(broken, tmp_path / "vqgan.ckpt")
+    with pytest.raises(ValueError, match="decoder weights missing"):
+        load_vqgan_decoder(os.path.join(checkpoint, "vqgan.yaml"), str(tmp_path / "vqgan.ckpt"))
+
+
+def test_memory_estimate_counts_parameters_cache_and_buffers(lumina):
+    config = lumina.backbone.config
+    params = sum(p.numel() for p in lumina.backbone.parameters())
+    one = lumina.memory_estimate(1, 16, torch.float32)
+    seq = 128 + 4 + 6 * 9 + 1
+    kv = 2 * 2 * 2 * seq * 2 * 16 * 4
+    assert one == (params + V * 64) * 4 + kv + (2 + 3) * 16 * V * 4
+    assert lumina.memory_estimate(2, 16, torch.float32) > one > lumina.memory_estimate(1, 16, torch.bfloat16)
+    assert estimate_memory(config, lumina.layout, 1, 16, torch.float32, guided=False) < one
+
+
+def test_string_prompts_use_the_template_and_tokenizer(checkpoint, tmp_path, ar_tokens):
+    """A word-level tokenizer over the tiny vocabulary; the template is applied before tokenising."""
+    path = tmp_path / "with_tokenizer"
+    shutil.copytree(checkpoint, path)
+    tok = Tokenizer(models.WordLevel(vocab=tiny_config().vocabulary_map, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", unk_token="<unk>", pad_token="<pad>").save_pretrained(path)
+    model = ChameleonImageModel.from_pretrained(str(path), height=12, width=16, prompt_template="t0 {prompt} t1")
+    assert model.prompt_ids(["t5 t3 t8"]) == [[4, 9, 7, 12, 5]] == [PROMPTS[0]]
+    out = csdgen.generate(model, ["t5 t3 t8"], method="sjd", window=6, sampling=GUIDED)
+    assert torch.equal(out.tokens, ar_tokens[("lumina", 3.0, 1)])
+    default = ChameleonImageModel.from_pretrained(str(path), height=12, width=16)
+    assert default.prompt_template.format(prompt="x", width=16, height=12) == (
+        "Generate an image of 16x12 according to the following prompt:\nx<reserved08706>")
