@@ -1,5 +1,10 @@
 """The ``csdgen`` command: ``generate`` images with CSD (or another method), ``compare`` methods.
 
+``generate`` drives the built-in model (``--class``), or with ``--model`` a Janus, Emu3 or
+Chameleon-format checkpoint (``--prompt``; sampling defaults from the family's
+``FAMILY_DEFAULTS`` entry, memory checked before loading). ``compare`` and ``sweep`` use the
+built-in model.
+
 Only this module prints. Errors a user can fix end the command with exit status 2 and one
 line naming the bad value and what is allowed.
 """
@@ -8,9 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tqdm import tqdm
@@ -36,25 +42,50 @@ def _classes(text: str) -> list[str]:
     return [c.strip() for c in text.split(",") if c.strip()]
 
 
+def _top_k(text: str) -> int:
+    """``--top-k``: an integer >= 1, or 0 / "none" for no top-k (kept as 0 until defaults are filled)."""
+    if text.strip().lower() == "none":
+        return 0
+    return int(text)
+
+
 def _add_model_and_sampling(p: argparse.ArgumentParser) -> None:
+    # sampling/window/lam/delta default to None: filled by _fill_defaults from BUILTIN_DEFAULTS or
+    # from the model family's FAMILY_DEFAULTS, so that only values the user typed override those
     d = BUILTIN_DEFAULTS
     p.add_argument("--weights", default=None, help="built-in model weights folder (default: shipped with csdgen)")
     p.add_argument("--class", dest="classes", type=_classes, action="extend", default=None,
                    help="class names or indices, comma-separated or repeated (default: every class in turn)")
-    p.add_argument("-n", "--num-images", type=_count, default=8, help="number of images (default 8)")
+    p.add_argument("-n", "--num-images", type=_count, default=None,
+                   help="number of images (default 8; with --model one per prompt), conditions taken in turn")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--window", type=_count, default=d["window"], help=f"Jacobi window W (default {d['window']})")
-    p.add_argument("--lam", type=float, default=d["lam"], help=f"CSD lambda (default {d['lam']})")
-    p.add_argument("--delta", type=float, default=d["delta"], help=f"CSD TV threshold (default {d['delta']})")
+    p.add_argument("--window", type=_count, default=None, help=f"Jacobi window W (default {d['window']}; with --model the family's)")
+    p.add_argument("--lam", type=float, default=None, help=f"CSD lambda (default {d['lam']}; with --model the family's)")
+    p.add_argument("--delta", type=float, default=None, help=f"CSD TV threshold (default {d['delta']}; with --model the family's)")
     p.add_argument("--entropy-unit", choices=["nats", "normalized"], default="nats")
     p.add_argument("--addition-c", type=float, default=0.2, help="constant of the Addition rule")
-    p.add_argument("--guidance-scale", type=float, default=d["guidance_scale"])
-    p.add_argument("--temperature", type=float, default=d["temperature"], help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=d["top_k"])
+    p.add_argument("--guidance-scale", type=float, default=None, help=f"default {d['guidance_scale']}; with --model the family's")
+    p.add_argument("--temperature", type=float, default=None, help=f"0 = greedy (default {d['temperature']}; with --model the family's)")
+    p.add_argument("--top-k", type=_top_k, default=None, help="0 or none = no top-k (default: none; with --model the family's)")
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--draft-init", choices=DRAFT_INITS, default="uniform")
     p.add_argument("--batch-size", type=_count, default=8)
     p.add_argument("--out", type=Path, default=Path("outputs"), help="output folder (default ./outputs)")
+
+
+def _add_real_model(p: argparse.ArgumentParser) -> None:
+    """Options of ``generate --model`` (Janus, Emu3, Lumina-mGPT / Anole checkpoints; docs/models.md)."""
+    p.add_argument("--model", default=None, help="checkpoint folder or Hugging Face repo id in the local cache (no download)")
+    p.add_argument("--prompt", dest="prompts", action="append", default=None, help="text prompt (repeatable; with --model)")
+    p.add_argument("--prompts-file", type=Path, default=None, help="text file, one prompt per line (with --model)")
+    p.add_argument("--layout", choices=["lumina", "anole"], default=None, help="Chameleon checkpoints (default: guessed)")
+    p.add_argument("--height", type=_count, default=None, help="image height in pixels (default: the family's)")
+    p.add_argument("--width", type=_count, default=None, help="image width in pixels (default: the family's)")
+    p.add_argument("--image-size", type=_count, default=None, help="square image side in pixels")
+    p.add_argument("--negative-prompt", default=None, help="Emu3: prompt of the unconditional rows (default Emu3's own)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="default bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default cuda when available")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate images (default: CSD on the built-in model)")
     _add_model_and_sampling(gen)
+    _add_real_model(gen)
     gen.add_argument("--method", choices=METHODS, default="csd")
     gen.add_argument("--refresh", choices=REFRESH_MODES, default="independent")
     gen.add_argument("--no-maps", action="store_true", help="do not write acceptance maps")
@@ -103,39 +135,157 @@ def _writable(folder: Path) -> Path:
     return folder
 
 
+_SAMPLING_KEYS = ("guidance_scale", "temperature", "top_k", "window", "lam", "delta")
+_MODEL_ONLY = ("prompts", "prompts_file", "layout", "height", "width", "image_size", "negative_prompt", "dtype", "device")
+
+
+def _fill_defaults(args, defaults: dict) -> None:
+    """Set every sampling/window/CSD option the user left out from ``defaults``; ``--top-k 0`` -> None."""
+    for key in _SAMPLING_KEYS:
+        if getattr(args, key) is None:
+            setattr(args, key, defaults[key])
+    if args.top_k == 0:
+        args.top_k = None
+
+
+def _sampling_and_rule(args):
+    sampling = SamplingConfig(guidance_scale=args.guidance_scale, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    csd_rule = make_rule("csd", lam=args.lam, delta=args.delta, entropy_unit=args.entropy_unit)  # validates early
+    return sampling, csd_rule
+
+
 def _setup(args):
     from csdgen.models.builtin import load_builtin_model
 
-    sampling = SamplingConfig(guidance_scale=args.guidance_scale, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    csd_rule = make_rule("csd", lam=args.lam, delta=args.delta, entropy_unit=args.entropy_unit)  # validates early
+    _fill_defaults(args, BUILTIN_DEFAULTS)
+    sampling, csd_rule = _sampling_and_rule(args)
     model = load_builtin_model(args.weights)
     names = args.classes or model.class_names
     ids = model.class_ids(names)  # raises on an unknown class
-    classes = [ids[i % len(ids)] for i in range(args.num_images)]
+    classes = [ids[i % len(ids)] for i in range(args.num_images or 8)]
     return model, sampling, csd_rule, classes
 
 
-def cmd_generate(args) -> int:
-    from csdgen.evaluation.maps import acceptance_map, save_png, to_uint8
+@dataclass
+class _Job:
+    """What ``generate`` writes for one model: conditions, file names, per-image labels, settings."""
+
+    model: object
+    sampling: SamplingConfig
+    rule: object
+    conditions: list
+    names: list[str]
+    labels: list[dict]
+    settings: dict
+    scale: int  # PNG upscaling factor (the built-in model's 64 px images are saved at 128 px)
+
+
+def _slug(text: str, limit: int = 40) -> str:
+    words = re.findall(r"[a-z0-9]+", text.lower())
+    return "-".join(words)[:limit].strip("-") or "prompt"
+
+
+def _rule(args, csd_rule):
+    return {"csd": csd_rule, "addition": make_rule("addition", c=args.addition_c)}.get(args.method, args.method)
+
+
+def _run_settings(args, rule, sampling) -> dict:
+    return {"method": args.method, "rule": repr(rule), "window": args.window, "seed": args.seed, "batch_size": args.batch_size,
+            "draft_init": args.draft_init, "refresh": args.refresh, "sampling": asdict(sampling)}
+
+
+def _builtin_job(args) -> _Job:
+    given = ["--" + {"prompts": "prompt"}.get(k, k).replace("_", "-") for k in _MODEL_ONLY if getattr(args, k) is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)} need --model (a Janus, Emu3 or Chameleon checkpoint); the built-in model takes --class")
+    model, sampling, csd_rule, classes = _setup(args)
+    rule = _rule(args, csd_rule)
+    settings = {"model": "builtin", "weights": str(model.components.weights_dir), **_run_settings(args, rule, sampling)}
+    labels = [{"class": model.class_names[c]} for c in classes]
+    names = [f"{i:04d}_{label['class']}" for i, label in enumerate(labels)]
+    return _Job(model, sampling, rule, classes, names, labels, settings, scale=2)
+
+
+def _read_prompts(args) -> list[str]:
+    prompts = [p for p in args.prompts or [] if p.strip()]
+    if args.prompts_file is not None:
+        if not args.prompts_file.is_file():
+            raise FileNotFoundError(f"--prompts-file {str(args.prompts_file)!r} does not exist")
+        prompts += [line.strip() for line in args.prompts_file.read_text().splitlines() if line.strip()]
+    if not prompts:
+        raise ValueError("--model needs prompts: give --prompt \"...\" (repeatable) or --prompts-file FILE (one per line)")
+    return prompts
+
+
+def _model_job(args) -> _Job:
+    from csdgen.models.auto import default_device, default_dtype, family_of, load_model, resolve_checkpoint
+    from csdgen.models.defaults import FAMILY_DEFAULTS
+
+    if args.classes:
+        raise ValueError("--class is for the built-in model; with --model give --prompt or --prompts-file")
+    if args.weights is not None:
+        raise ValueError("--weights is for the built-in model; with --model the checkpoint folder holds the weights")
+    prompts = _read_prompts(args)
+    folder = resolve_checkpoint(args.model)
+    family = family_of(folder, args.layout, args.model)
+    _fill_defaults(args, asdict(FAMILY_DEFAULTS[family]))
+    sampling, csd_rule = _sampling_and_rule(args)
+    rule = _rule(args, csd_rule)
+    conditions = [prompts[i % len(prompts)] for i in range(args.num_images or len(prompts))]
+    device = args.device or default_device()
+    dtype = args.dtype or str(default_dtype(device)).removeprefix("torch.")
+    model = load_model(args.model, dtype=dtype, device=device, layout=args.layout, height=args.height,
+                       width=args.width, image_size=args.image_size, batch_size=min(args.batch_size, len(conditions)),
+                       window=args.window, guided=sampling.guided, negative_prompt=args.negative_prompt)  # memory check first
+    if getattr(model, "vqgan", True) is None:  # a Chameleon checkpoint without Chameleon's VQGAN files
+        raise ValueError(f"{str(args.model)!r} has no image decoder: copy Chameleon's vqgan.yaml and vqgan.ckpt "
+                         f"(its tokenizer/ folder) into {str(folder)!r} or {str(folder / 'tokenizer')!r}")
+    settings = {"model": str(args.model), "checkpoint": str(folder), "family": family, "dtype": dtype, "device": device,
+                "grid": list(model.grid), "prompts": prompts, "negative_prompt": args.negative_prompt,
+                **_run_settings(args, rule, sampling)}
+    labels = [{"prompt": p} for p in conditions]
+    names = [f"{i:04d}_{_slug(p)}" for i, p in enumerate(conditions)]
+    return _Job(model, sampling, rule, conditions, names, labels, settings, scale=1)
+
+
+def _load_record(out: Path, settings: dict) -> dict[int, dict]:
+    """Images of an earlier run with the same settings whose PNG is still there (resume)."""
+    record_path = out / "record.json"
+    if not record_path.is_file():
+        return {}
+    old = json.loads(record_path.read_text())
+    if old.get("settings") != settings:
+        raise ValueError(f"{str(out)!r} holds a run with other settings; use another --out or delete its record.json")
+    return {int(k): v for k, v in old["images"].items() if (out / v["file"]).is_file()}
+
+
+def _write_batch(job: _Job, out: Path, indices: list[int], result, images: dict, maps: bool) -> None:
     from PIL import Image
+
+    from csdgen.evaluation.maps import acceptance_map, save_png, to_uint8
+
+    model = job.model
+    pixels = to_uint8(model.decode_images(result.tokens))
+    for j, i in enumerate(indices):
+        stats, name = result.images[j], job.names[i]
+        image = Image.fromarray(pixels[j])
+        if job.scale != 1:
+            image = image.resize((image.width * job.scale, image.height * job.scale), Image.NEAREST)
+        save_png(image, out / f"{name}.png")
+        if maps:
+            save_png(acceptance_map(pixels[j], stats.decisions, stats.entropy, model.grid, model.codebook_size, scale=job.scale),
+                     out / f"{name}_map.png")
+        images[i] = {"file": f"{name}.png", **job.labels[i], "decode_seconds_batch": result.seconds, **stats.summary()}
+
+
+def cmd_generate(args) -> int:
     from csdgen.evaluation.runs import generate_batches, write_json
 
-    model, sampling, csd_rule, classes = _setup(args)
+    job = _model_job(args) if args.model is not None else _builtin_job(args)
     out = _writable(args.out)
-    rule = {"csd": csd_rule, "addition": make_rule("addition", c=args.addition_c)}.get(args.method, args.method)
-    settings = {"model": "builtin", "weights": str(model.components.weights_dir), "method": args.method, "rule": repr(rule),
-                "window": args.window, "seed": args.seed, "batch_size": args.batch_size, "draft_init": args.draft_init,
-                "refresh": args.refresh, "sampling": asdict(sampling)}
-    record_path = out / "record.json"
-    images = {}
-    if record_path.is_file():
-        old = json.loads(record_path.read_text())
-        if old.get("settings") != settings:
-            raise ValueError(f"{str(out)!r} holds a run with other settings; use another --out or delete its record.json")
-        images = {int(k): v for k, v in old["images"].items() if (out / v["file"]).is_file()}
-    name = lambda i: f"{i:04d}_{model.class_names[classes[i]]}"  # noqa: E731
-    N = model.num_image_tokens
-    todo = [i for i in range(len(classes)) if i not in images]
+    images = _load_record(out, job.settings)
+    N = job.model.num_image_tokens
+    todo = [i for i in range(len(job.conditions)) if i not in images]
     bar = tqdm(total=len(todo) * N, unit="tok", desc=f"{args.method} W={args.window}", leave=False)
     seen = {"done": 0}
 
@@ -145,30 +295,25 @@ def cmd_generate(args) -> int:
         seen["done"] = done
 
     began = time.perf_counter()
-    for indices, result in generate_batches(model, classes, batch_size=args.batch_size, seed=args.seed,
+    for indices, result in generate_batches(job.model, job.conditions, batch_size=args.batch_size, seed=args.seed,
                                             skip=lambda idx: all(i in images for i in idx), callback=progress,
-                                            method=rule, window=args.window, sampling=sampling,
+                                            method=job.rule, window=args.window, sampling=job.sampling,
                                             draft_init=args.draft_init, refresh=args.refresh):
         seen["done"] = 0
-        pixels = to_uint8(model.decode_images(result.tokens))
-        for j, i in enumerate(indices):
-            stats = result.images[j]
-            save_png(Image.fromarray(pixels[j]).resize((128, 128), Image.NEAREST), out / f"{name(i)}.png")
-            if not args.no_maps:
-                save_png(acceptance_map(pixels[j], stats.decisions, stats.entropy, model.grid, model.codebook_size),
-                         out / f"{name(i)}_map.png")
-            images[i] = {"file": f"{name(i)}.png", "class": model.class_names[classes[i]],
-                         "decode_seconds_batch": result.seconds, **stats.summary()}
-        write_json({"settings": settings, "images": {str(k): images[k] for k in sorted(images)}}, record_path)
+        _write_batch(job, out, indices, result, images, maps=not args.no_maps)
+        write_json({"settings": job.settings, "images": {str(k): images[k] for k in sorted(images)}}, out / "record.json")
     bar.close()
-    seconds = time.perf_counter() - began
+    _print_summary(images, time.perf_counter() - began, out)
+    return 0
+
+
+def _print_summary(images: dict, seconds: float, out: Path) -> None:
     done = [images[i] for i in sorted(images)]
     tokens = sum(d["tokens"] for d in done)
     steps = sum(d["steps"] for d in done)
     compression = sum(d["step_compression"] for d in done) / len(done)
     print(f"{len(done)} images, {tokens} tokens, {steps} steps (per image, summed), step compression {compression:.2f}x, "
           f"{seconds:.1f} s -> {out}/")
-    return 0
 
 
 def cmd_compare(args) -> int:

@@ -1,7 +1,31 @@
-"""Image-token models: the interface, FunctionModel, and the class-conditional Llama."""
+"""Image-token models: the interface, FunctionModel, the class-conditional Llama, and the family adapters.
+
+The family adapters (``JanusImageModel``, ``Emu3ImageModel``, ``ChameleonImageModel``) and
+``load_model`` are imported on first use (PEP 562 ``__getattr__``): they pull in transformers'
+model code, which ``import csdgen`` should not pay for.
+"""
+
+from importlib import import_module
 
 from .base import DecodingSession, ImageTokenModel, WindowLogits
 from .function import FunctionModel
 from .llama import ClassConditionalLlama
 
-__all__ = ["DecodingSession", "ImageTokenModel", "WindowLogits", "FunctionModel", "ClassConditionalLlama"]
+_LAZY = {
+    "JanusImageModel": ".janus",
+    "Emu3ImageModel": ".emu3",
+    "ChameleonImageModel": ".chameleon",
+    "load_model": ".auto",
+    "family_of": ".auto",
+    "check_memory": ".auto",
+}
+
+__all__ = ["DecodingSession", "ImageTokenModel", "WindowLogits", "FunctionModel", "ClassConditionalLlama", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

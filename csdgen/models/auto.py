@@ -1,0 +1,300 @@
+"""Load any supported checkpoint by its folder or Hugging Face repo id: family detection, memory check.
+
+The family comes from ``config.json``'s ``model_type``:
+
+* ``janus`` -> :class:`~csdgen.models.janus.JanusImageModel` (defaults ``FAMILY_DEFAULTS["janus"]``);
+* ``emu3`` -> :class:`~csdgen.models.emu3.Emu3ImageModel` (``"emu3"``);
+* ``chameleon`` -> :class:`~csdgen.models.chameleon.ChameleonImageModel`, layout ``"lumina"``
+  (defaults ``"lumina-mgpt"``) or ``"anole"`` (``"anole"``).
+
+Chameleon layout rule when none is given (:func:`guess_layout`): ``"lumina"`` if
+``config.json``'s ``architectures`` holds Lumina-mGPT's own class
+(``ChameleonXLLMXForConditionalGeneration``); else ``"anole"`` if the name the user gave (repo
+id or path) or the folder's name contains ``anole`` (any case) and not ``lumina``; otherwise
+``"lumina"``. Both share the Chameleon vocabulary, so nothing else in the config tells them
+apart; pass ``layout`` to be sure.
+
+Nothing is downloaded: a repo id must already be in the local Hugging Face cache.
+Heavy imports (transformers, the adapters) happen inside the functions, so ``import csdgen``
+stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from .base import ImageTokenModel
+
+__all__ = [
+    "MODEL_TYPES",
+    "resolve_checkpoint",
+    "model_type_of",
+    "guess_layout",
+    "family_of",
+    "available_memory",
+    "estimate_memory_bytes",
+    "check_memory",
+    "default_device",
+    "default_dtype",
+    "load_model",
+    "family_defaults_table",
+]
+
+#: config.json ``model_type`` -> the adapter that drives it
+MODEL_TYPES = {"janus": "JanusImageModel", "emu3": "Emu3ImageModel", "chameleon": "ChameleonImageModel"}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_LUMINA_ARCHITECTURES = ("ChameleonXLLMXForConditionalGeneration",)
+
+
+def resolve_checkpoint(path_or_id: str | os.PathLike) -> Path:
+    """A local folder, or a repo id found in the local Hugging Face cache -> the folder.
+
+    Raises:
+        FileNotFoundError: neither an existing folder nor a cached repo id (says how to get it).
+    """
+    folder = Path(path_or_id).expanduser()
+    if folder.is_dir():
+        return folder
+    if folder.exists():
+        raise FileNotFoundError(f"model {str(path_or_id)!r} is a file; give the checkpoint folder (config.json + weights)")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(str(path_or_id), local_files_only=True))
+    except Exception:  # not a valid repo id, or not cached: both mean "not here"
+        raise FileNotFoundError(
+            f"model {str(path_or_id)!r}: no such folder, and no Hugging Face repo of that id in the local cache "
+            f"(looked in $HF_HUB_CACHE; csdgen never downloads). Download it on a machine with network "
+            f"(e.g. `hf download <repo id> --local-dir DIR`), copy DIR here and pass --model DIR"
+        ) from None
+
+
+def _config(folder: Path) -> dict:
+    file = folder / "config.json"
+    if not file.is_file():
+        raise FileNotFoundError(f"{str(folder)!r} has no config.json: not a transformers checkpoint folder")
+    return json.loads(file.read_text())
+
+
+def model_type_of(path: str | os.PathLike) -> str:
+    """``config.json``'s ``model_type`` of a checkpoint folder, checked against :data:`MODEL_TYPES`.
+
+    Raises:
+        FileNotFoundError: no config.json. ValueError: unsupported model type.
+    """
+    model_type = _config(Path(path)).get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"{str(path)!r} has model_type={model_type!r}; supported families: {', '.join(MODEL_TYPES)}")
+    return model_type
+
+
+def guess_layout(path: str | os.PathLike, name: str | None = None) -> str:
+    """Chameleon layout of a checkpoint, ``"lumina"`` or ``"anole"`` (rule in the module docstring).
+
+    Args:
+        path: the checkpoint folder; name: the repo id or path the user gave (default ``path``).
+    """
+    if any(a in _LUMINA_ARCHITECTURES for a in _config(Path(path)).get("architectures") or ()):
+        return "lumina"
+    text = f"{name or ''} {Path(path).name}".lower()
+    return "anole" if "anole" in text and "lumina" not in text else "lumina"
+
+
+def family_of(path: str | os.PathLike, layout: str | None = None, name: str | None = None) -> str:
+    """The key of :data:`~csdgen.models.defaults.FAMILY_DEFAULTS` for a checkpoint folder.
+
+    ``janus``, ``emu3``, or for Chameleon checkpoints ``lumina-mgpt`` / ``anole`` (``layout``
+    when given, else :func:`guess_layout`).
+
+    Raises:
+        FileNotFoundError: no config.json. ValueError: unsupported model type or layout.
+    """
+    model_type = model_type_of(path)
+    if model_type != "chameleon":
+        return model_type
+    layout = layout or guess_layout(path, name)
+    if layout not in ("lumina", "anole"):
+        raise ValueError(f"layout={layout!r}; allowed: lumina, anole")
+    return "lumina-mgpt" if layout == "lumina" else "anole"
+
+
+def default_device() -> str:
+    """``"cuda"`` when a GPU is visible, else ``"cpu"``."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_dtype(device: str | torch.device) -> torch.dtype:
+    """bfloat16 on CUDA (the released checkpoints' dtype), float32 on CPU."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def _dtype(dtype: torch.dtype | str | None, device: str | torch.device) -> torch.dtype:
+    if dtype is None:
+        return default_dtype(device)
+    if isinstance(dtype, str) and dtype in _DTYPES:
+        return _DTYPES[dtype]
+    if dtype in _DTYPES.values():
+        return dtype
+    raise ValueError(f"dtype={dtype!r}: allowed {', '.join(_DTYPES)}")
+
+
+def available_memory(device: str | torch.device) -> int:
+    """Free bytes on ``device``: ``torch.cuda.mem_get_info`` on CUDA, MemAvailable (or sysconf) on CPU."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _size(height: int | None, width: int | None, image_size: int | None) -> tuple[int | None, int | None]:
+    if image_size is not None and (height is not None or width is not None):
+        raise ValueError(f"image_size={image_size} together with height/width: give one or the other")
+    return (image_size, image_size) if image_size is not None else (height, width)
+
+
+def _janus_size(height: int | None, width: int | None) -> int | None:
+    if height != width:
+        raise ValueError(f"Janus makes square images only; got height={height}, width={width}")
+    return height
+
+
+def estimate_memory_bytes(path: str | os.PathLike, family: str, batch_size: int, window: int, dtype: torch.dtype | str,
+                          *, height: int | None = None, width: int | None = None, image_size: int | None = None,
+                          guided: bool = True) -> int:
+    """The adapter's config-only memory estimate (weights not read), in bytes.
+
+    Args:
+        family: a key of ``FAMILY_DEFAULTS`` as :func:`family_of` returns it.
+
+    Raises:
+        ValueError: unsupported family, size or dtype; FileNotFoundError: missing config/weights.
+    """
+    height, width = _size(height, width, image_size)
+    dtype = _dtype(dtype, "cpu")
+    if family == "janus":
+        from .janus import estimate_memory_from_pretrained
+
+        _janus_size(height, width)
+        return estimate_memory_from_pretrained(path, batch_size, window, dtype, guided=guided)
+    if family == "emu3":
+        from .emu3 import estimate_memory_from_pretrained
+
+        return estimate_memory_from_pretrained(path, batch_size, window, dtype, height, width, guided=guided)
+    if family in ("lumina-mgpt", "anole"):
+        from transformers import ChameleonConfig
+
+        from .chameleon import ChameleonLayout, estimate_memory
+
+        config = ChameleonConfig.from_pretrained(path)
+        layout = ChameleonLayout.build(config, "lumina" if family == "lumina-mgpt" else "anole", height, width)
+        return estimate_memory(config, layout, batch_size, window, dtype, guided)
+    raise ValueError(f"family={family!r}; allowed: janus, emu3, lumina-mgpt, anole")
+
+
+def check_memory(path: str | os.PathLike, family: str, batch_size: int, window: int, dtype: torch.dtype | str | None,
+                 *, device: str | torch.device | None = None, height: int | None = None, width: int | None = None,
+                 image_size: int | None = None, guided: bool = True, max_memory_bytes: int | None = None) -> int:
+    """Refuse a batch that cannot fit, before any weight is read; return the estimate in bytes.
+
+    Available memory: ``max_memory_bytes`` when given, else :func:`available_memory` of
+    ``device`` (default :func:`default_device`).
+
+    Raises:
+        ValueError: estimate above the available memory, naming both and a batch size that fits.
+    """
+    device = device or default_device()
+    dtype = _dtype(dtype, device)
+    kw = dict(height=height, width=width, image_size=image_size, guided=guided)
+    need = estimate_memory_bytes(path, family, batch_size, window, dtype, **kw)
+    have = available_memory(device) if max_memory_bytes is None else int(max_memory_bytes)
+    if need <= have:
+        return need
+    fits = next((b for b in range(batch_size - 1, 0, -1)
+                 if estimate_memory_bytes(path, family, b, window, dtype, **kw) <= have), None)
+    hint = f"try --batch-size {fits}" if fits else "even batch size 1 does not fit: try a smaller dtype, image or another device"
+    raise ValueError(
+        f"{family} at batch size {batch_size}, window {window}, {str(dtype).removeprefix('torch.')} needs about "
+        f"{need / 2**30:.2f} GiB but {torch.device(device).type} has {have / 2**30:.2f} GiB available; {hint}"
+    )
+
+
+def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype | str | None = None, device: str | torch.device | None = None,
+               layout: str | None = None, height: int | None = None, width: int | None = None, image_size: int | None = None,
+               max_memory_bytes: int | None = None, batch_size: int | None = 1, window: int | None = None,
+               guided: bool = True, negative_prompt: str | None = None, vqgan_dir: str | None = None) -> ImageTokenModel:
+    """Load a Janus, Emu3 or Chameleon-format (Lumina-mGPT / Anole) checkpoint as an image-token model.
+
+    Args:
+        path_or_id: a local checkpoint folder, or a Hugging Face repo id already in the local cache.
+        dtype: float32 / bfloat16 / float16 (default :func:`default_dtype` of the device).
+        device: default :func:`default_device`.
+        layout: Chameleon only, ``"lumina"`` or ``"anole"`` (default :func:`guess_layout`).
+        height, width / image_size: output size in pixels (default: the family's).
+        max_memory_bytes: memory budget for the check (default: what the device has free).
+        batch_size, window: what the memory check assumes (batch_size None: no check; window
+            default: the family's).
+        negative_prompt: Emu3 only, the unconditional rows' prompt (default Emu3's documented one).
+        vqgan_dir: Chameleon only, folder of Chameleon's ``vqgan.yaml`` + ``vqgan.ckpt`` (default:
+            the checkpoint folder or its ``tokenizer/`` when they hold both, else no image decoder).
+
+    Raises:
+        FileNotFoundError: no such folder nor cached repo, or (Janus, Emu3) no config/weights.
+        ValueError: unsupported model type, layout, size or dtype; not enough memory;
+            (Chameleon) missing weights.
+    """
+    folder = resolve_checkpoint(path_or_id)
+    model_type = model_type_of(folder)
+    if layout is not None and model_type != "chameleon":
+        raise ValueError(f"layout={layout!r} applies to Chameleon checkpoints only; {str(path_or_id)!r} is {model_type}")
+    if negative_prompt is not None and model_type != "emu3":
+        raise ValueError(f"negative_prompt applies to Emu3 checkpoints only; {str(path_or_id)!r} is {model_type}")
+    family = family_of(folder, layout, str(path_or_id))
+    device = device or default_device()
+    dtype = _dtype(dtype, device)
+    if batch_size is not None:
+        from .defaults import FAMILY_DEFAULTS
+
+        check_memory(folder, family, batch_size, window or FAMILY_DEFAULTS[family].window, dtype, device=device,
+                     height=height, width=width, image_size=image_size, guided=guided, max_memory_bytes=max_memory_bytes)
+    height, width = _size(height, width, image_size)
+    if family == "janus":
+        from .janus import JanusImageModel
+
+        return JanusImageModel.from_pretrained(folder, dtype=dtype, device=device, image_size=_janus_size(height, width))
+    if family == "emu3":
+        from .emu3 import Emu3ImageModel
+
+        extra = {} if negative_prompt is None else {"negative_prompt": negative_prompt}
+        return Emu3ImageModel.from_pretrained(folder, dtype=dtype, device=device, height=height, width=width, **extra)
+    from .chameleon import ChameleonImageModel
+
+    kind = "lumina" if family == "lumina-mgpt" else "anole"
+    return ChameleonImageModel.from_pretrained(str(folder), dtype=dtype, device=device, layout=kind, height=height, width=width,
+                                               vqgan_dir=vqgan_dir)
+
+
+def family_defaults_table() -> str:
+    """The Markdown table of :data:`~csdgen.models.defaults.FAMILY_DEFAULTS` that docs/models.md holds.
+
+    A test checks that docs/models.md contains exactly this text, so the two cannot drift.
+    """
+    from .defaults import FAMILY_DEFAULTS
+
+    lines = ["| family | guidance scale | temperature | top-k | window | lambda | delta | sources | notes |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, d in FAMILY_DEFAULTS.items():
+        top_k = "none" if d.top_k is None else str(d.top_k)
+        cells = [f"`{name}`", f"{d.guidance_scale:g}", f"{d.temperature:g}", top_k, str(d.window), f"{d.lam:g}",
+                 f"{d.delta:g}", d.sources, d.notes or "-"]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines)

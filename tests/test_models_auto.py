@@ -1,0 +1,258 @@
+"""load_model, family detection, the memory check and ``csdgen generate --model`` on the tiny
+random checkpoints of the three adapter test modules (their builders are imported, not copied).
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from csdgen import cli
+from csdgen.models import ChameleonImageModel, Emu3ImageModel, JanusImageModel, load_model
+from csdgen.models import auto
+from csdgen.models.defaults import FAMILY_DEFAULTS
+
+from test_models_chameleon import build_checkpoint as build_chameleon
+from test_models_emu3 import HEIGHT, NEGATIVE, WIDTH
+from test_models_emu3 import build_checkpoint as build_emu3
+from test_models_janus import SIZE
+from test_models_janus import build_checkpoint as build_janus
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "models.md"
+
+
+@pytest.fixture(scope="module")
+def janus_dir(tmp_path_factory):
+    return build_janus(tmp_path_factory.mktemp("janus"))
+
+
+@pytest.fixture(scope="module")
+def emu3_dir(tmp_path_factory):
+    return build_emu3(tmp_path_factory.mktemp("emu3"))
+
+
+@pytest.fixture(scope="module")
+def chameleon_dir(tmp_path_factory):
+    return Path(build_chameleon(str(tmp_path_factory.mktemp("chameleon"))))
+
+
+def config_only(source: Path, folder: Path, **changes) -> Path:
+    """A folder holding only ``source``'s config.json (with ``changes``): enough for family detection."""
+    folder.mkdir(parents=True)
+    config = {**json.loads((source / "config.json").read_text()), **changes}
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def without_weights(source: Path, folder: Path) -> Path:
+    shutil.copytree(source, folder, ignore=shutil.ignore_patterns("*.safetensors", "*.safetensors.index.json"))
+    return folder
+
+
+# family detection and loading
+
+
+def test_family_of_each_checkpoint_and_the_chameleon_layout_rule(janus_dir, emu3_dir, chameleon_dir, tmp_path):
+    assert auto.family_of(janus_dir) == "janus" and auto.family_of(emu3_dir) == "emu3"
+    assert auto.family_of(chameleon_dir) == "lumina-mgpt"  # the default layout
+    assert auto.family_of(chameleon_dir, layout="anole") == "anole"
+    assert auto.family_of(chameleon_dir, name="leloy/Anole-7b-v0.1-hf") == "anole"
+    anole = config_only(chameleon_dir, tmp_path / "Anole-7b")
+    assert auto.family_of(anole) == "anole" and auto.family_of(anole, layout="lumina") == "lumina-mgpt"
+    assert auto.family_of(config_only(chameleon_dir, tmp_path / "Lumina-mGPT-7B-768")) == "lumina-mgpt"
+    xllmx = config_only(chameleon_dir, tmp_path / "anole-named", architectures=["ChameleonXLLMXForConditionalGeneration"])
+    assert auto.family_of(xllmx) == "lumina-mgpt"  # Lumina-mGPT's own class wins over the name
+    with pytest.raises(ValueError, match="layout='emu3'; allowed: lumina, anole"):
+        auto.family_of(chameleon_dir, layout="emu3")
+    assert set(auto.MODEL_TYPES) == {"janus", "emu3", "chameleon"}
+
+
+def test_load_model_picks_the_adapter_of_each_family(janus_dir, emu3_dir, chameleon_dir):
+    janus = load_model(janus_dir, device="cpu")
+    assert isinstance(janus, JanusImageModel) and janus.grid == (6, 6) and janus.dtype == torch.float32
+    emu3 = load_model(str(emu3_dir), height=HEIGHT, width=WIDTH, dtype="bfloat16", device="cpu")
+    assert isinstance(emu3, Emu3ImageModel) and emu3.grid == (5, 6) and emu3.dtype == torch.bfloat16
+    lumina = load_model(chameleon_dir, height=12, width=16, device="cpu")
+    assert isinstance(lumina, ChameleonImageModel) and lumina.layout.kind == "lumina" and lumina.grid == (6, 8)
+    anole = load_model(chameleon_dir, layout="anole", image_size=16, device="cpu")
+    assert anole.layout.kind == "anole" and anole.grid == (8, 8)
+    with pytest.raises(ValueError, match="image_size=48: .* allowed: 24"):
+        load_model(janus_dir, image_size=48, device="cpu")
+    with pytest.raises(ValueError, match="square images only"):
+        load_model(janus_dir, height=24, width=48, device="cpu")
+    with pytest.raises(ValueError, match="Chameleon checkpoints only"):
+        load_model(janus_dir, layout="anole", device="cpu")
+
+
+def test_repo_id_resolves_from_the_local_hugging_face_cache_only(janus_dir, tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    commit = "0" * 40
+    repo = tmp_path / "hub" / "models--someone--tiny-janus"
+    shutil.copytree(janus_dir, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    folder = auto.resolve_checkpoint("someone/tiny-janus")
+    assert folder == repo / "snapshots" / commit and auto.family_of(folder) == "janus"
+    assert isinstance(load_model("someone/tiny-janus", device="cpu"), JanusImageModel)
+    with pytest.raises(FileNotFoundError, match="'someone/other': no such folder, and no Hugging Face repo"):
+        auto.resolve_checkpoint("someone/other")
+
+
+# errors
+
+
+def test_nonexistent_path_says_what_was_looked_for_and_how_to_get_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"no such folder.*local cache.*never downloads.*--model DIR"):
+        load_model(tmp_path / "nowhere")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(FileNotFoundError, match="is a file"):
+        load_model(tmp_path / "file")
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        load_model(tmp_path)
+
+
+def test_unknown_model_type_lists_the_supported_families(janus_dir, tmp_path):
+    folder = config_only(janus_dir, tmp_path / "llama", model_type="llama")
+    with pytest.raises(ValueError, match=r"model_type='llama'; supported families: janus, emu3, chameleon"):
+        load_model(folder)
+
+
+def test_missing_weights_raise_the_adapters_error(janus_dir, emu3_dir, chameleon_dir, tmp_path):
+    with pytest.raises(FileNotFoundError, match="holds no weights"):
+        load_model(without_weights(janus_dir, tmp_path / "janus"), device="cpu")
+    with pytest.raises(FileNotFoundError, match="holds no weights"):
+        load_model(without_weights(emu3_dir, tmp_path / "emu3"), height=HEIGHT, width=WIDTH, device="cpu")
+    with pytest.raises(ValueError, match="has no weights"):
+        load_model(without_weights(chameleon_dir, tmp_path / "chameleon"), height=12, width=16, device="cpu")
+
+
+# memory check
+
+
+def test_check_memory_equals_the_adapters_estimate_and_refuses_with_a_batch_that_fits(janus_dir, chameleon_dir):
+    janus = load_model(janus_dir, device="cpu")
+    need = {b: janus.memory_estimate(b, 16, torch.float32) for b in (1, 2, 3, 4)}
+    assert auto.check_memory(janus_dir, "janus", 4, 16, "float32", device="cpu", max_memory_bytes=need[4]) == need[4]
+    with pytest.raises(ValueError, match=r"janus at batch size 4, window 16, float32 needs about .* GiB but cpu has .* "
+                                         r"GiB available; try --batch-size 2"):
+        auto.check_memory(janus_dir, "janus", 4, 16, "float32", device="cpu", max_memory_bytes=need[2] + need[3] >> 1)
+    lumina = load_model(chameleon_dir, height=12, width=16, device="cpu")
+    assert auto.check_memory(chameleon_dir, "lumina-mgpt", 2, 8, torch.float32, device="cpu", height=12, width=16,
+                             max_memory_bytes=1 << 40) == lumina.memory_estimate(2, 8, torch.float32)
+    assert 0 < auto.available_memory("cpu")
+
+
+def test_load_model_refuses_before_reading_weights(janus_dir, emu3_dir, tmp_path):
+    for folder, kw in ((janus_dir, {}), (emu3_dir, dict(height=HEIGHT, width=WIDTH))):
+        with pytest.raises(ValueError, match="even batch size 1 does not fit"):
+            load_model(folder, device="cpu", max_memory_bytes=1000, **kw)
+    # weights that cannot be read do not matter: the refusal comes first
+    broken = without_weights(janus_dir, tmp_path / "broken")
+    (broken / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(ValueError, match="needs about"):
+        load_model(broken, device="cpu", max_memory_bytes=1000)
+
+
+# documentation
+
+
+def test_docs_table_matches_family_defaults():
+    assert auto.family_defaults_table() in DOCS.read_text()
+    assert set(FAMILY_DEFAULTS) >= {"janus", "emu3", "lumina-mgpt", "anole"}
+
+
+# csdgen generate --model
+
+
+def run(*argv):
+    return cli.main([str(a) for a in argv])
+
+
+def test_cli_janus_uses_family_defaults_writes_everything_and_resumes(janus_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["generate", "--model", janus_dir, "--prompt", "a red dog", "--prompt", "the cat", "-n", 3, "--batch-size", 2,
+            "--device", "cpu", "--out", out]
+    assert run(*argv) == 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        "0000_a-red-dog.png", "0000_a-red-dog_map.png", "0001_the-cat.png", "0001_the-cat_map.png",
+        "0002_a-red-dog.png", "0002_a-red-dog_map.png", "record.json"]
+    record = json.loads((out / "record.json").read_text())
+    s, d = record["settings"], FAMILY_DEFAULTS["janus"]
+    assert (s["family"], s["model"], s["checkpoint"], s["dtype"], s["method"]) == ("janus", str(janus_dir), str(janus_dir), "float32", "csd")
+    assert (s["sampling"]["guidance_scale"], s["sampling"]["temperature"], s["sampling"]["top_k"], s["window"]) == (
+        d.guidance_scale, d.temperature, d.top_k, d.window) == (5.0, 1.0, None, 16)
+    assert f"lam={d.lam}" in s["rule"] and f"delta={d.delta}" in s["rule"]
+    image = record["images"]["2"]
+    assert image["prompt"] == "a red dog" and image["tokens"] == 36 and image["steps"] >= 1
+    from PIL import Image
+
+    assert Image.open(out / "0000_a-red-dog.png").size == (SIZE, SIZE)
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("3 images, 108 tokens,")
+    first = (out / "0000_a-red-dog.png").stat().st_mtime_ns
+    (out / "0002_a-red-dog.png").unlink()
+    assert run(*argv) == 0  # resumes: only the missing image's batch is redone
+    assert (out / "0000_a-red-dog.png").stat().st_mtime_ns == first and (out / "0002_a-red-dog.png").is_file()
+    assert run(*argv[:-1], out, "--guidance-scale", 2) == 2  # other settings, same folder
+    assert "other settings" in capsys.readouterr().err
+
+
+def test_cli_emu3_prompts_file_overrides_and_family_defaults(emu3_dir, tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red cat\n\ntwo dogs\n")
+    out = tmp_path / "out"
+    assert run("generate", "--model", emu3_dir, "--prompts-file", prompts, "--height", HEIGHT, "--width", WIDTH,
+               "--top-k", 8, "--window", 5, "--lam", 0.25, "--negative-prompt", NEGATIVE, "--device", "cpu", "--no-maps",
+               "--out", out) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["0000_a-red-cat.png", "0001_two-dogs.png", "record.json"]
+    s, d = json.loads((out / "record.json").read_text())["settings"], FAMILY_DEFAULTS["emu3"]
+    assert s["family"] == "emu3" and s["grid"] == [5, 6] and s["prompts"] == ["a red cat", "two dogs"]
+    assert s["negative_prompt"] == NEGATIVE
+    assert s["sampling"]["guidance_scale"] == d.guidance_scale and s["sampling"]["temperature"] == d.temperature  # defaults
+    assert s["sampling"]["top_k"] == 8 and s["window"] == 5 and "lam=0.25" in s["rule"]  # overrides
+    assert f"delta={d.delta}" in s["rule"]
+    from PIL import Image
+
+    assert Image.open(out / "0000_a-red-cat.png").size == (WIDTH, HEIGHT)
+    out2 = tmp_path / "out2"
+    assert run("generate", "--model", emu3_dir, "--prompt", "a red cat", "--height", HEIGHT, "--width", WIDTH,
+               "--top-k", "none", "--negative-prompt", "", "--method", "ar", "--device", "cpu", "--no-maps", "--out", out2) == 0
+    assert json.loads((out2 / "record.json").read_text())["settings"]["sampling"]["top_k"] is None
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--prompt", "a dog", "--class", "moon"], "--class is for the built-in model"),
+        ([], "--model needs prompts"),
+        (["--prompt", "a dog", "--weights", "w"], "--weights is for the built-in model"),
+        (["--prompts-file", "/nonexistent/prompts.txt"], "does not exist"),
+        (["--prompt", "a dog", "--layout", "anole"], "Chameleon checkpoints only"),
+        (["--prompt", "a dog", "--negative-prompt", "ugly"], "Emu3 checkpoints only"),
+    ],
+)
+def test_cli_model_errors_are_clear(janus_dir, tmp_path, capsys, extra, message):
+    assert run("generate", "--model", janus_dir, "--device", "cpu", "--out", tmp_path / "o", *extra) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_model_options_need_model_and_memory_is_checked(janus_dir, tmp_path, capsys, monkeypatch):
+    assert run("generate", "--prompt", "a dog", "--out", tmp_path / "o") == 2
+    assert "--prompt need --model" in capsys.readouterr().err
+    assert run("generate", "--model", tmp_path / "nowhere", "--prompt", "a dog", "--out", tmp_path / "o") == 2
+    assert "no such folder" in capsys.readouterr().err
+    monkeypatch.setattr(auto, "available_memory", lambda device: 1000)
+    assert run("generate", "--model", janus_dir, "--prompt", "a dog", "--device", "cpu", "--out", tmp_path / "o") == 2
+    err = capsys.readouterr().err
+    assert "needs about" in err and "GiB available" in err and not (tmp_path / "o").exists()
+
+
+def test_cli_chameleon_without_vqgan_files_is_refused_before_generating(chameleon_dir, tmp_path, capsys):
+    folder = tmp_path / "Lumina-mGPT-tiny"
+    shutil.copytree(chameleon_dir, folder, ignore=shutil.ignore_patterns("vqgan.*"))
+    assert run("generate", "--model", folder, "--prompt", "a dog", "--height", 12, "--width", 16, "--top-k", 8,
+               "--device", "cpu", "--out", tmp_path / "o") == 2
+    assert "has no image decoder: copy Chameleon's vqgan.yaml and vqgan.ckpt" in capsys.readouterr().err
