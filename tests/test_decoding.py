@@ -7,6 +7,7 @@ import csdgen
 from csdgen import CSD, Decision, SamplingConfig
 from csdgen.drafting import DRAFT_INITS
 from csdgen.models import FunctionModel
+from kv_check import assert_same_cache, fresh_session
 
 GREEDY = SamplingConfig(temperature=0)
 SAMPLED = SamplingConfig(guidance_scale=3.0, temperature=1.0)
@@ -60,10 +61,6 @@ def test_csd_accepts_more_than_sjd_on_average(cached_model):
     assert csd < sjd
 
 
-def cache_tensors(session):
-    return [(layer.keys, layer.values) for layer in session.cache.layers]
-
-
 @pytest.mark.parametrize("method, sampling", [("sjd", SAMPLED), ("csd", SAMPLED), ("ar", SAMPLED), ("sjd", GREEDY)])
 def test_kv_state_after_every_iteration_equals_fresh_prefill(cached_model, method, sampling):
     classes = [2, 4, 1]
@@ -72,14 +69,8 @@ def test_kv_state_after_every_iteration_equals_fresh_prefill(cached_model, metho
     def check(info):
         K = info.session.cache_length
         assert K == int(info.committed.min()) - 1 or K == 0
-        fresh = cached_model.start(classes, None, sampling.guided)
-        fresh.prefill()
-        if K:
-            fresh.forward(info.tokens[:, :K], start=0)
-        for (k1, v1), (k2, v2) in zip(cache_tensors(info.session), cache_tensors(fresh)):
-            assert k1.shape == k2.shape
-            torch.testing.assert_close(k1, k2, atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(v1, v2, atol=1e-5, rtol=1e-5)
+        fresh = fresh_session(cached_model, classes, sampling.guided, info.tokens, K)
+        assert_same_cache(info.session, fresh)
         checked.append(K)
 
     out = csdgen.generate(cached_model, classes, method=method, window=10, sampling=sampling, seed=2, callback=check)

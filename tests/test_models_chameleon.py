@@ -21,6 +21,7 @@ import csdgen
 from csdgen import SamplingConfig
 from csdgen.models.chameleon import ChameleonImageModel, estimate_memory
 from csdgen.models.chameleon_vqgan import ChameleonVQGANDecoder, VQGANConfig, load_vqgan_decoder
+from kv_check import assert_same_cache, fresh_session
 
 V = 48
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"] + [f"t{i}" for i in range(12)] + [
@@ -300,15 +301,9 @@ def test_kv_state_after_every_iteration_equals_fresh_prefill(request, kind, meth
 
     def check(info):
         K = info.session.cache_length
-        fresh = model.start(PROMPTS, None, sampling.guided)
-        fresh.prefill()
-        if K:
-            fresh.forward(info.tokens[:, :K], start=0)
+        fresh = fresh_session(model, PROMPTS, sampling.guided, info.tokens, K)
         assert torch.equal(info.session.sequence, fresh.sequence)
-        for a, b in zip(info.session.cache.layers, fresh.cache.layers):
-            assert a.keys.shape == b.keys.shape
-            torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(a.values, b.values, atol=1e-5, rtol=1e-5)
+        assert_same_cache(info.session, fresh)
         checked.append(K)
 
     out = csdgen.generate(model, PROMPTS, method=method, window=10, sampling=sampling, seed=4, callback=check)

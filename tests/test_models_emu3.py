@@ -27,6 +27,7 @@ from transformers import (
 import csdgen
 from csdgen import SamplingConfig
 from csdgen.models.emu3 import Emu3ImageModel, estimate_memory_from_pretrained
+from kv_check import assert_same_cache, fresh_session
 
 V, ROWS, COLS, FACTOR = 64, 5, 6, 2  # codebook, grid, VQ spatial factor (channel_multiplier of length 2)
 HEIGHT, WIDTH = ROWS * FACTOR, COLS * FACTOR
@@ -274,10 +275,6 @@ def test_batched_guidance_equals_unbatched_forwards(emu3):
 # (5) KV cache after rollback == fresh prefill of the committed tokens ---------------------------
 
 
-def cache_tensors(session):
-    return [(layer.keys, layer.values) for layer in session.cache.layers]
-
-
 @pytest.mark.parametrize("method, sampling, window", [("sjd", SamplingConfig(guidance_scale=3.0), 9), ("csd", GUIDED_GREEDY, 7)])
 def test_kv_state_after_every_iteration_equals_fresh_prefill(emu3, method, sampling, window):
     checked = []
@@ -285,15 +282,9 @@ def test_kv_state_after_every_iteration_equals_fresh_prefill(emu3, method, sampl
     def check(info):
         K = info.session.cache_length
         assert K == int(info.committed.min()) - 1 or K == 0
-        fresh = emu3.start(PROMPTS, None, sampling.guided)
-        fresh.prefill()
-        if K:
-            fresh.forward(info.tokens[:, :K], start=0)
+        fresh = fresh_session(emu3, PROMPTS, sampling.guided, info.tokens, K)
         assert info.session.cache.get_seq_length() == fresh.sequence_length(K)
-        for (k1, v1), (k2, v2) in zip(cache_tensors(info.session), cache_tensors(fresh)):
-            assert k1.shape == k2.shape
-            torch.testing.assert_close(k1, k2, atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(v1, v2, atol=1e-5, rtol=1e-5)
+        assert_same_cache(info.session, fresh)
         checked.append(K)
 
     out = csdgen.generate(emu3, PROMPTS, method=method, window=window, sampling=sampling, seed=0, callback=check)

@@ -20,6 +20,7 @@ from transformers import (
 import csdgen
 from csdgen import SamplingConfig
 from csdgen.models.janus import JanusImageModel, estimate_memory_from_pretrained
+from kv_check import assert_same_cache, fresh_session
 
 PAD, BOS, EOS, IMAGE, BOI, EOI = 0, 1, 2, 3, 4, 5
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<image_placeholder>", "<begin_of_image>", "<end_of_image>", "<|User|>", "<|Assistant|>"]
@@ -200,24 +201,14 @@ def test_batched_guidance_equals_separate_forwards(janus, ar_tokens):
 # (5) KV cache after rollback == fresh prefill of the committed tokens
 
 
-def cache_tensors(session):
-    return [(layer.keys, layer.values) for layer in session.cache.layers]
-
-
 @pytest.mark.parametrize("method, sampling", [("sjd", SamplingConfig(guidance_scale=3.0)), ("csd", GUIDED)])
 def test_kv_state_after_every_iteration_equals_fresh_prefill(janus, method, sampling):
     checked = []
 
     def check(info):
         K = info.session.cache_length
-        fresh = janus.start(PROMPTS, None, sampling.guided)
-        fresh.prefill()
-        if K:
-            fresh.forward(info.tokens[:, :K], start=0)
-        for (k1, v1), (k2, v2) in zip(cache_tensors(info.session), cache_tensors(fresh)):
-            assert k1.shape == k2.shape
-            torch.testing.assert_close(k1, k2, atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(v1, v2, atol=1e-5, rtol=1e-5)
+        fresh = fresh_session(janus, PROMPTS, sampling.guided, info.tokens, K)
+        assert_same_cache(info.session, fresh)
         checked.append(K)
 
     out = csdgen.generate(janus, PROMPTS, method=method, window=8, sampling=sampling, seed=1, callback=check)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from ._transformers import DTYPES as _DTYPES
 from .base import ImageTokenModel
 
 __all__ = [
@@ -46,7 +47,6 @@ __all__ = [
 
 #: config.json ``model_type`` -> the adapter that drives it
 MODEL_TYPES = {"janus": "JanusImageModel", "emu3": "Emu3ImageModel", "chameleon": "ChameleonImageModel"}
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _LUMINA_ARCHITECTURES = ("ChameleonXLLMXForConditionalGeneration",)
 
 

@@ -57,7 +57,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer, ChameleonConfig, ChameleonForConditionalGeneration, DynamicCache
 
-from .base import DecodingSession, ImageTokenModel, WindowLogits
+from ._transformers import CachedSession, kv_cache_bytes, left_pad, meta_parameter_count
+from .base import ImageTokenModel, WindowLogits
 from .chameleon_vqgan import ChameleonVQGANDecoder, load_vqgan_decoder
 
 __all__ = ["ChameleonLayout", "ChameleonImageModel", "LAYOUTS", "LUMINA_PROMPT_TEMPLATE", "estimate_memory"]
@@ -177,11 +178,6 @@ def _image_vocabulary(config: ChameleonConfig) -> torch.Tensor:
     return torch.tensor([img2bpe[v] for v in range(V)], dtype=torch.long)
 
 
-def _param_count(config: ChameleonConfig) -> int:
-    with torch.device("meta"):
-        return sum(p.numel() for p in ChameleonForConditionalGeneration(config).parameters())
-
-
 def estimate_memory(config: ChameleonConfig, layout: ChameleonLayout, batch_size: int, window: int, dtype: torch.dtype,
                     guided: bool = True, prompt_tokens: int = 128) -> int:
     """Bytes needed before loading: parameters + image head copy + KV cache + logits/probability buffers.
@@ -194,11 +190,10 @@ def estimate_memory(config: ChameleonConfig, layout: ChameleonLayout, batch_size
     size = torch.empty((), dtype=dtype).element_size()
     rows = 2 * batch_size if guided else batch_size
     seq = prompt_tokens + len(layout.prefix([])) + layout.region_length(layout.num_image_tokens) + 1
-    head_dim = config.hidden_size // config.num_attention_heads
-    kv = 2 * config.num_hidden_layers * rows * seq * (config.num_key_value_heads or config.num_attention_heads) * head_dim * size
+    kv = kv_cache_bytes(config, rows, seq, size)
     V = len(_image_vocabulary(config))
     buffers = (rows + 3 * batch_size) * window * V * 4
-    return _param_count(config) * size + V * config.hidden_size * size + kv + buffers
+    return meta_parameter_count(ChameleonForConditionalGeneration, config) * size + V * config.hidden_size * size + kv + buffers
 
 
 class ChameleonImageModel(ImageTokenModel):
@@ -336,7 +331,7 @@ def _find_vqgan(path: str, vqgan_dir: str | None, device) -> ChameleonVQGANDecod
     return None
 
 
-class _ChameleonSession(DecodingSession):
+class _ChameleonSession(CachedSession):
     """KV-cached session over ``[cond rows; uncond rows]`` sharing ids; see the module docstring."""
 
     def __init__(self, model: ChameleonImageModel, prompts: list[list[int]], guided: bool):
@@ -344,8 +339,7 @@ class _ChameleonSession(DecodingSession):
         prefixes = [self.layout.prefix(p) for p in prompts]
         P = self.prefix_length = max(len(p) for p in prefixes)
         pad = model.backbone.config.pad_token_id or 0
-        ids = torch.tensor([[pad] * (P - len(p)) + p for p in prefixes])
-        mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prefixes])
+        ids, mask = left_pad(prefixes, pad)
         if guided:
             uncond = [[0] * (P - len(p)) + [int(v) for v in self.layout.uncond_visible(len(q))] for p, q in zip(prefixes, prompts)]
             ids, mask = torch.cat([ids, ids]), torch.cat([mask, torch.tensor(uncond)])
@@ -366,9 +360,7 @@ class _ChameleonSession(DecodingSession):
                 input_ids=ids, attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True
             ).last_hidden_state
             logits = F.linear(hidden[:, out_index], self.model.image_head).float()  # [rows, W, V]
-        if self.guided:
-            return WindowLogits(logits[: self.batch_size], logits[self.batch_size :])
-        return WindowLogits(logits, None)
+        return self._window_logits(logits)
 
     def prefill(self) -> WindowLogits:
         if self._length != -1:
@@ -398,16 +390,10 @@ class _ChameleonSession(DecodingSession):
         self._length = start + tokens.shape[1]
         return logits
 
-    def rollback(self, length):
-        if not 0 <= length <= self._length:
-            raise ValueError(f"rollback length={length}: allowed 0..{self._length}")
-        keep = self.prefix_length + self.layout.region_length(length)
-        drop = self.sequence.shape[1] - keep
-        if drop:
-            self.cache.crop(-drop)  # transformers 5.24 accepts only a negative count here
-            self.sequence = self.sequence[:, :keep]
-        self._length = length
+    def sequence_length(self, image_length: int) -> int:
+        """Cached sequence length (prefix padding included) holding ``image_length`` image positions."""
+        return self.prefix_length + self.layout.region_length(image_length)
 
-    @property
-    def cache_length(self):
-        return self._length
+    def rollback(self, length):
+        super().rollback(length)
+        self.sequence = self.sequence[:, : self.sequence_length(length)]

@@ -33,7 +33,8 @@ from typing import Any, Sequence
 import torch
 from transformers import DynamicCache, Emu3Config, Emu3ForConditionalGeneration
 
-from .base import DecodingSession, ImageTokenModel, WindowLogits
+from ._transformers import CachedSession, check_checkpoint, kv_cache_bytes, left_pad, meta_parameter_count, parameter_count, resolve_dtype
+from .base import ImageTokenModel, WindowLogits
 
 __all__ = [
     "Emu3ImageModel",
@@ -53,8 +54,6 @@ DEFAULT_IMAGE_AREA = 518400
 #: prompt length assumed by memory estimates when none is given
 DEFAULT_PROMPT_LENGTH = 64
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 # (tokenizer attribute, Emu3 token name): the names of the Emu3-*-hf tokenizers
 _SPECIAL = {
     "bos": ("bos_token", "<|extra_203|>"),
@@ -66,26 +65,6 @@ _SPECIAL = {
     "eof": ("eof_token", "<|extra_201|>"),
     "eoi": ("eoi_token", "<|image end|>"),
 }
-
-
-def _resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
-    if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
-        return dtype
-    if isinstance(dtype, str) and dtype in _DTYPES:
-        return _DTYPES[dtype]
-    raise ValueError(f"dtype={dtype!r}: allowed {', '.join(_DTYPES)} (or the torch dtypes)")
-
-
-def _check_checkpoint(path: str | os.PathLike) -> Path:
-    """Raise FileNotFoundError unless ``path`` is a folder with config.json and weights."""
-    folder = Path(path)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"Emu3 checkpoint folder {str(path)!r} does not exist (give a local folder; no downloads)")
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"{str(path)!r} has no config.json: not a transformers Emu3 checkpoint")
-    if not any((folder / name).is_file() for name in _WEIGHT_FILES) and not any(folder.glob("*.safetensors")):
-        raise FileNotFoundError(f"{str(path)!r} holds no weights; expected one of {', '.join(_WEIGHT_FILES)}")
-    return folder
 
 
 def _spatial_factor(config: Emu3Config) -> int:
@@ -141,13 +120,9 @@ def emu3_memory_estimate(
     ``[B, W, V]`` float32 tensors (cond/uncond logits, target and draft probabilities) plus the
     forward's ``[R, W + W // cols + 1, V]`` logits in ``dtype``.
     """
-    size = torch.empty((), dtype=_resolve_dtype(dtype)).element_size()
-    text = config.text_config
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    size = torch.empty((), dtype=resolve_dtype(dtype)).element_size()
     rows = batch_size * (2 if guided else 1)
-    length = prompt_length + grid[0] * (grid[1] + 1)
-    kv = text.num_hidden_layers * 2 * rows * length * kv_heads * head_dim * size
+    kv = kv_cache_bytes(config.text_config, rows, prompt_length + grid[0] * (grid[1] + 1), size)
     V = config.vq_config.codebook_size
     buffers = 4 * batch_size * window * V * 4 + rows * (window + window // grid[1] + 1) * V * size
     return num_parameters * size + kv + buffers
@@ -163,10 +138,9 @@ def estimate_memory_from_pretrained(
     :func:`image_grid`. Extra keyword arguments (``prompt_length``, ``guided``) go to
     :func:`emu3_memory_estimate`.
     """
-    config = Emu3Config.from_pretrained(_check_checkpoint(path))
+    config = Emu3Config.from_pretrained(check_checkpoint(path, "Emu3"))
     grid = image_grid(config, height, width)
-    with torch.device("meta"):
-        count = sum(p.numel() for p in Emu3ForConditionalGeneration(config).parameters())
+    count = meta_parameter_count(Emu3ForConditionalGeneration, config)
     return emu3_memory_estimate(config, count, batch_size, window, dtype, grid, **kwargs)
 
 
@@ -232,8 +206,8 @@ class Emu3ImageModel(ImageTokenModel):
             FileNotFoundError: no such folder, or no config / weights in it.
             ValueError: bad dtype or size (checked before the weights are read), or see :class:`Emu3ImageModel`.
         """
-        folder = _check_checkpoint(path)
-        dtype = _resolve_dtype(dtype)
+        folder = check_checkpoint(path, "Emu3")
+        dtype = resolve_dtype(dtype)
         image_grid(Emu3Config.from_pretrained(folder), height, width)
         model = Emu3ForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(device)
         return cls(model, _load_tokenizer(folder), height, width, negative_prompt)
@@ -321,8 +295,7 @@ class Emu3ImageModel(ImageTokenModel):
     def memory_estimate(self, batch_size: int, window: int, dtype: torch.dtype | str | None = None,
                         prompt_length: int = DEFAULT_PROMPT_LENGTH, guided: bool = True) -> int:
         """Bytes: see :func:`emu3_memory_estimate` (dtype defaults to the model's)."""
-        count = sum(p.numel() for p in self.model.parameters())
-        return emu3_memory_estimate(self.config, count, batch_size, window, dtype or self.dtype, self.grid,
+        return emu3_memory_estimate(self.config, parameter_count(self.model), batch_size, window, dtype or self.dtype, self.grid,
                                     prompt_length, guided)
 
     def codebook_embeddings(self) -> torch.Tensor:
@@ -398,7 +371,7 @@ def _check_ids(ids: Sequence[int], vocab_size: int) -> list[int]:
     return ids
 
 
-class _Emu3Session(DecodingSession):
+class _Emu3Session(CachedSession):
     """KV-cached session over left-padded prompt rows (cond rows first, then uncond rows).
 
     Image length ``k`` (positions cached) <-> cached sequence length ``P + k + k // cols``:
@@ -407,7 +380,7 @@ class _Emu3Session(DecodingSession):
 
     def __init__(self, model: Emu3ImageModel, rows: list[list[int]], batch_size: int, guided: bool):
         self.model, self.batch_size, self.guided = model, batch_size, guided
-        self.input_ids, self.prompt_mask = _left_pad(rows, model.special["pad"], model.device)  # [R, P]
+        self.input_ids, self.prompt_mask = left_pad(rows, model.special["pad"], model.device)  # [R, P]
         self.pads = (1 - self.prompt_mask).sum(-1, keepdim=True)  # [R, 1] pad count per row
         self.padded = not bool(self.prompt_mask.all())
         self.cache = DynamicCache(config=model.config.text_config)
@@ -432,9 +405,7 @@ class _Emu3Session(DecodingSession):
     def _split(self, hidden: torch.Tensor) -> WindowLogits:
         with torch.no_grad():
             logits = self.model.visual_logits(hidden)
-        if self.guided:
-            return WindowLogits(logits[: self.batch_size], logits[self.batch_size :])
-        return WindowLogits(logits, None)
+        return self._window_logits(logits)
 
     def prefill(self) -> WindowLogits:
         if self._length >= 0:
@@ -445,8 +416,7 @@ class _Emu3Session(DecodingSession):
 
     def forward(self, tokens, start):
         """Feed image positions ``start .. start + W - 1``, an end-of-line token after each row end."""
-        if start != self._length:
-            raise ValueError(f"start={start} but the session holds {self._length} image positions")
+        self._check_start(start)
         W, cols = tokens.shape[1], self.model.grid[1]
         if start + W > self.model.num_image_tokens:
             raise ValueError(f"window of {W} at {start}: allowed up to position {self.model.num_image_tokens - 1}")
@@ -460,23 +430,3 @@ class _Emu3Session(DecodingSession):
         hidden = self._run(seq, self.sequence_length(start))[:, out_at]
         self._length += W
         return self._split(hidden)
-
-    def rollback(self, length):
-        if not 0 <= length <= self._length:
-            raise ValueError(f"rollback length={length}: allowed 0..{self._length}")
-        drop = self.sequence_length(self._length) - self.sequence_length(length)
-        if drop:
-            self.cache.crop(-drop)  # transformers 5.24 accepts only a negative count here
-        self._length = length
-
-    @property
-    def cache_length(self):
-        return self._length
-
-
-def _left_pad(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad id lists: ``([R, P] int64 ids, [R, P] int64 mask)``."""
-    width = max(len(r) for r in rows)
-    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long, device=device)
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long, device=device)
-    return ids, mask

@@ -29,34 +29,13 @@ from typing import Any, Sequence
 import torch
 from transformers import DynamicCache, JanusConfig, JanusForConditionalGeneration
 
-from .base import DecodingSession, ImageTokenModel, WindowLogits
+from ._transformers import CachedSession, check_checkpoint, kv_cache_bytes, left_pad, meta_parameter_count, parameter_count, resolve_dtype
+from .base import ImageTokenModel, WindowLogits
 
 __all__ = ["JanusImageModel", "janus_memory_estimate", "estimate_memory_from_pretrained"]
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 #: prompt length assumed by memory estimates when none is given (a chat-formatted prompt of ~40 words)
 DEFAULT_PROMPT_LENGTH = 64
-
-
-def _resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
-    if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
-        return dtype
-    if isinstance(dtype, str) and dtype in _DTYPES:
-        return _DTYPES[dtype]
-    raise ValueError(f"dtype={dtype!r}: allowed {', '.join(_DTYPES)} (or the torch dtypes)")
-
-
-def _check_checkpoint(path: str | os.PathLike) -> Path:
-    """Raise FileNotFoundError unless ``path`` is a folder with config.json and weights."""
-    folder = Path(path)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"Janus checkpoint folder {str(path)!r} does not exist (give a local folder; no downloads)")
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"{str(path)!r} has no config.json: not a transformers Janus checkpoint")
-    if not any((folder / name).is_file() for name in _WEIGHT_FILES) and not any(folder.glob("*.safetensors")):
-        raise FileNotFoundError(f"{str(path)!r} holds no weights; expected one of {', '.join(_WEIGHT_FILES)}")
-    return folder
 
 
 def _grid_side(config: JanusConfig) -> int:
@@ -80,13 +59,9 @@ def janus_memory_estimate(
     with ``R = 2B`` rows when guided (``B`` otherwise). Buffers: four ``[B, W, V]`` float32
     tensors (cond and uncond logits, target and draft probabilities).
     """
-    size = torch.empty((), dtype=_resolve_dtype(dtype)).element_size()
-    text = config.text_config
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    size = torch.empty((), dtype=resolve_dtype(dtype)).element_size()
     rows = batch_size * (2 if guided else 1)
-    length = prompt_length + config.vision_config.num_image_tokens
-    kv = text.num_hidden_layers * 2 * rows * length * kv_heads * head_dim * size
+    kv = kv_cache_bytes(config.text_config, rows, prompt_length + config.vision_config.num_image_tokens, size)
     buffers = 4 * batch_size * window * config.vq_config.num_embeddings * 4
     return num_parameters * size + kv + buffers
 
@@ -97,11 +72,8 @@ def estimate_memory_from_pretrained(path: str | os.PathLike, batch_size: int, wi
     Parameters are counted on the ``meta`` device. Extra keyword arguments go to
     :func:`janus_memory_estimate` (``prompt_length``, ``guided``).
     """
-    folder = _check_checkpoint(path)
-    config = JanusConfig.from_pretrained(folder)
-    with torch.device("meta"):
-        skeleton = JanusForConditionalGeneration(config)
-    count = sum(p.numel() for p in skeleton.parameters())
+    config = JanusConfig.from_pretrained(check_checkpoint(path, "Janus"))
+    count = meta_parameter_count(JanusForConditionalGeneration, config)
     return janus_memory_estimate(config, count, batch_size, window, dtype, **kwargs)
 
 
@@ -157,8 +129,8 @@ class JanusImageModel(ImageTokenModel):
             FileNotFoundError: no such folder, or no config / weights in it.
             ValueError: bad dtype, unsupported ``image_size``, or special token ids not found.
         """
-        folder = _check_checkpoint(path)
-        dtype = _resolve_dtype(dtype)
+        folder = check_checkpoint(path, "Janus")
+        dtype = resolve_dtype(dtype)
         model = JanusForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(device)
         processor = _load_processor(folder)
         ids = _special_ids(model, processor, folder)
@@ -228,8 +200,7 @@ class JanusImageModel(ImageTokenModel):
     def memory_estimate(self, batch_size: int, window: int, dtype: torch.dtype | str | None = None,
                         prompt_length: int = DEFAULT_PROMPT_LENGTH, guided: bool = True) -> int:
         """Bytes: see :func:`janus_memory_estimate` (dtype defaults to the model's)."""
-        count = sum(p.numel() for p in self.model.parameters())
-        return janus_memory_estimate(self.config, count, batch_size, window, dtype or self.dtype, prompt_length, guided)
+        return janus_memory_estimate(self.config, parameter_count(self.model), batch_size, window, dtype or self.dtype, prompt_length, guided)
 
     def codebook_embeddings(self) -> torch.Tensor:
         """``[V, D]`` float32 VQ codebook, L2-normalised as ``get_codebook_entry`` feeds the decoder."""
@@ -275,13 +246,13 @@ def _special_ids(model, processor, folder: Path) -> tuple[int, int, int]:
     return int(bos), int(boi), int(pad)
 
 
-class _JanusSession(DecodingSession):
+class _JanusSession(CachedSession):
     """KV-cached session over left-padded prompts; cond rows first, then (guided) uncond rows."""
 
     def __init__(self, model: JanusImageModel, prompts: list[list[int]], guided: bool):
         self.model, self.batch_size, self.guided = model, len(prompts), guided
         rows = prompts + [model.uncond_ids(p) for p in prompts] if guided else prompts
-        self.input_ids, self.prompt_mask = _left_pad(rows, model.pad_token_id, model.device)  # [R, P]
+        self.input_ids, self.prompt_mask = left_pad(rows, model.pad_token_id, model.device)  # [R, P]
         self.prompt_lengths = self.prompt_mask.sum(-1)  # [R] real tokens: position of image token 0
         self.padded = not bool(self.prompt_mask.all())
         self.cache = DynamicCache(config=model.config.text_config)
@@ -302,9 +273,7 @@ class _JanusSession(DecodingSession):
                 cache=self.cache, use_cache=True,
             )
             logits = self.model.model.model.generation_head(out.last_hidden_state).float()
-        if self.guided:
-            return WindowLogits(logits[: self.batch_size], logits[self.batch_size :])
-        return WindowLogits(logits, None)
+        return self._window_logits(logits)
 
     def prefill(self) -> WindowLogits:
         embeds = self.model.model.get_input_embeddings()(self.input_ids)
@@ -314,8 +283,7 @@ class _JanusSession(DecodingSession):
         return WindowLogits(logits.cond[:, -1:], None if logits.uncond is None else logits.uncond[:, -1:])
 
     def forward(self, tokens, start):
-        if start != self._length:
-            raise ValueError(f"start={start} but the session holds {self._length} image positions")
+        self._check_start(start)
         ids = torch.cat([tokens, tokens]) if self.guided else tokens
         with torch.no_grad():
             embeds = self.model.model.prepare_embeddings_for_image_generation(ids.to(self.model.device))
@@ -324,23 +292,3 @@ class _JanusSession(DecodingSession):
         logits = self._run(embeds, positions, width)
         self._length += width
         return logits
-
-    def rollback(self, length):
-        if not 0 <= length <= self._length:
-            raise ValueError(f"rollback length={length}: allowed 0..{self._length}")
-        drop = self._length - length
-        if drop:
-            self.cache.crop(-drop)  # transformers 5.24 accepts only a negative count here
-        self._length = length
-
-    @property
-    def cache_length(self):
-        return self._length
-
-
-def _left_pad(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad id lists: ``([R, P] int64 ids, [R, P] int64 mask)``."""
-    width = max(len(r) for r in rows)
-    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long, device=device)
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long, device=device)
-    return ids, mask

@@ -14,7 +14,8 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from .base import DecodingSession, ImageTokenModel, WindowLogits
+from ._transformers import CachedSession
+from .base import ImageTokenModel, WindowLogits
 
 __all__ = ["ClassConditionalLlama"]
 
@@ -128,7 +129,7 @@ class ClassConditionalLlama(ImageTokenModel):
         return _LlamaSession(self, ids, guided)
 
 
-class _LlamaSession(DecodingSession):
+class _LlamaSession(CachedSession):
     """KV-cached session; cond rows first, then (when guided) the null-class rows."""
 
     def __init__(self, model: ClassConditionalLlama, class_ids: list[int], guided: bool):
@@ -147,10 +148,7 @@ class _LlamaSession(DecodingSession):
             out = self.model.backbone(
                 input_ids=input_ids, position_ids=positions.expand(input_ids.shape[0], -1), cache=self.cache, use_cache=True
             )
-        logits = out.logits[..., : self.model.codebook_size]
-        if self.guided:
-            return WindowLogits(logits[: self.batch_size], logits[self.batch_size :])
-        return WindowLogits(logits, None)
+        return self._window_logits(out.logits[..., : self.model.codebook_size])
 
     def prefill(self) -> WindowLogits:
         logits = self._run(self.first_tokens, 0)
@@ -158,21 +156,8 @@ class _LlamaSession(DecodingSession):
         return logits
 
     def forward(self, tokens, start):
-        if start != self._length:
-            raise ValueError(f"start={start} but the session holds {self._length} image positions")
+        self._check_start(start)
         ids = torch.cat([tokens, tokens]) if self.guided else tokens
         logits = self._run(ids, 1 + start)
         self._length += tokens.shape[1]
         return logits
-
-    def rollback(self, length):
-        if not 0 <= length <= self._length:
-            raise ValueError(f"rollback length={length}: allowed 0..{self._length}")
-        drop = self._length - length
-        if drop:
-            self.cache.crop(-drop)  # transformers 5.24 accepts only a negative count here
-        self._length = length
-
-    @property
-    def cache_length(self):
-        return self._length
