@@ -37,7 +37,7 @@ def main():
     parser.add_argument("--out", type=Path, default=Path("runs/defaults"))
     parser.add_argument("--guidance", type=float, default=None, help="skip part 1 and use this guidance scale")
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(2)  # set 1 when the machine is shared: oversubscribed threads are much slower
     args.out.mkdir(parents=True, exist_ok=True)
     model = load_builtin_model()
     scorer = QualityScorer(model)
@@ -48,9 +48,9 @@ def main():
         for g in (1.0, 2.0, 3.0, 5.0):
             rows.append(measure(model, scorer, classes, args.out, f"ar_g{g}", ar, SamplingConfig(guidance_scale=g), 1))
         rows.append(measure(model, scorer, classes, args.out, "ar_g3.0_seed2", ar, SamplingConfig(guidance_scale=3.0), 1, seed=1))
-        for t in (0.8, 0.9):
+        for t in (0.9,):
             rows.append(measure(model, scorer, classes, args.out, f"ar_g3.0_T{t}", ar, SamplingConfig(guidance_scale=3.0, temperature=t), 1))
-        for k in (32, 128):
+        for k in (64,):
             rows.append(measure(model, scorer, classes, args.out, f"ar_g3.0_topk{k}", ar, SamplingConfig(guidance_scale=3.0, top_k=k), 1))
         print(to_markdown(rows))
         rows = []
@@ -59,10 +59,9 @@ def main():
     rows.append(measure(model, scorer, classes, args.out, f"ar_g{g}", ar, sampling, 1))
     rows.append(measure(model, scorer, classes, args.out, f"ar_g{g}_seed2", ar, sampling, 1, seed=1))
     rows.append(measure(model, scorer, classes, args.out, f"sjd_g{g}_W16", {"method": "sjd"}, sampling, 16))
-    for lam in (0.1, 0.25, 0.5, 1.0):
-        for delta in (0.5, 0.65, 0.8):
-            rows.append(measure(model, scorer, classes, args.out, f"csd_g{g}_W16_lam{lam}_delta{delta}",
-                                {"method": CSD(lam=lam, delta=delta)}, sampling, 16))
+    for lam, delta in ((0.1, 0.65), (0.25, 0.65), (0.5, 0.65), (1.0, 0.65), (0.5, 0.5), (0.5, 0.8)):
+        rows.append(measure(model, scorer, classes, args.out, f"csd_g{g}_W16_lam{lam}_delta{delta}",
+                            {"method": CSD(lam=lam, delta=delta)}, sampling, 16))
     for window in (8, 32):
         rows.append(measure(model, scorer, classes, args.out, f"csd_g{g}_W{window}_lam0.5_delta0.65",
                             {"method": CSD()}, sampling, window))

@@ -25,10 +25,12 @@ from csdgen.acceptance import make_rule
 from csdgen.decoding import METHODS
 from csdgen.drafting import DRAFT_INITS, REFRESH_MODES
 from csdgen.evaluation.sweep import SweepGrid
+from csdgen.models.defaults import FAMILY_DEFAULTS
 from csdgen.sampling import SamplingConfig
 
-#: defaults of the built-in model, chosen by measurement (docs/builtin-defaults.md)
-BUILTIN_DEFAULTS = {"guidance_scale": 3.0, "temperature": 1.0, "top_k": None, "window": 16, "lam": 0.5, "delta": 0.65}
+#: defaults of the built-in model, chosen by measurement (docs/builtin.md)
+BUILTIN_DEFAULTS = {key: getattr(FAMILY_DEFAULTS["builtin"], key)
+                    for key in ("guidance_scale", "temperature", "top_k", "window", "lam", "delta")}
 
 
 def _count(text: str) -> int:
@@ -219,7 +221,6 @@ def _read_prompts(args) -> list[str]:
 
 def _model_job(args) -> _Job:
     from csdgen.models.auto import default_device, default_dtype, family_of, load_model, resolve_checkpoint
-    from csdgen.models.defaults import FAMILY_DEFAULTS
 
     if args.classes:
         raise ValueError("--class is for the built-in model; with --model give --prompt or --prompts-file")

@@ -47,8 +47,8 @@ FAMILY_DEFAULTS: dict[str, FamilyDefaults] = {
         notes="unverified: chosen by analogy with Lumina-mGPT",
     ),
     "builtin": FamilyDefaults(
-        3.0, 1.0, None, 16, 0.5, 0.65,
-        sources="measured on the built-in model (docs/builtin-defaults.md)",
+        3.0, 1.0, None, 32, 0.5, 0.65,
+        sources="measured on the built-in model, 64 images per setting (docs/builtin.md)",
     ),
 }
 
