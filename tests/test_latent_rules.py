@@ -118,3 +118,21 @@ def test_peak_memory_at_v16384_stays_small():
         assert rule.acceptance_probability(x, p, q, x).shape == (2, 16)
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert grown_mb < 400, f"peak resident memory grew by {grown_mb:.0f} MB"
+
+
+def test_zero_relaxation_equals_sjd_sample_for_sample_in_the_loop(cached_model):
+    emb = codebook_for(cached_model.codebook_size, seed=4)
+    kwargs = dict(window=12, sampling=csdgen.SamplingConfig(guidance_scale=3.0), seed=9)
+    sjd = csdgen.generate(cached_model, [1, 3], method="sjd", **kwargs)
+    for rule in (GSD(emb, radius=0), Lantern(emb, k=20, delta=0.0), Lantern(emb, k=20, delta=0.5, cap=1.0)):
+        other = csdgen.generate(cached_model, [1, 3], method=rule, **kwargs)
+        assert torch.equal(other.tokens, sjd.tokens)
+        assert all(torch.equal(a.decisions, b.decisions) for a, b in zip(other.images, sjd.images))
+
+
+def test_relaxed_latent_rules_save_steps_in_the_loop(cached_model):
+    emb = codebook_for(cached_model.codebook_size, seed=4, scale=0.1)
+    kwargs = dict(window=16, sampling=csdgen.SamplingConfig(guidance_scale=3.0))
+    steps = {name: sum(csdgen.generate(cached_model, [0, 1, 2, 3], method=rule, seed=s, **kwargs).steps for s in range(3))
+             for name, rule in (("sjd", SJD()), ("lantern", Lantern(emb, k=20, delta=0.3)), ("gsd", GSD(emb)))}
+    assert steps["lantern"] < steps["sjd"] and steps["gsd"] < steps["sjd"]
