@@ -249,15 +249,26 @@ def _model_job(args) -> _Job:
     return _Job(model, sampling, rule, conditions, names, labels, settings, scale=1)
 
 
-def _load_record(out: Path, settings: dict) -> dict[int, dict]:
-    """Images of an earlier run with the same settings whose PNG is still there (resume)."""
+def _load_record(out: Path, settings: dict, labels: list[dict]) -> dict[int, dict]:
+    """Images of an earlier run with the same settings and conditions whose PNG is still there (resume).
+
+    Raises:
+        ValueError: naming the settings, or the first image's condition, that differ from the earlier run.
+    """
     record_path = out / "record.json"
     if not record_path.is_file():
         return {}
     old = json.loads(record_path.read_text())
-    if old.get("settings") != settings:
-        raise ValueError(f"{str(out)!r} holds a run with other settings; use another --out or delete its record.json")
-    return {int(k): v for k, v in old["images"].items() if (out / v["file"]).is_file()}
+    previous = old.get("settings", {})
+    differ = sorted(k for k in set(previous) | set(settings) if previous.get(k) != settings.get(k))
+    if differ:
+        raise ValueError(f"{str(out)!r} holds a run with other settings ({', '.join(differ)}); use another --out")
+    images = {int(k): v for k, v in old["images"].items()}
+    for i, image in sorted(images.items()):
+        if i < len(labels) and any(image.get(k) != v for k, v in labels[i].items()):
+            raise ValueError(f"{str(out)!r} holds image {i} for {image.get('class') or image.get('prompt')!r}, this run asks "
+                             f"for {labels[i].get('class') or labels[i].get('prompt')!r}; use another --out")
+    return {i: v for i, v in images.items() if (out / v["file"]).is_file()}
 
 
 def _write_batch(job: _Job, out: Path, indices: list[int], result, images: dict, maps: bool) -> None:
@@ -284,7 +295,7 @@ def cmd_generate(args) -> int:
 
     job = _model_job(args) if args.model is not None else _builtin_job(args)
     out = _writable(args.out)
-    images = _load_record(out, job.settings)
+    images = _load_record(out, job.settings, job.labels)
     N = job.model.num_image_tokens
     todo = [i for i in range(len(job.conditions)) if i not in images]
     bar = tqdm(total=len(todo) * N, unit="tok", desc=f"{args.method} W={args.window}", leave=False)

@@ -140,3 +140,13 @@ def test_sweep_rejects_bad_lists(weights, tmp_path, capsys):
     assert "expected comma-separated float values" in capsys.readouterr().err
     assert cli.main(["sweep", "--weights", str(weights), "--out", str(tmp_path), "--csd-lam", "-1", "-n", "2"]) == 2
     assert "lam=-1.0" in capsys.readouterr().err
+
+
+def test_resume_refuses_other_classes_or_settings_in_the_same_folder(weights, tmp_path, capsys):
+    """Regression: a rerun with another --class used to reuse the old images and exit 0."""
+    out = tmp_path / "out"
+    assert run("generate", "--weights", weights, "-n", 2, "--batch-size", 2, "--out", out) == 0
+    assert run("generate", "--weights", weights, "-n", 2, "--batch-size", 2, "--out", out, "--class", "moon") == 2
+    assert "holds image 0 for 'brick', this run asks for 'moon'" in capsys.readouterr().err
+    assert run("generate", "--weights", weights, "-n", 2, "--batch-size", 1, "--out", out) == 2
+    assert "other settings (batch_size)" in capsys.readouterr().err

@@ -21,7 +21,13 @@ from csdgen.acceptance import CSD, GSD, Addition, JacobiMatch, Lantern
 
 from .runs import generate_batches, write_json
 
-__all__ = ["method_presets", "MethodRun", "run_method", "score_run", "table_rows", "to_markdown", "to_csv"]
+__all__ = ["lantern_preset", "method_presets", "MethodRun", "run_method", "score_run", "table_rows", "to_markdown", "to_csv"]
+
+
+def lantern_preset(rule) -> dict[str, Any]:
+    """LANTERN runs with one-hot drafts: its relaxation adds target mass to q(x) before dividing by
+    p(x), so with uniform drafts (p = 1/V) every random draft passes (measured: noise images)."""
+    return {"method": rule, "draft_init": "onehot"}
 
 
 def method_presets(lam: float = 0.5, delta: float = 0.65, addition_c: float = 0.2,
@@ -36,7 +42,7 @@ def method_presets(lam: float = 0.5, delta: float = 0.65, addition_c: float = 0.
         "sjd-coupled": {"method": "sjd", "refresh": "coupled"},
         "jacobi": {"method": JacobiMatch()},
         "addition": {"method": Addition(c=addition_c)},
-        **({} if codebook is None else {"gsd": {"method": GSD(codebook)}, "lantern": {"method": Lantern(codebook)}}),
+        **({} if codebook is None else {"gsd": {"method": GSD(codebook)}, "lantern": lantern_preset(Lantern(codebook))}),
         "csd": {"method": CSD(lam=lam, delta=delta)},
         "csd-coupled": {"method": CSD(lam=lam, delta=delta), "refresh": "coupled"},
     }

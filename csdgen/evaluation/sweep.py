@@ -15,6 +15,8 @@ import torch
 
 from csdgen.acceptance import CSD, GSD, Addition, Lantern
 
+from .compare import lantern_preset
+
 __all__ = ["SweepGrid", "Setting", "settings", "frontier_plot"]
 
 
@@ -55,7 +57,7 @@ def _methods(grid: SweepGrid, codebook: torch.Tensor | None) -> list[tuple[str, 
     out += [("addition", "c", c, {"method": Addition(c=c)}) for c in grid.addition_c]
     if codebook is not None:
         out += [("gsd", "radius", r, {"method": GSD(codebook, radius=r)}) for r in grid.gsd_radius]
-        out += [("lantern", "delta", d, {"method": Lantern(codebook, delta=d)}) for d in grid.lantern_delta]
+        out += [("lantern", "delta", d, lantern_preset(Lantern(codebook, delta=d))) for d in grid.lantern_delta]
     return out
 
 
@@ -68,8 +70,9 @@ def settings(grid: SweepGrid, codebook: torch.Tensor | None = None) -> list[Sett
                 tag = f"{method.split(' ')[0]}{'_' + parameter + str(value) if parameter else ''}"
                 if method.startswith("csd ("):
                     tag += f"_delta{preset['method'].delta}"
-                points.append(Setting(f"{tag}_W{window}_{init}", method, parameter, value, window, init,
-                                      {**preset, "draft_init": init}))
+                preset = {"draft_init": init, **preset}  # a method that needs its own drafts keeps them
+                points.append(Setting(f"{tag}_W{window}_{preset['draft_init']}", method, parameter, value, window,
+                                      preset["draft_init"], preset))
     return points
 
 
