@@ -149,4 +149,4 @@ def test_resume_refuses_other_classes_or_settings_in_the_same_folder(weights, tm
     assert run("generate", "--weights", weights, "-n", 2, "--batch-size", 2, "--out", out, "--class", "moon") == 2
     assert "holds image 0 for 'brick', this run asks for 'moon'" in capsys.readouterr().err
     assert run("generate", "--weights", weights, "-n", 2, "--batch-size", 1, "--out", out) == 2
-    assert "other settings (batch_size)" in capsys.readouterr().err
+    assert "other settings (batch_size: 2 there, 1 here)" in capsys.readouterr().err

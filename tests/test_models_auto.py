@@ -241,7 +241,7 @@ def test_cli_model_errors_are_clear(janus_dir, tmp_path, capsys, extra, message)
 
 def test_cli_model_options_need_model_and_memory_is_checked(janus_dir, tmp_path, capsys, monkeypatch):
     assert run("generate", "--prompt", "a dog", "--out", tmp_path / "o") == 2
-    assert "--prompt need --model" in capsys.readouterr().err
+    assert "--prompt needs --model" in capsys.readouterr().err
     assert run("generate", "--model", tmp_path / "nowhere", "--prompt", "a dog", "--out", tmp_path / "o") == 2
     assert "no such folder" in capsys.readouterr().err
     monkeypatch.setattr(auto, "available_memory", lambda device: 1000)

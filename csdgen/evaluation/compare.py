@@ -1,7 +1,7 @@
 """Compare decoding methods on the same classes and seeds: speed and quality side by side.
 
 Every method runs the same images (classes and per-batch seeds, see
-:mod:`csdgen.evaluation.runs`). AR is run twice, with two seeds: the gap between the two AR
+`csdgen.runs`). AR is run twice, with two seeds: the gap between the two AR
 rows is the noise floor of every quality score at this image count.
 """
 
@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from csdgen.acceptance import CSD, GSD, Addition, JacobiMatch, Lantern
 
-from .runs import generate_batches, write_json
+from csdgen.runs import generate_batches, write_json
 
 __all__ = ["lantern_preset", "method_presets", "MethodRun", "run_method", "score_run", "table_rows", "to_markdown", "to_csv"]
 
@@ -31,10 +31,16 @@ def lantern_preset(rule) -> dict[str, Any]:
 
 
 def method_presets(lam: float = 0.5, delta: float = 0.65, addition_c: float = 0.2,
-                   codebook: torch.Tensor | None = None) -> dict[str, dict[str, Any]]:
+                   codebook: torch.Tensor | None = None, *, entropy_unit: str = "nats",
+                   draft_init: str = "uniform") -> dict[str, dict[str, Any]]:
     """Named settings for ``generate``: every method csdgen has, the reference ones first.
 
     GSD and LANTERN (official defaults) are included when the model's ``codebook`` ``[V, D]`` is given.
+    ``entropy_unit`` goes to the CSD rules, ``draft_init`` to every method but LANTERN (one-hot
+    drafts, see :func:`lantern_preset`).
+
+    Raises:
+        ValueError: a bad lambda, delta, c or entropy unit (from the rules).
     """
     presets = {
         "ar": {"method": "ar"},
@@ -43,10 +49,10 @@ def method_presets(lam: float = 0.5, delta: float = 0.65, addition_c: float = 0.
         "jacobi": {"method": JacobiMatch()},
         "addition": {"method": Addition(c=addition_c)},
         **({} if codebook is None else {"gsd": {"method": GSD(codebook)}, "lantern": lantern_preset(Lantern(codebook))}),
-        "csd": {"method": CSD(lam=lam, delta=delta)},
-        "csd-coupled": {"method": CSD(lam=lam, delta=delta), "refresh": "coupled"},
+        "csd": {"method": CSD(lam=lam, delta=delta, entropy_unit=entropy_unit)},
+        "csd-coupled": {"method": CSD(lam=lam, delta=delta, entropy_unit=entropy_unit), "refresh": "coupled"},
     }
-    return presets
+    return {name: {"draft_init": draft_init, **preset} for name, preset in presets.items()}
 
 
 @dataclass
