@@ -37,6 +37,7 @@ __all__ = [
     "read_json",
     "write_json",
     "pil_images",
+    "builtin_bytes_per_image",
     "builtin_batch_limit",
     "RunPlan",
     "RunSummary",
@@ -143,20 +144,25 @@ def _to_pil(pixels, scale: int) -> list:
     return images
 
 
-def builtin_batch_limit(model, window: int, guided: bool, available_bytes: int, share: float = 0.5) -> int:
-    """Largest batch of the built-in model (a ``ClassConditionalLlama``) whose decoding memory fits.
+def builtin_bytes_per_image(model, window: int, guided: bool) -> int:
+    """Estimated decoding memory of one image of the built-in model (a ``ClassConditionalLlama``), in bytes.
 
-    Estimate per image, float32: the KV cache ``2 * layers * hidden * (1 + N + W)`` values per
-    sequence, plus one window's logits and probabilities (``4 * W * V``) and attention scores
-    (``heads * W * (1 + N + W)``); two sequences per image with guidance. At most ``share``
-    of ``available_bytes`` is used.
+    float32: the KV cache, ``2 * layers * hidden * (1 + N + W)`` values per sequence, plus one
+    window's logits and probabilities (``4 * W * V``), attention scores
+    (``heads * W * (1 + N + W)``) and MLP activations (``4 * W * intermediate``); two
+    sequences per image with guidance.
     """
     cfg = model.backbone.config
     N, V, W = model.num_image_tokens, cfg.vocab_size, window
     per_sequence = 4 * (2 * cfg.num_hidden_layers * cfg.hidden_size * (1 + N + W) + 4 * W * V
                         + cfg.num_attention_heads * W * (1 + N + W) + 4 * W * cfg.intermediate_size)
-    per_image = per_sequence * (2 if guided else 1)
-    return max(1, int(share * available_bytes // per_image))
+    return per_sequence * (2 if guided else 1)
+
+
+def builtin_batch_limit(model, window: int, guided: bool, available_bytes: int, share: float = 0.5) -> int:
+    """Largest batch of the built-in model that fits in ``share`` of ``available_bytes`` (at least 1);
+    see :func:`builtin_bytes_per_image`."""
+    return max(1, int(share * available_bytes // builtin_bytes_per_image(model, window, guided)))
 
 
 def _now() -> str:
@@ -226,7 +232,7 @@ class RunSummary:
     def line(self) -> str:
         """One-line summary (what ``csdgen generate`` prints last)."""
         kept = f" ({self.resumed} kept from an earlier run)" if self.resumed else ""
-        return (f"{self.images} images{kept}, {self.tokens} tokens, {self.steps} steps (per image, summed), "
+        return (f"{self.images} image{'' if self.images == 1 else 's'}{kept}, {self.tokens} tokens, {self.steps} steps (per image, summed), "
                 f"step compression {self.step_compression:.2f}x, decoding {self.decode_seconds:.1f} s in all "
                 f"({self.run_seconds:.1f} s this run) -> {self.out}/")
 

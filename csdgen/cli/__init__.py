@@ -23,7 +23,7 @@ COMMANDS = {"generate": generate, "compare": compare, "sweep": sweep}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="csdgen", description="Fast AR image generation with content-aware "
+    parser = argparse.ArgumentParser(prog="csdgen", allow_abbrev=False, description="Fast AR image generation with content-aware "
                                      "speculative decoding (CSD). Run `csdgen COMMAND --help` for a command's options.")
     from csdgen import __version__
 

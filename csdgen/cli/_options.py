@@ -111,7 +111,7 @@ def numbers(kind):
 # ---- option groups ----
 
 def add_builtin_model(p: argparse.ArgumentParser, *, n_default: str, batch_default: int, out_default: str,
-                      n_minimum: int = 1) -> None:
+                      n_minimum: int = 1, checkpoints: bool = False) -> None:
     """The built-in model, its classes, the image count, seed, batch size, device and output folder."""
     classes = builtin_class_names()
     listed = f" ({', '.join(classes)}; any case)" if classes else ""
@@ -126,7 +126,7 @@ def add_builtin_model(p: argparse.ArgumentParser, *, n_default: str, batch_defau
     p.add_argument("--batch-size", type=count(), default=batch_default, metavar="B",
                    help=f"images per batch (default {batch_default}; lowered to what memory allows)")
     p.add_argument("--device", choices=DEVICES, default=None,
-                   help="default: cpu for the built-in model; with --model cuda when available")
+                   help="default cpu" + ("; with --model cuda when available" if checkpoints else ""))
     p.add_argument("--out", type=Path, default=Path(out_default), help=f"output folder (default ./{out_default})")
 
 

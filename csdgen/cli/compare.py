@@ -19,7 +19,7 @@ COMPARE_METHODS = ("ar", "sjd", "sjd-coupled", "jacobi", "addition", "gsd", "lan
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("compare", help="AR, SJD, CSD and the other methods on the same classes and seeds",
+    p = sub.add_parser("compare", allow_abbrev=False, help="AR, SJD, CSD and the other methods on the same classes and seeds",
                        description="Run every method (or --methods) on the same classes and seeds of the built-in "
                                    "model and print one table; writes compare.md, compare.csv, compare.png and one "
                                    "cached run_<method>.json/.safetensors per method into --out.")

@@ -20,12 +20,13 @@ MODEL_ONLY = ("prompts", "prompts_file", "layout", "height", "width", "image_siz
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("generate", help="generate images (default: CSD on the built-in model)",
+    p = sub.add_parser("generate", allow_abbrev=False, help="generate images (default: CSD on the built-in model)",
                        description="Generate images with CSD (or another method) on the built-in model (--class) "
                                    "or a Janus, Emu3 or Chameleon-format checkpoint (--model, --prompt). Writes "
                                    "NNNN_<class>.png (built-in: 128 x 128, its 64 x 64 images upscaled x2 by nearest "
                                    "neighbour), NNNN_<class>_map.png and record.json into --out; rerun to resume.")
-    opt.add_builtin_model(p, n_default="8; with --model one per prompt", batch_default=8, out_default="outputs")
+    opt.add_builtin_model(p, n_default="8; with --model one per prompt", batch_default=8, out_default="outputs",
+                          checkpoints=True)
     p.add_argument("--method", choices=opt.METHODS, default="csd", help="decoding method (default csd)")
     opt.add_method_options(p, family_note=True)
     p.add_argument("--refresh", choices=opt.REFRESH_MODES, default="independent",

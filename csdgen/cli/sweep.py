@@ -21,7 +21,7 @@ _GRIDS = (("csd_lam", float, "CSD lambda values"), ("csd_delta", float, "CSD del
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("sweep", help="every method over its parameter: table and speed-quality frontier plot",
+    p = sub.add_parser("sweep", allow_abbrev=False, help="every method over its parameter: table and speed-quality frontier plot",
                        description="Run every method over its relaxation parameter on the same classes and seeds "
                                    "of the built-in model; writes sweep.md, sweep.csv, sweep.json, frontier.png and "
                                    "one cached run_<setting>.json/.safetensors per setting into --out.")
