@@ -335,7 +335,7 @@ def run_plan(plan: RunPlan, out: str | os.PathLike, *, batch_size: int, seed: in
     runs = (old or {}).get("totals", {}).get("runs", 0) + 1
     if on_start is not None:
         on_start(len(plan.conditions) - len([i for i in images if i < len(plan.conditions)]))
-    run_seconds = 0.0
+    run_seconds, ran = 0.0, False
     for indices, result in generate_batches(plan.model, plan.conditions, batch_size=batch_size, seed=seed,
                                             skip=lambda idx: all(i in images for i in idx), callback=callback,
                                             **plan.generate_kwargs):
@@ -344,6 +344,7 @@ def run_plan(plan: RunPlan, out: str | os.PathLike, *, batch_size: int, seed: in
         batch_list = [b for b in batch_list if b.get("batch") != batch]
         batch_list.append({"batch": batch, "images": indices, "decode_seconds": result.seconds, "finished": _now()})
         run_seconds += result.seconds
+        ran = True
         record.update(updated=_now(), totals=_totals(images, batch_list, runs),
                       batches=sorted(batch_list, key=lambda b: b["batch"]),
                       images={str(k): images[k] for k in sorted(images)})
@@ -351,7 +352,7 @@ def run_plan(plan: RunPlan, out: str | os.PathLike, *, batch_size: int, seed: in
         if on_batch is not None:
             on_batch(indices)
     totals = _totals(images, batch_list, runs)
-    if run_seconds == 0.0 and old is not None:  # nothing to do: leave the record as it was
+    if not ran and old is not None:  # nothing to do: leave the record as it was
         record = old
         totals = old.get("totals") or totals
     return RunSummary(out, totals["images"], resumed, totals["tokens"], totals["steps"], totals["step_compression"],

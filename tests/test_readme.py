@@ -90,3 +90,19 @@ def test_readme_library_example_runs(tmp_path, monkeypatch):
 @pytest.mark.parametrize("command", ["generate", "compare", "sweep"])
 def test_readme_lists_what_each_command_writes(command):
     assert f"- **`csdgen {command}`**" in README
+
+
+def test_commands_in_the_docs_parse():
+    parser = cli.build_parser()
+    found = 0
+    for doc in sorted((ROOT / "docs").glob("*.md")):
+        text = doc.read_text()
+        inline = re.findall(r"`(csdgen (?:generate|compare|sweep) [^`]*)`", text)
+        blocks = re.findall(r"^(csdgen (?:generate|compare|sweep) .*)$", text, re.M)
+        for command in inline + blocks:
+            words = shlex.split(command, comments=True)[1:]
+            if words[-1] == "--model":  # prose naming the option, not a command
+                continue
+            parser.parse_args(words)
+            found += 1
+    assert found >= 2

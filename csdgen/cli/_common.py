@@ -78,8 +78,8 @@ def builtin_model(args):
     """Load the built-in model on ``--device`` (default cpu), with its defaults filled into ``args``.
 
     Returns:
-        ``(model, classes)``: the model and one class index per image (``-n``, default one
-        image per class... taken in turn over ``--class``).
+        ``(model, classes)``: the model and one class index per image (``-n`` images, default 8,
+        taking ``--class`` or else every class in turn).
 
     Raises:
         ValueError: unknown class (listing the known ones), bad sampling settings, no CUDA.
