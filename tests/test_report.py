@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from csdgen.evaluation.report import SCHEMA, read_records, row_key, table_rows, to_markdown, write_report
+from csdgen.evaluation.report import SCHEMA, accepted_length_histogram, read_records, row_key, table_rows, to_markdown, write_report
 from csdgen.evaluation.texture import SpeedSources
 
 
@@ -106,6 +106,8 @@ def test_rank_files_merge_and_bad_records_are_one_line_errors(tmp_path):
         "type.jsonl": (json.dumps({**data[0], "steps": "16"}), "'steps' must be int, got '16'"),
         "schema.jsonl": (json.dumps({**data[0], "schema": "other"}), "schema 'other' is not 'csdgen.bench.v1'"),
         "json.jsonl": ("{oops", "json.jsonl:1: not JSON"),
+        "hist.jsonl": (json.dumps({**data[0], "accepted_length_histogram": [1, -2]}), "must be a list of counts >= 0"),
+        "clip.jsonl": (json.dumps({**data[0], "clip": "high"}), "'clip' must be a number or null, got 'high'"),
     }
     for name, (line, message) in bad.items():
         (tmp_path / name).write_text(line + "\n")
@@ -121,3 +123,13 @@ def test_rank_files_merge_and_bad_records_are_one_line_errors(tmp_path):
 def test_unequal_image_counts_are_flagged(tmp_path):
     written = write_report(records()[:-1], tmp_path)
     assert "Rows cover different numbers of images (1, 2)" in written["report.md"].read_text()
+
+
+def test_accepted_length_histogram_counts_steps_by_tokens_committed():
+    assert accepted_length_histogram([1, 3, 1, 4]) == [0, 2, 0, 1, 1]
+    assert accepted_length_histogram([]) == []
+    committed = [1, 5, 2, 2, 6]
+    histogram = accepted_length_histogram(committed)
+    assert sum(histogram) == len(committed) and sum(L * c for L, c in enumerate(histogram)) == sum(committed)
+    with pytest.raises(ValueError, match="must be >= 0, got -1"):
+        accepted_length_histogram([1, -1])

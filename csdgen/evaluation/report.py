@@ -25,7 +25,8 @@ other fields are kept and ignored):
 - ``peak_memory_bytes`` (int): peak accelerator memory during that call
   (``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``); null on a CPU.
 - ``accepted_length_histogram`` (list of int): entry ``L`` counts the image's steps that
-  committed ``L`` tokens (entry 0: steps that committed none).
+  committed ``L`` tokens (entry 0: steps that committed none); :func:`accepted_length_histogram`
+  makes it from ``ImageStats.committed_per_step``.
 - ``device`` (str): e.g. ``"NVIDIA H200"`` or ``"cpu"``.
 - ``clip`` (float): CLIP score of the image (:mod:`csdgen.evaluation.clip_score`).
 - ``nll`` (float): target NLL of the image's tokens, nats per token.
@@ -55,7 +56,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SCHEMA", "REQUIRED", "SCORES", "row_key", "read_records", "table_rows", "to_markdown", "to_csv", "write_report"]
+__all__ = ["SCHEMA", "REQUIRED", "SCORES", "row_key", "accepted_length_histogram", "read_records", "table_rows", "to_markdown", "to_csv", "write_report"]
 
 SCHEMA = "csdgen.bench.v1"
 #: Fields every record must have, and their JSON types.
@@ -94,7 +95,31 @@ def _check(record: Any, where: str) -> dict:
             raise ValueError(f"{where}: {name!r} must be {getattr(kind, '__name__', 'a number')}, got {value!r}")
     if record["schema"] != SCHEMA:
         raise ValueError(f"{where}: schema {record['schema']!r} is not {SCHEMA!r}")
+    for name in ("clip", "nll", "peak_memory_bytes"):
+        value = record.get(name)
+        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+            raise ValueError(f"{where}: {name!r} must be a number or null, got {value!r}")
+    histogram = record.get("accepted_length_histogram")
+    if histogram is not None and (not isinstance(histogram, list)
+                                  or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in histogram)):
+        raise ValueError(f"{where}: 'accepted_length_histogram' must be a list of counts >= 0, got {histogram!r}")
     return record
+
+
+def accepted_length_histogram(committed_per_step: Iterable[int]) -> list[int]:
+    """The record's ``accepted_length_histogram`` from an image's tokens committed per step
+    (``ImageStats.committed_per_step``): entry ``L`` counts the steps that committed ``L`` tokens.
+
+    Example: ``[1, 3, 1, 4]`` -> ``[0, 2, 0, 1, 1]``.
+    """
+    histogram: list[int] = []
+    for length in committed_per_step:
+        length = int(length)
+        if length < 0:
+            raise ValueError(f"tokens committed in a step must be >= 0, got {length}")
+        histogram.extend([0] * (length + 1 - len(histogram)))
+        histogram[length] += 1
+    return histogram
 
 
 def read_records(paths: Iterable[str | os.PathLike]) -> list[dict]:
