@@ -16,17 +16,15 @@ def _byte_symbols() -> list[str]:
 @pytest.fixture(scope="module")
 def tiny_clip(tmp_path_factory):
     """A random CLIP (2 layers, width 32, 32 px images) with a byte-level tokenizer, saved as a folder."""
-    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPTokenizer
-    from transformers.utils import logging as hf_logging
+    from transformers import CLIPConfig, CLIPImageProcessorPil, CLIPModel, CLIPProcessor, CLIPTokenizer
 
     folder = tmp_path_factory.mktemp("tiny_clip")
     symbols = _byte_symbols()
     vocab = {s: i for i, s in enumerate(symbols + [s + "</w>" for s in symbols])}
     vocab["<|startoftext|>"], vocab["<|endoftext|>"] = len(vocab), len(vocab) + 1
     tokenizer = CLIPTokenizer(vocab=vocab, merges=[])
-    hf_logging.set_verbosity_error()
-    image_processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
-    hf_logging.set_verbosity_warning()
+    # the PIL image processor: what CLIPImageProcessor falls back to without torchvision
+    image_processor = CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
     layers = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
     config = CLIPConfig(
         text_config=dict(vocab_size=len(vocab), max_position_embeddings=77, bos_token_id=vocab["<|startoftext|>"],

@@ -18,7 +18,9 @@ from (torchmetrics slices the ids and drops it). The computation uses transforme
 ``CLIPModel`` / ``CLIPProcessor`` directly: torchmetrics 1.9 would need a wrapper around
 transformers 5's ``get_image_features`` output, and would hide the per-image scores.
 
-Weights are read from a local folder or the Hugging Face cache (``local_files_only``);
+Without torchvision (csdgen does not install it) transformers preprocesses images with its
+PIL CLIP image processor (resize the short side, centre crop, normalise), its original CLIP
+preprocessing. Weights are read from a local folder or the Hugging Face cache (``local_files_only``);
 nothing is downloaded. Missing weights raise a one-line ``FileNotFoundError`` that says
 what to download and which option to point at it.
 """
