@@ -30,6 +30,8 @@ other fields are kept and ignored):
 - ``device`` (str): e.g. ``"NVIDIA H200"`` or ``"cpu"``.
 - ``clip`` (float): CLIP score of the image (:mod:`csdgen.evaluation.clip_score`).
 - ``nll`` (float): target NLL of the image's tokens, nats per token.
+- ``class_consistency`` (float): built-in model only, its classifier's probability of the
+  requested class (:mod:`csdgen.evaluation.quality`).
 
 Rows of the table are (method, seed) pairs. The **primary seed** is the smallest seed in
 the records; a row at another seed is labelled ``method@seedS`` (:func:`row_key`): AR at a
@@ -42,7 +44,8 @@ the papers' "acceleration in latency"), ``steps`` (mean),
 ``step_compression`` (mean over images of N / steps), ``mean_accepted_length`` (tokens per
 step over all steps of the row, from the histograms), ``peak_memory_gib`` (max), ``clip``
 (mean per-image CLIP score), ``fid`` (given per row, since FID is a set statistic), ``nll``
-(mean). Per-row scores passed to :func:`write_report` override record means.
+(mean); on the built-in model ``class_consistency`` (mean) and ``frechet_distance`` (per
+row). Per-row scores passed to :func:`write_report` override record means.
 """
 
 from __future__ import annotations
@@ -63,7 +66,10 @@ SCHEMA = "csdgen.bench.v1"
 REQUIRED = {"schema": str, "method": str, "seed": int, "prompt_id": str, "settings": dict, "num_tokens": int,
             "steps": int, "step_compression": (int, float), "latency_s": (int, float)}
 #: Quality scores: column -> (Markdown header, format, higher is better).
-SCORES = {"clip": ("CLIP", "{:.2f}", True), "fid": ("FID", "{:.2f}", False), "nll": ("NLL (nats/token)", "{:.3f}", False)}
+SCORES = {"clip": ("CLIP", "{:.2f}", True), "fid": ("FID", "{:.2f}", False), "nll": ("NLL (nats/token)", "{:.3f}", False),
+          # the built-in model's offline analogues of CLIP and FID (csdgen.evaluation.quality)
+          "class_consistency": ("class consistency", "{:.3f}", True),
+          "frechet_distance": ("Frechet distance (classifier features)", "{:.2f}", False)}
 
 _COLUMNS = {  # CSV key -> (Markdown header, format)
     "method": ("method", "{}"),
@@ -95,7 +101,7 @@ def _check(record: Any, where: str) -> dict:
             raise ValueError(f"{where}: {name!r} must be {getattr(kind, '__name__', 'a number')}, got {value!r}")
     if record["schema"] != SCHEMA:
         raise ValueError(f"{where}: schema {record['schema']!r} is not {SCHEMA!r}")
-    for name in ("clip", "nll", "peak_memory_bytes"):
+    for name in ("clip", "nll", "class_consistency", "peak_memory_bytes"):
         value = record.get(name)
         if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
             raise ValueError(f"{where}: {name!r} must be a number or null, got {value!r}")
@@ -219,6 +225,8 @@ def table_rows(records: list[dict], scores: Mapping[str, Mapping[str, float]] | 
             "clip": _mean([r.get("clip") for r in group]),
             "fid": None,
             "nll": _mean([r.get("nll") for r in group]),
+            "class_consistency": _mean([r.get("class_consistency") for r in group]),
+            "frechet_distance": None,
         }
         row.update({k: (None if v is None else float(v)) for k, v in scores.get(row["method"], {}).items()})
         rows.append(row)

@@ -1,0 +1,254 @@
+"""``csdgen bench``: the papers' table on any model: latency, acceleration, step compression,
+CLIP, FID and NLL of AR, SJD, CSD and the other methods over a prompt set.
+
+Writes into ``--out`` (default ``./bench``): ``bench.json`` (the settings, checked on resume),
+``images/<method>-seed<S>/<prompt id>.png`` + ``.safetensors`` (tokens, decisions, entropies),
+``records/rank<R>.jsonl`` (one JSON line per image, schema ``csdgen.bench.v1``), then, from
+the first process, ``records.jsonl`` (merged), ``report.md``, ``report.csv``,
+``acceptance_lengths.csv``, ``texture.csv`` and ``speed_quality_<score>.png``
+(:mod:`csdgen.bench`). The same command again resumes; ``torchrun --nproc-per-node N -m
+csdgen bench ...`` shards the prompts over N processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+from pathlib import Path
+
+from . import _options as opt
+from ._common import canonical_classes, clamp_window, fill_defaults, model_defaults, note, sampling_of, writable
+from .compare import COMPARE_METHODS
+
+#: the built-in model's default number of prompts (its class names in turn)
+BUILTIN_LIMIT = 64
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("bench", allow_abbrev=False, help="the papers' table (latency, CLIP, FID, NLL) over a prompt set; torchrun shards it",
+                       description="Run AR, SJD, CSD (or --methods) on every prompt of a prompt set, one image per "
+                                   "prompt, method and seed at batch size 1, and write the papers' table (latency, "
+                                   "acceleration, step compression, CLIP, FID, NLL) with AR at a second seed as the "
+                                   "noise floor. Rerun to resume; `torchrun --nproc-per-node N -m csdgen bench ...` "
+                                   "shards the prompts over N processes.")
+    p.add_argument("--model", default="builtin",
+                   help="'builtin' (default), or a Janus, Emu3 or Chameleon-format checkpoint folder or Hugging Face repo "
+                        "id in the local cache (no download)")
+    p.add_argument("--weights", type=Path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
+    p.add_argument("--prompts", default=None,
+                   help="coco (MS-COCO 2017 val, first caption per image), parti (PartiPrompts) or a file (.txt one per "
+                        "line, .jsonl, .tsv); default coco, and for the built-in model its class names in turn "
+                        "(a file of class names also works)")
+    p.add_argument("--limit", type=opt.count(), default=None, metavar="N",
+                   help=f"number of prompts (default: all; built-in {BUILTIN_LIMIT})")
+    p.add_argument("--offset", type=opt.count(0), default=0, metavar="K", help="index of the first prompt (default 0)")
+    p.add_argument("--methods", type=opt.names_of(COMPARE_METHODS, "method"), default=["ar", "sjd", "csd"], metavar="LIST",
+                   help=f"comma-separated, of {','.join(COMPARE_METHODS)} (default ar,sjd,csd; ar is always run)")
+    p.add_argument("--seeds", type=opt.numbers(int), default=[0], metavar="LIST",
+                   help="run seeds, comma-separated; every method runs at each (default 0)")
+    p.add_argument("--floor-seed", type=_floor_seed, default="auto", metavar="S",
+                   help="AR also runs at this seed: the noise floor (default: the first seed + 1; none = no floor)")
+    opt.add_method_options(p, family_note=True)
+    opt.add_sampling(p, family_note=True)
+    q = p.add_argument_group("quality scores (NLL is always computed)")
+    q.add_argument("--clip-model", default=None, metavar="DIR|ID",
+                   help="CLIP score with this CLIP (a local folder or a Hugging Face id in the local cache, e.g. "
+                        "openai/clip-vit-large-patch14); default: no CLIP score")
+    q.add_argument("--inception-weights", type=Path, default=None, metavar="FILE",
+                   help="FID Inception-v3 weights file (weights-inception-2015-12-05-6726825d.pth of torch-fidelity); "
+                        "with --fid-reference")
+    q.add_argument("--fid-reference", type=Path, default=None, metavar="DIR",
+                   help="folder of real images for FID (e.g. COCO val2017); with --inception-weights")
+    g = p.add_argument_group("checkpoints (--model PATH)")
+    g.add_argument("--layout", choices=["lumina", "anole"], default=None, help="Chameleon checkpoints (default: guessed)")
+    g.add_argument("--height", type=opt.count(), default=None, help="image height in pixels (default: the family's)")
+    g.add_argument("--width", type=opt.count(), default=None, help="image width in pixels (default: the family's)")
+    g.add_argument("--image-size", type=opt.count(), default=None, help="square image side in pixels")
+    g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="default bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--device", choices=opt.DEVICES, default=None,
+                   help="default cpu for the built-in model, else cuda when available (under torchrun: cuda:LOCAL_RANK)")
+    p.add_argument("--out", type=Path, default=Path("bench"), help="output folder (default ./bench)")
+    p.set_defaults(run=run)
+    return p
+
+
+def _floor_seed(text: str):
+    if text.strip().lower() in ("none", "auto"):
+        return text.strip().lower()
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer seed, or none") from None
+
+
+def _builtin_prompts(args, class_names: list[str]):
+    """Prompts of the built-in model: its class names in turn, or a file of class names."""
+    from csdgen.prompts import PROMPT_SETS, Prompt, load_prompts
+    from csdgen.runs import slug
+
+    if args.prompts is None:
+        count = args.limit or BUILTIN_LIMIT
+        indices = list(range(args.offset, args.offset + count))
+        names = [class_names[i % len(class_names)] for i in indices]
+        return [Prompt(f"{i:05d}-{slug(n)}", n) for i, n in zip(indices, names)], indices
+    if args.prompts in PROMPT_SETS:
+        raise ValueError(f"--prompts {args.prompts}: the built-in model takes class names, not captions; leave --prompts out "
+                         f"(its class names in turn) or give a file of class names ({', '.join(class_names)})")
+    prompts = load_prompts(args.prompts, args.limit, args.offset)
+    canonical = canonical_classes([p.text for p in prompts], class_names)
+    bad = [p.text for p, c in zip(prompts, canonical) if c not in class_names]
+    if bad:
+        raise ValueError(f"--prompts {args.prompts}: {bad[0]!r} is not a class of the built-in model; allowed: {', '.join(class_names)}")
+    return [type(p)(p.id, c, p.category, p.reference) for p, c in zip(prompts, canonical)], \
+        list(range(args.offset, args.offset + len(prompts)))
+
+
+def _builtin_plan(args, device: str):
+    from csdgen.bench import BenchPlan
+
+    from ._common import builtin_model
+
+    for option in ("layout", "height", "width", "image_size", "dtype"):
+        if getattr(args, option) is not None:
+            raise ValueError(f"--{option.replace('_', '-')} needs --model PATH (a checkpoint); the built-in model has one size and dtype")
+    args.classes, args.num_images, args.device = None, 1, device
+    model, _ = builtin_model(args)  # loads, moves to the device, fills the model's defaults, clamps the window
+    prompts, indices = _builtin_prompts(args, model.class_names)
+    sampling = sampling_of(args)
+    settings = {"model": "builtin", "weights": "shipped" if args.weights is None else str(args.weights),
+                "device": device.split(":")[0], "prompts": args.prompts or "class names in turn", **_method_settings(args, sampling)}
+    return BenchPlan(model, prompts, indices, [model.class_ids([p.text])[0] for p in prompts], _methods(args, model),
+                     args.seeds, _floor(args), args.window, sampling, settings, class_names=list(model.class_names))
+
+
+def _model_plan(args, device: str):
+    from csdgen.bench import BenchPlan
+    from csdgen.models.auto import default_dtype, family_of, load_model
+    from csdgen.models.defaults import FAMILY_DEFAULTS
+    from csdgen.prompts import load_prompts
+
+    from .generate import _checkpoint_folder
+
+    if args.weights is not None:
+        raise ValueError("--weights is for the built-in model; with --model the checkpoint folder holds the weights")
+    prompts = load_prompts(args.prompts or "coco", args.limit, args.offset)
+    folder = _checkpoint_folder(args.model)
+    family = family_of(folder, args.layout, args.model)
+    fill_defaults(args, asdict(FAMILY_DEFAULTS[family]))
+    sampling = sampling_of(args)
+    dtype = args.dtype or str(default_dtype(device)).removeprefix("torch.")
+    model = load_model(folder, dtype=dtype, device=device, layout=args.layout, height=args.height, width=args.width,
+                       image_size=args.image_size, batch_size=1, window=args.window, guided=sampling.guided)
+    if getattr(model, "vqgan", True) is None:
+        raise ValueError(f"{str(args.model)!r} has no image decoder: copy Chameleon's vqgan.yaml and vqgan.ckpt "
+                         f"(its tokenizer/ folder) into {str(folder)!r} or {str(folder / 'tokenizer')!r}")
+    fill_defaults(args, model_defaults(model, family))
+    args.window = clamp_window(args.window, model.num_image_tokens)
+    settings = {"model": str(args.model), "checkpoint": str(folder), "family": family, "dtype": dtype,
+                "device": device.split(":")[0], "grid": list(model.grid), "prompts": args.prompts or "coco",
+                **_method_settings(args, sampling)}
+    return BenchPlan(model, prompts, list(range(args.offset, args.offset + len(prompts))), [p.text for p in prompts],
+                     _methods(args, model), args.seeds, _floor(args), args.window, sampling, settings)
+
+
+def _method_settings(args, sampling) -> dict:
+    return {"window": args.window, "sampling": asdict(sampling), "lam": args.lam, "delta": args.delta,
+            "addition_c": args.addition_c, "entropy_unit": args.entropy_unit, "draft_init": args.draft_init}
+
+
+def _methods(args, model) -> dict:
+    from csdgen.evaluation.compare import method_presets
+
+    presets = method_presets(args.lam, args.delta, args.addition_c, model.codebook_embeddings(),
+                             entropy_unit=args.entropy_unit, draft_init=args.draft_init)
+    names = args.methods if "ar" in args.methods else ["ar", *args.methods]
+    missing = [n for n in names if n not in presets]
+    if missing:
+        raise ValueError(f"--methods {missing[0]}: this model has no codebook embeddings (GSD and LANTERN need them); "
+                         f"allowed here: {', '.join(presets)}")
+    return {n: presets[n] for n in names}
+
+
+def _floor(args):
+    if not args.seeds:
+        raise ValueError("--seeds is empty: give at least one seed, e.g. --seeds 0")
+    if args.floor_seed == "none":
+        return None
+    return args.seeds[0] + 1 if args.floor_seed == "auto" else args.floor_seed
+
+
+def _scorers(args, plan, device: str, out: Path):
+    """The quality scorers, loaded before any image is generated (missing weights fail at once)."""
+    from csdgen.bench import Scorers
+
+    if (args.inception_weights is None) != (args.fid_reference is None):
+        given, other = (("--inception-weights", "--fid-reference DIR (a folder of real images, e.g. COCO val2017)")
+                        if args.fid_reference is None else
+                        ("--fid-reference", "--inception-weights FILE (torch-fidelity's weights-inception-2015-12-05-6726825d.pth)"))
+        raise ValueError(f"{given} needs {other} for FID")
+    scorers = Scorers()
+    if args.clip_model is not None:
+        from csdgen.evaluation.clip_score import ClipScorer
+
+        scorers.clip = ClipScorer(args.clip_model, device=device)
+        scorers.notes.append(f"CLIP score: 100 * max(cos, 0) with {args.clip_model}")
+    if args.inception_weights is not None:
+        from csdgen.evaluation.fid import FidScorer
+
+        scorers.fid = FidScorer(args.inception_weights, args.fid_reference, device=device,
+                                cache=out / "scores" / "fid_reference.safetensors")
+        scorers.notes.append(f"FID: Inception-v3 pool features against {len(list(args.fid_reference.iterdir()))} files "
+                             f"in {args.fid_reference}")
+    if plan.class_names is not None:
+        from csdgen.evaluation.quality import QualityScorer
+
+        scorers.builtin = QualityScorer(plan.model)
+    elif scorers.clip is None and scorers.fid is None:
+        note("no CLIP score and no FID (NLL only): pass --clip-model DIR (download openai/clip-vit-large-patch14) and "
+             "--inception-weights FILE --fid-reference DIR to add them")
+    return scorers
+
+
+def run(args) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from csdgen import bench
+
+    device_type = args.device or ("cuda" if args.model != "builtin" and torch.cuda.is_available() else "cpu")
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is visible here; use --device cpu")
+    rank, world, local = bench.distributed(device_type)
+    try:
+        device = f"cuda:{local}" if device_type == "cuda" else "cpu"
+        plan = _builtin_plan(args, device) if args.model == "builtin" else _model_plan(args, device)
+        out = writable(args.out)
+        scorers = _scorers(args, plan, device, out) if rank == 0 else None
+        with tqdm(total=0, unit="img", desc=f"bench rank {rank}/{world}" if world > 1 else "bench",
+                  disable=None if rank == 0 else True, leave=False) as bar:
+            def start(todo: int) -> None:
+                bar.total = todo
+                bar.refresh()
+
+            def record(r: dict) -> None:
+                bar.set_postfix_str(f"{r['method']} seed {r['seed']}")
+                bar.update(1)
+
+            bench.run_shard(plan, out, rank=rank, world=world, on_start=start, on_record=record)
+        bench.barrier()  # every process has written its records
+        bench.leave()
+        if rank != 0:
+            return 0
+        notes = [f"machine: {bench.machine()}; {world} process{'es' if world > 1 else ''}; batch size 1; "
+                 f"window {plan.window}; sampling {asdict(plan.sampling)}",
+                 f"model: {plan.settings['model']}; prompts: {plan.settings['prompts']}, {len(plan.prompts)} from index "
+                 f"{plan.indices[0]}; methods: {', '.join(plan.methods)}; seeds: {', '.join(map(str, plan.seeds))}"
+                 + ("" if plan.floor_seed is None else f"; noise floor: ar at seed {plan.floor_seed}")]
+        written = bench.finish(plan, out, scorers, notes=notes)
+        text = written["report.md"].read_text()
+        print(text.split("## Settings")[0].rstrip())
+        print(f"Wrote {out}/report.md, report.csv, records.jsonl and {len(written) - 2} more files")
+        return 0
+    finally:
+        bench.leave()

@@ -1,0 +1,200 @@
+"""csdgen bench: resume == uninterrupted, 2 processes under torchrun == 1 process, the table's
+columns on a tiny Janus with a tiny CLIP and Inception, target NLL, one-line errors.
+
+Models: the tiny random built-in weights of the CLI tests, and the tiny random Janus checkpoint
+of tests/test_models_janus.py; CLIP and Inception weights from the fixtures of
+tests/test_clip_score.py and tests/test_fid.py (imported, so they are built the same way).
+"""
+
+import csv
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from builtin_fixture import make_tiny_weights
+from csdgen import bench, cli
+from csdgen.evaluation.report import _COLUMNS
+from test_clip_score import tiny_clip  # noqa: F401 - fixture
+from test_fid import small_input, weights  # noqa: F401 - fixtures (random FID Inception weights, 75 px input)
+from test_models_janus import build_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def builtin_weights(tmp_path_factory):
+    return make_tiny_weights(tmp_path_factory.mktemp("builtin"))
+
+
+def _bench(weights_dir, out, *extra):
+    return cli.main(["bench", "--weights", str(weights_dir), "--out", str(out), "--limit", "3", "--methods", "csd",
+                     "--window", "16", "--floor-seed", "none", *map(str, extra)])
+
+
+def _records(out):
+    """Merged records without the machine's fields, keyed by (method, seed, prompt id)."""
+    records = {}
+    for line in (Path(out) / "records.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        for name in bench.TIMING_FIELDS:
+            record.pop(name)
+        records[(record["method"], record["seed"], record["prompt_id"])] = record
+    return records
+
+
+def _same_outputs(a, b):
+    ra, rb = _records(a), _records(b)
+    assert ra == rb
+    for record in ra.values():
+        for key in ("image", "tensors"):
+            assert (Path(a) / record[key]).read_bytes() == (Path(b) / record[key]).read_bytes(), record[key]
+
+
+@pytest.fixture(scope="module")
+def reference(builtin_weights, tmp_path_factory):
+    """One uninterrupted single-process run: ar and csd at seed 0, 3 prompts (the noise floor: the Janus test)."""
+    out = tmp_path_factory.mktemp("reference") / "bench"
+    assert _bench(builtin_weights, out) == 0
+    return out
+
+
+def test_records_files_and_report(reference):
+    records = _records(reference)
+    assert len(records) == 6 and {k[:2] for k in records} == {("ar", 0), ("csd", 0)}
+    first = records[("csd", 0, "00000-brick")]
+    assert first["prompt"] == "brick" and first["prompt_index"] == 0 and first["image_seed"] == bench.image_seed(0, 0)
+    assert sum(first["accepted_length_histogram"]) == first["steps"] and first["num_tokens"] == 256
+    assert sum(n * c for n, c in enumerate(first["accepted_length_histogram"])) == 256
+    assert "seed" not in first["settings"] and first["settings"]["window"] == 16
+    assert 0 < first["nll"] < 10 and 0 <= first["class_consistency"] <= 1
+    raw = json.loads((reference / "records" / "rank0.jsonl").read_text().splitlines()[0])
+    assert raw["latency_s"] > 0 and raw["peak_memory_bytes"] is None and raw["batch_size"] == 1
+    tensors = bench.load_tensors(reference / first["tensors"])
+    assert tensors["tokens"].shape == (256,) and tensors["decisions"].dtype == torch.int8
+    rows = list(csv.DictReader(io.StringIO((reference / "report.csv").read_text())))
+    assert [r["method"] for r in rows] == ["ar", "csd"] and list(rows[0]) == list(_COLUMNS)
+    for row in rows:
+        for column in ("latency_s_per_image", "acceleration", "step_compression", "nll", "class_consistency",
+                       "frechet_distance"):
+            assert row[column] != "", (row["method"], column)
+    md = (reference / "report.md").read_text()
+    assert "## Where the speed comes from" in md and "**csd**" in md
+    assert (reference / "texture.csv").is_file() and (reference / "speed_quality_nll.png").is_file()
+
+
+def test_interrupted_run_resumes_to_the_same_records(builtin_weights, reference, tmp_path, monkeypatch):
+    out = tmp_path / "bench"
+    calls = {"n": 0}
+    append = bench.append_jsonl
+
+    def append_then_stop(path, record):
+        if calls["n"] == 3:  # a kill in the middle of a line: half a record, no newline
+            with open(path, "a") as f:
+                f.write(json.dumps(record)[:50])
+            raise KeyboardInterrupt
+        calls["n"] += 1
+        append(path, record)
+
+    monkeypatch.setattr(bench, "append_jsonl", append_then_stop)
+    assert _bench(builtin_weights, out) == 130
+    assert not (out / "records.jsonl").exists()
+    monkeypatch.setattr(bench, "append_jsonl", append)
+    written = []
+    monkeypatch.setattr(bench, "_save_tensors", lambda t, p, save=bench._save_tensors: (written.append(p), save(t, p)))
+    assert _bench(builtin_weights, out) == 0
+    assert len(written) == 6 - 3  # only the missing images were generated
+    _same_outputs(reference, out)
+    lines = (out / "records" / "rank0.jsonl").read_text().splitlines()
+    assert len(lines) == 6 and all(json.loads(line) for line in lines)  # the torn line was cut off
+
+
+def test_two_processes_under_torchrun_equal_one_process(builtin_weights, reference, tmp_path):
+    out = tmp_path / "bench"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+               "--master-port", str(port), "-m", "csdgen", "bench", "--weights", str(builtin_weights), "--out", str(out),
+               "--limit", "3", "--methods", "csd", "--window", "16", "--floor-seed", "none"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = {p.name: len(p.read_text().splitlines()) for p in (out / "records").glob("*.jsonl")}
+    assert ranks == {"rank0.jsonl": 4, "rank1.jsonl": 2}  # prompts 0, 2 on rank 0; prompt 1 on rank 1
+    _same_outputs(reference, out)
+    assert "| csd | 0 | 3 |" in done.stdout
+
+
+def test_session_nll_equals_the_teacher_forced_nll(cached_model):
+    tokens = torch.randint(0, cached_model.codebook_size, (2, cached_model.num_image_tokens), generator=torch.Generator().manual_seed(0))
+    expected = cached_model.token_nll(tokens, [1, 3])
+    for chunk in (5, 256):
+        torch.testing.assert_close(bench.session_nll(cached_model, [1, 3], tokens, chunk=chunk), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_janus_table_has_every_column_with_clip_fid_and_nll(tmp_path_factory, tiny_clip, weights, capsys):  # noqa: F811
+    from test_fid import _write_images
+
+    checkpoint = build_checkpoint(tmp_path_factory.mktemp("janus"))
+    prompts = tmp_path_factory.mktemp("prompts") / "prompts.txt"
+    prompts.write_text("a red dog\n\nthe cat running in the rain\na cat\n")
+    reference_images = _write_images(tmp_path_factory.mktemp("real") / "val", seed=3, count=4)
+    out = tmp_path_factory.mktemp("janus_bench") / "bench"
+    assert cli.main(["bench", "--model", str(checkpoint), "--prompts", str(prompts), "--methods", "sjd,csd", "--window", "5",
+                     "--clip-model", str(tiny_clip), "--inception-weights", str(weights), "--fid-reference",
+                     str(reference_images), "--out", str(out), "--device", "cpu"]) == 0
+    rows = list(csv.DictReader(io.StringIO((out / "report.csv").read_text())))
+    assert [r["method"] for r in rows] == ["ar", "sjd", "csd", "ar@seed1"] and list(rows[0]) == list(_COLUMNS)
+    for row in rows:
+        assert row["images"] == "3"
+        for column in ("latency_s_per_image", "acceleration", "steps", "step_compression", "mean_accepted_length",
+                       "clip", "fid", "nll"):
+            assert row[column] != "", (row["method"], column)
+        assert 0 <= float(row["clip"]) <= 100 and float(row["fid"]) >= 0 and float(row["nll"]) > 0
+    md = capsys.readouterr().out
+    for header in ("latency (s/image)", "acceleration (latency)", "step compression", "CLIP", "FID", "NLL (nats/token)"):
+        assert header in md
+    assert "Noise floor: ar, ar@seed1" in (out / "report.md").read_text()
+    assert json.loads((out / "records.jsonl").read_text().splitlines()[0])["clip"] is not None
+    assert (out / "scores" / "clip.json").is_file() and (out / "scores" / "fid_reference.safetensors").is_file()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--prompts", "coco"], "--prompts coco: the built-in model takes class names"),
+    (["--prompts", "imagenet"], "unknown prompt set 'imagenet': use one of coco, parti or the path of a prompt file"),
+    (["--prompts", "EMPTY"], "holds no prompts"),
+    (["--prompts", "BAD_CLASS"], "'zebra' is not a class of the built-in model; allowed: brick, coffee, moon"),
+    (["--clip-model", "MISSING"], "CLIP weights not found in the folder"),
+    (["--inception-weights", "MISSING", "--fid-reference", "MISSING"], "FID Inception weights not found at"),
+    (["--inception-weights", "MISSING"], "--inception-weights needs --fid-reference DIR"),
+    (["--height", "64"], "--height needs --model PATH"),
+])
+def test_bad_input_is_one_line(builtin_weights, tmp_path, capsys, extra, message):
+    (tmp_path / "empty.txt").write_text("\n\n")
+    (tmp_path / "classes.txt").write_text("brick\nzebra\n")
+    (tmp_path / "missing").mkdir()
+    names = {"EMPTY": tmp_path / "empty.txt", "BAD_CLASS": tmp_path / "classes.txt", "MISSING": tmp_path / "missing"}
+    extra = [str(names.get(e, e)) for e in extra]
+    assert _bench(builtin_weights, tmp_path / "out", *extra) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err
+    assert not list((tmp_path / "out").glob("images/*/*.png"))  # nothing was generated
+
+
+def test_unknown_prompt_set_for_a_checkpoint_is_one_line(tmp_path, capsys):
+    checkpoint = tmp_path / "no-checkpoint"
+    assert cli.main(["bench", "--model", str(checkpoint), "--prompts", "imagenet", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "unknown prompt set 'imagenet': use one of coco, parti or the path of a prompt file" in err and "\n" not in err
+
+
+def test_other_settings_are_refused_naming_the_difference(builtin_weights, reference, capsys):
+    assert _bench(builtin_weights, reference, "--lam", "0.9") == 2
+    assert "holds a bench with other settings (lam: 0.5 there, 0.9 here)" in capsys.readouterr().err
