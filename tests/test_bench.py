@@ -198,3 +198,17 @@ def test_unknown_prompt_set_for_a_checkpoint_is_one_line(tmp_path, capsys):
 def test_other_settings_are_refused_naming_the_difference(builtin_weights, reference, capsys):
     assert _bench(builtin_weights, reference, "--lam", "0.9") == 2
     assert "holds a bench with other settings (lam: 0.5 there, 0.9 here)" in capsys.readouterr().err
+
+
+def test_bench_commands_in_readme_and_docs_parse():
+    import re
+    import shlex
+
+    parser = cli.build_parser()
+    found = 0
+    for doc in (ROOT / "README.md", ROOT / "docs" / "bench.md"):
+        for line in re.findall(r"^(?:torchrun .*?-m )?(csdgen bench.*)$", doc.read_text(), re.M):
+            args = parser.parse_args(shlex.split(line, comments=True)[1:])
+            assert args.command == "bench"
+            found += 1
+    assert found >= 4
