@@ -461,6 +461,8 @@ def _read_png(path: Path):
 
 def _clip_scores(records: list[dict], out: Path, clip, batch: int = 32) -> None:
     """Fill ``clip`` per record, reusing ``scores/clip.json`` (keyed by CLIP model, image, size, mtime)."""
+    import torch
+
     cache_path = out / "scores" / "clip.json"
     cache = read_json(cache_path) if cache_path.is_file() else {}
     table = cache.setdefault(clip.name, {})
@@ -472,8 +474,6 @@ def _clip_scores(records: list[dict], out: Path, clip, batch: int = 32) -> None:
     todo = [r for r in records if key(r) not in table]
     for start in range(0, len(todo), batch):
         chunk = todo[start : start + batch]
-        import torch
-
         images = torch.stack([_read_png(out / r["image"]) for r in chunk])
         for record, value in zip(chunk, clip.score(images, [r["prompt"] for r in chunk]).tolist()):
             table[key(record)] = value

@@ -64,6 +64,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--height", type=opt.count(), default=None, help="image height in pixels (default: the family's)")
     g.add_argument("--width", type=opt.count(), default=None, help="image width in pixels (default: the family's)")
     g.add_argument("--image-size", type=opt.count(), default=None, help="square image side in pixels")
+    g.add_argument("--negative-prompt", default=None, help="Emu3: prompt of the unconditional rows (default Emu3's own)")
     g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="default bfloat16 on cuda, float32 on cpu")
     p.add_argument("--device", choices=opt.DEVICES, default=None,
@@ -109,7 +110,7 @@ def _builtin_plan(args, device: str):
 
     from ._common import builtin_model
 
-    for option in ("layout", "height", "width", "image_size", "dtype"):
+    for option in ("layout", "height", "width", "image_size", "negative_prompt", "dtype"):
         if getattr(args, option) is not None:
             raise ValueError(f"--{option.replace('_', '-')} needs --model PATH (a checkpoint); the built-in model has one size and dtype")
     args.classes, args.num_images, args.device = None, 1, device
@@ -139,7 +140,8 @@ def _model_plan(args, device: str):
     sampling = sampling_of(args)
     dtype = args.dtype or str(default_dtype(device)).removeprefix("torch.")
     model = load_model(folder, dtype=dtype, device=device, layout=args.layout, height=args.height, width=args.width,
-                       image_size=args.image_size, batch_size=1, window=args.window, guided=sampling.guided)
+                       image_size=args.image_size, batch_size=1, window=args.window, guided=sampling.guided,
+                       negative_prompt=args.negative_prompt)
     if getattr(model, "vqgan", True) is None:
         raise ValueError(f"{str(args.model)!r} has no image decoder: copy Chameleon's vqgan.yaml and vqgan.ckpt "
                          f"(its tokenizer/ folder) into {str(folder)!r} or {str(folder / 'tokenizer')!r}")
@@ -147,6 +149,7 @@ def _model_plan(args, device: str):
     args.window = clamp_window(args.window, model.num_image_tokens)
     settings = {"model": str(args.model), "checkpoint": str(folder), "family": family, "dtype": dtype,
                 "device": device.split(":")[0], "grid": list(model.grid), "prompts": args.prompts or "coco",
+                "negative_prompt": args.negative_prompt,
                 **_method_settings(args, sampling)}
     return BenchPlan(model, prompts, list(range(args.offset, args.offset + len(prompts))), [p.text for p in prompts],
                      _methods(args, model), args.seeds, _floor(args), args.window, sampling, settings)
