@@ -106,10 +106,12 @@ def test_interrupted_run_resumes_to_the_same_records(builtin_weights, reference,
     assert _bench(builtin_weights, out) == 130
     assert not (out / "records.jsonl").exists()
     monkeypatch.setattr(bench, "append_jsonl", append)
-    written = []
+    written, calls = [], []
     monkeypatch.setattr(bench, "_save_tensors", lambda t, p, save=bench._save_tensors: (written.append(p), save(t, p)))
+    monkeypatch.setattr(bench, "_generate", lambda *a, gen=bench._generate: (calls.append(a[1:]), gen(*a))[1])
     assert _bench(builtin_weights, out) == 0
-    assert len(written) == 6 - 3  # only the missing images were generated
+    assert len(written) == 6 - 3  # only the missing images were generated: csd's three (ar's are done)
+    assert calls == [("csd", 0, 0)] * 2 + [("csd", 0, 1), ("csd", 0, 2)]  # one untimed warm-up, then each image
     _same_outputs(reference, out)
     lines = (out / "records" / "rank0.jsonl").read_text().splitlines()
     assert len(lines) == 6 and all(json.loads(line) for line in lines)  # the torn line was cut off
