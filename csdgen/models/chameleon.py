@@ -79,7 +79,7 @@ from .chameleon_vqgan import ChameleonVQGANDecoder, load_vqgan_decoder
 from .defaults import FAMILY_DEFAULTS
 
 __all__ = [
-    "ChameleonLayout", "ChameleonImageModel", "LAYOUTS", "LUMINA_PROMPT_TEMPLATE", "ANOLE_PROMPT_TEMPLATE",
+    "ChameleonLayout", "ChameleonImageModel", "ChameleonPrompts", "LAYOUTS", "LUMINA_PROMPT_TEMPLATE", "ANOLE_PROMPT_TEMPLATE",
     "config_memory", "load_backbone", "shared_norm_shapes",
 ]
 
@@ -319,7 +319,58 @@ def load_backbone(folder: str | os.PathLike, dtype: torch.dtype = torch.float32,
     return model.to(device)
 
 
-class ChameleonImageModel(ImageTokenModel):
+class ChameleonPrompts:
+    """Lumina-mGPT / Anole prompt rows from the config and the tokenizer only (usable before the weights are loaded).
+
+    Args: see :class:`ChameleonImageModel` (``config`` instead of the backbone).
+    """
+
+    def __init__(self, config: ChameleonConfig, layout: str = "lumina", height: int | None = None, width: int | None = None,
+                 tokenizer: Any = None, prompt_template: str | None = None):
+        self.layout = ChameleonLayout.build(config, layout, height, width, tokenizer)
+        self.config, self.tokenizer = config, tokenizer
+        f = _downsampling(config)
+        self.pixel_size = (self.layout.rows * f, self.layout.cols * f)
+        self.prompt_template = prompt_template or (LUMINA_PROMPT_TEMPLATE if layout == "lumina" else ANOLE_PROMPT_TEMPLATE)
+        format_prompt(self.prompt_template, "", 1, 1)  # refuse a bad template now
+        check_sequence_length(1, self.layout.image_length, config.max_position_embeddings,
+                              f"{self.pixel_size[0]}x{self.pixel_size[1]} image")
+
+    @classmethod
+    def from_folder(cls, folder: str | os.PathLike, **kwargs) -> "ChameleonPrompts":
+        """From a checkpoint folder's config and tokenizer (no weights read)."""
+        return cls(ChameleonConfig.from_pretrained(folder), tokenizer=load_tokenizer(folder), **kwargs)
+
+    def prompt_ids(self, conditions: Sequence[str | Sequence[int]]) -> list[list[int]]:
+        """Token ids of each prompt (without BOS).
+
+        Raises:
+            ValueError: empty list, a string with no tokenizer, or ids outside the vocabulary.
+        """
+        return encode_prompts(conditions, self.tokenizer, self.prompt_template, self.pixel_size,
+                              self.config.vocab_size)
+
+    def prompt_rows(self, conditions: Sequence[str | Sequence[int]]) -> tuple[list[list[int]], list[list[int]]]:
+        """``(cond rows, uncond rows)``: the ids each row of a guided run reads before image token 0 (padding and hidden tokens left out)."""
+        prompts = self.prompt_ids(conditions)
+        cond = [self.layout.prefix(p) for p in prompts]
+        uncond = [[t for t, v in zip(row, self.layout.uncond_visible(len(p))) if v] for row, p in zip(cond, prompts)]
+        return cond, uncond
+
+    def check_length(self, prompt_length: int) -> None:
+        """Refuse a prompt of ``prompt_length`` tokens too long for ``max_position_embeddings`` with the image.
+
+        Raises:
+            ValueError: naming both lengths and the longest prompt allowed.
+        """
+        check_sequence_length(prompt_length, self.layout.image_length, self.config.max_position_embeddings)
+
+    def prompt_length(self, conditions: Sequence[str | Sequence[int]]) -> int:
+        """Tokens of the longest prompt row before begin-of-image (BOS and template included)."""
+        return 1 + max(len(p) for p in self.prompt_ids(conditions))
+
+
+class ChameleonImageModel(ChameleonPrompts, ImageTokenModel):
     """Lumina-mGPT / Anole text-to-image generation over a ``ChameleonForConditionalGeneration``.
 
     Args:
@@ -345,22 +396,17 @@ class ChameleonImageModel(ImageTokenModel):
                  width: int | None = None, tokenizer: Any = None, vqgan: ChameleonVQGANDecoder | None = None,
                  prompt_template: str | None = None):
         config = backbone.config
-        self.layout = ChameleonLayout.build(config, layout, height, width, tokenizer)
+        ChameleonPrompts.__init__(self, config, layout, height, width, tokenizer, prompt_template)
         self.defaults = FAMILY_DEFAULTS["lumina-mgpt" if layout == "lumina" else "anole"]
-        self.backbone, self.tokenizer, self.vqgan = backbone.eval(), tokenizer, vqgan
+        self.backbone, self.vqgan = backbone.eval(), vqgan
         self.device = next(backbone.parameters()).device
         self.dtype = next(backbone.parameters()).dtype
         self.image_ids = _image_vocabulary(config).to(self.device)  # [V] vocabulary id per codebook entry
         self.codebook_size = len(self.image_ids)
         self.grid = (self.layout.rows, self.layout.cols)
         self.num_image_tokens = self.layout.num_image_tokens
-        self.pixel_size = (self.layout.rows * _downsampling(config), self.layout.cols * _downsampling(config))
-        self.prompt_template = prompt_template or (LUMINA_PROMPT_TEMPLATE if layout == "lumina" else ANOLE_PROMPT_TEMPLATE)
-        format_prompt(self.prompt_template, "", 1, 1)  # refuse a bad template now
         with torch.no_grad():
             self.image_head = backbone.lm_head.weight[self.image_ids].detach()  # [V, hidden]
-        check_sequence_length(1, self.layout.image_length, config.max_position_embeddings,
-                              f"{self.pixel_size[0]}x{self.pixel_size[1]} image")
         if vqgan is not None:
             self._check_vqgan(vqgan, _downsampling(config))
 
@@ -403,22 +449,6 @@ class ChameleonImageModel(ImageTokenModel):
         return config_memory(self.backbone.config, self.layout, window, dtype or self.dtype, guided, prompt_length,
                              parameter_count(self.backbone)).bytes(batch_size)
 
-    def prompt_ids(self, conditions: Sequence[str | Sequence[int]]) -> list[list[int]]:
-        """Token ids of each prompt (without BOS).
-
-        Raises:
-            ValueError: empty list, a string with no tokenizer, or ids outside the vocabulary.
-        """
-        return encode_prompts(conditions, self.tokenizer, self.prompt_template, self.pixel_size,
-                              self.backbone.config.vocab_size)
-
-    def prompt_rows(self, conditions: Sequence[str | Sequence[int]]) -> tuple[list[list[int]], list[list[int]]]:
-        """``(cond rows, uncond rows)``: the ids each row of a guided run reads before image token 0 (padding and hidden tokens left out)."""
-        prompts = self.prompt_ids(conditions)
-        cond = [self.layout.prefix(p) for p in prompts]
-        uncond = [[t for t, v in zip(row, self.layout.uncond_visible(len(p))) if v] for row, p in zip(cond, prompts)]
-        return cond, uncond
-
     def start(self, conditions, batch_size, guided):
         """Open a session; refuses a prompt too long for ``max_position_embeddings`` before any forward.
 
@@ -428,8 +458,7 @@ class ChameleonImageModel(ImageTokenModel):
         prompts = [[] for _ in range(batch_size or 1)] if conditions is None else self.prompt_ids(conditions)
         if batch_size is not None and batch_size != len(prompts):
             raise ValueError(f"batch_size={batch_size} differs from the {len(prompts)} conditions given")
-        check_sequence_length(1 + max(len(p) for p in prompts), self.layout.image_length,
-                              self.backbone.config.max_position_embeddings)
+        self.check_length(1 + max(len(p) for p in prompts))
         return _ChameleonSession(self, prompts, guided)
 
     def codebook_embeddings(self) -> torch.Tensor:
@@ -472,19 +501,6 @@ def encode_prompts(conditions: Sequence[str | Sequence[int]], tokenizer: Any, te
             raise ValueError(f"prompt token ids must be in 0..{vocab_size - 1}")
         out.append(ids)
     return out
-
-
-def prompt_lengths(folder: str | os.PathLike, layout: str, height: int | None, width: int | None,
-                   conditions: Sequence[str], prompt_template: str | None = None) -> tuple[ChameleonConfig, ChameleonLayout, int]:
-    """Before loading weights: ``(config, layout, longest prompt row in tokens, BOS included)`` for ``conditions``."""
-    folder = Path(folder)
-    config = ChameleonConfig.from_pretrained(folder)
-    tokenizer = load_tokenizer(folder)
-    lay = ChameleonLayout.build(config, layout, height, width, tokenizer)
-    f = _downsampling(config)
-    template = prompt_template or (LUMINA_PROMPT_TEMPLATE if layout == "lumina" else ANOLE_PROMPT_TEMPLATE)
-    ids = encode_prompts(list(conditions), tokenizer, template, (lay.rows * f, lay.cols * f), config.vocab_size)
-    return config, lay, 1 + max(len(p) for p in ids)
 
 
 def _find_vqgan(path: str, vqgan_dir: str | None, device) -> ChameleonVQGANDecoder | None:

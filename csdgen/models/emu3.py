@@ -47,6 +47,7 @@ from .defaults import FAMILY_DEFAULTS
 
 __all__ = [
     "Emu3ImageModel",
+    "Emu3Prompts",
     "DEFAULT_NEGATIVE_PROMPT",
     "POSITIVE_PROMPT",
     "emu3_memory_estimate",
@@ -154,84 +155,33 @@ def estimate_memory_from_pretrained(
     return emu3_memory(config, count, window, dtype, grid, **kwargs).bytes(batch_size)
 
 
-class Emu3ImageModel(ImageTokenModel):
-    """Text-to-image Emu3 over a transformers ``Emu3ForConditionalGeneration``.
+class Emu3Prompts:
+    """Emu3 prompt rows from the config and the tokenizer only (usable before the weights are loaded).
 
-    Args:
-        model: the loaded model (eval mode is set here).
-        tokenizer: the checkpoint's tokenizer (strings are tokenised with it), or None (token-id
-            conditions only).
-        height, width: image size in pixels (see :func:`image_grid`); default Emu3's 720 x 720.
-        negative_prompt: the unconditional row's prompt (string or token ids); default
-            :data:`DEFAULT_NEGATIVE_PROMPT`; ``""`` gives an empty negative prompt.
-        positive_prompt: appended to every prompt string (not to token ids, not to the negative
-            prompt); default :data:`POSITIVE_PROMPT`; ``""`` turns it off.
-        prompt_template: format string with ``{prompt}``, ``{width}``, ``{height}`` applied to
-            prompt strings before the positive prompt; default ``"{prompt}"``.
-
-    Attributes:
-        image_size: ``(height, width)`` in pixels of :meth:`decode_images`' output.
-        visual_ids: ``[V]`` int64, text-vocabulary id of codebook entry ``v``
-            (``model.vocabulary_mapping.img2bpe``).
-        special: ids of the layout's special tokens (bos, eos, pad, boi, wrapper, eol, eof, eoi).
-        defaults: the family's :class:`~csdgen.models.defaults.FamilyDefaults`.
-
-    Raises:
-        ValueError: bad size, visual tokens not numbered ``0 .. V - 1`` with V = the VQ codebook
-            size, or a special token missing from the vocabulary.
+    Args: see :class:`Emu3ImageModel` (``config`` instead of the model).
     """
 
-    def __init__(
-        self, model: Emu3ForConditionalGeneration, tokenizer: Any = None, height: int | None = None,
-        width: int | None = None, negative_prompt: str | Sequence[int] = DEFAULT_NEGATIVE_PROMPT,
-        positive_prompt: str = POSITIVE_PROMPT, prompt_template: str = "{prompt}",
-    ):
-        self.model = model.eval()
-        self.defaults = FAMILY_DEFAULTS["emu3"]
-        self.config = model.config
+    def __init__(self, config: Emu3Config, tokenizer: Any = None, height: int | None = None, width: int | None = None,
+                 negative_prompt: str | Sequence[int] = DEFAULT_NEGATIVE_PROMPT, positive_prompt: str = POSITIVE_PROMPT,
+                 prompt_template: str = "{prompt}"):
+        self.config = config
         self.tokenizer = tokenizer
-        self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
-        self.grid = image_grid(self.config, height, width)
+        self.grid = image_grid(config, height, width)
         self.num_image_tokens = self.grid[0] * self.grid[1]
-        factor = _spatial_factor(self.config)
+        factor = _spatial_factor(config)
         self.image_size = (self.grid[0] * factor, self.grid[1] * factor)
-        self.special = _special_ids(self.config.vocabulary_map or {}, tokenizer)
-        names = {i: n for n, i in (self.config.vocabulary_map or {}).items() if i in self.special.values()}
+        self.special = _special_ids(config.vocabulary_map or {}, tokenizer)
+        names = {i: n for n, i in (config.vocabulary_map or {}).items() if i in self.special.values()}
         self._names = {k: names[i] for k, i in self.special.items()}
-        self.visual_ids = _visual_ids(model, self.config.vq_config.codebook_size).to(self.device)
-        self.codebook_size = int(self.visual_ids.numel())
-        self._head = _visual_head(model.lm_head.weight, self.visual_ids)
         self.negative_prompt = negative_prompt
         self.positive_prompt = positive_prompt
         self.prompt_template = prompt_template
         format_prompt(prompt_template, "", 1, 1)  # refuse a bad template now
 
     @classmethod
-    def from_pretrained(
-        cls, path: str | os.PathLike, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu",
-        height: int | None = None, width: int | None = None,
-        negative_prompt: str | Sequence[int] = DEFAULT_NEGATIVE_PROMPT, positive_prompt: str = POSITIVE_PROMPT,
-        prompt_template: str = "{prompt}",
-    ) -> "Emu3ImageModel":
-        """Load a transformers-format Emu3 checkpoint (e.g. a local copy of ``BAAI/Emu3-Gen-hf``).
-
-        Args:
-            path: folder with config.json, weights and (for string prompts) tokenizer files.
-            dtype: ``torch.float32`` / ``bfloat16`` / ``float16`` or their names.
-            device: where the model goes.
-            height, width: image size in pixels (multiples of the VQ's spatial factor, 8 for Emu3).
-            negative_prompt, positive_prompt, prompt_template: see :class:`Emu3ImageModel`.
-
-        Raises:
-            FileNotFoundError: no such folder, or no config / weights in it.
-            ValueError: bad dtype or size (checked before the weights are read), or see :class:`Emu3ImageModel`.
-        """
-        folder = check_checkpoint(path, "Emu3")
-        dtype = resolve_dtype(dtype)
-        image_grid(Emu3Config.from_pretrained(folder), height, width)
-        model = Emu3ForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(device)
-        return cls(model, load_tokenizer(folder), height, width, negative_prompt, positive_prompt, prompt_template)
+    def from_folder(cls, folder: str | os.PathLike, **kwargs) -> "Emu3Prompts":
+        """From a checkpoint folder's config and tokenizer (no weights read)."""
+        return cls(Emu3Config.from_pretrained(folder), load_tokenizer(folder), **kwargs)
 
     # -- prompts -------------------------------------------------------------------------
 
@@ -286,6 +236,87 @@ class Emu3ImageModel(ImageTokenModel):
             raise ValueError("the resolution text needs the tokenizer (digits are not single vocabulary entries); add tokenizer files")
         return [self.special["boi"], *digits, self.special["wrapper"]]
 
+    def check_length(self, prompt_length: int) -> None:
+        """Refuse a prompt of ``prompt_length`` tokens too long for ``max_position_embeddings`` with the image.
+
+        Raises:
+            ValueError: naming both lengths and the longest prompt allowed.
+        """
+        check_sequence_length(prompt_length, self.image_length, self.config.text_config.max_position_embeddings)
+
+    def prompt_length(self, conditions: Sequence[str | Sequence[int]]) -> int:
+        """Tokens of the longest row (cond or uncond) before the first visual token."""
+        cond, uncond = self.prompt_rows(conditions)
+        return max(len(r) for r in cond + uncond)
+
+
+class Emu3ImageModel(Emu3Prompts, ImageTokenModel):
+    """Text-to-image Emu3 over a transformers ``Emu3ForConditionalGeneration``.
+
+    Args:
+        model: the loaded model (eval mode is set here).
+        tokenizer: the checkpoint's tokenizer (strings are tokenised with it), or None (token-id
+            conditions only).
+        height, width: image size in pixels (see :func:`image_grid`); default Emu3's 720 x 720.
+        negative_prompt: the unconditional row's prompt (string or token ids); default
+            :data:`DEFAULT_NEGATIVE_PROMPT`; ``""`` gives an empty negative prompt.
+        positive_prompt: appended to every prompt string (not to token ids, not to the negative
+            prompt); default :data:`POSITIVE_PROMPT`; ``""`` turns it off.
+        prompt_template: format string with ``{prompt}``, ``{width}``, ``{height}`` applied to
+            prompt strings before the positive prompt; default ``"{prompt}"``.
+
+    Attributes:
+        image_size: ``(height, width)`` in pixels of :meth:`decode_images`' output.
+        visual_ids: ``[V]`` int64, text-vocabulary id of codebook entry ``v``
+            (``model.vocabulary_mapping.img2bpe``).
+        special: ids of the layout's special tokens (bos, eos, pad, boi, wrapper, eol, eof, eoi).
+        defaults: the family's :class:`~csdgen.models.defaults.FamilyDefaults`.
+
+    Raises:
+        ValueError: bad size, visual tokens not numbered ``0 .. V - 1`` with V = the VQ codebook
+            size, or a special token missing from the vocabulary.
+    """
+
+    def __init__(
+        self, model: Emu3ForConditionalGeneration, tokenizer: Any = None, height: int | None = None,
+        width: int | None = None, negative_prompt: str | Sequence[int] = DEFAULT_NEGATIVE_PROMPT,
+        positive_prompt: str = POSITIVE_PROMPT, prompt_template: str = "{prompt}",
+    ):
+        Emu3Prompts.__init__(self, model.config, tokenizer, height, width, negative_prompt, positive_prompt, prompt_template)
+        self.model = model.eval()
+        self.defaults = FAMILY_DEFAULTS["emu3"]
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.visual_ids = _visual_ids(model, self.config.vq_config.codebook_size).to(self.device)
+        self.codebook_size = int(self.visual_ids.numel())
+        self._head = _visual_head(model.lm_head.weight, self.visual_ids)
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | os.PathLike, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu",
+        height: int | None = None, width: int | None = None,
+        negative_prompt: str | Sequence[int] = DEFAULT_NEGATIVE_PROMPT, positive_prompt: str = POSITIVE_PROMPT,
+        prompt_template: str = "{prompt}",
+    ) -> "Emu3ImageModel":
+        """Load a transformers-format Emu3 checkpoint (e.g. a local copy of ``BAAI/Emu3-Gen-hf``).
+
+        Args:
+            path: folder with config.json, weights and (for string prompts) tokenizer files.
+            dtype: ``torch.float32`` / ``bfloat16`` / ``float16`` or their names.
+            device: where the model goes.
+            height, width: image size in pixels (multiples of the VQ's spatial factor, 8 for Emu3).
+            negative_prompt, positive_prompt, prompt_template: see :class:`Emu3ImageModel`.
+
+        Raises:
+            FileNotFoundError: no such folder, or no config / weights in it.
+            ValueError: bad dtype or size (checked before the weights are read), or see :class:`Emu3ImageModel`.
+        """
+        folder = check_checkpoint(path, "Emu3")
+        dtype = resolve_dtype(dtype)
+        image_grid(Emu3Config.from_pretrained(folder), height, width)
+        model = Emu3ForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(device)
+        return cls(model, load_tokenizer(folder), height, width, negative_prompt, positive_prompt, prompt_template)
+
     def image_sequence(self, tokens: torch.Tensor) -> torch.Tensor:
         """Codebook ids ``[B, N]`` -> the generated part of Emu3's sequence ``[B, rows * (cols + 1) + 3]``.
 
@@ -315,7 +346,7 @@ class Emu3ImageModel(ImageTokenModel):
             raise ValueError(f"batch_size={batch_size} differs from the {len(conditions)} conditions given")
         prompts, uncond = self.prompt_rows(conditions)
         rows = prompts + uncond if guided else prompts
-        check_sequence_length(max(len(r) for r in rows), self.image_length, self.config.text_config.max_position_embeddings)
+        self.check_length(max(len(r) for r in rows))
         return _Emu3Session(self, rows, len(prompts), guided)
 
     def visual_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -41,7 +41,7 @@ from ._transformers import (
 from .base import ImageTokenModel, WindowLogits
 from .defaults import FAMILY_DEFAULTS
 
-__all__ = ["JanusImageModel", "janus_memory", "janus_memory_estimate", "estimate_memory_from_pretrained", "image_size_of",
+__all__ = ["JanusImageModel", "JanusPrompts", "special_ids", "janus_memory", "janus_memory_estimate", "estimate_memory_from_pretrained", "image_size_of",
            "check_image_size"]
 
 #: prompt length assumed by memory estimates when the prompts are not known
@@ -100,78 +100,29 @@ def estimate_memory_from_pretrained(path: str | os.PathLike, batch_size: int, wi
     return janus_memory(config, count, window, dtype, **kwargs).bytes(batch_size)
 
 
-class JanusImageModel(ImageTokenModel):
-    """Text-to-image Janus / Janus-Pro over a transformers ``JanusForConditionalGeneration``.
+class JanusPrompts:
+    """Janus prompt rows from the config and the processor only (usable before the weights are loaded).
 
     Args:
-        model: the loaded model (eval mode is set here).
-        bos_token_id, boi_token_id, pad_token_id: BOS, begin-of-image and pad ids of the text
-            vocabulary (``generation_config.bos_token_id``,
-            ``generation_config.generation_kwargs["boi_token_id"]``, ``pad_token_id``).
-        processor: a ``JanusProcessor`` to tokenise prompt strings, or None (token ids only).
-        use_chat_template: format strings with the processor's chat template (as the
-            transformers Janus example does) before the begin-of-image token is appended.
-        prompt_template: format string with ``{prompt}``, ``{width}``, ``{height}`` applied to
-            prompt strings before the chat template; default ``"{prompt}"``.
-
-    Attributes:
-        image_size: the only output resolution in pixels (``grid side * 2**(levels - 1)``).
-        defaults: the family's :class:`~csdgen.models.defaults.FamilyDefaults`.
+        config: the checkpoint's ``JanusConfig``; bos_token_id, boi_token_id, pad_token_id: see
+            :func:`special_ids`; processor, use_chat_template, prompt_template: see :class:`JanusImageModel`.
     """
 
-    def __init__(
-        self, model: JanusForConditionalGeneration, bos_token_id: int, boi_token_id: int, pad_token_id: int,
-        processor: Any = None, use_chat_template: bool = True, prompt_template: str = "{prompt}",
-    ):
-        self.model = model.eval()
-        self.config = model.config
-        self.defaults = FAMILY_DEFAULTS["janus"]
-        side = _grid_side(self.config)
-        self.grid = (side, side)
-        self.num_image_tokens = side * side
-        self.codebook_size = self.config.vq_config.num_embeddings
-        self.image_size = image_size_of(self.config)
+    def __init__(self, config: JanusConfig, bos_token_id: int, boi_token_id: int, pad_token_id: int, processor: Any = None,
+                 use_chat_template: bool = True, prompt_template: str = "{prompt}"):
+        self.config = config
+        self.image_size = image_size_of(config)
+        self.num_image_tokens = config.vision_config.num_image_tokens
         self.bos_token_id, self.boi_token_id, self.pad_token_id = bos_token_id, boi_token_id, pad_token_id
         self.processor, self.use_chat_template = processor, use_chat_template
         self.prompt_template = prompt_template
         format_prompt(prompt_template, "", 1, 1)  # refuse a bad template now
-        self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
 
     @classmethod
-    def from_pretrained(
-        cls, path: str | os.PathLike, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu",
-        image_size: int | None = None, use_chat_template: bool = True, prompt_template: str = "{prompt}",
-    ) -> "JanusImageModel":
-        """Load a transformers-format Janus checkpoint from a local folder (no downloads).
-
-        The processor (tokenizer) is loaded when the folder has one; without it only token-id
-        conditions are accepted.
-
-        Args:
-            path: folder with config.json, weights, generation_config.json (and processor files).
-            dtype: ``torch.float32`` / ``bfloat16`` / ``float16`` or their names.
-            device: where the model goes.
-            image_size: optional requested resolution in pixels, checked against the checkpoint's
-                before the weights are read.
-            prompt_template: see :class:`JanusImageModel`.
-
-        Raises:
-            FileNotFoundError: no such folder, or no config / weights in it.
-            ValueError: bad dtype, unsupported ``image_size``, or special token ids not found
-                (all before the weights are read).
-        """
-        folder = check_checkpoint(path, "Janus")
-        dtype = resolve_dtype(dtype)
-        check_image_size(JanusConfig.from_pretrained(folder), image_size)
-        processor = _load_processor(folder)
-        ids = special_ids(folder, processor)
-        model = JanusForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(device)
-        return cls(model, *ids, processor=processor, use_chat_template=use_chat_template, prompt_template=prompt_template)
-
-    def check_image_size(self, image_size: int | None) -> None:
-        """Raise ValueError unless ``image_size`` is None or the checkpoint's resolution."""
-        check_image_size(self.config, image_size)
+    def from_folder(cls, folder: str | os.PathLike, **kwargs) -> "JanusPrompts":
+        """From a checkpoint folder's config, generation config and processor (no weights read)."""
+        processor = _load_processor(Path(folder))
+        return cls(JanusConfig.from_pretrained(folder), *special_ids(folder, processor), processor=processor, **kwargs)
 
     def encode_conditions(self, conditions: Sequence[str | Sequence[int]]) -> list[list[int]]:
         """Prompt strings or token-id lists -> full prompt ids ending with begin-of-image.
@@ -212,6 +163,87 @@ class JanusImageModel(ImageTokenModel):
         cond = self.encode_conditions(conditions)
         return cond, [self.uncond_ids(p) for p in cond]
 
+    def check_length(self, prompt_length: int) -> None:
+        """Refuse a prompt of ``prompt_length`` tokens too long for ``max_position_embeddings`` with the image.
+
+        Raises:
+            ValueError: naming both lengths and the longest prompt allowed.
+        """
+        check_sequence_length(prompt_length, self.num_image_tokens, self.config.text_config.max_position_embeddings)
+
+    def prompt_length(self, conditions: Sequence[str | Sequence[int]]) -> int:
+        """Tokens of the longest prompt row (BOS to begin-of-image; the uncond rows have the same length)."""
+        return max(len(r) for r in self.encode_conditions(conditions))
+
+
+class JanusImageModel(JanusPrompts, ImageTokenModel):
+    """Text-to-image Janus / Janus-Pro over a transformers ``JanusForConditionalGeneration``.
+
+    Args:
+        model: the loaded model (eval mode is set here).
+        bos_token_id, boi_token_id, pad_token_id: BOS, begin-of-image and pad ids of the text
+            vocabulary (``generation_config.bos_token_id``,
+            ``generation_config.generation_kwargs["boi_token_id"]``, ``pad_token_id``).
+        processor: a ``JanusProcessor`` to tokenise prompt strings, or None (token ids only).
+        use_chat_template: format strings with the processor's chat template (as the
+            transformers Janus example does) before the begin-of-image token is appended.
+        prompt_template: format string with ``{prompt}``, ``{width}``, ``{height}`` applied to
+            prompt strings before the chat template; default ``"{prompt}"``.
+
+    Attributes:
+        image_size: the only output resolution in pixels (``grid side * 2**(levels - 1)``).
+        defaults: the family's :class:`~csdgen.models.defaults.FamilyDefaults`.
+    """
+
+    def __init__(
+        self, model: JanusForConditionalGeneration, bos_token_id: int, boi_token_id: int, pad_token_id: int,
+        processor: Any = None, use_chat_template: bool = True, prompt_template: str = "{prompt}",
+    ):
+        JanusPrompts.__init__(self, model.config, bos_token_id, boi_token_id, pad_token_id, processor, use_chat_template,
+                              prompt_template)
+        self.model = model.eval()
+        self.defaults = FAMILY_DEFAULTS["janus"]
+        side = _grid_side(self.config)
+        self.grid = (side, side)
+        self.codebook_size = self.config.vq_config.num_embeddings
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | os.PathLike, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu",
+        image_size: int | None = None, use_chat_template: bool = True, prompt_template: str = "{prompt}",
+    ) -> "JanusImageModel":
+        """Load a transformers-format Janus checkpoint from a local folder (no downloads).
+
+        The processor (tokenizer) is loaded when the folder has one; without it only token-id
+        conditions are accepted.
+
+        Args:
+            path: folder with config.json, weights, generation_config.json (and processor files).
+            dtype: ``torch.float32`` / ``bfloat16`` / ``float16`` or their names.
+            device: where the model goes.
+            image_size: optional requested resolution in pixels, checked against the checkpoint's
+                before the weights are read.
+            prompt_template: see :class:`JanusImageModel`.
+
+        Raises:
+            FileNotFoundError: no such folder, or no config / weights in it.
+            ValueError: bad dtype, unsupported ``image_size``, or special token ids not found
+                (all before the weights are read).
+        """
+        folder = check_checkpoint(path, "Janus")
+        dtype = resolve_dtype(dtype)
+        check_image_size(JanusConfig.from_pretrained(folder), image_size)
+        processor = _load_processor(folder)
+        ids = special_ids(folder, processor)
+        model = JanusForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(device)
+        return cls(model, *ids, processor=processor, use_chat_template=use_chat_template, prompt_template=prompt_template)
+
+    def check_image_size(self, image_size: int | None) -> None:
+        """Raise ValueError unless ``image_size`` is None or the checkpoint's resolution."""
+        check_image_size(self.config, image_size)
+
     def start(self, conditions, batch_size, guided, image_size: int | None = None) -> "_JanusSession":
         """Open a session; see :meth:`encode_conditions` for ``conditions``.
 
@@ -224,7 +256,7 @@ class JanusImageModel(ImageTokenModel):
         prompts = self.encode_conditions(conditions)
         if batch_size is not None and batch_size != len(prompts):
             raise ValueError(f"batch_size={batch_size} differs from the {len(prompts)} conditions given")
-        check_sequence_length(max(len(p) for p in prompts), self.num_image_tokens, self.config.text_config.max_position_embeddings)
+        self.check_length(max(len(p) for p in prompts))
         return _JanusSession(self, prompts, guided)
 
     def memory(self, window: int, guided: bool = True, prompt_length: int = DEFAULT_PROMPT_LENGTH) -> MemoryEstimate:
