@@ -60,7 +60,6 @@ temperature 1.0; Anole CFG 3.0 (text scale), temperature 0.7, top-p 0.9.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,8 +70,8 @@ import torch.nn.functional as F
 from transformers import ChameleonConfig, ChameleonForConditionalGeneration, DynamicCache
 
 from ._transformers import (
-    CachedSession, MemoryEstimate, PaddedRows, RowEnds, check_checkpoint, check_sequence_length, check_token_ids,
-    estimate_memory, format_prompt, load_tokenizer, meta_parameter_count, parameter_count, resolve_dtype, token_id,
+    CachedSession, MemoryEstimate, PaddedRows, RowEnds, check_checkpoint, check_sequence_length, estimate_memory,
+    format_prompt, load_tokenizer, meta_parameter_count, parameter_count, resolve_dtype, token_id,
 )
 from .base import ImageTokenModel, WindowLogits
 from .chameleon_vqgan import ChameleonVQGANDecoder, load_vqgan_decoder
