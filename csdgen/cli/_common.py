@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-SAMPLING_KEYS = ("guidance_scale", "temperature", "top_k", "window", "lam", "delta")
+SAMPLING_KEYS = ("guidance_scale", "temperature", "top_k", "top_p", "window", "lam", "delta")
 
 
 def note(message: str) -> None:

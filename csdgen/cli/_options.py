@@ -141,7 +141,8 @@ def add_sampling(p: argparse.ArgumentParser, *, family_note: bool = False) -> No
     p.add_argument("--top-k", type=top_k, default=None, metavar="K",
                    help=f"0 or none = no top-k (default: the model's; built-in "
                         f"{'none' if d.top_k is None else d.top_k}{also})")
-    p.add_argument("--top-p", type=number, default=None, metavar="P", help="nucleus sampling (default: none)")
+    p.add_argument("--top-p", type=number, default=None, metavar="P",
+                   help=f"nucleus mass (default: the model's; built-in {'none' if d.top_p is None else d.top_p}{also})")
     p.add_argument("--entropy-unit", choices=ENTROPY_UNITS, default="nats",
                    help="CSD's entropy: nats (the paper's) or normalized by ln V (default nats)")
 
