@@ -10,6 +10,8 @@ The one module that ``csdgen generate`` / ``compare`` / ``sweep`` and the API's
   image and rewrite ``record.json`` after every batch; a rerun into the same folder keeps the
   images already written and generates the others (resume), and refuses other settings,
   naming the values that differ.
+* :func:`run_method`: one method over many images with its tokens cached in the output folder
+  (``run_<name>.json`` + ``.safetensors``): what ``compare`` and ``sweep`` run.
 * :func:`read_json` / :func:`write_json`: JSON files read with errors that name the file,
   written atomically.
 
@@ -42,6 +44,8 @@ __all__ = [
     "RunPlan",
     "RunSummary",
     "settings_difference",
+    "MethodRun",
+    "run_method",
     "run_plan",
     "save_run",
     "slug",
@@ -127,8 +131,6 @@ def pil_images(model, result_or_tokens, scale: int = 1) -> list:
         scale: integer upscaling by nearest neighbour (the CLI saves the built-in model's
             64 x 64 images at ``scale=2``, i.e. 128 x 128 pixels).
     """
-    from PIL import Image
-
     from csdgen.evaluation.maps import to_uint8
 
     tokens = getattr(result_or_tokens, "tokens", result_or_tokens)
@@ -413,3 +415,62 @@ def save_run(model, conditions: Sequence, out: str | os.PathLike, *, seed: int =
             value if isinstance(value, (str, int, float, bool, type(None))) else repr(value))
     plan = RunPlan(model, list(conditions), names, labels, settings, dict(generate_kwargs), scale=scale)
     return run_plan(plan, out, batch_size=batch_size, seed=seed, maps=maps, callback=callback)
+
+
+@dataclass
+class MethodRun:
+    """Tokens and statistics of one method over all images."""
+
+    name: str
+    tokens: Any  #: torch.Tensor [M, N] int64
+    steps: list[int]  #: per image
+    compression: list[float]  #: per image
+    accepted: list[float]  #: mean accepted length per image
+    seconds: float  #: total decoding wall time
+    settings: dict
+
+
+def run_method(model, name: str, preset: dict, classes: list, *, seed: int, batch_size: int, window: int,
+               sampling, out_dir: Path, progress: Callable[[int], None] | None = None) -> MethodRun:
+    """Run one method over all images, or load its saved result when the same run is on disk.
+
+    Writes ``run_<name>.json`` (the run's key, per-image steps, step compression and mean
+    accepted length, total decoding seconds, the engine's settings) and
+    ``run_<name>.safetensors`` (tokens ``[M, N]`` int64) into ``out_dir``; a later call with
+    the same key loads them instead of generating (``compare`` and ``sweep`` resume this way).
+
+    Raises:
+        ValueError: a malformed ``run_<name>.json`` (naming the file).
+    """
+    from safetensors.torch import load_file, save_file
+
+    key = {"name": name, "seed": seed, "batch_size": batch_size, "window": window, "classes": list(map(str, classes)),
+           "sampling": repr(sampling), "preset": repr(preset)}
+    meta_path, tokens_path = out_dir / f"run_{name}.json", out_dir / f"run_{name}.safetensors"
+    if meta_path.is_file() and tokens_path.is_file():
+        meta = read_json(meta_path, what="a cached csdgen run")
+        if meta.get("key") == key:
+            if progress:
+                progress(len(classes))
+            return MethodRun(name, load_file(str(tokens_path))["tokens"], meta["steps"], meta["compression"],
+                             meta["accepted"], meta["seconds"], meta["settings"])
+    tokens, steps, compression, accepted, seconds, settings = [], [], [], [], 0.0, {}
+    for indices, result in generate_batches(model, classes, batch_size=batch_size, seed=seed, window=window,
+                                            sampling=sampling, **preset):
+        tokens.append(result.tokens.cpu())
+        steps += [s.steps for s in result.images]
+        compression += [s.step_compression for s in result.images]
+        accepted += [s.mean_accepted_length for s in result.images]
+        seconds += result.seconds
+        settings = result.settings
+        if progress:
+            progress(len(indices))
+    import torch
+
+    run = MethodRun(name, torch.cat(tokens), steps, compression, accepted, seconds, settings)
+    tmp = tokens_path.with_name(f".{tokens_path.name}.tmp")
+    save_file({"tokens": run.tokens.contiguous()}, str(tmp))
+    tmp.replace(tokens_path)
+    write_json({"key": key, "steps": steps, "compression": compression, "accepted": accepted, "seconds": seconds,
+                "settings": settings}, meta_path)
+    return run

@@ -345,3 +345,13 @@ def test_png_size_and_map_panels_are_as_documented(weights, tmp_path):
     assert scale_row.getpixel((0, 2)) < 10 and scale_row.getpixel((127, 2)) > 245  # grey scale 0 .. ln V
     readme = (ROOT / "README.md").read_text()
     assert "upscaled x2 by nearest neighbour: 128 x 128" in readme and PANEL_TITLES[1].split(" (")[0] in readme
+
+
+def test_malformed_cached_run_of_compare_names_the_file(weights, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    out.mkdir()
+    (out / "run_ar.json").write_text("{oops")
+    (out / "run_ar.safetensors").write_bytes(b"")
+    assert run("compare", "--weights", weights, "-n", 2, "--methods", "sjd", "--out", out) == 2
+    err = capsys.readouterr().err
+    assert str(out / "run_ar.json") in err and "is not valid JSON" in err

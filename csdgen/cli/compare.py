@@ -36,7 +36,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args) -> int:
     from tqdm import tqdm
 
-    from csdgen.evaluation.compare import method_presets, run_method, score_run, table_rows, to_csv, to_markdown
+    from csdgen.evaluation.compare import method_presets, score_run, table_rows, to_csv, to_markdown
+    from csdgen.runs import run_method
     from csdgen.evaluation.maps import image_grid, save_png, to_uint8
     from csdgen.evaluation.quality import QualityScorer
 
