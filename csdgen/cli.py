@@ -30,7 +30,7 @@ from csdgen.sampling import SamplingConfig
 
 #: defaults of the built-in model, chosen by measurement (docs/builtin.md)
 BUILTIN_DEFAULTS = {key: getattr(FAMILY_DEFAULTS["builtin"], key)
-                    for key in ("guidance_scale", "temperature", "top_k", "window", "lam", "delta")}
+                    for key in ("guidance_scale", "temperature", "top_k", "top_p", "window", "lam", "delta")}
 
 
 def _count(text: str) -> int:
@@ -75,7 +75,7 @@ def _add_model_and_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--guidance-scale", type=float, default=None, help=f"default {d['guidance_scale']}; with --model the family's")
     p.add_argument("--temperature", type=float, default=None, help=f"0 = greedy (default {d['temperature']}; with --model the family's)")
     p.add_argument("--top-k", type=_top_k, default=None, help="0 or none = no top-k (default: none; with --model the family's)")
-    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-p", type=float, default=None, help="nucleus mass (default: none; with --model the family's)")
     p.add_argument("--draft-init", choices=DRAFT_INITS, default=None,
                    help="draft initialisation (default: what the method needs, else uniform)")
     p.add_argument("--batch-size", type=_count, default=8)
@@ -92,6 +92,10 @@ def _add_real_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--width", type=_count, default=None, help="image width in pixels (default: the family's)")
     p.add_argument("--image-size", type=_count, default=None, help="square image side in pixels")
     p.add_argument("--negative-prompt", default=None, help="Emu3: prompt of the unconditional rows (default Emu3's own)")
+    p.add_argument("--positive-prompt", default=None,
+                   help="Emu3: text appended to every prompt (default Emu3's ' masterpiece, film grained, best quality.'; '' = off)")
+    p.add_argument("--prompt-template", default=None,
+                   help="template for each prompt with {prompt}, {width}, {height} (default: the family's, docs/models.md)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="default bfloat16 on cuda, float32 on cpu")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default cuda when available")
@@ -144,8 +148,12 @@ def _writable(folder: Path) -> Path:
     return folder
 
 
-_SAMPLING_KEYS = ("guidance_scale", "temperature", "top_k", "window", "lam", "delta")
-_MODEL_ONLY = ("prompts", "prompts_file", "layout", "height", "width", "image_size", "negative_prompt", "dtype", "device")
+_SAMPLING_KEYS = ("guidance_scale", "temperature", "top_k", "top_p", "window", "lam", "delta")
+_MODEL_ONLY = ("prompts", "prompts_file", "layout", "height", "width", "image_size", "negative_prompt", "positive_prompt",
+               "prompt_template", "dtype", "device")
+#: printed once when --temperature 0 is given with --model
+GREEDY_WARNING = ("csdgen: warning: --temperature 0 is greedy decoding, known to give flat or black images on these "
+                  "models; use it for checks (greedy equivalence), sample with the family's temperature for pictures")
 
 
 def _fill_defaults(args, defaults: dict) -> None:
@@ -238,18 +246,23 @@ def _model_job(args) -> _Job:
     family = family_of(folder, args.layout, args.model)
     _fill_defaults(args, asdict(FAMILY_DEFAULTS[family]))
     sampling, csd_rule = _sampling_and_rule(args)
+    if args.temperature == 0:
+        print(GREEDY_WARNING, file=sys.stderr)
     rule = _rule(args, csd_rule)
     conditions = [prompts[i % len(prompts)] for i in range(args.num_images or len(prompts))]
     device = args.device or default_device()
     dtype = args.dtype or str(default_dtype(device)).removeprefix("torch.")
     model = load_model(args.model, dtype=dtype, device=device, layout=args.layout, height=args.height,
                        width=args.width, image_size=args.image_size, batch_size=min(args.batch_size, len(conditions)),
-                       window=args.window, guided=sampling.guided, negative_prompt=args.negative_prompt)  # memory check first
+                       window=args.window, guided=sampling.guided, negative_prompt=args.negative_prompt,
+                       positive_prompt=args.positive_prompt, prompts=prompts,
+                       prompt_template=args.prompt_template)  # sizes, prompt lengths and memory checked first
     if getattr(model, "vqgan", True) is None:  # a Chameleon checkpoint without Chameleon's VQGAN files
         raise ValueError(f"{str(args.model)!r} has no image decoder: copy Chameleon's vqgan.yaml and vqgan.ckpt "
                          f"(its tokenizer/ folder) into {str(folder)!r} or {str(folder / 'tokenizer')!r}")
     settings = {"model": str(args.model), "checkpoint": str(folder), "family": family, "dtype": dtype, "device": device,
                 "grid": list(model.grid), "prompts": prompts, "negative_prompt": args.negative_prompt,
+                "positive_prompt": args.positive_prompt, "prompt_template": args.prompt_template,
                 **_run_settings(args, rule, sampling)}
     labels = [{"prompt": p} for p in conditions]
     names = [f"{i:04d}_{_slug(p)}" for i, p in enumerate(conditions)]
