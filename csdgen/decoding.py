@@ -64,7 +64,7 @@ import torch
 
 from .acceptance import RULES, SJD, AcceptanceRule, first_rejection, make_rule
 from .drafting import check_drafting, init_drafts, refresh_drafts, resolve_draft_init
-from .models.base import DecodingSession, ImageTokenModel, WindowLogits, check_row_arguments, row_tensor
+from .models.base import DecodingSession, ImageTokenModel
 from .sampling import SamplingConfig, entropy, sample, stream_uniforms, target_probs
 
 __all__ = [
@@ -316,7 +316,9 @@ def _default_sampling(model: ImageTokenModel) -> SamplingConfig:
     d = model.defaults
     if d is None:
         return SamplingConfig()
-    return SamplingConfig(guidance_scale=d.guidance_scale, temperature=d.temperature, top_k=d.top_k,
+    # a family's top-k at or above this checkpoint's codebook size keeps every token (tiny test checkpoints)
+    top_k = d.top_k if d.top_k is not None and d.top_k < model.codebook_size else None
+    return SamplingConfig(guidance_scale=d.guidance_scale, temperature=d.temperature, top_k=top_k,
                           top_p=getattr(d, "top_p", None))
 
 
@@ -468,69 +470,6 @@ class _AutoWindow:
         self.times[width] = seconds if old is None else (1 - self.TIME_WEIGHT) * old + self.TIME_WEIGHT * seconds
 
 
-class _LockstepSession(DecodingSession):
-    """TEMPORARY per-row view of a session that takes one common ``start`` (``per_row = False``).
-
-    Until the family adapters are ported to per-row caches, every forward re-feeds, for each
-    row, its cached tokens from the batch's shortest cache on, so the inner session sees one
-    common start; rows ahead pay for the re-fed slots (the old cost), but every image still
-    walks its own window and draws its own numbers. Rows the engine dropped are fed filler.
-    Delete with the ``per_row`` attribute once janus/emu3/chameleon are per-row.
-    """
-
-    per_row = True
-
-    def __init__(self, inner: Any, num_image_tokens: int):
-        self.inner, self.N = inner, num_image_tokens
-        self.batch_size = inner.batch_size
-        self.rows = torch.arange(self.batch_size)  # inner row of each visible row
-        self.fed: torch.Tensor | None = None  # [B0, N] tokens fed per inner row
-        self._lengths = torch.zeros(self.batch_size, dtype=torch.long)
-
-    def prefill(self) -> WindowLogits:
-        out = self.inner.prefill()
-        self.fed = torch.zeros(self.batch_size, self.N, dtype=torch.long, device=out.cond.device)
-        return out
-
-    def forward(self, tokens, start, widths=None):
-        B, W = tokens.shape
-        start = row_tensor(start, B)
-        widths = torch.full((B,), W, dtype=torch.long) if widths is None else row_tensor(widths, B)
-        check_row_arguments("start", start, self.batch_size, self._lengths, self._lengths)
-        m = int(self.inner.cache_length)
-        total = max(int((start + widths).max()) - m, 1)
-        dev = self.fed.device
-        slot = torch.arange(W)
-        live = slot[None] < widths[:, None]
-        rows = self.rows[:, None].expand(B, W)
-        self.fed[rows[live].to(dev), (start[:, None] + slot)[live].to(dev)] = tokens.to(dev)[live.to(dev)]
-        positions = (m + torch.arange(total)).clamp(max=self.N - 1).to(dev)
-        logits = self.inner.forward(self.fed[:, positions], m)
-        index = (start[:, None] - m + slot).clamp(0, total - 1).to(dev)  # [B, W]
-        rows_dev = self.rows.to(dev)
-
-        def pick(x):
-            return None if x is None else x[rows_dev].gather(1, index[..., None].expand(-1, -1, x.shape[-1]))
-
-        self._lengths = start + widths
-        return WindowLogits(pick(logits.cond), pick(logits.uncond))
-
-    def rollback(self, lengths):
-        lengths = row_tensor(lengths, self.batch_size)
-        check_row_arguments("rollback lengths", lengths, self.batch_size, 0, self._lengths)
-        self.inner.rollback(int(lengths.min()))
-        self._lengths = lengths.clone()
-
-    def select_rows(self, rows):
-        rows = row_tensor(rows, len(torch.as_tensor(rows).reshape(-1)))
-        self.rows, self._lengths = self.rows[rows], self._lengths[rows]
-        self.batch_size = len(rows)
-
-    @property
-    def cache_lengths(self):
-        return self._lengths.clone()
-
-
 class _Loop:
     """State of one ``generate`` call (see the module docstring for the algorithm).
 
@@ -561,9 +500,6 @@ class _Loop:
         _synchronize(dev)
         began = time.perf_counter()
         session = model.start(conditions, batch_size, self.sampling.guided)
-        self.visible = session
-        if not getattr(session, "per_row", False):  # TEMPORARY: see _LockstepSession
-            session = _LockstepSession(session, N)
         self.B = B = session.batch_size
         self.indices = self._image_indices(image_indices, B)
         slack = self.max_width + 2
@@ -666,8 +602,7 @@ class _Loop:
 
     def _notify(self, session) -> None:
         if self.callback is not None:
-            shown = session.inner if isinstance(session, _LockstepSession) else session  # TEMPORARY
-            self.callback(StepInfo(self.steps, self.committed, self.tokens[:, : self.model.num_image_tokens], shown,
+            self.callback(StepInfo(self.steps, self.committed, self.tokens[:, : self.model.num_image_tokens], session,
                                    self.active_host.clone()))
 
     # -- one iteration --------------------------------------------------------------------------

@@ -55,14 +55,9 @@ class DecodingSession(ABC):
     Attributes:
         batch_size: B, the images (rows) the session holds now (it shrinks with
             :meth:`select_rows`).
-        per_row: True for sessions implementing this per-row interface. TEMPORARY: the family
-            adapters still being ported take one common ``start`` (an int) and ``length``; the
-            engine wraps those (``per_row = False``) in a lock-step adapter. The attribute goes
-            once every adapter is per-row.
     """
 
     batch_size: int
-    per_row: bool = False
 
     @abstractmethod
     def prefill(self) -> WindowLogits:
@@ -99,20 +94,18 @@ class DecodingSession(ABC):
             ValueError: if a length is negative or beyond the row's cache.
         """
 
-    # Not abstract only while the lock-step (per_row = False) sessions exist; every per-row
-    # session implements both.
+    @abstractmethod
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only the given rows (in that order) and free the others.
 
         Args:
             rows: ``[B']`` int64 CPU, distinct indices into the current rows.
         """
-        raise NotImplementedError
 
     @property
+    @abstractmethod
     def cache_lengths(self) -> torch.Tensor:
         """``[B]`` int64 CPU: image positions cached per row."""
-        raise NotImplementedError
 
 
 def row_tensor(values: Any, batch_size: int) -> torch.Tensor:

@@ -60,8 +60,6 @@ class FunctionModel(ImageTokenModel):
 
 
 class _FunctionSession(DecodingSession):
-    per_row = True
-
     def __init__(self, model: FunctionModel, batch_size: int, guided: bool):
         self.model, self.batch_size, self.guided = model, batch_size, guided
         self.tokens = torch.zeros(batch_size, model.num_image_tokens, dtype=torch.long, device=model.device)

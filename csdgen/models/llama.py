@@ -14,8 +14,8 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from ._ragged import RaggedCache, split_guided
-from .base import DecodingSession, ImageTokenModel, WindowLogits, check_row_arguments, row_tensor
+from ._ragged import RaggedSession
+from .base import ImageTokenModel
 
 __all__ = ["ClassConditionalLlama"]
 
@@ -129,74 +129,26 @@ class ClassConditionalLlama(ImageTokenModel):
         return _LlamaSession(self, ids, guided)
 
 
-class _LlamaSession(DecodingSession):
+class _LlamaSession(RaggedSession):
     """KV-cached per-row session; cond rows first, then (when guided) the null-class rows.
 
-    Row ``b``'s sequence is ``[class token, code_0, ..., code_{k-1}]``: image length ``k`` is
-    sequence length ``k + 1``; the per-row bookkeeping is :class:`~csdgen.models._ragged.RaggedCache`'s.
+    Row ``b``'s sequence is ``[class token, code_0, ..., code_{k-1}]`` (no row ends); the per-row
+    bookkeeping is :class:`~csdgen.models._ragged.RaggedSession`'s.
     """
 
-    per_row = True
-
     def __init__(self, model: ClassConditionalLlama, class_ids: list[int], guided: bool):
-        self.model, self.batch_size, self.guided = model, len(class_ids), guided
         V, C = model.codebook_size, model.num_classes
         first = torch.tensor([V + c for c in class_ids], device=model.device)
         if guided:
             first = torch.cat([first, torch.full_like(first, V + C)])
-        self.first_tokens = first[:, None]  # [B or 2B, 1]
-        self.kv = RaggedCache(DynamicCache(config=model.backbone.config), len(first), model.device)
-        self._lengths: torch.Tensor | None = None  # [B] image positions cached; None before prefill
+        self.model = model
+        super().__init__(batch_size=len(class_ids), guided=guided, cache=DynamicCache(config=model.backbone.config),
+                         prompt_ids=first[:, None], prompt_valid=torch.ones(len(first), 1, dtype=torch.bool),
+                         num_image_tokens=model.num_image_tokens, device=model.device)
 
-    @property
-    def cache(self) -> DynamicCache:
-        return self.kv.cache
-
-    def _rows(self, per_image: torch.Tensor) -> torch.Tensor:
-        """A per-image tensor repeated for the uncond rows when guided."""
-        return torch.cat([per_image, per_image]) if self.guided else per_image
-
-    def _run(self, input_ids: torch.Tensor, new_valid: torch.Tensor) -> WindowLogits:
-        mask, positions = self.kv.inputs(new_valid)
+    def _logits(self, ids, attention_mask, position_ids, out, prefill):
         with torch.no_grad():
-            out = self.model.backbone(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                                      cache=self.kv.cache, use_cache=True)
-        self.kv.append(new_valid)
-        return split_guided(out.logits[..., : self.model.codebook_size], self.batch_size, self.guided)
-
-    def prefill(self) -> WindowLogits:
-        if self._lengths is not None:
-            raise ValueError("prefill runs once per session")
-        logits = self._run(self.first_tokens, torch.ones(self.first_tokens.shape, dtype=torch.bool))
-        self._lengths = torch.zeros(self.batch_size, dtype=torch.long)
-        return logits
-
-    def forward(self, tokens, start, widths=None):
-        if self._lengths is None:
-            raise ValueError("forward before prefill")
-        B, W = tokens.shape
-        start = row_tensor(start, B)
-        widths = torch.full((B,), W, dtype=torch.long) if widths is None else row_tensor(widths, B)
-        check_row_arguments("start", start, self.batch_size, self._lengths, self._lengths)
-        check_row_arguments("widths", widths, self.batch_size, 0, torch.clamp(self.model.num_image_tokens - 1 - start, max=W))
-        new_valid = torch.arange(W)[None] < widths[:, None]
-        ids = self._rows(tokens.to(self.model.device))
-        logits = self._run(ids, self._rows(new_valid))
-        self._lengths = start + widths
-        return logits
-
-    def rollback(self, lengths):
-        lengths = row_tensor(lengths, self.batch_size)
-        check_row_arguments("rollback lengths", lengths, self.batch_size, 0, self._lengths)
-        self.kv.truncate(self._rows(lengths + 1))
-        self._lengths = lengths.clone()
-
-    def select_rows(self, rows):
-        rows = torch.as_tensor(rows, dtype=torch.long).cpu()
-        self.kv.select_rows(torch.cat([rows, rows + self.batch_size]) if self.guided else rows)
-        self._lengths = self._lengths[rows]
-        self.batch_size = len(rows)
-
-    @property
-    def cache_lengths(self):
-        return self._lengths.clone()
+            hidden = self.model.backbone.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
+                                               cache=self.kv.cache, use_cache=True).last_hidden_state
+            hidden = hidden.gather(1, out[..., None].expand(-1, -1, hidden.shape[-1]))
+            return self.model.backbone.lm_head(hidden)[..., : self.model.codebook_size]
