@@ -216,8 +216,9 @@ def test_cli_janus_uses_family_defaults_writes_everything_and_resumes(janus_dir,
     record = json.loads((out / "record.json").read_text())
     s, d = record["settings"], FAMILY_DEFAULTS["janus"]
     assert (s["family"], s["model"], s["checkpoint"], s["dtype"], s["method"]) == ("janus", str(janus_dir), str(janus_dir), "float32", "csd")
-    assert (s["sampling"]["guidance_scale"], s["sampling"]["temperature"], s["sampling"]["top_k"], s["window"]) == (
-        d.guidance_scale, d.temperature, d.top_k, d.window) == (5.0, 1.0, None, 16)
+    assert (s["sampling"]["guidance_scale"], s["sampling"]["temperature"], s["sampling"]["top_k"]) == (
+        d.guidance_scale, d.temperature, d.top_k) == (5.0, 1.0, None)
+    assert s["window"] == "auto"  # as csdgen.generate: window left out -> "auto"
     assert f"lam={d.lam}" in s["rule"] and f"delta={d.delta}" in s["rule"]
     image = record["images"]["2"]
     assert image["prompt"] == "a red dog" and image["tokens"] == 36 and image["steps"] >= 1

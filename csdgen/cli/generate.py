@@ -14,7 +14,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from . import _options as opt
-from ._common import builtin_model, cap_builtin_batch, clamp_window, fill_defaults, model_defaults, sampling_of, writable
+from ._common import (builtin_model, cap_builtin_batch, clamp_window, default_window, fill_defaults, model_defaults,
+                      sampling_of, writable)
 
 #: options of ``--model`` only (the built-in model refuses them)
 MODEL_ONLY = ("prompts", "prompts_file", "layout", "height", "width", "image_size", "negative_prompt", "positive_prompt",
@@ -70,8 +71,10 @@ def _generate_kwargs(args, rule, sampling) -> dict:
             "refresh": args.refresh}
 
 
-def _run_settings(args, rule, sampling, batch_size: int) -> dict:
-    return {"method": args.method, "rule": repr(rule), "window": args.window, "seed": args.seed, "batch_size": batch_size,
+def _run_settings(args, rule, sampling) -> dict:
+    """What determines the images (compared on resume). Not the batch size: image i draws from its own
+    random stream keyed by (seed, i), so a rerun with another --batch-size resumes the same images."""
+    return {"method": args.method, "rule": repr(rule), "window": args.window, "seed": args.seed,
             "draft_init": args.draft_init, "refresh": args.refresh, "sampling": asdict(sampling)}
 
 
@@ -87,9 +90,12 @@ def builtin_job(args):
     model, classes = builtin_model(args)
     sampling = sampling_of(args)
     rule = _rule(args)
-    batch_size = cap_builtin_batch(args, model, 1 if args.method == "ar" else args.window, sampling.guided, len(classes))
+    from csdgen.decoding import AUTO_MAX_WINDOW
+
+    widest = 1 if args.method == "ar" else AUTO_MAX_WINDOW if args.window == "auto" else args.window
+    batch_size = cap_builtin_batch(args, model, widest, sampling.guided, len(classes))
     weights = "shipped" if args.weights is None else str(args.weights)
-    settings = {"model": "builtin", "weights": weights, **_run_settings(args, rule, sampling, batch_size)}
+    settings = {"model": "builtin", "weights": weights, **_run_settings(args, rule, sampling)}
     labels = [{"class": model.class_names[c]} for c in classes]
     names = [f"{i:04d}_{label['class']}" for i, label in enumerate(labels)]
     return RunPlan(model, classes, names, labels, settings, _generate_kwargs(args, rule, sampling), scale=2), batch_size
@@ -134,6 +140,7 @@ def _checkpoint_folder(name: str) -> Path:
 
 def model_job(args):
     """The run plan of a checkpoint (``--model``) and its batch size."""
+    from csdgen.decoding import AUTO_MAX_WINDOW
     from csdgen.models.auto import default_device, default_dtype, family_of, load_model
     from csdgen.runs import RunPlan, slug
 
@@ -147,6 +154,7 @@ def model_job(args):
     from csdgen.models.defaults import FAMILY_DEFAULTS
 
     fill_defaults(args, asdict(FAMILY_DEFAULTS[family]))
+    default_window(args, asdict(FAMILY_DEFAULTS[family]), fixed=False)
     sampling = sampling_of(args)
     if args.temperature == 0:
         print(GREEDY_WARNING, file=sys.stderr)
@@ -157,7 +165,8 @@ def model_job(args):
     dtype = args.dtype or str(default_dtype(device)).removeprefix("torch.")
     model = load_model(args.model, dtype=dtype, device=device, layout=args.layout, height=args.height,
                        width=args.width, image_size=args.image_size, batch_size=batch_size,
-                       window=args.window, guided=sampling.guided, negative_prompt=args.negative_prompt,
+                       window=AUTO_MAX_WINDOW if args.window == "auto" else args.window, guided=sampling.guided,
+                       negative_prompt=args.negative_prompt,
                        positive_prompt=args.positive_prompt, prompts=prompts,
                        prompt_template=args.prompt_template)  # sizes, prompt lengths and memory checked first
     if getattr(model, "vqgan", True) is None:  # a Chameleon checkpoint without Chameleon's VQGAN files
@@ -168,7 +177,7 @@ def model_job(args):
     settings = {"model": str(args.model), "checkpoint": str(folder), "family": family, "dtype": dtype, "device": device,
                 "grid": list(model.grid), "prompts": prompts, "negative_prompt": args.negative_prompt,
                 "positive_prompt": args.positive_prompt, "prompt_template": args.prompt_template,
-                **_run_settings(args, rule, sampling, batch_size)}
+                **_run_settings(args, rule, sampling)}
     labels = [{"prompt": p} for p in conditions]
     names = [f"{i:04d}_{slug(p, empty='prompt')}" for i, p in enumerate(conditions)]
     return RunPlan(model, conditions, names, labels, settings, _generate_kwargs(args, rule, sampling), scale=1), batch_size

@@ -30,12 +30,13 @@ def lantern_preset(rule) -> dict[str, Any]:
 
 def method_presets(lam: float = 0.5, delta: float = 0.65, addition_c: float = 0.2,
                    codebook: torch.Tensor | None = None, *, entropy_unit: str = "nats",
-                   draft_init: str = "uniform") -> dict[str, dict[str, Any]]:
+                   draft_init: str | None = None) -> dict[str, dict[str, Any]]:
     """Named settings for ``generate``: every method csdgen has, the reference ones first.
 
     GSD and LANTERN (official defaults) are included when the model's ``codebook`` ``[V, D]`` is given.
-    ``entropy_unit`` goes to the CSD rules, ``draft_init`` to every method but LANTERN (one-hot
-    drafts, see :func:`lantern_preset`).
+    ``entropy_unit`` goes to the CSD rules, ``draft_init`` to every method whose rule needs no
+    drafts of its own (GSD and LANTERN run with one-hot drafts, see :func:`lantern_preset`);
+    None: what the rule needs, else uniform.
 
     Raises:
         ValueError: a bad lambda, delta, c or entropy unit (from the rules).
@@ -50,7 +51,11 @@ def method_presets(lam: float = 0.5, delta: float = 0.65, addition_c: float = 0.
         "csd": {"method": CSD(lam=lam, delta=delta, entropy_unit=entropy_unit)},
         "csd-coupled": {"method": CSD(lam=lam, delta=delta, entropy_unit=entropy_unit), "refresh": "coupled"},
     }
-    return {name: {"draft_init": draft_init, **preset} for name, preset in presets.items()}
+    out = {}
+    for name, preset in presets.items():
+        needed = getattr(preset["method"], "draft_init", None)
+        out[name] = {"draft_init": draft_init if needed is None else needed, **preset}
+    return out
 
 
 def score_run(model, scorer, run: MethodRun, classes: list, batch: int = 64) -> tuple[dict[str, float], torch.Tensor]:
