@@ -3,13 +3,17 @@
 The one module that ``csdgen generate`` / ``compare`` / ``sweep`` and the API's
 :func:`save_run` share, so that the command line and the library write the same files:
 
-* :func:`batches` / :func:`generate_batches`: image ``i`` belongs to batch ``i // batch_size``;
-  batch ``k`` is generated with seed ``batch_seed(seed, k)``, so a resumed run regenerates
-  exactly the batches it lacks and every method of a comparison sees the same random streams.
-* :func:`save_run`: decode, write ``NNNN_<label>.png`` (and ``NNNN_<label>_map.png``) for each
-  image and rewrite ``record.json`` after every batch; a rerun into the same folder keeps the
-  images already written and generates the others (resume), and refuses other settings,
-  naming the values that differ.
+* :func:`batches` / :func:`generate_batches`: images in batches of ``batch_size``; image ``i``
+  of a run seeded ``seed`` draws from its own random stream keyed by ``(seed, i)``
+  (:func:`csdgen.generate`'s ``image_indices``), so with a fixed window the batch size never
+  changes an image: a run resumed with another batch size (say after running out of memory)
+  completes the same images, and every method of a comparison sees the same random streams.
+* :func:`run_plan` / :func:`save_run`: decode, write ``NNNN_<label>.png`` (and
+  ``NNNN_<label>_map.png``) for each image and rewrite ``record.json`` after every batch; a
+  rerun into the same folder keeps the images already written and generates the others
+  (resume), and refuses other settings, naming the values that differ.
+* :func:`run_method`: one method over many images with its tokens cached in the output folder
+  (``run_<name>.json`` + ``.safetensors``): what ``compare`` and ``sweep`` run.
 * :func:`read_json` / :func:`write_json`: JSON files read with errors that name the file,
   written atomically.
 
@@ -31,7 +35,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 __all__ = [
-    "batch_seed",
     "batches",
     "generate_batches",
     "read_json",
@@ -42,44 +45,39 @@ __all__ = [
     "RunPlan",
     "RunSummary",
     "settings_difference",
+    "MethodRun",
+    "run_method",
     "run_plan",
     "save_run",
     "slug",
 ]
 
 
-def batch_seed(seed: int, batch_index: int) -> int:
-    """The generator seed of batch ``batch_index`` in a run seeded ``seed``."""
-    return seed * 100_003 + batch_index
+def batches(indices: int | Sequence[int], batch_size: int) -> list[list[int]]:
+    """Image indices per batch: ``indices`` (or ``range(indices)``) cut into runs of ``batch_size``."""
+    indices = list(range(indices)) if isinstance(indices, int) else list(indices)
+    return [indices[start:start + batch_size] for start in range(0, len(indices), batch_size)]
 
 
-def batches(num_images: int, batch_size: int) -> list[list[int]]:
-    """Image indices per batch: ``[[0..bs-1], [bs..2bs-1], ...]``."""
-    return [list(range(start, min(start + batch_size, num_images))) for start in range(0, num_images, batch_size)]
-
-
-def generate_batches(model, conditions: Sequence, *, batch_size: int, seed: int,
-                     skip: Callable[[list[int]], bool] = lambda indices: False, callback=None,
-                     **generate_kwargs: Any) -> Iterator[tuple[list[int], Any]]:
-    """Generate ``len(conditions)`` images batch by batch, yielding ``(indices, GenerationResult)`` per batch.
+def generate_batches(model, conditions: Sequence, *, batch_size: int, seed: int, indices: Sequence[int] | None = None,
+                     callback=None, **generate_kwargs: Any) -> Iterator[tuple[list[int], Any]]:
+    """Generate images batch by batch, yielding ``(indices, GenerationResult)`` per batch.
 
     Args:
         model: an image-token model.
-        conditions: one condition per image (class ids, prompts).
-        batch_size: images per :func:`csdgen.generate` call.
-        seed: run seed (see :func:`batch_seed`).
-        skip: returns True for a batch that is already done (resume).
+        conditions: one condition per image of the run (class ids, prompts).
+        batch_size: images per :func:`csdgen.generate` call; does not change the images.
+        seed: run seed; image ``i`` draws from the random stream keyed by ``(seed, i)``.
+        indices: the images to generate (default all; a resumed run passes the missing ones).
         callback: passed to :func:`csdgen.generate`.
         generate_kwargs: method, window, sampling, draft_init, refresh.
     """
     from csdgen.decoding import generate
 
-    for k, indices in enumerate(batches(len(conditions), batch_size)):
-        if skip(indices):
-            continue
-        result = generate(model, [conditions[i] for i in indices], seed=batch_seed(seed, k), callback=callback,
+    for batch in batches(len(conditions) if indices is None else indices, batch_size):
+        result = generate(model, [conditions[i] for i in batch], seed=seed, image_indices=batch, callback=callback,
                           **generate_kwargs)
-        yield indices, result
+        yield batch, result
 
 
 def read_json(path: str | os.PathLike, *, expect: type = dict, what: str = "") -> Any:
@@ -127,12 +125,18 @@ def pil_images(model, result_or_tokens, scale: int = 1) -> list:
         scale: integer upscaling by nearest neighbour (the CLI saves the built-in model's
             64 x 64 images at ``scale=2``, i.e. 128 x 128 pixels).
     """
-    from PIL import Image
+    tokens = getattr(result_or_tokens, "tokens", result_or_tokens)
+    return _to_pil(_decode(model, tokens), scale)
+
+
+def _decode(model, tokens):
+    """``[B, H, W, 3]`` uint8, decoded image by image: a pixel never depends on the batch it was decoded in
+    (batched convolutions round differently), so the files do not depend on the batch size."""
+    import numpy as np
 
     from csdgen.evaluation.maps import to_uint8
 
-    tokens = getattr(result_or_tokens, "tokens", result_or_tokens)
-    return _to_pil(to_uint8(model.decode_images(tokens)), scale)
+    return np.concatenate([to_uint8(model.decode_images(tokens[i : i + 1])) for i in range(len(tokens))])
 
 
 def _to_pil(pixels, scale: int) -> list:
@@ -271,9 +275,9 @@ def _map_png(plan: RunPlan, pixels, stats):
 
 
 def _write_batch(plan: RunPlan, out: Path, indices: list[int], result, batch: int, images: dict, maps: bool) -> None:
-    from csdgen.evaluation.maps import save_png, to_uint8
+    from csdgen.evaluation.maps import save_png
 
-    pixels = to_uint8(plan.model.decode_images(result.tokens))
+    pixels = _decode(plan.model, result.tokens)
     pil = _to_pil(pixels, plan.scale)
     for j, i in enumerate(indices):
         stats, name = result.images[j], plan.names[i]
@@ -301,13 +305,14 @@ def run_plan(plan: RunPlan, out: str | os.PathLike, *, batch_size: int, seed: in
     """Generate the plan's images batch by batch into ``out``, writing each batch as it finishes; resume.
 
     Images already in ``out`` (listed in its ``record.json`` with their PNG present) are kept;
-    the batches that lack any image are generated. ``record.json`` is rewritten after every
+    the others are generated, in batches of ``batch_size`` (any batch size: it does not change
+    the images). ``record.json`` is rewritten after every
     batch, so an interrupted run loses at most the batch in progress.
 
     Args:
         plan: model, conditions, file names and settings (see :class:`RunPlan`).
         out: output folder (created).
-        batch_size: images per :func:`csdgen.generate` call (part of the seeds: see :func:`batch_seed`).
+        batch_size: images per :func:`csdgen.generate` call (does not change the images).
         seed: run seed.
         maps: also write the acceptance maps.
         callback: passed to :func:`csdgen.generate` (progress bars).
@@ -333,15 +338,14 @@ def run_plan(plan: RunPlan, out: str | os.PathLike, *, batch_size: int, seed: in
     record = {"csdgen_version": _version(), "created": (old or {}).get("created", _now()), "updated": _now(),
               "settings": plan.settings}
     runs = (old or {}).get("totals", {}).get("runs", 0) + 1
-    if on_start is not None:
-        on_start(len(plan.conditions) - len([i for i in images if i < len(plan.conditions)]))
     run_seconds, ran = 0.0, False
+    todo = [i for i in range(len(plan.conditions)) if i not in images]
+    if on_start is not None:
+        on_start(len(todo))
     for indices, result in generate_batches(plan.model, plan.conditions, batch_size=batch_size, seed=seed,
-                                            skip=lambda idx: all(i in images for i in idx), callback=callback,
-                                            **plan.generate_kwargs):
-        batch = indices[0] // batch_size
+                                            indices=todo, callback=callback, **plan.generate_kwargs):
+        batch = max((b["batch"] for b in batch_list), default=-1) + 1  # numbered across runs
         _write_batch(plan, out, indices, result, batch, images, maps)
-        batch_list = [b for b in batch_list if b.get("batch") != batch]
         batch_list.append({"batch": batch, "images": indices, "decode_seconds": result.seconds, "finished": _now()})
         run_seconds += result.seconds
         ran = True
@@ -405,7 +409,7 @@ def save_run(model, conditions: Sequence, out: str | os.PathLike, *, seed: int =
 
     labels = [_label(model, c) for c in conditions]
     names = [f"{i:04d}_{slug(next(iter(label.values())) or 'image')}" for i, label in enumerate(labels)]
-    settings = {"model": type(model).__name__, "seed": seed, "batch_size": batch_size}
+    settings = {"model": type(model).__name__, "seed": seed}
     for key, value in sorted(generate_kwargs.items()):
         if key == "callback":
             continue
@@ -413,3 +417,62 @@ def save_run(model, conditions: Sequence, out: str | os.PathLike, *, seed: int =
             value if isinstance(value, (str, int, float, bool, type(None))) else repr(value))
     plan = RunPlan(model, list(conditions), names, labels, settings, dict(generate_kwargs), scale=scale)
     return run_plan(plan, out, batch_size=batch_size, seed=seed, maps=maps, callback=callback)
+
+
+@dataclass
+class MethodRun:
+    """Tokens and statistics of one method over all images."""
+
+    name: str
+    tokens: Any  #: torch.Tensor [M, N] int64
+    steps: list[int]  #: per image
+    compression: list[float]  #: per image
+    accepted: list[float]  #: mean accepted length per image
+    seconds: float  #: total decoding wall time
+    settings: dict
+
+
+def run_method(model, name: str, preset: dict, classes: list, *, seed: int, batch_size: int, window: int,
+               sampling, out_dir: Path, progress: Callable[[int], None] | None = None) -> MethodRun:
+    """Run one method over all images, or load its saved result when the same run is on disk.
+
+    Writes ``run_<name>.json`` (the run's key, per-image steps, step compression and mean
+    accepted length, total decoding seconds, the engine's settings) and
+    ``run_<name>.safetensors`` (tokens ``[M, N]`` int64) into ``out_dir``; a later call with
+    the same key loads them instead of generating (``compare`` and ``sweep`` resume this way).
+
+    Raises:
+        ValueError: a malformed ``run_<name>.json`` (naming the file).
+    """
+    from safetensors.torch import load_file, save_file
+
+    key = {"name": name, "seed": seed, "window": window, "classes": list(map(str, classes)),
+           "sampling": repr(sampling), "preset": repr(preset)}
+    meta_path, tokens_path = out_dir / f"run_{name}.json", out_dir / f"run_{name}.safetensors"
+    if meta_path.is_file() and tokens_path.is_file():
+        meta = read_json(meta_path, what="a cached csdgen run")
+        if meta.get("key") == key:
+            if progress:
+                progress(len(classes))
+            return MethodRun(name, load_file(str(tokens_path))["tokens"], meta["steps"], meta["compression"],
+                             meta["accepted"], meta["seconds"], meta["settings"])
+    tokens, steps, compression, accepted, seconds, settings = [], [], [], [], 0.0, {}
+    for indices, result in generate_batches(model, classes, batch_size=batch_size, seed=seed, window=window,
+                                            sampling=sampling, **preset):
+        tokens.append(result.tokens.cpu())
+        steps += [s.steps for s in result.images]
+        compression += [s.step_compression for s in result.images]
+        accepted += [s.mean_accepted_length for s in result.images]
+        seconds += result.seconds
+        settings = result.settings
+        if progress:
+            progress(len(indices))
+    import torch
+
+    run = MethodRun(name, torch.cat(tokens), steps, compression, accepted, seconds, settings)
+    tmp = tokens_path.with_name(f".{tokens_path.name}.tmp")
+    save_file({"tokens": run.tokens.contiguous()}, str(tmp))
+    tmp.replace(tokens_path)
+    write_json({"key": key, "steps": steps, "compression": compression, "accepted": accepted, "seconds": seconds,
+                "settings": settings}, meta_path)
+    return run

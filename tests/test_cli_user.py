@@ -15,7 +15,6 @@ import csdgen
 from csdgen import cli
 from csdgen.cli import _options
 from csdgen.models.builtin import load_builtin_model
-from csdgen.runs import batch_seed
 
 from builtin_fixture import make_tiny_weights
 
@@ -204,6 +203,10 @@ def test_cli_choices_equal_the_engines():
     assert list(method_presets(codebook=torch.zeros(4, 2))) == list(cli.compare.COMPARE_METHODS)
     assert _options.family_defaults("builtin") == FAMILY_DEFAULTS["builtin"]
     assert _options.builtin_class_names() == load_builtin_model().class_names
+    from csdgen.decoding import AUTO_MAX_WINDOW
+
+    assert f"picks 1..{AUTO_MAX_WINDOW} per iteration" in " ".join(cli.build_parser()._subparsers._group_actions[0]
+                                                                   .choices["generate"].format_help().split())
 
 
 # ---- 6. size guard on the built-in path ----
@@ -220,7 +223,6 @@ def test_batch_is_capped_by_memory_and_written_batch_by_batch(weights, tmp_path,
     assert "--batch-size 100000: about 2 images fit" in err
     record = json.loads((out / "record.json").read_text())
     assert [b["images"] for b in record["batches"]] == [[0, 1], [2, 3], [4]]
-    assert record["settings"]["batch_size"] == 2
 
 
 # ---- 7. the API saves a run as the CLI does and gives PIL images ----
@@ -233,7 +235,7 @@ def test_api_save_run_and_pil_images(weights, tmp_path):
     assert names == ["0000_coffee.png", "0000_coffee_map.png", "0001_brick.png", "0001_brick_map.png", "record.json"]
     record = json.loads((tmp_path / "api" / "record.json").read_text())
     assert record["images"]["0"]["class"] == "coffee" and record["settings"]["window"] == 8
-    result = csdgen.generate(model, [1, 0], method="sjd", window=8, seed=batch_seed(1, 0))
+    result = csdgen.generate(model, [1, 0], method="sjd", window=8, seed=1)  # images 0 and 1 of the run
     pictures = csdgen.pil_images(model, result, scale=2)
     assert [p.size for p in pictures] == [(128, 128)] * 2 and pictures[0].mode == "RGB"
     assert pictures[0].tobytes() == Image.open(tmp_path / "api" / "0000_coffee.png").convert("RGB").tobytes()
@@ -345,3 +347,46 @@ def test_png_size_and_map_panels_are_as_documented(weights, tmp_path):
     assert scale_row.getpixel((0, 2)) < 10 and scale_row.getpixel((127, 2)) > 245  # grey scale 0 .. ln V
     readme = (ROOT / "README.md").read_text()
     assert "upscaled x2 by nearest neighbour: 128 x 128" in readme and PANEL_TITLES[1].split(" (")[0] in readme
+
+
+def test_malformed_cached_run_of_compare_names_the_file(weights, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    out.mkdir()
+    (out / "run_ar.json").write_text("{oops")
+    (out / "run_ar.safetensors").write_bytes(b"")
+    assert run("compare", "--weights", weights, "-n", 2, "--methods", "sjd", "--out", out) == 2
+    err = capsys.readouterr().err
+    assert str(out / "run_ar.json") in err and "is not valid JSON" in err
+
+
+def test_another_batch_size_resumes_the_same_images(weights, tmp_path, capsys):
+    """Regression: a smaller --batch-size after an out-of-memory stop could not resume."""
+    fresh, resumed = tmp_path / "fresh", tmp_path / "resumed"
+    common = ["generate", "--weights", weights, "-n", 4, "--window", 8, "--no-maps"]
+    assert run(*common, "--batch-size", 1, "--out", fresh) == 0
+    assert run(*common, "--batch-size", 4, "--out", resumed) == 0
+    for name in ("0002_moon.png", "0003_brick.png"):
+        (resumed / name).unlink()  # as if stopped
+    capsys.readouterr()
+    assert run(*common, "--batch-size", 2, "--out", resumed) == 0
+    assert capsys.readouterr().out.startswith("4 images (2 kept from an earlier run)")
+    for name in ("0000_brick.png", "0001_coffee.png", "0002_moon.png", "0003_brick.png"):
+        assert (fresh / name).read_bytes() == (resumed / name).read_bytes(), name  # batch size never changes an image
+    record = json.loads((resumed / "record.json").read_text())
+    assert [b["images"] for b in record["batches"]] == [[0, 1, 2, 3], [2, 3]] and record["totals"]["runs"] == 2
+
+
+def test_api_and_cli_use_the_models_defaults(weights, tmp_path):
+    """Regression: csdgen.generate(model, ["coffee"]) ran window 16, guidance 1 where the CLI ran window 32, guidance 3."""
+    model = load_builtin_model(weights)
+    api = csdgen.generate(model, ["coffee"]).settings
+    assert run("generate", "--weights", weights, "-n", 1, "--class", "coffee", "--no-maps", "--out", tmp_path / "o") == 0
+    cli_settings = json.loads((tmp_path / "o" / "record.json").read_text())["settings"]
+    d = model.defaults
+    assert api["window"] == cli_settings["window"] == "auto"
+    assert api["guidance_scale"] == cli_settings["sampling"]["guidance_scale"] == d.guidance_scale
+    assert api["temperature"] == cli_settings["sampling"]["temperature"] == d.temperature
+    assert api["rule"] == {"lam": d.lam, "delta": d.delta, "entropy_unit": "nats"}
+    assert cli_settings["rule"] == f"CSD(lam={d.lam}, delta={d.delta}, entropy_unit='nats')"
+    summary = csdgen.save_run(model, ["coffee"], tmp_path / "api", maps=False)
+    assert json.loads((tmp_path / "api" / "record.json").read_text())["images"]["0"]["steps"] == summary.steps

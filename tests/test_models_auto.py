@@ -126,35 +126,68 @@ def test_missing_weights_raise_the_adapters_error(janus_dir, emu3_dir, chameleon
         load_model(without_weights(janus_dir, tmp_path / "janus"), device="cpu")
     with pytest.raises(FileNotFoundError, match="holds no weights"):
         load_model(without_weights(emu3_dir, tmp_path / "emu3"), height=HEIGHT, width=WIDTH, device="cpu")
-    with pytest.raises(ValueError, match="has no weights"):
+    with pytest.raises(FileNotFoundError, match="holds no weights"):  # one exception type for every family
         load_model(without_weights(chameleon_dir, tmp_path / "chameleon"), height=12, width=16, device="cpu")
 
 
 # memory check
 
 
-def test_check_memory_equals_the_adapters_estimate_and_refuses_with_a_batch_that_fits(janus_dir, chameleon_dir):
+def test_check_memory_equals_the_adapters_estimate_and_refuses_with_a_batch_that_fits(janus_dir, chameleon_dir, monkeypatch):
     janus = load_model(janus_dir, device="cpu")
     need = {b: janus.memory_estimate(b, 16, torch.float32) for b in (1, 2, 3, 4)}
-    assert auto.check_memory(janus_dir, "janus", 4, 16, "float32", device="cpu", max_memory_bytes=need[4]) == need[4]
-    with pytest.raises(ValueError, match=r"janus at batch size 4, window 16, float32 needs about .* GiB but cpu has .* "
-                                         r"GiB available; try --batch-size 2"):
-        auto.check_memory(janus_dir, "janus", 4, 16, "float32", device="cpu", max_memory_bytes=need[2] + need[3] >> 1)
+    room = lambda n: int(n / (1 - auto.HEADROOM)) + 1  # available memory whose usable part is n bytes
+    assert auto.check_memory(janus_dir, "janus", 4, 16, "float32", device="cpu", max_memory_bytes=room(need[4])) == need[4]
+    with pytest.raises(ValueError, match=r"^janus at batch size 4, window 16, float32, prompts of 128 tokens needs about .* GiB "
+                                         r"but cpu has .* GiB available \(.* GiB after keeping 10% free\); try --batch-size 2$"):
+        auto.check_memory(janus_dir, "janus", 4, 16, "float32", device="cpu", max_memory_bytes=room(need[2] + need[3] >> 1))
+    with pytest.raises(ValueError, match="try --batch-size [123]$"):  # the headroom is kept: need[4] alone is not enough
+        auto.check_memory(janus_dir, "janus", 4, 16, "float32", device="cpu", max_memory_bytes=need[4])
+    calls = []  # the estimate is computed once, whatever the batch size
+    real = auto.estimate_memory
+    monkeypatch.setattr(auto, "estimate_memory", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with pytest.raises(ValueError, match="try --batch-size 1"):
+        auto.check_memory(janus_dir, "janus", 64, 16, "float32", device="cpu", max_memory_bytes=room(need[1]))
+    assert len(calls) == 1
+    monkeypatch.undo()
+    short = auto.check_memory(janus_dir, "janus", 4, 16, "float32", device="cpu", max_memory_bytes=1 << 40, prompt_length=10)
+    assert short == janus.memory_estimate(4, 16, torch.float32, prompt_length=10) < need[4]
     lumina = load_model(chameleon_dir, height=12, width=16, device="cpu")
     assert auto.check_memory(chameleon_dir, "lumina-mgpt", 2, 8, torch.float32, device="cpu", height=12, width=16,
                              max_memory_bytes=1 << 40) == lumina.memory_estimate(2, 8, torch.float32)
     assert 0 < auto.available_memory("cpu")
 
 
-def test_load_model_refuses_before_reading_weights(janus_dir, emu3_dir, tmp_path):
+def test_load_model_refuses_before_reading_weights(janus_dir, emu3_dir, chameleon_dir, tmp_path):
     for folder, kw in ((janus_dir, {}), (emu3_dir, dict(height=HEIGHT, width=WIDTH))):
         with pytest.raises(ValueError, match="even batch size 1 does not fit"):
             load_model(folder, device="cpu", max_memory_bytes=1000, **kw)
-    # weights that cannot be read do not matter: the refusal comes first
-    broken = without_weights(janus_dir, tmp_path / "broken")
-    (broken / "model.safetensors").write_bytes(b"not safetensors")
-    with pytest.raises(ValueError, match="needs about"):
-        load_model(broken, device="cpu", max_memory_bytes=1000)
+    # weights that cannot be read do not matter: every refusal comes first
+    for source, name, kw, match in [
+        (janus_dir, "janus", dict(max_memory_bytes=1000), "needs about"),
+        (janus_dir, "janus", dict(image_size=48), "image_size=48: .* allowed: 24"),
+        (janus_dir, "janus", dict(prompts=["a " * 2048]), r"prompt of 2054 tokens \+ image of 36 positions"),
+        (emu3_dir, "emu3", dict(height=40, width=40), "max_position_embeddings=128; allowed: .* up to 20 x 20 px"),
+        (emu3_dir, "emu3", dict(height=HEIGHT, width=WIDTH, negative_prompt=NEGATIVE, prompts=["x" * 100]),
+         r"prompt of 147 tokens \+ image of 38"),
+        (chameleon_dir, "chameleon", dict(height=10, width=16), "height=10: allowed positive multiples of 4"),
+        (chameleon_dir, "Anole-tiny", dict(prompts=["red " * 70]), r"prompt of 72 tokens \+ image of 66 positions"),
+        (chameleon_dir, "chameleon", dict(height=12, width=16, prompt_template="{prompt} {seed}"), r"allowed fields"),
+    ]:
+        broken = without_weights(source, tmp_path / f"broken-{len(list(tmp_path.iterdir()))}-{name}")
+        (broken / "model.safetensors").write_bytes(b"not safetensors")
+        with pytest.raises(ValueError, match=match):
+            load_model(broken, device="cpu", **kw)
+
+
+def test_load_model_checks_memory_with_the_real_prompt_length(janus_dir, monkeypatch):
+    seen = []
+    real = auto.check_memory
+    monkeypatch.setattr(auto, "check_memory", lambda *a, **k: seen.append(k["prompt_length"]) or real(*a, **k))
+    load_model(janus_dir, device="cpu", prompts=["a red dog", "the cat running in the rain"])
+    load_model(janus_dir, device="cpu")
+    # <bos> <|User|> : the cat running in the rain <|Assistant|> : <begin_of_image> = 12 tokens; unknown prompts: 128
+    assert seen == [12, None]
 
 
 # documentation
@@ -183,8 +216,9 @@ def test_cli_janus_uses_family_defaults_writes_everything_and_resumes(janus_dir,
     record = json.loads((out / "record.json").read_text())
     s, d = record["settings"], FAMILY_DEFAULTS["janus"]
     assert (s["family"], s["model"], s["checkpoint"], s["dtype"], s["method"]) == ("janus", str(janus_dir), str(janus_dir), "float32", "csd")
-    assert (s["sampling"]["guidance_scale"], s["sampling"]["temperature"], s["sampling"]["top_k"], s["window"]) == (
-        d.guidance_scale, d.temperature, d.top_k, d.window) == (5.0, 1.0, None, 16)
+    assert (s["sampling"]["guidance_scale"], s["sampling"]["temperature"], s["sampling"]["top_k"]) == (
+        d.guidance_scale, d.temperature, d.top_k) == (5.0, 1.0, None)
+    assert s["window"] == "auto"  # as csdgen.generate: window left out -> "auto"
     assert f"lam={d.lam}" in s["rule"] and f"delta={d.delta}" in s["rule"]
     image = record["images"]["2"]
     assert image["prompt"] == "a red dog" and image["tokens"] == 36 and image["steps"] >= 1
@@ -232,11 +266,17 @@ def test_cli_emu3_prompts_file_overrides_and_family_defaults(emu3_dir, tmp_path,
         (["--prompts-file", "/nonexistent/prompts.txt"], "does not exist"),
         (["--prompt", "a dog", "--layout", "anole"], "Chameleon checkpoints only"),
         (["--prompt", "a dog", "--negative-prompt", "ugly"], "Emu3 checkpoints only"),
+        (["--prompt", "a dog", "--positive-prompt", ""], "Emu3 checkpoints only"),
+        (["--prompt", "a dog", "--prompt-template", "{text}"], "has no {prompt}; allowed fields: {prompt}, {width}, {height}"),
+        (["--prompt", "a " * 2048], "prompt of 2054 tokens + image of 36 positions = 2090 > max_position_embeddings=2048; "
+                                    "allowed: prompts up to 2012 tokens"),
+        (["--prompt", "a dog", "--image-size", 48], "image_size=48: this Janus checkpoint makes 24 x 24 images only"),
     ],
 )
 def test_cli_model_errors_are_clear(janus_dir, tmp_path, capsys, extra, message):
     assert run("generate", "--model", janus_dir, "--device", "cpu", "--out", tmp_path / "o", *extra) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1  # one line
 
 
 def test_cli_model_options_need_model_and_memory_is_checked(janus_dir, tmp_path, capsys, monkeypatch):
@@ -256,3 +296,44 @@ def test_cli_chameleon_without_vqgan_files_is_refused_before_generating(chameleo
     assert run("generate", "--model", folder, "--prompt", "a dog", "--height", 12, "--width", 16, "--top-k", 8,
                "--device", "cpu", "--out", tmp_path / "o") == 2
     assert "has no image decoder: copy Chameleon's vqgan.yaml and vqgan.ckpt" in capsys.readouterr().err
+
+
+def test_cli_prompt_template_every_family_and_the_greedy_warning(janus_dir, emu3_dir, chameleon_dir, tmp_path, capsys):
+    """--prompt-template reaches each family's prompt rows; --temperature 0 prints exactly one warning line."""
+    common = ["--device", "cpu", "--no-maps", "--method", "ar", "--top-k", 4]
+    assert run("generate", "--model", janus_dir, "--prompt", "dog", "--prompt-template", "a red {prompt}", "--temperature", 0,
+               "--out", tmp_path / "j", *common) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning") == 1 and "--temperature 0 is greedy decoding" in err
+    settings = json.loads((tmp_path / "j" / "record.json").read_text())["settings"]
+    assert settings["prompt_template"] == "a red {prompt}" and settings["sampling"]["temperature"] == 0
+    assert run("generate", "--model", emu3_dir, "--prompt", "cat", "--prompt-template", "{prompt} {width}x{height}",
+               "--positive-prompt", "", "--negative-prompt", NEGATIVE, "--height", HEIGHT, "--width", WIDTH,
+               "--out", tmp_path / "e", *common) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert run("generate", "--model", chameleon_dir, "--layout", "anole", "--prompt", "cat", "--prompt-template",
+               "red {prompt}<reserved08706>", "--out", tmp_path / "a", *common) == 0
+    # the same rows through the library
+    janus = load_model(janus_dir, device="cpu", prompt_template="a red {prompt}")
+    assert janus.prompt_rows(["dog"]) == load_model(janus_dir, device="cpu").prompt_rows(["a red dog"])
+    emu3 = load_model(emu3_dir, device="cpu", height=HEIGHT, width=WIDTH, prompt_template="{prompt} {width}x{height}",
+                      positive_prompt="", negative_prompt=NEGATIVE)
+    plain = load_model(emu3_dir, device="cpu", height=HEIGHT, width=WIDTH, positive_prompt="", negative_prompt=NEGATIVE)
+    assert emu3.prompt_rows(["cat"])[0] == plain.prompt_rows(["cat 12x10"])[0] != plain.prompt_rows(["cat"])[0]
+    anole = load_model(chameleon_dir, layout="anole", device="cpu", prompt_template="red {prompt}<reserved08706>")
+    assert anole.prompt_rows(["cat"]) == load_model(chameleon_dir, layout="anole", device="cpu").prompt_rows(["red cat"])
+
+
+def test_family_objects_carry_their_defaults(janus_dir, emu3_dir, chameleon_dir):
+    assert load_model(janus_dir, device="cpu").defaults is FAMILY_DEFAULTS["janus"]
+    assert load_model(emu3_dir, device="cpu", height=HEIGHT, width=WIDTH).defaults is FAMILY_DEFAULTS["emu3"]
+    assert load_model(chameleon_dir, device="cpu", height=12, width=16).defaults is FAMILY_DEFAULTS["lumina-mgpt"]
+    anole = load_model(chameleon_dir, layout="anole", device="cpu").defaults
+    assert anole is FAMILY_DEFAULTS["anole"] and (anole.temperature, anole.top_p, anole.guidance_scale) == (0.7, 0.9, 3.0)
+
+
+def test_cli_anole_uses_its_reference_sampling(chameleon_dir, tmp_path):
+    assert run("generate", "--model", chameleon_dir, "--layout", "anole", "--prompt", "cat", "--device", "cpu", "--no-maps",
+               "--window", 8, "--out", tmp_path / "a") == 0
+    sampling = json.loads((tmp_path / "a" / "record.json").read_text())["settings"]["sampling"]
+    assert (sampling["temperature"], sampling["top_p"], sampling["guidance_scale"], sampling["top_k"]) == (0.7, 0.9, 3.0, None)

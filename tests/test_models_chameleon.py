@@ -1,36 +1,61 @@
 """Chameleon-format models (Lumina-mGPT, Anole): tiny random checkpoints saved and reloaded.
 
-The tiny vocabulary holds the real special-token names (``<racm3:break>``, ``<eoss>``,
-``<reserved08799>``, ``<reserved088NN>``) and 48 ``IMGIMG...`` image tokens at shuffled ids, so
-codebook order differs from id order. Prompts are token ids (the shared checkpoint has no
-tokenizer); one test adds a word-level tokenizer to a copy to check string prompts. VQGAN: ch 32, ch_mult [1, 2] (downsampling 2), so the tiny Lumina layout at 12 x 16 px is
+The tiny checkpoints are laid out as the released ones: the vocabulary starts as Chameleon's
+(``<s>`` = 0, ``<pad>`` = 1, ``</s>`` = 2, ``<unk>`` = 3), holds the real special-token names
+(``<racm3:break>``, ``<eoss>``, ``<reserved08799>``, ``<reserved08706>``, ``<reserved088NN>``)
+and 48 ``IMGIMG...`` image tokens at shuffled ids (codebook order differs from id order);
+config.json has no ``bos_token_id``/``pad_token_id`` (as the converters write it, so
+ChameleonConfig's default 1 = ``<pad>`` would be read); the folder holds a word-level
+tokenizer that knows every special token (string prompts go through it). A Lumina-mGPT copy
+stores q/k norms as ``[1, head_dim]`` under architecture ``ChameleonXLLMXForConditionalGeneration``. VQGAN: ch 32, ch_mult [1, 2] (downsampling 2), so the tiny Lumina layout at 12 x 16 px is
 6 x 8 tokens (resolution tokens <reserved08803>, <reserved08804>) and Anole (resolution 16)
 is 8 x 8 tokens.
 """
 
+import json
 import os
 import shutil
 
 import pytest
 import torch
 import yaml
+from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import ChameleonConfig, ChameleonForConditionalGeneration, PreTrainedTokenizerFast
 
 import csdgen
 from csdgen import SamplingConfig
-from csdgen.models.chameleon import ChameleonImageModel, estimate_memory
+from csdgen.models import auto
+from csdgen.models.chameleon import ChameleonImageModel, config_memory, shared_norm_shapes
 from csdgen.models.chameleon_vqgan import ChameleonVQGANDecoder, VQGANConfig, load_vqgan_decoder
-from kv_check import assert_same_cache, fresh_session
+from kv_check import assert_rows_match_fresh
 
 V = 48
-SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"] + [f"t{i}" for i in range(12)] + [
-    "<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>", "<image>"] + [f"<reserved{8800 + n:05d}>" for n in range(1, 9)]
+SPECIAL_NAMES = ["<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>", "<image>"] + [
+    f"<reserved{8800 + n:05d}>" for n in range(1, 9)]
+WORDS = ["Generate", "an", "image", "of", "16x12", "according", "to", "the", "following", "prompt:", "red", "cat"]
+SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"] + [f"t{i}" for i in range(12)] + SPECIAL_NAMES + WORDS
+BOS_ID, PAD_ID = 0, 1
 PROMPTS = [[4, 9, 7, 12, 5], [6, 6, 11]]  # token ids, different lengths (left padding)
 GUIDED = SamplingConfig(temperature=0, guidance_scale=3.0)
 VQGAN_YAML = {"model": {"params": {"embed_dim": 8, "n_embed": V, "ddconfig": {
     "double_z": False, "z_channels": 8, "resolution": 16, "in_channels": 3, "out_ch": 3, "ch": 32,
     "ch_mult": [1, 2], "num_res_blocks": 1, "attn_resolutions": [8], "dropout": 0.0}}}}
+
+
+def lumina_layout(source: str, path) -> str:
+    """A copy of ``source`` as Lumina-mGPT stores it: q/k norms ``[1, head_dim]``, its architecture name."""
+    shutil.copytree(source, path)
+    file = os.path.join(path, "model.safetensors")
+    state = load_file(file)
+    for name in [k for k in state if k.endswith(("q_norm.weight", "q_norm.bias", "k_norm.weight", "k_norm.bias"))]:
+        state[name] = state[name][:1].clone()
+    save_file(state, file, metadata={"format": "pt"})
+    config = json.loads(open(os.path.join(path, "config.json")).read())
+    config.update(architectures=["ChameleonXLLMXForConditionalGeneration"], z_loss_weight=0.0, model_parallel_size=1)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    return str(path)
 
 
 def image_name(code: int) -> str:
@@ -43,19 +68,42 @@ def tiny_config() -> ChameleonConfig:
     vocab.update({image_name(code): len(SPECIALS) + perm[code] for code in range(V)})
     return ChameleonConfig(
         vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, vocabulary_map=vocab, bos_token_id=1, pad_token_id=3,
+        num_key_value_heads=2, max_position_embeddings=128, vocabulary_map=vocab,
         vq_config=dict(embed_dim=8, num_embeddings=V, latent_channels=8, resolution=16, base_channels=32,
                        channel_multiplier=[1, 2], num_res_blocks=1),
     )
 
 
+def save_tokenizer(path) -> None:
+    """A word-level tokenizer over the tiny vocabulary that knows every special token (as added tokens)."""
+    tok = Tokenizer(models.WordLevel(vocab=tiny_config().vocabulary_map, unk_token="<unk>"))
+    tok.add_special_tokens(["<s>", "<pad>", "</s>", "<unk>"] + SPECIAL_NAMES)
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                            pad_token="<pad>").save_pretrained(path)
+
+
 def build_checkpoint(path: str) -> str:
-    """Save a tiny random checkpoint with vqgan.yaml + vqgan.ckpt beside it to ``path``; return it."""
+    """Save a tiny random checkpoint as the converters do, its tokenizer, and vqgan.yaml + vqgan.ckpt beside it; return ``path``.
+
+    The q/k norms get one random row per layer shared by all heads (as Lumina-mGPT's are), so
+    the same weights exist in both layouts.
+    """
     torch.manual_seed(0)
     model = ChameleonForConditionalGeneration(tiny_config())
     with torch.no_grad():  # peaked targets, weak dependence on the previous token: drafts accepted and rejected
         model.lm_head.weight.mul_(6.0)
+        for layer in model.model.layers:
+            for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+                norm.weight.copy_((1 + 0.3 * torch.randn(1, norm.weight.shape[1])).expand_as(norm.weight))
+                norm.bias.copy_((0.2 * torch.randn(1, norm.bias.shape[1])).expand_as(norm.bias))
     model.save_pretrained(path)
+    config = json.loads(open(os.path.join(path, "config.json")).read())
+    for key in ("bos_token_id", "pad_token_id", "eos_token_id"):  # the converters write none of them
+        config.pop(key, None)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    save_tokenizer(path)
     with open(os.path.join(path, "vqgan.yaml"), "w") as f:
         yaml.safe_dump(VQGAN_YAML, f)
     decoder = ChameleonVQGANDecoder(VQGANConfig.from_dict(VQGAN_YAML))
@@ -191,7 +239,7 @@ def test_lumina_sequence_layout_and_decoded_size(lumina, ar_tokens):
     ids = image_ids_by_code(lumina)
     for b, prompt in enumerate(PROMPTS):
         seq = lumina.layout.full_sequence(prompt, [ids[c] for c in tokens[b].tolist()])
-        assert seq[: len(prompt) + 1] == [1, *prompt]
+        assert seq[: len(prompt) + 1] == [BOS_ID, *prompt]
         grid, codes = parse_lumina(lumina, seq)
         assert grid == lumina.grid == (6, 8) and codes == tokens[b].tolist()
     images = lumina.decode_images(tokens)
@@ -202,92 +250,20 @@ def test_lumina_sequence_layout_and_decoded_size(lumina, ar_tokens):
 def test_cached_sequence_is_the_family_sequence(lumina, anole, ar_tokens):
     for model in (lumina, anole):
         seen = {}
-        out = csdgen.generate(model, PROMPTS, method="sjd", window=9, sampling=GUIDED,
-                              callback=lambda info: seen.update(seq=info.session.sequence.clone(), P=info.session.prefix_length))
+
+        def record(info):
+            B = info.session.batch_size
+            for i, image in enumerate(info.rows.tolist()):
+                seen[image] = (info.session.row_sequence(i).tolist(), info.session.row_sequence(B + i).tolist())
+
+        out = csdgen.generate(model, PROMPTS, method="sjd", window=9, sampling=GUIDED, callback=record)
         ids = image_ids_by_code(model)
         for b, prompt in enumerate(PROMPTS):
             full = model.layout.full_sequence(prompt, [ids[c] for c in out.tokens[b].tolist()])
-            cached = seen["seq"][b].tolist()  # K = N - 1 image tokens at the end
-            pad = seen["P"] - len(model.layout.prefix(prompt))
-            assert cached[:pad] == [3] * pad
-            assert cached[pad:] == full[: len(cached) - pad]
-            assert cached[pad + len(full) - len(cached) :] != full  # and it is a strict prefix
-        assert torch.equal(seen["seq"][:2], seen["seq"][2:])  # uncond rows: same ids
-
-
-def test_anole_sequence_layout_and_decoded_size(anole, ar_tokens):
-    tokens = ar_tokens[("anole", 3.0, 1)]
-    vocab, ids = vocab_of(anole), image_ids_by_code(anole)
-    seq = anole.layout.full_sequence(PROMPTS[0], [ids[c] for c in tokens[0].tolist()])
-    assert seq == [1, *PROMPTS[0], vocab["<racm3:break>"], *[ids[c] for c in tokens[0].tolist()], vocab["<eoss>"]]
-    assert anole.grid == (8, 8) and anole.decode_images(tokens).shape == (1, 3, 16, 16)
-
-
-def test_real_vqgan_decoder_names_shapes_and_16x_size():
-    """Chameleon's released config (transformers' ChameleonVQVAEConfig defaults), built on the meta device."""
-    cfg = VQGANConfig()
-    assert cfg.downsampling == 16
-    with torch.device("meta"):
-        decoder = ChameleonVQGANDecoder(cfg)
-        out = decoder.decoder(decoder.post_quant_conv(torch.zeros(1, 256, 3, 5)))
-    assert out.shape == (1, 3, 48, 80)
-    shapes = {k: tuple(v.shape) for k, v in decoder.state_dict().items()}
-    assert shapes["quantize.embedding.weight"] == (8192, 256)
-    assert shapes["post_quant_conv.weight"] == (256, 256, 1, 1)
-    assert shapes["decoder.conv_in.weight"] == (512, 256, 3, 3)
-    assert shapes["decoder.mid.block_1.conv1.weight"] == (512, 512, 3, 3)
-    assert shapes["decoder.mid.attn_1.q.weight"] == (512, 512, 1, 1)
-    assert shapes["decoder.up.4.block.2.conv2.weight"] == (512, 512, 3, 3)
-    assert shapes["decoder.up.3.block.0.nin_shortcut.weight"] == (256, 512, 1, 1)
-    assert shapes["decoder.up.1.block.0.nin_shortcut.weight"] == (128, 256, 1, 1)
-    assert shapes["decoder.up.1.upsample.conv.weight"] == (128, 128, 3, 3)
-    assert shapes["decoder.conv_out.weight"] == (3, 128, 3, 3) and shapes["decoder.norm_out.weight"] == (128,)
-    assert not any(".attn." in k for k in shapes) and "decoder.up.0.upsample.conv.weight" not in shapes
-    assert not any("temb" in k or "encoder" in k for k in shapes)
-
-
-def test_vqgan_bare_state_dict_loads_and_attention_blocks_are_placed(checkpoint, tmp_path):
-    state = torch.load(os.path.join(checkpoint, "vqgan.ckpt"), weights_only=True)["state_dict"]
-    torch.save(state, tmp_path / "vqgan.ckpt")
-    decoder = load_vqgan_decoder(os.path.join(checkpoint, "vqgan.yaml"), str(tmp_path / "vqgan.ckpt"))
-    assert "decoder.up.1.attn.1.proj_out.weight" in decoder.state_dict()  # attn_resolutions [8]: lowest level
-    torch.testing.assert_close(decoder.quantize.embedding.weight, state["quantize.embedding.weight"])
-
-
-# (4) guidance in one batched forward == unbatched computation
-
-
-@pytest.mark.parametrize("kind", ["lumina", "anole"])
-def test_batched_guidance_equals_separate_cond_and_uncond_forwards(request, kind):
-    model = request.getfixturevalue(kind)
-    torch.manual_seed(3)
-    codes = torch.randint(0, V, (2, 11))
-    guided = model.start(PROMPTS, None, guided=True)
-    cond_only = model.start(PROMPTS, None, guided=False)
-    pre_g, pre_c = guided.prefill(), cond_only.prefill()
-    win_g, win_c = guided.forward(codes, 0), cond_only.forward(codes, 0)
-    assert pre_c.uncond is None
-    torch.testing.assert_close(pre_g.cond, pre_c.cond, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(win_g.cond, win_c.cond, atol=1e-5, rtol=1e-5)
-    vocab, ids = vocab_of(model), image_ids_by_code(model)
-    for b in range(2):  # unconditional: a plain forward over the visible tokens only
-        if kind == "lumina":
-            seq = [vocab["<racm3:break>"], vocab["<reserved08803>"], vocab["<reserved08804>"]]
-        else:
-            seq = [1, vocab["<racm3:break>"]]
-        outputs = [len(seq) - 1]
-        for i, c in enumerate(codes[b].tolist()):
-            seq.append(ids[c])
-            if kind == "lumina" and i % 8 == 7:
-                seq.append(vocab["<reserved08799>"])
-            outputs.append(len(seq) - 1)
-        with torch.no_grad():
-            logits = model.backbone.lm_head(model.backbone.model(input_ids=torch.tensor([seq])).last_hidden_state)[0][:, ids]
-        torch.testing.assert_close(pre_g.uncond[b, 0], logits[outputs[0]], atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(win_g.uncond[b], logits[outputs[1:]], atol=1e-4, rtol=1e-4)
-
-
-# (5) KV cache after rollback == fresh prefill of the committed tokens
+            cached, uncond = seen[b]  # K = N - 1 image tokens at the end, padding skipped
+            assert cached == full[: len(cached)] and len(cached) < len(full)  # a strict prefix
+            region = cached[len(model.layout.prefix(prompt)) :]
+            assert uncond[len(uncond) - len(region) :] == region  # uncond rows: same image ids
 
 
 @pytest.mark.parametrize("kind, method, sampling", [
@@ -300,24 +276,21 @@ def test_kv_state_after_every_iteration_equals_fresh_prefill(request, kind, meth
     checked = []
 
     def check(info):
-        K = info.session.cache_length
-        fresh = fresh_session(model, PROMPTS, sampling.guided, info.tokens, K)
-        assert torch.equal(info.session.sequence, fresh.sequence)
-        assert_same_cache(info.session, fresh)
-        checked.append(K)
+        assert_rows_match_fresh(model, PROMPTS, sampling.guided, info)
+        checked.append(info.session.cache_lengths.tolist())
 
     out = csdgen.generate(model, PROMPTS, method=method, window=10, sampling=sampling, seed=4, callback=check)
-    assert len(checked) == out.steps and checked[-1] == model.num_image_tokens - 1
+    assert len(checked) == out.steps and max(checked[-1]) == model.num_image_tokens - 1
 
 
 # (6) clear errors, and the memory estimate
 
 
 def test_errors_name_the_bad_value(checkpoint, lumina, tmp_path):
-    with pytest.raises(ValueError, match="not a directory"):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
         ChameleonImageModel.from_pretrained(str(tmp_path / "nope"))
     tiny_config().save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="has no weights"):
+    with pytest.raises(FileNotFoundError, match="holds no weights"):
         ChameleonImageModel.from_pretrained(str(tmp_path), height=12, width=16)
     for kwargs, match in [
         (dict(height=10, width=16), "height=10: allowed positive multiples of 4"),
@@ -325,13 +298,17 @@ def test_errors_name_the_bad_value(checkpoint, lumina, tmp_path):
         (dict(layout="emu3"), "layout='emu3'; allowed: lumina, anole"),
         (dict(layout="anole", height=32, width=32), "allowed only 16x16"),
         (dict(height=12, width=16, vqgan_dir=str(tmp_path)), "vqgan.yaml"),
+        (dict(height=12, width=16, prompt_template="no field"), r"has no \{prompt\}"),
+        (dict(height=12, width=16, prompt_template="{prompt} {size}"), r"allowed fields: \{prompt\}, \{width\}, \{height\}"),
     ]:
         with pytest.raises(ValueError, match=match):
             ChameleonImageModel.from_pretrained(checkpoint, **kwargs)
+    no_tokenizer = ChameleonImageModel(lumina.backbone, "lumina", 12, 16)
     with pytest.raises(ValueError, match="need a tokenizer"):
-        csdgen.generate(lumina, ["a cat"], method="ar")
-    with pytest.raises(ValueError, match="token ids must be in 0..76"):
-        csdgen.generate(lumina, [[4, 77]], method="ar")
+        csdgen.generate(no_tokenizer, ["a cat"], method="ar")
+    vocab = len(SPECIALS) + V
+    with pytest.raises(ValueError, match=f"token ids must be in 0..{vocab - 1}"):
+        csdgen.generate(lumina, [[4, vocab]], method="ar")
     with pytest.raises(ValueError, match="batch_size=3 differs"):
         lumina.start(PROMPTS, 3, True)
     broken = {k: v for k, v in torch.load(os.path.join(checkpoint, "vqgan.ckpt"), weights_only=True)["state_dict"].items()
@@ -341,28 +318,100 @@ def test_errors_name_the_bad_value(checkpoint, lumina, tmp_path):
         load_vqgan_decoder(os.path.join(checkpoint, "vqgan.yaml"), str(tmp_path / "vqgan.ckpt"))
 
 
+def test_too_long_prompt_is_refused_before_the_first_forward_naming_both_lengths(lumina, anole):
+    # lumina 6 x 8: <racm3:break>, 2 resolution tokens, 6 x 9 region, <eoss> = 58 positions of 128
+    ok, too_long = [[4] * (128 - 58 - 1)], [[4] * (128 - 58)]
+    lumina.start(ok, None, True)
+    with pytest.raises(ValueError, match=r"^prompt of 71 tokens \+ image of 58 positions = 129 > max_position_embeddings=128; "
+                                         r"allowed: prompts up to 70 tokens$"):
+        lumina.start(too_long, None, True)
+    # anole 8 x 8: <racm3:break>, 64 codes, <eoss> = 66 positions
+    with pytest.raises(ValueError, match=r"prompt of 63 tokens \+ image of 66 positions = 129 > max_position_embeddings=128"):
+        csdgen.generate(anole, [[4] * 62], method="ar")
+
+
 def test_memory_estimate_counts_parameters_cache_and_buffers(lumina):
     config = lumina.backbone.config
     params = sum(p.numel() for p in lumina.backbone.parameters())
     one = lumina.memory_estimate(1, 16, torch.float32)
-    seq = 128 + 4 + 6 * 9 + 1
+    seq = 128 + 1 + 2 + 6 * 9 + 1  # prompt (BOS included), <racm3:break>, 2 resolution tokens, region, <eoss>
     kv = 2 * 2 * 2 * seq * 2 * 16 * 4
-    assert one == (params + V * 64) * 4 + kv + (2 + 3) * 16 * V * 4
+    assert one == (params + V * 64) * 4 + kv + (2 + 3) * 17 * V * 4
+    estimate = lumina.memory(16)
+    assert [estimate.bytes(b) for b in (1, 2, 5)] == [lumina.memory_estimate(b, 16, torch.float32) for b in (1, 2, 5)]
+    assert estimate.bytes(2) - estimate.bytes(1) == estimate.per_image == kv + 5 * 17 * V * 4  # linear in the batch
+    assert lumina.memory_estimate(1, 16, torch.float32, prompt_length=10) < one
     assert lumina.memory_estimate(2, 16, torch.float32) > one > lumina.memory_estimate(1, 16, torch.bfloat16)
-    assert estimate_memory(config, lumina.layout, 1, 16, torch.float32, guided=False) < one
+    assert config_memory(config, lumina.layout, 16, torch.float32, guided=False).bytes(1) < one
 
 
-def test_string_prompts_use_the_template_and_tokenizer(checkpoint, tmp_path, ar_tokens):
-    """A word-level tokenizer over the tiny vocabulary; the template is applied before tokenising."""
-    path = tmp_path / "with_tokenizer"
-    shutil.copytree(checkpoint, path)
-    tok = Tokenizer(models.WordLevel(vocab=tiny_config().vocabulary_map, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", unk_token="<unk>", pad_token="<pad>").save_pretrained(path)
-    model = ChameleonImageModel.from_pretrained(str(path), height=12, width=16, prompt_template="t0 {prompt} t1")
-    assert model.prompt_ids(["t5 t3 t8"]) == [[4, 9, 7, 12, 5]] == [PROMPTS[0]]
-    out = csdgen.generate(model, ["t5 t3 t8"], method="sjd", window=6, sampling=GUIDED)
-    assert torch.equal(out.tokens, ar_tokens[("lumina", 3.0, 1)])
-    default = ChameleonImageModel.from_pretrained(str(path), height=12, width=16)
-    assert default.prompt_template.format(prompt="x", width=16, height=12) == (
-        "Generate an image of 16x12 according to the following prompt:\nx<reserved08706>")
+# (7) the released on-disk layouts: Lumina-mGPT's q/k norms, BOS by name, prompts by the reference templates
+
+
+def test_lumina_layout_loads_and_gives_the_same_logits_as_the_expanded_layout(checkpoint, tmp_path):
+    folder = lumina_layout(checkpoint, tmp_path / "Lumina-mGPT-tiny")
+    with pytest.raises(RuntimeError, match="size mismatch|mismatch"):  # what a plain transformers load does
+        ChameleonForConditionalGeneration.from_pretrained(folder)
+    config = ChameleonConfig.from_pretrained(folder)
+    assert shared_norm_shapes(folder, config) == {f"model.layers.{i}.self_attn.{n}_norm.{w}": (1, 16)
+                                                  for i in range(2) for n in "qk" for w in ("weight", "bias")}
+    assert shared_norm_shapes(checkpoint, config) == {}
+    lumina_model = ChameleonImageModel.from_pretrained(folder, height=12, width=16)
+    expanded = ChameleonImageModel.from_pretrained(checkpoint, height=12, width=16)
+    assert lumina_model.backbone.model.layers[0].self_attn.q_norm.weight.shape == (4, 16)
+    assert lumina_model.backbone.model.layers[1].self_attn.k_norm.bias.shape == (2, 16)
+    torch.manual_seed(5)
+    codes = torch.randint(0, V, (2, 13))
+    a, b = lumina_model.start(PROMPTS, None, True), expanded.start(PROMPTS, None, True)
+    for x, y in ((a.prefill(), b.prefill()), (a.forward(codes, 0), b.forward(codes, 0))):
+        assert torch.equal(x.cond, y.cond) and torch.equal(x.uncond, y.uncond)
+    assert auto.family_of(folder) == "lumina-mgpt"
+
+
+def test_lumina_shard_rows_are_repeated_per_head(checkpoint, tmp_path):
+    """model_parallel_size 2: each shard's row serves its heads (Lumina-mGPT ``repeat_param``)."""
+    folder = lumina_layout(checkpoint, tmp_path / "mp2")
+    file = os.path.join(folder, "model.safetensors")
+    state = load_file(file)
+    rows = torch.tensor([[1.0] * 16, [2.0] * 16])
+    state["model.layers.0.self_attn.q_norm.weight"] = rows
+    save_file(state, file, metadata={"format": "pt"})
+    model = ChameleonImageModel.from_pretrained(folder, height=12, width=16)
+    assert model.backbone.model.layers[0].self_attn.q_norm.weight[:, 0].tolist() == [1.0, 1.0, 2.0, 2.0]
+    state["model.layers.0.self_attn.q_norm.weight"] = torch.ones(3, 16)
+    save_file(state, file, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"q_norm.weight has shape \[3, 16\]: allowed \[4, 16\] .* or \[model_parallel_size, 16\]"):
+        ChameleonImageModel.from_pretrained(folder, height=12, width=16)
+
+
+def test_bos_and_pad_come_from_the_vocabulary_not_the_config_default(checkpoint, lumina, anole):
+    config = json.loads(open(os.path.join(checkpoint, "config.json")).read())
+    assert "bos_token_id" not in config and ChameleonConfig.from_pretrained(checkpoint).bos_token_id == 1  # the trap: <pad>
+    for model in (lumina, anole):
+        assert (model.layout.bos, model.layout.pad) == (BOS_ID, PAD_ID)
+        ids = model.start(PROMPTS, None, False).prefix_ids  # row 0 the longest, row 1 left-padded by 2
+        assert ids[0, 0] == BOS_ID and ids[1].tolist()[:3] == [PAD_ID, PAD_ID, BOS_ID]
+
+
+def test_string_prompts_give_the_reference_rows(lumina, anole, checkpoint):
+    """Cond and uncond rows for "red cat", written out by hand from the reference code.
+
+    Lumina-mGPT (demos, ``Conversation``, ``xllmx`` item processor): ``<s>`` + "Generate an image of
+    {W}x{H} according to the following prompt:\n{prompt}" + ``<reserved08706>``, then (forced
+    here) ``<racm3:break>`` and the height/width tokens; uncond = from ``<racm3:break>`` on.
+    Anole (``text2image.py``, ``tokens_from_ui``, ``_split_inputs_for_cfg``): ``<s>`` + prompt +
+    ``<reserved08706>`` + ``<racm3:break>``; uncond = ``[<s>, <racm3:break>]``.
+    """
+    v = tiny_config().vocabulary_map
+    words = [v[w] for w in ["Generate", "an", "image", "of", "16x12", "according", "to", "the", "following", "prompt:"]]
+    boi, eot, h, w = v["<racm3:break>"], v["<reserved08706>"], v["<reserved08803>"], v["<reserved08804>"]
+    red, cat = v["red"], v["cat"]
+    cond, uncond = lumina.prompt_rows(["red cat"])
+    assert cond == [[0, *words, red, cat, eot, boi, h, w]] and uncond == [[boi, h, w]]
+    cond, uncond = anole.prompt_rows(["red cat"])
+    assert cond == [[0, red, cat, eot, boi]] and uncond == [[0, boi]]
+    assert (eot, boi) == (SPECIALS.index("<reserved08706>"), SPECIALS.index("<racm3:break>"))
+    custom = ChameleonImageModel.from_pretrained(checkpoint, height=12, width=16, prompt_template="t0 {prompt} t1")
+    assert custom.prompt_ids(["t5 t3 t8"]) == [[4, 9, 7, 12, 5]] == [PROMPTS[0]]
+    out = csdgen.generate(custom, ["t5 t3 t8"], method="sjd", window=6, sampling=GUIDED)
+    assert torch.equal(out.tokens, csdgen.generate(lumina, PROMPTS[:1], method="ar", sampling=GUIDED).tokens)

@@ -20,7 +20,7 @@ from transformers import (
 import csdgen
 from csdgen import SamplingConfig
 from csdgen.models.janus import JanusImageModel, estimate_memory_from_pretrained
-from kv_check import assert_same_cache, fresh_session
+from kv_check import assert_rows_match_fresh
 
 PAD, BOS, EOS, IMAGE, BOI, EOI = 0, 1, 2, 3, 4, 5
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<image_placeholder>", "<begin_of_image>", "<end_of_image>", "<|User|>", "<|Assistant|>"]
@@ -206,13 +206,11 @@ def test_kv_state_after_every_iteration_equals_fresh_prefill(janus, method, samp
     checked = []
 
     def check(info):
-        K = info.session.cache_length
-        fresh = fresh_session(janus, PROMPTS, sampling.guided, info.tokens, K)
-        assert_same_cache(info.session, fresh)
-        checked.append(K)
+        assert_rows_match_fresh(janus, PROMPTS, sampling.guided, info)
+        checked.append(info.session.cache_lengths.tolist())
 
     out = csdgen.generate(janus, PROMPTS, method=method, window=8, sampling=sampling, seed=1, callback=check)
-    assert len(checked) == out.steps and checked[-1] == 35
+    assert len(checked) == out.steps and max(checked[-1]) == 35
 
 
 # (6) errors
@@ -245,7 +243,7 @@ def test_bad_conditions_and_dtype(janus, checkpoint):
         janus.start("a red dog", None, True)
     with pytest.raises(ValueError, match="dtype='int8'"):
         JanusImageModel.from_pretrained(checkpoint, dtype="int8")
-    with pytest.raises(ValueError, match="start=3 but the session holds 0"):
+    with pytest.raises(ValueError, match=r"start\[0\]=3: allowed 0..0"):
         session = janus.start(PROMPTS, None, True)
         session.prefill()
         session.forward(torch.zeros(2, 1, dtype=torch.long), 3)
@@ -266,6 +264,58 @@ def test_strings_need_a_processor_and_generation_config_needs_special_ids(tmp_pa
 def test_memory_estimate_counts_parameters_kv_cache_and_buffers(janus, checkpoint):
     params = sum(p.numel() for p in janus.model.parameters())
     kv = 2 * 2 * 4 * (10 + 36) * 2 * 16 * 4  # layers, k+v, 2B rows, positions, kv heads, head dim, bytes
-    buffers = 4 * 2 * 16 * V * 4
+    buffers = 2 * (2 + 3) * 17 * V * 4  # per image: its 2 rows of logits + target, draft, residual over W + 1 slots
     assert janus.memory_estimate(2, 16, torch.float32, prompt_length=10) == params * 4 + kv + buffers
     assert estimate_memory_from_pretrained(checkpoint, 2, 16, "float32", prompt_length=10) == params * 4 + kv + buffers
+    estimate = janus.memory(16, prompt_length=10)
+    assert estimate.fixed == params * 4 and estimate.per_image * 2 == kv + buffers  # linear in the batch size
+    assert estimate.largest_batch(int((params * 4 + 3 * estimate.per_image) / 0.9) + 1) == 3  # 10 % headroom kept
+
+
+# (7) the reference prompt, prefill through the generation head, refusals before the first forward
+
+
+def test_cond_and_uncond_rows_equal_the_hand_written_sequence(janus):
+    """deepseek-ai/Janus generation_inference.py: ``<|User|>: {prompt}\\n\\n<|Assistant|>:`` + ``<begin_of_image>``
+    after BOS; the uncond row keeps BOS and begin-of-image and pads the rest (``tokens[i, 1:-1] = pad_id``)."""
+    tok = janus.processor.tokenizer
+    user, assistant, colon, red, cat = tok.convert_tokens_to_ids(["<|User|>", "<|Assistant|>", ":", "red", "cat"])
+    cond, uncond = janus.prompt_rows(["red cat"])
+    assert cond == [[BOS, user, colon, red, cat, assistant, colon, BOI]]
+    assert uncond == [[BOS, PAD, PAD, PAD, PAD, PAD, PAD, BOI]]
+    assert (janus.bos_token_id, janus.boi_token_id, janus.pad_token_id) == (BOS, BOI, PAD)
+
+
+def test_prompt_template_applies_before_the_chat_template(checkpoint):
+    model = JanusImageModel.from_pretrained(checkpoint, prompt_template="{prompt} in the rain")
+    assert model.prompt_rows(["a cat"])[0] == JanusImageModel.from_pretrained(checkpoint).prompt_rows(["a cat in the rain"])[0]
+
+
+def test_prefill_sends_only_the_last_position_through_the_generation_head(janus):
+    shapes = []
+    hook = janus.model.model.generation_head.register_forward_hook(lambda m, args, out: shapes.append(tuple(args[0].shape)))
+    try:
+        session = janus.start(PROMPTS, None, True)
+        first = session.prefill()
+        session.forward(torch.zeros(2, 3, dtype=torch.long), 0)
+    finally:
+        hook.remove()
+    assert shapes == [(4, 1, 64), (4, 3, 64)] and first.cond.shape == (2, 1, V)
+
+
+def test_too_long_prompt_is_refused_before_the_first_forward(janus):
+    limit = janus.config.text_config.max_position_embeddings
+    with pytest.raises(ValueError, match=rf"^prompt of {limit - 35} tokens \+ image of 36 positions = {limit + 1} > "
+                                         rf"max_position_embeddings={limit}; allowed: prompts up to {limit - 36} tokens$"):
+        janus.start([[BOS] + [7] * (limit - 37)], None, True)
+    assert janus.start([[BOS] + [7] * (limit - 38)], None, True).batch_size == 1
+
+
+def test_unsupported_size_is_refused_before_the_weights_are_read(checkpoint, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(checkpoint, broken)
+    (broken / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(ValueError, match="image_size=48: this Janus checkpoint makes 24 x 24 images only"):
+        JanusImageModel.from_pretrained(broken, image_size=48)

@@ -35,17 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _error(message: str) -> None:
-    # a fresh line: a progress bar may still own the current one
-    sys.stderr.write(f"\ncsdgen: {message}\n" if _bar_line_open() else f"csdgen: {message}\n")
+    # progress bars are closed (``with``) before an error reaches here, so the line is free
+    sys.stderr.write(f"csdgen: {message}\n")
     sys.stderr.flush()
-
-
-def _bar_line_open() -> bool:
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover
-        return False
-    return bool(getattr(tqdm, "_instances", None))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-SAMPLING_KEYS = ("guidance_scale", "temperature", "top_k", "window", "lam", "delta")
+SAMPLING_KEYS = ("guidance_scale", "temperature", "top_k", "top_p", "lam", "delta")
 
 
 def note(message: str) -> None:
@@ -60,9 +60,9 @@ def sampling_of(args):
                           top_p=args.top_p)
 
 
-def clamp_window(window: int, num_tokens: int) -> int:
-    """``window`` capped at the image length, with a note when it was larger."""
-    if window > num_tokens:
+def clamp_window(window: int | str, num_tokens: int) -> int | str:
+    """``window`` capped at the image length, with a note when it was larger (``"auto"`` as is)."""
+    if window != "auto" and window > num_tokens:
         note(f"--window {window} is longer than the image ({num_tokens} tokens): using {num_tokens}")
         return num_tokens
     return window
@@ -74,7 +74,14 @@ def canonical_classes(given: list[str], class_names: list[str]) -> list[str]:
     return [lower.get(c.lower(), c) for c in given]
 
 
-def builtin_model(args):
+def default_window(args, defaults: dict, fixed: bool) -> None:
+    """``--window`` left out: ``"auto"`` (as :func:`csdgen.generate`), or with ``fixed`` the model's
+    measured window (compare: bit-reproducible tables)."""
+    if getattr(args, "window", None) is None:
+        args.window = defaults["window"] if fixed else "auto"
+
+
+def builtin_model(args, fixed_window: bool = False):
     """Load the built-in model on ``--device`` (default cpu), with its defaults filled into ``args``.
 
     Returns:
@@ -103,7 +110,9 @@ def builtin_model(args):
         for module in (model.components.ar, model.components.vq, model.components.classifier):
             module.to(device)
         model.device = torch.device(device)
-    fill_defaults(args, model_defaults(model, "builtin"))
+    defaults = model_defaults(model, "builtin")
+    fill_defaults(args, defaults)
+    default_window(args, defaults, fixed_window)
     names = canonical_classes(args.classes, model.class_names) if args.classes else model.class_names
     ids = model.class_ids(names)  # raises on an unknown class
     count = args.num_images or 8

@@ -60,6 +60,13 @@ def count(minimum: int = 1, what: str = ""):
     return integer
 
 
+def window(text: str) -> int | str:
+    """``--window``: an integer >= 1, or "auto" (the engine picks each iteration's width from measured times)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    return count()(text)
+
+
 def number(text: str) -> float:
     try:
         return float(text)
@@ -141,21 +148,25 @@ def add_sampling(p: argparse.ArgumentParser, *, family_note: bool = False) -> No
     p.add_argument("--top-k", type=top_k, default=None, metavar="K",
                    help=f"0 or none = no top-k (default: the model's; built-in "
                         f"{'none' if d.top_k is None else d.top_k}{also})")
-    p.add_argument("--top-p", type=number, default=None, metavar="P", help="nucleus sampling (default: none)")
+    p.add_argument("--top-p", type=number, default=None, metavar="P",
+                   help=f"nucleus mass (default: the model's; built-in {'none' if d.top_p is None else d.top_p}{also})")
     p.add_argument("--entropy-unit", choices=ENTROPY_UNITS, default="nats",
                    help="CSD's entropy: nats (the paper's) or normalized by ln V (default nats)")
 
 
-def add_method_options(p: argparse.ArgumentParser, *, family_note: bool = False) -> None:
+def add_method_options(p: argparse.ArgumentParser, *, family_note: bool = False, fixed_window: bool = False) -> None:
     """Window, CSD lambda and delta, Addition's c and the draft initialisation of one run."""
     d = family_defaults("builtin")
     also = "; with --model the family's" if family_note else ""
-    p.add_argument("--window", type=count(), default=None, metavar="W",
-                   help=f"Jacobi window: draft tokens verified per forward, clamped to the image length "
-                        f"(default: the model's; built-in {d.window}{also})")
+    default = (f"default {d.window}, the built-in model's measured window" if fixed_window else
+               "default auto: the engine picks 1..32 per iteration from measured times, so images are "
+               "reproducible in distribution only; a fixed W gives the same images for any --batch-size")
+    p.add_argument("--window", type=window, default=None, metavar="W",
+                   help=f"Jacobi window: draft tokens verified per forward (clamped to the image length), or auto "
+                        f"({default})")
     p.add_argument("--lam", type=number, default=None, help=f"CSD lambda (default: the model's; built-in {d.lam:g}{also})")
     p.add_argument("--delta", type=number, default=None,
                    help=f"CSD total-variation threshold (default: the model's; built-in {d.delta:g}{also})")
     p.add_argument("--addition-c", type=number, default=0.2, metavar="C", help="constant of the Addition rule (default 0.2)")
-    p.add_argument("--draft-init", choices=DRAFT_INITS, default="uniform",
-                   help="draft initialisation (default uniform, the CSD reference; LANTERN always uses onehot)")
+    p.add_argument("--draft-init", choices=DRAFT_INITS, default=None,
+                   help="draft initialisation (default: what the method needs, else uniform, the CSD reference)")

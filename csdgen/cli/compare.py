@@ -27,7 +27,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.set_defaults(num_images=64)
     p.add_argument("--methods", type=opt.names_of(COMPARE_METHODS, "method"), default=None,
                    help=f"comma-separated, of {','.join(COMPARE_METHODS)} (default: all; ar is always run)")
-    opt.add_method_options(p)
+    opt.add_method_options(p, fixed_window=True)
     opt.add_sampling(p)
     p.set_defaults(run=run)
     return p
@@ -36,11 +36,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args) -> int:
     from tqdm import tqdm
 
-    from csdgen.evaluation.compare import method_presets, run_method, score_run, table_rows, to_csv, to_markdown
+    from csdgen.evaluation.compare import method_presets, score_run, table_rows, to_csv, to_markdown
+    from csdgen.runs import run_method
     from csdgen.evaluation.maps import image_grid, save_png, to_uint8
     from csdgen.evaluation.quality import QualityScorer
 
-    model, classes = builtin_model(args)
+    model, classes = builtin_model(args, fixed_window=True)
     sampling = sampling_of(args)
     presets = method_presets(args.lam, args.delta, args.addition_c, model.codebook_embeddings(),
                              entropy_unit=args.entropy_unit, draft_init=args.draft_init)

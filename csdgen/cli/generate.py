@@ -9,14 +9,20 @@ images upscaled x2 by nearest neighbour to 128 x 128; checkpoints at their own s
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
 from . import _options as opt
-from ._common import builtin_model, cap_builtin_batch, clamp_window, fill_defaults, model_defaults, sampling_of, writable
+from ._common import (builtin_model, cap_builtin_batch, clamp_window, default_window, fill_defaults, model_defaults,
+                      sampling_of, writable)
 
 #: options of ``--model`` only (the built-in model refuses them)
-MODEL_ONLY = ("prompts", "prompts_file", "layout", "height", "width", "image_size", "negative_prompt", "dtype")
+MODEL_ONLY = ("prompts", "prompts_file", "layout", "height", "width", "image_size", "negative_prompt", "positive_prompt",
+              "prompt_template", "dtype")
+#: printed once when --temperature 0 is given with --model
+GREEDY_WARNING = ("csdgen: warning: --temperature 0 is greedy decoding, known to give flat or black images on these "
+                  "models; use it for checks (greedy equivalence), sample with the family's temperature for pictures")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -42,6 +48,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--width", type=opt.count(), default=None, help="image width in pixels (default: the family's)")
     g.add_argument("--image-size", type=opt.count(), default=None, help="square image side in pixels")
     g.add_argument("--negative-prompt", default=None, help="Emu3: prompt of the unconditional rows (default Emu3's own)")
+    g.add_argument("--positive-prompt", default=None,
+                   help="Emu3: text appended to every prompt (default Emu3's ' masterpiece, film grained, best quality.'; "
+                        "'' = off)")
+    g.add_argument("--prompt-template", default=None,
+                   help="template for each prompt with {prompt}, {width}, {height} (default: the family's, docs/models.md)")
     g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="default bfloat16 on cuda, float32 on cpu")
     p.set_defaults(run=run)
@@ -60,8 +71,10 @@ def _generate_kwargs(args, rule, sampling) -> dict:
             "refresh": args.refresh}
 
 
-def _run_settings(args, rule, sampling, batch_size: int) -> dict:
-    return {"method": args.method, "rule": repr(rule), "window": args.window, "seed": args.seed, "batch_size": batch_size,
+def _run_settings(args, rule, sampling) -> dict:
+    """What determines the images (compared on resume). Not the batch size: image i draws from its own
+    random stream keyed by (seed, i), so a rerun with another --batch-size resumes the same images."""
+    return {"method": args.method, "rule": repr(rule), "window": args.window, "seed": args.seed,
             "draft_init": args.draft_init, "refresh": args.refresh, "sampling": asdict(sampling)}
 
 
@@ -77,9 +90,12 @@ def builtin_job(args):
     model, classes = builtin_model(args)
     sampling = sampling_of(args)
     rule = _rule(args)
-    batch_size = cap_builtin_batch(args, model, 1 if args.method == "ar" else args.window, sampling.guided, len(classes))
+    from csdgen.decoding import AUTO_MAX_WINDOW
+
+    widest = 1 if args.method == "ar" else AUTO_MAX_WINDOW if args.window == "auto" else args.window
+    batch_size = cap_builtin_batch(args, model, widest, sampling.guided, len(classes))
     weights = "shipped" if args.weights is None else str(args.weights)
-    settings = {"model": "builtin", "weights": weights, **_run_settings(args, rule, sampling, batch_size)}
+    settings = {"model": "builtin", "weights": weights, **_run_settings(args, rule, sampling)}
     labels = [{"class": model.class_names[c]} for c in classes]
     names = [f"{i:04d}_{label['class']}" for i, label in enumerate(labels)]
     return RunPlan(model, classes, names, labels, settings, _generate_kwargs(args, rule, sampling), scale=2), batch_size
@@ -124,6 +140,7 @@ def _checkpoint_folder(name: str) -> Path:
 
 def model_job(args):
     """The run plan of a checkpoint (``--model``) and its batch size."""
+    from csdgen.decoding import AUTO_MAX_WINDOW
     from csdgen.models.auto import default_device, default_dtype, family_of, load_model
     from csdgen.runs import RunPlan, slug
 
@@ -137,15 +154,21 @@ def model_job(args):
     from csdgen.models.defaults import FAMILY_DEFAULTS
 
     fill_defaults(args, asdict(FAMILY_DEFAULTS[family]))
+    default_window(args, asdict(FAMILY_DEFAULTS[family]), fixed=False)
     sampling = sampling_of(args)
+    if args.temperature == 0:
+        print(GREEDY_WARNING, file=sys.stderr)
     rule = _rule(args)
     conditions = [prompts[i % len(prompts)] for i in range(args.num_images or len(prompts))]
     batch_size = min(args.batch_size, len(conditions))
     device = args.device or default_device()
     dtype = args.dtype or str(default_dtype(device)).removeprefix("torch.")
-    model = load_model(folder, dtype=dtype, device=device, layout=args.layout, height=args.height,
+    model = load_model(args.model, dtype=dtype, device=device, layout=args.layout, height=args.height,
                        width=args.width, image_size=args.image_size, batch_size=batch_size,
-                       window=args.window, guided=sampling.guided, negative_prompt=args.negative_prompt)  # memory check first
+                       window=AUTO_MAX_WINDOW if args.window == "auto" else args.window, guided=sampling.guided,
+                       negative_prompt=args.negative_prompt,
+                       positive_prompt=args.positive_prompt, prompts=prompts,
+                       prompt_template=args.prompt_template)  # sizes, prompt lengths and memory checked first
     if getattr(model, "vqgan", True) is None:  # a Chameleon checkpoint without Chameleon's VQGAN files
         raise ValueError(f"{str(args.model)!r} has no image decoder: copy Chameleon's vqgan.yaml and vqgan.ckpt "
                          f"(its tokenizer/ folder) into {str(folder)!r} or {str(folder / 'tokenizer')!r}")
@@ -153,7 +176,8 @@ def model_job(args):
     args.window = clamp_window(args.window, model.num_image_tokens)
     settings = {"model": str(args.model), "checkpoint": str(folder), "family": family, "dtype": dtype, "device": device,
                 "grid": list(model.grid), "prompts": prompts, "negative_prompt": args.negative_prompt,
-                **_run_settings(args, rule, sampling, batch_size)}
+                "positive_prompt": args.positive_prompt, "prompt_template": args.prompt_template,
+                **_run_settings(args, rule, sampling)}
     labels = [{"prompt": p} for p in conditions]
     names = [f"{i:04d}_{slug(p, empty='prompt')}" for i, p in enumerate(conditions)]
     return RunPlan(model, conditions, names, labels, settings, _generate_kwargs(args, rule, sampling), scale=1), batch_size

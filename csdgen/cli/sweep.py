@@ -46,10 +46,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args) -> int:
     from tqdm import tqdm
 
-    from csdgen.evaluation.compare import run_method, score_run, to_csv, to_markdown
+    from csdgen.evaluation.compare import score_run, to_csv, to_markdown
     from csdgen.evaluation.quality import QualityScorer
     from csdgen.evaluation.sweep import frontier_plot, settings
-    from csdgen.runs import write_json
+    from csdgen.runs import run_method, write_json
 
     args.window = args.lam = args.delta = None  # a sweep sets these per point; filled only to validate the rest
     model, classes = builtin_model(args)

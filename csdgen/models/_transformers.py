@@ -1,12 +1,21 @@
-"""Pieces shared by the adapters built on transformers (Janus, Emu3, Chameleon, the class-conditional Llama).
+"""What the adapters built on transformers share (Janus, Emu3, Chameleon; the class-conditional Llama uses some).
 
-* :func:`resolve_dtype`, :data:`DTYPES`: the dtypes a checkpoint may be loaded in;
-* :func:`check_checkpoint`, :data:`WEIGHT_FILES`: a local transformers checkpoint folder;
-* :func:`left_pad`: a batch of prompts of different lengths;
-* :func:`kv_cache_bytes`, :func:`parameter_count`, :func:`meta_parameter_count`: memory estimates;
-* :class:`CachedSession`: ``rollback`` / ``cache_length`` over a transformers ``DynamicCache``,
-  with :meth:`CachedSession.sequence_length` mapping image positions to cached sequence
-  positions (for layouts with row-end tokens).
+One place each for:
+
+* checkpoint folders: :func:`check_checkpoint` (one exception type, FileNotFoundError, for a
+  missing folder, config or weights), :func:`resolve_dtype`;
+* tokenizers: :func:`load_tokenizer` (None when the folder has no tokenizer files) and
+  :func:`token_id` (a special token's id by NAME, checked between the tokenizer and the
+  checkpoint's vocabulary; config ids such as ``bos_token_id`` are never trusted);
+* prompts: :func:`format_prompt` (``{prompt}``, ``{width}``, ``{height}`` templates) and
+  :func:`check_sequence_length` (the refusal of a prompt too long for the position table);
+* left-padded rows: :class:`PaddedRows` (ids, attention mask, position ids of the prompt rows
+  and of the image region after them);
+* row ends: :class:`RowEnds` (an end-of-line token after every image row: image positions <->
+  sequence positions, and the window with the end-of-line tokens inserted);
+* memory: :class:`MemoryEstimate` (bytes, linear in the batch size, with :data:`HEADROOM`) and
+  :func:`estimate_memory`;
+* sessions: the per-row session over a ``DynamicCache`` is :class:`csdgen.models._ragged.RaggedSession`.
 
 Only torch is imported here (no transformers model code).
 """
@@ -14,29 +23,44 @@ Only torch is imported here (no transformers model code).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
-from .base import DecodingSession, WindowLogits
 
 __all__ = [
     "DTYPES",
     "WEIGHT_FILES",
+    "TOKENIZER_FILES",
+    "HEADROOM",
     "resolve_dtype",
     "check_checkpoint",
+    "load_tokenizer",
+    "token_id",
+    "format_prompt",
+    "check_sequence_length",
+    "check_token_ids",
     "left_pad",
+    "PaddedRows",
+    "RowEnds",
     "kv_cache_bytes",
     "parameter_count",
     "meta_parameter_count",
-    "CachedSession",
+    "MemoryEstimate",
+    "estimate_memory",
 ]
 
 #: dtype names accepted wherever a checkpoint is loaded
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 #: weight files of a transformers checkpoint folder (``*.safetensors`` shards count too)
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+#: files whose presence means the folder holds a tokenizer
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+#: fraction of the available memory the memory check keeps free: activations of one forward
+#: (not in the estimate), the CUDA context and allocator fragmentation
+HEADROOM = 0.10
 
 
 def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -53,27 +77,193 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 
 def check_checkpoint(path: str | os.PathLike, family: str) -> Path:
-    """Raise FileNotFoundError unless ``path`` is a folder with config.json and weights.
+    """The checkpoint folder, checked: it exists, has config.json and weights.
 
     Args:
         path: the folder; family: the family's name for the messages (``"Janus"``, ``"Emu3"``).
+
+    Raises:
+        FileNotFoundError: (one type for all three cases) no such folder, no config.json, no weights.
     """
     folder = Path(path)
     if not folder.is_dir():
         raise FileNotFoundError(f"{family} checkpoint folder {str(path)!r} does not exist (give a local folder; no downloads)")
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{str(path)!r} has no config.json: not a transformers {family} checkpoint")
-    if not any((folder / name).is_file() for name in WEIGHT_FILES) and not any(folder.glob("*.safetensors")):
-        raise FileNotFoundError(f"{str(path)!r} holds no weights; expected one of {', '.join(WEIGHT_FILES)}")
+    if not any((folder / name).is_file() for name in WEIGHT_FILES) and not any(folder.glob("*.safetensors")) \
+            and not any(folder.glob("pytorch_model*.bin")):
+        raise FileNotFoundError(f"{str(path)!r} holds no weights; expected one of {', '.join(WEIGHT_FILES)} or *.safetensors shards")
     return folder
+
+
+def load_tokenizer(folder: str | os.PathLike, loader: Any = None):
+    """The folder's tokenizer (``loader.from_pretrained``, default ``AutoTokenizer``), or None without tokenizer files."""
+    folder = Path(folder)
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    if loader is None:
+        from transformers import AutoTokenizer as loader
+    return loader.from_pretrained(folder)
+
+
+def token_id(name: str, vocab: dict[str, int] | None, tokenizer: Any = None, what: str = "special token") -> int:
+    """The id of the token called ``name``, from the checkpoint's vocabulary and/or tokenizer.
+
+    Args:
+        name: the token's text (``"<s>"``, ``"<racm3:break>"``); vocab: the config's name -> id
+            map (None when the config has none); tokenizer: checked against ``vocab`` when both exist.
+
+    Raises:
+        ValueError: the name is in neither, or the two disagree on its id.
+    """
+    ids = []
+    if vocab:
+        if name in vocab:
+            ids.append(int(vocab[name]))
+    if tokenizer is not None:
+        tid = tokenizer.convert_tokens_to_ids(name)
+        unk = getattr(tokenizer, "unk_token_id", None)
+        if tid is not None and (tid != unk or name == getattr(tokenizer, "unk_token", None)):
+            ids.append(int(tid))
+    if not ids:
+        raise ValueError(f"{what} {name!r} is not in the checkpoint's vocabulary: not a checkpoint of this family?")
+    if len(set(ids)) > 1:
+        raise ValueError(f"{what} {name!r}: the tokenizer says id {ids[1]}, the config's vocabulary {ids[0]}; allowed: equal ids")
+    return ids[0]
+
+
+def format_prompt(template: str, prompt: str, width: int, height: int) -> str:
+    """``template.format(prompt=, width=, height=)`` (pixels).
+
+    Raises:
+        ValueError: a template without ``{prompt}`` or with other fields.
+    """
+    if "{prompt}" not in template:
+        raise ValueError(f"prompt template {template!r} has no {{prompt}}; allowed fields: {{prompt}}, {{width}}, {{height}}")
+    try:
+        return template.format(prompt=prompt, width=width, height=height)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(f"prompt template {template!r}: {exc!s}; allowed fields: {{prompt}}, {{width}}, {{height}} "
+                         "(double other braces)") from None
+
+
+def check_sequence_length(prompt_length: int, image_length: int, limit: int, what: str = "image") -> None:
+    """Refuse a sequence longer than the position table.
+
+    Args:
+        prompt_length: tokens of the longest prompt row (BOS and template included);
+        image_length: positions the image part takes (image tokens, row ends, special tokens);
+        limit: ``max_position_embeddings``.
+
+    Raises:
+        ValueError: naming both lengths, their sum, the limit and the longest prompt allowed.
+    """
+    if prompt_length + image_length > limit:
+        raise ValueError(
+            f"prompt of {prompt_length} tokens + {what} of {image_length} positions = {prompt_length + image_length} "
+            f"> max_position_embeddings={limit}; allowed: prompts up to {max(limit - image_length, 0)} tokens"
+        )
+
+
+def check_token_ids(ids: Sequence[int] | torch.Tensor, vocab_size: int) -> list[int]:
+    """A token-id condition -> list of ints.
+
+    Raises:
+        ValueError: an empty list or an id outside ``0 .. vocab_size - 1``.
+    """
+    ids = [int(i) for i in (ids.tolist() if isinstance(ids, torch.Tensor) else ids)]
+    if not ids or not all(0 <= i < vocab_size for i in ids):
+        raise ValueError(f"token ids {ids[:8]}{'...' if len(ids) > 8 else ''}: allowed a non-empty list of ids in 0..{vocab_size - 1}")
+    return ids
 
 
 def left_pad(rows: list[list[int]], pad: int, device: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad id lists: ``([R, P] int64 ids, [R, P] int64 mask)``, 1 on the real tokens."""
-    width = max(len(r) for r in rows)
-    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long, device=device)
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long, device=device)
-    return ids, mask
+    padded = PaddedRows(rows, pad, device)
+    return padded.ids, padded.mask
+
+
+class PaddedRows:
+    """Prompt rows of different lengths, left-padded, and the image region after them.
+
+    Row ``r`` holds ``rows[r]`` right-aligned in ``[R, P]``; ``visible[r][j]`` (default all
+    True) hides tokens inside a row too (Chameleon's unconditional rows). Position ids count
+    the visible tokens only, so a row reads exactly as an unpadded forward of its visible
+    tokens (rotary embeddings, causal mask).
+
+    Attributes:
+        ids: ``[R, P]`` int64; mask: ``[R, P]`` int64, 1 on visible tokens;
+        positions: ``[R, P]`` int64 position ids (pads clamped to 0, they are masked);
+        lengths: ``[R]`` int64 visible tokens per row = position id of the row's first region token;
+        padded: whether any prompt token is masked (else plain causal attention, mask None).
+
+    The region after the prompt has one length for all rows here (scalar ``start``); per-row
+    region lengths are the generalisation (csdgen/models/_ragged.py).
+    """
+
+    def __init__(self, rows: list[list[int]], pad: int, device: Any = None, visible: list[list[bool]] | None = None):
+        width = max(len(r) for r in rows)
+        self.ids = torch.tensor([[pad] * (width - len(r)) + list(r) for r in rows], dtype=torch.long, device=device)
+        vis = visible or [[True] * len(r) for r in rows]
+        self.mask = torch.tensor([[0] * (width - len(r)) + [int(v) for v in m] for r, m in zip(rows, vis)],
+                                 dtype=torch.long, device=device)
+        self.positions = (self.mask.cumsum(1) - 1).clamp(min=0)
+        self.lengths = self.mask.sum(1)
+        self.padded = not bool(self.mask.all())
+
+    @property
+    def width(self) -> int:
+        """P, the padded prompt length."""
+        return self.ids.shape[1]
+
+    def region_positions(self, offset: int, width: int) -> torch.Tensor:
+        """``[R, width]`` position ids of region slots ``offset .. offset + width - 1``."""
+        return self.lengths[:, None] + offset + torch.arange(width, device=self.ids.device)
+
+    def attention_mask(self, region: int) -> torch.Tensor | None:
+        """``[R, P + region]`` mask over the prompt and ``region`` region slots; None without masked tokens."""
+        if not self.padded:
+            return None
+        return torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], region)], dim=1)
+
+
+class RowEnds:
+    """An end-of-line token after every row of ``cols`` image tokens (Lumina-mGPT, Emu3), or none.
+
+    The end-of-line tokens are forced: the model's output at a row's last image token is not
+    used, the end-of-line token's output predicts the next row's first token. So image token
+    ``i`` sits at region slot ``i + i // cols`` and its prediction comes from the slot after it
+    when it ends a row.
+
+    Args:
+        cols: image tokens per row; token: the end-of-line id, or None for a layout without row ends.
+    """
+
+    def __init__(self, cols: int, token: int | None):
+        self.cols, self.token = cols, token
+
+    def region_length(self, k: int) -> int:
+        """Region slots holding image tokens ``0 .. k - 1`` (with the row end of every complete row)."""
+        return k + (k // self.cols if self.token is not None else 0)
+
+    def is_row_end(self, i: int) -> bool:
+        """Whether an end-of-line token follows image token ``i``."""
+        return self.token is not None and i % self.cols == self.cols - 1
+
+    def insert(self, ids: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Window ids ``[R, W]`` of image positions ``start ..`` -> ``([R, W + e] ids, [W] output slots)``.
+
+        Output slot ``j`` is where the distribution of image position ``start + j + 1`` is read:
+        the token's own slot, or its end-of-line token's. Vectorised (no loop over the window).
+        """
+        W = ids.shape[1]
+        if self.token is None:
+            return ids, torch.arange(W, device=ids.device)
+        ends = ((start + torch.arange(W, device=ids.device) + 1) % self.cols == 0).long()  # [W]
+        out = torch.arange(W, device=ids.device) + ends.cumsum(0)  # slot of the token, or of its row end
+        seq = ids.new_full((ids.shape[0], W + (W + start % self.cols) // self.cols), self.token)
+        seq[:, out - ends] = ids
+        return seq, out
 
 
 def kv_cache_bytes(text_config: Any, rows: int, length: int, element_size: int) -> int:
@@ -98,41 +288,53 @@ def meta_parameter_count(model_class: type, config: Any) -> int:
         return parameter_count(model_class(config))
 
 
-class CachedSession(DecodingSession):
-    """A session over a transformers ``DynamicCache``: ``rollback`` and ``cache_length``.
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes a run needs: ``fixed + per_image * batch_size`` (linear in the batch size).
 
-    Subclasses set ``self.cache`` (the ``DynamicCache``), ``self.batch_size``, ``self.guided``
-    and ``self._length`` (image positions cached; -1 before prefill), and override
-    :meth:`sequence_length` when the cached sequence holds more than the image positions
-    (row-end tokens): rollback drops the difference of the two sequence lengths.
+    Attributes:
+        fixed: bytes that do not grow with the batch (parameters, copies of head rows).
+        per_image: bytes per image (its KV cache rows, its logits and probability buffers).
+        headroom: fraction of the available memory kept free (:data:`HEADROOM`).
     """
 
-    cache: Any
-    guided: bool
-    _length: int = -1
+    fixed: int
+    per_image: int
+    headroom: float = HEADROOM
 
-    def sequence_length(self, image_length: int) -> int:
-        """Cached sequence length holding ``image_length`` image positions, up to a constant offset."""
-        return image_length
+    def bytes(self, batch_size: int) -> int:
+        """Estimated bytes for ``batch_size`` images."""
+        return self.fixed + self.per_image * batch_size
 
-    def _check_start(self, start: int) -> None:
-        if start != self._length:
-            raise ValueError(f"start={start} but the session holds {self._length} image positions")
+    def usable(self, available: int) -> int:
+        """Bytes of ``available`` the estimate may use: ``floor(available * (1 - headroom))``."""
+        return int(available * (1 - self.headroom))
 
-    def _window_logits(self, logits: torch.Tensor) -> WindowLogits:
-        """``[R, W, V]`` logits of all rows -> cond rows, then (guided) uncond rows."""
-        if self.guided:
-            return WindowLogits(logits[: self.batch_size], logits[self.batch_size :])
-        return WindowLogits(logits, None)
+    def largest_batch(self, available: int) -> int:
+        """The largest batch size that fits ``available`` bytes with the headroom (0 if none)."""
+        room = self.usable(available) - self.fixed
+        return max(room // self.per_image, 0) if self.per_image else (1 << 30 if room >= 0 else 0)
 
-    def rollback(self, length):
-        if not 0 <= length <= self._length:
-            raise ValueError(f"rollback length={length}: allowed 0..{self._length}")
-        drop = self.sequence_length(self._length) - self.sequence_length(length)
-        if drop:
-            self.cache.crop(-drop)  # transformers 5.24 accepts only a negative count here
-        self._length = length
 
-    @property
-    def cache_length(self):
-        return self._length
+def estimate_memory(parameters: int, element_size: int, text_config: Any, sequence_length: int, codebook_size: int,
+                    window: int, guided: bool = True, extra_fixed: int = 0) -> MemoryEstimate:
+    """Memory of one decoding run, the same formula for every family.
+
+    Args:
+        parameters: parameter count (elements); element_size: bytes per element of the weights'
+            dtype (also the KV cache's); text_config: the decoder's config (layers, heads);
+        sequence_length: the longest row: prompt tokens + image positions (row ends and special
+            tokens included); codebook_size: V; window: W;
+        guided: two rows per image (conditional and unconditional) instead of one;
+        extra_fixed: further batch-independent bytes (e.g. a copy of the image rows of lm_head).
+
+    Returns:
+        fixed = ``parameters * element_size + extra_fixed``; per image =
+        ``kv_cache_bytes(text_config, rows, sequence_length)`` + ``(rows + 3) * (W + 1) * V * 4``
+        (float32 logits of the image's rows over a window, plus target, draft and residual
+        distributions), rows = 2 guided, 1 otherwise. Activations of one forward are not
+        counted: :data:`HEADROOM` covers them.
+    """
+    rows = 2 if guided else 1
+    per_image = kv_cache_bytes(text_config, rows, sequence_length, element_size) + (rows + 3) * (window + 1) * codebook_size * 4
+    return MemoryEstimate(parameters * element_size + extra_fixed, per_image)

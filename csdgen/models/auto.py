@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from ._transformers import DTYPES as _DTYPES
+from ._transformers import HEADROOM, MemoryEstimate, check_checkpoint, meta_parameter_count
 from .base import ImageTokenModel
 
 __all__ = [
@@ -37,6 +38,10 @@ __all__ = [
     "guess_layout",
     "family_of",
     "available_memory",
+    "HEADROOM",
+    "DEFAULT_PROMPT_LENGTH",
+    "prompts_for",
+    "estimate_memory",
     "estimate_memory_bytes",
     "check_memory",
     "default_device",
@@ -48,6 +53,8 @@ __all__ = [
 #: config.json ``model_type`` -> the adapter that drives it
 MODEL_TYPES = {"janus": "JanusImageModel", "emu3": "Emu3ImageModel", "chameleon": "ChameleonImageModel"}
 _LUMINA_ARCHITECTURES = ("ChameleonXLLMXForConditionalGeneration",)
+#: prompt tokens the memory check assumes when the prompts are not given
+DEFAULT_PROMPT_LENGTH = 128
 
 
 def resolve_checkpoint(path_or_id: str | os.PathLike) -> Path:
@@ -168,71 +175,132 @@ def _janus_size(height: int | None, width: int | None) -> int | None:
     return height
 
 
-def estimate_memory_bytes(path: str | os.PathLike, family: str, batch_size: int, window: int, dtype: torch.dtype | str,
-                          *, height: int | None = None, width: int | None = None, image_size: int | None = None,
-                          guided: bool = True) -> int:
-    """The adapter's config-only memory estimate (weights not read), in bytes.
+def prompts_for(path: str | os.PathLike, family: str, *, height: int | None = None, width: int | None = None,
+                image_size: int | None = None, prompt_template: str | None = None, negative_prompt: str | None = None,
+                positive_prompt: str | None = None):
+    """The family's prompt builder from the checkpoint's config and tokenizer only (no weights read).
+
+    :class:`~csdgen.models.janus.JanusPrompts`, :class:`~csdgen.models.emu3.Emu3Prompts` or
+    :class:`~csdgen.models.chameleon.ChameleonPrompts`; building it checks the image size.
+
+    Raises:
+        ValueError: unsupported family or size, a bad template, missing special tokens.
+    """
+    height, width = _size(height, width, image_size)
+    template = {} if prompt_template is None else {"prompt_template": prompt_template}
+    if family == "janus":
+        from transformers import JanusConfig
+
+        from .janus import JanusPrompts, check_image_size
+
+        check_image_size(JanusConfig.from_pretrained(path), _janus_size(height, width))
+        return JanusPrompts.from_folder(path, **template)
+    if family == "emu3":
+        from .emu3 import Emu3Prompts
+
+        extra = {k: v for k, v in (("negative_prompt", negative_prompt), ("positive_prompt", positive_prompt)) if v is not None}
+        return Emu3Prompts.from_folder(path, height=height, width=width, **template, **extra)
+    if family in ("lumina-mgpt", "anole"):
+        from .chameleon import ChameleonPrompts
+
+        layout = "lumina" if family == "lumina-mgpt" else "anole"
+        return ChameleonPrompts.from_folder(path, layout=layout, height=height, width=width, **template)
+    raise ValueError(f"family={family!r}; allowed: janus, emu3, lumina-mgpt, anole")
+
+
+def estimate_memory(path: str | os.PathLike, family: str, window: int, dtype: torch.dtype | str, *,
+                    height: int | None = None, width: int | None = None, image_size: int | None = None,
+                    guided: bool = True, prompt_length: int | None = None) -> MemoryEstimate:
+    """The adapter's config-only memory estimate (weights not read), linear in the batch size.
 
     Args:
         family: a key of ``FAMILY_DEFAULTS`` as :func:`family_of` returns it.
+        prompt_length: tokens of the longest prompt row; default :data:`DEFAULT_PROMPT_LENGTH`.
 
     Raises:
         ValueError: unsupported family, size or dtype; FileNotFoundError: missing config/weights.
     """
     height, width = _size(height, width, image_size)
     dtype = _dtype(dtype, "cpu")
+    length = DEFAULT_PROMPT_LENGTH if prompt_length is None else int(prompt_length)
     if family == "janus":
-        from .janus import estimate_memory_from_pretrained
+        from transformers import JanusConfig, JanusForConditionalGeneration
 
-        _janus_size(height, width)
-        return estimate_memory_from_pretrained(path, batch_size, window, dtype, guided=guided)
+        from .janus import check_image_size, janus_memory
+
+        config = JanusConfig.from_pretrained(check_checkpoint(path, "Janus"))
+        check_image_size(config, _janus_size(height, width))
+        return janus_memory(config, meta_parameter_count(JanusForConditionalGeneration, config), window, dtype, length, guided)
     if family == "emu3":
-        from .emu3 import estimate_memory_from_pretrained
+        from transformers import Emu3Config, Emu3ForConditionalGeneration
 
-        return estimate_memory_from_pretrained(path, batch_size, window, dtype, height, width, guided=guided)
+        from .emu3 import emu3_memory, image_grid
+
+        config = Emu3Config.from_pretrained(check_checkpoint(path, "Emu3"))
+        count = meta_parameter_count(Emu3ForConditionalGeneration, config)
+        return emu3_memory(config, count, window, dtype, image_grid(config, height, width), length, guided)
     if family in ("lumina-mgpt", "anole"):
         from transformers import ChameleonConfig
 
-        from .chameleon import ChameleonLayout, estimate_memory
+        from .chameleon import ChameleonLayout, config_memory
 
-        config = ChameleonConfig.from_pretrained(path)
+        config = ChameleonConfig.from_pretrained(check_checkpoint(path, "Chameleon"))
         layout = ChameleonLayout.build(config, "lumina" if family == "lumina-mgpt" else "anole", height, width)
-        return estimate_memory(config, layout, batch_size, window, dtype, guided)
+        return config_memory(config, layout, window, dtype, guided, length)
     raise ValueError(f"family={family!r}; allowed: janus, emu3, lumina-mgpt, anole")
+
+
+def estimate_memory_bytes(path: str | os.PathLike, family: str, batch_size: int, window: int, dtype: torch.dtype | str,
+                          **kwargs) -> int:
+    """:func:`estimate_memory` for ``batch_size`` images, in bytes (keyword arguments as there)."""
+    return estimate_memory(path, family, window, dtype, **kwargs).bytes(batch_size)
 
 
 def check_memory(path: str | os.PathLike, family: str, batch_size: int, window: int, dtype: torch.dtype | str | None,
                  *, device: str | torch.device | None = None, height: int | None = None, width: int | None = None,
-                 image_size: int | None = None, guided: bool = True, max_memory_bytes: int | None = None) -> int:
+                 image_size: int | None = None, guided: bool = True, max_memory_bytes: int | None = None,
+                 prompt_length: int | None = None) -> int:
     """Refuse a batch that cannot fit, before any weight is read; return the estimate in bytes.
 
-    Available memory: ``max_memory_bytes`` when given, else :func:`available_memory` of
-    ``device`` (default :func:`default_device`).
+    The estimate (:func:`estimate_memory`) is computed once; it is linear in the batch size,
+    which gives the largest batch that fits directly. Available memory: ``max_memory_bytes``
+    when given, else :func:`available_memory` of ``device`` (default :func:`default_device`);
+    the estimate may use all but :data:`~csdgen.models._transformers.HEADROOM` of it.
 
     Raises:
-        ValueError: estimate above the available memory, naming both and a batch size that fits.
+        ValueError: one line naming the batch size, window, dtype, prompt length, the estimate,
+            the available and usable memory, and the largest batch size that fits.
     """
     device = device or default_device()
     dtype = _dtype(dtype, device)
-    kw = dict(height=height, width=width, image_size=image_size, guided=guided)
-    need = estimate_memory_bytes(path, family, batch_size, window, dtype, **kw)
+    estimate = estimate_memory(path, family, window, dtype, height=height, width=width, image_size=image_size,
+                               guided=guided, prompt_length=prompt_length)
+    need = estimate.bytes(batch_size)
     have = available_memory(device) if max_memory_bytes is None else int(max_memory_bytes)
-    if need <= have:
+    if need <= estimate.usable(have):
         return need
-    fits = next((b for b in range(batch_size - 1, 0, -1)
-                 if estimate_memory_bytes(path, family, b, window, dtype, **kw) <= have), None)
-    hint = f"try --batch-size {fits}" if fits else "even batch size 1 does not fit: try a smaller dtype, image or another device"
+    fits = min(estimate.largest_batch(have), batch_size - 1)
+    hint = f"try --batch-size {fits}" if fits >= 1 else "even batch size 1 does not fit: try a smaller dtype, image or another device"
+    length = DEFAULT_PROMPT_LENGTH if prompt_length is None else prompt_length
     raise ValueError(
-        f"{family} at batch size {batch_size}, window {window}, {str(dtype).removeprefix('torch.')} needs about "
-        f"{need / 2**30:.2f} GiB but {torch.device(device).type} has {have / 2**30:.2f} GiB available; {hint}"
+        f"{family} at batch size {batch_size}, window {window}, {str(dtype).removeprefix('torch.')}, prompts of {length} tokens "
+        f"needs about {need / 2**30:.2f} GiB but {torch.device(device).type} has {have / 2**30:.2f} GiB available "
+        f"({estimate.usable(have) / 2**30:.2f} GiB after keeping {estimate.headroom:.0%} free); {hint}"
     )
 
 
 def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype | str | None = None, device: str | torch.device | None = None,
                layout: str | None = None, height: int | None = None, width: int | None = None, image_size: int | None = None,
                max_memory_bytes: int | None = None, batch_size: int | None = 1, window: int | None = None,
-               guided: bool = True, negative_prompt: str | None = None, vqgan_dir: str | None = None) -> ImageTokenModel:
+               guided: bool = True, negative_prompt: str | None = None, vqgan_dir: str | None = None,
+               prompts: list[str] | None = None, prompt_template: str | None = None,
+               positive_prompt: str | None = None) -> ImageTokenModel:
     """Load a Janus, Emu3 or Chameleon-format (Lumina-mGPT / Anole) checkpoint as an image-token model.
+
+    Before any weight is read: the family, the image size, the prompt template and special
+    tokens (from the config and tokenizer), then -- when ``prompts`` are given -- their
+    length against ``max_position_embeddings``, then the memory for ``batch_size`` images
+    with the real prompt length (else :data:`DEFAULT_PROMPT_LENGTH` tokens).
 
     Args:
         path_or_id: a local checkpoint folder, or a Hugging Face repo id already in the local cache.
@@ -244,43 +312,58 @@ def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype | str | None
         batch_size, window: what the memory check assumes (batch_size None: no check; window
             default: the family's).
         negative_prompt: Emu3 only, the unconditional rows' prompt (default Emu3's documented one).
+        positive_prompt: Emu3 only, appended to each prompt string (default Emu3's; ``""`` = off).
         vqgan_dir: Chameleon only, folder of Chameleon's ``vqgan.yaml`` + ``vqgan.ckpt`` (default:
             the checkpoint folder or its ``tokenizer/`` when they hold both, else no image decoder).
+        prompts: the prompt strings the run will use (for the length and memory checks).
+        prompt_template: ``{prompt}``, ``{width}``, ``{height}`` template for prompt strings
+            (default: the family's, see docs/models.md).
 
     Raises:
-        FileNotFoundError: no such folder nor cached repo, or (Janus, Emu3) no config/weights.
-        ValueError: unsupported model type, layout, size or dtype; not enough memory;
-            (Chameleon) missing weights.
+        FileNotFoundError: no such folder nor cached repo, or no config/weights.
+        ValueError: unsupported model type, layout, size, dtype or template; a prompt too long;
+            not enough memory.
     """
     folder = resolve_checkpoint(path_or_id)
     model_type = model_type_of(folder)
     if layout is not None and model_type != "chameleon":
         raise ValueError(f"layout={layout!r} applies to Chameleon checkpoints only; {str(path_or_id)!r} is {model_type}")
-    if negative_prompt is not None and model_type != "emu3":
-        raise ValueError(f"negative_prompt applies to Emu3 checkpoints only; {str(path_or_id)!r} is {model_type}")
+    for name, value in (("negative_prompt", negative_prompt), ("positive_prompt", positive_prompt)):
+        if value is not None and model_type != "emu3":
+            raise ValueError(f"{name} applies to Emu3 checkpoints only; {str(path_or_id)!r} is {model_type}")
     family = family_of(folder, layout, str(path_or_id))
     device = device or default_device()
     dtype = _dtype(dtype, device)
+    check_checkpoint(folder, model_type.capitalize())
+    builder = prompts_for(folder, family, height=height, width=width, image_size=image_size, prompt_template=prompt_template,
+                          negative_prompt=negative_prompt, positive_prompt=positive_prompt)
+    prompt_length = None
+    if prompts:
+        prompt_length = builder.prompt_length(list(prompts))
+        builder.check_length(prompt_length)
     if batch_size is not None:
         from .defaults import FAMILY_DEFAULTS
 
         check_memory(folder, family, batch_size, window or FAMILY_DEFAULTS[family].window, dtype, device=device,
-                     height=height, width=width, image_size=image_size, guided=guided, max_memory_bytes=max_memory_bytes)
+                     height=height, width=width, image_size=image_size, guided=guided, max_memory_bytes=max_memory_bytes,
+                     prompt_length=prompt_length)
     height, width = _size(height, width, image_size)
+    template = {} if prompt_template is None else {"prompt_template": prompt_template}
     if family == "janus":
         from .janus import JanusImageModel
 
-        return JanusImageModel.from_pretrained(folder, dtype=dtype, device=device, image_size=_janus_size(height, width))
+        return JanusImageModel.from_pretrained(folder, dtype=dtype, device=device, image_size=_janus_size(height, width),
+                                               **template)
     if family == "emu3":
         from .emu3 import Emu3ImageModel
 
-        extra = {} if negative_prompt is None else {"negative_prompt": negative_prompt}
-        return Emu3ImageModel.from_pretrained(folder, dtype=dtype, device=device, height=height, width=width, **extra)
+        extra = {k: v for k, v in (("negative_prompt", negative_prompt), ("positive_prompt", positive_prompt)) if v is not None}
+        return Emu3ImageModel.from_pretrained(folder, dtype=dtype, device=device, height=height, width=width, **template, **extra)
     from .chameleon import ChameleonImageModel
 
     kind = "lumina" if family == "lumina-mgpt" else "anole"
     return ChameleonImageModel.from_pretrained(str(folder), dtype=dtype, device=device, layout=kind, height=height, width=width,
-                                               vqgan_dir=vqgan_dir)
+                                               vqgan_dir=vqgan_dir, prompt_template=prompt_template)
 
 
 def family_defaults_table() -> str:
@@ -290,11 +373,12 @@ def family_defaults_table() -> str:
     """
     from .defaults import FAMILY_DEFAULTS
 
-    lines = ["| family | guidance scale | temperature | top-k | window | lambda | delta | sources | notes |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| family | guidance scale | temperature | top-k | top-p | window | lambda | delta | sources | notes |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, d in FAMILY_DEFAULTS.items():
         top_k = "none" if d.top_k is None else str(d.top_k)
-        cells = [f"`{name}`", f"{d.guidance_scale:g}", f"{d.temperature:g}", top_k, str(d.window), f"{d.lam:g}",
+        top_p = "none" if d.top_p is None else f"{d.top_p:g}"
+        cells = [f"`{name}`", f"{d.guidance_scale:g}", f"{d.temperature:g}", top_k, top_p, str(d.window), f"{d.lam:g}",
                  f"{d.delta:g}", d.sources, d.notes or "-"]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines)

@@ -5,7 +5,17 @@ the dtype minimum, so this adapter runs ``model.model(...)`` (the decoder stack,
 cache) and applies the ``lm_head`` rows of the image tokens itself. Image tokens are the
 vocabulary entries named ``IMGIMG...`` (``config.vocabulary_map``); their codebook index comes
 from transformers' ``ChameleonImageVocabularyMapping.bpe2img``; column ``v`` of the returned
-logits is codebook entry ``v``. Nothing is hard-coded by id: special tokens are looked up by name.
+logits is codebook entry ``v``. Nothing is hard-coded by id: special tokens (BOS ``<s>``, pad
+``<pad>`` included) are looked up by name in ``config.vocabulary_map`` and the tokenizer. The
+converters (transformers' ``convert_chameleon_weights_to_hf.py``, Lumina-mGPT's copy of it) write
+config.json without ``bos_token_id``, so ChameleonConfig's default 1 (= ``<pad>``; ``<s>`` is 0)
+would be read: config ids are never used.
+
+Checkpoints: transformers' Chameleon layout, or Lumina-mGPT's (architecture
+``ChameleonXLLMXForConditionalGeneration``, ``self_attn.q_norm``/``k_norm`` weight and bias of
+shape ``[model_parallel_size, head_dim]``, shared by the heads of each shard; its
+``ChameleonLayerNorm.repeat_param``). The latter are expanded to ``[heads, head_dim]`` on load
+(:func:`load_backbone`): only those small tensors are read a second time.
 
 Sequence layouts (one row per image; ``P`` = prompt token ids, without BOS):
 
@@ -27,7 +37,9 @@ Sequence layouts (one row per image; ``P`` = prompt token ids, without BOS):
 
       <s> P <racm3:break> code_0 ... code_{N-1} <eoss>
 
-  with ``N = (resolution / f) ** 2`` (32 x 32 = 1024 for the 512 px VQGAN), no row ends.
+  with ``N = (resolution / f) ** 2`` (32 x 32 = 1024 for the 512 px VQGAN), no row ends. For
+  string prompts ``P`` ends with the end-of-turn ``<reserved08706>``, as Anole's ``text2image.py``
+  closes the text (its ``<END-OF-TURN>`` sentinel): the default template is ``"{prompt}<reserved08706>"``.
 
 Classifier-free guidance, ONE forward over ``2B`` rows (cond rows first): the unconditional
 rows hold the same ids; the attention mask hides the prompt and position ids count only the
@@ -41,31 +53,42 @@ tokens alone:
   ``ImageDecoder._split_inputs_for_cfg`` unconditional prompt ``[bos, begin_image]`` (its text
   and image guidance scales collapse to one scale for text-only prompts).
 
-Prompts of different lengths in one batch are left-padded (masked). Reference sampling, for
-the engine to apply (not done here): Lumina-mGPT CFG 3.0, image top-k 2000, temperature 1.0;
-Chameleon/Anole CFG 3.0 (text scale), temperature 0.7, top-p 0.9.
+Prompts of different lengths in one batch are left-padded (masked). Reference sampling
+(``FAMILY_DEFAULTS``, applied by the engine): Lumina-mGPT CFG 3.0, image top-k 2000,
+temperature 1.0; Anole CFG 3.0 (text scale), temperature 0.7, top-p 0.9.
 """
 
 from __future__ import annotations
 
-import glob
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoTokenizer, ChameleonConfig, ChameleonForConditionalGeneration, DynamicCache
+from transformers import ChameleonConfig, ChameleonForConditionalGeneration, DynamicCache
 
-from ._transformers import CachedSession, kv_cache_bytes, left_pad, meta_parameter_count
-from .base import ImageTokenModel, WindowLogits
+from ._transformers import (
+    MemoryEstimate, PaddedRows, RowEnds, check_checkpoint, check_sequence_length, estimate_memory,
+    format_prompt, load_tokenizer, meta_parameter_count, parameter_count, resolve_dtype, token_id,
+)
+from ._ragged import RaggedSession
+from .base import ImageTokenModel
 from .chameleon_vqgan import ChameleonVQGANDecoder, load_vqgan_decoder
+from .defaults import FAMILY_DEFAULTS
 
-__all__ = ["ChameleonLayout", "ChameleonImageModel", "LAYOUTS", "LUMINA_PROMPT_TEMPLATE", "estimate_memory"]
+__all__ = [
+    "ChameleonLayout", "ChameleonImageModel", "ChameleonPrompts", "LAYOUTS", "LUMINA_PROMPT_TEMPLATE", "ANOLE_PROMPT_TEMPLATE",
+    "config_memory", "load_backbone", "shared_norm_shapes",
+]
 
 LAYOUTS = ("lumina", "anole")
-BOI, EOI, NEWLINE = "<racm3:break>", "<eoss>", "<reserved08799>"
-LUMINA_PROMPT_TEMPLATE = "Generate an image of {width}x{height} according to the following prompt:\n{prompt}<reserved08706>"
+BOS, PAD, BOI, EOI, NEWLINE, END_OF_TURN = "<s>", "<pad>", "<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>"
+LUMINA_PROMPT_TEMPLATE = "Generate an image of {width}x{height} according to the following prompt:\n{prompt}" + END_OF_TURN
+ANOLE_PROMPT_TEMPLATE = "{prompt}" + END_OF_TURN
+#: prompt tokens the memory check assumes when the prompts are not known
+DEFAULT_PROMPT_LENGTH = 128
 
 
 def _grid_token_name(n: int) -> str:
@@ -78,20 +101,14 @@ def _downsampling(config: ChameleonConfig) -> int:
     return 2 ** (len(config.vq_config.channel_multiplier) - 1)
 
 
-def _name_id(config: ChameleonConfig, name: str, what: str) -> int:
-    vocab = config.vocabulary_map or {}
-    if name not in vocab:
-        raise ValueError(f"the checkpoint's vocabulary_map has no {name!r} ({what}); not a Chameleon-format checkpoint?")
-    return int(vocab[name])
-
-
 @dataclass(frozen=True)
 class ChameleonLayout:
     """Where the special tokens go. ``region`` = the part after the prefix (image tokens and row ends).
 
     Attributes:
         kind: ``"lumina"`` or ``"anole"``; rows, cols: the image grid.
-        bos, boi, eoi: BOS, begin-of-image, end-of-image ids; newline: end-of-line id (lumina) or None.
+        bos, pad, boi, eoi: ``<s>``, ``<pad>``, begin-of-image, end-of-image ids (by name);
+        newline: end-of-line id (lumina) or None.
         resolution_tokens: ids after begin-of-image (lumina: height then width tokens; anole: none).
     """
 
@@ -99,22 +116,29 @@ class ChameleonLayout:
     rows: int
     cols: int
     bos: int
+    pad: int
     boi: int
     eoi: int
     newline: int | None
     resolution_tokens: tuple[int, ...]
 
     @classmethod
-    def build(cls, config: ChameleonConfig, kind: str, height: int | None, width: int | None) -> "ChameleonLayout":
-        """Check the resolution and resolve the special ids by name.
+    def build(cls, config: ChameleonConfig, kind: str, height: int | None, width: int | None,
+              tokenizer: Any = None) -> "ChameleonLayout":
+        """Check the resolution and resolve the special ids by name (config vocabulary, checked against ``tokenizer``).
 
         Raises:
             ValueError: unknown layout, unsupported resolution, or special tokens missing.
         """
         if kind not in LAYOUTS:
             raise ValueError(f"layout={kind!r}; allowed: {', '.join(LAYOUTS)}")
+        vocab = config.vocabulary_map or {}
+
+        def tid(name, what):
+            return token_id(name, vocab, tokenizer, what)
+
         f = _downsampling(config)
-        ids = dict(bos=int(config.bos_token_id), boi=_name_id(config, BOI, "begin-of-image"), eoi=_name_id(config, EOI, "end-of-image"))
+        ids = dict(bos=tid(BOS, "BOS"), pad=tid(PAD, "pad"), boi=tid(BOI, "begin-of-image"), eoi=tid(EOI, "end-of-image"))
         if kind == "anole":
             side = int(config.vq_config.resolution)
             if (height or side) != side or (width or side) != side:
@@ -124,12 +148,22 @@ class ChameleonLayout:
         for name, value in (("height", height), ("width", width)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or value % (2 * f):
                 raise ValueError(f"Lumina-mGPT {name}={value!r}: allowed positive multiples of {2 * f} pixels")
-        res = tuple(_name_id(config, _grid_token_name(v // (2 * f)), f"resolution token for {v} px") for v in (height, width))
-        return cls("lumina", height // f, width // f, newline=_name_id(config, NEWLINE, "end-of-line"), resolution_tokens=res, **ids)
+        res = tuple(tid(_grid_token_name(v // (2 * f)), f"resolution token for {v} px") for v in (height, width))
+        return cls("lumina", height // f, width // f, newline=tid(NEWLINE, "end-of-line"), resolution_tokens=res, **ids)
 
     @property
     def num_image_tokens(self) -> int:
         return self.rows * self.cols
+
+    @property
+    def row_ends(self) -> RowEnds:
+        """The end-of-line tokens of the region (none for anole)."""
+        return RowEnds(self.cols, self.newline)
+
+    @property
+    def image_length(self) -> int:
+        """Positions after the prompt: begin-of-image, resolution tokens, the region, end-of-image."""
+        return 1 + len(self.resolution_tokens) + self.region_length(self.num_image_tokens) + 1
 
     def prefix(self, prompt: Sequence[int]) -> list[int]:
         """``[BOS, *prompt, begin-of-image, *resolution_tokens]``."""
@@ -137,11 +171,11 @@ class ChameleonLayout:
 
     def region_length(self, k: int) -> int:
         """Tokens after the prefix once image tokens ``0 .. k-1`` are in, with the row end of every complete row."""
-        return k + (k // self.cols if self.newline is not None else 0)
+        return self.row_ends.region_length(k)
 
     def is_row_end(self, i: int) -> bool:
         """Whether an end-of-line token follows image token ``i``."""
-        return self.newline is not None and i % self.cols == self.cols - 1
+        return self.row_ends.is_row_end(i)
 
     def full_sequence(self, prompt: Sequence[int], image_ids: Sequence[int]) -> list[int]:
         """The whole sequence the family's decoder reads: prefix, image tokens (as vocabulary ids), row ends, end-of-image."""
@@ -178,25 +212,165 @@ def _image_vocabulary(config: ChameleonConfig) -> torch.Tensor:
     return torch.tensor([img2bpe[v] for v in range(V)], dtype=torch.long)
 
 
-def estimate_memory(config: ChameleonConfig, layout: ChameleonLayout, batch_size: int, window: int, dtype: torch.dtype,
-                    guided: bool = True, prompt_tokens: int = 128) -> int:
-    """Bytes needed before loading: parameters + image head copy + KV cache + logits/probability buffers.
+def config_memory(config: ChameleonConfig, layout: ChameleonLayout, window: int, dtype: torch.dtype | str,
+                  guided: bool = True, prompt_length: int = DEFAULT_PROMPT_LENGTH,
+                  parameters: int | None = None) -> MemoryEstimate:
+    """Memory of a run, from the config only (see :func:`~csdgen.models._transformers.estimate_memory`).
 
-    KV cache: ``2 * layers * rows * seq * kv_heads * head_dim`` elements of ``dtype``, rows = 2B
-    when guided, seq = prefix (``prompt_tokens`` + specials) + image region + end-of-image.
-    Buffers: ``[rows, W, V]`` float32 logits plus 3 ``[B, W, V]`` float32 (q, p, residual).
-    Activations of one forward are not counted (small next to the cache for W <= 64).
+    Sequence = ``prompt_length`` (BOS and template included) + :attr:`ChameleonLayout.image_length`;
+    fixed bytes include the copy of the image rows of ``lm_head``. ``parameters`` default:
+    counted on the ``meta`` device.
     """
-    size = torch.empty((), dtype=dtype).element_size()
-    rows = 2 * batch_size if guided else batch_size
-    seq = prompt_tokens + len(layout.prefix([])) + layout.region_length(layout.num_image_tokens) + 1
-    kv = kv_cache_bytes(config, rows, seq, size)
+    size = torch.empty((), dtype=resolve_dtype(dtype)).element_size()
     V = len(_image_vocabulary(config))
-    buffers = (rows + 3 * batch_size) * window * V * 4
-    return meta_parameter_count(ChameleonForConditionalGeneration, config) * size + V * config.hidden_size * size + kv + buffers
+    count = meta_parameter_count(ChameleonForConditionalGeneration, config) if parameters is None else parameters
+    return estimate_memory(count, size, config, prompt_length + layout.image_length, V, window, guided,
+                           extra_fixed=V * config.hidden_size * size)
 
 
-class ChameleonImageModel(ImageTokenModel):
+# -- loading, with Lumina-mGPT's shared q/k norms ------------------------------------------------
+
+_NORM_SUFFIXES = ("self_attn.q_norm.weight", "self_attn.q_norm.bias", "self_attn.k_norm.weight", "self_attn.k_norm.bias")
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    files = sorted(folder.glob("*.safetensors"))
+    return files or sorted(folder.glob("pytorch_model*.bin"))
+
+
+def _read_tensors(folder: Path, wanted) -> dict[str, Any]:
+    """``{name: tensor}`` for the names ``wanted(name)`` accepts, read from the folder's weight files only for those names."""
+    out = {}
+    for file in _weight_files(folder):
+        if file.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    if wanted(name):
+                        out[name] = f.get_tensor(name)
+        else:
+            state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+            out.update({k: v.clone() for k, v in state.items() if wanted(k)})
+            del state
+    return out
+
+
+def shared_norm_shapes(folder: str | os.PathLike, config: ChameleonConfig) -> dict[str, tuple[int, int]]:
+    """The q/k-norm parameters stored per shard (Lumina-mGPT), ``{name: shape}``, read from the file headers.
+
+    transformers' Chameleon holds them as ``[heads, head_dim]`` (``num_attention_heads`` for
+    q_norm, ``num_key_value_heads`` for k_norm); Lumina-mGPT as ``[model_parallel_size, head_dim]``.
+
+    Raises:
+        ValueError: a shape that is neither (naming it and the two allowed).
+    """
+    folder = Path(folder)
+    head_dim = config.hidden_size // config.num_attention_heads
+    shapes = {}
+    for file in _weight_files(folder):
+        if file.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(file), framework="pt") as f:
+                shapes.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys() if k.endswith(_NORM_SUFFIXES)})
+        else:
+            state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+            shapes.update({k: tuple(v.shape) for k, v in state.items() if k.endswith(_NORM_SUFFIXES)})
+            del state
+    shared = {}
+    for name, shape in shapes.items():
+        heads = config.num_attention_heads if ".q_norm." in name else config.num_key_value_heads
+        if shape == (heads, head_dim):
+            continue
+        if len(shape) != 2 or shape[1] != head_dim or heads % shape[0]:
+            raise ValueError(f"{name} has shape {list(shape)}: allowed [{heads}, {head_dim}] (transformers) or "
+                             f"[model_parallel_size, {head_dim}] with model_parallel_size dividing {heads} (Lumina-mGPT)")
+        shared[name] = shape
+    return shared
+
+
+def load_backbone(folder: str | os.PathLike, dtype: torch.dtype = torch.float32,
+                  device: str | torch.device = "cpu") -> ChameleonForConditionalGeneration:
+    """A ``ChameleonForConditionalGeneration`` from a transformers or Lumina-mGPT checkpoint folder.
+
+    Lumina-mGPT's per-shard q/k norms (:func:`shared_norm_shapes`) are loaded with
+    ``ignore_mismatched_sizes`` and then set from the files, each shard's row repeated for its
+    ``heads / model_parallel_size`` heads (Lumina-mGPT's ``ChameleonLayerNorm.repeat_param``);
+    the other weights are read once.
+    """
+    from transformers.utils import logging as hf_logging
+
+    folder = Path(folder)
+    config = ChameleonConfig.from_pretrained(folder)
+    shared = shared_norm_shapes(folder, config)
+    if not shared:
+        return ChameleonForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(device)
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the mismatch report is expected: those tensors are set below
+    try:
+        model = ChameleonForConditionalGeneration.from_pretrained(folder, dtype=dtype, ignore_mismatched_sizes=True)
+    finally:
+        hf_logging.set_verbosity(level)
+    with torch.no_grad():
+        for name, tensor in _read_tensors(folder, shared.__contains__).items():
+            param = model.get_parameter(name)
+            param.copy_(tensor.to(param.dtype).repeat_interleave(param.shape[0] // tensor.shape[0], dim=0))
+    return model.to(device)
+
+
+class ChameleonPrompts:
+    """Lumina-mGPT / Anole prompt rows from the config and the tokenizer only (usable before the weights are loaded).
+
+    Args: see :class:`ChameleonImageModel` (``config`` instead of the backbone).
+    """
+
+    def __init__(self, config: ChameleonConfig, layout: str = "lumina", height: int | None = None, width: int | None = None,
+                 tokenizer: Any = None, prompt_template: str | None = None):
+        self.layout = ChameleonLayout.build(config, layout, height, width, tokenizer)
+        self.config, self.tokenizer = config, tokenizer
+        f = _downsampling(config)
+        self.pixel_size = (self.layout.rows * f, self.layout.cols * f)
+        self.prompt_template = prompt_template or (LUMINA_PROMPT_TEMPLATE if layout == "lumina" else ANOLE_PROMPT_TEMPLATE)
+        format_prompt(self.prompt_template, "", 1, 1)  # refuse a bad template now
+        check_sequence_length(1, self.layout.image_length, config.max_position_embeddings,
+                              f"{self.pixel_size[0]}x{self.pixel_size[1]} image")
+
+    @classmethod
+    def from_folder(cls, folder: str | os.PathLike, **kwargs) -> "ChameleonPrompts":
+        """From a checkpoint folder's config and tokenizer (no weights read)."""
+        return cls(ChameleonConfig.from_pretrained(folder), tokenizer=load_tokenizer(folder), **kwargs)
+
+    def prompt_ids(self, conditions: Sequence[str | Sequence[int]]) -> list[list[int]]:
+        """Token ids of each prompt (without BOS).
+
+        Raises:
+            ValueError: empty list, a string with no tokenizer, or ids outside the vocabulary.
+        """
+        return encode_prompts(conditions, self.tokenizer, self.prompt_template, self.pixel_size,
+                              self.config.vocab_size)
+
+    def prompt_rows(self, conditions: Sequence[str | Sequence[int]]) -> tuple[list[list[int]], list[list[int]]]:
+        """``(cond rows, uncond rows)``: the ids each row of a guided run reads before image token 0 (padding and hidden tokens left out)."""
+        prompts = self.prompt_ids(conditions)
+        cond = [self.layout.prefix(p) for p in prompts]
+        uncond = [[t for t, v in zip(row, self.layout.uncond_visible(len(p))) if v] for row, p in zip(cond, prompts)]
+        return cond, uncond
+
+    def check_length(self, prompt_length: int) -> None:
+        """Refuse a prompt of ``prompt_length`` tokens too long for ``max_position_embeddings`` with the image.
+
+        Raises:
+            ValueError: naming both lengths and the longest prompt allowed.
+        """
+        check_sequence_length(prompt_length, self.layout.image_length, self.config.max_position_embeddings)
+
+    def prompt_length(self, conditions: Sequence[str | Sequence[int]]) -> int:
+        """Tokens of the longest prompt row before begin-of-image (BOS and template included)."""
+        return 1 + max(len(p) for p in self.prompt_ids(conditions))
+
+
+class ChameleonImageModel(ChameleonPrompts, ImageTokenModel):
     """Lumina-mGPT / Anole text-to-image generation over a ``ChameleonForConditionalGeneration``.
 
     Args:
@@ -204,10 +378,14 @@ class ChameleonImageModel(ImageTokenModel):
         tokenizer: for string prompts (None: token-id prompts only).
         vqgan: a :class:`ChameleonVQGANDecoder` for :meth:`decode_images` (None: no decoding).
         prompt_template: format string with ``{prompt}``, ``{width}``, ``{height}`` for string
-            prompts; default :data:`LUMINA_PROMPT_TEMPLATE` for lumina, ``"{prompt}"`` for anole.
+            prompts; default :data:`LUMINA_PROMPT_TEMPLATE` for lumina,
+            :data:`ANOLE_PROMPT_TEMPLATE` for anole.
 
     Conditions: prompt strings (template, then the tokenizer without special tokens) or lists of
-    token ids (the prompt without BOS, no template applied). BOS is always prepended.
+    token ids (the prompt without BOS, no template applied). BOS ``<s>`` is always prepended.
+
+    Attributes:
+        defaults: the family's :class:`~csdgen.models.defaults.FamilyDefaults`.
 
     Raises:
         ValueError: unsupported layout/resolution, missing special tokens, sequence longer than
@@ -218,20 +396,17 @@ class ChameleonImageModel(ImageTokenModel):
                  width: int | None = None, tokenizer: Any = None, vqgan: ChameleonVQGANDecoder | None = None,
                  prompt_template: str | None = None):
         config = backbone.config
-        self.layout = ChameleonLayout.build(config, layout, height, width)
-        self.backbone, self.tokenizer, self.vqgan = backbone.eval(), tokenizer, vqgan
+        ChameleonPrompts.__init__(self, config, layout, height, width, tokenizer, prompt_template)
+        self.defaults = FAMILY_DEFAULTS["lumina-mgpt" if layout == "lumina" else "anole"]
+        self.backbone, self.vqgan = backbone.eval(), vqgan
         self.device = next(backbone.parameters()).device
+        self.dtype = next(backbone.parameters()).dtype
         self.image_ids = _image_vocabulary(config).to(self.device)  # [V] vocabulary id per codebook entry
         self.codebook_size = len(self.image_ids)
         self.grid = (self.layout.rows, self.layout.cols)
         self.num_image_tokens = self.layout.num_image_tokens
-        self.pixel_size = (self.layout.rows * _downsampling(config), self.layout.cols * _downsampling(config))
-        self.prompt_template = prompt_template or (LUMINA_PROMPT_TEMPLATE if layout == "lumina" else "{prompt}")
         with torch.no_grad():
             self.image_head = backbone.lm_head.weight[self.image_ids].detach()  # [V, hidden]
-        needed = len(self.layout.prefix([])) + self.layout.region_length(self.num_image_tokens) + 1
-        if needed > config.max_position_embeddings:
-            raise ValueError(f"{self.pixel_size[0]}x{self.pixel_size[1]} needs {needed} positions > max_position_embeddings={config.max_position_embeddings}")
         if vqgan is not None:
             self._check_vqgan(vqgan, _downsampling(config))
 
@@ -241,10 +416,11 @@ class ChameleonImageModel(ImageTokenModel):
                              f"the checkpoint needs {self.codebook_size} and {f}")
 
     @classmethod
-    def from_pretrained(cls, path: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                        layout: str = "lumina", height: int | None = None, width: int | None = None,
-                        vqgan_dir: str | None = None, prompt_template: str | None = None) -> "ChameleonImageModel":
-        """Load a local Chameleon-format checkpoint (config.json + weights), its tokenizer if present, and the VQGAN.
+    def from_pretrained(cls, path: str | os.PathLike, dtype: torch.dtype | str = torch.float32,
+                        device: str | torch.device = "cpu", layout: str = "lumina", height: int | None = None,
+                        width: int | None = None, vqgan_dir: str | None = None,
+                        prompt_template: str | None = None) -> "ChameleonImageModel":
+        """Load a local Chameleon-format checkpoint (transformers or Lumina-mGPT layout), its tokenizer if present, and the VQGAN.
 
         Args:
             path: a directory (no hub downloads).
@@ -252,48 +428,37 @@ class ChameleonImageModel(ImageTokenModel):
                 ``path/tokenizer`` when they hold both, else no decoder.
 
         Raises:
-            ValueError: missing directory, config or weights; bad layout or resolution; bad VQGAN files.
+            FileNotFoundError: missing directory, config or weights.
+            ValueError: bad dtype, layout or resolution (checked before the weights are read); bad VQGAN files.
         """
-        if not os.path.isdir(path):
-            raise ValueError(f"checkpoint path {path!r} is not a directory")
-        if not os.path.isfile(os.path.join(path, "config.json")):
-            raise ValueError(f"{path!r} has no config.json; expected a Chameleon-format (transformers) checkpoint")
-        if not glob.glob(os.path.join(path, "*.safetensors")) + glob.glob(os.path.join(path, "*.bin")):
-            raise ValueError(f"{path!r} has no weights (*.safetensors or *.bin)")
-        ChameleonLayout.build(ChameleonConfig.from_pretrained(path), layout, height, width)  # fail before loading weights
-        backbone = ChameleonForConditionalGeneration.from_pretrained(path, dtype=dtype).to(device)
-        return cls(backbone, layout, height, width, _load_tokenizer(path), _find_vqgan(path, vqgan_dir, device), prompt_template)
+        folder = check_checkpoint(path, "Chameleon")
+        dtype = resolve_dtype(dtype)
+        tokenizer = load_tokenizer(folder)
+        ChameleonLayout.build(ChameleonConfig.from_pretrained(folder), layout, height, width, tokenizer)  # before the weights
+        backbone = load_backbone(folder, dtype, device)
+        return cls(backbone, layout, height, width, tokenizer, _find_vqgan(str(folder), vqgan_dir, device), prompt_template)
 
-    def memory_estimate(self, batch_size: int, window: int, dtype: torch.dtype, guided: bool = True) -> int:
-        """Bytes for this model, see :func:`estimate_memory` (prompt budget 128 tokens)."""
-        return estimate_memory(self.backbone.config, self.layout, batch_size, window, dtype, guided)
+    def memory(self, window: int, guided: bool = True, prompt_length: int = DEFAULT_PROMPT_LENGTH) -> MemoryEstimate:
+        """:func:`config_memory` of this model (its dtype and parameter count)."""
+        return config_memory(self.backbone.config, self.layout, window, self.dtype, guided, prompt_length,
+                             parameter_count(self.backbone))
 
-    def prompt_ids(self, conditions: Sequence[str | Sequence[int]]) -> list[list[int]]:
-        """Token ids of each prompt (without BOS).
-
-        Raises:
-            ValueError: empty list, a string with no tokenizer, or ids outside the vocabulary.
-        """
-        if isinstance(conditions, str) or not len(conditions):
-            raise ValueError("conditions must be a non-empty list of prompt strings or token-id lists")
-        vocab = self.backbone.config.vocab_size
-        out = []
-        for c in conditions:
-            if isinstance(c, str):
-                if self.tokenizer is None:
-                    raise ValueError("string prompts need a tokenizer in the checkpoint directory; pass token-id lists instead")
-                h, w = self.pixel_size
-                c = self.tokenizer(self.prompt_template.format(prompt=c, width=w, height=h), add_special_tokens=False)["input_ids"]
-            ids = [int(t) for t in c]
-            if any(not 0 <= t < vocab for t in ids):
-                raise ValueError(f"prompt token ids must be in 0..{vocab - 1}")
-            out.append(ids)
-        return out
+    def memory_estimate(self, batch_size: int, window: int, dtype: torch.dtype | str | None = None, guided: bool = True,
+                        prompt_length: int = DEFAULT_PROMPT_LENGTH) -> int:
+        """Bytes for ``batch_size`` images, see :func:`config_memory`."""
+        return config_memory(self.backbone.config, self.layout, window, dtype or self.dtype, guided, prompt_length,
+                             parameter_count(self.backbone)).bytes(batch_size)
 
     def start(self, conditions, batch_size, guided):
+        """Open a session; refuses a prompt too long for ``max_position_embeddings`` before any forward.
+
+        Raises:
+            ValueError: bad conditions, ``batch_size`` differing from their number, a too-long prompt.
+        """
         prompts = [[] for _ in range(batch_size or 1)] if conditions is None else self.prompt_ids(conditions)
         if batch_size is not None and batch_size != len(prompts):
             raise ValueError(f"batch_size={batch_size} differs from the {len(prompts)} conditions given")
+        self.check_length(1 + max(len(p) for p in prompts))
         return _ChameleonSession(self, prompts, guided)
 
     def codebook_embeddings(self) -> torch.Tensor:
@@ -315,11 +480,27 @@ class ChameleonImageModel(ImageTokenModel):
             return self.vqgan.decode(tokens.reshape(-1, *self.grid))
 
 
-def _load_tokenizer(path: str):
-    names = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
-    if not any(os.path.isfile(os.path.join(path, n)) for n in names):
-        return None
-    return AutoTokenizer.from_pretrained(path)
+def encode_prompts(conditions: Sequence[str | Sequence[int]], tokenizer: Any, template: str, pixel_size: tuple[int, int],
+                   vocab_size: int) -> list[list[int]]:
+    """Prompt strings (template, tokenizer without special tokens) or id lists -> ids without BOS.
+
+    Raises:
+        ValueError: empty list, a string with no tokenizer, or ids outside the vocabulary.
+    """
+    if isinstance(conditions, str) or not len(conditions):
+        raise ValueError("conditions must be a non-empty list of prompt strings or token-id lists")
+    out = []
+    for c in conditions:
+        if isinstance(c, str):
+            if tokenizer is None:
+                raise ValueError("string prompts need a tokenizer in the checkpoint directory; pass token-id lists instead")
+            h, w = pixel_size
+            c = tokenizer(format_prompt(template, c, w, h), add_special_tokens=False)["input_ids"]
+        ids = [int(t) for t in c]
+        if any(not 0 <= t < vocab_size for t in ids):
+            raise ValueError(f"prompt token ids must be in 0..{vocab_size - 1}")
+        out.append(ids)
+    return out
 
 
 def _find_vqgan(path: str, vqgan_dir: str | None, device) -> ChameleonVQGANDecoder | None:
@@ -331,69 +512,28 @@ def _find_vqgan(path: str, vqgan_dir: str | None, device) -> ChameleonVQGANDecod
     return None
 
 
-class _ChameleonSession(CachedSession):
-    """KV-cached session over ``[cond rows; uncond rows]`` sharing ids; see the module docstring."""
+class _ChameleonSession(RaggedSession):
+    """Per-row KV-cached session over ``[cond rows; uncond rows]`` sharing ids; see the module docstring."""
 
     def __init__(self, model: ChameleonImageModel, prompts: list[list[int]], guided: bool):
-        self.model, self.layout, self.batch_size, self.guided = model, model.layout, len(prompts), guided
+        self.model, self.layout = model, model.layout
         prefixes = [self.layout.prefix(p) for p in prompts]
-        P = self.prefix_length = max(len(p) for p in prefixes)
-        pad = model.backbone.config.pad_token_id or 0
-        ids, mask = left_pad(prefixes, pad)
+        visible = [[True] * len(p) for p in prefixes]
         if guided:
-            uncond = [[0] * (P - len(p)) + [int(v) for v in self.layout.uncond_visible(len(q))] for p, q in zip(prefixes, prompts)]
-            ids, mask = torch.cat([ids, ids]), torch.cat([mask, torch.tensor(uncond)])
-        dev = model.device
-        self.prefix_ids, self.prefix_mask = ids.to(dev), mask.to(dev)
-        self.prefix_positions = (mask.cumsum(1) - 1).clamp(min=0).to(dev)
-        self.base = mask.sum(1).to(dev)[:, None]  # position id of the first region token, per row
-        self.cache = DynamicCache(config=model.backbone.config)
-        self.sequence = self.prefix_ids  # [rows, seq] ids in the cache (for tests and inspection)
-        self._length = -1
+            prefixes, visible = prefixes * 2, visible + [self.layout.uncond_visible(len(q)) for q in prompts]
+        self.rows = PaddedRows(prefixes, self.layout.pad, model.device, visible)
+        self.prefix_length = self.rows.width
+        self.prefix_ids, self.prefix_mask = self.rows.ids, self.rows.mask
+        super().__init__(batch_size=len(prompts), guided=guided, cache=DynamicCache(config=model.backbone.config),
+                         prompt_ids=self.rows.ids, prompt_valid=self.rows.mask, num_image_tokens=model.num_image_tokens,
+                         device=model.device, cols=self.layout.cols, row_end=self.layout.newline, filler=self.layout.pad)
 
-    def _run(self, ids: torch.Tensor, positions: torch.Tensor, out_index: list[int]) -> WindowLogits:
-        total = self.sequence.shape[1]
-        region = total - self.prefix_length
-        mask = torch.cat([self.prefix_mask, self.prefix_mask.new_ones(self.prefix_mask.shape[0], region)], dim=1)
+    def _vocab_ids(self, tokens):
+        return self.model.image_ids[tokens]
+
+    def _logits(self, ids, attention_mask, position_ids, out, prefill):
         with torch.no_grad():
-            hidden = self.model.backbone.model(
-                input_ids=ids, attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True
-            ).last_hidden_state
-            logits = F.linear(hidden[:, out_index], self.model.image_head).float()  # [rows, W, V]
-        return self._window_logits(logits)
-
-    def prefill(self) -> WindowLogits:
-        if self._length != -1:
-            raise ValueError("prefill runs once per session")
-        logits = self._run(self.prefix_ids, self.prefix_positions, [self.prefix_length - 1])
-        self._length = 0
-        return logits
-
-    def forward(self, tokens, start):
-        if start != self._length or self._length < 0:
-            raise ValueError(f"start={start} but the session holds {self._length} image positions (prefill first)")
-        rows = self.prefix_ids.shape[0]
-        vocab_ids = self.model.image_ids[tokens.to(self.model.device)]  # [B, W]
-        if self.guided:
-            vocab_ids = torch.cat([vocab_ids, vocab_ids])
-        columns, out_index = [], []
-        for j in range(tokens.shape[1]):
-            columns.append(vocab_ids[:, j])
-            if self.layout.is_row_end(start + j):  # forced end-of-line; its output predicts the next row's first token
-                columns.append(torch.full((rows,), self.layout.newline, device=vocab_ids.device))
-            out_index.append(len(columns) - 1)
-        ids = torch.stack(columns, dim=1)
-        offset = self.layout.region_length(start)
-        positions = self.base + offset + torch.arange(ids.shape[1], device=ids.device)
-        self.sequence = torch.cat([self.sequence, ids], dim=1)
-        logits = self._run(ids, positions, out_index)
-        self._length = start + tokens.shape[1]
-        return logits
-
-    def sequence_length(self, image_length: int) -> int:
-        """Cached sequence length (prefix padding included) holding ``image_length`` image positions."""
-        return self.prefix_length + self.layout.region_length(image_length)
-
-    def rollback(self, length):
-        super().rollback(length)
-        self.sequence = self.sequence[:, : self.sequence_length(length)]
+            hidden = self.model.backbone.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
+                                               cache=self.kv.cache, use_cache=True).last_hidden_state
+            hidden = hidden.gather(1, out[..., None].expand(-1, -1, hidden.shape[-1]))
+            return F.linear(hidden, self.model.image_head).float()  # [rows, W, V]

@@ -1,6 +1,6 @@
 """Published decoding defaults per model family, with their sources.
 
-``None`` for top-k means no top-k. Where no value is published the entry says so in
+``None`` for top-k / top-p means none. Where no value is published the entry says so in
 ``notes`` and csdgen falls back to the CSD reference values (lambda 0.5, delta 0.65, window 16).
 The same table is in ``docs/models.md``.
 """
@@ -24,6 +24,7 @@ class FamilyDefaults:
     delta: float
     sources: str
     notes: str = ""
+    top_p: float | None = None
 
 
 FAMILY_DEFAULTS: dict[str, FamilyDefaults] = {
@@ -42,9 +43,11 @@ FAMILY_DEFAULTS: dict[str, FamilyDefaults] = {
         notes="temperature, lambda and delta not published for Emu3: T 1 and the CSD reference values used",
     ),
     "anole": FamilyDefaults(
-        3.0, 1.0, 2000, 16, 0.5, 0.65,
-        sources="none published for speculative decoding; Lumina-mGPT's settings (same Chameleon backbone)",
-        notes="unverified: chosen by analogy with Lumina-mGPT",
+        3.0, 0.7, None, 16, 0.5, 0.65,
+        sources="Anole/Chameleon image sampling (GAIR-NLP/anole chameleon/inference/chameleon.py Options.Image): "
+                "T 0.7, top-p 0.9, text guidance 3.0",
+        notes="window, lambda and delta not published for Anole: CSD reference values used",
+        top_p=0.9,
     ),
     "builtin": FamilyDefaults(
         3.0, 1.0, None, 32, 0.5, 0.65,

@@ -16,9 +16,14 @@ output at a row's last visual token is not returned; the end-of-line token's out
 next row's first token), and keeps the map image length ``k`` -> cached sequence length
 ``P + k + k // cols`` for rollback.
 
+Prompt strings get Emu3's positive prompt appended, as BAAI's Emu3-Gen example does
+(``prompt = [p + POSITIVE_PROMPT for p in prompt]``, :data:`POSITIVE_PROMPT`); pass
+``positive_prompt=""`` (CLI ``--no-positive-prompt``) to turn it off. An optional template
+(``{prompt}``, ``{width}``, ``{height}``) is applied first.
+
 Classifier-free guidance: the unconditional row is the negative prompt in the same layout (as
-BAAI's Emu3-Gen example builds it, ``processor(NEGATIVE_PROMPT, mode='G')``; the transformers doc
-example feeds the bare negative prompt instead). Cond rows, then uncond rows, in one forward;
+BAAI's Emu3-Gen example builds it, ``processor(NEGATIVE_PROMPT, mode='G')``, without the
+positive prompt; the transformers doc example feeds the bare negative prompt instead). Cond rows, then uncond rows, in one forward;
 prompts of different lengths are left-padded with an attention mask, and position ids count
 the real tokens only (as ``generate`` does from the attention mask).
 """
@@ -27,18 +32,24 @@ from __future__ import annotations
 
 import math
 import os
-from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 from transformers import DynamicCache, Emu3Config, Emu3ForConditionalGeneration
 
-from ._transformers import CachedSession, check_checkpoint, kv_cache_bytes, left_pad, meta_parameter_count, parameter_count, resolve_dtype
-from .base import ImageTokenModel, WindowLogits
+from ._transformers import (
+    MemoryEstimate, PaddedRows, check_checkpoint, check_sequence_length, check_token_ids,
+    estimate_memory, format_prompt, load_tokenizer, meta_parameter_count, parameter_count, resolve_dtype, token_id,
+)
+from ._ragged import RaggedSession
+from .base import ImageTokenModel
+from .defaults import FAMILY_DEFAULTS
 
 __all__ = [
     "Emu3ImageModel",
+    "Emu3Prompts",
     "DEFAULT_NEGATIVE_PROMPT",
+    "POSITIVE_PROMPT",
     "emu3_memory_estimate",
     "estimate_memory_from_pretrained",
     "image_grid",
@@ -49,10 +60,12 @@ DEFAULT_NEGATIVE_PROMPT = (
     "lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, cropped, "
     "worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, username, blurry."
 )
+#: appended to every prompt string by BAAI's Emu3-Gen example (baaivision/Emu3 README, ``POSITIVE_PROMPT``)
+POSITIVE_PROMPT = " masterpiece, film grained, best quality."
 #: default image area in pixels (``Emu3Processor.image_area``): 720 x 720 at 1:1
 DEFAULT_IMAGE_AREA = 518400
-#: prompt length assumed by memory estimates when none is given
-DEFAULT_PROMPT_LENGTH = 64
+#: prompt length assumed by memory estimates when the prompts are not known
+DEFAULT_PROMPT_LENGTH = 128
 
 # (tokenizer attribute, Emu3 token name): the names of the Emu3-*-hf tokenizers
 _SPECIAL = {
@@ -113,19 +126,17 @@ def emu3_memory_estimate(
     config: Emu3Config, num_parameters: int, batch_size: int, window: int, dtype: torch.dtype | str,
     grid: tuple[int, int], prompt_length: int = DEFAULT_PROMPT_LENGTH, guided: bool = True,
 ) -> int:
-    """Bytes needed: parameters + KV cache of the full sequence + logits/probability buffers.
+    """Bytes for ``batch_size`` images: :func:`emu3_memory` ``.bytes(batch_size)``."""
+    return emu3_memory(config, num_parameters, window, dtype, grid, prompt_length, guided).bytes(batch_size)
 
-    KV cache: ``layers * 2 * R * (prompt_length + rows * (cols + 1)) * kv_heads * head_dim``
-    elements of ``dtype``, ``R = 2B`` rows when guided (``B`` otherwise). Buffers: four
-    ``[B, W, V]`` float32 tensors (cond/uncond logits, target and draft probabilities) plus the
-    forward's ``[R, W + W // cols + 1, V]`` logits in ``dtype``.
-    """
+
+def emu3_memory(config: Emu3Config, num_parameters: int, window: int, dtype: torch.dtype | str, grid: tuple[int, int],
+                prompt_length: int = DEFAULT_PROMPT_LENGTH, guided: bool = True) -> MemoryEstimate:
+    """Memory of a run (:func:`~csdgen.models._transformers.estimate_memory`): sequence =
+    ``prompt_length + rows * (cols + 1) + 3`` (visual tokens, end-of-line per row, the end tokens)."""
     size = torch.empty((), dtype=resolve_dtype(dtype)).element_size()
-    rows = batch_size * (2 if guided else 1)
-    kv = kv_cache_bytes(config.text_config, rows, prompt_length + grid[0] * (grid[1] + 1), size)
-    V = config.vq_config.codebook_size
-    buffers = 4 * batch_size * window * V * 4 + rows * (window + window // grid[1] + 1) * V * size
-    return num_parameters * size + kv + buffers
+    seq = prompt_length + grid[0] * (grid[1] + 1) + 3
+    return estimate_memory(num_parameters, size, config.text_config, seq, config.vq_config.codebook_size, window, guided)
 
 
 def estimate_memory_from_pretrained(
@@ -136,81 +147,41 @@ def estimate_memory_from_pretrained(
 
     Parameters are counted on the ``meta`` device; ``height``/``width`` in pixels as in
     :func:`image_grid`. Extra keyword arguments (``prompt_length``, ``guided``) go to
-    :func:`emu3_memory_estimate`.
+    :func:`emu3_memory`.
     """
     config = Emu3Config.from_pretrained(check_checkpoint(path, "Emu3"))
     grid = image_grid(config, height, width)
     count = meta_parameter_count(Emu3ForConditionalGeneration, config)
-    return emu3_memory_estimate(config, count, batch_size, window, dtype, grid, **kwargs)
+    return emu3_memory(config, count, window, dtype, grid, **kwargs).bytes(batch_size)
 
 
-class Emu3ImageModel(ImageTokenModel):
-    """Text-to-image Emu3 over a transformers ``Emu3ForConditionalGeneration``.
+class Emu3Prompts:
+    """Emu3 prompt rows from the config and the tokenizer only (usable before the weights are loaded).
 
-    Args:
-        model: the loaded model (eval mode is set here).
-        tokenizer: the checkpoint's tokenizer (strings are tokenised with it), or None (token-id
-            conditions only).
-        height, width: image size in pixels (see :func:`image_grid`); default Emu3's 720 x 720.
-        negative_prompt: the unconditional row's prompt (string or token ids); default
-            :data:`DEFAULT_NEGATIVE_PROMPT`; ``""`` gives an empty negative prompt.
-
-    Attributes:
-        image_size: ``(height, width)`` in pixels of :meth:`decode_images`' output.
-        visual_ids: ``[V]`` int64, text-vocabulary id of codebook entry ``v``
-            (``model.vocabulary_mapping.img2bpe``).
-        special: ids of the layout's special tokens (bos, eos, pad, boi, wrapper, eol, eof, eoi).
-
-    Raises:
-        ValueError: bad size, visual tokens not numbered ``0 .. V - 1`` with V = the VQ codebook
-            size, or a special token missing from the vocabulary.
+    Args: see :class:`Emu3ImageModel` (``config`` instead of the model).
     """
 
-    def __init__(
-        self, model: Emu3ForConditionalGeneration, tokenizer: Any = None, height: int | None = None,
-        width: int | None = None, negative_prompt: str | Sequence[int] = DEFAULT_NEGATIVE_PROMPT,
-    ):
-        self.model = model.eval()
-        self.config = model.config
+    def __init__(self, config: Emu3Config, tokenizer: Any = None, height: int | None = None, width: int | None = None,
+                 negative_prompt: str | Sequence[int] = DEFAULT_NEGATIVE_PROMPT, positive_prompt: str = POSITIVE_PROMPT,
+                 prompt_template: str = "{prompt}"):
+        self.config = config
         self.tokenizer = tokenizer
-        self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
-        self.grid = image_grid(self.config, height, width)
+        self.grid = image_grid(config, height, width)
         self.num_image_tokens = self.grid[0] * self.grid[1]
-        factor = _spatial_factor(self.config)
+        factor = _spatial_factor(config)
         self.image_size = (self.grid[0] * factor, self.grid[1] * factor)
-        self.special = _special_ids(self.config.vocabulary_map or {}, tokenizer)
-        names = {i: n for n, i in (self.config.vocabulary_map or {}).items() if i in self.special.values()}
+        self.special = _special_ids(config.vocabulary_map or {}, tokenizer)
+        names = {i: n for n, i in (config.vocabulary_map or {}).items() if i in self.special.values()}
         self._names = {k: names[i] for k, i in self.special.items()}
-        self.visual_ids = _visual_ids(model, self.config.vq_config.codebook_size).to(self.device)
-        self.codebook_size = int(self.visual_ids.numel())
-        self._head = _visual_head(model.lm_head.weight, self.visual_ids)
         self.negative_prompt = negative_prompt
+        self.positive_prompt = positive_prompt
+        self.prompt_template = prompt_template
+        format_prompt(prompt_template, "", 1, 1)  # refuse a bad template now
 
     @classmethod
-    def from_pretrained(
-        cls, path: str | os.PathLike, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu",
-        height: int | None = None, width: int | None = None,
-        negative_prompt: str | Sequence[int] = DEFAULT_NEGATIVE_PROMPT,
-    ) -> "Emu3ImageModel":
-        """Load a transformers-format Emu3 checkpoint (e.g. a local copy of ``BAAI/Emu3-Gen-hf``).
-
-        Args:
-            path: folder with config.json, weights and (for string prompts) tokenizer files.
-            dtype: ``torch.float32`` / ``bfloat16`` / ``float16`` or their names.
-            device: where the model goes.
-            height, width: image size in pixels (multiples of the VQ's spatial factor, 8 for Emu3).
-            negative_prompt: see :class:`Emu3ImageModel`.
-
-        Raises:
-            FileNotFoundError: no such folder, or no config / weights in it.
-            ValueError: bad dtype or size (checked before the weights are read), or see :class:`Emu3ImageModel`.
-        """
-        folder = check_checkpoint(path, "Emu3")
-        dtype = resolve_dtype(dtype)
-        image_grid(Emu3Config.from_pretrained(folder), height, width)
-        model = Emu3ForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(device)
-        return cls(model, _load_tokenizer(folder), height, width, negative_prompt)
+    def from_folder(cls, folder: str | os.PathLike, **kwargs) -> "Emu3Prompts":
+        """From a checkpoint folder's config and tokenizer (no weights read)."""
+        return cls(Emu3Config.from_pretrained(folder), load_tokenizer(folder), **kwargs)
 
     # -- prompts -------------------------------------------------------------------------
 
@@ -222,7 +193,8 @@ class Emu3ImageModel(ImageTokenModel):
         """One condition -> the full prompt ids, ``BOS ... <|image token|>``.
 
         A string is tokenised as ``Emu3Processor(text, return_for_image_generation=True)`` does:
-        ``BOS + prompt + image prefix`` in one call of the tokenizer. A list of ids is the prompt
+        ``BOS + prompt + image prefix`` in one call of the tokenizer (the template and the
+        positive prompt applied to the conditions first, see :meth:`condition_ids`). A list of ids is the prompt
         body: BOS is prepended (unless it is already first) and the image prefix appended.
 
         Raises:
@@ -233,10 +205,27 @@ class Emu3ImageModel(ImageTokenModel):
                 raise ValueError(f"prompt {prompt!r} is a string but the checkpoint has no tokenizer; give token-id lists")
             text = f"{self.tokenizer.bos_token}{prompt}{self.image_prefix_text()}"
             return list(self.tokenizer(text)["input_ids"])
-        ids = _check_ids(prompt, self.config.text_config.vocab_size)
+        ids = check_token_ids(prompt, self.config.text_config.vocab_size)
         bos = self.special["bos"]
         body = ids if ids and ids[0] == bos else [bos] + ids
         return body + self._prefix_ids()
+
+    def condition_ids(self, condition: str | Sequence[int]) -> list[int]:
+        """A condition's prompt ids: strings through the template, then + :attr:`positive_prompt`."""
+        if isinstance(condition, str):
+            h, w = self.image_size
+            condition = format_prompt(self.prompt_template, condition, w, h) + self.positive_prompt
+        return self.prompt_ids(condition)
+
+    def prompt_rows(self, conditions: Sequence[str | Sequence[int]]) -> tuple[list[list[int]], list[list[int]]]:
+        """``(cond rows, uncond rows)``: the ids each row of a guided run reads before image token 0."""
+        cond = [self.condition_ids(c) for c in conditions]
+        return cond, [self.prompt_ids(self.negative_prompt)] * len(cond)
+
+    @property
+    def image_length(self) -> int:
+        """Positions of the generated part: ``rows * (cols + 1)`` plus end-of-frame, end-of-image, EOS."""
+        return self.grid[0] * (self.grid[1] + 1) + 3
 
     def _prefix_ids(self) -> list[int]:
         if self.tokenizer is not None:
@@ -246,6 +235,87 @@ class Emu3ImageModel(ImageTokenModel):
         if None in digits:
             raise ValueError("the resolution text needs the tokenizer (digits are not single vocabulary entries); add tokenizer files")
         return [self.special["boi"], *digits, self.special["wrapper"]]
+
+    def check_length(self, prompt_length: int) -> None:
+        """Refuse a prompt of ``prompt_length`` tokens too long for ``max_position_embeddings`` with the image.
+
+        Raises:
+            ValueError: naming both lengths and the longest prompt allowed.
+        """
+        check_sequence_length(prompt_length, self.image_length, self.config.text_config.max_position_embeddings)
+
+    def prompt_length(self, conditions: Sequence[str | Sequence[int]]) -> int:
+        """Tokens of the longest row (cond or uncond) before the first visual token."""
+        cond, uncond = self.prompt_rows(conditions)
+        return max(len(r) for r in cond + uncond)
+
+
+class Emu3ImageModel(Emu3Prompts, ImageTokenModel):
+    """Text-to-image Emu3 over a transformers ``Emu3ForConditionalGeneration``.
+
+    Args:
+        model: the loaded model (eval mode is set here).
+        tokenizer: the checkpoint's tokenizer (strings are tokenised with it), or None (token-id
+            conditions only).
+        height, width: image size in pixels (see :func:`image_grid`); default Emu3's 720 x 720.
+        negative_prompt: the unconditional row's prompt (string or token ids); default
+            :data:`DEFAULT_NEGATIVE_PROMPT`; ``""`` gives an empty negative prompt.
+        positive_prompt: appended to every prompt string (not to token ids, not to the negative
+            prompt); default :data:`POSITIVE_PROMPT`; ``""`` turns it off.
+        prompt_template: format string with ``{prompt}``, ``{width}``, ``{height}`` applied to
+            prompt strings before the positive prompt; default ``"{prompt}"``.
+
+    Attributes:
+        image_size: ``(height, width)`` in pixels of :meth:`decode_images`' output.
+        visual_ids: ``[V]`` int64, text-vocabulary id of codebook entry ``v``
+            (``model.vocabulary_mapping.img2bpe``).
+        special: ids of the layout's special tokens (bos, eos, pad, boi, wrapper, eol, eof, eoi).
+        defaults: the family's :class:`~csdgen.models.defaults.FamilyDefaults`.
+
+    Raises:
+        ValueError: bad size, visual tokens not numbered ``0 .. V - 1`` with V = the VQ codebook
+            size, or a special token missing from the vocabulary.
+    """
+
+    def __init__(
+        self, model: Emu3ForConditionalGeneration, tokenizer: Any = None, height: int | None = None,
+        width: int | None = None, negative_prompt: str | Sequence[int] = DEFAULT_NEGATIVE_PROMPT,
+        positive_prompt: str = POSITIVE_PROMPT, prompt_template: str = "{prompt}",
+    ):
+        Emu3Prompts.__init__(self, model.config, tokenizer, height, width, negative_prompt, positive_prompt, prompt_template)
+        self.model = model.eval()
+        self.defaults = FAMILY_DEFAULTS["emu3"]
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.visual_ids = _visual_ids(model, self.config.vq_config.codebook_size).to(self.device)
+        self.codebook_size = int(self.visual_ids.numel())
+        self._head = _visual_head(model.lm_head.weight, self.visual_ids)
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | os.PathLike, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu",
+        height: int | None = None, width: int | None = None,
+        negative_prompt: str | Sequence[int] = DEFAULT_NEGATIVE_PROMPT, positive_prompt: str = POSITIVE_PROMPT,
+        prompt_template: str = "{prompt}",
+    ) -> "Emu3ImageModel":
+        """Load a transformers-format Emu3 checkpoint (e.g. a local copy of ``BAAI/Emu3-Gen-hf``).
+
+        Args:
+            path: folder with config.json, weights and (for string prompts) tokenizer files.
+            dtype: ``torch.float32`` / ``bfloat16`` / ``float16`` or their names.
+            device: where the model goes.
+            height, width: image size in pixels (multiples of the VQ's spatial factor, 8 for Emu3).
+            negative_prompt, positive_prompt, prompt_template: see :class:`Emu3ImageModel`.
+
+        Raises:
+            FileNotFoundError: no such folder, or no config / weights in it.
+            ValueError: bad dtype or size (checked before the weights are read), or see :class:`Emu3ImageModel`.
+        """
+        folder = check_checkpoint(path, "Emu3")
+        dtype = resolve_dtype(dtype)
+        image_grid(Emu3Config.from_pretrained(folder), height, width)
+        model = Emu3ForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(device)
+        return cls(model, load_tokenizer(folder), height, width, negative_prompt, positive_prompt, prompt_template)
 
     def image_sequence(self, tokens: torch.Tensor) -> torch.Tensor:
         """Codebook ids ``[B, N]`` -> the generated part of Emu3's sequence ``[B, rows * (cols + 1) + 3]``.
@@ -274,29 +344,24 @@ class Emu3ImageModel(ImageTokenModel):
             raise ValueError(f"conditions={conditions!r}: Emu3ImageModel needs a non-empty list of prompt strings or token-id lists")
         if batch_size is not None and batch_size != len(conditions):
             raise ValueError(f"batch_size={batch_size} differs from the {len(conditions)} conditions given")
-        prompts = [self.prompt_ids(c) for c in conditions]
-        rows = prompts + [self.prompt_ids(self.negative_prompt)] * len(prompts) if guided else prompts
-        self._check_length(max(len(r) for r in rows))
+        prompts, uncond = self.prompt_rows(conditions)
+        rows = prompts + uncond if guided else prompts
+        self.check_length(max(len(r) for r in rows))
         return _Emu3Session(self, rows, len(prompts), guided)
-
-    def _check_length(self, prompt_length: int) -> None:
-        limit = self.config.text_config.max_position_embeddings
-        need = prompt_length + self.grid[0] * (self.grid[1] + 1)
-        if need > limit:
-            raise ValueError(
-                f"prompt of {prompt_length} tokens + {self.grid[0]} x {self.grid[1]} image = {need} positions "
-                f"> max_position_embeddings={limit}; allowed: a shorter prompt or a smaller image"
-            )
 
     def visual_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden states ``[..., D]`` -> logits ``[..., V]`` of the visual tokens, column v = codebook entry v."""
         return torch.nn.functional.linear(hidden, self._head)
 
+    def memory(self, window: int, guided: bool = True, prompt_length: int = DEFAULT_PROMPT_LENGTH) -> MemoryEstimate:
+        """:func:`emu3_memory` of this model (its dtype and parameter count)."""
+        return emu3_memory(self.config, parameter_count(self.model), window, self.dtype, self.grid, prompt_length, guided)
+
     def memory_estimate(self, batch_size: int, window: int, dtype: torch.dtype | str | None = None,
                         prompt_length: int = DEFAULT_PROMPT_LENGTH, guided: bool = True) -> int:
-        """Bytes: see :func:`emu3_memory_estimate` (dtype defaults to the model's)."""
-        return emu3_memory_estimate(self.config, parameter_count(self.model), batch_size, window, dtype or self.dtype, self.grid,
-                                    prompt_length, guided)
+        """Bytes: see :func:`emu3_memory` (dtype defaults to the model's)."""
+        return emu3_memory(self.config, parameter_count(self.model), window, dtype or self.dtype, self.grid,
+                           prompt_length, guided).bytes(batch_size)
 
     def codebook_embeddings(self) -> torch.Tensor:
         """``[V, D]`` float32 VQ codebook (``vqmodel.quantize.embedding``; Emu3 feeds it unnormalised)."""
@@ -318,15 +383,6 @@ class Emu3ImageModel(ImageTokenModel):
         return images.float().clamp(-1, 1)
 
 
-def _load_tokenizer(folder: Path):
-    """The folder's tokenizer, or None when it has no tokenizer files."""
-    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(folder)
-
-
 def _special_ids(vocab: dict[str, int], tokenizer) -> dict[str, int]:
     """Ids of the layout's special tokens, by the tokenizer's names (Emu3's names as fallback).
 
@@ -339,9 +395,7 @@ def _special_ids(vocab: dict[str, int], tokenizer) -> dict[str, int]:
         name = (getattr(tokenizer, attr, None) if tokenizer is not None and attr else None) or default
         if name not in vocab:
             raise ValueError(f"special token {name!r} ({key}) is not in config.vocabulary_map: not an Emu3 vocabulary")
-        ids[key] = int(vocab[name])
-        if tokenizer is not None and tokenizer.convert_tokens_to_ids(name) != ids[key]:
-            raise ValueError(f"tokenizer and config.vocabulary_map disagree on the id of {name!r}")
+        ids[key] = token_id(name, vocab, tokenizer, f"Emu3 {key} token")
     return ids
 
 
@@ -364,69 +418,27 @@ def _visual_head(weight: torch.Tensor, visual_ids: torch.Tensor) -> torch.Tensor
     return weight.detach()[visual_ids]
 
 
-def _check_ids(ids: Sequence[int], vocab_size: int) -> list[int]:
-    ids = [int(i) for i in (ids.tolist() if isinstance(ids, torch.Tensor) else ids)]
-    if not all(0 <= i < vocab_size for i in ids):
-        raise ValueError(f"token ids {ids[:8]}...: allowed ids in 0..{vocab_size - 1}")
-    return ids
+class _Emu3Session(RaggedSession):
+    """Per-row KV-cached session over left-padded prompt rows (cond rows first, then uncond rows).
 
-
-class _Emu3Session(CachedSession):
-    """KV-cached session over left-padded prompt rows (cond rows first, then uncond rows).
-
-    Image length ``k`` (positions cached) <-> cached sequence length ``P + k + k // cols``:
-    the end-of-line token after a row travels with the row's last image position.
+    Image length ``k`` <-> region length ``k + k // cols``: the end-of-line token after an image
+    row travels with the row's last image position (:func:`csdgen.models._ragged.window_columns`).
     """
 
     def __init__(self, model: Emu3ImageModel, rows: list[list[int]], batch_size: int, guided: bool):
-        self.model, self.batch_size, self.guided = model, batch_size, guided
-        self.input_ids, self.prompt_mask = left_pad(rows, model.special["pad"], model.device)  # [R, P]
-        self.pads = (1 - self.prompt_mask).sum(-1, keepdim=True)  # [R, 1] pad count per row
-        self.padded = not bool(self.prompt_mask.all())
-        self.cache = DynamicCache(config=model.config.text_config)
-        self._length = -1  # image positions cached; -1 before prefill
+        self.model = model
+        self.rows = PaddedRows(rows, model.special["pad"], model.device)
+        self.input_ids, self.prompt_mask = self.rows.ids, self.rows.mask  # [R, P]
+        super().__init__(batch_size=batch_size, guided=guided, cache=DynamicCache(config=model.config.text_config),
+                         prompt_ids=self.rows.ids, prompt_valid=self.rows.mask, num_image_tokens=model.num_image_tokens,
+                         device=model.device, cols=model.grid[1], row_end=model.special["eol"], filler=model.special["pad"])
 
-    def sequence_length(self, image_length: int) -> int:
-        """Cached sequence length (prompt padding included) holding ``image_length`` image positions."""
-        return self.input_ids.shape[1] + image_length + image_length // self.model.grid[1]
+    def _vocab_ids(self, tokens):
+        return self.model.visual_ids[tokens]
 
-    def _run(self, ids: torch.Tensor, cached: int) -> torch.Tensor:
-        """Text model on ``[R, T]`` ids after ``cached`` sequence positions; returns hidden ``[R, T, D]``."""
-        T = ids.shape[1]
-        positions = torch.arange(cached, cached + T, device=ids.device)[None] - self.pads
-        mask = None
-        if self.padded:
-            mask = torch.cat([self.prompt_mask, self.prompt_mask.new_ones(ids.shape[0], cached + T - self.prompt_mask.shape[1])], 1)
+    def _logits(self, ids, attention_mask, position_ids, out, prefill):
         with torch.no_grad():
-            out = self.model.model.model(input_ids=ids, attention_mask=mask, position_ids=positions.clamp(min=0),
-                                         cache=self.cache, use_cache=True)
-        return out.last_hidden_state
-
-    def _split(self, hidden: torch.Tensor) -> WindowLogits:
-        with torch.no_grad():
-            logits = self.model.visual_logits(hidden)
-        return self._window_logits(logits)
-
-    def prefill(self) -> WindowLogits:
-        if self._length >= 0:
-            raise ValueError("prefill was already run in this session")
-        hidden = self._run(self.input_ids, 0)[:, -1:]
-        self._length = 0
-        return self._split(hidden)
-
-    def forward(self, tokens, start):
-        """Feed image positions ``start .. start + W - 1``, an end-of-line token after each row end."""
-        self._check_start(start)
-        W, cols = tokens.shape[1], self.model.grid[1]
-        if start + W > self.model.num_image_tokens:
-            raise ValueError(f"window of {W} at {start}: allowed up to position {self.model.num_image_tokens - 1}")
-        row_end = [(start + j + 1) % cols == 0 for j in range(W)]
-        out_at = [j + sum(row_end[: j + 1]) for j in range(W)]  # slot j's output: its EOL, else its token
-        seq = torch.full((tokens.shape[0], W + sum(row_end)), self.model.special["eol"], dtype=torch.long,
-                         device=self.model.device)
-        seq[:, [o - e for o, e in zip(out_at, row_end)]] = self.model.visual_ids[tokens.to(self.model.device)]
-        if self.guided:
-            seq = torch.cat([seq, seq])
-        hidden = self._run(seq, self.sequence_length(start))[:, out_at]
-        self._length += W
-        return self._split(hidden)
+            hidden = self.model.model.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
+                                            cache=self.kv.cache, use_cache=True).last_hidden_state
+            hidden = hidden.gather(1, out[..., None].expand(-1, -1, hidden.shape[-1]))
+            return self.model.visual_logits(hidden)

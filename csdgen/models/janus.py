@@ -17,6 +17,11 @@ real tokens only (position 0 = the row's first real token), as for an unpadded p
 ``generate`` numbers the pad slots too (positions ``0 .. T - 1`` whatever the mask); with
 rotary (relative) position embeddings the shift changes nothing but rounding, and the tests
 find the same greedy tokens for padded batches.
+
+The prefill sends only each row's last hidden state through the generation head (as
+deepseek-ai/Janus ``generation_inference.py`` does: ``gen_head(hidden_states[:, -1, :])``).
+Special tokens (BOS, begin-of-image, pad) are resolved by NAME from the tokenizer
+(``bos_token``, ``boi_token``, ``pad_token``); without a tokenizer, from generation_config.json.
 """
 
 from __future__ import annotations
@@ -29,13 +34,19 @@ from typing import Any, Sequence
 import torch
 from transformers import DynamicCache, JanusConfig, JanusForConditionalGeneration
 
-from ._transformers import CachedSession, check_checkpoint, kv_cache_bytes, left_pad, meta_parameter_count, parameter_count, resolve_dtype
-from .base import ImageTokenModel, WindowLogits
+from ._transformers import (
+    MemoryEstimate, PaddedRows, check_checkpoint, check_sequence_length, check_token_ids, estimate_memory,
+    format_prompt, load_tokenizer, meta_parameter_count, parameter_count, resolve_dtype, token_id,
+)
+from ._ragged import RaggedSession
+from .base import ImageTokenModel
+from .defaults import FAMILY_DEFAULTS
 
-__all__ = ["JanusImageModel", "janus_memory_estimate", "estimate_memory_from_pretrained"]
+__all__ = ["JanusImageModel", "JanusPrompts", "special_ids", "janus_memory", "janus_memory_estimate", "estimate_memory_from_pretrained", "image_size_of",
+           "check_image_size"]
 
-#: prompt length assumed by memory estimates when none is given (a chat-formatted prompt of ~40 words)
-DEFAULT_PROMPT_LENGTH = 64
+#: prompt length assumed by memory estimates when the prompts are not known
+DEFAULT_PROMPT_LENGTH = 128
 
 
 def _grid_side(config: JanusConfig) -> int:
@@ -49,108 +60,76 @@ def _grid_side(config: JanusConfig) -> int:
     return side
 
 
+def image_size_of(config: JanusConfig) -> int:
+    """The only output resolution in pixels: ``grid side * 2 ** (len(vq channel_multiplier) - 1)`` (384 for Janus-Pro)."""
+    return _grid_side(config) * 2 ** (len(config.vq_config.channel_multiplier) - 1)
+
+
+def check_image_size(config: JanusConfig, image_size: int | None) -> None:
+    """Raise ValueError unless ``image_size`` is None or the checkpoint's resolution (config only: before loading)."""
+    size = image_size_of(config)
+    if image_size is not None and image_size != size:
+        side = _grid_side(config)
+        raise ValueError(f"image_size={image_size}: this Janus checkpoint makes {size} x {size} images only "
+                         f"({side} x {side} tokens); allowed: {size}")
+
+
+def janus_memory(config: JanusConfig, num_parameters: int, window: int, dtype: torch.dtype | str,
+                 prompt_length: int = DEFAULT_PROMPT_LENGTH, guided: bool = True) -> MemoryEstimate:
+    """Memory of a run (:func:`~csdgen.models._transformers.estimate_memory`): sequence = ``prompt_length + N``."""
+    size = torch.empty((), dtype=resolve_dtype(dtype)).element_size()
+    return estimate_memory(num_parameters, size, config.text_config, prompt_length + config.vision_config.num_image_tokens,
+                           config.vq_config.num_embeddings, window, guided)
+
+
 def janus_memory_estimate(
     config: JanusConfig, num_parameters: int, batch_size: int, window: int, dtype: torch.dtype | str,
     prompt_length: int = DEFAULT_PROMPT_LENGTH, guided: bool = True,
 ) -> int:
-    """Bytes needed: parameters + KV cache of the full sequence + logits/probability buffers.
-
-    KV cache: ``layers * 2 * R * (prompt_length + N) * kv_heads * head_dim`` elements of ``dtype``
-    with ``R = 2B`` rows when guided (``B`` otherwise). Buffers: four ``[B, W, V]`` float32
-    tensors (cond and uncond logits, target and draft probabilities).
-    """
-    size = torch.empty((), dtype=resolve_dtype(dtype)).element_size()
-    rows = batch_size * (2 if guided else 1)
-    kv = kv_cache_bytes(config.text_config, rows, prompt_length + config.vision_config.num_image_tokens, size)
-    buffers = 4 * batch_size * window * config.vq_config.num_embeddings * 4
-    return num_parameters * size + kv + buffers
+    """Bytes for ``batch_size`` images: :func:`janus_memory` ``.bytes(batch_size)``."""
+    return janus_memory(config, num_parameters, window, dtype, prompt_length, guided).bytes(batch_size)
 
 
 def estimate_memory_from_pretrained(path: str | os.PathLike, batch_size: int, window: int, dtype: torch.dtype | str, **kwargs) -> int:
     """:func:`janus_memory_estimate` from a checkpoint's config.json only (weights not read).
 
     Parameters are counted on the ``meta`` device. Extra keyword arguments go to
-    :func:`janus_memory_estimate` (``prompt_length``, ``guided``).
+    :func:`janus_memory` (``prompt_length``, ``guided``).
     """
     config = JanusConfig.from_pretrained(check_checkpoint(path, "Janus"))
     count = meta_parameter_count(JanusForConditionalGeneration, config)
-    return janus_memory_estimate(config, count, batch_size, window, dtype, **kwargs)
+    return janus_memory(config, count, window, dtype, **kwargs).bytes(batch_size)
 
 
-class JanusImageModel(ImageTokenModel):
-    """Text-to-image Janus / Janus-Pro over a transformers ``JanusForConditionalGeneration``.
+class JanusPrompts:
+    """Janus prompt rows from the config and the processor only (usable before the weights are loaded).
 
     Args:
-        model: the loaded model (eval mode is set here).
-        bos_token_id, boi_token_id, pad_token_id: BOS, begin-of-image and pad ids of the text
-            vocabulary (``generation_config.bos_token_id``,
-            ``generation_config.generation_kwargs["boi_token_id"]``, ``pad_token_id``).
-        processor: a ``JanusProcessor`` to tokenise prompt strings, or None (token ids only).
-        use_chat_template: format strings with the processor's chat template (as the
-            transformers Janus example does) before the begin-of-image token is appended.
-
-    Attributes:
-        image_size: the only output resolution in pixels (``grid side * 2**(levels - 1)``).
+        config: the checkpoint's ``JanusConfig``; bos_token_id, boi_token_id, pad_token_id: see
+            :func:`special_ids`; processor, use_chat_template, prompt_template: see :class:`JanusImageModel`.
     """
 
-    def __init__(
-        self, model: JanusForConditionalGeneration, bos_token_id: int, boi_token_id: int, pad_token_id: int,
-        processor: Any = None, use_chat_template: bool = True,
-    ):
-        self.model = model.eval()
-        self.config = model.config
-        side = _grid_side(self.config)
-        self.grid = (side, side)
-        self.num_image_tokens = side * side
-        self.codebook_size = self.config.vq_config.num_embeddings
-        self.image_size = side * 2 ** (len(self.config.vq_config.channel_multiplier) - 1)
+    def __init__(self, config: JanusConfig, bos_token_id: int, boi_token_id: int, pad_token_id: int, processor: Any = None,
+                 use_chat_template: bool = True, prompt_template: str = "{prompt}"):
+        self.config = config
+        self.image_size = image_size_of(config)
+        self.num_image_tokens = config.vision_config.num_image_tokens
         self.bos_token_id, self.boi_token_id, self.pad_token_id = bos_token_id, boi_token_id, pad_token_id
         self.processor, self.use_chat_template = processor, use_chat_template
-        self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
+        self.prompt_template = prompt_template
+        format_prompt(prompt_template, "", 1, 1)  # refuse a bad template now
 
     @classmethod
-    def from_pretrained(
-        cls, path: str | os.PathLike, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu",
-        image_size: int | None = None, use_chat_template: bool = True,
-    ) -> "JanusImageModel":
-        """Load a transformers-format Janus checkpoint from a local folder (no downloads).
-
-        The processor (tokenizer) is loaded when the folder has one; without it only token-id
-        conditions are accepted.
-
-        Args:
-            path: folder with config.json, weights, generation_config.json (and processor files).
-            dtype: ``torch.float32`` / ``bfloat16`` / ``float16`` or their names.
-            device: where the model goes.
-            image_size: optional requested resolution in pixels, checked against the checkpoint's.
-
-        Raises:
-            FileNotFoundError: no such folder, or no config / weights in it.
-            ValueError: bad dtype, unsupported ``image_size``, or special token ids not found.
-        """
-        folder = check_checkpoint(path, "Janus")
-        dtype = resolve_dtype(dtype)
-        model = JanusForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(device)
-        processor = _load_processor(folder)
-        ids = _special_ids(model, processor, folder)
-        adapter = cls(model, *ids, processor=processor, use_chat_template=use_chat_template)
-        adapter.check_image_size(image_size)
-        return adapter
-
-    def check_image_size(self, image_size: int | None) -> None:
-        """Raise ValueError unless ``image_size`` is None or the checkpoint's resolution."""
-        if image_size is not None and image_size != self.image_size:
-            raise ValueError(
-                f"image_size={image_size}: this Janus checkpoint makes {self.image_size} x {self.image_size} images only "
-                f"({self.grid[0]} x {self.grid[1]} tokens); allowed: {self.image_size}"
-            )
+    def from_folder(cls, folder: str | os.PathLike, **kwargs) -> "JanusPrompts":
+        """From a checkpoint folder's config, generation config and processor (no weights read)."""
+        processor = _load_processor(Path(folder))
+        return cls(JanusConfig.from_pretrained(folder), *special_ids(folder, processor), processor=processor, **kwargs)
 
     def encode_conditions(self, conditions: Sequence[str | Sequence[int]]) -> list[list[int]]:
         """Prompt strings or token-id lists -> full prompt ids ending with begin-of-image.
 
-        A string is chat-formatted (when the processor has a chat template and
-        ``use_chat_template``) and tokenised by ``JanusProcessor(..., generation_mode="image")``,
+        A string goes through :attr:`prompt_template`, is chat-formatted (when the processor has
+        a chat template and ``use_chat_template``) and tokenised by ``JanusProcessor(..., generation_mode="image")``,
         which adds BOS and appends the begin-of-image token. A list of ids is taken as it is,
         with the begin-of-image token appended when it does not end with it.
 
@@ -164,24 +143,107 @@ class JanusImageModel(ImageTokenModel):
     def _encode_text(self, prompt: str) -> list[int]:
         if self.processor is None:
             raise ValueError(f"prompt {prompt!r} is a string but the checkpoint has no processor/tokenizer; give token-id lists")
-        text = prompt
+        text = format_prompt(self.prompt_template, prompt, self.image_size, self.image_size)
         if self.use_chat_template and getattr(self.processor, "chat_template", None):
-            messages = [{"role": "user", "content": [{"type": "text", "text": prompt}]}]
+            messages = [{"role": "user", "content": [{"type": "text", "text": text}]}]
             text = self.processor.apply_chat_template(messages, add_generation_prompt=True)
         ids = self.processor(text=[text], generation_mode="image", return_tensors="pt")["input_ids"][0]
         return ids.tolist()
 
     def _check_ids(self, ids: Sequence[int]) -> list[int]:
-        ids = [int(i) for i in (ids.tolist() if isinstance(ids, torch.Tensor) else ids)]
-        vocab = self.config.text_config.vocab_size
-        if not ids or not all(0 <= i < vocab for i in ids):
-            raise ValueError(f"token ids {ids[:8]}...: need a non-empty list of ids in 0..{vocab - 1}")
+        ids = check_token_ids(ids, self.config.text_config.vocab_size)
         return ids if ids[-1] == self.boi_token_id else ids + [self.boi_token_id]
 
     def uncond_ids(self, ids: list[int]) -> list[int]:
         """The unconditional row of ``generate``: all but BOS and begin-of-image become pad."""
         keep = (self.bos_token_id, self.boi_token_id)
         return [i if i in keep else self.pad_token_id for i in ids]
+
+    def prompt_rows(self, conditions: Sequence[str | Sequence[int]]) -> tuple[list[list[int]], list[list[int]]]:
+        """``(cond rows, uncond rows)``: the ids each row of a guided run reads before image token 0."""
+        cond = self.encode_conditions(conditions)
+        return cond, [self.uncond_ids(p) for p in cond]
+
+    def check_length(self, prompt_length: int) -> None:
+        """Refuse a prompt of ``prompt_length`` tokens too long for ``max_position_embeddings`` with the image.
+
+        Raises:
+            ValueError: naming both lengths and the longest prompt allowed.
+        """
+        check_sequence_length(prompt_length, self.num_image_tokens, self.config.text_config.max_position_embeddings)
+
+    def prompt_length(self, conditions: Sequence[str | Sequence[int]]) -> int:
+        """Tokens of the longest prompt row (BOS to begin-of-image; the uncond rows have the same length)."""
+        return max(len(r) for r in self.encode_conditions(conditions))
+
+
+class JanusImageModel(JanusPrompts, ImageTokenModel):
+    """Text-to-image Janus / Janus-Pro over a transformers ``JanusForConditionalGeneration``.
+
+    Args:
+        model: the loaded model (eval mode is set here).
+        bos_token_id, boi_token_id, pad_token_id: BOS, begin-of-image and pad ids of the text
+            vocabulary (``generation_config.bos_token_id``,
+            ``generation_config.generation_kwargs["boi_token_id"]``, ``pad_token_id``).
+        processor: a ``JanusProcessor`` to tokenise prompt strings, or None (token ids only).
+        use_chat_template: format strings with the processor's chat template (as the
+            transformers Janus example does) before the begin-of-image token is appended.
+        prompt_template: format string with ``{prompt}``, ``{width}``, ``{height}`` applied to
+            prompt strings before the chat template; default ``"{prompt}"``.
+
+    Attributes:
+        image_size: the only output resolution in pixels (``grid side * 2**(levels - 1)``).
+        defaults: the family's :class:`~csdgen.models.defaults.FamilyDefaults`.
+    """
+
+    def __init__(
+        self, model: JanusForConditionalGeneration, bos_token_id: int, boi_token_id: int, pad_token_id: int,
+        processor: Any = None, use_chat_template: bool = True, prompt_template: str = "{prompt}",
+    ):
+        JanusPrompts.__init__(self, model.config, bos_token_id, boi_token_id, pad_token_id, processor, use_chat_template,
+                              prompt_template)
+        self.model = model.eval()
+        self.defaults = FAMILY_DEFAULTS["janus"]
+        side = _grid_side(self.config)
+        self.grid = (side, side)
+        self.codebook_size = self.config.vq_config.num_embeddings
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | os.PathLike, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu",
+        image_size: int | None = None, use_chat_template: bool = True, prompt_template: str = "{prompt}",
+    ) -> "JanusImageModel":
+        """Load a transformers-format Janus checkpoint from a local folder (no downloads).
+
+        The processor (tokenizer) is loaded when the folder has one; without it only token-id
+        conditions are accepted.
+
+        Args:
+            path: folder with config.json, weights, generation_config.json (and processor files).
+            dtype: ``torch.float32`` / ``bfloat16`` / ``float16`` or their names.
+            device: where the model goes.
+            image_size: optional requested resolution in pixels, checked against the checkpoint's
+                before the weights are read.
+            prompt_template: see :class:`JanusImageModel`.
+
+        Raises:
+            FileNotFoundError: no such folder, or no config / weights in it.
+            ValueError: bad dtype, unsupported ``image_size``, or special token ids not found
+                (all before the weights are read).
+        """
+        folder = check_checkpoint(path, "Janus")
+        dtype = resolve_dtype(dtype)
+        check_image_size(JanusConfig.from_pretrained(folder), image_size)
+        processor = _load_processor(folder)
+        ids = special_ids(folder, processor)
+        model = JanusForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(device)
+        return cls(model, *ids, processor=processor, use_chat_template=use_chat_template, prompt_template=prompt_template)
+
+    def check_image_size(self, image_size: int | None) -> None:
+        """Raise ValueError unless ``image_size`` is None or the checkpoint's resolution."""
+        check_image_size(self.config, image_size)
 
     def start(self, conditions, batch_size, guided, image_size: int | None = None) -> "_JanusSession":
         """Open a session; see :meth:`encode_conditions` for ``conditions``.
@@ -195,12 +257,18 @@ class JanusImageModel(ImageTokenModel):
         prompts = self.encode_conditions(conditions)
         if batch_size is not None and batch_size != len(prompts):
             raise ValueError(f"batch_size={batch_size} differs from the {len(prompts)} conditions given")
+        self.check_length(max(len(p) for p in prompts))
         return _JanusSession(self, prompts, guided)
+
+    def memory(self, window: int, guided: bool = True, prompt_length: int = DEFAULT_PROMPT_LENGTH) -> MemoryEstimate:
+        """:func:`janus_memory` of this model (its dtype and parameter count)."""
+        return janus_memory(self.config, parameter_count(self.model), window, self.dtype, prompt_length, guided)
 
     def memory_estimate(self, batch_size: int, window: int, dtype: torch.dtype | str | None = None,
                         prompt_length: int = DEFAULT_PROMPT_LENGTH, guided: bool = True) -> int:
-        """Bytes: see :func:`janus_memory_estimate` (dtype defaults to the model's)."""
-        return janus_memory_estimate(self.config, parameter_count(self.model), batch_size, window, dtype or self.dtype, prompt_length, guided)
+        """Bytes: see :func:`janus_memory` (dtype defaults to the model's)."""
+        return janus_memory(self.config, parameter_count(self.model), window, dtype or self.dtype, prompt_length,
+                            guided).bytes(batch_size)
 
     def codebook_embeddings(self) -> torch.Tensor:
         """``[V, D]`` float32 VQ codebook, L2-normalised as ``get_codebook_entry`` feeds the decoder."""
@@ -221,74 +289,64 @@ class JanusImageModel(ImageTokenModel):
 
 def _load_processor(folder: Path):
     """The folder's JanusProcessor, or None when it has no tokenizer files."""
-    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        return None
     from transformers import JanusProcessor
 
-    return JanusProcessor.from_pretrained(folder)
+    return load_tokenizer(folder, JanusProcessor)
 
 
-def _special_ids(model, processor, folder: Path) -> tuple[int, int, int]:
-    """(bos, boi, pad) from the generation config, falling back to the tokenizer."""
-    gen = model.generation_config
+def special_ids(folder: str | os.PathLike, processor: Any = None) -> tuple[int, int, int]:
+    """``(bos, boi, pad)`` ids: by name from the tokenizer (``bos_token``, ``boi_token``,
+    ``pad_token``), else from generation_config.json (``bos_token_id``, ``pad_token_id``,
+    ``generation_kwargs["boi_token_id"]``). Reads no weights.
+
+    Raises:
+        ValueError: an id found in neither, naming what is missing and where it was looked for.
+    """
+    from transformers import GenerationConfig
+
     tok = getattr(processor, "tokenizer", None)
-    boi = (getattr(gen, "generation_kwargs", None) or {}).get("boi_token_id")
-    if boi is None and tok is not None and getattr(tok, "boi_token", None):
-        boi = tok.convert_tokens_to_ids(tok.boi_token)
-    bos = gen.bos_token_id if gen.bos_token_id is not None else getattr(tok, "bos_token_id", None)
-    pad = gen.pad_token_id if gen.pad_token_id is not None else getattr(tok, "pad_token_id", None)
-    missing = [name for name, v in (("bos_token_id", bos), ("boi_token_id", boi), ("pad_token_id", pad)) if v is None]
+    try:
+        gen = GenerationConfig.from_pretrained(folder)
+    except OSError:
+        gen = None
+    found = {}
+    for key, attr, gen_value in (
+        ("bos_token_id", "bos_token", getattr(gen, "bos_token_id", None)),
+        ("boi_token_id", "boi_token", (getattr(gen, "generation_kwargs", None) or {}).get("boi_token_id")),
+        ("pad_token_id", "pad_token", getattr(gen, "pad_token_id", None)),
+    ):
+        name = getattr(tok, attr, None) if tok is not None else None
+        found[key] = token_id(name, None, tok, f"Janus {attr}") if name else gen_value
+    missing = [k for k, v in found.items() if v is None]
     if missing:
         raise ValueError(
-            f"{str(folder)!r}: {', '.join(missing)} not found in generation_config.json (generation_kwargs for "
-            "boi_token_id) nor in the tokenizer"
+            f"{str(folder)!r}: {', '.join(missing)} not found in the tokenizer (by name) nor in generation_config.json "
+            "(generation_kwargs for boi_token_id)"
         )
-    return int(bos), int(boi), int(pad)
+    return int(found["bos_token_id"]), int(found["boi_token_id"]), int(found["pad_token_id"])
 
 
-class _JanusSession(CachedSession):
-    """KV-cached session over left-padded prompts; cond rows first, then (guided) uncond rows."""
+class _JanusSession(RaggedSession):
+    """Per-row KV-cached session over left-padded prompts; cond rows first, then (guided) uncond rows."""
 
     def __init__(self, model: JanusImageModel, prompts: list[list[int]], guided: bool):
-        self.model, self.batch_size, self.guided = model, len(prompts), guided
+        self.model = model
         rows = prompts + [model.uncond_ids(p) for p in prompts] if guided else prompts
-        self.input_ids, self.prompt_mask = left_pad(rows, model.pad_token_id, model.device)  # [R, P]
-        self.prompt_lengths = self.prompt_mask.sum(-1)  # [R] real tokens: position of image token 0
-        self.padded = not bool(self.prompt_mask.all())
-        self.cache = DynamicCache(config=model.config.text_config)
-        self._length = -1  # image positions cached; -1 before prefill
+        self.rows = PaddedRows(rows, model.pad_token_id, model.device)
+        self.input_ids, self.prompt_mask = self.rows.ids, self.rows.mask  # [R, P]
+        super().__init__(batch_size=len(prompts), guided=guided, cache=DynamicCache(config=model.config.text_config),
+                         prompt_ids=self.rows.ids, prompt_valid=self.rows.mask, num_image_tokens=model.num_image_tokens,
+                         device=model.device)
 
-    def _attention_mask(self, new: int) -> torch.Tensor | None:
-        """``[R, P + cached + new]`` mask; None without padding (plain causal attention)."""
-        if not self.padded:
-            return None
-        ones = self.prompt_mask.new_ones(self.prompt_mask.shape[0], max(self._length, 0) + new)
-        return torch.cat([self.prompt_mask, ones], dim=1)
-
-    def _run(self, embeds: torch.Tensor, positions: torch.Tensor, new: int) -> WindowLogits:
-        """Language model on ``[R, T, D]`` embeddings, generation head on all T hidden states."""
+    def _logits(self, ids, attention_mask, position_ids, out, prefill):
+        """Language model on the prompt's text embeddings or the image tokens' generation embeddings; generation head at ``out``."""
         with torch.no_grad():
-            out = self.model.model.model.language_model(
-                inputs_embeds=embeds, attention_mask=self._attention_mask(new), position_ids=positions,
-                cache=self.cache, use_cache=True,
-            )
-            logits = self.model.model.model.generation_head(out.last_hidden_state).float()
-        return self._window_logits(logits)
-
-    def prefill(self) -> WindowLogits:
-        embeds = self.model.model.get_input_embeddings()(self.input_ids)
-        positions = (self.prompt_mask.cumsum(-1) - 1).clamp(min=0)
-        logits = self._run(embeds, positions, 0)
-        self._length = 0
-        return WindowLogits(logits.cond[:, -1:], None if logits.uncond is None else logits.uncond[:, -1:])
-
-    def forward(self, tokens, start):
-        self._check_start(start)
-        ids = torch.cat([tokens, tokens]) if self.guided else tokens
-        with torch.no_grad():
-            embeds = self.model.model.prepare_embeddings_for_image_generation(ids.to(self.model.device))
-        width = tokens.shape[1]
-        positions = self.prompt_lengths[:, None] + start + torch.arange(width, device=self.model.device)
-        logits = self._run(embeds, positions, width)
-        self._length += width
-        return logits
+            if prefill:
+                embeds = self.model.model.get_input_embeddings()(ids)
+            else:
+                embeds = self.model.model.prepare_embeddings_for_image_generation(ids)
+            hidden = self.model.model.model.language_model(
+                inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids, cache=self.kv.cache, use_cache=True,
+            ).last_hidden_state
+            hidden = hidden.gather(1, out[..., None].expand(-1, -1, hidden.shape[-1]))
+            return self.model.model.model.generation_head(hidden).float()

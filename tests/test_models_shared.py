@@ -1,0 +1,74 @@
+"""The pieces the adapters share (csdgen/models/_transformers.py), against plain loops."""
+
+import pytest
+import torch
+
+from csdgen.models._transformers import (
+    MemoryEstimate, PaddedRows, RowEnds, check_checkpoint, check_sequence_length, format_prompt, token_id,
+)
+
+
+@pytest.mark.parametrize("cols", [1, 3, 8])
+def test_row_ends_insert_equals_the_token_by_token_layout(cols):
+    ends = RowEnds(cols, token=99)
+    for start in range(0, 2 * cols + 1):
+        for W in range(1, 3 * cols + 2):
+            ids = torch.arange(100, 100 + W).repeat(2, 1)
+            seq, out = ends.insert(ids, start)
+            expected, slots = [], []
+            for j in range(W):  # the layout written out: token, then its row end when it closes a row
+                expected.append(100 + j)
+                if ends.is_row_end(start + j):
+                    expected.append(99)
+                slots.append(len(expected) - 1)
+            assert seq[0].tolist() == expected and seq[1].tolist() == expected and out.tolist() == slots
+            assert ends.region_length(start + W) - ends.region_length(start) == len(expected)
+    none = RowEnds(cols, None)
+    seq, out = none.insert(torch.ones(1, 5, dtype=torch.long), 2)
+    assert seq.shape == (1, 5) and out.tolist() == list(range(5)) and none.region_length(7) == 7
+
+
+def test_padded_rows_positions_masks_and_holes():
+    rows = PaddedRows([[5, 6, 7], [8]], pad=0, visible=[[True] * 3, [True]])
+    assert rows.ids.tolist() == [[5, 6, 7], [0, 0, 8]] and rows.mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert rows.positions.tolist() == [[0, 1, 2], [0, 0, 0]] and rows.lengths.tolist() == [3, 1]
+    assert rows.region_positions(4, 2).tolist() == [[7, 8], [5, 6]]
+    assert rows.attention_mask(2).tolist() == [[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]]
+    holes = PaddedRows([[1, 2, 3, 4]], pad=0, visible=[[True, False, False, True]])  # Anole's uncond row
+    assert holes.positions.tolist() == [[0, 0, 0, 1]] and holes.lengths.tolist() == [2]
+    assert PaddedRows([[1, 2]], pad=0).attention_mask(3) is None  # nothing masked: plain causal attention
+
+
+def test_memory_estimate_is_linear_and_keeps_the_headroom():
+    m = MemoryEstimate(fixed=1000, per_image=100, headroom=0.1)
+    assert [m.bytes(b) for b in (0, 1, 5)] == [1000, 1100, 1500]
+    assert m.usable(2000) == 1800 and m.largest_batch(2000) == 8 and m.largest_batch(1000) == 0
+
+
+def test_refusals_are_one_line_naming_the_value_and_what_is_allowed(tmp_path):
+    with pytest.raises(ValueError, match=r"^prompt of 10 tokens \+ image of 20 positions = 30 > max_position_embeddings=25; "
+                                         r"allowed: prompts up to 5 tokens$"):
+        check_sequence_length(10, 20, 25)
+    check_sequence_length(5, 20, 25)
+    with pytest.raises(ValueError, match=r"has no \{prompt\}"):
+        format_prompt("a picture", "x", 1, 1)
+    assert format_prompt("{prompt} at {width}x{height}", "x", 16, 12) == "x at 16x12"
+    with pytest.raises(ValueError, match=r"'<s>' is not in the checkpoint's vocabulary"):
+        token_id("<s>", {"<pad>": 1})
+    assert token_id("<s>", {"<s>": 0, "<pad>": 1}) == 0
+
+    class Tok:
+        unk_token, unk_token_id = "<unk>", 3
+
+        def convert_tokens_to_ids(self, name):
+            return {"<s>": 1}.get(name, 3)
+
+    with pytest.raises(ValueError, match=r"'<s>': the tokenizer says id 1, the config's vocabulary 0; allowed: equal ids"):
+        token_id("<s>", {"<s>": 0}, Tok())
+    assert token_id("<s>", None, Tok()) == 1
+    for folder, match in ((tmp_path / "none", "does not exist"), (tmp_path, "has no config.json")):
+        with pytest.raises(FileNotFoundError, match=match):
+            check_checkpoint(folder, "Emu3")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="holds no weights"):
+        check_checkpoint(tmp_path, "Emu3")
