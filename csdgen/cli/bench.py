@@ -13,6 +13,7 @@ csdgen bench ...`` shards the prompts over N processes.
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -48,7 +49,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="run seeds, comma-separated; every method runs at each (default 0)")
     p.add_argument("--floor-seed", type=_floor_seed, default="auto", metavar="S",
                    help="AR also runs at this seed: the noise floor (default: the first seed + 1; none = no floor)")
-    opt.add_method_options(p, family_note=True)
+    opt.add_method_options(p, family_note=True, fixed_window=True)
     opt.add_sampling(p, family_note=True)
     q = p.add_argument_group("quality scores (NLL is always computed)")
     q.add_argument("--clip-model", default=None, metavar="DIR|ID",
@@ -65,6 +66,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--width", type=opt.count(), default=None, help="image width in pixels (default: the family's)")
     g.add_argument("--image-size", type=opt.count(), default=None, help="square image side in pixels")
     g.add_argument("--negative-prompt", default=None, help="Emu3: prompt of the unconditional rows (default Emu3's own)")
+    g.add_argument("--positive-prompt", default=None,
+                   help="Emu3: text appended to every prompt (default BAAI's quality suffix; '' = none)")
+    g.add_argument("--prompt-template", default=None,
+                   help="a format string with {prompt} wrapping every prompt (default: the family's; '{prompt}' = none)")
     g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="default bfloat16 on cuda, float32 on cpu")
     p.add_argument("--device", choices=opt.DEVICES, default=None,
@@ -110,11 +115,12 @@ def _builtin_plan(args, device: str):
 
     from ._common import builtin_model
 
-    for option in ("layout", "height", "width", "image_size", "negative_prompt", "dtype"):
+    for option in ("layout", "height", "width", "image_size", "negative_prompt", "positive_prompt", "prompt_template", "dtype"):
         if getattr(args, option) is not None:
             raise ValueError(f"--{option.replace('_', '-')} needs --model PATH (a checkpoint); the built-in model has one size and dtype")
     args.classes, args.num_images, args.device = None, 1, device
-    model, _ = builtin_model(args)  # loads, moves to the device, fills the model's defaults, clamps the window
+    _fixed_window(args)
+    model, _ = builtin_model(args, fixed_window=True)  # loads, moves to the device, fills the defaults, clamps the window
     prompts, indices = _builtin_prompts(args, model.class_names)
     sampling = sampling_of(args)
     settings = {"model": "builtin", "weights": "shipped" if args.weights is None else str(args.weights),
@@ -129,19 +135,25 @@ def _model_plan(args, device: str):
     from csdgen.models.defaults import FAMILY_DEFAULTS
     from csdgen.prompts import load_prompts
 
-    from .generate import _checkpoint_folder
+    from ._common import default_window
+    from .generate import GREEDY_WARNING, _checkpoint_folder
 
+    _fixed_window(args)
     if args.weights is not None:
         raise ValueError("--weights is for the built-in model; with --model the checkpoint folder holds the weights")
     prompts = load_prompts(args.prompts or "coco", args.limit, args.offset)
     folder = _checkpoint_folder(args.model)
     family = family_of(folder, args.layout, args.model)
     fill_defaults(args, asdict(FAMILY_DEFAULTS[family]))
+    default_window(args, asdict(FAMILY_DEFAULTS[family]), fixed=True)
     sampling = sampling_of(args)
+    if args.temperature == 0:
+        print(GREEDY_WARNING, file=sys.stderr)
     dtype = args.dtype or str(default_dtype(device)).removeprefix("torch.")
     model = load_model(folder, dtype=dtype, device=device, layout=args.layout, height=args.height, width=args.width,
                        image_size=args.image_size, batch_size=1, window=args.window, guided=sampling.guided,
-                       negative_prompt=args.negative_prompt)
+                       negative_prompt=args.negative_prompt, positive_prompt=args.positive_prompt,
+                       prompts=[p.text for p in prompts], prompt_template=args.prompt_template)
     if getattr(model, "vqgan", True) is None:
         raise ValueError(f"{str(args.model)!r} has no image decoder: copy Chameleon's vqgan.yaml and vqgan.ckpt "
                          f"(its tokenizer/ folder) into {str(folder)!r} or {str(folder / 'tokenizer')!r}")
@@ -149,10 +161,17 @@ def _model_plan(args, device: str):
     args.window = clamp_window(args.window, model.num_image_tokens)
     settings = {"model": str(args.model), "checkpoint": str(folder), "family": family, "dtype": dtype,
                 "device": device.split(":")[0], "grid": list(model.grid), "prompts": args.prompts or "coco",
-                "negative_prompt": args.negative_prompt,
+                "negative_prompt": args.negative_prompt, "positive_prompt": args.positive_prompt,
+                "prompt_template": args.prompt_template,
                 **_method_settings(args, sampling)}
     return BenchPlan(model, prompts, list(range(args.offset, args.offset + len(prompts))), [p.text for p in prompts],
                      _methods(args, model), args.seeds, _floor(args), args.window, sampling, settings)
+
+
+def _fixed_window(args) -> None:
+    if args.window == "auto":
+        raise ValueError("--window auto: a bench needs a fixed window, since with auto the images would depend on "
+                         "timing (resuming and sharding could change them); give --window W or leave it out (the model's)")
 
 
 def _method_settings(args, sampling) -> dict:
