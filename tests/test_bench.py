@@ -215,3 +215,16 @@ def test_bench_commands_in_readme_and_docs_parse():
             assert args.command == "bench"
             found += 1
     assert found >= 4
+
+
+def test_bench_image_is_csdgen_generate_image_at_the_same_seed_and_window(builtin_weights, reference, tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    out = tmp_path / "generate"
+    assert cli.main(["generate", "--weights", str(builtin_weights), "-n", "2", "--batch-size", "2", "--method", "csd",
+                     "--window", "16", "--no-maps", "--out", str(out)]) == 0
+    for i, name in enumerate(["brick", "coffee"]):
+        upscaled = np.asarray(Image.open(out / f"{i:04d}_{name}.png"))  # generate saves the built-in 64 px images x2
+        own = np.asarray(Image.open(reference / "images" / "csd-seed0" / f"{i:05d}-{name}.png"))
+        assert np.array_equal(upscaled[::2, ::2], own)
