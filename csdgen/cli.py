@@ -118,7 +118,30 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"comma-separated (default {','.join(map(str, getattr(grid, name)))}; empty string = none)")
     sw.add_argument("--draft-inits", type=_classes, default=grid.draft_inits)
     sw.add_argument("--baselines", type=_classes, default=grid.baselines, help="of ar,sjd,sjd-coupled")
+    _add_demo(sub)
     return parser
+
+
+def _add_demo(sub) -> None:
+    """``csdgen demo``: the local web page (csdgen/demo.py); gradio and torch are imported by the command only."""
+    demo = sub.add_parser("demo", help="a local web page to watch AR, SJD, CSD, ... decode side by side")
+    demo.add_argument("--model", default=None, help="checkpoint folder or cached repo id (default: the built-in model)")
+    demo.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    demo.add_argument("--port", type=_port, default=None, help="TCP port (default: the first free one from 7860)")
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value}: must be a TCP port in 1..65535")
+    return value
+
+
+def cmd_demo(args) -> int:
+    from csdgen.demo import serve
+
+    serve(args.model, host=args.host, port=args.port)
+    return 0
 
 
 def _numbers(kind):
@@ -418,7 +441,7 @@ def cmd_sweep(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"generate": cmd_generate, "compare": cmd_compare, "sweep": cmd_sweep}[args.command](args)
+        return {"generate": cmd_generate, "compare": cmd_compare, "sweep": cmd_sweep, "demo": cmd_demo}[args.command](args)
     except (ValueError, FileNotFoundError) as exc:
         print(f"csdgen: error: {exc}", file=sys.stderr)
         return 2
