@@ -28,10 +28,12 @@ served by the local server, and the server binds 127.0.0.1 unless told otherwise
 from __future__ import annotations
 
 import asyncio
+import html
 import inspect
 import math
 import os
 import queue
+import shutil
 import tempfile
 import threading
 import time
@@ -41,11 +43,12 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
+from PIL import Image
 
 import csdgen
 from csdgen.decoding import Decision, StepInfo
-from csdgen.evaluation.compare import method_presets, to_csv, to_markdown
-from csdgen.evaluation.maps import COLOURS, to_uint8
+from csdgen.evaluation.compare import method_presets, to_csv
+from csdgen.evaluation.maps import COLOURS, save_png, to_uint8
 from csdgen.models.defaults import FAMILY_DEFAULTS, FamilyDefaults
 from csdgen.sampling import SamplingConfig
 
@@ -164,9 +167,11 @@ def _condition_help(model) -> str:
 
 
 def _upscale(grid_rgb: np.ndarray, height: int, width: int) -> np.ndarray:
-    """Token grid ``[rows, cols, 3]`` -> ``[height, width, 3]`` by nearest neighbour (height, width multiples)."""
+    """Token grid ``[rows, cols, C]`` -> ``[height, width, C]`` by nearest neighbour."""
     rows, cols = grid_rgb.shape[:2]
-    return np.repeat(np.repeat(grid_rgb, height // rows, axis=0), width // cols, axis=1)
+    row_of = np.arange(height) * rows // height
+    col_of = np.arange(width) * cols // width
+    return grid_rgb[row_of[:, None], col_of[None, :]]
 
 
 def token_maps(decisions: torch.Tensor | None, entropy: torch.Tensor | None, committed: int, grid: tuple[int, int],
@@ -180,7 +185,7 @@ def token_maps(decisions: torch.Tensor | None, entropy: torch.Tensor | None, com
         committed: number of committed tokens (a raster prefix).
         grid: ``(rows, cols)``, ``rows * cols == N``.
         vocab_size: V; the entropy's grey level is ``H / ln V`` (black 0, white ``ln V`` nats).
-        height, width: output size in pixels, multiples of ``rows`` and ``cols``.
+        height, width: output size in pixels.
 
     Returns:
         Two ``[height, width, 3]`` uint8 arrays; token cells not committed are :data:`PENDING`.
@@ -333,7 +338,35 @@ def _legend() -> str:
 
 
 def _progress_html(text: str, done: int = 0, total: int = 1) -> str:
-    return f'<div id="progress-line"><progress value="{done}" max="{max(total, 1)}"></progress> {text}</div>'
+    return f'<div id="progress-line"><progress value="{done}" max="{max(total, 1)}"></progress> {html.escape(text)}</div>'
+
+
+class _RunFiles:
+    """One run's PNG and CSV files, written atomically under unique names, handed to Gradio as paths.
+
+    Gradio caches a numpy image under the hash of its bytes and rewrites that file in place
+    each time the same picture is sent again (e.g. two identical empty maps), so the browser
+    can read a half-written file (seen as ``ERR_CONTENT_LENGTH_MISMATCH``); a file path is
+    instead copied into the cache once, atomically.
+    """
+
+    def __init__(self):
+        self.folder = Path(tempfile.mkdtemp(prefix="csdgen-demo-"))
+        self.count = 0
+
+    def save(self, array: np.ndarray) -> str:
+        self.count += 1
+        path = self.folder / f"{self.count:05d}.png"
+        save_png(Image.fromarray(array), path)
+        return str(path)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _message_html(text: str) -> str:
+    """A bad value or a failed run, one line in the progress area."""
+    return f'<div id="message" style="color:#b00020;font-weight:600">{html.escape(text)}</div>'
 
 
 def build_app(model, *, model_name: str = "built-in model", defaults: FamilyDefaults | None = None):
@@ -404,8 +437,9 @@ def build_app(model, *, model_name: str = "built-in model", defaults: FamilyDefa
         async def on_run(condition_v, methods_v, window_v, lam_v, delta_v, guidance_v, seed_v):
             try:
                 settings = parse_inputs(model, condition_v, methods_v, window_v, lam_v, delta_v, guidance_v, seed_v)
-            except ValueError as exc:
-                raise gr.Error(str(exc), print_exception=False) from None
+            except ValueError as exc:  # shown on the page, in the progress line; earlier results stay
+                yield {progress: _message_html(str(exc))}
+                return
             sampling = _sampling(defaults, settings.guidance_scale)
             total = len(settings.methods) * model.num_image_tokens
             finished = 0
@@ -416,7 +450,8 @@ def build_app(model, *, model_name: str = "built-in model", defaults: FamilyDefa
                               image: None, acceptance: None, entropy_map: None})
             yield first
             cancel = threading.Event()
-            iterator = watch(model, settings, sampling, cancel)
+            pngs = _RunFiles()
+            iterator = watch(model, settings, sampling, cancel, min_interval=0.3)  # ~3 previews a second
             try:
                 while True:
                     event = await asyncio.to_thread(next, iterator, ("end", None))
@@ -425,7 +460,8 @@ def build_app(model, *, model_name: str = "built-in model", defaults: FamilyDefa
                         _, key, frame = event
                         _, title, image, acceptance, entropy_map = panels[key]
                         done = finished + frame.committed
-                        yield {image: frame.image, acceptance: frame.acceptance, entropy_map: frame.entropy,
+                        yield {image: pngs.save(frame.image), acceptance: pngs.save(frame.acceptance),
+                               entropy_map: pngs.save(frame.entropy),
                                title: f"### {METHOD_LABELS[key]}\n{frame.committed}/{model.num_image_tokens} tokens, "
                                       f"{frame.forwards} forwards",
                                progress: _progress_html(f"{METHOD_LABELS[key]}: {frame.committed}/"
@@ -435,9 +471,10 @@ def build_app(model, *, model_name: str = "built-in model", defaults: FamilyDefa
                         _, key, row = event
                         finished += model.num_image_tokens
                         yield {panels[key][1]: f"### {METHOD_LABELS[key]}\n{row['forwards']} forwards, step compression "
-                                               f"{row['step_compression']:.2f}x, {row['wall_s']:.2f} s"}
+                                               f"{row['step_compression']:.2f}x, {row['wall_s']:.2f} s decoding"}
                     elif kind == "error":
-                        raise gr.Error(event[1], print_exception=False)
+                        yield {progress: _message_html(event[1])}
+                        return
                     elif kind == "cancelled":
                         yield {progress: _progress_html(f"cancelled during {METHOD_LABELS[event[1]]}", finished, total)}
                         return
@@ -445,13 +482,10 @@ def build_app(model, *, model_name: str = "built-in model", defaults: FamilyDefa
                         rows_ = event[1] or []
                         if not rows_:
                             return
-                        folder = Path(tempfile.mkdtemp(prefix="csdgen-demo-"))
-                        path = folder / "csdgen_demo_statistics.csv"
+                        path = pngs.folder / "csdgen_demo_statistics.csv"
                         path.write_text(to_csv(rows_))
-                        shown = [{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items() if k in _SHOWN}
-                                 for r in rows_]
                         yield {progress: _progress_html(f"done: {len(rows_)} methods, seed {settings.seed}", total, total),
-                               stats: to_markdown(shown), csv_file: str(path)}
+                               stats: _stats_markdown(rows_), csv_file: str(path)}
                         return
             finally:
                 cancel.set()  # the worker stops at its next forward
@@ -459,6 +493,7 @@ def build_app(model, *, model_name: str = "built-in model", defaults: FamilyDefa
                     iterator.close()
                 except ValueError:  # still running in the other thread: it ends by itself once cancelled
                     pass
+                pngs.remove()  # Gradio has copied every file it was given into its cache by now
 
         inputs = [condition, methods, window, lam, delta, guidance, seed]
         event = run.click(on_run, inputs=inputs, outputs=outputs, show_progress="minimal", concurrency_limit=1)
@@ -466,8 +501,20 @@ def build_app(model, *, model_name: str = "built-in model", defaults: FamilyDefa
     return app
 
 
-_SHOWN = ("method", "forwards", "step_compression", "mean_accepted_length", "wall_s", "tokens_accepted", "tokens_relaxed",
-          "tokens_resampled", "tokens_sampled", "mean_entropy_nats")
+#: the page's statistics table: CSV column -> (header, format); the CSV has every column at full precision
+_SHOWN = {"method": ("method", "{}"), "forwards": ("forwards", "{}"), "step_compression": ("step compression", "{:.2f}x"),
+          "mean_accepted_length": ("mean accepted length", "{:.2f}"), "wall_s": ("wall time (s)", "{:.2f}"),
+          "tokens_accepted": ("accepted", "{}"), "tokens_relaxed": ("relaxed", "{}"), "tokens_resampled": ("resampled", "{}"),
+          "tokens_sampled": ("sampled", "{}"), "mean_entropy_nats": ("entropy (nats)", "{:.3f}")}
+
+
+def _stats_markdown(rows: list[dict]) -> str:
+    lines = ["| " + " | ".join(h for h, _ in _SHOWN.values()) + " |", "|" + "---|" * len(_SHOWN)]
+    lines += ["| " + " | ".join(f.format(r[k]) for k, (_, f) in _SHOWN.items()) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+_CSS = "#stats th { word-break: keep-all; overflow-wrap: normal; } #stats td { white-space: nowrap; }"
 
 
 def load_demo_model(model_path: str | None = None, weights: str | None = None):
@@ -510,5 +557,5 @@ def serve(model_path: str | None = None, host: str = "127.0.0.1", port: int | No
     app = build_app(model, model_name=name, defaults=defaults)
     app.queue(default_concurrency_limit=1)
     app.launch(server_name=host, server_port=port, share=False, inbrowser=False, prevent_thread_lock=not block,
-               show_error=False, ssr_mode=False, footer_links=[], quiet=False)
+               show_error=False, ssr_mode=False, footer_links=[], quiet=False, css=_CSS)
     return app

@@ -89,23 +89,49 @@ def test_token_maps_colour_committed_tokens_only():
     assert [tuple(c) for c in live.reshape(6, 3)] == [COMMITTED] * 2 + [PENDING] * 4
 
 
-def test_watch_streams_frames_and_cancels(builtin):
-    settings = _parse(builtin, methods=["csd", "sjd"], window="16")
+def test_watch_streams_frames_that_fill_in(builtin):
+    settings = _parse(builtin, methods=["csd"], window="16")
     events = list(watch(builtin, settings, SamplingConfig(guidance_scale=3.0), threading.Event(), min_interval=0.0))
     frames = [e for e in events if e[0] == "frame"]
-    assert [e[0] for e in events if e[0] != "frame"] == ["done", "done", "end"]
+    assert [e[0] for e in events if e[0] != "frame"] == ["done", "end"]
     rows = events[-1][1]
-    assert [r["method"] for r in rows] == ["csd", "sjd"]
-    assert rows[0]["forwards"] < builtin.num_image_tokens and rows[0]["wall_s"] > 0
-    assert rows[0]["tokens_relaxed"] > 0 and rows[1]["tokens_relaxed"] == 0  # only CSD relaxes
+    assert [r["method"] for r in rows] == ["csd"]
+    assert rows[0]["forwards"] < builtin.num_image_tokens and rows[0]["wall_s"] > 0 and rows[0]["tokens_relaxed"] > 0
     csd_frames = [f for _, key, f in frames if key == "csd"]
     assert [f.committed for f in csd_frames] == sorted(f.committed for f in csd_frames)  # fills in
     assert csd_frames[0].committed == 1 and csd_frames[-1].committed == builtin.num_image_tokens
     assert len(csd_frames) == rows[0]["forwards"] + 1  # every forward, then the final frame
+    first_image = csd_frames[0].image  # one token committed: everything below the first token row is veiled
+    assert (first_image[first_image.shape[0] // 16:] >= int(0.7 * min(PENDING))).all()
     final = csd_frames[-1]
     assert isinstance(final, Frame) and final.image.shape == final.acceptance.shape == final.entropy.shape
     assert not (final.acceptance == PENDING).all(axis=-1).any()  # every token decided
 
+    assert issubclass(DemoCancelled, Exception)
+
+
+def test_wall_time_excludes_drawing_the_previews(builtin, monkeypatch):
+    """Drawing a preview (made slow here: 20 ms each) is subtracted from the reported decoding time."""
+    import csdgen.demo as demo
+
+    slow_frame = demo._frame
+
+    def frame(*args):
+        time.sleep(0.02)
+        return slow_frame(*args)
+
+    monkeypatch.setattr(demo, "_frame", frame)
+    began = time.perf_counter()
+    events = list(watch(builtin, _parse(builtin, methods=["csd"], window="16"), SamplingConfig(), threading.Event(),
+                        min_interval=0.0))
+    elapsed = time.perf_counter() - began
+    row = events[-1][1][0]
+    previews = sum(e[0] == "frame" for e in events)
+    assert previews == row["forwards"] + 1
+    assert 0 < row["wall_s"] < elapsed - 0.9 * 0.02 * (previews - 1)
+
+
+def test_cancel_stops_at_the_next_forward(builtin):
     cancel = threading.Event()
     stream = watch(builtin, _parse(builtin, methods=["ar", "csd"]), SamplingConfig(), cancel, min_interval=0.0)
     first = next(stream)
@@ -113,7 +139,26 @@ def test_watch_streams_frames_and_cancels(builtin):
     cancel.set()
     rest = list(stream)
     assert rest[-1] == ("cancelled", "ar") and all(e[0] == "frame" for e in rest[:-1])
-    assert issubclass(DemoCancelled, Exception)
+
+
+def test_prompt_model_from_a_checkpoint_folder(tmp_path):
+    """``--model PATH``: a (tiny random) Janus checkpoint takes a prompt, its family's defaults, and runs AR and CSD."""
+    from test_models_janus import build_checkpoint
+
+    from csdgen.demo import load_demo_model
+    from csdgen.models.defaults import FAMILY_DEFAULTS
+
+    model, name, defaults = load_demo_model(str(build_checkpoint(tmp_path / "janus")))
+    assert defaults == FAMILY_DEFAULTS["janus"] and name.startswith("janus")
+    settings = _parse(model, condition="a red dog", window="4")
+    assert settings.condition == "a red dog"
+    with pytest.raises(ValueError, match="the class or prompt is empty; allowed: a text prompt"):
+        _parse(model, condition="  ")
+    events = list(watch(model, settings, SamplingConfig(guidance_scale=defaults.guidance_scale), threading.Event()))
+    rows = events[-1][1]
+    assert [r["method"] for r in rows] == ["ar", "csd"] and rows[0]["forwards"] == model.num_image_tokens
+    final = [e[2] for e in events if e[0] == "frame"][-1]
+    assert final.image.shape == final.acceptance.shape == final.entropy.shape and final.image.shape[0] >= 200
 
 
 def test_demo_command_options_and_light_imports():
@@ -193,6 +238,7 @@ def test_page_in_headless_chromium(demo_server, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
     requests: list[str] = []
+    failed: list[str] = []
     with sync_playwright() as pw:
         browser = pw.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=CHROMIUM,
                                                         args=CHROMIUM_FLAGS, headless=True,
@@ -200,6 +246,8 @@ def test_page_in_headless_chromium(demo_server, tmp_path):
         try:
             page = browser.new_page()
             page.on("request", lambda r: requests.append(r.url))
+            page.on("requestfailed", lambda r: failed.append(f"{r.url} {r.failure}"))
+            page.on("response", lambda r: failed.append(f"{r.url} HTTP {r.status}") if r.status >= 400 else None)
             page.goto(demo_server, wait_until="domcontentloaded")
             page.locator("#condition").locator("input, textarea").first.fill("coffee")
             page.locator("#window").locator("input, textarea").first.fill("16")
@@ -208,6 +256,9 @@ def test_page_in_headless_chromium(demo_server, tmp_path):
             expect(methods.get_by_label("CSD", exact=True)).to_be_checked()
             page.locator("#run").click()
             expect(page.locator("#stats table")).to_be_visible(timeout=240_000)
+            shown = "#image-ar img, #acceptance-ar img, #entropy-ar img, #image-csd img, #acceptance-csd img, #entropy-csd img"
+            page.wait_for_function(f"""() => {{ const imgs = [...document.querySelectorAll({shown!r})];
+                return imgs.length === 6 && imgs.every(i => i.complete && i.naturalWidth > 0); }}""", timeout=30_000)
             page.screenshot(path=str(tmp_path / "demo.png"), full_page=True)
 
             for key in ("ar", "csd"):
@@ -235,8 +286,8 @@ def test_page_in_headless_chromium(demo_server, tmp_path):
 
             page.locator("#lam").locator("input").first.fill("-1")
             page.locator("#run").click()
-            expect(page.get_by_text("lam=-1.0: the CSD relaxation coefficient lambda must be a finite number >= 0")
-                   .first).to_be_visible(timeout=30_000)
+            expect(page.locator("#message")).to_have_text(
+                "lam=-1.0: the CSD relaxation coefficient lambda must be a finite number >= 0", timeout=30_000)
             page.screenshot(path=str(tmp_path / "demo_error.png"), full_page=True)
 
             page.locator("#lam").locator("input").first.fill("0.5")
@@ -247,6 +298,8 @@ def test_page_in_headless_chromium(demo_server, tmp_path):
             expect(page.locator("#stats table")).to_have_count(0)  # the cancelled run left no statistics
         finally:
             browser.close()
+    broken = [f for f in failed if "net::ERR_ABORTED" not in f]  # aborted: a preview replaced before it loaded
+    assert not broken, f"requests that failed: {broken[:5]}"
     foreign = [u for u in requests if not u.startswith(demo_server) and not u.startswith("data:")]
     assert not foreign, f"the page fetched from outside the local server: {foreign[:5]}"
     assert (tmp_path / "demo.png").stat().st_size > 10_000
