@@ -1,13 +1,21 @@
-"""Steps, step compression and wall time of AR, SJD and CSD; cost of the acceptance step vs a forward.
+"""AR, SJD and CSD at a fixed window and at window="auto", at several batch sizes, interleaved.
 
 Not a test: it times and prints. Run from the project root:
 
-    python benchmarks/bench_decoding.py                 # built-in model if installed, else a random Llama
-    python benchmarks/bench_decoding.py --model random --seeds 5 --batch 4
+    python benchmarks/bench_decoding.py                       # built-in model, batches 1, 2, 16
+    python benchmarks/bench_decoding.py --batches 1,4 --repeats 3 --window 16
 
-The "acceptance step" is everything the loop does per iteration besides the model forward:
-guidance and warping to q, the rule's acceptance probabilities, the residual, the samples,
-the vectorised first-rejection walk and the draft refresh.
+For every batch size and method it prints: forwards of the batch (steps), step compression
+(mean over images of N / the image's forwards), wall seconds per batch (device synchronised,
+after a warm-up run), the wall speed-up over AR at the same batch size, and for fixed windows
+the *CPU limit* ``step compression / (t(W) / t(1))``: the speed-up the step compression allows
+once a forward of width W costs ``t(W)/t(1)`` forwards of width 1 (``t`` measured on a session
+of the same model and batch, median of ``--timing-repeats``). ``auto`` also gets its mean width.
+
+Methods and batch sizes are interleaved (every repeat runs each (batch, method) pair once, in
+turn), so a machine shared with other jobs slows all of them alike; the figures are means over
+repeats. The last columns time :func:`csdgen.decoding.verify` as it runs inside the loop
+(``generate(profile=True)``, a separate run: profiling adds syncs): its share of an iteration.
 """
 
 from __future__ import annotations
@@ -19,108 +27,114 @@ import time
 import torch
 
 import csdgen
-from csdgen.acceptance import first_rejection, make_rule
-from csdgen.drafting import refresh_drafts
-from csdgen.models import ClassConditionalLlama
-from csdgen.sampling import SamplingConfig, sample, target_probs
+from csdgen.sampling import SamplingConfig
 
 
 def load_model(kind: str):
-    """The built-in model (if its weights are installed) or a random Llama of the same size."""
-    if kind in ("auto", "builtin"):
-        try:
-            from csdgen.models.builtin import load_builtin_model
+    """The built-in model, or a random Llama of the same size (``--model random``)."""
+    if kind == "builtin":
+        from csdgen.models.builtin import load_builtin_model
 
-            return load_builtin_model(), "built-in (trained)"
-        except (ImportError, FileNotFoundError) as exc:
-            if kind == "builtin":
-                raise
-            print(f"built-in model unavailable ({exc}); using a random Llama")
+        return load_builtin_model(), "built-in (trained)"
+    from csdgen.models import ClassConditionalLlama
+
     model = ClassConditionalLlama.random(codebook_size=512, num_classes=20, grid=(16, 16), hidden_size=256, num_layers=6, num_heads=8)
     with torch.no_grad():
-        model.backbone.lm_head.weight.mul_(4.0)  # random weights give near-uniform q otherwise
+        model.backbone.lm_head.weight.mul_(4.0)
     return model, "random Llama (6 layers, hidden 256, V 512, 16x16)"
 
 
-def time_call(fn, repeats: int) -> float:
-    """Median wall time of ``fn()`` in seconds after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - began)
-    return statistics.median(times)
-
-
-def decoding_table(model, classes, sampling, seeds, window):
-    rows = []
-    for name, method in (("AR", "ar"), ("SJD", "sjd"), ("CSD", "csd")):
-        steps, compression, seconds = [], [], []
-        for seed in range(seeds):
-            out = csdgen.generate(model, classes, method=method, window=window, sampling=sampling, seed=seed)
-            steps.append(out.steps)
-            compression.append(out.step_compression)
-            seconds.append(out.seconds)
-        rows.append((name, statistics.mean(steps), statistics.mean(compression), statistics.mean(seconds)))
-    ar_seconds = rows[0][3]
-    print(f"\n{'method':8} {'steps':>8} {'step compression':>17} {'seconds':>8} {'speed-up':>9}")
-    for name, steps, compression, seconds in rows:
-        print(f"{name:8} {steps:8.1f} {compression:17.2f} {seconds:8.3f} {ar_seconds / seconds:8.2f}x")
-
-
-def acceptance_cost(model, classes, sampling, window, repeats):
-    session = model.start(classes, None, sampling.guided)
+def forward_times(model, batch: int, widths: list[int], sampling: SamplingConfig, repeats: int) -> dict[int, float]:
+    """Median seconds of one forward of each width at half the image, on a session of ``batch`` images."""
+    session = model.start([i % getattr(model, "num_classes", 1) for i in range(batch)], None, sampling.guided)
     session.prefill()
-    K = model.num_image_tokens // 2
-    session.forward(torch.randint(model.codebook_size, (len(classes), K)), start=0)
-    window_tokens = torch.randint(model.codebook_size, (len(classes), window))
-
-    def forward():
-        session.forward(window_tokens, start=K)
-        session.rollback(K)
-
-    logits = session.forward(window_tokens, start=K)
-    session.rollback(K)
-    B, V = len(classes), model.codebook_size
-    p = torch.rand(B, window, V).softmax(-1)
-    u = torch.rand(6, B, window, dtype=torch.float64)
-    print(f"\nper iteration at window {window}, batch {B}, V {V} (median of {repeats}):")
-    t_forward = time_call(forward, repeats)
-    print(f"  model forward            {t_forward * 1e3:8.3f} ms")
-    for name in ("sjd", "csd"):
-        rule = make_rule(name)
-
-        def step():
-            q = target_probs(logits.cond, logits.uncond, sampling)
-            y = sample(q, u[0])
-            b = rule.acceptance_probability(window_tokens, p, q, y)
-            first_rejection(u[1] < b)
-            sample(rule.residual(p, q, y), u[2])
-            refresh_drafts("independent", window_tokens, p, q, y, u[4], u[5])
-
-        t = time_call(step, repeats)
-        print(f"  acceptance step ({name:3})   {t * 1e3:8.3f} ms  = {100 * t / t_forward:5.1f} % of a forward")
+    half = model.num_image_tokens // 2
+    tokens = torch.randint(model.codebook_size, (batch, model.num_image_tokens), device=model.device)
+    session.forward(tokens[:, :half], torch.zeros(batch, dtype=torch.long))
+    times = {}
+    for width in widths:
+        samples = []
+        for k in range(repeats + 1):
+            _sync(model)
+            began = time.perf_counter()
+            session.forward(tokens[:, half : half + width], torch.full((batch,), half))
+            _sync(model)
+            if k:  # the first call warms up
+                samples.append(time.perf_counter() - began)
+            session.rollback(torch.full((batch,), half))
+        times[width] = statistics.median(samples)
+    return times
 
 
-def main():
+def _sync(model) -> None:
+    if torch.device(model.device).type == "cuda":
+        torch.cuda.synchronize(model.device)
+
+
+METHODS = {  # name -> generate keyword arguments (window filled in)
+    "AR": {"method": "ar"},
+    "SJD": {"method": "sjd"},
+    "CSD": {"method": "csd"},
+}
+
+
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=["auto", "builtin", "random"], default="auto")
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--window", type=int, default=16)
-    parser.add_argument("--guidance-scale", type=float, default=3.0)
-    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--model", choices=["builtin", "random"], default="builtin")
+    parser.add_argument("--batches", default="1,2,16")
+    parser.add_argument("--window", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=2, help="interleaved rounds (seeds)")
+    parser.add_argument("--timing-repeats", type=int, default=5)
+    parser.add_argument("--no-profile", action="store_true", help="skip the verify-share runs")
     args = parser.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     model, description = load_model(args.model)
-    classes = list(range(args.batch))
-    sampling = SamplingConfig(guidance_scale=args.guidance_scale)
-    print(f"model: {description}; N={model.num_image_tokens}, V={model.codebook_size}; "
-          f"batch {args.batch}, window {args.window}, guidance {args.guidance_scale}, seeds {args.seeds}, "
-          f"torch threads {torch.get_num_threads()}")
-    decoding_table(model, classes, sampling, args.seeds, args.window)
-    acceptance_cost(model, classes, sampling, args.window, args.repeats)
+    batches = [int(b) for b in args.batches.split(",")]
+    defaults = model.defaults
+    sampling = SamplingConfig(guidance_scale=defaults.guidance_scale if defaults else 3.0)
+    runs = [("AR", 1)] + [(name, w) for name in ("SJD", "CSD") for w in (args.window, "auto")]
+    print(f"model: {description}; N={model.num_image_tokens}, V={model.codebook_size}; guidance {sampling.guidance_scale}; "
+          f"batches {batches}; window {args.window} and auto; {args.repeats} interleaved rounds; "
+          f"torch threads {torch.get_num_threads()}; device {model.device}")
+
+    def classes(batch):
+        return [i % getattr(model, "num_classes", 1) for i in range(batch)]
+
+    csdgen.generate(model, classes(2), method="csd", window=8, sampling=sampling)  # warm-up
+    results: dict[tuple, list] = {}
+    for round_ in range(args.repeats):
+        for batch in batches:
+            for name, window in runs:
+                out = csdgen.generate(model, classes(batch), window=window, sampling=sampling, seed=round_,
+                                      image_indices=[round_ * 1000 + i for i in range(batch)], **METHODS[name])
+                results.setdefault((batch, name, window), []).append(out)
+    for batch in batches:
+        times = forward_times(model, batch, [1, args.window], sampling, args.timing_repeats)
+        ratio = times[args.window] / times[1]
+        ar_seconds = statistics.mean(o.seconds for o in results[(batch, "AR", 1)])
+        print(f"\nbatch {batch}: t(1) = {times[1] * 1e3:.2f} ms, t({args.window}) = {times[args.window] * 1e3:.2f} ms, "
+              f"t({args.window})/t(1) = {ratio:.2f}")
+        print(f"{'method':10} {'window':>6} {'steps':>7} {'step compr.':>11} {'s/batch':>8} {'speed-up':>9} "
+              f"{'CPU limit':>9} {'mean W':>7}")
+        for name, window in runs:
+            outs = results[(batch, name, window)]
+            steps = statistics.mean(o.steps for o in outs)
+            compression = statistics.mean(o.step_compression for o in outs)
+            seconds = statistics.mean(o.seconds for o in outs)
+            limit = f"{compression / ratio:9.2f}" if window == args.window else f"{'':9}"
+            widths = [w for o in outs for w in o.widths]
+            mean_w = f"{statistics.mean(widths):7.1f}" if window == "auto" else f"{'':7}"
+            print(f"{name:10} {str(window):>6} {steps:7.1f} {compression:11.2f} {seconds:8.2f} {ar_seconds / seconds:8.2f}x "
+                  f"{limit} {mean_w}")
+    if args.no_profile:
+        return
+    print("\nverify step inside the loop (generate(profile=True), seed 0):")
+    for batch in batches:
+        for name, window in runs[1:]:
+            out = csdgen.generate(model, classes(batch), window=window, sampling=sampling, seed=0, profile=True, **METHODS[name])
+            t = out.timings
+            share = t["verify"] / (t["forward"] + t["verify"])
+            print(f"  batch {batch:3} {name:4} W={str(window):>4}: forward {t['forward']:.3f} s, verify {t['verify']:.3f} s "
+                  f"= {100 * share:.1f} % of an iteration")
 
 
 if __name__ == "__main__":

@@ -106,11 +106,18 @@ class AcceptanceRule(ABC):
     Subclasses set ``name`` (the CLI/method name) and ``lossless`` (True only when the output
     distribution provably equals the target distribution), and implement
     :meth:`acceptance_probability`. The residual defaults to :func:`residual_distribution`.
+
+    Class attributes:
+        draft_init: the draft initialisation the rule needs (a name of
+            :data:`csdgen.drafting.DRAFT_INITS`), or None when any works. ``generate`` uses it
+            when the caller gives none and refuses an incompatible one.
+        needs_codebook: the constructor takes the model's codebook embeddings.
     """
 
     name: ClassVar[str]
     lossless: ClassVar[bool] = False
     needs_codebook: ClassVar[bool] = False
+    draft_init: ClassVar[str | None] = None
 
     @abstractmethod
     def acceptance_probability(
@@ -131,6 +138,31 @@ class AcceptanceRule(ABC):
         Returns:
             ``[B, W]`` float32 in [0, 1].
         """
+
+    def exact_probability(
+        self,
+        draft_tokens: torch.Tensor,
+        draft_probs: torch.Tensor,
+        target_probs: torch.Tensor,
+        target_sample: torch.Tensor,
+        acceptance: torch.Tensor,
+    ) -> torch.Tensor:
+        """The part of the acceptance that is exact: ``[B, W]`` float32 in [0, 1].
+
+        With the same uniform ``u``, an accepted draft is an *exact* acceptance when
+        ``u < exact_probability`` and a *relaxed* one otherwise; the decoding loop labels its
+        decisions with this. A lossless rule is exact throughout (its own ``acceptance``, which
+        the caller passes in so nothing is computed twice); the default for a relaxed rule is
+        the lossless ratio ``min(1, q(x) / p(x))`` it relaxes.
+
+        Args:
+            draft_tokens, draft_probs, target_probs, target_sample: as for
+                :meth:`acceptance_probability`.
+            acceptance: ``[B, W]``, this rule's :meth:`acceptance_probability` on the same window.
+        """
+        if self.lossless:
+            return acceptance
+        return lossless_acceptance(draft_tokens, draft_probs, target_probs)
 
     def residual(self, draft_probs: torch.Tensor, target_probs: torch.Tensor, target_sample: torch.Tensor) -> torch.Tensor:
         """Distribution ``[B, W, V]`` to sample a rejected position from (default ``norm(max(0, q - p))``)."""
@@ -262,7 +294,7 @@ class GSD(AcceptanceRule):
     ``sum_C p = 0`` rejects. The cluster can lower one token's ratio below SJD's; on average it
     accepts more. Lossy for ``radius > 0``. One batched sort per window replaces the official
     per-position loop, and codebook distances are computed for the ``2 radius + 1`` candidates
-    only (no ``V x V`` matrix).
+    only (no ``V x V`` matrix). Needs one-hot drafts (``draft_init = "onehot"``).
 
     Args:
         codebook: ``[V, D]`` codebook vectors (``model.codebook_embeddings()``).
@@ -276,6 +308,7 @@ class GSD(AcceptanceRule):
 
     name = "gsd"
     needs_codebook = True
+    draft_init = "onehot"  # the official code's drafts; with uniform p the cluster ratio is V * sum_C q / |C|
 
     def __init__(self, codebook: torch.Tensor | None = None, radius: int = 7, prob_gap: float = 0.15, max_distance: float = 0.5):
         if isinstance(radius, bool) or not isinstance(radius, int) or radius < 0:
@@ -314,6 +347,7 @@ class Lantern(AcceptanceRule):
     codebook neighbours, added nearest first while the added mass stays ``<= delta``.
     LANTERN++ (``cap``) bounds ``q~(x) <= cap * q(x)``. The residual stays
     ``norm(max(0, q - p))``. Lossy for ``delta > 0``. Neighbour tables: :mod:`csdgen.codebook`.
+    Needs one-hot drafts (``draft_init = "onehot"``).
 
     Args:
         codebook: ``[V, D]`` codebook vectors (``model.codebook_embeddings()``).
@@ -327,6 +361,7 @@ class Lantern(AcceptanceRule):
 
     name = "lantern"
     needs_codebook = True
+    draft_init = "onehot"  # LANTERN's drafts have one-hot p (a drafter's sample); uniform p accepts nearly everything
 
     def __init__(self, codebook: torch.Tensor | None = None, k: int = 1000, delta: float = 0.1, cap: float | None = None):
         from .codebook import neighbour_table

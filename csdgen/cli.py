@@ -40,6 +40,11 @@ def _count(text: str) -> int:
     return value
 
 
+def _window(text: str) -> int | str:
+    """``--window``: an integer >= 1, or "auto" (chosen per iteration from measured times)."""
+    return "auto" if text.strip().lower() == "auto" else _count(text)
+
+
 def _classes(text: str) -> list[str]:
     return [c.strip() for c in text.split(",") if c.strip()]
 
@@ -61,7 +66,8 @@ def _add_model_and_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--num-images", type=_count, default=None,
                    help="number of images (default 8; with --model one per prompt), conditions taken in turn")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--window", type=_count, default=None, help=f"Jacobi window W (default {d['window']}; with --model the family's)")
+    p.add_argument("--window", type=_window, default=None,
+                   help=f"Jacobi window W, or auto (default {d['window']}; with --model the family's)")
     p.add_argument("--lam", type=float, default=None, help=f"CSD lambda (default {d['lam']}; with --model the family's)")
     p.add_argument("--delta", type=float, default=None, help=f"CSD TV threshold (default {d['delta']}; with --model the family's)")
     p.add_argument("--entropy-unit", choices=["nats", "normalized"], default="nats")
@@ -70,7 +76,8 @@ def _add_model_and_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=None, help=f"0 = greedy (default {d['temperature']}; with --model the family's)")
     p.add_argument("--top-k", type=_top_k, default=None, help="0 or none = no top-k (default: none; with --model the family's)")
     p.add_argument("--top-p", type=float, default=None, help="nucleus mass (default: none; with --model the family's)")
-    p.add_argument("--draft-init", choices=DRAFT_INITS, default="uniform")
+    p.add_argument("--draft-init", choices=DRAFT_INITS, default=None,
+                   help="draft initialisation (default: what the method needs, else uniform)")
     p.add_argument("--batch-size", type=_count, default=8)
     p.add_argument("--out", type=Path, default=Path("outputs"), help="output folder (default ./outputs)")
 

@@ -1,33 +1,56 @@
 """The decoding loop: AR, speculative Jacobi decoding (SJD) and its relaxed variants (CSD, ...).
 
 One iteration (Teng et al., 2024, "Accelerating Auto-regressive Text-to-Image Generation with
-Training-free Speculative Jacobi Decoding"; the CSD paper's Algorithm 1):
+Training-free Speculative Jacobi Decoding"; the CSD paper's Algorithm 1), for every image ``b``
+of the batch at its own committed length ``c_b``:
 
-    draft -> verify -> accept -> commit -> roll back
+    draft -> forward -> verify -> commit -> roll back
 
-* **draft**: the window's input is the image tokens at positions ``K .. K + W - 1``, where
-  ``K`` is the cache length: committed tokens first, then pending drafts; new slots get
-  drafts from the initialisation (:mod:`csdgen.drafting`).
-* **verify**: one forward gives the target distribution ``q`` at positions
-  ``K + 1 .. K + W``; the rule gives acceptance probabilities for the whole window.
-* **accept**: each image walks its own drafts left to right (vectorised with
-  :func:`csdgen.acceptance.first_rejection`); at its first rejection it commits a sample from
-  the residual, and with no rejection it commits a *bonus* sample from ``q`` at the last slot.
-* **commit / refresh**: drafts after the rejection are refreshed from ``q``.
-* **roll back**: the cache keeps the positions every image has committed (``K' = min(c) - 1``).
+* **draft**: image ``b``'s window feeds its image positions ``c_b - 1 .. c_b + n_b - 2``: its
+  last committed token, then its pending drafts (``n_b = min(W, N - c_b)`` slots; the other
+  slots of the ``[B, W]`` batch are padding the session masks out). Drafts left by the last
+  forward are carried with their draft distribution; new slots get drafts from the
+  initialisation (:mod:`csdgen.drafting`).
+* **forward**: one model call for the whole batch gives the target distribution ``q`` at
+  positions ``c_b .. c_b + n_b - 1`` of every image.
+* **verify** (:func:`verify`): the rule's acceptance probabilities for the whole window, the
+  first rejection per image (vectorised, :func:`csdgen.acceptance.first_rejection`), a sample
+  from the residual at that slot only, or a *bonus* sample from ``q`` at the last slot when
+  every draft passed; drafts after the rejection are refreshed from ``q``.
+* **commit**: image ``b`` commits its accepted drafts and the new token: ``c_b`` grows by 1 .. n_b.
+* **roll back**: row ``b`` of the cache keeps positions ``0 .. c_b - 2`` (per-row lengths).
 
-**Per-image acceptance in a batch.** Images keep their own committed length ``c_b``; the
-cache holds the positions committed by all of them, and an image that is ahead re-feeds its
-extra committed tokens at the start of the next window (they are "decided" slots, never
-re-verified). No image is held to the batch's minimum accepted length, as the reference code
-does; an image far ahead waits (its window holds only decided tokens) until the others catch up.
+**Images are independent.** Every image's window starts at its own committed length (per-row
+positions, attention masks and cache lengths: :mod:`csdgen.models._ragged`), and every random
+number an image uses is a hash of ``(seed, image index, the image's own forward count, draw
+kind, slot)`` (:func:`csdgen.sampling.stream_uniforms`). With a fixed window, an image's
+tokens and number of forwards depend only on the seed, its index in the run
+(``image_indices``) and its condition: not on the batch size or on the other images
+(tested; equal up to floating-point summation order of batched kernels). Finished images
+leave the batch (:meth:`~csdgen.models.base.DecodingSession.select_rows`).
 
-AR decoding is the same loop with a window of 1 (the only slot is the bonus slot).
+**Window ``"auto"``.** The width ``W`` of each iteration is chosen from the forward+verify
+times measured on the running model and batch (a short warm-up over three widths, then an
+exponential average kept current, with an occasional neighbouring width tried) and the
+acceptance lengths seen so far (a Kaplan-Meier estimate of the probability that the first
+``j`` drafts are all accepted): ``W = argmax E[tokens committed | W] / t(W)`` over
+``1 .. AUTO_MAX_WINDOW``, 1 (plain AR) when nothing pays. The choice depends on the past only,
+so lossless rules stay exact; the widths are recorded (:attr:`GenerationResult.widths`).
+Since measured times steer the widths, ``"auto"`` reproduces an image's *distribution*, not
+its exact tokens: pass a fixed window for bit-reproducible images across runs and batch sizes.
 
-Randomness: the loop owns one ``torch.Generator`` and draws a fixed block of float64 uniforms
-per iteration, whatever is accepted, so two rules taking the same decisions produce the same
-samples (the basis of the "CSD with lambda 0 equals SJD sample for sample" test).
-Host syncs: one per iteration (the new cache length, together with the NaN check).
+**Non-finite logits.** NaN or +inf in a (guided) target distribution, or a position where
+every token is -inf, raises ValueError at the iteration's host sync; -inf alone excludes a
+token (:func:`csdgen.sampling.apply_guidance` keeps a token -inf in both rows at -inf). No
+rule commits a draft the target distribution gives probability 0 (after top-k, top-p or a
+family's mask): :func:`verify` sets such acceptance probabilities to 0.
+
+**Cache check.** The first iteration feeds one extra probe slot past its window and rolls it
+back, so every row's cache is cropped once at the start: a model whose cache cannot roll
+back fails there, not after a long run.
+
+Host syncs: one per iteration (committed lengths, the non-finite flag and the acceptance
+counts of ``"auto"``, in one transfer). AR decoding is the loop with a window of 1.
 """
 
 from __future__ import annotations
@@ -35,28 +58,42 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
-from .acceptance import RULES, SJD, AcceptanceRule, first_rejection, lossless_acceptance, make_rule
-from .drafting import check_drafting, init_drafts, refresh_drafts
+from .acceptance import RULES, SJD, AcceptanceRule, first_rejection, make_rule
+from .drafting import check_drafting, init_drafts, refresh_drafts, resolve_draft_init
 from .models.base import DecodingSession, ImageTokenModel
-from .sampling import SamplingConfig, entropy, has_nan, sample, target_probs
+from .sampling import SamplingConfig, entropy, sample, stream_uniforms, target_probs
 
-__all__ = ["Decision", "ImageStats", "StepInfo", "GenerationResult", "generate", "METHODS"]
+__all__ = [
+    "Decision",
+    "ImageStats",
+    "StepInfo",
+    "GenerationResult",
+    "Verdict",
+    "verify",
+    "generate",
+    "METHODS",
+    "AUTO_MAX_WINDOW",
+]
 
 #: method names ``generate`` takes: ``"ar"`` plus every acceptance rule's name
 METHODS = ("ar", "sjd", "csd", "addition", "jacobi", "gsd", "lantern")
+#: the widest window ``window="auto"`` considers
+AUTO_MAX_WINDOW = 32
 
-_DRAWS = 6  # uniform blocks per iteration: target sample, accept, residual, init, keep, coupled residual
+# uniform streams per image and forward, one number per slot each
+_KINDS = 6
+_Y, _ACCEPT, _RESIDUAL, _INIT, _KEEP, _COUPLED = range(_KINDS)
 
 
 class Decision(IntEnum):
     """How an image token was decided (the acceptance map's categories)."""
 
     SAMPLED = 0  #: plain sample from q: an AR step, the prefill token, or a window's bonus token
-    ACCEPTED = 1  #: draft accepted by the exact test ``u < min(1, q/p)``
+    ACCEPTED = 1  #: draft accepted by the rule's exact test (the lossless ``u < min(1, q/p)``; Jacobi: a match)
     RELAXED = 2  #: draft accepted only thanks to the rule's relaxation
     RESAMPLED = 3  #: sampled from the residual after the draft was rejected
 
@@ -108,12 +145,22 @@ class ImageStats:
 
 @dataclass
 class StepInfo:
-    """What a ``callback`` sees after every forward (prefill included)."""
+    """What a ``callback`` sees after every forward (prefill included).
+
+    Attributes:
+        step: forwards of the batch so far.
+        committed: ``[B]`` int64 committed length per image (all images of the call).
+        tokens: ``[B, N]`` committed tokens and pending drafts.
+        session: the model's session, rolled back to the committed positions of the images
+            still decoding.
+        rows: ``[B']`` int64 CPU, the image index (0 .. B-1) of each of the session's rows.
+    """
 
     step: int
-    committed: torch.Tensor  #: ``[B]`` int64 committed length per image
-    tokens: torch.Tensor  #: ``[B, N]`` committed tokens and pending drafts
-    session: DecodingSession  #: rolled back to the committed positions
+    committed: torch.Tensor
+    tokens: torch.Tensor
+    session: DecodingSession
+    rows: torch.Tensor | None = None
 
 
 @dataclass
@@ -128,6 +175,10 @@ class GenerationResult:
             loading, no image decoding).
         settings: method, rule options, window, drafting and sampling settings.
         batch_acceptance: ``"per-image"``: every image walks its own window.
+        widths: the window width ``W`` of every forward after the prefill (all equal for a fixed
+            window; chosen per iteration by ``window="auto"``).
+        timings: with ``profile=True``: seconds spent in the model forwards (``"forward"``) and in
+            :func:`verify` (``"verify"``), each measured with device synchronisation.
     """
 
     tokens: torch.Tensor
@@ -136,6 +187,8 @@ class GenerationResult:
     seconds: float
     settings: dict[str, Any] = field(default_factory=dict)
     batch_acceptance: str = "per-image"
+    widths: list[int] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def step_compression(self) -> float:
@@ -150,24 +203,123 @@ class GenerationResult:
             "batch_steps": self.steps,
             "seconds": self.seconds,
             "step_compression": self.step_compression,
+            "widths": self.widths,
+            **({"timings": self.timings} if self.timings else {}),
             "images": [s.summary() for s in self.images],
         }
 
 
-def _check_window(window: Any) -> int:
+@dataclass
+class Verdict:
+    """What :func:`verify` decided for a window.
+
+    Attributes:
+        accepted: ``[B]`` int64, r: leading drafts accepted (``0 .. widths - 1``); the image
+            commits ``r + 1`` tokens.
+        tokens: ``[B, W]`` int64, the window's new content: accepted drafts before slot ``r``,
+            the new token at ``r`` (residual or bonus sample), refreshed drafts after it.
+        decisions: ``[B, W]`` int8 :class:`Decision` codes, meaningful at slots ``<= r``.
+    """
+
+    accepted: torch.Tensor
+    tokens: torch.Tensor
+    decisions: torch.Tensor
+
+
+def verify(
+    rule: AcceptanceRule,
+    refresh: str,
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    widths: torch.Tensor,
+    uniforms: torch.Tensor,
+) -> Verdict:
+    """One verify step: acceptance probabilities, first rejection, residual, bonus, refresh.
+
+    Speculative sampling (Leviathan et al., 2023, Algorithm 1) applied per window position as in
+    SJD (Teng et al., 2024): draft ``x_j`` passes when ``u_j < b_j``; the first failing slot
+    ``r`` commits a sample of the rule's residual (``norm(max(0, q - p))`` by default), computed
+    at that slot only; when every draft passes, the last slot commits a bonus sample of ``q``.
+    A draft with ``q(x) = 0`` never passes, whatever the rule (relaxations widen acceptance
+    among the tokens the target allows, never beyond them). Drafts after ``r`` are refreshed
+    from ``q`` (:func:`csdgen.drafting.refresh_drafts`). Decisions are labelled by the rule's
+    own exact part (:meth:`~csdgen.acceptance.AcceptanceRule.exact_probability`).
+
+    Args:
+        rule: the acceptance rule.
+        refresh: ``"independent"`` or ``"coupled"``.
+        draft_tokens: ``[B, W]`` int64, ``x_j`` = the draft at output slot ``j`` (slot
+            ``widths - 1`` is the bonus slot: its draft is not tested).
+        draft_probs: ``[B, W, V]`` float, ``p``.
+        target_probs: ``[B, W, V]`` float, ``q``.
+        widths: ``[B]`` int64 on the device, valid slots per image (``1 .. W``).
+        uniforms: ``[6, B, W]`` float64 in [0, 1): target sample, acceptance, residual,
+            (initialisation, unused here), coupled keep, coupled residual.
+
+    Returns:
+        a :class:`Verdict`.
+    """
+    x, p, q = draft_tokens, draft_probs, target_probs
+    B, W = x.shape
+    slot = torch.arange(W, device=x.device)
+    last = (widths - 1)[:, None]  # [B, 1] the bonus slot
+    y = sample(q, uniforms[_Y])
+    b = rule.acceptance_probability(x, p, q, y)
+    b_exact = rule.exact_probability(x, p, q, y, b)
+    allowed = q.gather(-1, x[..., None]).squeeze(-1) > 0
+    b = torch.where(allowed, b, torch.zeros_like(b))
+    passes = (uniforms[_ACCEPT] < b) & (slot < last)
+    r = first_rejection(passes)  # [B] <= widths - 1
+    r_col = r[:, None]
+    at = r_col[..., None].expand(B, 1, q.shape[-1])
+    residual = rule.residual(p.gather(1, at), q.gather(1, at), y.gather(1, r_col))[:, 0]  # [B, V] at slot r only
+    z = sample(residual, uniforms[_RESIDUAL].gather(1, r_col)[:, 0])
+    bonus = r_col == last
+    token = torch.where(bonus[:, 0], y.gather(1, r_col)[:, 0], z)
+    fresh = refresh_drafts(refresh, x, p, q, y, uniforms[_KEEP], uniforms[_COUPLED])
+    fresh = torch.where(slot == last, y, fresh)
+    tokens = torch.where(slot < r_col, x, torch.where(slot == r_col, token[:, None], fresh))
+    exact = uniforms[_ACCEPT] < b_exact
+    code = torch.where(
+        slot < r_col,
+        torch.where(exact, int(Decision.ACCEPTED), int(Decision.RELAXED)),
+        torch.where(bonus, int(Decision.SAMPLED), int(Decision.RESAMPLED)),
+    ).to(torch.int8)
+    return Verdict(r, tokens, code)
+
+
+def _check_window(window: Any) -> int | str:
+    if window == "auto":
+        return "auto"
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"window={window!r}: must be an integer >= 1 (1 = AR)")
+        raise ValueError(f"window={window!r}: must be an integer >= 1 (1 = AR) or 'auto'")
     return window
 
 
-def _resolve_method(method: str | AcceptanceRule, window: int, model: ImageTokenModel) -> tuple[AcceptanceRule, int, str]:
+def _resolve_method(method: str | AcceptanceRule, model: ImageTokenModel) -> tuple[AcceptanceRule, str]:
     if isinstance(method, str) and method == "ar":
-        return SJD(), 1, "ar"
+        return SJD(), "ar"
     if isinstance(method, str) and method not in METHODS:
         raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)} (or an AcceptanceRule)")
-    needs_codebook = isinstance(method, str) and getattr(RULES[method], "needs_codebook", False)
-    rule = make_rule(method, codebook=model.codebook_embeddings() if needs_codebook else None)
-    return rule, window, rule.name
+    if isinstance(method, AcceptanceRule):
+        return method, method.name
+    options = {}
+    if method == "csd" and model.defaults is not None:
+        options = {"lam": model.defaults.lam, "delta": model.defaults.delta}
+    needs_codebook = getattr(RULES[method], "needs_codebook", False)
+    rule = make_rule(method, codebook=model.codebook_embeddings() if needs_codebook else None, **options)
+    return rule, rule.name
+
+
+def _default_sampling(model: ImageTokenModel) -> SamplingConfig:
+    d = model.defaults
+    if d is None:
+        return SamplingConfig()
+    # a family's top-k at or above this checkpoint's codebook size keeps every token (tiny test checkpoints)
+    top_k = d.top_k if d.top_k is not None and d.top_k < model.codebook_size else None
+    return SamplingConfig(guidance_scale=d.guidance_scale, temperature=d.temperature, top_k=top_k,
+                          top_p=getattr(d, "top_p", None))
 
 
 def _synchronize(device: torch.device) -> None:
@@ -181,42 +333,61 @@ def generate(
     *,
     batch_size: int | None = None,
     method: str | AcceptanceRule = "csd",
-    window: int = 16,
+    window: int | str | None = None,
     seed: int = 0,
+    image_indices: Sequence[int] | None = None,
     sampling: SamplingConfig | None = None,
-    draft_init: str = "uniform",
+    draft_init: str | None = None,
     refresh: str = "independent",
     callback: Callable[[StepInfo], None] | None = None,
+    profile: bool = False,
 ) -> GenerationResult:
     """Generate image tokens by AR decoding or speculative Jacobi decoding with an acceptance rule.
+
+    Arguments left None come from ``model.defaults`` (the family's published or measured
+    defaults, :class:`csdgen.models.defaults.FamilyDefaults`), else from the CSD reference.
 
     Args:
         model: any :class:`~csdgen.models.base.ImageTokenModel`.
         conditions: what the model conditions on (class ids, prompts; one per image) or None.
         batch_size: number of images when ``conditions`` does not fix it.
-        method: ``"ar"``, ``"sjd"``, ``"csd"``, ``"addition"``, ``"jacobi"``, ``"gsd"``,
-            ``"lantern"`` (default options; the last two take the model's codebook) or an
-            :class:`~csdgen.acceptance.AcceptanceRule` instance such as ``CSD(lam=0.3)``.
-        window: W, input slots of one Jacobi forward; each forward commits 1..W tokens per image.
-            Ignored (1) for ``"ar"``.
-        seed: seed of the loop's ``torch.Generator``; the same seed gives the same images.
-        sampling: guidance scale, temperature (0 = greedy), top-k, top-p.
-        draft_init: ``"uniform"`` (default, CSD reference), ``"onehot"`` (SJD reference),
-            ``"repeat-horizontal"`` or ``"repeat-vertical"``.
+        method: ``"ar"``, ``"sjd"``, ``"csd"`` (lambda and delta from ``model.defaults``),
+            ``"addition"``, ``"jacobi"``, ``"gsd"``, ``"lantern"`` (default options; the last
+            two take the model's codebook) or an :class:`~csdgen.acceptance.AcceptanceRule`
+            instance such as ``CSD(lam=0.3)``.
+        window: W, input slots of one Jacobi forward (each forward commits 1..W tokens per
+            image), or ``"auto"`` (default): chosen every iteration to maximise measured tokens
+            per second, 1 .. :data:`AUTO_MAX_WINDOW` (see the module docstring). Ignored (1) for ``"ar"``.
+        seed: the run's seed. Image ``i`` of the call draws from its own random stream keyed by
+            ``(seed, image_indices[i])``.
+        image_indices: the index of each image in the whole run (default ``0 .. B-1``); a
+            caller splitting a run into batches passes the run-wide indices, so the batch size
+            never changes an image (with a fixed window).
+        sampling: guidance scale, temperature (0 = greedy), top-k, top-p (default: the model's).
+        draft_init: ``"uniform"`` (CSD reference), ``"onehot"`` (SJD reference),
+            ``"repeat-horizontal"`` or ``"repeat-vertical"``; None: what the rule needs
+            (one-hot for GSD and LANTERN), else ``"uniform"``.
         refresh: ``"independent"`` (SJD) or ``"coupled"`` (maximal coupling); both lossless.
         callback: called with a :class:`StepInfo` after every forward (progress bars, tests).
+        profile: also time the forwards and :func:`verify` with device synchronisation
+            (:attr:`GenerationResult.timings`; adds two syncs per iteration: for benchmarks).
 
     Returns:
         :class:`GenerationResult` with tokens ``[B, N]`` int64 and per-image statistics.
 
     Raises:
-        ValueError: window < 1, unknown method, draft initialisation or refresh mode, bad
-            sampling settings (e.g. top-k > V), conditions the model rejects, or NaN logits.
+        ValueError: bad window, unknown method, draft initialisation or refresh mode, a draft
+            initialisation the rule cannot use, bad sampling settings (e.g. top-k > V),
+            ``image_indices`` not one non-negative int per image, conditions the model rejects,
+            or logits with NaN / +inf (or no allowed token) at some position.
     """
-    window = _check_window(window)
-    rule, window, method_name = _resolve_method(method, window, model)
+    window = _check_window(window if window is not None else "auto")
+    rule, method_name = _resolve_method(method, model)
+    if method_name == "ar":
+        window = 1
+    draft_init = resolve_draft_init(draft_init, rule.draft_init, rule.name)
     check_drafting(draft_init, refresh)
-    sampling = sampling or SamplingConfig()
+    sampling = sampling or _default_sampling(model)
     if sampling.top_k is not None and sampling.top_k > model.codebook_size:
         raise ValueError(f"top_k={sampling.top_k} exceeds the codebook size V={model.codebook_size}; allowed: 1..{model.codebook_size}")
     settings = {
@@ -231,141 +402,306 @@ def generate(
         "top_k": sampling.top_k,
         "top_p": sampling.top_p,
     }
-    loop = _Loop(model, rule, window, seed, sampling, draft_init, refresh, callback)
-    return loop.run(conditions, batch_size, settings)
+    loop = _Loop(model, rule, window, seed, sampling, draft_init, refresh, callback, profile)
+    return loop.run(conditions, batch_size, image_indices, settings)
+
+
+class _AutoWindow:
+    """Chooses each iteration's width from measured times and acceptance lengths (see the module docstring).
+
+    Times ``t(W)``: seconds per iteration (forward, verify and bookkeeping, sync to sync) at
+    width W, an exponential average; widths never measured are interpolated linearly between
+    measured ones (extrapolated with the last slope beyond them). Expected tokens
+    ``E(W) = 1 + sum_{j=1}^{W-1} S(j)``, with ``S(j) = prod_{s<j} (1 - rejected_s / reached_s)``
+    the Kaplan-Meier probability that the first ``j`` drafts pass, counts decayed per
+    iteration so the estimate follows the image's content.
+    """
+
+    DECAY = 0.9  # acceptance counts
+    TIME_WEIGHT = 0.3  # weight of a new time measurement
+    EXPLORE_EVERY = 8
+
+    def __init__(self, max_width: int):
+        self.max_width = max_width
+        self.reached = torch.zeros(max(max_width - 1, 1), dtype=torch.float64)
+        self.rejected = torch.zeros_like(self.reached)
+        self.times: dict[int, float] = {}
+        self.plan = list(dict.fromkeys(w for w in (max_width, 1, max(2, max_width // 4)) if w <= max_width))
+        self.count = 0
+
+    def expected_tokens(self) -> torch.Tensor:
+        """``[max_width]`` float64, E(W) for W = 1 .. max_width."""
+        seen = self.reached > 0.5
+        pooled = 1 - self.rejected.sum() / self.reached.sum() if bool(seen.any()) else torch.tensor(0.0, dtype=torch.float64)
+        rate = torch.where(seen, 1 - self.rejected / self.reached.clamp(min=1e-9), pooled)
+        survive = rate.cumprod(0)[: self.max_width - 1]
+        return 1 + torch.cat([torch.zeros(1, dtype=torch.float64), survive.cumsum(0)])
+
+    def cost(self) -> torch.Tensor:
+        """``[max_width]`` float64 estimated seconds per iteration at W = 1 .. max_width."""
+        ws = sorted(self.times)
+        widths = torch.arange(1, self.max_width + 1, dtype=torch.float64)
+        if len(ws) == 1:
+            return torch.full_like(widths, self.times[ws[0]])
+        xs = torch.tensor(ws, dtype=torch.float64)
+        ts = torch.tensor([self.times[w] for w in ws], dtype=torch.float64)
+        index = torch.searchsorted(xs, widths).clamp(1, len(ws) - 1)
+        x0, x1, t0, t1 = xs[index - 1], xs[index], ts[index - 1], ts[index]
+        slope = ((t1 - t0) / (x1 - x0)).clamp(min=0)
+        t = t0 + slope * (widths - x0)
+        return torch.where(widths < xs[0], ts[0], t).clamp(min=1e-9)
+
+    def choose(self, limit: int) -> int:
+        """The next width (``<= limit``, the widest window any image can still use)."""
+        self.count += 1
+        if self.plan:
+            return min(self.plan.pop(0), limit)
+        rate = self.expected_tokens()[:limit] / self.cost()[:limit]
+        best = int(rate.argmax()) + 1
+        if self.count % self.EXPLORE_EVERY == 0:
+            other = min(2 * best, limit) if (self.count // self.EXPLORE_EVERY) % 2 else max(1, best // 2)
+            return other
+        return best
+
+    def observe(self, width: int, seconds: float, reached: list[float], rejected: list[float]) -> None:
+        self.reached = self.DECAY * self.reached + torch.tensor(reached, dtype=torch.float64)
+        self.rejected = self.DECAY * self.rejected + torch.tensor(rejected, dtype=torch.float64)
+        old = self.times.get(width)
+        self.times[width] = seconds if old is None else (1 - self.TIME_WEIGHT) * old + self.TIME_WEIGHT * seconds
 
 
 class _Loop:
-    """State of one ``generate`` call (see the module docstring for the algorithm)."""
+    """State of one ``generate`` call (see the module docstring for the algorithm).
 
-    def __init__(self, model, rule, window, seed, sampling, draft_init, refresh, callback):
-        self.model, self.rule, self.window, self.sampling = model, rule, window, sampling
-        self.draft_init, self.refresh, self.callback = draft_init, refresh, callback
+    Image state lives in ``[B, N + slack]`` buffers (the slack columns absorb the padding slots
+    of windows near the image end, so every scatter has distinct in-range positions); the
+    session holds only the images still decoding (``self.active``, their image indices).
+    """
+
+    def __init__(self, model, rule, window, seed, sampling, draft_init, refresh, callback, profile):
+        self.model, self.rule, self.window, self.seed, self.sampling = model, rule, window, seed, sampling
+        self.draft_init, self.refresh, self.callback, self.profile = draft_init, refresh, callback, profile
         self.device = torch.device(model.device)
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.max_width = AUTO_MAX_WINDOW if window == "auto" else window
+        self.auto = _AutoWindow(min(self.max_width, max(model.num_image_tokens - 1, 1))) if window == "auto" else None
+        self.timings = {"forward": 0.0, "verify": 0.0} if profile else {}
 
-    def _uniforms(self, width: int) -> torch.Tensor:
-        """``[_DRAWS, B, width]`` float64 uniforms; always ``window`` wide so draws line up across rules."""
-        u = torch.rand(_DRAWS, self.B, self.window, dtype=torch.float64, device=self.device, generator=self.generator)
-        return u[..., :width]
+    # -- random numbers -------------------------------------------------------------------------
 
-    def run(self, conditions, batch_size, settings) -> GenerationResult:
+    def _uniforms(self, rows: torch.Tensor, width: int) -> torch.Tensor:
+        """``[_KINDS, A, width]`` float64 for the active images ``rows`` at their own forward count."""
+        return stream_uniforms(self.seed, self.indices[rows], self.steps_per_image[rows], _KINDS, width)
+
+    # -- main loop ------------------------------------------------------------------------------
+
+    def run(self, conditions, batch_size, image_indices, settings) -> GenerationResult:
         model = self.model
-        N, V = model.num_image_tokens, model.codebook_size
-        _synchronize(self.device)
+        N, dev = model.num_image_tokens, self.device
+        _synchronize(dev)
         began = time.perf_counter()
         session = model.start(conditions, batch_size, self.sampling.guided)
         self.B = B = session.batch_size
-        self.tokens = torch.zeros(B, N, dtype=torch.long, device=self.device)
-        self.decisions = torch.full((B, N), int(Decision.SAMPLED), dtype=torch.int8, device=self.device)
-        self.entropy = torch.zeros(B, N, device=self.device)
-        self.steps_per_image = torch.ones(B, dtype=torch.long, device=self.device)
-        self.commit_log = [torch.ones(B, dtype=torch.long, device=self.device)]
+        self.indices = self._image_indices(image_indices, B)
+        slack = self.max_width + 2
+        self.tokens = torch.zeros(B, N + slack, dtype=torch.long, device=dev)
+        self.decisions = torch.full((B, N + slack), int(Decision.SAMPLED), dtype=torch.int8, device=dev)
+        self.entropy = torch.zeros(B, N + slack, device=dev)
+        self.steps_per_image = torch.zeros(B, dtype=torch.long, device=dev)
+        self.committed = torch.ones(B, dtype=torch.long, device=dev)
+        self.commit_log: list[torch.Tensor] = []
+        self.widths: list[int] = []
+        self.active = torch.arange(B, device=dev)
+        self.active_host = torch.arange(B)
 
         logits = session.prefill()
-        q = target_probs(logits.cond, logits.uncond, self.sampling)[:, 0]  # [B, V]
-        self.tokens[:, 0] = sample(q, self._uniforms(1)[0, :, 0])
-        self.entropy[:, 0] = entropy(q)
-        self.committed = torch.ones(B, dtype=torch.long, device=self.device)
+        q, bad = target_probs(logits.cond, logits.uncond, self.sampling, check=True)
+        u = self._uniforms(self.active, 1)
+        self.tokens[:, 0] = sample(q[:, 0], u[_Y, :, 0])
+        self.entropy[:, 0] = entropy(q[:, 0])
+        self.steps_per_image += 1
+        self.commit_log.append(torch.ones(B, dtype=torch.long, device=dev))
         self.steps = 1
-        c_min = self._check(has_nan(logits.cond, logits.uncond))
-        session.rollback(0)  # checks once that this model's cache can roll back
+        committed_host, _ = self._sync(self.committed, bad, None)
         self._notify(session)
 
-        K, prev_q, prev_start = 0, None, 1  # cache length; last forward's q and its first position
-        while c_min < N:
-            prev_q, prev_start, nan_flag = self._iterate(session, K, prev_q, prev_start)
+        self.prev = None  # (q [A, W, V], widths [A], shift [A]) of the last forward, for carried drafts
+        probe = N >= 3  # the first iteration checks that the cache rolls back (module docstring)
+        mark = time.perf_counter()
+        while len(self.active_host):
+            c_host = committed_host[self.active_host]
+            limit = int((N - c_host).max())
+            width = min(self.auto.choose(limit) if self.auto else self.window, limit)
+            r_counts = self._iterate(session, width, c_host, probe)
             self.steps += 1
-            c_min = self._check(nan_flag)
-            K = c_min - 1
-            session.rollback(K)
+            self.widths.append(width)
+            committed_host, counts = self._sync(self.committed, self._bad, r_counts)
+            new_c = committed_host[self.active_host]
+            session.rollback(new_c - 1)
+            if probe:
+                self._check_rollback(session, new_c - 1)
+                probe = False
+            if self.auto is not None:
+                now = time.perf_counter()
+                self.auto.observe(width, now - mark, *counts)
+                mark = now
+            alive = (new_c < N).nonzero()[:, 0]
+            if len(alive) < len(self.active_host):
+                self._notify(session)
+                if len(alive):
+                    session.select_rows(alive)
+                    self._select(alive)
+                else:
+                    self.active_host = self.active_host[:0]
+                continue
             self._notify(session)
-        _synchronize(self.device)
+        _synchronize(dev)
         seconds = time.perf_counter() - began
-        return GenerationResult(self.tokens, self._image_stats(), self.steps, seconds, settings)
+        settings = {**settings}
+        return GenerationResult(self.tokens[:, :N].clone(), self._image_stats(), self.steps, seconds, settings,
+                                widths=self.widths, timings=self.timings)
 
-    def _check(self, nan_flag: torch.Tensor) -> int:
-        """The one host sync per iteration: minimum committed length, and the NaN check."""
-        c_min, nan = torch.stack([self.committed.min(), nan_flag.long()]).tolist()
-        if nan:
-            raise ValueError("the model returned NaN logits; allowed: finite or -inf logits (check the model weights and inputs)")
-        return c_min
+    def _image_indices(self, image_indices, B: int) -> torch.Tensor:
+        if image_indices is None:
+            return torch.arange(B, device=self.device)
+        values = list(image_indices)
+        if len(values) != B or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+            raise ValueError(f"image_indices={values!r}: allowed one integer >= 0 per image ({B} images)")
+        return torch.tensor(values, dtype=torch.long, device=self.device)
+
+    def _check_rollback(self, session, expected: torch.Tensor) -> None:
+        lengths = session.cache_lengths
+        if not torch.equal(lengths.cpu(), expected):
+            raise RuntimeError(f"the model's session did not roll back its cache: holds {lengths.tolist()} positions, "
+                               f"expected {expected.tolist()}; its cache cannot be used for speculative decoding")
+
+    def _select(self, alive: torch.Tensor) -> None:
+        """Keep the session rows ``alive`` (CPU indices into the active rows)."""
+        self.active_host = self.active_host[alive]
+        alive_dev = alive.to(self.device)
+        self.active = self.active[alive_dev]
+        q, widths, shift = self.prev
+        self.prev = (q[alive_dev], widths[alive_dev], shift[alive_dev])
+
+    def _sync(self, committed: torch.Tensor, bad: torch.Tensor, counts: torch.Tensor | None):
+        """The one host sync per iteration: committed lengths, the non-finite flag, auto's counts."""
+        parts = [committed.double(), bad.reshape(1).double()]
+        if counts is not None:
+            parts.append(counts.reshape(-1).double())
+        values = torch.cat(parts).cpu()
+        B = committed.shape[0]
+        if bool(values[B]):
+            raise ValueError("the model returned logits with NaN or +inf (or no allowed token) at some position; "
+                             "allowed: finite or -inf logits with at least one finite logit per position "
+                             "(check the model weights, inputs and masks)")
+        committed_host = values[:B].long()
+        rest = values[B + 1 :]
+        if counts is None:
+            return committed_host, None
+        half = len(rest) // 2
+        return committed_host, (rest[:half].tolist(), rest[half:].tolist())
 
     def _notify(self, session) -> None:
         if self.callback is not None:
-            self.callback(StepInfo(self.steps, self.committed, self.tokens, session))
+            self.callback(StepInfo(self.steps, self.committed, self.tokens[:, : self.model.num_image_tokens], session,
+                                   self.active_host.clone()))
 
-    def _drafts(self, K: int, width: int, prev_q, prev_start: int, u_init: torch.Tensor):
-        """Draft probabilities ``[B, width, V]`` for output slots (positions ``K+1 ..``); new slots initialised."""
-        shift = K + 1 - prev_start
-        carried = 0 if prev_q is None else max(0, min(prev_q.shape[1] - shift, width))
-        parts = [prev_q[:, shift : shift + carried]] if carried else []
-        if carried < width:
-            first = K + 1 + carried
-            new_tokens, new_probs = init_drafts(
-                self.draft_init, self.tokens, first, width - carried, self.model.codebook_size,
-                self.model.grid[1], u_init[:, carried:],
-            )
-            self.tokens[:, first : K + 1 + width] = new_tokens
-            parts.append(new_probs)
-        return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+    # -- one iteration --------------------------------------------------------------------------
 
-    def _iterate(self, session, K: int, prev_q, prev_start: int):
-        """One forward at cache length K; returns this forward's q, its first position and a NaN flag."""
-        N = self.model.num_image_tokens
-        width = min(self.window, N - 1 - K)  # output positions K+1 .. K+width
-        u = self._uniforms(width)
-        draft_probs = self._drafts(K, width, prev_q, prev_start, u[3])  # p
-        logits = session.forward(self.tokens[:, K : K + width], start=K)
-        q = target_probs(logits.cond, logits.uncond, self.sampling)  # [B, width, V]
-        x = self.tokens[:, K + 1 : K + 1 + width]  # drafts (committed tokens where decided)
-        y = sample(q, u[0])
+    def _drafts(self, rows, c, W: int, u_init: torch.Tensor):
+        """Drafts ``x`` ``[A, W]`` at positions ``c .. c + W - 1`` and their distributions ``p`` ``[A, W, V]``."""
+        V, dev = self.model.codebook_size, self.device
+        slot = torch.arange(W, device=dev)
+        positions = c[:, None] + slot  # [A, W]
+        tokens = self.tokens[rows]
+        if self.prev is None:
+            carried = torch.zeros(len(rows), dtype=torch.long, device=dev)
+        else:
+            prev_q, prev_widths, shift = self.prev
+            carried = (prev_widths - shift).clamp(0, W)  # [A] drafts left by the last forward
+        new_tokens, new_probs = init_drafts(self.draft_init, tokens, c + carried, W, V, self.model.grid[1], u_init,
+                                            positions=positions)
+        is_carried = slot[None] < carried[:, None]  # [A, W]
+        x = torch.where(is_carried, tokens.gather(1, positions), new_tokens)
+        if self.prev is None:
+            p = new_probs
+        else:
+            source = (shift[:, None] + slot).clamp(max=prev_q.shape[1] - 1)
+            old = prev_q.gather(1, source[..., None].expand(-1, -1, V)).to(new_probs.dtype)
+            p = torch.where(is_carried[..., None], old, new_probs)
+        self.tokens[rows] = tokens.scatter(1, positions, x)
+        return x, p
 
-        b = self.rule.acceptance_probability(x, draft_probs, q, y)
-        slot = torch.arange(width, device=self.device)
-        first_open = (self.committed - K - 1)[:, None]  # [B, 1] first undecided slot per image
-        decided = slot < first_open
-        passes = (u[1] < b) & (slot < width - 1)  # the last slot has no draft: bonus slot
-        r = first_rejection(decided | passes)  # [B] in 0..width
-        r_col = r[:, None]
+    def _iterate(self, session, W: int, c_host: torch.Tensor, probe: bool) -> torch.Tensor | None:
+        """One forward for the active images; returns auto's ``[2, max_width - 1]`` acceptance counts (or None)."""
+        N, dev = self.model.num_image_tokens, self.device
+        rows = self.active
+        c = self.committed[rows]  # [A]
+        widths = (N - c).clamp(max=W)  # [A] valid output slots per image
+        widths_host = (N - c_host).clamp(max=W)
+        u = self._uniforms(rows, W)
+        x, p = self._drafts(rows, c, W, u[_INIT])
+        # inputs: the last committed token, then the drafts (plus, once, one probe slot to roll back)
+        fed_width, fed_widths = W, widths_host
+        if probe:
+            fed_widths = torch.clamp(N - c_host, max=W + 1)
+            widths_host = fed_widths - 1
+            widths = (N - c).clamp(max=W + 1) - 1
+            fed_width = W + 1
+        inputs = self.tokens[rows].gather(1, (c - 1)[:, None] + torch.arange(fed_width, device=dev))
+        if self.profile:
+            _synchronize(dev)
+            t0 = time.perf_counter()
+        logits = session.forward(inputs, c_host - 1, fed_widths)
+        cond = logits.cond[:, :W]
+        uncond = None if logits.uncond is None else logits.uncond[:, :W]
+        slot = torch.arange(W, device=dev)
+        valid = slot[None] < widths[:, None]
+        q, self._bad = target_probs(cond, uncond, self.sampling, valid=valid, check=True)
+        if self.profile:
+            _synchronize(dev)
+            t1 = time.perf_counter()
+        verdict = verify(self.rule, self.refresh, x, p, q, widths, u)
+        if self.profile:
+            _synchronize(dev)
+            self.timings["forward"] += t1 - t0
+            self.timings["verify"] += time.perf_counter() - t1
+        r = verdict.accepted
+        self._commit(rows, c, verdict, q, widths)
+        self.prev = (q, widths, r + 1)
+        if self.auto is None:
+            return None
+        drafts = (widths - 1)[:, None]  # draft slots per image
+        s = torch.arange(self.auto.max_width - 1 if self.auto.max_width > 1 else 1, device=dev)
+        reached = ((s[None] <= r[:, None]) & (s[None] < drafts)).sum(0)
+        rejected = ((s[None] == r[:, None]) & (s[None] < drafts)).sum(0)
+        return torch.stack([reached, rejected])
 
-        z = sample(self.rule.residual(draft_probs, q, y), u[2])
-        new_token = torch.where(slot == width - 1, y, z)
-        fresh = refresh_drafts(self.refresh, x, draft_probs, q, y, u[4], u[5])
-        fresh[:, -1] = y[:, -1]
-        self.tokens[:, K + 1 : K + 1 + width] = torch.where(slot < r_col, x, torch.where(slot == r_col, new_token, fresh))
-
-        newly = (slot >= first_open) & (slot <= r_col)
-        exact = u[1] < lossless_acceptance(x, draft_probs, q)
-        code = torch.where(
-            slot < r_col,
-            torch.where(exact, int(Decision.ACCEPTED), int(Decision.RELAXED)),
-            torch.where(slot == width - 1, int(Decision.SAMPLED), int(Decision.RESAMPLED)),
-        ).to(torch.int8)
-        view = slice(K + 1, K + 1 + width)
-        self.decisions[:, view] = torch.where(newly, code, self.decisions[:, view])
-        self.entropy[:, view] = torch.where(newly, entropy(q), self.entropy[:, view])
-
-        active = self.committed < N
-        new_committed = torch.where(r < width, K + 2 + r, self.committed)
-        self.commit_log.append(torch.where(active, new_committed - self.committed, -1))
-        self.steps_per_image += active.long()
-        self.committed = new_committed
-        return q, K + 1, has_nan(logits.cond, logits.uncond)
+    def _commit(self, rows, c, verdict: Verdict, q, widths) -> None:
+        W = verdict.tokens.shape[1]
+        slot = torch.arange(W, device=self.device)
+        positions = c[:, None] + slot  # [A, W]; slots >= widths land in the slack columns or beyond the commit
+        r_col = verdict.accepted[:, None]
+        decided = slot[None] <= r_col
+        self.tokens[rows] = self.tokens[rows].scatter(1, positions, verdict.tokens)
+        old_codes = self.decisions[rows].gather(1, positions)
+        self.decisions[rows] = self.decisions[rows].scatter(1, positions, torch.where(decided, verdict.decisions, old_codes))
+        old_h = self.entropy[rows].gather(1, positions)
+        self.entropy[rows] = self.entropy[rows].scatter(1, positions, torch.where(decided, entropy(q).to(old_h.dtype), old_h))
+        new_c = c + verdict.accepted + 1
+        self.committed[rows] = new_c
+        self.steps_per_image[rows] += 1
+        log = torch.full((self.B,), -1, dtype=torch.long, device=self.device)
+        log[rows] = verdict.accepted + 1
+        self.commit_log.append(log)
 
     def _image_stats(self) -> list[ImageStats]:
-        log = torch.stack(self.commit_log, dim=1).cpu()  # [B, steps]; -1 after an image finished
-        tokens_n = self.model.num_image_tokens
+        log = torch.stack(self.commit_log, dim=1).cpu()  # [B, steps]; -1 where an image had finished
+        N = self.model.num_image_tokens
+        steps = self.steps_per_image.cpu()
+        decisions, entropies = self.decisions[:, :N].cpu(), self.entropy[:, :N].cpu()
         stats = []
         for b in range(self.B):
             row = log[b]
-            stats.append(
-                ImageStats(
-                    steps=int(self.steps_per_image[b]),
-                    num_tokens=tokens_n,
-                    committed_per_step=row[row >= 0].tolist(),
-                    decisions=self.decisions[b].cpu(),
-                    entropy=self.entropy[b].cpu(),
-                )
-            )
+            stats.append(ImageStats(steps=int(steps[b]), num_tokens=N, committed_per_step=row[row >= 0].tolist(),
+                                    decisions=decisions[b], entropy=entropies[b]))
         return stats

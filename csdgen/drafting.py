@@ -30,10 +30,39 @@ import torch
 from .acceptance import lossless_acceptance, residual_distribution
 from .sampling import sample
 
-__all__ = ["DRAFT_INITS", "REFRESH_MODES", "check_drafting", "init_drafts", "refresh_drafts"]
+__all__ = ["DRAFT_INITS", "ONE_HOT_INITS", "REFRESH_MODES", "check_drafting", "resolve_draft_init", "init_drafts",
+           "refresh_drafts"]
 
 DRAFT_INITS = ("uniform", "onehot", "repeat-horizontal", "repeat-vertical")
+#: initialisations whose draft distribution is one-hot on the draft (what ``draft_init = "onehot"`` rules need)
+ONE_HOT_INITS = ("onehot", "repeat-horizontal", "repeat-vertical")
 REFRESH_MODES = ("independent", "coupled")
+
+
+def resolve_draft_init(given: str | None, needed: str | None, rule_name: str) -> str:
+    """The initialisation to use: ``given`` if compatible with what the rule needs, else an error.
+
+    Args:
+        given: the caller's choice, or None.
+        needed: the rule's :attr:`~csdgen.acceptance.AcceptanceRule.draft_init` (None = any).
+        rule_name: for the message.
+
+    Returns:
+        ``given``; when it is None, ``needed`` or ``"uniform"`` (the CSD reference).
+
+    Raises:
+        ValueError: ``given`` is unknown, or conflicts with ``needed`` (a rule needing
+            ``"onehot"`` accepts every one-hot initialisation of :data:`ONE_HOT_INITS`).
+    """
+    if given is None:
+        return needed or "uniform"
+    if given not in DRAFT_INITS:
+        raise ValueError(f"unknown draft initialisation {given!r}; allowed: {', '.join(DRAFT_INITS)}")
+    allowed = DRAFT_INITS if needed is None else ONE_HOT_INITS if needed == "onehot" else (needed,)
+    if given not in allowed:
+        raise ValueError(f"draft_init={given!r} conflicts with the {rule_name} rule, which needs {needed!r} drafts; "
+                         f"allowed: {', '.join(allowed)} (or leave draft_init unset)")
+    return given
 
 
 def check_drafting(draft_init: str, refresh: str) -> None:
@@ -47,39 +76,46 @@ def check_drafting(draft_init: str, refresh: str) -> None:
 def init_drafts(
     kind: str,
     tokens: torch.Tensor,
-    first: int,
+    first: int | torch.Tensor,
     count: int,
     vocab_size: int,
     row_length: int,
     uniforms: torch.Tensor,
+    *,
+    positions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Drafts for ``count`` new slots at image positions ``first .. first + count - 1``.
+    """Drafts for new slots: image positions ``first .. first + count - 1`` of every image.
 
     Args:
         kind: one of :data:`DRAFT_INITS`.
-        tokens: ``[B, N]`` int64, committed tokens and pending drafts; positions below
+        tokens: ``[B, L]`` int64, committed tokens and pending drafts; positions below
             ``first`` are filled (``first >= 1``), positions from ``first`` on are not read.
-        first: image position of the first new slot.
-        count: number of new slots (>= 0).
+        first: image position of the first new slot: an int, or ``[B]`` int64 (per image).
+        count: number of new slots S (>= 0).
         vocab_size: V, the codebook size.
         row_length: tokens per image row (for ``repeat-vertical``).
-        uniforms: ``[B, count]`` float64 in [0, 1), used for random tokens.
+        uniforms: ``[B, S]`` float64 in [0, 1), used for random tokens.
+        positions: ``[B, S]`` int64 image positions of the slots, each ``>= first`` of its image
+            (default ``first + arange(S)``); the decoding loop passes its window positions.
 
     Returns:
-        ``(draft_tokens [B, count] int64, draft_probs [B, count, V] float32)``.
+        ``(draft_tokens [B, S] int64, draft_probs [B, S, V] float32)``.
     """
+    device = tokens.device
+    first = torch.as_tensor(first, device=device).reshape(-1, 1).expand(tokens.shape[0], 1)  # [B, 1]
+    if positions is None:
+        positions = first + torch.arange(count, device=device)
     random_tokens = (uniforms * vocab_size).long().clamp_(max=vocab_size - 1)
     if kind == "uniform":
-        probs = torch.full((*random_tokens.shape, vocab_size), 1.0 / vocab_size, device=tokens.device)
+        probs = torch.full((*random_tokens.shape, vocab_size), 1.0 / vocab_size, device=device)
         return random_tokens, probs
     if kind == "onehot":
         draft = random_tokens
     elif kind == "repeat-horizontal":
-        draft = tokens[:, first - 1 : first].expand(-1, count)  # every new slot copies the last known token
+        draft = tokens.gather(1, (first - 1).clamp(min=0)).expand_as(positions)  # the last known token
     elif kind == "repeat-vertical":
-        positions = torch.arange(first, first + count, device=tokens.device)
         source = positions - row_length * ((positions - first) // row_length + 1)  # nearest known row above
-        copied = tokens[:, source.clamp(min=0)]
+        copied = tokens.gather(1, source.clamp(min=0))
         draft = torch.where(source >= 0, copied, random_tokens)
     else:
         raise ValueError(f"unknown draft initialisation {kind!r}; allowed: {', '.join(DRAFT_INITS)}")

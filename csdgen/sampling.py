@@ -28,6 +28,8 @@ __all__ = [
     "apply_top_p",
     "target_probs",
     "has_nan",
+    "invalid_logits",
+    "stream_uniforms",
     "sample",
     "entropy",
     "total_variation",
@@ -80,6 +82,12 @@ class SamplingConfig:
 def apply_guidance(cond_logits: torch.Tensor, uncond_logits: torch.Tensor | None, scale: float) -> torch.Tensor:
     """Classifier-free guidance: ``l = l_u + s (l_c - l_u)`` (Ho & Salimans, 2022, eq. 6 in logit form).
 
+    Computed as ``(1 - s) l_u + s l_c``, which gives the limits of the formula where a logit is
+    -inf: a token that is -inf in both rows stays -inf (a token both rows exclude stays
+    excluded); -inf in the conditional row only gives -inf (``s > 0``); -inf in the
+    unconditional row only gives +inf for ``s > 1`` (an ill-posed target, reported by
+    :func:`invalid_logits`) and -inf for ``s < 1``. ``s = 0`` returns the unconditional logits.
+
     Args:
         cond_logits: ``[..., V]`` float, logits of the conditional rows.
         uncond_logits: ``[..., V]`` float of the same shape, logits of the unconditional rows
@@ -87,20 +95,25 @@ def apply_guidance(cond_logits: torch.Tensor, uncond_logits: torch.Tensor | None
         scale: guidance scale ``s``; 1.0 returns ``cond_logits`` unchanged.
 
     Returns:
-        ``[..., V]`` float32 guided logits.
+        ``[..., V]`` guided logits in float32 (float64 for float64 inputs).
 
     Raises:
         ValueError: if guidance is requested but no unconditional logits are given, or shapes differ.
     """
-    cond = cond_logits.float()
+    dtype = torch.promote_types(cond_logits.dtype, torch.float32)
+    cond = cond_logits.to(dtype)
     if scale == 1.0:
         return cond
     if uncond_logits is None:
         raise ValueError(f"guidance_scale={scale} needs unconditional logits, but the model returned none")
     if uncond_logits.shape != cond_logits.shape:
         raise ValueError(f"unconditional logits {tuple(uncond_logits.shape)} do not match conditional {tuple(cond_logits.shape)}")
-    uncond = uncond_logits.float()
-    return uncond + scale * (cond - uncond)
+    uncond = uncond_logits.to(dtype)
+    if scale == 0.0:
+        return uncond
+    guided = (1.0 - scale) * uncond + scale * cond
+    both_excluded = torch.isneginf(cond) & torch.isneginf(uncond)
+    return guided.masked_fill(both_excluded, float("-inf"))
 
 
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -141,33 +154,56 @@ def apply_top_p(logits: torch.Tensor, top_p: float | None) -> torch.Tensor:
 
 
 def target_probs(
-    cond_logits: torch.Tensor, uncond_logits: torch.Tensor | None, config: SamplingConfig
-) -> torch.Tensor:
+    cond_logits: torch.Tensor, uncond_logits: torch.Tensor | None, config: SamplingConfig, *, valid: torch.Tensor | None = None,
+    check: bool = False,
+):
     """The target distribution ``q`` for every position: guidance, temperature, top-k, top-p, softmax.
 
     Args:
         cond_logits: ``[..., V]`` logits (any float dtype) of the conditional rows.
         uncond_logits: ``[..., V]`` logits of the unconditional rows, or None without guidance.
         config: the sampling settings.
+        valid: ``[...]`` bool, the positions :func:`invalid_logits` looks at (None: all).
+        check: also return the 0-dim bool flag of :func:`invalid_logits` on the guided logits.
 
     Returns:
-        ``[..., V]`` float32 probabilities summing to 1 on the last dimension; one-hot on the
-        argmax (first one on ties) when ``config.temperature == 0``.
+        ``[..., V]`` float32 probabilities (float64 for float64 logits) summing to 1 on the last
+        dimension; one-hot on the argmax (first one on ties) when ``config.temperature == 0``.
+        With ``check``: ``(q, flag)``.
 
     Raises:
         ValueError: an invalid ``top_k`` for this V.
 
-    NaN logits are not checked here (that would cost a host sync per call): use
-    :func:`has_nan` and check it where a sync happens anyway, as the decoding loop does.
+    Non-finite logits are not raised here (that would cost a host sync per call): ask for the
+    flag with ``check=True`` and test it where a sync happens anyway, as the decoding loop does.
     """
     logits = apply_guidance(cond_logits, uncond_logits, config.guidance_scale)
+    flag = invalid_logits(logits, valid) if check else None
     if config.greedy:
         index = logits.argmax(-1, keepdim=True)
-        return torch.zeros_like(logits).scatter_(-1, index, 1.0)
-    logits = apply_temperature(logits, config.temperature)
-    logits = apply_top_k(logits, config.top_k)
-    logits = apply_top_p(logits, config.top_p)
-    return logits.softmax(-1)
+        q = torch.zeros_like(logits).scatter_(-1, index, 1.0)
+    else:
+        logits = apply_temperature(logits, config.temperature)
+        logits = apply_top_k(logits, config.top_k)
+        logits = apply_top_p(logits, config.top_p)
+        q = logits.softmax(-1)
+    return (q, flag) if check else q
+
+
+def invalid_logits(logits: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """0-dim bool tensor, True if some position has no valid target distribution. No host sync.
+
+    A position is invalid when its ``[V]`` logits hold a NaN or +inf, or are -inf everywhere
+    (no token allowed). -inf alone is fine: it excludes a token.
+
+    Args:
+        logits: ``[..., V]`` float (guided) logits.
+        valid: ``[...]`` bool, positions to look at (None: all).
+    """
+    bad = (torch.isnan(logits) | torch.isposinf(logits)).any(-1) | torch.isneginf(logits).all(-1)
+    if valid is not None:
+        bad = bad & valid
+    return bad.any()
 
 
 def has_nan(*tensors: torch.Tensor | None) -> torch.Tensor:
@@ -195,6 +231,57 @@ def sample(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     target = (uniforms * cdf[..., -1]).unsqueeze(-1)
     index = torch.searchsorted(cdf, target, right=True).squeeze(-1)
     return index.clamp_(max=probs.shape[-1] - 1)
+
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, constant: int) -> torch.Tensor:
+    """``x * constant mod 2**32`` for int64 ``x`` in [0, 2**32), with no int64 overflow."""
+    low, high = constant & 0xFFFF, constant >> 16
+    return (x * low + (((x * high) & 0xFFFF) << 16)) & _MASK32
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer mixer (C. Wellons' "lowbias32") on int64 tensors holding 32-bit values."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def stream_uniforms(seed: int, image: torch.Tensor, step: torch.Tensor, kinds: int, width: int) -> torch.Tensor:
+    """Counter-based uniforms: a pure function of (seed, image index, step, draw kind, slot).
+
+    Every number is a hash of its key, so an image's numbers do not depend on which other
+    images share its batch, on the batch size, or on how many numbers were drawn before: the
+    basis of "same seed, same image index, same condition -> same image" at any batch size.
+    Keys are chained through a 32-bit integer mixer (Wellons' lowbias32); each float64 takes
+    53 bits from two hashes.
+
+    Args:
+        seed: the run's seed (any int; taken modulo 2**64).
+        image: ``[A]`` int64 image indices (>= 0).
+        step: ``[A]`` int64, the image's own forward count (0 = prefill).
+        kinds: number of draw kinds K (slot streams per step).
+        width: number of slots S.
+
+    Returns:
+        ``[K, A, S]`` float64 uniforms in [0, 1) on ``image``'s device.
+    """
+    seed &= (1 << 64) - 1
+    h = _hash32(torch.full_like(image, seed & _MASK32) ^ 0x2545F491)
+    h = _hash32(h ^ (seed >> 32))
+    h = _hash32(h ^ (image & _MASK32))
+    h = _hash32(h ^ (image >> 32) ^ 0x68E31DA4)
+    h = _hash32(h ^ (step & _MASK32))  # [A]
+    kind = torch.arange(kinds, device=image.device)[:, None, None]
+    slot = torch.arange(width, device=image.device)[None, None, :]
+    h = _hash32(h[None, :, None] ^ ((kind << 16) | slot))  # slot < 2**16
+    high = _hash32(h ^ 0x1B873593) >> 6  # 26 bits
+    low = _hash32(h ^ 0x5BD1E995) >> 5  # 27 bits
+    return ((high << 27) | low).double() * (2.0**-53)
 
 
 def entropy(probs: torch.Tensor, *, normalized: bool = False, eps: float = 0.0) -> torch.Tensor:

@@ -18,3 +18,32 @@ def assert_same_cache(session, fresh):
         assert a.keys.shape == b.keys.shape
         torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(a.values, b.values, atol=1e-5, rtol=1e-5)
+
+
+def assert_rows_match_fresh(model, conditions, guided, info):
+    """Per-row sessions: every row's cached entries equal a fresh single-image session fed its committed tokens.
+
+    ``info`` is a :class:`csdgen.decoding.StepInfo`; row ``i`` of its session is image ``info.rows[i]``,
+    holding ``session.cache_lengths[i]`` image positions (the committed length minus one). The row's
+    sequence (holes skipped) and its keys and values must equal the fresh session's.
+    """
+    session = info.session
+    lengths = session.cache_lengths
+    B = session.batch_size
+    for i, image in enumerate(info.rows.tolist()):
+        K = int(lengths[i])
+        assert K == int(info.committed[image]) - 1 or K == 0
+        fresh = model.start([conditions[image]], None, guided)
+        fresh.prefill()
+        if K:
+            fresh.forward(info.tokens[image : image + 1, :K], start=torch.tensor([0]))
+        pairs = [(i, 0)] + ([(B + i, 1)] if guided else [])
+        for row, fresh_row in pairs:
+            assert torch.equal(session.row_sequence(row), fresh.row_sequence(fresh_row))
+        for layer in range(len(fresh.cache.layers)):
+            for row, fresh_row in pairs:
+                keys, values = session.kv.row_entries(layer, row)
+                fresh_keys, fresh_values = fresh.kv.row_entries(layer, fresh_row)
+                assert keys.shape == fresh_keys.shape
+                torch.testing.assert_close(keys, fresh_keys, atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(values, fresh_values, atol=1e-5, rtol=1e-5)

@@ -122,7 +122,7 @@ def test_peak_memory_at_v16384_stays_small():
 
 def test_zero_relaxation_equals_sjd_sample_for_sample_in_the_loop(cached_model):
     emb = codebook_for(cached_model.codebook_size, seed=4)
-    kwargs = dict(window=12, sampling=csdgen.SamplingConfig(guidance_scale=3.0), seed=9)
+    kwargs = dict(window=12, sampling=csdgen.SamplingConfig(guidance_scale=3.0), seed=9, draft_init="onehot")
     sjd = csdgen.generate(cached_model, [1, 3], method="sjd", **kwargs)
     for rule in (GSD(emb, radius=0), Lantern(emb, k=20, delta=0.0), Lantern(emb, k=20, delta=0.5, cap=1.0)):
         other = csdgen.generate(cached_model, [1, 3], method=rule, **kwargs)
@@ -132,7 +132,19 @@ def test_zero_relaxation_equals_sjd_sample_for_sample_in_the_loop(cached_model):
 
 def test_relaxed_latent_rules_save_steps_in_the_loop(cached_model):
     emb = codebook_for(cached_model.codebook_size, seed=4, scale=0.1)
-    kwargs = dict(window=16, sampling=csdgen.SamplingConfig(guidance_scale=3.0))
+    kwargs = dict(window=16, sampling=csdgen.SamplingConfig(guidance_scale=3.0), draft_init="onehot")
     steps = {name: sum(csdgen.generate(cached_model, [0, 1, 2, 3], method=rule, seed=s, **kwargs).steps for s in range(3))
              for name, rule in (("sjd", SJD()), ("lantern", Lantern(emb, k=20, delta=0.3)), ("gsd", GSD(emb)))}
     assert steps["lantern"] < steps["sjd"] and steps["gsd"] < steps["sjd"]
+
+
+def test_latent_rules_get_one_hot_drafts_by_default_and_refuse_uniform(cached_model):
+    emb = codebook_for(cached_model.codebook_size, seed=4)
+    for rule in (GSD(emb), Lantern(emb, k=20)):
+        assert rule.draft_init == "onehot"
+        out = csdgen.generate(cached_model, [0], method=rule, window=8, seed=1)
+        assert out.settings["draft_init"] == "onehot"
+        assert csdgen.generate(cached_model, [0], method=rule, window=8, draft_init="repeat-vertical").settings["draft_init"] == "repeat-vertical"
+        with pytest.raises(ValueError, match="draft_init='uniform' conflicts with the .* rule, which needs 'onehot'"):
+            csdgen.generate(cached_model, [0], method=rule, window=8, draft_init="uniform")
+    assert csdgen.generate(cached_model, [0], method="csd", window=8).settings["draft_init"] == "uniform"

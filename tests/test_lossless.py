@@ -1,8 +1,9 @@
 """Lossless in distribution: SJD reproduces a known joint law; a deliberately wrong rule does not.
 
-Every image of a batch is an independent sample (each walks its own uniforms; the shared
-window schedule depends only on other images' independent draws), so one batch of 24,000
-images is 24,000 samples. Seeds are fixed, so the outcomes below are deterministic; the
+Every image of a batch is an independent sample (each walks its own window with its own
+random stream; with ``window="auto"`` the shared width depends only on the past), so one batch
+of 24,000 images is 24,000 samples. Images finish at different steps (checked), so the tests
+cover images leaving the batch while others decode. Seeds are fixed, so the outcomes below are deterministic; the
 thresholds say how surprising they would be by chance.
 """
 
@@ -55,8 +56,18 @@ def run(known_joint, **kwargs):
     ],
 )
 def test_sjd_reproduces_the_target_joint(known_joint, draft_init, refresh, window):
-    tokens = run(known_joint, method="sjd", window=window, draft_init=draft_init, refresh=refresh, seed=11)
-    assert chi_square_pvalue(tokens, known_joint.joint()) > P_PASS
+    out = csdgen.generate(known_joint.model, batch_size=SAMPLES, sampling=known_joint.sampling, method="sjd", window=window,
+                          draft_init=draft_init, refresh=refresh, seed=11)
+    assert len({s.steps for s in out.images}) > 1  # images finish at different steps
+    assert chi_square_pvalue(out.tokens, known_joint.joint()) > P_PASS
+
+
+@pytest.mark.parametrize("method", ["sjd", "jacobi"])
+def test_auto_window_reproduces_the_target_joint(known_joint, method):
+    out = csdgen.generate(known_joint.model, batch_size=SAMPLES, sampling=known_joint.sampling, method=method, window="auto",
+                          seed=12)
+    assert len(out.widths) >= 2
+    assert chi_square_pvalue(out.tokens, known_joint.joint()) > P_PASS
 
 
 def test_ar_reproduces_the_target_joint(known_joint):

@@ -111,3 +111,50 @@ def test_sample_never_returns_zero_probability_tokens_and_matches_distribution()
 def test_has_nan():
     assert not has_nan(torch.zeros(3), None)
     assert has_nan(torch.zeros(3), torch.tensor([0.0, float("nan")]))
+
+
+def test_guidance_keeps_tokens_excluded_by_both_rows_excluded():
+    inf = float("inf")
+    cond = torch.tensor([-inf, -inf, 1.0, 0.5])
+    uncond = torch.tensor([-inf, 0.0, -inf, 0.0])
+    for scale in (0.5, 3.0):
+        out = apply_guidance(cond, uncond, scale)
+        assert out[0] == -inf and out[1] == -inf  # both -inf; cond -inf
+        assert not torch.isnan(out).any()
+    assert apply_guidance(cond, uncond, 3.0)[2] == inf  # uncond -inf only, s > 1: +inf (reported as invalid)
+    assert apply_guidance(cond, uncond, 0.5)[2] == -inf
+    assert torch.equal(apply_guidance(cond, uncond, 0.0), uncond)
+    q = target_probs(cond[None], torch.tensor([[-inf, 0.0, 0.0, 0.0]]), SamplingConfig(guidance_scale=3.0))
+    assert q[0, 0] == 0 and q[0, 1] == 0 and torch.isclose(q.sum(), torch.tensor(1.0))
+
+
+def test_invalid_logits_flags_nan_plus_inf_and_all_minus_inf_only_where_valid():
+    from csdgen.sampling import invalid_logits
+
+    inf, nan = float("inf"), float("nan")
+    fine = torch.tensor([[0.0, -inf], [1.0, 2.0]])
+    assert not invalid_logits(fine)
+    for bad in ([nan, 0.0], [inf, 0.0], [-inf, -inf]):
+        logits = torch.tensor([[0.0, 1.0], bad])
+        assert invalid_logits(logits)
+        assert not invalid_logits(logits, valid=torch.tensor([True, False]))
+    q, flag = target_probs(torch.tensor([[[nan, 0.0]]]), None, SamplingConfig(), check=True)
+    assert flag
+
+
+def test_stream_uniforms_are_keyed_not_sequential():
+    from csdgen.sampling import stream_uniforms
+
+    images, steps = torch.arange(20000), torch.full((20000,), 3)
+    u = stream_uniforms(7, images, steps, 6, 16)
+    assert u.shape == (6, 20000, 16) and u.dtype == torch.float64
+    assert 0 <= float(u.min()) and float(u.max()) < 1
+    assert abs(float(u.mean()) - 0.5) < 0.002 and abs(float(u.std()) - 12**-0.5) < 0.002
+    # one image alone, at another batch position, with a narrower window: the same numbers
+    alone = stream_uniforms(7, torch.tensor([1234]), torch.tensor([3]), 6, 4)
+    assert torch.equal(alone[:, 0], u[:, 1234, :4])
+    assert not torch.equal(stream_uniforms(8, images, steps, 6, 16), u)
+    assert not torch.equal(stream_uniforms(7, images, steps + 1, 6, 16), u)
+    # neighbouring keys are uncorrelated (5 standard errors at 20,000 pairs: 0.035)
+    for a, b in ((u[0, :, 0], u[0, :, 1]), (u[0, :, 0], u[1, :, 0]), (u[0, :-1, 0], u[0, 1:, 0])):
+        assert abs(float(torch.corrcoef(torch.stack([a, b]))[0, 1])) < 0.035

@@ -70,7 +70,8 @@ def settings(grid: SweepGrid, codebook: torch.Tensor | None = None) -> list[Sett
                 tag = f"{method.split(' ')[0]}{'_' + parameter + str(value) if parameter else ''}"
                 if method.startswith("csd ("):
                     tag += f"_delta{preset['method'].delta}"
-                preset = {"draft_init": init, **preset}  # a method that needs its own drafts keeps them
+                needed = getattr(preset["method"], "draft_init", None)  # GSD, LANTERN: one-hot drafts
+                preset = {"draft_init": init if needed is None else needed, **preset}
                 points.append(Setting(f"{tag}_W{window}_{preset['draft_init']}", method, parameter, value, window,
                                       preset["draft_init"], preset))
     return points

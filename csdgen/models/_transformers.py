@@ -15,7 +15,7 @@ One place each for:
   sequence positions, and the window with the end-of-line tokens inserted);
 * memory: :class:`MemoryEstimate` (bytes, linear in the batch size, with :data:`HEADROOM`) and
   :func:`estimate_memory`;
-* sessions: :class:`CachedSession` (``rollback`` / ``cache_length`` over a ``DynamicCache``).
+* sessions: the per-row session over a ``DynamicCache`` is :class:`csdgen.models._ragged.RaggedSession`.
 
 Only torch is imported here (no transformers model code).
 """
@@ -29,7 +29,6 @@ from typing import Any, Sequence
 
 import torch
 
-from .base import DecodingSession, WindowLogits
 
 __all__ = [
     "DTYPES",
@@ -51,7 +50,6 @@ __all__ = [
     "meta_parameter_count",
     "MemoryEstimate",
     "estimate_memory",
-    "CachedSession",
 ]
 
 #: dtype names accepted wherever a checkpoint is loaded
@@ -340,45 +338,3 @@ def estimate_memory(parameters: int, element_size: int, text_config: Any, sequen
     rows = 2 if guided else 1
     per_image = kv_cache_bytes(text_config, rows, sequence_length, element_size) + (rows + 3) * (window + 1) * codebook_size * 4
     return MemoryEstimate(parameters * element_size + extra_fixed, per_image)
-
-
-class CachedSession(DecodingSession):
-    """A session over a transformers ``DynamicCache``: ``rollback`` and ``cache_length``.
-
-    Subclasses set ``self.cache`` (the ``DynamicCache``), ``self.batch_size``, ``self.guided``
-    and ``self._length`` (image positions cached; -1 before prefill), and override
-    :meth:`sequence_length` when the cached sequence holds more than the image positions
-    (row-end tokens): rollback drops the difference of the two sequence lengths.
-    """
-
-    cache: Any
-    guided: bool
-    _length: int = -1
-
-    def sequence_length(self, image_length: int) -> int:
-        """Cached sequence length holding ``image_length`` image positions, up to a constant offset."""
-        return image_length
-
-    def _check_start(self, start: int) -> None:
-        if self._length < 0:
-            raise ValueError("forward before prefill: call prefill() first")
-        if start != self._length:
-            raise ValueError(f"start={start} but the session holds {self._length} image positions")
-
-    def _window_logits(self, logits: torch.Tensor) -> WindowLogits:
-        """``[R, W, V]`` logits of all rows -> cond rows, then (guided) uncond rows."""
-        if self.guided:
-            return WindowLogits(logits[: self.batch_size], logits[self.batch_size :])
-        return WindowLogits(logits, None)
-
-    def rollback(self, length):
-        if not 0 <= length <= self._length:
-            raise ValueError(f"rollback length={length}: allowed 0..{self._length}")
-        drop = self.sequence_length(self._length) - self.sequence_length(length)
-        if drop:
-            self.cache.crop(-drop)  # transformers 5.24 accepts only a negative count here
-        self._length = length
-
-    @property
-    def cache_length(self):
-        return self._length

@@ -2,27 +2,38 @@
 
 The engine knows nothing of model families. It sees an image as ``N`` codebook tokens in
 raster order (``grid = (rows, cols)``, ``rows * cols = N``) over a codebook of ``V``
-entries, and drives a :class:`DecodingSession`:
+entries, and drives a :class:`DecodingSession` over a batch of images, **each image at its own
+position** (per-row windows):
 
 1. :meth:`DecodingSession.prefill` runs the condition (class, prompt, ...) and returns the
    logits for image position 0;
-2. :meth:`DecodingSession.forward` feeds the image tokens at positions
-   ``start .. start + W - 1`` on top of the cached positions ``0 .. start - 1`` and returns
-   the logits for positions ``start + 1 .. start + W``;
-3. :meth:`DecodingSession.rollback` drops cached positions from ``length`` on.
+2. :meth:`DecodingSession.forward` feeds, for every image ``b``, the image tokens at positions
+   ``start[b] .. start[b] + widths[b] - 1`` on top of its cached positions
+   ``0 .. start[b] - 1`` and returns the logits for positions ``start[b] + 1 ..``;
+3. :meth:`DecodingSession.rollback` keeps, for every image ``b``, positions
+   ``0 .. lengths[b] - 1``;
+4. :meth:`DecodingSession.select_rows` drops the images the engine has finished.
+
+Per-row arguments (``start``, ``widths``, ``lengths``, ``rows``) are ``[B]`` int64 **CPU**
+tensors: the engine reads them from its one host sync per iteration, so a session can do its
+bookkeeping (masks, cache crops) on the host without another sync.
 
 A family adapter maps these positions to its own sequence (row-end tokens, special tokens,
-the unconditional rows of classifier-free guidance) and back.
+the unconditional rows of classifier-free guidance) and back; :mod:`csdgen.models._ragged`
+does the per-row KV-cache bookkeeping for adapters over a transformers ``DynamicCache``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-__all__ = ["WindowLogits", "DecodingSession", "ImageTokenModel"]
+if TYPE_CHECKING:
+    from .defaults import FamilyDefaults
+
+__all__ = ["WindowLogits", "DecodingSession", "ImageTokenModel", "check_row_arguments", "row_tensor"]
 
 
 class WindowLogits(NamedTuple):
@@ -39,7 +50,12 @@ class WindowLogits(NamedTuple):
 
 
 class DecodingSession(ABC):
-    """The state of decoding one batch: a KV cache (or its equivalent) over image positions."""
+    """The state of decoding one batch: a KV cache (or its equivalent) per image.
+
+    Attributes:
+        batch_size: B, the images (rows) the session holds now (it shrinks with
+            :meth:`select_rows`).
+    """
 
     batch_size: int
 
@@ -48,29 +64,69 @@ class DecodingSession(ABC):
         """Run the condition prefix; return logits ``[B, 1, V]`` for image position 0."""
 
     @abstractmethod
-    def forward(self, tokens: torch.Tensor, start: int) -> WindowLogits:
-        """Feed image tokens and return the logits of the next positions.
+    def forward(self, tokens: torch.Tensor, start: torch.Tensor, widths: torch.Tensor | None = None) -> WindowLogits:
+        """Feed image tokens, each image at its own position, and return the next positions' logits.
 
         Args:
-            tokens: ``[B, W]`` int64 codebook ids for image positions ``start .. start + W - 1``.
-            start: must equal :attr:`cache_length`.
+            tokens: ``[B, W]`` int64 codebook ids; row ``b``'s slot ``j`` is image position
+                ``start[b] + j``.
+            start: ``[B]`` int64 CPU; ``start[b]`` must equal row ``b``'s cached length.
+            widths: ``[B]`` int64 CPU in ``0 .. W`` (None: all ``W``): row ``b`` feeds only its
+                first ``widths[b]`` slots; the others are padding (their tokens are not read and
+                not cached, their logits are undefined). ``start[b] + widths[b] <= N - 1``.
 
         Returns:
-            logits ``[B, W, V]``; slot ``j`` is the distribution of image position ``start + j + 1``.
+            logits ``[B, W, V]``; slot ``j`` of row ``b`` is the distribution of image position
+            ``start[b] + j + 1``. Afterwards row ``b`` caches ``start[b] + widths[b]`` positions.
+
+        Raises:
+            ValueError: a ``start`` that is not the row's cached length, or a window past the image.
         """
 
     @abstractmethod
-    def rollback(self, length: int) -> None:
-        """Keep the cache of image positions ``0 .. length - 1`` only (length <= cache_length).
+    def rollback(self, lengths: torch.Tensor) -> None:
+        """Keep the cache of image positions ``0 .. lengths[b] - 1`` of every row ``b``.
+
+        Args:
+            lengths: ``[B]`` int64 CPU, ``0 <= lengths[b] <= cache_lengths[b]``.
 
         Raises:
-            ValueError: if ``length`` is negative or beyond the cache.
+            ValueError: if a length is negative or beyond the row's cache.
+        """
+
+    @abstractmethod
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only the given rows (in that order) and free the others.
+
+        Args:
+            rows: ``[B']`` int64 CPU, distinct indices into the current rows.
         """
 
     @property
     @abstractmethod
-    def cache_length(self) -> int:
-        """Number of image positions in the cache."""
+    def cache_lengths(self) -> torch.Tensor:
+        """``[B]`` int64 CPU: image positions cached per row."""
+
+
+def row_tensor(values: Any, batch_size: int) -> torch.Tensor:
+    """``[batch_size]`` int64 CPU tensor from a tensor, a sequence, or one int (the same for every row)."""
+    values = torch.as_tensor(values, dtype=torch.long).cpu()
+    return values.expand(batch_size).clone() if values.dim() == 0 else values.reshape(-1)
+
+
+def check_row_arguments(name: str, values: torch.Tensor, batch_size: int, low: int | torch.Tensor, high: int | torch.Tensor) -> None:
+    """Raise ValueError unless ``values`` is ``[batch_size]`` with ``low <= values <= high`` (element-wise).
+
+    A helper for sessions checking ``start`` / ``widths`` / ``lengths`` (host tensors: no device sync).
+    """
+    if values.shape != (batch_size,):
+        raise ValueError(f"{name} has shape {tuple(values.shape)}; allowed: ({batch_size},), one per row")
+    bad = (values < low) | (values > high)
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        lo = int(low[row]) if isinstance(low, torch.Tensor) else low
+        hi = int(high[row]) if isinstance(high, torch.Tensor) else high
+        raise ValueError(f"{name}[{row}]={int(values[row])}: allowed {lo}..{hi}")
 
 
 class ImageTokenModel(ABC):
@@ -81,12 +137,17 @@ class ImageTokenModel(ABC):
         num_image_tokens: N, tokens per image.
         grid: ``(rows, cols)`` of the raster order, ``rows * cols == N``.
         device: where the session's tensors live.
+        defaults: the family's decoding defaults (:class:`csdgen.models.defaults.FamilyDefaults`:
+            guidance scale, temperature, top-k, lambda, delta, ...), which
+            :func:`csdgen.generate` uses for every argument left None; None: the CSD reference
+            values (no guidance, temperature 1, lambda 0.5, delta 0.65).
     """
 
     codebook_size: int
     num_image_tokens: int
     grid: tuple[int, int]
     device: torch.device = torch.device("cpu")
+    defaults: "FamilyDefaults | None" = None
 
     @abstractmethod
     def start(self, conditions: Any, batch_size: int | None, guided: bool) -> DecodingSession:

@@ -13,6 +13,7 @@ from functools import lru_cache
 
 import torch
 
+from .defaults import FAMILY_DEFAULTS
 from .llama import ClassConditionalLlama
 
 __all__ = ["BuiltinModel", "load_builtin_model"]
@@ -23,7 +24,11 @@ class BuiltinModel(ClassConditionalLlama):
 
     Attributes:
         components: the loaded :class:`csdgen.builtin.BuiltinComponents` (vq, ar, classifier, config).
+        defaults: ``FAMILY_DEFAULTS["builtin"]``, the measured defaults (docs/builtin.md) that
+            :func:`csdgen.generate` uses for every argument left None.
     """
+
+    defaults = FAMILY_DEFAULTS["builtin"]
 
     def __init__(self, components):
         config = components.config

@@ -70,10 +70,11 @@ import torch.nn.functional as F
 from transformers import ChameleonConfig, ChameleonForConditionalGeneration, DynamicCache
 
 from ._transformers import (
-    CachedSession, MemoryEstimate, PaddedRows, RowEnds, check_checkpoint, check_sequence_length, estimate_memory,
+    MemoryEstimate, PaddedRows, RowEnds, check_checkpoint, check_sequence_length, estimate_memory,
     format_prompt, load_tokenizer, meta_parameter_count, parameter_count, resolve_dtype, token_id,
 )
-from .base import ImageTokenModel, WindowLogits
+from ._ragged import RaggedSession
+from .base import ImageTokenModel
 from .chameleon_vqgan import ChameleonVQGANDecoder, load_vqgan_decoder
 from .defaults import FAMILY_DEFAULTS
 
@@ -511,12 +512,11 @@ def _find_vqgan(path: str, vqgan_dir: str | None, device) -> ChameleonVQGANDecod
     return None
 
 
-class _ChameleonSession(CachedSession):
-    """KV-cached session over ``[cond rows; uncond rows]`` sharing ids; see the module docstring."""
+class _ChameleonSession(RaggedSession):
+    """Per-row KV-cached session over ``[cond rows; uncond rows]`` sharing ids; see the module docstring."""
 
     def __init__(self, model: ChameleonImageModel, prompts: list[list[int]], guided: bool):
-        self.model, self.layout, self.batch_size, self.guided = model, model.layout, len(prompts), guided
-        self.row_ends = self.layout.row_ends
+        self.model, self.layout = model, model.layout
         prefixes = [self.layout.prefix(p) for p in prompts]
         visible = [[True] * len(p) for p in prefixes]
         if guided:
@@ -524,44 +524,16 @@ class _ChameleonSession(CachedSession):
         self.rows = PaddedRows(prefixes, self.layout.pad, model.device, visible)
         self.prefix_length = self.rows.width
         self.prefix_ids, self.prefix_mask = self.rows.ids, self.rows.mask
-        self.cache = DynamicCache(config=model.backbone.config)
-        self.sequence = self.prefix_ids  # [rows, seq] ids in the cache (for tests and inspection)
-        self._length = -1
+        super().__init__(batch_size=len(prompts), guided=guided, cache=DynamicCache(config=model.backbone.config),
+                         prompt_ids=self.rows.ids, prompt_valid=self.rows.mask, num_image_tokens=model.num_image_tokens,
+                         device=model.device, cols=self.layout.cols, row_end=self.layout.newline, filler=self.layout.pad)
 
-    def _run(self, ids: torch.Tensor, positions: torch.Tensor, out_index: torch.Tensor) -> WindowLogits:
-        region = self.sequence.shape[1] - self.prefix_length
-        mask = torch.cat([self.prefix_mask, self.prefix_mask.new_ones(self.prefix_mask.shape[0], region)], dim=1)
+    def _vocab_ids(self, tokens):
+        return self.model.image_ids[tokens]
+
+    def _logits(self, ids, attention_mask, position_ids, out, prefill):
         with torch.no_grad():
-            hidden = self.model.backbone.model(
-                input_ids=ids, attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True
-            ).last_hidden_state
-            logits = F.linear(hidden[:, out_index], self.model.image_head).float()  # [rows, W, V]
-        return self._window_logits(logits)
-
-    def prefill(self) -> WindowLogits:
-        if self._length != -1:
-            raise ValueError("prefill runs once per session")
-        out = torch.tensor([self.prefix_length - 1], device=self.prefix_ids.device)
-        logits = self._run(self.prefix_ids, self.rows.positions, out)
-        self._length = 0
-        return logits
-
-    def forward(self, tokens, start):
-        self._check_start(start)
-        vocab_ids = self.model.image_ids[tokens.to(self.model.device)]  # [B, W]
-        if self.guided:
-            vocab_ids = torch.cat([vocab_ids, vocab_ids])
-        ids, out_index = self.row_ends.insert(vocab_ids, start)
-        positions = self.rows.region_positions(self.row_ends.region_length(start), ids.shape[1])
-        self.sequence = torch.cat([self.sequence, ids], dim=1)
-        logits = self._run(ids, positions, out_index)
-        self._length = start + tokens.shape[1]
-        return logits
-
-    def sequence_length(self, image_length: int) -> int:
-        """Cached sequence length (prefix padding included) holding ``image_length`` image positions."""
-        return self.prefix_length + self.row_ends.region_length(image_length)
-
-    def rollback(self, length):
-        super().rollback(length)
-        self.sequence = self.sequence[:, : self.sequence_length(length)]
+            hidden = self.model.backbone.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
+                                               cache=self.kv.cache, use_cache=True).last_hidden_state
+            hidden = hidden.gather(1, out[..., None].expand(-1, -1, hidden.shape[-1]))
+            return F.linear(hidden, self.model.image_head).float()  # [rows, W, V]

@@ -38,10 +38,11 @@ import torch
 from transformers import DynamicCache, Emu3Config, Emu3ForConditionalGeneration
 
 from ._transformers import (
-    CachedSession, MemoryEstimate, PaddedRows, RowEnds, check_checkpoint, check_sequence_length, check_token_ids,
+    MemoryEstimate, PaddedRows, check_checkpoint, check_sequence_length, check_token_ids,
     estimate_memory, format_prompt, load_tokenizer, meta_parameter_count, parameter_count, resolve_dtype, token_id,
 )
-from .base import ImageTokenModel, WindowLogits
+from ._ragged import RaggedSession
+from .base import ImageTokenModel
 from .defaults import FAMILY_DEFAULTS
 
 __all__ = [
@@ -417,54 +418,27 @@ def _visual_head(weight: torch.Tensor, visual_ids: torch.Tensor) -> torch.Tensor
     return weight.detach()[visual_ids]
 
 
-class _Emu3Session(CachedSession):
-    """KV-cached session over left-padded prompt rows (cond rows first, then uncond rows).
+class _Emu3Session(RaggedSession):
+    """Per-row KV-cached session over left-padded prompt rows (cond rows first, then uncond rows).
 
-    Image length ``k`` (positions cached) <-> cached sequence length ``P + k + k // cols``:
-    the end-of-line token after a row travels with the row's last image position.
+    Image length ``k`` <-> region length ``k + k // cols``: the end-of-line token after an image
+    row travels with the row's last image position (:func:`csdgen.models._ragged.window_columns`).
     """
 
     def __init__(self, model: Emu3ImageModel, rows: list[list[int]], batch_size: int, guided: bool):
-        self.model, self.batch_size, self.guided = model, batch_size, guided
+        self.model = model
         self.rows = PaddedRows(rows, model.special["pad"], model.device)
         self.input_ids, self.prompt_mask = self.rows.ids, self.rows.mask  # [R, P]
-        self.row_ends = RowEnds(model.grid[1], model.special["eol"])
-        self.cache = DynamicCache(config=model.config.text_config)
-        self._length = -1  # image positions cached; -1 before prefill
+        super().__init__(batch_size=batch_size, guided=guided, cache=DynamicCache(config=model.config.text_config),
+                         prompt_ids=self.rows.ids, prompt_valid=self.rows.mask, num_image_tokens=model.num_image_tokens,
+                         device=model.device, cols=model.grid[1], row_end=model.special["eol"], filler=model.special["pad"])
 
-    def sequence_length(self, image_length: int) -> int:
-        """Cached sequence length (prompt padding included) holding ``image_length`` image positions."""
-        return self.rows.width + self.row_ends.region_length(image_length)
+    def _vocab_ids(self, tokens):
+        return self.model.visual_ids[tokens]
 
-    def _run(self, ids: torch.Tensor, positions: torch.Tensor, region: int) -> torch.Tensor:
-        """Text model on ``[R, T]`` ids; ``region`` = region slots in the cache after this call; hidden ``[R, T, D]``."""
+    def _logits(self, ids, attention_mask, position_ids, out, prefill):
         with torch.no_grad():
-            out = self.model.model.model(input_ids=ids, attention_mask=self.rows.attention_mask(region), position_ids=positions,
-                                         cache=self.cache, use_cache=True)
-        return out.last_hidden_state
-
-    def _split(self, hidden: torch.Tensor) -> WindowLogits:
-        with torch.no_grad():
-            logits = self.model.visual_logits(hidden)
-        return self._window_logits(logits)
-
-    def prefill(self) -> WindowLogits:
-        if self._length >= 0:
-            raise ValueError("prefill was already run in this session")
-        hidden = self._run(self.input_ids, self.rows.positions, 0)[:, -1:]
-        self._length = 0
-        return self._split(hidden)
-
-    def forward(self, tokens, start):
-        """Feed image positions ``start .. start + W - 1``, an end-of-line token after each row end."""
-        self._check_start(start)
-        W = tokens.shape[1]
-        if start + W > self.model.num_image_tokens:
-            raise ValueError(f"window of {W} at {start}: allowed up to position {self.model.num_image_tokens - 1}")
-        seq, out_at = self.row_ends.insert(self.model.visual_ids[tokens.to(self.model.device)], start)
-        if self.guided:
-            seq = torch.cat([seq, seq])
-        offset = self.row_ends.region_length(start)
-        hidden = self._run(seq, self.rows.region_positions(offset, seq.shape[1]), offset + seq.shape[1])[:, out_at]
-        self._length += W
-        return self._split(hidden)
+            hidden = self.model.model.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
+                                            cache=self.kv.cache, use_cache=True).last_hidden_state
+            hidden = hidden.gather(1, out[..., None].expand(-1, -1, hidden.shape[-1]))
+            return self.model.visual_logits(hidden)

@@ -2,7 +2,8 @@
 
 For tests, teaching, and checking your own model with the engine before writing an adapter.
 It has no cache: every window position is one call of the function on its whole prefix, so it
-is slow, and exactly as correct as the function.
+is slow, and exactly as correct as the function. Rows at different positions are grouped by
+prefix length: one call per distinct prefix length in a window slot.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from .base import DecodingSession, ImageTokenModel, WindowLogits
+from .base import DecodingSession, ImageTokenModel, WindowLogits, check_row_arguments, row_tensor
 
 __all__ = ["FunctionModel"]
 
@@ -61,27 +62,59 @@ class FunctionModel(ImageTokenModel):
 class _FunctionSession(DecodingSession):
     def __init__(self, model: FunctionModel, batch_size: int, guided: bool):
         self.model, self.batch_size, self.guided = model, batch_size, guided
-        self.prefix = torch.zeros(batch_size, 0, dtype=torch.long, device=model.device)
+        self.tokens = torch.zeros(batch_size, model.num_image_tokens, dtype=torch.long, device=model.device)
+        self.lengths = torch.zeros(batch_size, dtype=torch.long)  # CPU
 
-    def _logits(self, prefixes: list[torch.Tensor]) -> WindowLogits:
-        cond = torch.stack([self.model.fn(p) for p in prefixes], dim=1)
-        uncond = torch.stack([self.model.uncond_fn(p) for p in prefixes], dim=1) if self.guided else None
+    def _call(self, fn: LogitsFn, rows: torch.Tensor, length: int) -> torch.Tensor:
+        return fn(self.tokens[rows.to(self.tokens.device), :length])
+
+    def _logits(self, ends: torch.Tensor, live: torch.Tensor) -> WindowLogits:
+        """Logits ``[B, S, V]`` after prefixes ``tokens[b, :ends[b, j]]`` where ``live[b, j]`` (else 0)."""
+        B, S = ends.shape
+        V = self.model.codebook_size
+        cond = torch.zeros(B, S, V, device=self.model.device)
+        uncond = torch.zeros(B, S, V, device=self.model.device) if self.guided else None
+        for length in ends[live].unique().tolist():
+            at = (ends == length) & live
+            rows, slots = at.nonzero(as_tuple=True)
+            dev_rows, dev_slots = rows.to(cond.device), slots.to(cond.device)
+            out = self._call(self.model.fn, rows, length)
+            cond = cond.to(out.dtype)
+            cond[dev_rows, dev_slots] = out
+            if self.guided:
+                out_u = self._call(self.model.uncond_fn, rows, length)
+                uncond = uncond.to(out_u.dtype)
+                uncond[dev_rows, dev_slots] = out_u
         return WindowLogits(cond, uncond)
 
     def prefill(self) -> WindowLogits:
-        return self._logits([self.prefix])
+        return self._logits(torch.zeros(self.batch_size, 1, dtype=torch.long), torch.ones(self.batch_size, 1, dtype=torch.bool))
 
-    def forward(self, tokens: torch.Tensor, start: int) -> WindowLogits:
-        if start != self.cache_length:
-            raise ValueError(f"start={start} but the session holds {self.cache_length} positions")
-        self.prefix = torch.cat([self.prefix, tokens], dim=1)
-        return self._logits([self.prefix[:, : start + j + 1] for j in range(tokens.shape[1])])
+    def forward(self, tokens, start, widths=None):
+        B, W = tokens.shape
+        start = row_tensor(start, B)
+        widths = torch.full((B,), W, dtype=torch.long) if widths is None else row_tensor(widths, B)
+        check_row_arguments("start", start, self.batch_size, self.lengths, self.lengths)
+        check_row_arguments("widths", widths, self.batch_size, 0, torch.clamp(self.model.num_image_tokens - 1 - start, max=W))
+        slot = torch.arange(W)
+        live = slot[None] < widths[:, None]  # [B, W]
+        positions = (start[:, None] + slot).clamp(max=self.model.num_image_tokens - 1)
+        rows = torch.arange(B)[:, None].expand(B, W)
+        dev = self.tokens.device
+        self.tokens[rows[live].to(dev), positions[live].to(dev)] = tokens.to(dev)[live.to(dev)]
+        self.lengths = start + widths
+        return self._logits(start[:, None] + slot + 1, live)
 
-    def rollback(self, length: int) -> None:
-        if not 0 <= length <= self.cache_length:
-            raise ValueError(f"rollback length={length}: allowed 0..{self.cache_length}")
-        self.prefix = self.prefix[:, :length]
+    def rollback(self, lengths):
+        lengths = row_tensor(lengths, self.batch_size)
+        check_row_arguments("rollback lengths", lengths, self.batch_size, 0, self.lengths)
+        self.lengths = lengths.clone()
+
+    def select_rows(self, rows):
+        rows = row_tensor(rows, len(torch.as_tensor(rows).reshape(-1)))
+        self.tokens, self.lengths = self.tokens[rows.to(self.tokens.device)], self.lengths[rows]
+        self.batch_size = len(rows)
 
     @property
-    def cache_length(self) -> int:
-        return self.prefix.shape[1]
+    def cache_lengths(self):
+        return self.lengths.clone()

@@ -35,10 +35,11 @@ import torch
 from transformers import DynamicCache, JanusConfig, JanusForConditionalGeneration
 
 from ._transformers import (
-    CachedSession, MemoryEstimate, PaddedRows, check_checkpoint, check_sequence_length, check_token_ids, estimate_memory,
+    MemoryEstimate, PaddedRows, check_checkpoint, check_sequence_length, check_token_ids, estimate_memory,
     format_prompt, load_tokenizer, meta_parameter_count, parameter_count, resolve_dtype, token_id,
 )
-from .base import ImageTokenModel, WindowLogits
+from ._ragged import RaggedSession
+from .base import ImageTokenModel
 from .defaults import FAMILY_DEFAULTS
 
 __all__ = ["JanusImageModel", "JanusPrompts", "special_ids", "janus_memory", "janus_memory_estimate", "estimate_memory_from_pretrained", "image_size_of",
@@ -325,43 +326,27 @@ def special_ids(folder: str | os.PathLike, processor: Any = None) -> tuple[int, 
     return int(found["bos_token_id"]), int(found["boi_token_id"]), int(found["pad_token_id"])
 
 
-class _JanusSession(CachedSession):
-    """KV-cached session over left-padded prompts; cond rows first, then (guided) uncond rows."""
+class _JanusSession(RaggedSession):
+    """Per-row KV-cached session over left-padded prompts; cond rows first, then (guided) uncond rows."""
 
     def __init__(self, model: JanusImageModel, prompts: list[list[int]], guided: bool):
-        self.model, self.batch_size, self.guided = model, len(prompts), guided
+        self.model = model
         rows = prompts + [model.uncond_ids(p) for p in prompts] if guided else prompts
         self.rows = PaddedRows(rows, model.pad_token_id, model.device)
         self.input_ids, self.prompt_mask = self.rows.ids, self.rows.mask  # [R, P]
-        self.cache = DynamicCache(config=model.config.text_config)
-        self._length = -1  # image positions cached; -1 before prefill
+        super().__init__(batch_size=len(prompts), guided=guided, cache=DynamicCache(config=model.config.text_config),
+                         prompt_ids=self.rows.ids, prompt_valid=self.rows.mask, num_image_tokens=model.num_image_tokens,
+                         device=model.device)
 
-    def _run(self, embeds: torch.Tensor, positions: torch.Tensor, region: int, last_only: bool = False) -> WindowLogits:
-        """Language model on ``[R, T, D]`` embeddings; generation head on the T hidden states (the last one only if ``last_only``)."""
+    def _logits(self, ids, attention_mask, position_ids, out, prefill):
+        """Language model on the prompt's text embeddings or the image tokens' generation embeddings; generation head at ``out``."""
         with torch.no_grad():
-            out = self.model.model.model.language_model(
-                inputs_embeds=embeds, attention_mask=self.rows.attention_mask(region), position_ids=positions,
-                cache=self.cache, use_cache=True,
-            )
-            hidden = out.last_hidden_state[:, -1:] if last_only else out.last_hidden_state
-            logits = self.model.model.model.generation_head(hidden).float()
-        return self._window_logits(logits)
-
-    def prefill(self) -> WindowLogits:
-        if self._length >= 0:
-            raise ValueError("prefill was already run in this session")
-        with torch.no_grad():
-            embeds = self.model.model.get_input_embeddings()(self.input_ids)
-        logits = self._run(embeds, self.rows.positions, 0, last_only=True)  # [R, 1, V]: only position 0's distribution
-        self._length = 0
-        return logits
-
-    def forward(self, tokens, start):
-        self._check_start(start)
-        ids = torch.cat([tokens, tokens]) if self.guided else tokens
-        with torch.no_grad():
-            embeds = self.model.model.prepare_embeddings_for_image_generation(ids.to(self.model.device))
-        width = tokens.shape[1]
-        logits = self._run(embeds, self.rows.region_positions(start, width), start + width)
-        self._length += width
-        return logits
+            if prefill:
+                embeds = self.model.model.get_input_embeddings()(ids)
+            else:
+                embeds = self.model.model.prepare_embeddings_for_image_generation(ids)
+            hidden = self.model.model.model.language_model(
+                inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids, cache=self.kv.cache, use_cache=True,
+            ).last_hidden_state
+            hidden = hidden.gather(1, out[..., None].expand(-1, -1, hidden.shape[-1]))
+            return self.model.model.model.generation_head(hidden).float()

@@ -14,8 +14,8 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from ._transformers import CachedSession
-from .base import ImageTokenModel, WindowLogits
+from ._ragged import RaggedSession
+from .base import ImageTokenModel
 
 __all__ = ["ClassConditionalLlama"]
 
@@ -129,35 +129,26 @@ class ClassConditionalLlama(ImageTokenModel):
         return _LlamaSession(self, ids, guided)
 
 
-class _LlamaSession(CachedSession):
-    """KV-cached session; cond rows first, then (when guided) the null-class rows."""
+class _LlamaSession(RaggedSession):
+    """KV-cached per-row session; cond rows first, then (when guided) the null-class rows.
+
+    Row ``b``'s sequence is ``[class token, code_0, ..., code_{k-1}]`` (no row ends); the per-row
+    bookkeeping is :class:`~csdgen.models._ragged.RaggedSession`'s.
+    """
 
     def __init__(self, model: ClassConditionalLlama, class_ids: list[int], guided: bool):
-        self.model, self.batch_size, self.guided = model, len(class_ids), guided
         V, C = model.codebook_size, model.num_classes
         first = torch.tensor([V + c for c in class_ids], device=model.device)
         if guided:
             first = torch.cat([first, torch.full_like(first, V + C)])
-        self.first_tokens = first[:, None]  # [B or 2B, 1]
-        self.cache = DynamicCache(config=model.backbone.config)
-        self._length = -1  # image positions cached; -1 before prefill
+        self.model = model
+        super().__init__(batch_size=len(class_ids), guided=guided, cache=DynamicCache(config=model.backbone.config),
+                         prompt_ids=first[:, None], prompt_valid=torch.ones(len(first), 1, dtype=torch.bool),
+                         num_image_tokens=model.num_image_tokens, device=model.device)
 
-    def _run(self, input_ids: torch.Tensor, first_position: int) -> WindowLogits:
-        positions = torch.arange(first_position, first_position + input_ids.shape[1], device=input_ids.device)
+    def _logits(self, ids, attention_mask, position_ids, out, prefill):
         with torch.no_grad():
-            out = self.model.backbone(
-                input_ids=input_ids, position_ids=positions.expand(input_ids.shape[0], -1), cache=self.cache, use_cache=True
-            )
-        return self._window_logits(out.logits[..., : self.model.codebook_size])
-
-    def prefill(self) -> WindowLogits:
-        logits = self._run(self.first_tokens, 0)
-        self._length = 0
-        return logits
-
-    def forward(self, tokens, start):
-        self._check_start(start)
-        ids = torch.cat([tokens, tokens]) if self.guided else tokens
-        logits = self._run(ids, 1 + start)
-        self._length += tokens.shape[1]
-        return logits
+            hidden = self.model.backbone.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
+                                               cache=self.kv.cache, use_cache=True).last_hidden_state
+            hidden = hidden.gather(1, out[..., None].expand(-1, -1, hidden.shape[-1]))
+            return self.model.backbone.lm_head(hidden)[..., : self.model.codebook_size]

@@ -1,0 +1,328 @@
+"""Per-row KV-cache bookkeeping over a transformers ``DynamicCache``: every row at its own length.
+
+Batched decoding with per-image windows needs every row of the cache to hold a sequence of
+its own length. A ``DynamicCache`` stores ``[R, heads, T, head_dim]`` tensors with one common
+width ``T`` and appends the same number of columns to every row, so rows of different
+lengths are stored the way left-padded prompts are: with **holes**, columns a row does not
+use, hidden by the 2-D attention mask. Each row's position ids count its own valid columns
+(as for left padding), so a row's keys and attention are those of the same sequence decoded
+alone, up to floating-point summation order.
+
+:class:`RaggedCache` keeps, on the host, which columns of which row are valid:
+
+* :meth:`RaggedCache.inputs` gives the attention mask ``[R, T + S]`` and position ids
+  ``[R, S]`` for ``S`` new columns, where row ``r`` uses only the columns marked in its
+  ``new_valid`` row (padding slots, and row-end tokens some rows have and others not, are
+  holes);
+* :meth:`RaggedCache.append` records them after the forward;
+* :meth:`RaggedCache.truncate` keeps the first ``keep[r]`` valid columns of each row (a
+  per-row rollback): later columns become holes, the columns no row uses any more at the end
+  are cropped, and when holes waste more than a quarter of the width the cache is compacted
+  (valid columns of every row moved to the right end, like left padding: one gather per
+  layer, about the cost of the copy ``DynamicCache.update`` makes on every forward);
+* :meth:`RaggedCache.select_rows` drops rows (finished images).
+
+:class:`RaggedSession` is the per-row :class:`~csdgen.models.base.DecodingSession` built on it
+that the adapters share (class-conditional Llama, Janus, Emu3, Chameleon): a prompt of
+left-padded rows, a region of image tokens with an optional row-end token after every image
+row (:func:`window_columns` lays a per-row window out as sequence columns), the unconditional
+rows of guidance after the conditional ones. An adapter supplies only its forward
+(:meth:`RaggedSession._logits`) and its codebook -> vocabulary id map.
+
+Family-agnostic: a family adapter decides which of its sequence's tokens are valid; this
+module knows nothing of image positions. The bookkeeping lives on the host (the engine hands
+per-row lengths over from its one sync per iteration), so no call here waits for the device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .base import DecodingSession, WindowLogits, check_row_arguments, row_tensor
+
+__all__ = ["RaggedCache", "RaggedSession", "split_guided", "window_columns"]
+
+
+def split_guided(logits: torch.Tensor, batch_size: int, guided: bool) -> WindowLogits:
+    """``[R, W, V]`` logits of all rows -> cond rows (first ``batch_size``), then the uncond rows (guided)."""
+    if guided:
+        return WindowLogits(logits[:batch_size], logits[batch_size:])
+    return WindowLogits(logits, None)
+
+
+class RaggedCache:
+    """A ``DynamicCache`` whose rows hold sequences of different lengths (see the module docstring).
+
+    Args:
+        cache: an empty transformers ``DynamicCache`` (its layers expose ``keys`` / ``values``
+            ``[R, heads, T, head_dim]``).
+        rows: R, the number of rows.
+        device: where attention masks and position ids go.
+
+    Attributes:
+        valid: ``[R, T]`` bool CPU, True where column ``t`` of row ``r`` holds one of its tokens.
+        lengths: ``[R]`` int64 CPU, valid columns per row (the row's sequence length).
+    """
+
+    #: compact when more than this fraction of the width is wasted on every row
+    COMPACT_FRACTION = 0.25
+
+    def __init__(self, cache: Any, rows: int, device: Any):
+        self.cache = cache
+        self.device = torch.device(device)
+        self.valid = torch.zeros(rows, 0, dtype=torch.bool)
+        self.lengths = torch.zeros(rows, dtype=torch.long)
+        self.ids = torch.zeros(rows, 0, dtype=torch.long, device=self.device)  # the ids in the cache, per column
+
+    @property
+    def width(self) -> int:
+        """T, the physical width of the cache (holes included)."""
+        return self.valid.shape[1]
+
+    @property
+    def rows(self) -> int:
+        return self.valid.shape[0]
+
+    def inputs(self, new_valid: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Attention mask and position ids for a forward appending ``S`` columns.
+
+        Args:
+            new_valid: ``[R, S]`` bool CPU, which of the new columns row ``r`` uses.
+
+        Returns:
+            ``(attention_mask [R, T + S] int64 or None when nothing is masked, position_ids
+            [R, S] int64)`` on the device. The position of a valid column is the number of
+            valid columns before it in its row; a hole gets its row's last position (unused).
+        """
+        new_valid = new_valid.to(torch.bool).cpu()
+        positions = (self.lengths[:, None] + new_valid.long().cumsum(1) - 1).clamp(min=0)
+        mask = torch.cat([self.valid, new_valid], dim=1)
+        mask = None if bool(mask.all()) else mask.long().to(self.device)
+        return mask, positions.to(self.device)
+
+    def append(self, new_valid: torch.Tensor, ids: torch.Tensor | None = None) -> None:
+        """Record the ``[R, S]`` columns the last forward appended to the cache (and their ids, for inspection)."""
+        new_valid = new_valid.to(torch.bool).cpu()
+        ids = torch.zeros(new_valid.shape, dtype=torch.long) if ids is None else ids
+        self.ids = torch.cat([self.ids, ids.to(self.device, torch.long)], dim=1)
+        self.valid = torch.cat([self.valid, new_valid], dim=1)
+        self.lengths = self.lengths + new_valid.sum(1)
+
+    def truncate(self, keep: torch.Tensor) -> None:
+        """Keep the first ``keep[r]`` tokens of every row ``r`` (``[R]`` int64 CPU, ``<= lengths``).
+
+        Raises:
+            ValueError: a ``keep`` outside ``0 .. lengths[r]``.
+        """
+        keep = keep.to(torch.long).cpu()
+        if keep.shape != self.lengths.shape or bool(((keep < 0) | (keep > self.lengths)).any()):
+            raise ValueError(f"keep={keep.tolist()}: allowed 0..{self.lengths.tolist()} per row")
+        self.valid = self.valid & (self.valid.long().cumsum(1) <= keep[:, None])
+        self.lengths = keep.clone()
+        used = self.valid.any(0).nonzero()
+        end = int(used[-1, 0]) + 1 if len(used) else 0
+        self._crop(end)
+        if self.rows and self.width - int(self.lengths.max()) > self.COMPACT_FRACTION * self.width:
+            self.compact()
+
+    def _crop(self, end: int) -> None:
+        drop = self.width - end
+        if drop > 0:
+            self.cache.crop(-drop)  # transformers 5.x takes the number of columns to drop, negative
+            self.valid = self.valid[:, :end]
+            self.ids = self.ids[:, :end]
+
+    def compact(self) -> None:
+        """Move every row's valid columns to the right end (holes first): width ``max(lengths)``."""
+        longest = int(self.lengths.max()) if self.rows else 0
+        if longest == self.width:
+            return
+        order = torch.sort(self.valid.to(torch.int8), dim=1, stable=True).indices[:, self.width - longest :]  # [R, L]
+        index = order.to(self.device)
+        row = torch.arange(self.rows, device=self.device)[:, None]
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+                continue
+            layer.keys = layer.keys.transpose(1, 2)[row, index].transpose(1, 2).contiguous()
+            layer.values = layer.values.transpose(1, 2)[row, index].transpose(1, 2).contiguous()
+        self.valid = self.valid.gather(1, order)
+        self.ids = self.ids.gather(1, index)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep rows ``rows`` (``[R']`` int64 CPU) in that order; drop the others."""
+        rows = rows.to(torch.long).cpu()
+        self.cache.batch_select_indices(rows.to(self.device))
+        self.valid = self.valid[rows]
+        self.lengths = self.lengths[rows]
+        self.ids = self.ids[rows.to(self.device)]
+        used = self.valid.any(0).nonzero()
+        self._crop(int(used[-1, 0]) + 1 if len(used) else 0)
+
+    def row_ids(self, row: int) -> torch.Tensor:
+        """The ids of one row's valid columns, in order (its sequence as the cache holds it)."""
+        return self.ids[row][self.valid[row].to(self.ids.device)]
+
+    def row_entries(self, layer: int, row: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values ``[heads, lengths[row], head_dim]`` of one row's valid columns (for tests)."""
+        cached = self.cache.layers[layer]
+        columns = self.valid[row].nonzero()[:, 0].to(cached.keys.device)
+        return cached.keys[row][:, columns], cached.values[row][:, columns]
+
+
+def window_columns(tokens: torch.Tensor, start: torch.Tensor, widths: torch.Tensor, cols: int, row_end: int | None,
+                   filler: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Lay a per-row window out as sequence columns, a row-end token after every image row's last token.
+
+    Row ``b``'s slot ``j`` holds image position ``start[b] + j``; when that position ends an image
+    row (``(start[b] + j + 1) % cols == 0``) and ``row_end`` is given, a row-end column follows it,
+    and the slot's output (the distribution of the next position) is read at the row-end column.
+    Rows end rows at different slots, so their windows have different lengths: shorter rows are
+    padded with hole columns (``filler``, not valid). Slots ``>= widths[b]`` are holes too.
+
+    Args:
+        tokens: ``[B, W]`` int64 ids (the family's vocabulary ids), on the model's device.
+        start: ``[B]`` int64 CPU, image position of slot 0; widths: ``[B]`` int64 CPU, valid slots.
+        cols: image tokens per image row; row_end: the row-end id, or None (no row ends).
+        filler: id written into hole columns.
+
+    Returns:
+        ``(ids [B, S] on tokens' device, valid [B, S] bool CPU, out [B, W] int64 on tokens' device)``
+        with ``S = W + max_b(row ends of row b)``; ``out[b, j]`` is the column whose output is slot ``j``'s.
+    """
+    B, W = tokens.shape
+    slot = torch.arange(W)
+    live = slot[None] < widths[:, None]
+    if row_end is None:
+        ends = torch.zeros(B, W, dtype=torch.long)
+    else:
+        ends = (live & ((start[:, None] + slot + 1) % cols == 0)).long()
+    token_col = slot + ends.cumsum(1) - ends  # row ends before the slot push it right
+    S = W + (int(ends.sum(1).max()) if B else 0)
+    valid = torch.zeros(B, S + 1, dtype=torch.bool)
+    valid.scatter_(1, token_col, live)
+    is_end = torch.zeros(B, S + 1, dtype=torch.bool)
+    is_end.scatter_(1, torch.where(ends.bool(), token_col + 1, S), True)
+    is_end = is_end[:, :S]
+    valid = valid[:, :S] | is_end
+    dev = tokens.device
+    ids = torch.full((B, S), filler, dtype=torch.long, device=dev).scatter_(1, token_col.to(dev), tokens)
+    if row_end is not None:
+        ids = ids.masked_fill(is_end.to(dev), row_end)
+    return ids, valid, (token_col + ends).to(dev)
+
+
+class RaggedSession(DecodingSession):
+    """A per-row session over a transformers ``DynamicCache`` (see the module docstring).
+
+    Rows: the ``B`` conditional rows, then (guided) their ``B`` unconditional rows. Row ``r``'s
+    sequence is its visible prompt tokens, then the image region: image token ``i`` and, after
+    each image row, the row-end token. Image length ``k`` <-> region length
+    ``k + k // cols`` (``k`` without row ends).
+
+    Subclasses call ``super().__init__`` and implement :meth:`_logits` (and :meth:`_vocab_ids`
+    when codebook ids are not the model's token ids).
+
+    Args:
+        batch_size: B; guided: whether the unconditional rows follow.
+        cache: an empty ``DynamicCache``.
+        prompt_ids: ``[R, P]`` int64 left-padded prompt ids (R = 2B guided, else B).
+        prompt_valid: ``[R, P]`` bool / int, which prompt columns a row uses (padding and hidden
+            prompt tokens are 0).
+        num_image_tokens: N; device: the model's device.
+        cols: image tokens per image row; row_end: the row-end id (None: no row ends);
+        filler: id of hole columns.
+    """
+
+    def __init__(self, *, batch_size: int, guided: bool, cache: Any, prompt_ids: torch.Tensor, prompt_valid: torch.Tensor,
+                 num_image_tokens: int, device: Any, cols: int = 1, row_end: int | None = None, filler: int = 0):
+        self.batch_size, self.guided = batch_size, guided
+        self.prompt_ids = prompt_ids.to(device)
+        self.prompt_valid = prompt_valid.to(torch.bool).cpu()
+        self.prompt_lengths = self.prompt_valid.sum(1)  # [R] visible prompt tokens per row
+        self.kv = RaggedCache(cache, prompt_ids.shape[0], device)
+        self.num_image_tokens, self.cols, self.row_end, self.filler = num_image_tokens, cols, row_end, filler
+        self._lengths: torch.Tensor | None = None  # [B] image positions cached; None before prefill
+
+    # -- what a family supplies -------------------------------------------------------------------
+
+    def _logits(self, ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor,
+                out: torch.Tensor, prefill: bool) -> torch.Tensor:
+        """Run the model on ``[R, S]`` new columns (appending them to ``self.cache``); return the
+        image logits ``[R, W, V]`` read at columns ``out`` (``[R, W]`` int64).
+
+        ``prefill`` is True for the prompt (whose embedding may differ from the image tokens').
+        """
+        raise NotImplementedError
+
+    def _vocab_ids(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Codebook ids ``[B, W]`` -> the model's token ids (default: the same)."""
+        return tokens
+
+    # -- the per-row interface --------------------------------------------------------------------
+
+    @property
+    def cache(self) -> Any:
+        return self.kv.cache
+
+    def _rows(self, per_image: torch.Tensor) -> torch.Tensor:
+        return torch.cat([per_image, per_image]) if self.guided else per_image
+
+    def region_length(self, image_length: torch.Tensor) -> torch.Tensor:
+        """Region columns holding image positions ``0 .. k - 1`` (row ends of complete rows included)."""
+        return image_length + (image_length // self.cols if self.row_end is not None else 0)
+
+    def row_sequence(self, row: int) -> torch.Tensor:
+        """Row ``row``'s sequence as cached (visible prompt tokens, image and row-end ids): for tests."""
+        return self.kv.row_ids(row)
+
+    def prefill(self) -> WindowLogits:
+        if self._lengths is not None:
+            raise ValueError("prefill runs once per session")
+        mask, positions = self.kv.inputs(self.prompt_valid)
+        last = torch.full((self.prompt_ids.shape[0], 1), self.prompt_ids.shape[1] - 1, device=self.prompt_ids.device)
+        logits = self._logits(self.prompt_ids, mask, positions, last, prefill=True)
+        self.kv.append(self.prompt_valid, self.prompt_ids)
+        self._lengths = torch.zeros(self.batch_size, dtype=torch.long)
+        return split_guided(logits, self.batch_size, self.guided)
+
+    def forward(self, tokens, start, widths=None):
+        if self._lengths is None:
+            raise ValueError("forward before prefill: call prefill() first")
+        B, W = tokens.shape
+        start = row_tensor(start, B)
+        widths = torch.full((B,), W, dtype=torch.long) if widths is None else row_tensor(widths, B)
+        check_row_arguments("start", start, self.batch_size, self._lengths, self._lengths)
+        check_row_arguments("widths", widths, self.batch_size, 0, torch.clamp(self.num_image_tokens - 1 - start, max=W))
+        vocab = self._vocab_ids(tokens.to(self.prompt_ids.device))
+        ids, valid, out = window_columns(vocab, start, widths, self.cols, self.row_end, self.filler)
+        ids, valid, out = self._rows(ids), self._rows(valid), self._rows(out)
+        mask, positions = self.kv.inputs(valid)
+        logits = self._logits(ids, mask, positions, out, prefill=False)
+        self.kv.append(valid, ids)
+        self._lengths = start + widths
+        return split_guided(logits, self.batch_size, self.guided)
+
+    def rollback(self, lengths):
+        if self._lengths is None:
+            raise ValueError("rollback before prefill")
+        lengths = row_tensor(lengths, self.batch_size)
+        check_row_arguments("rollback lengths", lengths, self.batch_size, 0, self._lengths)
+        self.kv.truncate(self.prompt_lengths + self._rows(self.region_length(lengths)))
+        self._lengths = lengths.clone()
+
+    def select_rows(self, rows):
+        rows = row_tensor(rows, len(torch.as_tensor(rows).reshape(-1)))
+        every = torch.cat([rows, rows + self.batch_size]) if self.guided else rows
+        self.kv.select_rows(every)
+        self.prompt_ids = self.prompt_ids[every.to(self.prompt_ids.device)]
+        self.prompt_valid, self.prompt_lengths = self.prompt_valid[every], self.prompt_lengths[every]
+        self._lengths = None if self._lengths is None else self._lengths[rows]
+        self.batch_size = len(rows)
+
+    @property
+    def cache_lengths(self):
+        if self._lengths is None:
+            raise ValueError("cache_lengths before prefill")
+        return self._lengths.clone()
