@@ -264,6 +264,7 @@ def _run_one(model, settings: DemoSettings, key: str, preset: dict, sampling: Sa
         **{k: v for k, v in summary.items() if k.startswith("tokens_")},
         "mean_entropy_nats": summary["mean_entropy_nats"],
         "window": result.settings.get("window"),
+        "mean_width": sum(widths) / len(widths) if (widths := getattr(result, "widths", None)) else "",
         "lam": settings.lam if key.startswith("csd") else "",
         "delta": settings.delta if key.startswith("csd") else "",
         "guidance_scale": settings.guidance_scale,
@@ -406,7 +407,9 @@ def build_app(model, *, model_name: str = "built-in model", defaults: FamilyDefa
                                        label="methods", elem_id="methods", scale=3)
         with gr.Row():
             window = gr.Textbox(label="window", value="auto" if auto else str(defaults.window), elem_id="window",
-                                info="an integer >= 1" + (" or auto" if auto else ""))
+                                info="an integer >= 1" + (" or auto (widths from measured forward times: the same seed "
+                                                          "then gives the same images in distribution, not bit for bit)"
+                                                          if auto else ""))
             lam = gr.Number(label="lambda (CSD)", value=defaults.lam, elem_id="lam")
             delta = gr.Number(label="delta (CSD)", value=defaults.delta, elem_id="delta")
             guidance = gr.Number(label="guidance scale", value=defaults.guidance_scale, elem_id="guidance")

@@ -97,6 +97,7 @@ def test_watch_streams_frames_that_fill_in(builtin):
     rows = events[-1][1]
     assert [r["method"] for r in rows] == ["csd"]
     assert rows[0]["forwards"] < builtin.num_image_tokens and rows[0]["wall_s"] > 0 and rows[0]["tokens_relaxed"] > 0
+    assert rows[0]["window"] == 16 and 1 < rows[0]["mean_width"] <= 16
     csd_frames = [f for _, key, f in frames if key == "csd"]
     assert [f.committed for f in csd_frames] == sorted(f.committed for f in csd_frames)  # fills in
     assert csd_frames[0].committed == 1 and csd_frames[-1].committed == builtin.num_image_tokens
