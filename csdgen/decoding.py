@@ -155,6 +155,9 @@ class StepInfo:
         session: the model's session, rolled back to the committed positions of the images
             still decoding.
         rows: ``[B']`` int64 CPU, the image index (0 .. B-1) of each of the session's rows.
+        decisions: ``[B, N]`` int8 :class:`Decision` of every committed token (meaningless beyond
+            ``committed``), for live acceptance maps.
+        entropy: ``[B, N]`` float32, the target entropy in nats each committed token was decided under.
     """
 
     step: int
@@ -162,6 +165,8 @@ class StepInfo:
     tokens: torch.Tensor
     session: DecodingSession
     rows: torch.Tensor | None = None
+    decisions: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
 
 
 @dataclass
@@ -639,8 +644,9 @@ class _Loop:
 
     def _notify(self, session) -> None:
         if self.callback is not None:
-            self.callback(StepInfo(self.steps, self.committed, self.tokens[:, : self.model.num_image_tokens], session,
-                                   self.active_host.clone()))
+            N = self.model.num_image_tokens
+            self.callback(StepInfo(self.steps, self.committed, self.tokens[:, :N], session, self.active_host.clone(),
+                                   self.decisions[:, :N], self.entropy[:, :N]))
 
     # -- one iteration --------------------------------------------------------------------------
 

@@ -70,6 +70,7 @@ def test_kv_state_of_every_row_after_every_iteration_equals_fresh_prefill(cached
     def check(info):
         assert_rows_match_fresh(cached_model, classes, sampling.guided, info)
         checked.append(info.session.cache_lengths.tolist())
+        assert info.decisions.shape == info.entropy.shape == info.tokens.shape
 
     out = csdgen.generate(cached_model, classes, method=method, window=window, sampling=sampling, seed=2, callback=check)
     assert len(checked) == out.steps
