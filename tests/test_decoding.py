@@ -335,7 +335,7 @@ def test_profile_times_forward_and_verify(cached_model):
 
 
 def test_runs_in_batches_give_the_same_images_at_any_batch_size(cached_model):
-    from csdgen.evaluation.runs import generate_batches
+    from csdgen.runs import generate_batches
 
     classes = [i % 5 for i in range(6)]
     kwargs = dict(method="csd", window=8, sampling=SAMPLED, seed=3)
