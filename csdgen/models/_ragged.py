@@ -102,6 +102,38 @@ class RaggedCache:
         mask = None if bool(mask.all()) else mask.long().to(self.device)
         return mask, positions.to(self.device)
 
+    def tree_inputs(self, new_valid: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor,
+                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention mask and position ids for a forward appending ``S`` *tree* columns (draft trees).
+
+        New column ``s`` of row ``r`` sees the row's valid cached columns and the new columns
+        that are ``s`` itself or its ancestors (``ancestors[s, t]``) and valid for the row; its
+        position is the row's length plus ``depth[s]``. transformers uses a 4-D mask as given
+        (no causal mask is added), as an additive float mask for the eager and SDPA attentions.
+
+        Args:
+            new_valid: ``[R, S]`` bool CPU; depth: ``[S]`` int64 CPU; ancestors: ``[S, S]`` bool CPU;
+            dtype: the model's float dtype (the mask holds 0 or its most negative value).
+
+        Returns:
+            ``(attention_mask [R, 1, S, T + S] dtype, position_ids [R, S] int64)`` on the device.
+        """
+        new_valid = new_valid.to(torch.bool).cpu()
+        R, S = new_valid.shape
+        past = self.valid[:, None, :].expand(R, S, self.width)
+        tree = ancestors[None] & new_valid[:, None, :]
+        tree = tree | torch.eye(S, dtype=torch.bool)[None]  # a padding column sees itself: no empty row
+        allowed = torch.cat([past, tree], dim=2).to(self.device)
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill_(~allowed, torch.finfo(dtype).min)
+        positions = self.lengths[:, None] + depth[None]
+        return mask[:, None], positions.to(self.device)
+
+    def drop_new(self, keep: torch.Tensor) -> None:
+        """Make the last ``S`` columns holes where ``keep`` (``[R, S]`` bool CPU) is False."""
+        S = keep.shape[1]
+        self.valid[:, self.width - S :] &= keep.to(torch.bool).cpu()
+        self.lengths = self.valid.sum(1)
+
     def append(self, new_valid: torch.Tensor, ids: torch.Tensor | None = None) -> None:
         """Record the ``[R, S]`` columns the last forward appended to the cache (and their ids, for inspection)."""
         new_valid = new_valid.to(torch.bool).cpu()
@@ -326,3 +358,70 @@ class RaggedSession(DecodingSession):
         if self._lengths is None:
             raise ValueError("cache_lengths before prefill")
         return self._lengths.clone()
+
+    # -- draft trees (csdgen.trees) ---------------------------------------------------------------
+
+    @property
+    def supports_trees(self) -> bool:
+        """Whether :meth:`forward_tree` works: families without row-end tokens (see :attr:`tree_refusal`)."""
+        return self.row_end is None
+
+    tree_refusal = ("draft trees are not implemented for families with row-end tokens (Emu3, Chameleon / "
+                    "Lumina-mGPT / Anole): every tree branch crossing an image row would need its own row-end node")
+
+    def forward_tree(self, tokens, start, layout, valid):
+        """Evaluate a draft tree in one forward: a 4-D attention mask (each node sees the row's cache
+        and its own ancestors) and depth-based positions (:meth:`RaggedCache.tree_inputs`).
+
+        Args:
+            tokens: ``[B, S]`` int64 codebook ids of the nodes (slot 0: the root at image position
+                ``start[b]``); start: ``[B]`` int64 CPU, the rows' cached lengths;
+            layout: a :class:`csdgen.trees.TreeLayout`; valid: ``[B, S]`` bool CPU, nodes fed.
+
+        Returns:
+            logits ``[B, S, V]`` (cond / uncond): node ``s``'s slot is the distribution of the
+            position after it given its ancestors. Until :meth:`keep_path` the cache holds the tree.
+
+        Raises:
+            ValueError: a family with row-end tokens, a bad ``start``, or a node past the image.
+        """
+        if self._lengths is None:
+            raise ValueError("forward_tree before prefill: call prefill() first")
+        if not self.supports_trees:
+            raise ValueError(self.tree_refusal)
+        B, S = tokens.shape
+        start = row_tensor(start, B)
+        check_row_arguments("start", start, self.batch_size, self._lengths, self._lengths)
+        deepest = torch.where(valid, layout.depth[None], -1).max(1).values
+        check_row_arguments("tree depth", deepest, self.batch_size, -1, self.num_image_tokens - 1 - start)
+        ids = self._rows(self._vocab_ids(tokens.to(self.prompt_ids.device)))
+        valid_rows = self._rows(valid)
+        dtype = self.kv.cache.layers[0].keys.dtype
+        mask, positions = self.kv.tree_inputs(valid_rows, layout.depth, layout.ancestors, dtype)
+        out = torch.arange(S, device=ids.device)[None].expand(ids.shape[0], S)
+        logits = self._logits(ids, mask, positions, out, prefill=False)
+        self.kv.append(valid_rows, ids)
+        self._tree_start, self._tree_width = start, S
+        self._lengths = start + deepest + 1
+        return split_guided(logits, self.batch_size, self.guided)
+
+    def keep_path(self, path, lengths):
+        """After :meth:`forward_tree`: keep the root and the winning path's nodes, image positions
+        ``0 .. lengths[b] - 1``; the other branches become holes (compacted away by
+        :meth:`RaggedCache.truncate` when they waste space).
+
+        Args:
+            path: ``[B, W]`` int64 CPU, the node at each depth ``0 .. W - 1`` of the winning path.
+            lengths: ``[B]`` int64 CPU, ``start[b] <= lengths[b] <=`` the tree's deepest position + 1.
+        """
+        start, S = self._tree_start, self._tree_width
+        lengths = row_tensor(lengths, self.batch_size)
+        check_row_arguments("keep_path lengths", lengths, self.batch_size, start, self._lengths)
+        B, W = path.shape
+        kept_depth = torch.arange(W)[None] < (lengths - start)[:, None]
+        keep = torch.zeros(B, S, dtype=torch.bool)
+        keep.scatter_(1, torch.where(kept_depth, path, 0), kept_depth)
+        keep[:, 0] |= kept_depth[:, 0]
+        self.kv.drop_new(self._rows(keep))
+        self.kv.truncate(self.prompt_lengths + self._rows(self.region_length(lengths)))
+        self._lengths = lengths.clone()
