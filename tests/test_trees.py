@@ -155,3 +155,33 @@ def test_tree_needs_a_speculative_method_and_a_tree_session(known_joint):
     model = NoTrees(known_joint.model.fn, 4, 3)
     with pytest.raises(ValueError, match="no tree forward here"):
         csdgen.generate(model, batch_size=2, method="sjd", window=3, tree=(2, 1))
+
+
+# -- the families: Janus (Llama backbone) evaluates trees; row-end families refuse in one line
+
+from test_models_janus import GUIDED as JANUS_GREEDY, PROMPTS as JANUS_PROMPTS  # noqa: E402
+from test_models_janus import ar_tokens, checkpoint, janus  # noqa: E402,F401  (fixtures)
+
+
+def test_janus_greedy_tree_equals_ar_and_cache_equals_fresh(janus, ar_tokens):
+    for tree, window in (((2, 2), 7), ((3, 1), 13)):
+        out = csdgen.generate(janus, JANUS_PROMPTS, method="sjd", window=window, tree=tree, sampling=JANUS_GREEDY,
+                              draft_init="uniform")
+        assert torch.equal(out.tokens, ar_tokens[2]), tree
+    sampling = SamplingConfig(guidance_scale=3.0)
+
+    def check(info):
+        if info.step > 1:
+            assert_rows_match_fresh(janus, JANUS_PROMPTS, True, info)
+
+    csdgen.generate(janus, JANUS_PROMPTS, method="sjd", window=8, tree=(3, 2), sampling=sampling, seed=1, callback=check)
+
+
+def test_emu3_refuses_trees_in_one_line(tmp_path):
+    from test_models_emu3 import HEIGHT, NEGATIVE, WIDTH, build_checkpoint
+    from csdgen.models.emu3 import Emu3ImageModel
+
+    model = Emu3ImageModel.from_pretrained(build_checkpoint(tmp_path), height=HEIGHT, width=WIDTH, negative_prompt=NEGATIVE)
+    with pytest.raises(ValueError, match="row-end tokens") as error:
+        csdgen.generate(model, ["a cat"], method="sjd", window=4, tree=(2, 1))
+    assert "\n" not in str(error.value)
