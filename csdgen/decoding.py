@@ -39,6 +39,12 @@ so lossless rules stay exact; the widths are recorded (:attr:`GenerationResult.w
 Since measured times steer the widths, ``"auto"`` reproduces an image's *distribution*, not
 its exact tokens: pass a fixed window for bit-reproducible images across runs and batch sizes.
 
+**Draft trees** (``tree=(K, D)``, :mod:`csdgen.trees`): the first ``D`` draft positions of
+every window hold ``K`` candidates (the draft and ``K - 1`` siblings drawn without replacement
+from its draft distribution); one ``session.forward_tree`` evaluates every node, the siblings
+are verified by recursive rejection sampling (exact), and the session keeps the winning path
+(``session.keep_path``). A separate loop class (``_TreeLoop``); without a tree nothing changes.
+
 **Non-finite logits.** NaN or +inf in a (guided) target distribution, or a position where
 every token is -inf, raises ValueError at the iteration's host sync; -inf alone excludes a
 token (:func:`csdgen.sampling.apply_guidance` keeps a token -inf in both rows at -inf). No

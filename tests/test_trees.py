@@ -185,3 +185,21 @@ def test_emu3_refuses_trees_in_one_line(tmp_path):
     with pytest.raises(ValueError, match="row-end tokens") as error:
         csdgen.generate(model, ["a cat"], method="sjd", window=4, tree=(2, 1))
     assert "\n" not in str(error.value)
+
+
+def test_acceptance_map_marks_side_branch_tokens(cached_model):
+    import numpy as np
+
+    from csdgen.evaluation.maps import SIDE_BRANCH_COLOUR, acceptance_map
+
+    out = csdgen.generate(cached_model, [0, 3, 4], method="sjd", window=6, tree=(3, 2), seed=3,
+                          sampling=SamplingConfig(guidance_scale=2.0))
+    s = next(s for s in out.images if bool(s.side_branch.any()))
+    image = np.zeros((6, 8, 3), dtype=np.uint8)
+    plain = np.asarray(acceptance_map(image, s.decisions, s.entropy, cached_model.grid, 48, scale=1))
+    marked = np.asarray(acceptance_map(image, s.decisions, s.entropy, cached_model.grid, 48, scale=1, side_branch=s.side_branch))
+    row, col = divmod(int(s.side_branch.nonzero()[0, 0]), 8)
+    panel = marked[:6, 2 * (8 + 4) :][row, col].astype(int)
+    assert not np.array_equal(plain[:6, 2 * (8 + 4) :][row, col], panel)
+    grey = (s.entropy[row * 8 + col].item() / np.log(48)) * 255
+    assert np.allclose(panel, 0.4 * min(grey, 255) + 0.6 * np.array(SIDE_BRANCH_COLOUR), atol=2)

@@ -17,7 +17,7 @@ from PIL import Image, ImageDraw
 
 from csdgen.decoding import Decision
 
-__all__ = ["COLOURS", "to_uint8", "acceptance_map", "save_png", "image_grid"]
+__all__ = ["COLOURS", "SIDE_BRANCH_COLOUR", "to_uint8", "acceptance_map", "save_png", "image_grid"]
 
 COLOURS = {
     Decision.SAMPLED: (60, 110, 230),  # blue: plain or bonus sample
@@ -25,6 +25,8 @@ COLOURS = {
     Decision.RELAXED: (250, 170, 20),  # orange: accepted only through the relaxation
     Decision.RESAMPLED: (220, 40, 40),  # red: rejected, resampled from the residual
 }
+#: purple: a draft accepted from a side branch of a draft tree (``ImageStats.side_branch``)
+SIDE_BRANCH_COLOUR = (150, 60, 200)
 
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:
@@ -33,7 +35,7 @@ def to_uint8(images: torch.Tensor) -> np.ndarray:
 
 
 def acceptance_map(image: np.ndarray, decisions: torch.Tensor, entropy: torch.Tensor, grid: tuple[int, int],
-                   vocab_size: int, scale: int = 2) -> Image.Image:
+                   vocab_size: int, scale: int = 2, side_branch: torch.Tensor | None = None) -> Image.Image:
     """Three panels side by side: the image, the target entropy, the decisions over the entropy.
 
     Args:
@@ -43,6 +45,8 @@ def acceptance_map(image: np.ndarray, decisions: torch.Tensor, entropy: torch.Te
         grid: ``(rows, cols)`` with ``rows * cols == N``.
         vocab_size: V, to scale the entropy by ``ln V``.
         scale: upscaling factor of the image.
+        side_branch: ``[N]`` bool (``ImageStats.side_branch`` of a run with a draft tree): those
+            tokens are drawn in purple, "side branch" in the legend; None: no such colour.
 
     Returns:
         An RGB ``PIL.Image`` of three panels and a legend line.
@@ -54,6 +58,10 @@ def acceptance_map(image: np.ndarray, decisions: torch.Tensor, entropy: torch.Te
     codes = decisions.reshape(grid).numpy()
     for decision, colour in COLOURS.items():
         colours[codes == int(decision)] = colour
+    legend = [(d.name.lower(), c) for d, c in COLOURS.items()]
+    if side_branch is not None:
+        colours[side_branch.reshape(grid).numpy().astype(bool)] = SIDE_BRANCH_COLOUR
+        legend.append(("side branch", SIDE_BRANCH_COLOUR))
     blend = (0.4 * grey_rgb + 0.6 * colours).astype(np.uint8)
     panels = [Image.fromarray(image).resize((W, H), Image.NEAREST)] + [
         Image.fromarray(a).resize((W, H), Image.NEAREST) for a in (grey_rgb, blend)
@@ -64,10 +72,10 @@ def acceptance_map(image: np.ndarray, decisions: torch.Tensor, entropy: torch.Te
         canvas.paste(panel, (i * (W + 4), 0))
     draw = ImageDraw.Draw(canvas)
     x = 2
-    for decision, colour in COLOURS.items():
+    for name, colour in legend:
         draw.rectangle([x, H + 3, x + 8, H + 11], fill=colour)
-        draw.text((x + 11, H + 1), decision.name.lower(), fill="black")
-        x += 11 + 7 * len(decision.name) + 8
+        draw.text((x + 11, H + 1), name, fill="black")
+        x += 11 + 7 * len(name) + 8
     return canvas
 
 
