@@ -406,8 +406,8 @@ def generate(
             rejection sampling over siblings), the first branch continued as the window's chain;
             ``window`` counts the main path only, the forward also evaluates the
             ``K + ... + K^D - D`` side nodes. None (default): plain windows. Needs a session
-            with ``forward_tree`` (built-in / Llama, Janus, FunctionModel; not Emu3 or
-            Chameleon-family models: see docs/frontier.md).
+            with ``forward_tree`` (``FunctionModel`` and every RaggedSession family: built-in /
+            Llama, Janus, Emu3, Chameleon; see docs/frontier.md).
 
     Returns:
         :class:`GenerationResult` with tokens ``[B, N]`` int64 and per-image statistics.

@@ -36,6 +36,11 @@ The engine side (drafting the tree, the session's tree forward, compaction of th
 the winning path) is in :mod:`csdgen.decoding` (``_TreeLoop``) and in the sessions'
 ``forward_tree`` / ``keep_path`` methods (:mod:`csdgen.models._ragged`,
 :mod:`csdgen.models.function`).
+
+Session protocol for trees (duck-typed; the engine refuses a session without it in one line):
+``supports_trees`` (bool; ``tree_refusal`` says why not), ``forward_tree(tokens [B, S], start [B],
+layout, valid [B, S]) -> WindowLogits [B, S, V]`` and ``keep_path(path [B, W], lengths [B])``
+(CPU per-row arguments, as for the other session methods).
 """
 
 from __future__ import annotations

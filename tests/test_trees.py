@@ -177,14 +177,43 @@ def test_janus_greedy_tree_equals_ar_and_cache_equals_fresh(janus, ar_tokens):
     csdgen.generate(janus, JANUS_PROMPTS, method="sjd", window=8, tree=(3, 2), sampling=sampling, seed=1, callback=check)
 
 
-def test_emu3_refuses_trees_in_one_line(tmp_path):
-    from test_models_emu3 import HEIGHT, NEGATIVE, WIDTH, build_checkpoint
+@pytest.fixture(scope="module")
+def row_end_models(tmp_path_factory):
+    """Tiny random Emu3 and Lumina-mGPT (Chameleon) checkpoints: families with a row-end token after every image row."""
+    from test_models_chameleon import build_checkpoint as build_chameleon
+    from test_models_emu3 import HEIGHT, NEGATIVE, WIDTH
+    from test_models_emu3 import build_checkpoint as build_emu3
+
+    from csdgen.models.chameleon import ChameleonImageModel
     from csdgen.models.emu3 import Emu3ImageModel
 
-    model = Emu3ImageModel.from_pretrained(build_checkpoint(tmp_path), height=HEIGHT, width=WIDTH, negative_prompt=NEGATIVE)
-    with pytest.raises(ValueError, match="row-end tokens") as error:
-        csdgen.generate(model, ["a cat"], method="sjd", window=4, tree=(2, 1))
-    assert "\n" not in str(error.value)
+    emu3 = Emu3ImageModel.from_pretrained(build_emu3(tmp_path_factory.mktemp("emu3")), height=HEIGHT, width=WIDTH,
+                                          negative_prompt=NEGATIVE, positive_prompt="")
+    lumina = ChameleonImageModel.from_pretrained(build_chameleon(str(tmp_path_factory.mktemp("chameleon"))),
+                                                 layout="lumina", height=12, width=16)
+    return {"emu3": (emu3, ["a red cat", "two dogs on a long sunny beach"]), "lumina": (lumina, [[4, 9, 7, 12, 5], [6, 6, 11]])}
+
+
+@pytest.mark.parametrize("family", ["emu3", "lumina"])
+def test_row_end_families_greedy_tree_equals_ar_and_cache_equals_fresh(row_end_models, family):
+    """Tree branches that cross an image row get their own row-end column (RaggedSession._tree_columns)."""
+    model, prompts = row_end_models[family]
+    greedy = SamplingConfig(temperature=0, guidance_scale=3.0)
+    ar = csdgen.generate(model, prompts, method="ar", sampling=greedy).tokens
+    for tree, window in (((2, 2), 5), ((3, 3), 9), ((2, 1), 13)):
+        out = csdgen.generate(model, prompts, method="sjd", window=window, tree=tree, sampling=greedy, draft_init="uniform")
+        assert torch.equal(out.tokens, ar), tree
+    lengths = []
+
+    def check(info):
+        if info.step > 1:
+            assert_rows_match_fresh(model, prompts, True, info)
+            lengths.extend(info.session.cache_lengths.tolist())
+
+    cols = model.grid[1]
+    out = csdgen.generate(model, prompts, method="sjd", window=7, tree=(3, 2), sampling=SamplingConfig(guidance_scale=3.0),
+                          seed=2, callback=check)
+    assert any(k % cols == 0 and k for k in lengths) and any(k % cols == cols - 1 for k in lengths)
 
 
 def test_acceptance_map_marks_side_branch_tokens(cached_model):
