@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from csdgen.acceptance import CSD
-from csdgen.evaluation.compare import run_method, score_run, to_markdown
+from csdgen.evaluation.compare import score_run, to_markdown
+from csdgen.runs import run_method
 from csdgen.evaluation.quality import QualityScorer
 from csdgen.models.builtin import load_builtin_model
 from csdgen.sampling import SamplingConfig

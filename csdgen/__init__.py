@@ -2,25 +2,43 @@
 
 >>> import csdgen
 >>> result = csdgen.generate(model, [3, 7], method="csd", window=16, seed=0)  # doctest: +SKIP
+>>> csdgen.pil_images(model, result)  # doctest: +SKIP
+
+The public names are imported on first use (PEP 562 ``__getattr__``): ``import csdgen`` and
+``csdgen --help`` do not pay for importing torch.
 """
 
-from .acceptance import CSD, SJD, AcceptanceRule, Addition, JacobiMatch, make_rule
-from .decoding import METHODS, Decision, GenerationResult, ImageStats, generate
-from .sampling import SamplingConfig
+from importlib import import_module
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "generate",
-    "GenerationResult",
-    "ImageStats",
-    "Decision",
-    "METHODS",
-    "SamplingConfig",
-    "AcceptanceRule",
-    "SJD",
-    "CSD",
-    "Addition",
-    "JacobiMatch",
-    "make_rule",
-]
+_LAZY = {
+    "generate": ".decoding",
+    "GenerationResult": ".decoding",
+    "ImageStats": ".decoding",
+    "Decision": ".decoding",
+    "METHODS": ".decoding",
+    "SamplingConfig": ".sampling",
+    "AcceptanceRule": ".acceptance",
+    "SJD": ".acceptance",
+    "CSD": ".acceptance",
+    "Addition": ".acceptance",
+    "JacobiMatch": ".acceptance",
+    "make_rule": ".acceptance",
+    "pil_images": ".runs",
+    "save_run": ".runs",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_LAZY])

@@ -7,7 +7,7 @@ from safetensors.torch import save_file
 
 from csdgen.builtin import CropClassifier, VQConfig, VQTokenizer, build_ar_model
 from csdgen.evaluation.quality import REFERENCE_FILE, reference_feature_states
-from csdgen.evaluation.runs import write_json
+from csdgen.runs import write_json
 
 CLASS_NAMES = ["brick", "coffee", "moon"]
 

@@ -48,7 +48,8 @@ def test_generate_resumes_without_redoing_and_keeps_written_images(weights, tmp_
 
 def test_same_seed_same_images_other_seed_other_images(weights, tmp_path):
     def png(out, seed):
-        assert run("generate", "--weights", weights, "-n", 1, "--out", out, "--class", "coffee", "--seed", seed) == 0
+        assert run("generate", "--weights", weights, "-n", 1, "--out", out, "--class", "coffee", "--seed", seed,
+                   "--window", 8) == 0  # a fixed window: bit-identical images (auto: identical in law)
         return (out / "0000_coffee.png").read_bytes()
 
     assert png(tmp_path / "a", 4) == png(tmp_path / "b", 4) != png(tmp_path / "c", 5)
@@ -148,5 +149,6 @@ def test_resume_refuses_other_classes_or_settings_in_the_same_folder(weights, tm
     assert run("generate", "--weights", weights, "-n", 2, "--batch-size", 2, "--out", out) == 0
     assert run("generate", "--weights", weights, "-n", 2, "--batch-size", 2, "--out", out, "--class", "moon") == 2
     assert "holds image 0 for 'brick', this run asks for 'moon'" in capsys.readouterr().err
-    assert run("generate", "--weights", weights, "-n", 2, "--batch-size", 1, "--out", out) == 2
-    assert "other settings (batch_size)" in capsys.readouterr().err
+    assert run("generate", "--weights", weights, "-n", 2, "--batch-size", 1, "--out", out, "--seed", 3) == 2
+    assert "other settings (seed: 0 there, 3 here)" in capsys.readouterr().err
+    assert run("generate", "--weights", weights, "-n", 2, "--batch-size", 1, "--out", out) == 0  # batch size: resumes

@@ -216,8 +216,9 @@ def test_cli_janus_uses_family_defaults_writes_everything_and_resumes(janus_dir,
     record = json.loads((out / "record.json").read_text())
     s, d = record["settings"], FAMILY_DEFAULTS["janus"]
     assert (s["family"], s["model"], s["checkpoint"], s["dtype"], s["method"]) == ("janus", str(janus_dir), str(janus_dir), "float32", "csd")
-    assert (s["sampling"]["guidance_scale"], s["sampling"]["temperature"], s["sampling"]["top_k"], s["window"]) == (
-        d.guidance_scale, d.temperature, d.top_k, d.window) == (5.0, 1.0, None, 16)
+    assert (s["sampling"]["guidance_scale"], s["sampling"]["temperature"], s["sampling"]["top_k"]) == (
+        d.guidance_scale, d.temperature, d.top_k) == (5.0, 1.0, None)
+    assert s["window"] == "auto"  # as csdgen.generate: window left out -> "auto"
     assert f"lam={d.lam}" in s["rule"] and f"delta={d.delta}" in s["rule"]
     image = record["images"]["2"]
     assert image["prompt"] == "a red dog" and image["tokens"] == 36 and image["steps"] >= 1
@@ -280,7 +281,7 @@ def test_cli_model_errors_are_clear(janus_dir, tmp_path, capsys, extra, message)
 
 def test_cli_model_options_need_model_and_memory_is_checked(janus_dir, tmp_path, capsys, monkeypatch):
     assert run("generate", "--prompt", "a dog", "--out", tmp_path / "o") == 2
-    assert "--prompt need --model" in capsys.readouterr().err
+    assert "--prompt needs --model" in capsys.readouterr().err
     assert run("generate", "--model", tmp_path / "nowhere", "--prompt", "a dog", "--out", tmp_path / "o") == 2
     assert "no such folder" in capsys.readouterr().err
     monkeypatch.setattr(auto, "available_memory", lambda device: 1000)

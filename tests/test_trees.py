@@ -219,7 +219,7 @@ def test_row_end_families_greedy_tree_equals_ar_and_cache_equals_fresh(row_end_m
 def test_acceptance_map_marks_side_branch_tokens(cached_model):
     import numpy as np
 
-    from csdgen.evaluation.maps import SIDE_BRANCH_COLOUR, acceptance_map
+    from csdgen.evaluation.maps import SIDE_BRANCH_COLOUR, TITLE_H, acceptance_map
 
     out = csdgen.generate(cached_model, [0, 3, 4], method="sjd", window=6, tree=(3, 2), seed=3,
                           sampling=SamplingConfig(guidance_scale=2.0))
@@ -228,7 +228,7 @@ def test_acceptance_map_marks_side_branch_tokens(cached_model):
     plain = np.asarray(acceptance_map(image, s.decisions, s.entropy, cached_model.grid, 48, scale=1))
     marked = np.asarray(acceptance_map(image, s.decisions, s.entropy, cached_model.grid, 48, scale=1, side_branch=s.side_branch))
     row, col = divmod(int(s.side_branch.nonzero()[0, 0]), 8)
-    panel = marked[:6, 2 * (8 + 4) :][row, col].astype(int)
-    assert not np.array_equal(plain[:6, 2 * (8 + 4) :][row, col], panel)
+    panel = marked[TITLE_H : TITLE_H + 6, 2 * (8 + 4) :][row, col].astype(int)
+    assert not np.array_equal(plain[TITLE_H : TITLE_H + 6, 2 * (8 + 4) :][row, col], panel)
     grey = (s.entropy[row * 8 + col].item() / np.log(48)) * 255
     assert np.allclose(panel, 0.4 * min(grey, 255) + 0.6 * np.array(SIDE_BRANCH_COLOUR), atol=2)

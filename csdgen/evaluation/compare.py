@@ -1,7 +1,10 @@
 """Compare decoding methods on the same classes and seeds: speed and quality side by side.
 
+The runs themselves (generated batch by batch, cached in the output folder) are
+:func:`csdgen.runs.run_method`; this module names the methods, scores runs and makes tables.
+
 Every method runs the same images (classes and per-batch seeds, see
-:mod:`csdgen.evaluation.runs`). AR is run twice, with two seeds: the gap between the two AR
+`csdgen.runs`). AR is run twice, with two seeds: the gap between the two AR
 rows is the noise floor of every quality score at this image count.
 """
 
@@ -9,19 +12,14 @@ from __future__ import annotations
 
 import csv
 import io
-import json
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from csdgen.acceptance import CSD, GSD, Addition, JacobiMatch, Lantern
+from csdgen.runs import MethodRun
 
-from .runs import generate_batches, write_json
-
-__all__ = ["lantern_preset", "method_presets", "MethodRun", "run_method", "score_run", "table_rows", "to_markdown", "to_csv"]
+__all__ = ["lantern_preset", "method_presets", "score_run", "table_rows", "to_markdown", "to_csv"]
 
 
 def lantern_preset(rule) -> dict[str, Any]:
@@ -31,10 +29,17 @@ def lantern_preset(rule) -> dict[str, Any]:
 
 
 def method_presets(lam: float = 0.5, delta: float = 0.65, addition_c: float = 0.2,
-                   codebook: torch.Tensor | None = None) -> dict[str, dict[str, Any]]:
+                   codebook: torch.Tensor | None = None, *, entropy_unit: str = "nats",
+                   draft_init: str | None = None) -> dict[str, dict[str, Any]]:
     """Named settings for ``generate``: every method csdgen has, the reference ones first.
 
     GSD and LANTERN (official defaults) are included when the model's ``codebook`` ``[V, D]`` is given.
+    ``entropy_unit`` goes to the CSD rules, ``draft_init`` to every method whose rule needs no
+    drafts of its own (GSD and LANTERN run with one-hot drafts, see :func:`lantern_preset`);
+    None: what the rule needs, else uniform.
+
+    Raises:
+        ValueError: a bad lambda, delta, c or entropy unit (from the rules).
     """
     presets = {
         "ar": {"method": "ar"},
@@ -43,56 +48,14 @@ def method_presets(lam: float = 0.5, delta: float = 0.65, addition_c: float = 0.
         "jacobi": {"method": JacobiMatch()},
         "addition": {"method": Addition(c=addition_c)},
         **({} if codebook is None else {"gsd": {"method": GSD(codebook)}, "lantern": lantern_preset(Lantern(codebook))}),
-        "csd": {"method": CSD(lam=lam, delta=delta)},
-        "csd-coupled": {"method": CSD(lam=lam, delta=delta), "refresh": "coupled"},
+        "csd": {"method": CSD(lam=lam, delta=delta, entropy_unit=entropy_unit)},
+        "csd-coupled": {"method": CSD(lam=lam, delta=delta, entropy_unit=entropy_unit), "refresh": "coupled"},
     }
-    return presets
-
-
-@dataclass
-class MethodRun:
-    """Tokens and statistics of one method over all images."""
-
-    name: str
-    tokens: torch.Tensor  #: [M, N] int64
-    steps: list[int]  #: per image
-    compression: list[float]  #: per image
-    accepted: list[float]  #: mean accepted length per image
-    seconds: float  #: total decoding wall time
-    settings: dict
-
-
-def run_method(model, name: str, preset: dict, classes: list, *, seed: int, batch_size: int, window: int,
-               sampling, out_dir: Path, progress: Callable[[int], None] | None = None) -> MethodRun:
-    """Run one method over all images, or load its saved result when the same run is on disk."""
-    key = {"name": name, "seed": seed, "batch_size": batch_size, "window": window, "classes": list(map(str, classes)),
-           "sampling": repr(sampling), "preset": repr(preset)}
-    meta_path, tokens_path = out_dir / f"run_{name}.json", out_dir / f"run_{name}.safetensors"
-    if meta_path.is_file() and tokens_path.is_file():
-        meta = json.loads(meta_path.read_text())
-        if meta["key"] == key:
-            if progress:
-                progress(len(classes))
-            return MethodRun(name, load_file(str(tokens_path))["tokens"], meta["steps"], meta["compression"],
-                             meta["accepted"], meta["seconds"], meta["settings"])
-    tokens, steps, compression, accepted, seconds, settings = [], [], [], [], 0.0, {}
-    for indices, result in generate_batches(model, classes, batch_size=batch_size, seed=seed, window=window,
-                                            sampling=sampling, **preset):
-        tokens.append(result.tokens.cpu())
-        steps += [s.steps for s in result.images]
-        compression += [s.step_compression for s in result.images]
-        accepted += [s.mean_accepted_length for s in result.images]
-        seconds += result.seconds
-        settings = result.settings
-        if progress:
-            progress(len(indices))
-    run = MethodRun(name, torch.cat(tokens), steps, compression, accepted, seconds, settings)
-    tmp = tokens_path.with_name(f".{tokens_path.name}.tmp")
-    save_file({"tokens": run.tokens.contiguous()}, str(tmp))
-    tmp.replace(tokens_path)
-    write_json({"key": key, "steps": steps, "compression": compression, "accepted": accepted, "seconds": seconds,
-                "settings": settings}, meta_path)
-    return run
+    out = {}
+    for name, preset in presets.items():
+        needed = getattr(preset["method"], "draft_init", None)
+        out[name] = {"draft_init": draft_init if needed is None else needed, **preset}
+    return out
 
 
 def score_run(model, scorer, run: MethodRun, classes: list, batch: int = 64) -> tuple[dict[str, float], torch.Tensor]:

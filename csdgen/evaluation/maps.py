@@ -17,7 +17,7 @@ from PIL import Image, ImageDraw
 
 from csdgen.decoding import Decision
 
-__all__ = ["COLOURS", "SIDE_BRANCH_COLOUR", "to_uint8", "acceptance_map", "save_png", "image_grid"]
+__all__ = ["COLOURS", "SIDE_BRANCH_COLOUR", "PANEL_TITLES", "to_uint8", "acceptance_map", "save_png", "image_grid"]
 
 COLOURS = {
     Decision.SAMPLED: (60, 110, 230),  # blue: plain or bonus sample
@@ -25,8 +25,6 @@ COLOURS = {
     Decision.RELAXED: (250, 170, 20),  # orange: accepted only through the relaxation
     Decision.RESAMPLED: (220, 40, 40),  # red: rejected, resampled from the residual
 }
-#: purple: a draft accepted from a side branch of a draft tree (``ImageStats.side_branch``)
-SIDE_BRANCH_COLOUR = (150, 60, 200)
 
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:
@@ -34,9 +32,23 @@ def to_uint8(images: torch.Tensor) -> np.ndarray:
     return ((images.detach().float().clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 1).cpu().numpy()
 
 
+#: purple: a draft accepted from a side branch of a draft tree (``ImageStats.side_branch``)
+SIDE_BRANCH_COLOUR = (150, 60, 200)
+
+#: titles of the three panels of an acceptance map
+PANEL_TITLES = ("image", "target entropy (nats)", "decisions over entropy")
+TITLE_H = 14  #: pixels of the title strip above the panels
+LEGEND_H = 28  #: pixels of the two legend rows below them (decision colours; entropy scale)
+
+
 def acceptance_map(image: np.ndarray, decisions: torch.Tensor, entropy: torch.Tensor, grid: tuple[int, int],
                    vocab_size: int, scale: int = 2, side_branch: torch.Tensor | None = None) -> Image.Image:
-    """Three panels side by side: the image, the target entropy, the decisions over the entropy.
+    """Three titled panels side by side: the image, the target entropy, the decisions over the entropy.
+
+    The entropy panel is a grey level from black (0 nats) to white (``ln V`` nats, the entropy
+    of the uniform distribution over the codebook); a grey bar under it, labelled with both
+    ends, is the scale. The decisions panel blends each decision's colour (:data:`COLOURS`)
+    over that grey; the first legend row names the colours.
 
     Args:
         image: ``[H, W, 3]`` uint8.
@@ -46,12 +58,13 @@ def acceptance_map(image: np.ndarray, decisions: torch.Tensor, entropy: torch.Te
         vocab_size: V, to scale the entropy by ``ln V``.
         scale: upscaling factor of the image.
         side_branch: ``[N]`` bool (``ImageStats.side_branch`` of a run with a draft tree): those
-            tokens are drawn in purple, "side branch" in the legend; None: no such colour.
+            tokens are drawn in purple (:data:`SIDE_BRANCH_COLOUR`), "side branch" in the legend.
 
     Returns:
-        An RGB ``PIL.Image`` of three panels and a legend line.
+        An RGB ``PIL.Image`` of size ``(3 * W * scale + 8, TITLE_H + H * scale + LEGEND_H)``.
     """
     H, W = image.shape[0] * scale, image.shape[1] * scale
+    top = TITLE_H
     grey = (entropy.float().reshape(grid) / math.log(vocab_size)).clamp(0, 1).numpy()
     grey_rgb = np.repeat((grey * 255).astype(np.uint8)[..., None], 3, axis=-1)
     colours = np.zeros((*grid, 3), dtype=np.uint8)
@@ -66,16 +79,22 @@ def acceptance_map(image: np.ndarray, decisions: torch.Tensor, entropy: torch.Te
     panels = [Image.fromarray(image).resize((W, H), Image.NEAREST)] + [
         Image.fromarray(a).resize((W, H), Image.NEAREST) for a in (grey_rgb, blend)
     ]
-    legend_h = 14
-    canvas = Image.new("RGB", (3 * W + 8, H + legend_h), "white")
-    for i, panel in enumerate(panels):
-        canvas.paste(panel, (i * (W + 4), 0))
+    canvas = Image.new("RGB", (3 * W + 8, top + H + LEGEND_H), "white")
     draw = ImageDraw.Draw(canvas)
-    x = 2
+    for i, (panel, title) in enumerate(zip(panels, PANEL_TITLES)):
+        canvas.paste(panel, (i * (W + 4), top))
+        draw.text((i * (W + 4) + 2, 1), title, fill="black")
+    x, y = 2, top + H + 3
     for name, colour in legend:
-        draw.rectangle([x, H + 3, x + 8, H + 11], fill=colour)
-        draw.text((x + 11, H + 1), name, fill="black")
+        draw.rectangle([x, y, x + 8, y + 8], fill=colour)
+        draw.text((x + 11, y - 2), name, fill="black")
         x += 11 + 7 * len(name) + 8
+    # entropy scale under the entropy panel: 0 .. ln V nats
+    y, x0 = top + H + 17, W + 4
+    ramp = np.repeat(np.linspace(0, 255, W).astype(np.uint8)[None, :], 6, axis=0)
+    canvas.paste(Image.fromarray(np.repeat(ramp[..., None], 3, axis=-1)), (x0, y))
+    draw.text((x0 - 8, y - 3), "0", fill="black")
+    draw.text((x0 + W + 6, y - 3), f"{math.log(vocab_size):.2f} nats = ln V", fill="black")
     return canvas
 
 

@@ -2,22 +2,22 @@
 
 A sweep is a list of :class:`Setting` (a method, the value of its parameter, a window and a
 drafting scheme); each runs on the same classes and seeds as every other (see
-:mod:`csdgen.evaluation.runs`) and becomes one table row. :func:`frontier_plot` draws step
+:mod:`csdgen.runs`) and becomes one table row. :func:`frontier_plot` draws step
 compression against each quality score with one curve per method.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch and the rules are imported where used: the CLI reads SweepGrid without them
+    import torch
 
-from csdgen.acceptance import CSD, GSD, Addition, Lantern
+__all__ = ["BASELINES", "SweepGrid", "Setting", "settings", "frontier_plot"]
 
-from .compare import lantern_preset
-
-__all__ = ["SweepGrid", "Setting", "settings", "frontier_plot"]
+#: the methods a sweep can run without a parameter
+BASELINES = ("ar", "sjd", "sjd-coupled")
 
 
 @dataclass
@@ -47,13 +47,18 @@ class Setting:
     preset: dict  #: keyword arguments of ``csdgen.generate`` besides window/sampling/seed
 
 
-def _methods(grid: SweepGrid, codebook: torch.Tensor | None) -> list[tuple[str, str, Any, dict]]:
+def _methods(grid: SweepGrid, codebook: torch.Tensor | None, entropy_unit: str) -> list[tuple[str, str, Any, dict]]:
+    from csdgen.acceptance import CSD, GSD, Addition, Lantern
+
+    from .compare import lantern_preset
+
     out: list[tuple[str, str, Any, dict]] = []
     baselines = {"sjd": {"method": "sjd"}, "sjd-coupled": {"method": "sjd", "refresh": "coupled"}}
-    out += [(b, "", "", baselines[b]) for b in grid.baselines if b in baselines]
+    out += [(b, "", "", baselines[b]) for b in grid.baselines if b != "ar"]
     for delta in grid.csd_delta:
         label = "csd" if len(grid.csd_delta) == 1 else f"csd (delta {delta})"
-        out += [(label, "lam", lam, {"method": CSD(lam=lam, delta=delta)}) for lam in grid.csd_lam]
+        out += [(label, "lam", lam, {"method": CSD(lam=lam, delta=delta, entropy_unit=entropy_unit)})
+                for lam in grid.csd_lam]
     out += [("addition", "c", c, {"method": Addition(c=c)}) for c in grid.addition_c]
     if codebook is not None:
         out += [("gsd", "radius", r, {"method": GSD(codebook, radius=r)}) for r in grid.gsd_radius]
@@ -61,12 +66,21 @@ def _methods(grid: SweepGrid, codebook: torch.Tensor | None) -> list[tuple[str, 
     return out
 
 
-def settings(grid: SweepGrid, codebook: torch.Tensor | None = None) -> list[Setting]:
-    """Every setting of the grid (AR once, at window 1); GSD and LANTERN only with a codebook ``[V, D]``."""
+def settings(grid: SweepGrid, codebook: torch.Tensor | None = None, entropy_unit: str = "nats") -> list[Setting]:
+    """Every setting of the grid (AR once, at window 1); GSD and LANTERN only with a codebook ``[V, D]``.
+
+    ``entropy_unit`` goes to every CSD rule.
+
+    Raises:
+        ValueError: an unknown baseline name, or a bad parameter value (from the rules).
+    """
+    unknown = [b for b in grid.baselines if b not in BASELINES]
+    if unknown:
+        raise ValueError(f"unknown baselines {', '.join(map(repr, unknown))}; allowed: {', '.join(BASELINES)}")
     points = [Setting("ar", "ar", "", "", 1, "uniform", {"method": "ar"})] if "ar" in grid.baselines else []
     for window in grid.windows:
         for init in grid.draft_inits:
-            for method, parameter, value, preset in _methods(grid, codebook):
+            for method, parameter, value, preset in _methods(grid, codebook, entropy_unit):
                 tag = f"{method.split(' ')[0]}{'_' + parameter + str(value) if parameter else ''}"
                 if method.startswith("csd ("):
                     tag += f"_delta{preset['method'].delta}"

@@ -1,0 +1,53 @@
+"""The ``csdgen`` command: a package of thin commands over :mod:`csdgen.runs`.
+
+One module per command (``generate``, ``compare``, ``sweep``), each with ``add_parser(sub)``
+(its own options and defaults) and ``run(args)``; shared options in :mod:`._options`, shared
+start-up steps in :mod:`._common`. Heavy modules (torch, transformers, the models) are imported
+inside ``run``, so ``csdgen --help`` and usage errors return at once.
+
+Only this package prints. Errors a user can fix end the command with exit status 2 and one
+line naming the bad value and what is allowed; Ctrl-C ends it with status 130 and one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import compare, generate, sweep
+
+__all__ = ["COMMANDS", "build_parser", "main"]
+
+#: command name -> module with ``add_parser`` and ``run``
+COMMANDS = {"generate": generate, "compare": compare, "sweep": sweep}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="csdgen", allow_abbrev=False, description="Fast AR image generation with content-aware "
+                                     "speculative decoding (CSD). Run `csdgen COMMAND --help` for a command's options.")
+    from csdgen import __version__
+
+    parser.add_argument("--version", action="version", version=f"csdgen {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in COMMANDS.values():
+        module.add_parser(sub)
+    return parser
+
+
+def _error(message: str) -> None:
+    # progress bars are closed (``with``) before an error reaches here, so the line is free
+    sys.stderr.write(f"csdgen: {message}\n")
+    sys.stderr.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``csdgen`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    try:
+        args = build_parser().parse_args(argv)
+        return args.run(args)
+    except (ValueError, OSError) as exc:
+        _error(f"error: {exc}")
+        return 2
+    except KeyboardInterrupt:
+        _error("interrupted; images already written are kept, rerun the same command to resume")
+        return 130

@@ -1,0 +1,134 @@
+"""What the commands do before running: output folder, the built-in model, defaults, notes.
+
+Heavy modules (torch, the models) are imported inside the functions: only a command that runs
+pays for them.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+SAMPLING_KEYS = ("guidance_scale", "temperature", "top_k", "top_p", "lam", "delta")
+
+
+def note(message: str) -> None:
+    """A one-line note on stderr (``csdgen: note: ...``)."""
+    print(f"csdgen: note: {message}", file=sys.stderr, flush=True)
+
+
+def writable(folder: Path) -> Path:
+    """Create ``folder`` and check that files can be written there.
+
+    Raises:
+        ValueError: naming the folder and the reason.
+    """
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".csdgen-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"output folder {str(folder)!r} is not writable ({exc.strerror}); choose another with --out") from None
+    return folder
+
+
+def model_defaults(model, family: str) -> dict:
+    """The defaults the model carries (``model.defaults``), else the family's table entry, as a dict."""
+    from dataclasses import asdict
+
+    from csdgen.models.defaults import FAMILY_DEFAULTS
+
+    defaults = getattr(model, "defaults", None) or FAMILY_DEFAULTS[family]
+    return asdict(defaults)
+
+
+def fill_defaults(args, defaults: dict, keys=SAMPLING_KEYS) -> None:
+    """Set every option in ``keys`` the user left out from ``defaults``; ``--top-k 0`` -> None."""
+    for key in keys:
+        if getattr(args, key, None) is None:
+            setattr(args, key, defaults[key])
+    if getattr(args, "top_k", None) == 0:
+        args.top_k = None
+
+
+def sampling_of(args):
+    """The run's :class:`csdgen.SamplingConfig` (validated)."""
+    from csdgen.sampling import SamplingConfig
+
+    return SamplingConfig(guidance_scale=args.guidance_scale, temperature=args.temperature, top_k=args.top_k,
+                          top_p=args.top_p)
+
+
+def clamp_window(window: int | str, num_tokens: int) -> int | str:
+    """``window`` capped at the image length, with a note when it was larger (``"auto"`` as is)."""
+    if window != "auto" and window > num_tokens:
+        note(f"--window {window} is longer than the image ({num_tokens} tokens): using {num_tokens}")
+        return num_tokens
+    return window
+
+
+def canonical_classes(given: list[str], class_names: list[str]) -> list[str]:
+    """Class names in any case -> the model's spelling; indices and unknown names pass through."""
+    lower = {name.lower(): name for name in class_names}
+    return [lower.get(c.lower(), c) for c in given]
+
+
+def default_window(args, defaults: dict, fixed: bool) -> None:
+    """``--window`` left out: ``"auto"`` (as :func:`csdgen.generate`), or with ``fixed`` the model's
+    measured window (compare: bit-reproducible tables)."""
+    if getattr(args, "window", None) is None:
+        args.window = defaults["window"] if fixed else "auto"
+
+
+def builtin_model(args, fixed_window: bool = False):
+    """Load the built-in model on ``--device`` (default cpu), with its defaults filled into ``args``.
+
+    Returns:
+        ``(model, classes)``: the model and one class index per image (``-n`` images, default 8,
+        taking ``--class`` or else every class in turn).
+
+    Raises:
+        ValueError: unknown class (listing the known ones), bad sampling settings, no CUDA.
+        FileNotFoundError: no built-in weights.
+    """
+    import torch
+
+    from csdgen.models.builtin import load_builtin_model
+
+    device = args.device or "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is visible here; use --device cpu")
+    if args.weights is not None:
+        config = Path(args.weights) / "config.json"
+        if config.exists():
+            from csdgen.runs import read_json
+
+            read_json(config, what="the built-in model's config")  # a clear line for a malformed file
+    model = load_builtin_model(args.weights)
+    if torch.device(device) != torch.device(model.device):
+        for module in (model.components.ar, model.components.vq, model.components.classifier):
+            module.to(device)
+        model.device = torch.device(device)
+    defaults = model_defaults(model, "builtin")
+    fill_defaults(args, defaults)
+    default_window(args, defaults, fixed_window)
+    names = canonical_classes(args.classes, model.class_names) if args.classes else model.class_names
+    ids = model.class_ids(names)  # raises on an unknown class
+    count = args.num_images or 8
+    args.window = clamp_window(args.window, model.num_image_tokens)
+    return model, [ids[i % len(ids)] for i in range(count)]
+
+
+def cap_builtin_batch(args, model, window: int, guided: bool, num_images: int) -> int:
+    """``--batch-size`` lowered to the number of images and to what memory allows (with a note)."""
+    from csdgen.models.auto import available_memory
+    from csdgen.runs import builtin_batch_limit
+
+    limit = builtin_batch_limit(model, window, guided, available_memory(model.device))
+    batch = min(args.batch_size, num_images)
+    if batch > limit:
+        note(f"--batch-size {args.batch_size}: about {limit} images fit in half the free memory of "
+             f"{model.device.type}; using batches of {limit}")
+        batch = limit
+    return batch

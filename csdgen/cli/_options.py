@@ -1,0 +1,172 @@
+"""Options the commands share: argument types, option groups, and what ``--help`` shows.
+
+Nothing here imports torch or transformers: building the parser, ``--help`` and usage errors
+stay fast. The choice lists below equal the engine's (``csdgen.decoding.METHODS``,
+``csdgen.drafting.DRAFT_INITS`` / ``REFRESH_MODES``; a test checks it), and the defaults shown
+in ``--help`` are read from ``csdgen/models/defaults.py`` and the shipped built-in
+``config.json`` without importing the package's model code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+METHODS = ("ar", "sjd", "csd", "addition", "jacobi", "gsd", "lantern")
+DRAFT_INITS = ("uniform", "onehot", "repeat-horizontal", "repeat-vertical")
+REFRESH_MODES = ("independent", "coupled")
+ENTROPY_UNITS = ("nats", "normalized")
+DEVICES = ("cpu", "cuda")
+
+_PACKAGE = Path(__file__).resolve().parents[1]
+BUILTIN_CONFIG = _PACKAGE / "builtin" / "weights" / "config.json"
+
+
+def builtin_class_names() -> list[str]:
+    """Class names of the shipped built-in model (read from its config.json; [] if absent)."""
+    try:
+        return list(json.loads(BUILTIN_CONFIG.read_text())["class_names"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def family_defaults(family: str):
+    """``FAMILY_DEFAULTS[family]`` without importing torch (loads ``csdgen/models/defaults.py`` alone)."""
+    module = sys.modules.get("csdgen.models.defaults")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("_csdgen_help_defaults", _PACKAGE / "models" / "defaults.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up while building the class
+        spec.loader.exec_module(module)
+    return module.FAMILY_DEFAULTS[family]
+
+
+# ---- argument types (their names appear in argparse's messages, so each raises its own line) ----
+
+def count(minimum: int = 1, what: str = ""):
+    """An integer >= ``minimum`` (``what`` says why, e.g. for compare's -n >= 2)."""
+    def integer(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= {minimum}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value}: must be an integer >= {minimum}{what}")
+        return value
+    integer.__name__ = "integer"
+    return integer
+
+
+def window(text: str) -> int | str:
+    """``--window``: an integer >= 1, or "auto" (the engine picks each iteration's width from measured times)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    return count()(text)
+
+
+def number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number") from None
+
+
+def top_k(text: str) -> int:
+    """``--top-k``: an integer >= 1, or 0 / "none" for no top-k (kept as 0 until defaults are filled)."""
+    if text.strip().lower() == "none":
+        return 0
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 1, or 0 / none for no top-k") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value}: expected an integer >= 1, or 0 / none for no top-k")
+    return value
+
+
+def names(text: str) -> list[str]:
+    """Comma-separated names (empty items dropped)."""
+    return [c.strip() for c in text.split(",") if c.strip()]
+
+
+def names_of(allowed: tuple[str, ...] | list[str], what: str):
+    """Comma-separated names, each one of ``allowed`` (an empty string = none)."""
+    def parse(text: str) -> list[str]:
+        values = names(text)
+        bad = [v for v in values if v not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(map(repr, bad))}; allowed: {', '.join(allowed)}")
+        return values
+    parse.__name__ = what.replace(" ", "_")
+    return parse
+
+
+def numbers(kind):
+    """Comma-separated numbers of ``kind`` (an empty string = none)."""
+    def parse(text: str) -> list:
+        try:
+            return [kind(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated {kind.__name__} values") from None
+    parse.__name__ = f"{kind.__name__}_list"
+    return parse
+
+
+# ---- option groups ----
+
+def add_builtin_model(p: argparse.ArgumentParser, *, n_default: str, batch_default: int, out_default: str,
+                      n_minimum: int = 1, checkpoints: bool = False) -> None:
+    """The built-in model, its classes, the image count, seed, batch size, device and output folder."""
+    classes = builtin_class_names()
+    listed = f" ({', '.join(classes)}; any case)" if classes else ""
+    p.add_argument("--weights", type=Path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
+    p.add_argument("--class", dest="classes", type=names, action="extend", default=None, metavar="NAMES",
+                   help=f"built-in class names or indices, comma-separated or repeated, taken in turn "
+                        f"(default: every class in turn){listed}")
+    why = " (the Frechet distance compares sets of images)" if n_minimum > 1 else ""
+    p.add_argument("-n", "--num-images", type=count(n_minimum, why), default=None, metavar="N",
+                   help=f"number of images (default {n_default})")
+    p.add_argument("--seed", type=int, default=0, help="run seed (default 0)")
+    p.add_argument("--batch-size", type=count(), default=batch_default, metavar="B",
+                   help=f"images per batch (default {batch_default}; lowered to what memory allows)")
+    p.add_argument("--device", choices=DEVICES, default=None,
+                   help="default cpu" + ("; with --model cuda when available" if checkpoints else ""))
+    p.add_argument("--out", type=Path, default=Path(out_default), help=f"output folder (default ./{out_default})")
+
+
+def add_sampling(p: argparse.ArgumentParser, *, family_note: bool = False) -> None:
+    """Guidance scale, temperature, top-k, top-p and CSD's entropy unit (defaults: the model's)."""
+    d = family_defaults("builtin")
+    also = "; with --model the family's" if family_note else ""
+    p.add_argument("--guidance-scale", type=number, default=None, metavar="S",
+                   help=f"classifier-free guidance scale (default: the model's; built-in {d.guidance_scale:g}{also})")
+    p.add_argument("--temperature", type=number, default=None, metavar="T",
+                   help=f"0 = greedy (default: the model's; built-in {d.temperature:g}{also})")
+    p.add_argument("--top-k", type=top_k, default=None, metavar="K",
+                   help=f"0 or none = no top-k (default: the model's; built-in "
+                        f"{'none' if d.top_k is None else d.top_k}{also})")
+    p.add_argument("--top-p", type=number, default=None, metavar="P",
+                   help=f"nucleus mass (default: the model's; built-in {'none' if d.top_p is None else d.top_p}{also})")
+    p.add_argument("--entropy-unit", choices=ENTROPY_UNITS, default="nats",
+                   help="CSD's entropy: nats (the paper's) or normalized by ln V (default nats)")
+
+
+def add_method_options(p: argparse.ArgumentParser, *, family_note: bool = False, fixed_window: bool = False) -> None:
+    """Window, CSD lambda and delta, Addition's c and the draft initialisation of one run."""
+    d = family_defaults("builtin")
+    also = "; with --model the family's" if family_note else ""
+    default = (f"default {d.window}, the built-in model's measured window" if fixed_window else
+               "default auto: the engine picks 1..32 per iteration from measured times, so images are "
+               "reproducible in distribution only; a fixed W gives the same images for any --batch-size")
+    p.add_argument("--window", type=window, default=None, metavar="W",
+                   help=f"Jacobi window: draft tokens verified per forward (clamped to the image length), or auto "
+                        f"({default})")
+    p.add_argument("--lam", type=number, default=None, help=f"CSD lambda (default: the model's; built-in {d.lam:g}{also})")
+    p.add_argument("--delta", type=number, default=None,
+                   help=f"CSD total-variation threshold (default: the model's; built-in {d.delta:g}{also})")
+    p.add_argument("--addition-c", type=number, default=0.2, metavar="C", help="constant of the Addition rule (default 0.2)")
+    p.add_argument("--draft-init", choices=DRAFT_INITS, default=None,
+                   help="draft initialisation (default: what the method needs, else uniform, the CSD reference)")

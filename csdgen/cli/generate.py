@@ -1,0 +1,213 @@
+"""``csdgen generate``: images with CSD (or another method) on the built-in model or a checkpoint.
+
+Writes into ``--out``: ``NNNN_<class or prompt>.png`` per image (the built-in model's 64 x 64
+images upscaled x2 by nearest neighbour to 128 x 128; checkpoints at their own size),
+``NNNN_<...>_map.png`` (acceptance map, unless ``--no-maps``) and ``record.json``
+(:mod:`csdgen.runs`), batch by batch; the same command again resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from . import _options as opt
+from ._common import (builtin_model, cap_builtin_batch, clamp_window, default_window, fill_defaults, model_defaults,
+                      sampling_of, writable)
+
+#: options of ``--model`` only (the built-in model refuses them)
+MODEL_ONLY = ("prompts", "prompts_file", "layout", "height", "width", "image_size", "negative_prompt", "positive_prompt",
+              "prompt_template", "dtype")
+#: printed once when --temperature 0 is given with --model
+GREEDY_WARNING = ("csdgen: warning: --temperature 0 is greedy decoding, known to give flat or black images on these "
+                  "models; use it for checks (greedy equivalence), sample with the family's temperature for pictures")
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("generate", allow_abbrev=False, help="generate images (default: CSD on the built-in model)",
+                       description="Generate images with CSD (or another method) on the built-in model (--class) "
+                                   "or a Janus, Emu3 or Chameleon-format checkpoint (--model, --prompt). Writes "
+                                   "NNNN_<class>.png (built-in: 128 x 128, its 64 x 64 images upscaled x2 by nearest "
+                                   "neighbour), NNNN_<class>_map.png and record.json into --out; rerun to resume.")
+    opt.add_builtin_model(p, n_default="8; with --model one per prompt", batch_default=8, out_default="outputs",
+                          checkpoints=True)
+    p.add_argument("--method", choices=opt.METHODS, default="csd", help="decoding method (default csd)")
+    opt.add_method_options(p, family_note=True)
+    p.add_argument("--refresh", choices=opt.REFRESH_MODES, default="independent",
+                   help="refresh of pending drafts (default independent; coupled = maximal coupling)")
+    opt.add_sampling(p, family_note=True)
+    p.add_argument("--no-maps", action="store_true", help="do not write acceptance maps")
+    g = p.add_argument_group("checkpoints (--model)")
+    g.add_argument("--model", default=None, help="checkpoint folder or Hugging Face repo id in the local cache (no download)")
+    g.add_argument("--prompt", dest="prompts", action="append", default=None, help="text prompt (repeatable)")
+    g.add_argument("--prompts-file", type=Path, default=None, help="text file, one prompt per line")
+    g.add_argument("--layout", choices=["lumina", "anole"], default=None, help="Chameleon checkpoints (default: guessed)")
+    g.add_argument("--height", type=opt.count(), default=None, help="image height in pixels (default: the family's)")
+    g.add_argument("--width", type=opt.count(), default=None, help="image width in pixels (default: the family's)")
+    g.add_argument("--image-size", type=opt.count(), default=None, help="square image side in pixels")
+    g.add_argument("--negative-prompt", default=None, help="Emu3: prompt of the unconditional rows (default Emu3's own)")
+    g.add_argument("--positive-prompt", default=None,
+                   help="Emu3: text appended to every prompt (default Emu3's ' masterpiece, film grained, best quality.'; "
+                        "'' = off)")
+    g.add_argument("--prompt-template", default=None,
+                   help="template for each prompt with {prompt}, {width}, {height} (default: the family's, docs/models.md)")
+    g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="default bfloat16 on cuda, float32 on cpu")
+    p.set_defaults(run=run)
+    return p
+
+
+def _rule(args):
+    from csdgen.acceptance import make_rule
+
+    csd = make_rule("csd", lam=args.lam, delta=args.delta, entropy_unit=args.entropy_unit)  # validates early
+    return {"csd": csd, "addition": make_rule("addition", c=args.addition_c)}.get(args.method, args.method)
+
+
+def _generate_kwargs(args, rule, sampling) -> dict:
+    return {"method": rule, "window": args.window, "sampling": sampling, "draft_init": args.draft_init,
+            "refresh": args.refresh}
+
+
+def _run_settings(args, rule, sampling) -> dict:
+    """What determines the images (compared on resume). Not the batch size: image i draws from its own
+    random stream keyed by (seed, i), so a rerun with another --batch-size resumes the same images."""
+    return {"method": args.method, "rule": repr(rule), "window": args.window, "seed": args.seed,
+            "draft_init": args.draft_init, "refresh": args.refresh, "sampling": asdict(sampling)}
+
+
+def builtin_job(args):
+    """The run plan of the built-in model (``--class``) and its batch size."""
+    from csdgen.runs import RunPlan
+
+    given = ["--" + {"prompts": "prompt"}.get(k, k).replace("_", "-") for k in MODEL_ONLY if getattr(args, k) is not None]
+    if given:
+        verb = "needs" if len(given) == 1 else "need"
+        raise ValueError(f"{', '.join(given)} {verb} --model (a Janus, Emu3 or Chameleon checkpoint); "
+                         f"the built-in model takes --class")
+    model, classes = builtin_model(args)
+    sampling = sampling_of(args)
+    rule = _rule(args)
+    from csdgen.decoding import AUTO_MAX_WINDOW
+
+    widest = 1 if args.method == "ar" else AUTO_MAX_WINDOW if args.window == "auto" else args.window
+    batch_size = cap_builtin_batch(args, model, widest, sampling.guided, len(classes))
+    weights = "shipped" if args.weights is None else str(args.weights)
+    settings = {"model": "builtin", "weights": weights, **_run_settings(args, rule, sampling)}
+    labels = [{"class": model.class_names[c]} for c in classes]
+    names = [f"{i:04d}_{label['class']}" for i, label in enumerate(labels)]
+    return RunPlan(model, classes, names, labels, settings, _generate_kwargs(args, rule, sampling), scale=2), batch_size
+
+
+def _read_prompts(args) -> list[str]:
+    prompts = [p for p in args.prompts or [] if p.strip()]
+    if args.prompts_file is not None:
+        if not args.prompts_file.is_file():
+            raise FileNotFoundError(f"--prompts-file {str(args.prompts_file)!r} does not exist")
+        prompts += [line.strip() for line in args.prompts_file.read_text().splitlines() if line.strip()]
+    if not prompts:
+        raise ValueError("--model needs prompts: give --prompt \"...\" (repeatable) or --prompts-file FILE (one per line)")
+    return prompts
+
+
+def _checkpoint_folder(name: str) -> Path:
+    """``--model`` -> its folder, with a checked ``config.json`` (one clear line for what is wrong)."""
+    from csdgen.models.auto import resolve_checkpoint
+    from csdgen.runs import read_json
+
+    folder = Path(name).expanduser()
+    if not folder.exists():
+        try:
+            folder = resolve_checkpoint(name)
+        except FileNotFoundError:
+            from huggingface_hub import constants
+
+            raise FileNotFoundError(
+                f"--model {name!r}: no such folder, and no Hugging Face repo of that id in the local cache "
+                f"{constants.HF_HUB_CACHE} (csdgen never downloads). Download it on a machine with network "
+                f"(e.g. `hf download <repo id> --local-dir DIR`), copy DIR here and pass --model DIR") from None
+    if folder.is_dir() and (folder / "config.json").exists():
+        config = read_json(folder / "config.json", what="a transformers model config")
+        if config.get("model_type") == "multi_modality":
+            raise ValueError(
+                f"{str(folder / 'config.json')!r} is DeepSeek's original Janus format (model_type 'multi_modality'); "
+                f"csdgen loads the transformers-format copy (model_type 'janus', e.g. the "
+                f"deepseek-community/Janus-Pro-7B repo): download that and pass its folder to --model")
+    return folder
+
+
+def model_job(args):
+    """The run plan of a checkpoint (``--model``) and its batch size."""
+    from csdgen.decoding import AUTO_MAX_WINDOW
+    from csdgen.models.auto import default_device, default_dtype, family_of, load_model
+    from csdgen.runs import RunPlan, slug
+
+    if args.classes:
+        raise ValueError("--class is for the built-in model; with --model give --prompt or --prompts-file")
+    if args.weights is not None:
+        raise ValueError("--weights is for the built-in model; with --model the checkpoint folder holds the weights")
+    prompts = _read_prompts(args)
+    folder = _checkpoint_folder(args.model)
+    family = family_of(folder, args.layout, args.model)
+    from csdgen.models.defaults import FAMILY_DEFAULTS
+
+    fill_defaults(args, asdict(FAMILY_DEFAULTS[family]))
+    default_window(args, asdict(FAMILY_DEFAULTS[family]), fixed=False)
+    sampling = sampling_of(args)
+    if args.temperature == 0:
+        print(GREEDY_WARNING, file=sys.stderr)
+    rule = _rule(args)
+    conditions = [prompts[i % len(prompts)] for i in range(args.num_images or len(prompts))]
+    batch_size = min(args.batch_size, len(conditions))
+    device = args.device or default_device()
+    dtype = args.dtype or str(default_dtype(device)).removeprefix("torch.")
+    model = load_model(args.model, dtype=dtype, device=device, layout=args.layout, height=args.height,
+                       width=args.width, image_size=args.image_size, batch_size=batch_size,
+                       window=AUTO_MAX_WINDOW if args.window == "auto" else args.window, guided=sampling.guided,
+                       negative_prompt=args.negative_prompt,
+                       positive_prompt=args.positive_prompt, prompts=prompts,
+                       prompt_template=args.prompt_template)  # sizes, prompt lengths and memory checked first
+    if getattr(model, "vqgan", True) is None:  # a Chameleon checkpoint without Chameleon's VQGAN files
+        raise ValueError(f"{str(args.model)!r} has no image decoder: copy Chameleon's vqgan.yaml and vqgan.ckpt "
+                         f"(its tokenizer/ folder) into {str(folder)!r} or {str(folder / 'tokenizer')!r}")
+    fill_defaults(args, model_defaults(model, family))  # no-op today: the model's own defaults where it carries them
+    args.window = clamp_window(args.window, model.num_image_tokens)
+    settings = {"model": str(args.model), "checkpoint": str(folder), "family": family, "dtype": dtype, "device": device,
+                "grid": list(model.grid), "prompts": prompts, "negative_prompt": args.negative_prompt,
+                "positive_prompt": args.positive_prompt, "prompt_template": args.prompt_template,
+                **_run_settings(args, rule, sampling)}
+    labels = [{"prompt": p} for p in conditions]
+    names = [f"{i:04d}_{slug(p, empty='prompt')}" for i, p in enumerate(conditions)]
+    return RunPlan(model, conditions, names, labels, settings, _generate_kwargs(args, rule, sampling), scale=1), batch_size
+
+
+def run(args) -> int:
+    from contextlib import ExitStack
+
+    from tqdm import tqdm
+
+    from csdgen.runs import run_plan
+
+    plan, batch_size = model_job(args) if args.model is not None else builtin_job(args)
+    out = writable(args.out)
+    N = plan.model.num_image_tokens
+    state = {"done": 0, "bar": None}
+    with ExitStack() as stack:
+        def start(todo: int) -> None:  # the folder's record is checked: errors so far came before any bar
+            state["bar"] = stack.enter_context(tqdm(total=todo * N, unit="tok", desc=f"{args.method} W={args.window}",
+                                                    leave=False, disable=None))
+
+        def progress(info) -> None:
+            done = int(info.committed.sum())
+            state["bar"].update(done - state["done"])
+            state["done"] = done
+
+        def next_batch(indices) -> None:
+            state["done"] = 0
+
+        summary = run_plan(plan, out, batch_size=batch_size, seed=args.seed, maps=not args.no_maps, callback=progress,
+                           on_start=start, on_batch=next_batch)
+    print(summary.line())
+    return 0

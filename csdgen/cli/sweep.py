@@ -1,0 +1,83 @@
+"""``csdgen sweep``: every method over its relaxation parameter on the built-in model, and the frontier plot.
+
+Writes into ``--out`` (default ``./sweep``): ``sweep.md``, ``sweep.csv``, ``sweep.json`` (one
+row per setting: step compression, mean accepted length, latency, class consistency, Frechet
+distance, NLL), ``frontier.png`` (step compression against each quality score, one curve per
+method) and per setting ``run_<setting>.json`` + ``run_<setting>.safetensors`` (cached runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from csdgen.evaluation.sweep import BASELINES, SweepGrid
+
+from . import _options as opt
+from ._common import builtin_model, sampling_of, writable
+
+_GRIDS = (("csd_lam", float, "CSD lambda values"), ("csd_delta", float, "CSD delta values (one curve each)"),
+          ("addition_c", float, "Addition c values"), ("gsd_radius", int, "GSD radii"),
+          ("lantern_delta", float, "LANTERN delta values"), ("windows", int, "windows (every method runs at each)"))
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("sweep", allow_abbrev=False, help="every method over its parameter: table and speed-quality frontier plot",
+                       description="Run every method over its relaxation parameter on the same classes and seeds "
+                                   "of the built-in model; writes sweep.md, sweep.csv, sweep.json, frontier.png and "
+                                   "one cached run_<setting>.json/.safetensors per setting into --out.")
+    opt.add_builtin_model(p, n_default="64", batch_default=16, out_default="sweep", n_minimum=2)
+    p.set_defaults(num_images=64)
+    grid = SweepGrid()
+    for name, kind, what in _GRIDS:
+        default = getattr(grid, name)
+        p.add_argument("--" + name.replace("_", "-"), type=opt.numbers(kind), default=default, metavar="LIST",
+                       help=f"{what}, comma-separated (default {','.join(map(str, default))}; empty string = none)")
+    p.add_argument("--draft-inits", type=opt.names_of(opt.DRAFT_INITS, "draft initialisation"), default=grid.draft_inits,
+                   metavar="LIST", help=f"comma-separated, of {','.join(opt.DRAFT_INITS)} (default "
+                                        f"{','.join(grid.draft_inits)}; LANTERN always uses onehot)")
+    p.add_argument("--baselines", type=opt.names_of(BASELINES, "baseline"), default=grid.baselines, metavar="LIST",
+                   help=f"comma-separated, of {','.join(BASELINES)} (default {','.join(grid.baselines)}; "
+                        f"empty string = none)")
+    opt.add_sampling(p)
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args) -> int:
+    from tqdm import tqdm
+
+    from csdgen.evaluation.compare import score_run, to_csv, to_markdown
+    from csdgen.evaluation.quality import QualityScorer
+    from csdgen.evaluation.sweep import frontier_plot, settings
+    from csdgen.runs import run_method, write_json
+
+    args.window = args.lam = args.delta = None  # a sweep sets these per point; filled only to validate the rest
+    model, classes = builtin_model(args)
+    sampling = sampling_of(args)
+    grid = SweepGrid(args.csd_lam, args.csd_delta, args.addition_c, args.gsd_radius, args.lantern_delta,
+                     args.windows, args.draft_inits, args.baselines)
+    points = settings(grid, model.codebook_embeddings(), entropy_unit=args.entropy_unit)
+    if not points:
+        raise ValueError("nothing to sweep: every grid (--csd-lam, --addition-c, ...) and --baselines is empty")
+    out = writable(args.out)
+    scorer = QualityScorer(model)
+    rows = []
+    with tqdm(total=len(points) * len(classes), unit="img", desc="sweep", disable=None) as bar:
+        for point in points:
+            bar.set_postfix_str(point.name)
+            run_ = run_method(model, point.name, point.preset, classes, seed=args.seed, batch_size=args.batch_size,
+                              window=min(point.window, model.num_image_tokens), sampling=sampling, out_dir=out,
+                              progress=bar.update)
+            scores, _ = score_run(model, scorer, run_, classes)
+            rows.append({"method": point.method, "parameter": point.parameter, "value": point.value,
+                         "window": point.window, "draft_init": point.draft_init, "images": len(classes),
+                         "step_compression": sum(run_.compression) / len(run_.compression),
+                         "mean_accepted_length": sum(run_.accepted) / len(run_.accepted),
+                         "latency_s_per_image": run_.seconds / len(classes), **scores})
+            write_json(rows, out / "sweep.json")
+    (out / "sweep.md").write_text(to_markdown(rows))
+    (out / "sweep.csv").write_text(to_csv(rows))
+    frontier_plot(rows, out / "frontier.png")
+    print(to_markdown(rows))
+    print(f"{len(points)} settings x {len(classes)} images. Wrote {out}/sweep.md, sweep.csv, sweep.json, frontier.png")
+    return 0

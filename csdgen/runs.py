@@ -1,0 +1,478 @@
+"""Runs of many images and their records: batches, seeds, files written as batches finish, resuming.
+
+The one module that ``csdgen generate`` / ``compare`` / ``sweep`` and the API's
+:func:`save_run` share, so that the command line and the library write the same files:
+
+* :func:`batches` / :func:`generate_batches`: images in batches of ``batch_size``; image ``i``
+  of a run seeded ``seed`` draws from its own random stream keyed by ``(seed, i)``
+  (:func:`csdgen.generate`'s ``image_indices``), so with a fixed window the batch size never
+  changes an image: a run resumed with another batch size (say after running out of memory)
+  completes the same images, and every method of a comparison sees the same random streams.
+* :func:`run_plan` / :func:`save_run`: decode, write ``NNNN_<label>.png`` (and
+  ``NNNN_<label>_map.png``) for each image and rewrite ``record.json`` after every batch; a
+  rerun into the same folder keeps the images already written and generates the others
+  (resume), and refuses other settings, naming the values that differ.
+* :func:`run_method`: one method over many images with its tokens cached in the output folder
+  (``run_<name>.json`` + ``.safetensors``): what ``compare`` and ``sweep`` run.
+* :func:`read_json` / :func:`write_json`: JSON files read with errors that name the file,
+  written atomically.
+
+``record.json`` holds: ``csdgen_version``; ``created`` and ``updated`` (UTC, ISO 8601);
+``settings``; ``totals`` (images, tokens, steps summed over images, mean step compression,
+decoding seconds summed over every batch of every run that wrote the kept images, number of
+runs); ``batches`` (per batch: image indices, decoding seconds, finish time); ``images``
+(per image: file, condition, batch, statistics of :meth:`csdgen.ImageStats.summary`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+__all__ = [
+    "batches",
+    "generate_batches",
+    "read_json",
+    "write_json",
+    "pil_images",
+    "builtin_bytes_per_image",
+    "builtin_batch_limit",
+    "RunPlan",
+    "RunSummary",
+    "settings_difference",
+    "MethodRun",
+    "run_method",
+    "run_plan",
+    "save_run",
+    "slug",
+]
+
+
+def batches(indices: int | Sequence[int], batch_size: int) -> list[list[int]]:
+    """Image indices per batch: ``indices`` (or ``range(indices)``) cut into runs of ``batch_size``."""
+    indices = list(range(indices)) if isinstance(indices, int) else list(indices)
+    return [indices[start:start + batch_size] for start in range(0, len(indices), batch_size)]
+
+
+def generate_batches(model, conditions: Sequence, *, batch_size: int, seed: int, indices: Sequence[int] | None = None,
+                     callback=None, **generate_kwargs: Any) -> Iterator[tuple[list[int], Any]]:
+    """Generate images batch by batch, yielding ``(indices, GenerationResult)`` per batch.
+
+    Args:
+        model: an image-token model.
+        conditions: one condition per image of the run (class ids, prompts).
+        batch_size: images per :func:`csdgen.generate` call; does not change the images.
+        seed: run seed; image ``i`` draws from the random stream keyed by ``(seed, i)``.
+        indices: the images to generate (default all; a resumed run passes the missing ones).
+        callback: passed to :func:`csdgen.generate`.
+        generate_kwargs: method, window, sampling, draft_init, refresh.
+    """
+    from csdgen.decoding import generate
+
+    for batch in batches(len(conditions) if indices is None else indices, batch_size):
+        result = generate(model, [conditions[i] for i in batch], seed=seed, image_indices=batch, callback=callback,
+                          **generate_kwargs)
+        yield batch, result
+
+
+def read_json(path: str | os.PathLike, *, expect: type = dict, what: str = "") -> Any:
+    """Read a JSON file; every failure is one ``ValueError`` line naming the file.
+
+    Args:
+        path: the file.
+        expect: the type the top level must have (``dict`` for an object, ``list``; ``object``: any).
+        what: what the file should be, for the message (e.g. ``"a transformers config"``).
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: not JSON (with line and column), or the
+        top level is not ``expect``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{str(path)!r} does not exist")
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{str(path)!r} is not a text file{' (expected ' + what + ')' if what else ''}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{str(path)!r} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+                         f"{'; expected ' + what if what else ''}") from None
+    if expect is not object and not isinstance(obj, expect):
+        kind = {dict: "a JSON object {...}", list: "a JSON list [...]"}.get(expect, expect.__name__)
+        raise ValueError(f"{str(path)!r} holds a {type(obj).__name__}, expected {kind}{' (' + what + ')' if what else ''}")
+    return obj
+
+
+def write_json(obj: Any, path: str | os.PathLike) -> None:
+    """Write JSON atomically (temporary file, then rename): a killed run never leaves half a file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2))
+    os.replace(tmp, path)
+
+
+def pil_images(model, result_or_tokens, scale: int = 1) -> list:
+    """Decoded images as ``PIL.Image.Image`` (RGB), one per image of a run.
+
+    Args:
+        model: the model that generated the tokens (its ``decode_images``).
+        result_or_tokens: a :class:`csdgen.GenerationResult` or image tokens ``[B, N]`` int64.
+        scale: integer upscaling by nearest neighbour (the CLI saves the built-in model's
+            64 x 64 images at ``scale=2``, i.e. 128 x 128 pixels).
+    """
+    tokens = getattr(result_or_tokens, "tokens", result_or_tokens)
+    return _to_pil(_decode(model, tokens), scale)
+
+
+def _decode(model, tokens):
+    """``[B, H, W, 3]`` uint8, decoded image by image: a pixel never depends on the batch it was decoded in
+    (batched convolutions round differently), so the files do not depend on the batch size."""
+    import numpy as np
+
+    from csdgen.evaluation.maps import to_uint8
+
+    return np.concatenate([to_uint8(model.decode_images(tokens[i : i + 1])) for i in range(len(tokens))])
+
+
+def _to_pil(pixels, scale: int) -> list:
+    from PIL import Image
+
+    images = [Image.fromarray(p) for p in pixels]
+    if scale != 1:
+        images = [im.resize((im.width * scale, im.height * scale), Image.NEAREST) for im in images]
+    return images
+
+
+def builtin_bytes_per_image(model, window: int, guided: bool) -> int:
+    """Estimated decoding memory of one image of the built-in model (a ``ClassConditionalLlama``), in bytes.
+
+    float32: the KV cache, ``2 * layers * hidden * (1 + N + W)`` values per sequence, plus one
+    window's logits and probabilities (``4 * W * V``), attention scores
+    (``heads * W * (1 + N + W)``) and MLP activations (``4 * W * intermediate``); two
+    sequences per image with guidance.
+    """
+    cfg = model.backbone.config
+    N, V, W = model.num_image_tokens, cfg.vocab_size, window
+    per_sequence = 4 * (2 * cfg.num_hidden_layers * cfg.hidden_size * (1 + N + W) + 4 * W * V
+                        + cfg.num_attention_heads * W * (1 + N + W) + 4 * W * cfg.intermediate_size)
+    return per_sequence * (2 if guided else 1)
+
+
+def builtin_batch_limit(model, window: int, guided: bool, available_bytes: int, share: float = 0.5) -> int:
+    """Largest batch of the built-in model that fits in ``share`` of ``available_bytes`` (at least 1);
+    see :func:`builtin_bytes_per_image`."""
+    return max(1, int(share * available_bytes // builtin_bytes_per_image(model, window, guided)))
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        for key, value in obj.items():
+            out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: obj}
+
+
+def settings_difference(previous: dict, current: dict) -> list[str]:
+    """``"key: A there, B here"`` for every (nested, dotted) setting whose value differs."""
+    old, new = _flatten(previous), _flatten(current)
+    missing = object()
+    lines = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key, missing), new.get(key, missing)
+        if a != b:
+            there = "unset" if a is missing else json.dumps(a)
+            here = "unset" if b is missing else json.dumps(b)
+            lines.append(f"{key}: {there} there, {here} here")
+    return lines
+
+
+@dataclass
+class RunPlan:
+    """What a run generates and writes, for one model.
+
+    Attributes:
+        model: the image-token model.
+        conditions: one condition per image (what ``model.start`` takes).
+        names: file stem per image (``NNNN_<label>``).
+        labels: per image, what the record stores as its condition (``{"class": ...}`` / ``{"prompt": ...}``).
+        settings: everything that determines the images (compared on resume).
+        generate_kwargs: method, window, sampling, draft_init, refresh for :func:`csdgen.generate`.
+        scale: PNG upscaling factor (nearest neighbour).
+    """
+
+    model: Any
+    conditions: list
+    names: list[str]
+    labels: list[dict]
+    settings: dict
+    generate_kwargs: dict
+    scale: int = 1
+
+
+@dataclass
+class RunSummary:
+    """What :func:`save_run` leaves in its folder, in figures."""
+
+    out: Path
+    images: int  #: images in the folder (kept + new)
+    resumed: int  #: images kept from an earlier run
+    tokens: int
+    steps: int  #: forwards per image, summed over images
+    step_compression: float  #: mean over images
+    decode_seconds: float  #: decoding time of every batch that produced the images, all runs
+    run_seconds: float  #: decoding time of this run's batches
+    record: dict = field(repr=False, default_factory=dict)
+
+    def line(self) -> str:
+        """One-line summary (what ``csdgen generate`` prints last)."""
+        kept = f" ({self.resumed} kept from an earlier run)" if self.resumed else ""
+        return (f"{self.images} image{'' if self.images == 1 else 's'}{kept}, {self.tokens} tokens, {self.steps} steps (per image, summed), "
+                f"step compression {self.step_compression:.2f}x, decoding {self.decode_seconds:.1f} s in all "
+                f"({self.run_seconds:.1f} s this run) -> {self.out}/")
+
+
+def _load_record(out: Path, plan: RunPlan) -> dict | None:
+    """The earlier record in ``out`` if it belongs to the same run; ``None`` if there is none.
+
+    Raises:
+        ValueError: malformed record (naming the file), other settings (naming the values), or
+            another condition for an image already there.
+    """
+    path = out / "record.json"
+    if not path.exists():
+        return None
+    record = read_json(path, what="a csdgen run record")
+    if not isinstance(record.get("settings"), dict) or not isinstance(record.get("images"), dict):
+        raise ValueError(f"{str(path)!r} is not a csdgen run record (no settings/images); use another --out")
+    differ = settings_difference(record["settings"], plan.settings)
+    if differ:
+        raise ValueError(f"{str(out)!r} holds a run with other settings ({'; '.join(differ)}); "
+                         f"use another --out, or the earlier settings to resume")
+    for key, image in record["images"].items():
+        i = int(key)
+        if i < len(plan.labels) and any(image.get(k) != v for k, v in plan.labels[i].items()):
+            was = image.get("class") or image.get("prompt")
+            now = plan.labels[i].get("class") or plan.labels[i].get("prompt")
+            raise ValueError(f"{str(out)!r} holds image {i} for {was!r}, this run asks for {now!r}; use another --out")
+    return record
+
+
+def _map_png(plan: RunPlan, pixels, stats):
+    from csdgen.evaluation.maps import acceptance_map
+
+    model = plan.model
+    return acceptance_map(pixels, stats.decisions, stats.entropy, model.grid, model.codebook_size, scale=plan.scale)
+
+
+def _write_batch(plan: RunPlan, out: Path, indices: list[int], result, batch: int, images: dict, maps: bool) -> None:
+    from csdgen.evaluation.maps import save_png
+
+    pixels = _decode(plan.model, result.tokens)
+    pil = _to_pil(pixels, plan.scale)
+    for j, i in enumerate(indices):
+        stats, name = result.images[j], plan.names[i]
+        save_png(pil[j], out / f"{name}.png")
+        if maps:
+            save_png(_map_png(plan, pixels[j], stats), out / f"{name}_map.png")
+        images[i] = {"file": f"{name}.png", **plan.labels[i], "batch": batch, **stats.summary()}
+
+
+def _totals(images: dict, batch_list: list[dict], runs: int) -> dict:
+    done = [images[i] for i in sorted(images)]
+    return {
+        "images": len(done),
+        "tokens": sum(d["tokens"] for d in done),
+        "steps": sum(d["steps"] for d in done),
+        "step_compression": sum(d["step_compression"] for d in done) / len(done) if done else 0.0,
+        "decode_seconds": sum(b["decode_seconds"] for b in batch_list),
+        "runs": runs,
+    }
+
+
+def run_plan(plan: RunPlan, out: str | os.PathLike, *, batch_size: int, seed: int = 0, maps: bool = True,
+             callback=None, on_start: Callable[[int], None] | None = None,
+             on_batch: Callable[[list[int]], None] | None = None) -> RunSummary:
+    """Generate the plan's images batch by batch into ``out``, writing each batch as it finishes; resume.
+
+    Images already in ``out`` (listed in its ``record.json`` with their PNG present) are kept;
+    the others are generated, in batches of ``batch_size`` (any batch size: it does not change
+    the images). ``record.json`` is rewritten after every
+    batch, so an interrupted run loses at most the batch in progress.
+
+    Args:
+        plan: model, conditions, file names and settings (see :class:`RunPlan`).
+        out: output folder (created).
+        batch_size: images per :func:`csdgen.generate` call (does not change the images).
+        seed: run seed.
+        maps: also write the acceptance maps.
+        callback: passed to :func:`csdgen.generate` (progress bars).
+        on_start: called with the number of images to generate, once the folder's record is checked.
+        on_batch: called with the image indices of each finished batch.
+
+    Returns:
+        :class:`RunSummary` of everything in the folder.
+
+    Raises:
+        ValueError: ``out`` holds a run with other settings or conditions, or a malformed record.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    old = _load_record(out, plan)
+    images: dict[int, dict] = {}
+    batch_list: list[dict] = []
+    if old is not None:
+        images = {int(k): v for k, v in old["images"].items() if (out / v.get("file", "")).is_file()}
+        kept_batches = {v.get("batch") for v in images.values()}
+        batch_list = [b for b in old.get("batches", []) if b.get("batch") in kept_batches]
+    resumed = len(images)
+    record = {"csdgen_version": _version(), "created": (old or {}).get("created", _now()), "updated": _now(),
+              "settings": plan.settings}
+    runs = (old or {}).get("totals", {}).get("runs", 0) + 1
+    run_seconds, ran = 0.0, False
+    todo = [i for i in range(len(plan.conditions)) if i not in images]
+    if on_start is not None:
+        on_start(len(todo))
+    for indices, result in generate_batches(plan.model, plan.conditions, batch_size=batch_size, seed=seed,
+                                            indices=todo, callback=callback, **plan.generate_kwargs):
+        batch = max((b["batch"] for b in batch_list), default=-1) + 1  # numbered across runs
+        _write_batch(plan, out, indices, result, batch, images, maps)
+        batch_list.append({"batch": batch, "images": indices, "decode_seconds": result.seconds, "finished": _now()})
+        run_seconds += result.seconds
+        ran = True
+        record.update(updated=_now(), totals=_totals(images, batch_list, runs),
+                      batches=sorted(batch_list, key=lambda b: b["batch"]),
+                      images={str(k): images[k] for k in sorted(images)})
+        write_json(record, out / "record.json")
+        if on_batch is not None:
+            on_batch(indices)
+    totals = _totals(images, batch_list, runs)
+    if not ran and old is not None:  # nothing to do: leave the record as it was
+        record = old
+        totals = old.get("totals") or totals
+    return RunSummary(out, totals["images"], resumed, totals["tokens"], totals["steps"], totals["step_compression"],
+                      totals["decode_seconds"], run_seconds, record)
+
+
+def _version() -> str:
+    from csdgen import __version__
+
+    return __version__
+
+
+
+
+def slug(text: str, limit: int = 40, empty: str = "image") -> str:
+    """File-safe lower-case words of ``text`` joined by ``-`` (at most ``limit`` characters; ``empty`` if none)."""
+    words = re.findall(r"[a-z0-9]+", str(text).lower())
+    return "-".join(words)[:limit].strip("-") or empty
+
+
+def _label(model, condition) -> dict:
+    names = getattr(model, "class_names", None)
+    if names is not None and condition is not None:
+        return {"class": names[model.class_ids([condition])[0]]}
+    if isinstance(condition, str):
+        return {"prompt": condition}
+    return {"condition": None if condition is None else str(condition)}
+
+
+def save_run(model, conditions: Sequence, out: str | os.PathLike, *, seed: int = 0, batch_size: int = 8,
+             maps: bool = True, scale: int = 1, callback=None, **generate_kwargs: Any) -> RunSummary:
+    """The API's ``csdgen generate``: generate one image per condition and save it as the CLI does.
+
+    Writes ``NNNN_<class or prompt>.png`` (upscaled ``scale`` times by nearest neighbour),
+    ``NNNN_<...>_map.png`` when ``maps`` and ``record.json`` into ``out``, batch by batch;
+    rerunning the same call resumes (see :func:`run_plan`).
+
+    Args:
+        model: an image-token model; conditions: one per image (class ids or names, prompts).
+        out: output folder. seed, batch_size: as in :func:`run_plan`.
+        generate_kwargs: method, window, sampling, draft_init, refresh of :func:`csdgen.generate`
+            (left out: the model's defaults).
+
+    Returns:
+        :class:`RunSummary`; the images as PIL: :func:`pil_images`, or the PNG files.
+
+    >>> summary = csdgen.save_run(model, ["coffee", "brick"], "outputs", method="csd")  # doctest: +SKIP
+    """
+    from dataclasses import asdict, is_dataclass
+
+    labels = [_label(model, c) for c in conditions]
+    names = [f"{i:04d}_{slug(next(iter(label.values())) or 'image')}" for i, label in enumerate(labels)]
+    settings = {"model": type(model).__name__, "seed": seed}
+    for key, value in sorted(generate_kwargs.items()):
+        if key == "callback":
+            continue
+        settings[key] = asdict(value) if is_dataclass(value) and not isinstance(value, type) else (
+            value if isinstance(value, (str, int, float, bool, type(None))) else repr(value))
+    plan = RunPlan(model, list(conditions), names, labels, settings, dict(generate_kwargs), scale=scale)
+    return run_plan(plan, out, batch_size=batch_size, seed=seed, maps=maps, callback=callback)
+
+
+@dataclass
+class MethodRun:
+    """Tokens and statistics of one method over all images."""
+
+    name: str
+    tokens: Any  #: torch.Tensor [M, N] int64
+    steps: list[int]  #: per image
+    compression: list[float]  #: per image
+    accepted: list[float]  #: mean accepted length per image
+    seconds: float  #: total decoding wall time
+    settings: dict
+
+
+def run_method(model, name: str, preset: dict, classes: list, *, seed: int, batch_size: int, window: int,
+               sampling, out_dir: Path, progress: Callable[[int], None] | None = None) -> MethodRun:
+    """Run one method over all images, or load its saved result when the same run is on disk.
+
+    Writes ``run_<name>.json`` (the run's key, per-image steps, step compression and mean
+    accepted length, total decoding seconds, the engine's settings) and
+    ``run_<name>.safetensors`` (tokens ``[M, N]`` int64) into ``out_dir``; a later call with
+    the same key loads them instead of generating (``compare`` and ``sweep`` resume this way).
+
+    Raises:
+        ValueError: a malformed ``run_<name>.json`` (naming the file).
+    """
+    from safetensors.torch import load_file, save_file
+
+    key = {"name": name, "seed": seed, "window": window, "classes": list(map(str, classes)),
+           "sampling": repr(sampling), "preset": repr(preset)}
+    meta_path, tokens_path = out_dir / f"run_{name}.json", out_dir / f"run_{name}.safetensors"
+    if meta_path.is_file() and tokens_path.is_file():
+        meta = read_json(meta_path, what="a cached csdgen run")
+        if meta.get("key") == key:
+            if progress:
+                progress(len(classes))
+            return MethodRun(name, load_file(str(tokens_path))["tokens"], meta["steps"], meta["compression"],
+                             meta["accepted"], meta["seconds"], meta["settings"])
+    tokens, steps, compression, accepted, seconds, settings = [], [], [], [], 0.0, {}
+    for indices, result in generate_batches(model, classes, batch_size=batch_size, seed=seed, window=window,
+                                            sampling=sampling, **preset):
+        tokens.append(result.tokens.cpu())
+        steps += [s.steps for s in result.images]
+        compression += [s.step_compression for s in result.images]
+        accepted += [s.mean_accepted_length for s in result.images]
+        seconds += result.seconds
+        settings = result.settings
+        if progress:
+            progress(len(indices))
+    import torch
+
+    run = MethodRun(name, torch.cat(tokens), steps, compression, accepted, seconds, settings)
+    tmp = tokens_path.with_name(f".{tokens_path.name}.tmp")
+    save_file({"tokens": run.tokens.contiguous()}, str(tmp))
+    tmp.replace(tokens_path)
+    write_json({"key": key, "steps": steps, "compression": compression, "accepted": accepted, "seconds": seconds,
+                "settings": settings}, meta_path)
+    return run

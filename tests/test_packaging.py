@@ -1,0 +1,68 @@
+"""The package declares ranges; constraints.txt pins what is tested; the ranges accept the pins.
+
+No wheel is downloaded: the declared specifiers are checked with ``packaging`` against the
+versions constraints.txt pins (the newest torch and transformers csdgen is tested with) and
+against the versions installed here.
+"""
+
+import re
+import tomllib
+from importlib.metadata import version as installed_version
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[1]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+REQUIREMENTS = [Requirement(r) for r in PROJECT["dependencies"]] + [
+    Requirement(r) for extra in PROJECT["optional-dependencies"].values() for r in extra]
+
+
+def pins() -> dict[str, Version]:
+    out = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, _, ver = line.partition("==")
+            assert ver, f"constraints.txt line {line!r} is not an exact pin"
+            out[canonicalize_name(name)] = Version(ver)
+    return out
+
+
+def test_the_package_declares_ranges_not_exact_pins():
+    for req in REQUIREMENTS:
+        assert not any(s.operator in ("==", "===") for s in req.specifier), f"{req} is an exact pin: put it in constraints.txt"
+        assert req.specifier, f"{req} has no range"
+    assert "==" not in " ".join(PROJECT["requires-python"])
+
+
+@pytest.mark.parametrize("req", REQUIREMENTS, ids=str)
+def test_every_declared_dependency_is_pinned_and_its_range_accepts_the_pin(req):
+    pinned = pins()
+    name = canonicalize_name(req.name)
+    assert name in pinned, f"{req.name} is declared but not pinned in constraints.txt"
+    assert req.specifier.contains(pinned[name], prereleases=True), f"{req} does not accept the tested {pinned[name]}"
+
+
+def test_newest_torch_and_transformers_tested_are_accepted_by_the_metadata():
+    """The versions CI installs (constraints.txt) are the newest tested; the declared ranges take them."""
+    declared = {canonicalize_name(r.name): r.specifier for r in REQUIREMENTS}
+    pinned = pins()
+    for name in ("torch", "transformers"):
+        assert declared[name].contains(pinned[name]), (name, declared[name], pinned[name])
+        here = Version(installed_version(name))  # e.g. 2.13.0+cpu: the local label does not matter
+        assert declared[name].contains(here), (name, declared[name], here)
+    assert SpecifierSet(PROJECT["requires-python"]).contains("3.11")
+
+
+def test_ci_and_readme_install_with_the_constraints_file():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(r"pip install .*-c constraints\.txt", ci)
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", readme, re.S)
+    assert all("-c constraints.txt" in block for block in blocks[:2] if "pip install" in block)
+    assert "pip install -c constraints.txt ." in blocks[0] and 'pip install -c constraints.txt -e ".[test]"' in blocks[1]
