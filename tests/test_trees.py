@@ -232,3 +232,26 @@ def test_acceptance_map_marks_side_branch_tokens(cached_model):
     assert not np.array_equal(plain[TITLE_H : TITLE_H + 6, 2 * (8 + 4) :][row, col], panel)
     grey = (s.entropy[row * 8 + col].item() / np.log(48)) * 255
     assert np.allclose(panel, 0.4 * min(grey, 255) + 0.6 * np.array(SIDE_BRANCH_COLOUR), atol=2)
+
+
+def test_cli_tree_option(tmp_path, capsys):
+    import json
+
+    from builtin_fixture import make_tiny_weights
+
+    from csdgen import cli
+
+    weights = make_tiny_weights(tmp_path / "w")
+    out = tmp_path / "out"
+    argv = ["generate", "--weights", str(weights), "-n", "2", "--batch-size", "2", "--out", str(out), "--method", "sjd",
+            "--refresh", "coupled", "--window", "8", "--tree", "3,2"]
+    assert cli.main(argv) == 0
+    record = json.loads((out / "record.json").read_text())
+    assert record["settings"]["tree"] == [3, 2]
+    assert "tree" in record["images"]["0"] and len(record["images"]["0"]["tree"]["branch_wins"]) == 2
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv[:-1] + ["3"])
+    assert exc.value.code == 2 and "expected K,D" in capsys.readouterr().err
+    ar = ["generate", "--weights", str(weights), "-n", "1", "--out", str(tmp_path / "ar"), "--method", "ar", "--tree", "2,1"]
+    assert cli.main(ar) == 2
+    assert "method='ar'" in capsys.readouterr().err
