@@ -125,6 +125,17 @@ def main() -> None:
             mean_w = f"{statistics.mean(widths):7.1f}" if window == "auto" else f"{'':7}"
             print(f"{name:10} {str(window):>6} {steps:7.1f} {compression:11.2f} {seconds:8.2f} {ar_seconds / seconds:8.2f}x "
                   f"{limit} {mean_w}")
+    if 1 in batches:
+        print(f"\nCSD, window {args.window}: the images run alone at batch 1 (index r*1000, class 0) inside larger batches:")
+        alone_runs = results[(1, "CSD", args.window)]
+        alone = [o.images[0] for o in alone_runs]
+        for batch in batches:
+            runs_b = results[(batch, "CSD", args.window)]
+            same = [o.images[0] for o in runs_b]
+            agree = [float((a.tokens[0] == b.tokens[0]).float().mean()) for a, b in zip(alone_runs, runs_b)]
+            print(f"  batch {batch:3}: forwards {[s.steps for s in same]} (alone {[a.steps for a in alone]}), "
+                  f"step compression {statistics.mean(s.step_compression for s in same):.2f}, "
+                  f"tokens equal to batch 1's: {100 * min(agree):.1f} %")
     if args.no_profile:
         return
     print("\nverify step inside the loop (generate(profile=True), seed 0):")

@@ -30,11 +30,12 @@ tokens and number of forwards depend only on the seed, its index in the run
 leave the batch (:meth:`~csdgen.models.base.DecodingSession.select_rows`).
 
 **Window ``"auto"``.** The width ``W`` of each iteration is chosen from the forward+verify
-times measured on the running model and batch (a short warm-up over three widths, then an
-exponential average kept current, with an occasional neighbouring width tried) and the
-acceptance lengths seen so far (a Kaplan-Meier estimate of the probability that the first
-``j`` drafts are all accepted): ``W = argmax E[tokens committed | W] / t(W)`` over
-``1 .. AUTO_MAX_WINDOW``, 1 (plain AR) when nothing pays. The choice depends on the past only,
+times measured on the running model and batch (a warm-up of three forwards at width 8 and one at 1, then an
+exponential average kept current, with a neighbouring width tried now and then when it is
+predicted close to the best) and the acceptance seen so far as a function of a draft's age
+(forwards it has been refined by), from which the tokens committed per forward at every width
+are predicted: ``W = argmax E[tokens committed | W] / t(W)`` over ``1 .. AUTO_MAX_WINDOW``, 1
+(plain AR) when nothing pays. The choice depends on the past only,
 so lossless rules stay exact; the widths are recorded (:attr:`GenerationResult.widths`).
 Since measured times steer the widths, ``"auto"`` reproduces an image's *distribution*, not
 its exact tokens: pass a fixed window for bit-reproducible images across runs and batch sizes.
@@ -183,6 +184,9 @@ class StepInfo:
         session: the model's session, rolled back to the committed positions of the images
             still decoding.
         rows: ``[B']`` int64 CPU, the image index (0 .. B-1) of each of the session's rows.
+        decisions: ``[B, N]`` int8 :class:`Decision` of every committed token (meaningless beyond
+            ``committed``), for live acceptance maps.
+        entropy: ``[B, N]`` float32, the target entropy in nats each committed token was decided under.
     """
 
     step: int
@@ -190,6 +194,8 @@ class StepInfo:
     tokens: torch.Tensor
     session: DecodingSession
     rows: torch.Tensor | None = None
+    decisions: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
 
 
 @dataclass
@@ -452,35 +458,68 @@ def generate(
 
 
 class _AutoWindow:
-    """Chooses each iteration's width from measured times and acceptance lengths (see the module docstring).
+    """Chooses each iteration's width from measured times and acceptance by draft age (module docstring).
 
     Times ``t(W)``: seconds per iteration (forward, verify and bookkeeping, sync to sync) at
-    width W, an exponential average; widths never measured are interpolated linearly between
-    measured ones (extrapolated with the last slope beyond them). Expected tokens
-    ``E(W) = 1 + sum_{j=1}^{W-1} S(j)``, with ``S(j) = prod_{s<j} (1 - rejected_s / reached_s)``
-    the Kaplan-Meier probability that the first ``j`` drafts pass, counts decayed per
-    iteration so the estimate follows the image's content.
+    width W, an exponential average; widths not measured are interpolated linearly between
+    measured ones (extrapolated with the last slope, >= 0, beyond them).
+
+    Expected tokens ``E(W)``: a draft's chance to pass depends mostly on its *age*, the forwards
+    it has been refined by since it entered the window (a fresh draft is a guess; one drawn from
+    the last forward's q given nearly the right prefix usually passes). The loop counts, per age,
+    drafts reached and rejected (decayed per iteration so the estimate follows the image); in a
+    steady state at width W committing L tokens per forward, the draft at slot j has age
+    ``floor((W - 1 - j) / L)``, so ``L = 1 + sum_j prod_{s<j} accept(age_s)`` is solved by a
+    damped fixed-point iteration for every W at once. The width maximising ``E(W) / t(W)`` wins.
     """
 
-    DECAY = 0.9  # acceptance counts
+    DECAY = 0.95  # acceptance counts, per iteration
+    PRIOR = 0.5  # acceptance assumed for draft ages not seen
     TIME_WEIGHT = 0.3  # weight of a new time measurement
-    EXPLORE_EVERY = 8
+    EXPLORE_EVERY = 8  # try a neighbouring width this often, when it is predicted close to the best
+    EXPLORE_WITHIN = 0.8
+    AGES = 16  # ages 0 .. AGES - 1 (older drafts count as AGES - 1)
 
     def __init__(self, max_width: int):
         self.max_width = max_width
-        self.reached = torch.zeros(max(max_width - 1, 1), dtype=torch.float64)
-        self.rejected = torch.zeros_like(self.reached)
+        self.reached = torch.zeros(self.AGES, dtype=torch.float64)
+        self.rejected = torch.zeros(self.AGES, dtype=torch.float64)
         self.times: dict[int, float] = {}
-        self.plan = list(dict.fromkeys(w for w in (max_width, 1, max(2, max_width // 4)) if w <= max_width))
+        warm = min(8, max_width)
+        self.plan = [warm, warm, warm, 1] if warm > 1 else [1]  # three in a row: refined drafts get seen
         self.count = 0
 
-    def expected_tokens(self) -> torch.Tensor:
-        """``[max_width]`` float64, E(W) for W = 1 .. max_width."""
+    def accept_by_age(self) -> torch.Tensor:
+        """``[AGES]`` float64 estimated acceptance of a reached draft of each age.
+
+        Fresh drafts (age 0) and refined ones (age >= 1) are estimated apart: an age not seen
+        takes the nearest seen age of its group, and a group never seen (lately) the prior
+        :attr:`PRIOR`, optimistic enough that a width that was not tried gets tried.
+        """
         seen = self.reached > 0.5
-        pooled = 1 - self.rejected.sum() / self.reached.sum() if bool(seen.any()) else torch.tensor(0.0, dtype=torch.float64)
-        rate = torch.where(seen, 1 - self.rejected / self.reached.clamp(min=1e-9), pooled)
-        survive = rate.cumprod(0)[: self.max_width - 1]
-        return 1 + torch.cat([torch.zeros(1, dtype=torch.float64), survive.cumsum(0)])
+        rate = (1 - self.rejected / self.reached.clamp(min=1e-9)).clamp(0, 1)
+        out = torch.full((self.AGES,), self.PRIOR, dtype=torch.float64)
+        if bool(seen[0]):
+            out[0] = rate[0]
+        index = torch.arange(1, self.AGES)
+        seen_at = index[seen[1:]]
+        if len(seen_at):
+            out[1:] = rate[seen_at[(index[:, None] - seen_at[None]).abs().argmin(1)]]
+        return out
+
+    def expected_tokens(self) -> torch.Tensor:
+        """``[max_width]`` float64, E(W) for W = 1 .. max_width in the steady state (class docstring)."""
+        M = self.max_width
+        accept = self.accept_by_age()
+        widths = torch.arange(1, M + 1, dtype=torch.float64)[:, None]  # [M, 1]
+        slot = torch.arange(max(M - 1, 1), dtype=torch.float64)[None]  # [1, M-1]
+        drafts = slot <= widths - 2
+        tokens = torch.ones(M, 1, dtype=torch.float64)
+        for _ in range(8):
+            age = ((widths - 1 - slot) / tokens).floor().clamp(0, self.AGES - 1).long()
+            passes = torch.where(drafts, accept[age], torch.zeros_like(slot))
+            tokens = 0.5 * tokens + 0.5 * (1 + passes.cumprod(1).sum(1, keepdim=True))
+        return tokens[:, 0]
 
     def cost(self) -> torch.Tensor:
         """``[max_width]`` float64 estimated seconds per iteration at W = 1 .. max_width."""
@@ -499,13 +538,15 @@ class _AutoWindow:
     def choose(self, limit: int) -> int:
         """The next width (``<= limit``, the widest window any image can still use)."""
         self.count += 1
+        limit = min(limit, self.max_width)
         if self.plan:
             return min(self.plan.pop(0), limit)
         rate = self.expected_tokens()[:limit] / self.cost()[:limit]
         best = int(rate.argmax()) + 1
         if self.count % self.EXPLORE_EVERY == 0:
             other = min(2 * best, limit) if (self.count // self.EXPLORE_EVERY) % 2 else max(1, best // 2)
-            return other
+            if rate[other - 1] >= self.EXPLORE_WITHIN * rate[best - 1]:
+                return other
         return best
 
     def observe(self, width: int, seconds: float, reached: list[float], rejected: list[float]) -> None:
@@ -552,6 +593,7 @@ class _Loop:
         self.tokens = torch.zeros(B, N + slack, dtype=torch.long, device=dev)
         self.decisions = torch.full((B, N + slack), int(Decision.SAMPLED), dtype=torch.int8, device=dev)
         self.entropy = torch.zeros(B, N + slack, device=dev)
+        self.entered = torch.zeros(B, N + slack, dtype=torch.long, device=dev)  # forward count when a draft was initialised
         self.steps_per_image = torch.zeros(B, dtype=torch.long, device=dev)
         self.committed = torch.ones(B, dtype=torch.long, device=dev)
         self.commit_log: list[torch.Tensor] = []
@@ -669,8 +711,9 @@ class _Loop:
 
     def _notify(self, session) -> None:
         if self.callback is not None:
-            self.callback(StepInfo(self.steps, self.committed, self.tokens[:, : self.model.num_image_tokens], session,
-                                   self.active_host.clone()))
+            N = self.model.num_image_tokens
+            self.callback(StepInfo(self.steps, self.committed, self.tokens[:, :N], session, self.active_host.clone(),
+                                   self.decisions[:, :N], self.entropy[:, :N]))
 
     # -- one iteration --------------------------------------------------------------------------
 
@@ -696,10 +739,14 @@ class _Loop:
             old = prev_q.gather(1, source[..., None].expand(-1, -1, V)).to(new_probs.dtype)
             p = torch.where(is_carried[..., None], old, new_probs)
         self.tokens[rows] = tokens.scatter(1, positions, x)
+        if self.auto is not None:
+            entered = self.entered[rows]
+            now = self.steps_per_image[rows][:, None].expand_as(positions)
+            self.entered[rows] = entered.scatter(1, positions, torch.where(is_carried, entered.gather(1, positions), now))
         return x, p
 
     def _iterate(self, session, W: int, c_host: torch.Tensor, probe: bool) -> torch.Tensor | None:
-        """One forward for the active images; returns auto's ``[2, max_width - 1]`` acceptance counts (or None)."""
+        """One forward for the active images; returns auto's ``[2, AGES]`` acceptance counts by draft age (or None)."""
         N, dev = self.model.num_image_tokens, self.device
         rows = self.active
         c = self.committed[rows]  # [A]
@@ -707,6 +754,8 @@ class _Loop:
         widths_host = (N - c_host).clamp(max=W)
         u = self._uniforms(rows, W)
         x, p = self._drafts(rows, c, W, u[_INIT])
+        if self.auto is not None:
+            self._ages_entered = self.entered[rows].gather(1, c[:, None] + torch.arange(W, device=dev))
         # inputs: the last committed token, then the drafts (plus, once, one probe slot to roll back)
         fed_width, fed_widths = W, widths_host
         if probe:
@@ -735,18 +784,24 @@ class _Loop:
         r = verdict.accepted
         self._commit(rows, c, verdict, q, widths)
         self.prev = (q, widths, r + 1)
-        return self._auto_counts(r, widths)
+        return self._auto_counts(rows, r, widths)
 
-    def _auto_counts(self, r: torch.Tensor, widths: torch.Tensor) -> torch.Tensor | None:
-        """``[2, max_width - 1]`` acceptance counts for ``window="auto"`` (None for a fixed window)."""
+    def _auto_counts(self, rows: torch.Tensor, r: torch.Tensor, widths: torch.Tensor) -> torch.Tensor | None:
+        """``[2, AGES]`` acceptance counts by draft age for ``window="auto"`` (None for a fixed window);
+        called after the commit step, with ``self._ages_entered`` read before it."""
         dev = self.device
         if self.auto is None:
             return None
-        drafts = (widths - 1)[:, None]  # draft slots per image
-        s = torch.arange(self.auto.max_width - 1 if self.auto.max_width > 1 else 1, device=dev)
-        reached = ((s[None] <= r[:, None]) & (s[None] < drafts)).sum(0)
-        rejected = ((s[None] == r[:, None]) & (s[None] < drafts)).sum(0)
-        return torch.stack([reached, rejected])
+        slot = torch.arange(self._ages_entered.shape[1], device=dev)
+        # acceptance counts by draft age, for the width chooser (ages read before the commit step)
+        age = (self.steps_per_image[rows][:, None] - 1 - self._ages_entered).clamp(0, _AutoWindow.AGES - 1)
+        is_draft = slot[None] < (widths - 1)[:, None]
+        reached = is_draft & (slot[None] <= r[:, None])
+        rejected = is_draft & (slot[None] == r[:, None])
+        counts = torch.zeros(2, _AutoWindow.AGES, dtype=torch.long, device=dev)
+        counts[0].scatter_add_(0, age.reshape(-1), reached.reshape(-1).long())
+        counts[1].scatter_add_(0, age.reshape(-1), rejected.reshape(-1).long())
+        return counts
 
     def _commit(self, rows, c, verdict: Verdict, q, widths) -> None:
         W = verdict.tokens.shape[1]
@@ -835,6 +890,8 @@ class _TreeLoop(_Loop):
                             max(W, S, D * (K - 1), 1))
         chain_u, tree_u = u[:_KINDS], u[_KINDS:]
         x, p = self._drafts(rows, c, W, chain_u[_INIT][:, :W])
+        if self.auto is not None:
+            self._ages_entered = self.entered[rows].gather(1, c[:, None] + torch.arange(W, device=dev))
         cand, alive = draw_siblings(x[:, :D], p[:, :D], K, tree_u[-1][:, : D * (K - 1)].reshape(A, D, K - 1))
         depth, branch = layout.depth.to(dev), layout.branch.to(dev)
         root = self.tokens[rows].gather(1, (c - 1)[:, None])
@@ -869,7 +926,7 @@ class _TreeLoop(_Loop):
         self.branch_log.append(log)
         self.prev = (verdict.main_target, widths, r + 1)
         self._pending = verdict.path[:, 1 : D + 1]
-        return self._auto_counts(r, widths)
+        return self._auto_counts(rows, r, widths)
 
     def _image_stats(self) -> list[ImageStats]:
         stats = super()._image_stats()

@@ -1,6 +1,6 @@
 """The ``csdgen`` command: a package of thin commands over :mod:`csdgen.runs`.
 
-One module per command (``generate``, ``compare``, ``sweep``), each with ``add_parser(sub)``
+One module per command (``generate``, ``compare``, ``sweep``, ``demo``), each with ``add_parser(sub)``
 (its own options and defaults) and ``run(args)``; shared options in :mod:`._options`, shared
 start-up steps in :mod:`._common`. Heavy modules (torch, transformers, the models) are imported
 inside ``run``, so ``csdgen --help`` and usage errors return at once.
@@ -14,12 +14,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import compare, generate, sweep
+from . import compare, demo, generate, sweep
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 #: command name -> module with ``add_parser`` and ``run``
-COMMANDS = {"generate": generate, "compare": compare, "sweep": sweep}
+COMMANDS = {"generate": generate, "compare": compare, "sweep": sweep, "demo": demo}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,39 @@
+"""``csdgen demo``: a local web page to watch AR, SJD, CSD, ... decode side by side (:mod:`csdgen.demo`).
+
+Serves on ``--host`` (default 127.0.0.1, this machine only) and ``--port`` (default: the first
+free port from 7860) until interrupted. gradio and torch are imported by :func:`run` only, so
+``csdgen --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a TCP port, an integer in 1..65535") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value}: must be a TCP port in 1..65535")
+    return value
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("demo", allow_abbrev=False, help="a local web page to watch AR, SJD, CSD, ... decode side by side",
+                       description="Serve a local page that runs the chosen methods on one seed and shows each image, "
+                                   "its acceptance map and its entropy map filling in, then forwards, step compression "
+                                   "and wall time per method (CSV download). Nothing is downloaded.")
+    p.add_argument("--model", default=None, help="checkpoint folder or cached repo id (default: the built-in model)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=_port, default=None, help="TCP port (default: the first free one from 7860)")
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args) -> int:
+    from csdgen.demo import serve
+
+    serve(args.model, host=args.host, port=args.port)
+    return 0

@@ -1,0 +1,307 @@
+"""``csdgen demo``: input checks, the maps, cancelling, and the page itself in headless Chromium.
+
+The browser test starts ``csdgen demo`` on a free loopback port, submits a class with AR and
+CSD, waits for the results and checks what the page shows (pixels, statistics, CSV), then that a
+bad value gives a message on the page. It needs Debian's ``chromium`` (``.ci/run`` installs it)
+and skips only when that browser is absent.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from csdgen import Decision
+from csdgen.demo import (COMMITTED, PENDING, DemoCancelled, Frame, parse_inputs, token_maps, watch,
+                         window_auto_supported)
+from csdgen.evaluation.maps import COLOURS
+from csdgen.models.builtin import load_builtin_model
+from csdgen.sampling import SamplingConfig
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def builtin():
+    return load_builtin_model()
+
+
+def _parse(model, **changes):
+    values = dict(condition="coffee", methods=["ar", "csd"], window="8", lam=0.5, delta=0.65, guidance_scale=3.0, seed=0)
+    values.update(changes)
+    return parse_inputs(model, **values)
+
+
+def test_inputs_are_checked_with_one_line_messages(builtin):
+    settings = _parse(builtin)
+    assert (settings.condition, settings.window, settings.methods, settings.seed) == (builtin.class_names.index("coffee"), 8,
+                                                                                      ["ar", "csd"], 0)
+    assert _parse(builtin, condition="3", window=4.0).condition == 3
+    bad = {
+        "condition": ("teapot", "unknown class 'teapot'; allowed: astronaut"),
+        "methods": ([], "no method chosen; allowed: ar, sjd"),
+        "window": ("0", "window='0': allowed: an integer >= 1"),
+        "lam": (-1, "lam=-1.0: the CSD relaxation coefficient lambda must be a finite number >= 0"),
+        "delta": (2, "delta=2.0: the CSD TV threshold must lie in [0, 1]"),
+        "guidance_scale": ("x", "guidance scale='x': must be a number"),
+        "seed": (1.5, "seed=1.5: allowed: an integer >= 0"),
+    }
+    for name, (value, message) in bad.items():
+        with pytest.raises(ValueError) as info:
+            _parse(builtin, **{name: value})
+        assert message in str(info.value) and "\n" not in str(info.value), (name, str(info.value))
+    for text in ("abc", "2.5", "-3"):
+        with pytest.raises(ValueError, match="allowed: an integer >= 1"):
+            _parse(builtin, window=text)
+    if window_auto_supported():
+        assert _parse(builtin, window="auto").window == "auto"
+    else:
+        with pytest.raises(ValueError, match="no automatic window"):
+            _parse(builtin, window="auto")
+
+
+def test_token_maps_colour_committed_tokens_only():
+    decisions = torch.tensor([Decision.SAMPLED, Decision.ACCEPTED, Decision.RELAXED, Decision.RESAMPLED, 0, 0], dtype=torch.int8)
+    entropy = torch.tensor([0.0, 1.0, 2.0, 3.0, 0.0, 0.0]) * np.log(8) / 3
+    acceptance, entropy_map = token_maps(decisions, entropy, committed=4, grid=(2, 3), vocab_size=8, height=4, width=6)
+    assert acceptance.shape == entropy_map.shape == (4, 6, 3)
+    cells = acceptance[::2, ::2].reshape(6, 3)
+    assert [tuple(c) for c in cells] == [COLOURS[Decision(d)] for d in decisions[:4].tolist()] + [PENDING, PENDING]
+    assert entropy_map[::2, ::2].reshape(6, 3)[:4, 0].tolist() == [0, 85, 170, 255]  # black 0 .. white ln V
+    live, _ = token_maps(None, None, committed=2, grid=(2, 3), vocab_size=8, height=2, width=3)
+    assert [tuple(c) for c in live.reshape(6, 3)] == [COMMITTED] * 2 + [PENDING] * 4
+
+
+def test_watch_streams_frames_that_fill_in(builtin):
+    settings = _parse(builtin, methods=["csd"], window="16")
+    events = list(watch(builtin, settings, SamplingConfig(guidance_scale=3.0), threading.Event(), min_interval=0.0))
+    frames = [e for e in events if e[0] == "frame"]
+    assert [e[0] for e in events if e[0] != "frame"] == ["done", "end"]
+    rows = events[-1][1]
+    assert [r["method"] for r in rows] == ["csd"]
+    assert rows[0]["forwards"] < builtin.num_image_tokens and rows[0]["wall_s"] > 0 and rows[0]["tokens_relaxed"] > 0
+    assert rows[0]["window"] == 16 and 1 < rows[0]["mean_width"] <= 16
+    csd_frames = [f for _, key, f in frames if key == "csd"]
+    assert [f.committed for f in csd_frames] == sorted(f.committed for f in csd_frames)  # fills in
+    assert csd_frames[0].committed == 1 and csd_frames[-1].committed == builtin.num_image_tokens
+    assert len(csd_frames) == rows[0]["forwards"] + 1  # every forward, then the final frame
+    first_image = csd_frames[0].image  # one token committed: everything below the first token row is veiled
+    assert (first_image[first_image.shape[0] // 16:] >= int(0.7 * min(PENDING))).all()
+    final = csd_frames[-1]
+    assert isinstance(final, Frame) and final.image.shape == final.acceptance.shape == final.entropy.shape
+    assert not (final.acceptance == PENDING).all(axis=-1).any()  # every token decided
+
+    assert issubclass(DemoCancelled, Exception)
+
+
+def test_wall_time_excludes_drawing_the_previews(builtin, monkeypatch):
+    """Drawing a preview (made slow here: 20 ms each) is subtracted from the reported decoding time."""
+    import csdgen.demo as demo
+
+    slow_frame = demo._frame
+
+    def frame(*args):
+        time.sleep(0.02)
+        return slow_frame(*args)
+
+    monkeypatch.setattr(demo, "_frame", frame)
+    began = time.perf_counter()
+    events = list(watch(builtin, _parse(builtin, methods=["csd"], window="16"), SamplingConfig(), threading.Event(),
+                        min_interval=0.0))
+    elapsed = time.perf_counter() - began
+    row = events[-1][1][0]
+    previews = sum(e[0] == "frame" for e in events)
+    assert previews == row["forwards"] + 1
+    assert 0 < row["wall_s"] < elapsed - 0.9 * 0.02 * (previews - 1)
+
+
+def test_cancel_stops_at_the_next_forward(builtin):
+    cancel = threading.Event()
+    stream = watch(builtin, _parse(builtin, methods=["ar", "csd"]), SamplingConfig(), cancel, min_interval=0.0)
+    first = next(stream)
+    assert first[0] == "frame" and first[2].committed == 1
+    cancel.set()
+    rest = list(stream)
+    assert rest[-1] == ("cancelled", "ar") and all(e[0] == "frame" for e in rest[:-1])
+
+
+def test_prompt_model_from_a_checkpoint_folder(tmp_path):
+    """``--model PATH``: a (tiny random) Janus checkpoint takes a prompt, its family's defaults, and runs AR and CSD."""
+    from test_models_janus import build_checkpoint
+
+    from csdgen.demo import load_demo_model
+    from csdgen.models.defaults import FAMILY_DEFAULTS
+
+    model, name, defaults = load_demo_model(str(build_checkpoint(tmp_path / "janus")))
+    assert defaults == FAMILY_DEFAULTS["janus"] and name.startswith("janus")
+    settings = _parse(model, condition="a red dog", window="4")
+    assert settings.condition == "a red dog"
+    with pytest.raises(ValueError, match="the class or prompt is empty; allowed: a text prompt"):
+        _parse(model, condition="  ")
+    events = list(watch(model, settings, SamplingConfig(guidance_scale=defaults.guidance_scale), threading.Event()))
+    rows = events[-1][1]
+    assert [r["method"] for r in rows] == ["ar", "csd"] and rows[0]["forwards"] == model.num_image_tokens
+    final = [e[2] for e in events if e[0] == "frame"][-1]
+    assert final.image.shape == final.acceptance.shape == final.entropy.shape and final.image.shape[0] >= 200
+
+
+def test_demo_command_options_and_light_imports():
+    """``csdgen demo`` binds 127.0.0.1 by default; gradio (and csdgen.demo) are imported by the command only."""
+    import ast
+
+    import csdgen.cli as cli
+
+    args = cli.build_parser().parse_args(["demo"])
+    assert (args.command, args.model, args.host, args.port) == ("demo", None, "127.0.0.1", None)
+    assert cli.build_parser().parse_args(["demo", "--port", "8123", "--host", "0.0.0.0"]).port == 8123
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["demo", "--port", "70000"])
+    import csdgen.cli.demo as demo_command
+
+    top = ast.parse(Path(demo_command.__file__).read_text()).body
+    names = {a.name for n in top if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module for n in top if isinstance(n, ast.ImportFrom) and n.module}
+    assert not {"gradio", "csdgen.demo", "playwright"} & names
+
+
+# --- the page in a real browser --------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def demo_server(tmp_path):
+    """``csdgen demo --port N`` in a subprocess; yields its URL once the page answers."""
+    port = _free_port()
+    log = (tmp_path / "server.log").open("w")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "csdgen", "demo", "--port", str(port)], stdout=log,
+                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + 180
+    try:
+        while True:
+            try:
+                urllib.request.urlopen(url, timeout=2).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError("csdgen demo did not start:\n" + (tmp_path / "server.log").read_text()[-3000:])
+                time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def _pixels(page, selector: str) -> np.ndarray:
+    """The image a Gradio ``Image`` component shows, fetched from its ``src``, as ``[H, W, 3]`` uint8."""
+    src = page.locator(f"{selector} img").first.get_attribute("src")
+    assert src, f"{selector} shows no image"
+    body = page.request.get(src).body() if not src.startswith("data:") else None
+    if body is None:
+        import base64
+        body = base64.b64decode(src.split(",", 1)[1])
+    return np.asarray(Image.open(io.BytesIO(body)).convert("RGB"))
+
+
+def _has_colour(pixels: np.ndarray, colour) -> bool:
+    return bool((pixels == np.array(colour, dtype=np.uint8)).all(axis=-1).any())
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"Debian's chromium is not installed ({CHROMIUM} missing; "
+                                                          "apt-get install -y chromium, as .ci/run does)")
+def test_page_in_headless_chromium(demo_server, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    requests: list[str] = []
+    failed: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=CHROMIUM,
+                                                        args=CHROMIUM_FLAGS, headless=True,
+                                                        viewport={"width": 1280, "height": 900})
+        try:
+            page = browser.new_page()
+            page.on("request", lambda r: requests.append(r.url))
+            page.on("requestfailed", lambda r: failed.append(f"{r.url} {r.failure}"))
+            page.on("response", lambda r: failed.append(f"{r.url} HTTP {r.status}") if r.status >= 400 else None)
+            page.goto(demo_server, wait_until="domcontentloaded")
+            page.locator("#condition").locator("input, textarea").first.fill("coffee")
+            page.locator("#window").locator("input, textarea").first.fill("16")
+            methods = page.locator("#methods")
+            expect(methods.get_by_label("AR", exact=True)).to_be_checked()
+            expect(methods.get_by_label("CSD", exact=True)).to_be_checked()
+            page.locator("#run").click()
+            expect(page.locator("#stats table")).to_be_visible(timeout=240_000)
+            shown = "#image-ar img, #acceptance-ar img, #entropy-ar img, #image-csd img, #acceptance-csd img, #entropy-csd img"
+            page.wait_for_function(f"""() => {{ const imgs = [...document.querySelectorAll({shown!r})];
+                return imgs.length === 6 && imgs.every(i => i.complete && i.naturalWidth > 0); }}""", timeout=30_000)
+            page.screenshot(path=str(tmp_path / "demo.png"), full_page=True)
+
+            for key in ("ar", "csd"):
+                image = _pixels(page, f"#image-{key}")
+                assert image.std() > 10 and image.shape[0] >= 64, f"{key}: blank image"
+                acceptance = _pixels(page, f"#acceptance-{key}")
+                assert not _has_colour(acceptance, PENDING), f"{key}: acceptance map has undecided tokens"
+                assert _has_colour(acceptance, COLOURS[Decision.SAMPLED])
+                entropy = _pixels(page, f"#entropy-{key}")
+                assert entropy.std() > 5 and not _has_colour(entropy, PENDING), f"{key}: blank entropy map"
+            csd_acceptance = _pixels(page, "#acceptance-csd")
+            assert _has_colour(csd_acceptance, COLOURS[Decision.ACCEPTED]) or _has_colour(csd_acceptance, COLOURS[Decision.RELAXED])
+
+            cells = page.locator("#stats table tbody tr")
+            rows = {r[0]: r for r in ([c.strip() for c in cells.nth(i).locator("td").all_inner_texts()]
+                                      for i in range(cells.count()))}
+            header = [h.strip() for h in page.locator("#stats table thead th").all_inner_texts()]
+            forwards = {k: float(r[header.index("forwards")]) for k, r in rows.items()}
+            assert set(forwards) == {"ar", "csd"} and forwards["ar"] == 256 and forwards["csd"] < forwards["ar"]
+
+            link = page.locator("#csv a[href]").first
+            table = list(csv.DictReader(io.StringIO(page.request.get(link.get_attribute("href")).text())))
+            assert {r["method"]: float(r["forwards"]) for r in table} == forwards
+            assert all(float(r["wall_s"]) > 0 for r in table)
+
+            page.locator("#lam").locator("input").first.fill("-1")
+            page.locator("#run").click()
+            expect(page.locator("#message")).to_have_text(
+                "lam=-1.0: the CSD relaxation coefficient lambda must be a finite number >= 0", timeout=30_000)
+            page.screenshot(path=str(tmp_path / "demo_error.png"), full_page=True)
+
+            page.locator("#lam").locator("input").first.fill("0.5")
+            page.locator("#run").click()
+            expect(page.locator("#progress")).to_contain_text("AR: ", timeout=60_000)  # progress while decoding
+            page.locator("#cancel").click()
+            expect(page.locator("#progress")).to_contain_text("cancelled", timeout=30_000)
+            expect(page.locator("#stats table")).to_have_count(0)  # the cancelled run left no statistics
+        finally:
+            browser.close()
+    broken = [f for f in failed if "net::ERR_ABORTED" not in f]  # aborted: a preview replaced before it loaded
+    assert not broken, f"requests that failed: {broken[:5]}"
+    foreign = [u for u in requests if not u.startswith(demo_server) and not u.startswith("data:")]
+    assert not foreign, f"the page fetched from outside the local server: {foreign[:5]}"
+    assert (tmp_path / "demo.png").stat().st_size > 10_000
