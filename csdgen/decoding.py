@@ -40,6 +40,12 @@ so lossless rules stay exact; the widths are recorded (:attr:`GenerationResult.w
 Since measured times steer the widths, ``"auto"`` reproduces an image's *distribution*, not
 its exact tokens: pass a fixed window for bit-reproducible images across runs and batch sizes.
 
+**Draft trees** (``tree=(K, D)``, :mod:`csdgen.trees`): the first ``D`` draft positions of
+every window hold ``K`` candidates (the draft and ``K - 1`` siblings drawn without replacement
+from its draft distribution); one ``session.forward_tree`` evaluates every node, the siblings
+are verified by recursive rejection sampling (exact), and the session keeps the winning path
+(``session.keep_path``). A separate loop class (``_TreeLoop``); without a tree nothing changes.
+
 **Non-finite logits.** NaN or +inf in a (guided) target distribution, or a position where
 every token is -inf, raises ValueError at the iteration's host sync; -inf alone excludes a
 token (:func:`csdgen.sampling.apply_guidance` keeps a token -inf in both rows at -inf). No
@@ -67,6 +73,7 @@ from .acceptance import RULES, SJD, AcceptanceRule, first_rejection, make_rule
 from .drafting import check_drafting, init_drafts, refresh_drafts, resolve_draft_init
 from .models.base import DecodingSession, ImageTokenModel
 from .sampling import SamplingConfig, entropy, sample, stream_uniforms, target_probs
+from .trees import TREE_KINDS, check_tree, draw_siblings, tree_layout, verify_tree
 
 __all__ = [
     "Decision",
@@ -109,6 +116,11 @@ class ImageStats:
         committed_per_step: tokens this image committed at each of its steps (sums to N).
         decisions: ``[N]`` int8, a :class:`Decision` per image token.
         entropy: ``[N]`` float32, entropy in nats of the target distribution the token was decided under.
+        side_branch: with a draft tree (``generate(..., tree=(K, D))``): ``[N]`` bool, the token was
+            accepted from a side branch of the tree (a node off the main path); None without a tree.
+        branches: with a draft tree: ``[steps - 1, D]`` int64, the winning candidate (0 = main
+            branch, ``1 .. K-1`` = side branches) at each tree level of each step after the
+            prefill, -1 where that level accepted nothing; None without a tree.
     """
 
     steps: int
@@ -116,6 +128,22 @@ class ImageStats:
     committed_per_step: list[int]
     decisions: torch.Tensor
     entropy: torch.Tensor
+    side_branch: torch.Tensor | None = None
+    branches: torch.Tensor | None = None
+    tree: tuple[int, int] | None = None
+
+    def tree_summary(self) -> dict | None:
+        """With a draft tree: ``branch_wins[d][k]`` (steps where candidate ``k`` won level ``d + 1``),
+        ``tokens_per_level[d]`` (tokens level ``d + 1`` committed), ``chain_tokens`` (drafts accepted
+        beyond the tree), ``side_tokens``; None without a tree."""
+        if self.branches is None:
+            return None
+        K, D = self.tree
+        wins = [[int((self.branches[:, d] == k).sum()) for k in range(K)] for d in range(D)]
+        per_level = [int((self.branches[:, d] >= 0).sum()) for d in range(D)]
+        accepted = sum(n - 1 for n in self.committed_per_step[1:])
+        return {"branch_wins": wins, "tokens_per_level": per_level, "chain_tokens": accepted - sum(per_level),
+                "side_tokens": int(self.side_branch.sum())}
 
     @property
     def step_compression(self) -> float:
@@ -141,6 +169,7 @@ class ImageStats:
             "mean_accepted_length": self.mean_accepted_length,
             "mean_entropy_nats": float(self.entropy.mean()),
             **{f"tokens_{k}": v for k, v in self.counts().items()},
+            **({"tree": self.tree_summary()} if self.branches is not None else {}),
         }
 
 
@@ -347,6 +376,7 @@ def generate(
     refresh: str = "independent",
     callback: Callable[[StepInfo], None] | None = None,
     profile: bool = False,
+    tree: tuple[int, int] | None = None,
 ) -> GenerationResult:
     """Generate image tokens by AR decoding or speculative Jacobi decoding with an acceptance rule.
 
@@ -377,6 +407,13 @@ def generate(
         callback: called with a :class:`StepInfo` after every forward (progress bars, tests).
         profile: also time the forwards and :func:`verify` with device synchronisation
             (:attr:`GenerationResult.timings`; adds two syncs per iteration: for benchmarks).
+        tree: ``(K, D)``: a draft tree at the root of every window (:mod:`csdgen.trees`): ``K``
+            candidates at each of the first ``D`` window positions, verified exactly (recursive
+            rejection sampling over siblings), the first branch continued as the window's chain;
+            ``window`` counts the main path only, the forward also evaluates the
+            ``K + ... + K^D - D`` side nodes. None (default): plain windows. Needs a session
+            with ``forward_tree`` (``FunctionModel`` and every RaggedSession family: built-in /
+            Llama, Janus, Emu3, Chameleon; see docs/frontier.md).
 
     Returns:
         :class:`GenerationResult` with tokens ``[B, N]`` int64 and per-image statistics.
@@ -385,12 +422,16 @@ def generate(
         ValueError: bad window, unknown method, draft initialisation or refresh mode, a draft
             initialisation the rule cannot use, bad sampling settings (e.g. top-k > V),
             ``image_indices`` not one non-negative int per image, conditions the model rejects,
-            or logits with NaN / +inf (or no allowed token) at some position.
+            logits with NaN / +inf (or no allowed token) at some position, a bad ``tree``, a
+            tree with ``method="ar"``, or a tree on a model whose session cannot evaluate trees.
     """
     window = _check_window(window if window is not None else "auto")
     rule, method_name = _resolve_method(method, model)
     if method_name == "ar":
         window = 1
+    tree = check_tree(tree)
+    if tree is not None and method_name == "ar":
+        raise ValueError(f"tree={tree!r} with method='ar': a draft tree needs a speculative method (e.g. 'sjd')")
     draft_init = resolve_draft_init(draft_init, rule.draft_init, rule.name)
     check_drafting(draft_init, refresh)
     sampling = sampling or _default_sampling(model)
@@ -408,7 +449,11 @@ def generate(
         "top_k": sampling.top_k,
         "top_p": sampling.top_p,
     }
-    loop = _Loop(model, rule, window, seed, sampling, draft_init, refresh, callback, profile)
+    if tree is None:
+        loop = _Loop(model, rule, window, seed, sampling, draft_init, refresh, callback, profile)
+    else:
+        settings["tree"] = list(tree)
+        loop = _TreeLoop(model, rule, window, seed, sampling, draft_init, refresh, callback, profile, tree=tree)
     return loop.run(conditions, batch_size, image_indices, settings)
 
 
@@ -541,6 +586,7 @@ class _Loop:
         _synchronize(dev)
         began = time.perf_counter()
         session = model.start(conditions, batch_size, self.sampling.guided)
+        self._opened(session)
         self.B = B = session.batch_size
         self.indices = self._image_indices(image_indices, B)
         slack = self.max_width + 2
@@ -567,7 +613,8 @@ class _Loop:
         self._notify(session)
 
         self.prev = None  # (q [A, W, V], widths [A], shift [A]) of the last forward, for carried drafts
-        probe = N >= 3  # the first iteration checks that the cache rolls back (module docstring)
+        probe = N >= 3 and self.PROBE  # the first iteration checks that the cache rolls back (module docstring)
+        checked = False
         mark = time.perf_counter()
         while len(self.active_host):
             c_host = committed_host[self.active_host]
@@ -578,10 +625,10 @@ class _Loop:
             self.widths.append(width)
             committed_host, counts = self._sync(self.committed, self._bad, r_counts)
             new_c = committed_host[self.active_host]
-            session.rollback(new_c - 1)
-            if probe:
+            self._rollback(session, new_c - 1)
+            if not checked and (probe or not self.PROBE):
                 self._check_rollback(session, new_c - 1)
-                probe = False
+            probe, checked = False, True
             if self.auto is not None:
                 now = time.perf_counter()
                 self.auto.observe(width, now - mark, *counts)
@@ -610,6 +657,20 @@ class _Loop:
             raise ValueError(f"image_indices={values!r}: allowed one integer >= 0 per image ({B} images)")
         return torch.tensor(values, dtype=torch.long, device=self.device)
 
+    #: feed one extra probe slot in the first iteration (the tree loop checks its compaction instead)
+    PROBE = True
+
+    def _opened(self, session) -> None:
+        """Hook: the session was just opened (the tree loop checks that it can evaluate trees)."""
+
+    def _rollback(self, session, lengths: torch.Tensor) -> None:
+        """Hook: keep image positions ``0 .. lengths - 1`` of every session row after an iteration."""
+        session.rollback(lengths)
+
+    def _sync_extra(self) -> torch.Tensor | None:
+        """Hook: more numbers the iteration's one host sync carries (read back as ``self._extra_host``)."""
+        return None
+
     def _check_rollback(self, session, expected: torch.Tensor) -> None:
         lengths = session.cache_lengths
         if not torch.equal(lengths.cpu(), expected):
@@ -629,7 +690,13 @@ class _Loop:
         parts = [committed.double(), bad.reshape(1).double()]
         if counts is not None:
             parts.append(counts.reshape(-1).double())
+        extra = self._sync_extra()
+        if extra is not None:
+            parts.append(extra.reshape(-1).double())
         values = torch.cat(parts).cpu()
+        if extra is not None:
+            self._extra_host = values[len(values) - extra.numel() :].long().reshape(extra.shape)
+            values = values[: len(values) - extra.numel()]
         B = committed.shape[0]
         if bool(values[B]):
             raise ValueError("the model returned logits with NaN or +inf (or no allowed token) at some position; "
@@ -717,8 +784,15 @@ class _Loop:
         r = verdict.accepted
         self._commit(rows, c, verdict, q, widths)
         self.prev = (q, widths, r + 1)
+        return self._auto_counts(rows, r, widths)
+
+    def _auto_counts(self, rows: torch.Tensor, r: torch.Tensor, widths: torch.Tensor) -> torch.Tensor | None:
+        """``[2, AGES]`` acceptance counts by draft age for ``window="auto"`` (None for a fixed window);
+        called after the commit step, with ``self._ages_entered`` read before it."""
+        dev = self.device
         if self.auto is None:
             return None
+        slot = torch.arange(self._ages_entered.shape[1], device=dev)
         # acceptance counts by draft age, for the width chooser (ages read before the commit step)
         age = (self.steps_per_image[rows][:, None] - 1 - self._ages_entered).clamp(0, _AutoWindow.AGES - 1)
         is_draft = slot[None] < (widths - 1)[:, None]
@@ -757,4 +831,111 @@ class _Loop:
             row = log[b]
             stats.append(ImageStats(steps=int(steps[b]), num_tokens=N, committed_per_step=row[row >= 0].tolist(),
                                     decisions=decisions[b], entropy=entropies[b]))
+        return stats
+
+
+class _TreeLoop(_Loop):
+    """The decoding loop with a draft tree at the root of every window (:mod:`csdgen.trees`).
+
+    Per iteration: the window's drafts as in :class:`_Loop` (carried or initialised), plus
+    ``K - 1`` siblings per tree level drawn without replacement from the same draft
+    distribution; one ``session.forward_tree`` over every node; :func:`csdgen.trees.verify_tree`;
+    the commit; the winning path's tree nodes travel in the iteration's one host sync, and the
+    session keeps that path (``session.keep_path``: losing branches become holes of the cache).
+    With ``window="auto"`` the widths are the main path's, and the measured time of each width
+    includes the tree's side nodes, so the cost model counts them.
+    """
+
+    PROBE = False
+    #: how the winning path is chosen (:func:`csdgen.trees.verify_tree`); only the tests change it
+    PATH_CHOICE = "first"
+
+    def __init__(self, *args, tree: tuple[int, int]):
+        super().__init__(*args)
+        self.K, self.D = tree
+        self._pending = None
+
+    def _opened(self, session) -> None:
+        if not getattr(session, "supports_trees", False):
+            why = getattr(session, "tree_refusal", "its session has no forward_tree")
+            raise ValueError(f"tree=({self.K}, {self.D}) cannot be used with {type(self.model).__name__}: {why}; "
+                             "allowed: tree=None for this model")
+        N = self.model.num_image_tokens
+        self.side = torch.zeros(session.batch_size, N + self.max_width + 2, dtype=torch.bool, device=self.device)
+        self.branch_log: list[torch.Tensor] = []
+
+    def _sync_extra(self):
+        return self._pending
+
+    def _rollback(self, session, lengths):
+        if self._pending is None:  # after the prefill
+            session.rollback(lengths)
+            return
+        layout = self._layout
+        path = layout.main[None].expand(len(lengths), layout.W).clone()
+        path[:, 1 : layout.D + 1] = self._extra_host
+        session.keep_path(path, lengths)
+        self._pending = None
+
+    def _iterate(self, session, W: int, c_host: torch.Tensor, probe: bool) -> torch.Tensor | None:
+        N, dev, K = self.model.num_image_tokens, self.device, self.K
+        rows = self.active
+        A = len(self.active_host)
+        c = self.committed[rows]
+        widths = (N - c).clamp(max=W)
+        widths_host = (N - c_host).clamp(max=W)
+        layout = self._layout = tree_layout(K, self.D, W)
+        D, S = layout.D, layout.S
+        u = stream_uniforms(self.seed, self.indices[rows], self.steps_per_image[rows], _KINDS + TREE_KINDS,
+                            max(W, S, D * (K - 1), 1))
+        chain_u, tree_u = u[:_KINDS], u[_KINDS:]
+        x, p = self._drafts(rows, c, W, chain_u[_INIT][:, :W])
+        if self.auto is not None:
+            self._ages_entered = self.entered[rows].gather(1, c[:, None] + torch.arange(W, device=dev))
+        cand, alive = draw_siblings(x[:, :D], p[:, :D], K, tree_u[-1][:, : D * (K - 1)].reshape(A, D, K - 1))
+        depth, branch = layout.depth.to(dev), layout.branch.to(dev)
+        root = self.tokens[rows].gather(1, (c - 1)[:, None])
+        chain_tokens = x[:, (depth - 1).clamp(0, W - 1)]
+        tree_tokens = cand[:, (depth - 1).clamp(0, D - 1), branch] if D else chain_tokens
+        fed = torch.where(depth == 0, root, torch.where(depth <= D, tree_tokens, chain_tokens))
+        valid_host = layout.depth[None] <= (widths_host - 1)[:, None]  # [A, S] nodes inside the image
+        if self.profile:
+            _synchronize(dev)
+            t0 = time.perf_counter()
+        logits = session.forward_tree(fed, c_host - 1, layout, valid_host)
+        valid = depth[None] <= (widths - 1)[:, None]
+        q, self._bad = target_probs(logits.cond, logits.uncond, self.sampling, valid=valid, check=True)
+        if self.profile:
+            _synchronize(dev)
+            t1 = time.perf_counter()
+        verdict = verify_tree(self.rule, self.refresh, layout, cand, alive, x, p, q, widths, tree_u, chain_u,
+                              choice=self.PATH_CHOICE)
+        if self.profile:
+            _synchronize(dev)
+            self.timings["forward"] += t1 - t0
+            self.timings["verify"] += time.perf_counter() - t1
+        r = verdict.accepted
+        self._commit(rows, c, verdict, verdict.target, widths)
+        slot = torch.arange(W, device=dev)
+        positions = c[:, None] + slot
+        old = self.side[rows].gather(1, positions)
+        self.side[rows] = self.side[rows].scatter(1, positions, torch.where(slot <= r[:, None], verdict.side, old))
+        log = torch.full((self.B, self.D), -2, dtype=torch.long, device=dev)  # -2: image not decoding
+        log[rows] = -1
+        log[rows, :D] = verdict.branches
+        self.branch_log.append(log)
+        self.prev = (verdict.main_target, widths, r + 1)
+        self._pending = verdict.path[:, 1 : D + 1]
+        return self._auto_counts(rows, r, widths)
+
+    def _image_stats(self) -> list[ImageStats]:
+        stats = super()._image_stats()
+        N = self.model.num_image_tokens
+        log = torch.stack(self.branch_log, dim=1).cpu() if self.branch_log else torch.zeros(self.B, 0, self.D, dtype=torch.long)
+        side = self.side[:, :N].cpu()
+        for b, s in enumerate(stats):
+            row = log[b]
+            s.branches = row[row[:, 0] > -2] if len(row) else row[:0]
+            s.side_branch = side[b]
+            s.tree = (self.K, self.D)
         return stats

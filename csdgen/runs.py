@@ -271,7 +271,8 @@ def _map_png(plan: RunPlan, pixels, stats):
     from csdgen.evaluation.maps import acceptance_map
 
     model = plan.model
-    return acceptance_map(pixels, stats.decisions, stats.entropy, model.grid, model.codebook_size, scale=plan.scale)
+    return acceptance_map(pixels, stats.decisions, stats.entropy, model.grid, model.codebook_size, scale=plan.scale,
+                          side_branch=stats.side_branch)
 
 
 def _write_batch(plan: RunPlan, out: Path, indices: list[int], result, batch: int, images: dict, maps: bool) -> None:

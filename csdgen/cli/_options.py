@@ -67,6 +67,18 @@ def window(text: str) -> int | str:
     return count()(text)
 
 
+def tree_shape(text: str) -> tuple[int, int]:
+    """``--tree K,D``: two integers >= 1 (candidates per level, tree levels), e.g. ``3,2``."""
+    parts = text.replace("x", ",").split(",")
+    try:
+        k, d = (int(v) for v in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected K,D with two integers >= 1, e.g. 3,2") from None
+    if k < 1 or d < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: K and D must be integers >= 1, e.g. 3,2")
+    return k, d
+
+
 def number(text: str) -> float:
     try:
         return float(text)

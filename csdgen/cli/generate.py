@@ -37,6 +37,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     opt.add_method_options(p, family_note=True)
     p.add_argument("--refresh", choices=opt.REFRESH_MODES, default="independent",
                    help="refresh of pending drafts (default independent; coupled = maximal coupling)")
+    p.add_argument("--tree", type=opt.tree_shape, default=None, metavar="K,D",
+                   help="draft tree: K candidates at each of the window's first D draft positions, verified exactly "
+                        "(default: none; e.g. 3,2; docs/frontier.md)")
     opt.add_sampling(p, family_note=True)
     p.add_argument("--no-maps", action="store_true", help="do not write acceptance maps")
     g = p.add_argument_group("checkpoints (--model)")
@@ -67,15 +70,21 @@ def _rule(args):
 
 
 def _generate_kwargs(args, rule, sampling) -> dict:
-    return {"method": rule, "window": args.window, "sampling": sampling, "draft_init": args.draft_init,
-            "refresh": args.refresh}
+    kwargs = {"method": rule, "window": args.window, "sampling": sampling, "draft_init": args.draft_init,
+              "refresh": args.refresh}
+    if args.tree is not None:
+        kwargs["tree"] = args.tree
+    return kwargs
 
 
 def _run_settings(args, rule, sampling) -> dict:
     """What determines the images (compared on resume). Not the batch size: image i draws from its own
     random stream keyed by (seed, i), so a rerun with another --batch-size resumes the same images."""
-    return {"method": args.method, "rule": repr(rule), "window": args.window, "seed": args.seed,
-            "draft_init": args.draft_init, "refresh": args.refresh, "sampling": asdict(sampling)}
+    settings = {"method": args.method, "rule": repr(rule), "window": args.window, "seed": args.seed,
+                "draft_init": args.draft_init, "refresh": args.refresh, "sampling": asdict(sampling)}
+    if args.tree is not None:  # absent without a tree: records written before --tree existed still resume
+        settings["tree"] = list(args.tree)
+    return settings
 
 
 def builtin_job(args):

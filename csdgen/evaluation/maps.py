@@ -17,7 +17,7 @@ from PIL import Image, ImageDraw
 
 from csdgen.decoding import Decision
 
-__all__ = ["COLOURS", "PANEL_TITLES", "to_uint8", "acceptance_map", "save_png", "image_grid"]
+__all__ = ["COLOURS", "SIDE_BRANCH_COLOUR", "PANEL_TITLES", "to_uint8", "acceptance_map", "save_png", "image_grid"]
 
 COLOURS = {
     Decision.SAMPLED: (60, 110, 230),  # blue: plain or bonus sample
@@ -32,6 +32,9 @@ def to_uint8(images: torch.Tensor) -> np.ndarray:
     return ((images.detach().float().clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 1).cpu().numpy()
 
 
+#: purple: a draft accepted from a side branch of a draft tree (``ImageStats.side_branch``)
+SIDE_BRANCH_COLOUR = (150, 60, 200)
+
 #: titles of the three panels of an acceptance map
 PANEL_TITLES = ("image", "target entropy (nats)", "decisions over entropy")
 TITLE_H = 14  #: pixels of the title strip above the panels
@@ -39,7 +42,7 @@ LEGEND_H = 28  #: pixels of the two legend rows below them (decision colours; en
 
 
 def acceptance_map(image: np.ndarray, decisions: torch.Tensor, entropy: torch.Tensor, grid: tuple[int, int],
-                   vocab_size: int, scale: int = 2) -> Image.Image:
+                   vocab_size: int, scale: int = 2, side_branch: torch.Tensor | None = None) -> Image.Image:
     """Three titled panels side by side: the image, the target entropy, the decisions over the entropy.
 
     The entropy panel is a grey level from black (0 nats) to white (``ln V`` nats, the entropy
@@ -54,6 +57,8 @@ def acceptance_map(image: np.ndarray, decisions: torch.Tensor, entropy: torch.Te
         grid: ``(rows, cols)`` with ``rows * cols == N``.
         vocab_size: V, to scale the entropy by ``ln V``.
         scale: upscaling factor of the image.
+        side_branch: ``[N]`` bool (``ImageStats.side_branch`` of a run with a draft tree): those
+            tokens are drawn in purple (:data:`SIDE_BRANCH_COLOUR`), "side branch" in the legend.
 
     Returns:
         An RGB ``PIL.Image`` of size ``(3 * W * scale + 8, TITLE_H + H * scale + LEGEND_H)``.
@@ -66,6 +71,10 @@ def acceptance_map(image: np.ndarray, decisions: torch.Tensor, entropy: torch.Te
     codes = decisions.reshape(grid).numpy()
     for decision, colour in COLOURS.items():
         colours[codes == int(decision)] = colour
+    legend = [(d.name.lower(), c) for d, c in COLOURS.items()]
+    if side_branch is not None:
+        colours[side_branch.reshape(grid).numpy().astype(bool)] = SIDE_BRANCH_COLOUR
+        legend.append(("side branch", SIDE_BRANCH_COLOUR))
     blend = (0.4 * grey_rgb + 0.6 * colours).astype(np.uint8)
     panels = [Image.fromarray(image).resize((W, H), Image.NEAREST)] + [
         Image.fromarray(a).resize((W, H), Image.NEAREST) for a in (grey_rgb, blend)
@@ -76,10 +85,10 @@ def acceptance_map(image: np.ndarray, decisions: torch.Tensor, entropy: torch.Te
         canvas.paste(panel, (i * (W + 4), top))
         draw.text((i * (W + 4) + 2, 1), title, fill="black")
     x, y = 2, top + H + 3
-    for decision, colour in COLOURS.items():
+    for name, colour in legend:
         draw.rectangle([x, y, x + 8, y + 8], fill=colour)
-        draw.text((x + 11, y - 2), decision.name.lower(), fill="black")
-        x += 11 + 7 * len(decision.name) + 8
+        draw.text((x + 11, y - 2), name, fill="black")
+        x += 11 + 7 * len(name) + 8
     # entropy scale under the entropy panel: 0 .. ln V nats
     y, x0 = top + H + 17, W + 4
     ramp = np.repeat(np.linspace(0, 255, W).astype(np.uint8)[None, :], 6, axis=0)

@@ -102,6 +102,37 @@ class RaggedCache:
         mask = None if bool(mask.all()) else mask.long().to(self.device)
         return mask, positions.to(self.device)
 
+    def tree_inputs(self, new_valid: torch.Tensor, offsets: torch.Tensor, sees: torch.Tensor,
+                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention mask and position ids for a forward appending ``S`` *tree* columns (draft trees).
+
+        New column ``s`` of row ``r`` sees the row's valid cached columns and the new columns
+        ``t`` with ``sees[r, s, t]`` (itself and its ancestors); its position is the row's length
+        plus ``offsets[r, s]``. transformers uses a 4-D mask as given (no causal mask is added),
+        as an additive float mask in the eager and SDPA attentions.
+
+        Args:
+            new_valid: ``[R, S]`` bool CPU; offsets: ``[R, S]`` int64 CPU; sees: ``[R, S, S]`` bool CPU;
+            dtype: the model's float dtype (the mask holds 0 or its most negative value).
+
+        Returns:
+            ``(attention_mask [R, 1, S, T + S] dtype, position_ids [R, S] int64)`` on the device.
+        """
+        new_valid = new_valid.to(torch.bool).cpu()
+        R, S = new_valid.shape
+        past = self.valid[:, None, :].expand(R, S, self.width)
+        tree = (sees & new_valid[:, None, :]) | torch.eye(S, dtype=torch.bool)[None]  # a padding column sees itself
+        allowed = torch.cat([past, tree], dim=2).to(self.device)
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill_(~allowed, torch.finfo(dtype).min)
+        positions = self.lengths[:, None] + offsets
+        return mask[:, None], positions.to(self.device)
+
+    def drop_new(self, keep: torch.Tensor) -> None:
+        """Make the last ``S`` columns holes where ``keep`` (``[R, S]`` bool CPU) is False."""
+        S = keep.shape[1]
+        self.valid[:, self.width - S :] &= keep.to(torch.bool).cpu()
+        self.lengths = self.valid.sum(1)
+
     def append(self, new_valid: torch.Tensor, ids: torch.Tensor | None = None) -> None:
         """Record the ``[R, S]`` columns the last forward appended to the cache (and their ids, for inspection)."""
         new_valid = new_valid.to(torch.bool).cpu()
@@ -326,3 +357,111 @@ class RaggedSession(DecodingSession):
         if self._lengths is None:
             raise ValueError("cache_lengths before prefill")
         return self._lengths.clone()
+
+    # -- draft trees (csdgen.trees) ---------------------------------------------------------------
+
+    supports_trees = True
+
+    def _tree_columns(self, start: torch.Tensor, layout, valid: torch.Tensor):
+        """Sequence columns of a tree window: each node, and after a node that ends an image row a
+        row-end column of its own (the node's output is read there; its children see it).
+
+        Returns ``(col [B, S], end [B, S] bool, S2, valid2 [B, S2], offsets [B, S2], sees [B, S2, S2])``,
+        all CPU: the node columns, which nodes have a row end (at ``col + 1``), the window's column
+        count, the valid columns, the region offset of each column from the row's cached region,
+        and which columns each column sees.
+        """
+        B, S = valid.shape
+        depth = layout.depth
+        position = start[:, None] + depth[None]  # [B, S] image positions
+        if self.row_end is None:
+            end = torch.zeros(B, S, dtype=torch.bool)
+        else:
+            end = valid & ((position + 1) % self.cols == 0)
+        col = torch.arange(S)[None] + end.long().cumsum(1) - end.long()
+        S2 = S + (int(end.sum(1).max()) if B else 0)
+        rows = torch.arange(B)[:, None].expand(B, S)
+        valid2 = torch.zeros(B, S2, dtype=torch.bool)
+        valid2[rows[valid], col[valid]] = True
+        valid2[rows[end], col[end] + 1] = True
+        offsets = torch.zeros(B, S2, dtype=torch.long)
+        rel = self.region_length(position) - self.region_length(start)[:, None]
+        offsets[rows, col] = rel
+        offsets[rows[end], col[end] + 1] = rel[end] + 1
+        anc = layout.ancestors[None].expand(B, S, S)
+        strict = anc & ~torch.eye(S, dtype=torch.bool)[None]
+        sees = torch.zeros(B, S2, S2, dtype=torch.bool)
+        b, s, t = anc.nonzero(as_tuple=True)  # node column -> node columns of itself and its ancestors
+        sees[b, col[b, s], col[b, t]] = True
+        keep = end[b, s]  # its row-end column -> the same, and itself
+        sees[b[keep], col[b, s][keep] + 1, col[b, t][keep]] = True
+        sees[b[keep], col[b, s][keep] + 1, col[b, s][keep] + 1] = True
+        b, s, t = (strict & end[:, None, :]).nonzero(as_tuple=True)  # ancestors' row-end columns
+        sees[b, col[b, s], col[b, t] + 1] = True
+        keep = end[b, s]
+        sees[b[keep], col[b, s][keep] + 1, col[b, t][keep] + 1] = True
+        return col, end, S2, valid2, offsets, sees
+
+    def forward_tree(self, tokens, start, layout, valid):
+        """Evaluate a draft tree in one forward: a 4-D attention mask (each node sees the row's cache
+        and its own ancestors) and depth-based positions (:meth:`RaggedCache.tree_inputs`).
+
+        Args:
+            tokens: ``[B, S]`` int64 codebook ids of the nodes (slot 0: the root at image position
+                ``start[b]``); start: ``[B]`` int64 CPU, the rows' cached lengths;
+            layout: a :class:`csdgen.trees.TreeLayout`; valid: ``[B, S]`` bool CPU, nodes fed.
+
+        Returns:
+            logits ``[B, S, V]`` (cond / uncond): node ``s``'s slot is the distribution of the
+            position after it given its ancestors. Until :meth:`keep_path` the cache holds the tree.
+
+        Raises:
+            ValueError: a bad ``start``, or a node past the image.
+        """
+        if self._lengths is None:
+            raise ValueError("forward_tree before prefill: call prefill() first")
+        B, S = tokens.shape
+        start = row_tensor(start, B)
+        check_row_arguments("start", start, self.batch_size, self._lengths, self._lengths)
+        deepest = torch.where(valid, layout.depth[None], -1).max(1).values
+        check_row_arguments("tree depth", deepest, self.batch_size, -1, self.num_image_tokens - 1 - start)
+        col, end, S2, valid2, offsets, sees = self._tree_columns(start, layout, valid)
+        dev = self.prompt_ids.device
+        vocab = self._vocab_ids(tokens.to(dev))
+        ids = torch.full((B, S2), self.filler, dtype=torch.long, device=dev).scatter_(1, col.to(dev), vocab)
+        if self.row_end is not None:
+            ends = torch.zeros(B, S2 + 1, dtype=torch.bool).scatter_(1, torch.where(end, col + 1, S2), True)[:, :S2]
+            ids = ids.masked_fill(ends.to(dev), self.row_end)
+        out = torch.where(end, col + 1, col).to(dev)  # a row-ending node's output is read at its row end
+        ids, valid2, out = self._rows(ids), self._rows(valid2), self._rows(out)
+        dtype = self.kv.cache.layers[0].keys.dtype
+        mask, positions = self.kv.tree_inputs(valid2, self._rows(offsets), self._rows(sees), dtype)
+        logits = self._logits(ids, mask, positions, out, prefill=False)
+        self.kv.append(valid2, ids)
+        self._tree_start, self._tree_columns_of = start, (col, end, S2)
+        self._lengths = start + deepest + 1
+        return split_guided(logits, self.batch_size, self.guided)
+
+    def keep_path(self, path, lengths):
+        """After :meth:`forward_tree`: keep the root and the winning path's nodes, image positions
+        ``0 .. lengths[b] - 1``; the other branches become holes (compacted away by
+        :meth:`RaggedCache.truncate` when they waste space).
+
+        Args:
+            path: ``[B, W]`` int64 CPU, the node at each depth ``0 .. W - 1`` of the winning path.
+            lengths: ``[B]`` int64 CPU, ``start[b] <= lengths[b] <=`` the tree's deepest position + 1.
+        """
+        start, (col, end, S2) = self._tree_start, self._tree_columns_of
+        lengths = row_tensor(lengths, self.batch_size)
+        check_row_arguments("keep_path lengths", lengths, self.batch_size, start, self._lengths)
+        B, W = path.shape
+        kept_depth = torch.arange(W)[None] < (lengths - start)[:, None]
+        rows = torch.arange(B)[:, None].expand(B, W)[kept_depth]
+        nodes = path[kept_depth]
+        keep = torch.zeros(B, S2, dtype=torch.bool)
+        keep[rows, col[rows, nodes]] = True
+        with_end = end[rows, nodes]
+        keep[rows[with_end], col[rows, nodes][with_end] + 1] = True
+        self.kv.drop_new(self._rows(keep))
+        self.kv.truncate(self.prompt_lengths + self._rows(self.region_length(lengths)))
+        self._lengths = lengths.clone()

@@ -118,3 +118,73 @@ class _FunctionSession(DecodingSession):
     @property
     def cache_lengths(self):
         return self.lengths.clone()
+
+    # -- draft trees (csdgen.trees) ---------------------------------------------------------------
+
+    supports_trees = True
+
+    def forward_tree(self, tokens, start, layout, valid):
+        """Evaluate a draft tree: node ``s`` of row ``b`` is image position ``start[b] + depth[s]``.
+
+        Args:
+            tokens: ``[B, S]`` int64 node tokens (slot 0: the root, at position ``start[b]``).
+            start: ``[B]`` int64 CPU, the rows' cached lengths.
+            layout: a :class:`csdgen.trees.TreeLayout` (``depth``, ``ancestors``).
+            valid: ``[B, S]`` bool CPU, nodes fed (the others are padding; their logits are 0).
+
+        Returns:
+            logits ``[B, S, V]``: node ``s``'s slot is the distribution of the position after it,
+            given its ancestors. Until :meth:`keep_path`, the row caches the whole tree.
+        """
+        B, S = tokens.shape
+        start = row_tensor(start, B)
+        check_row_arguments("start", start, self.batch_size, self.lengths, self.lengths)
+        N = self.model.num_image_tokens
+        depth = layout.depth
+        deepest = torch.where(valid, depth[None], -1).max(1).values
+        if bool((start + deepest >= N).any()):
+            raise ValueError(f"tree window past the image: start={start.tolist()}, depth up to {deepest.tolist()}, N={N}")
+        dev = self.tokens.device
+        # prefix of node s in row b: the row's tokens, with position start[b] + depth[t] set to node t's
+        # token for every ancestor t of s
+        prefixes = self.tokens[:, None, :].expand(B, S, N).clone()  # [B, S, N]
+        anc_b, anc_s, anc_t = layout.ancestors[None].expand(B, S, S).nonzero(as_tuple=True)
+        pos = (start[anc_b] + depth[anc_t]).clamp(max=N - 1)
+        keep = valid[anc_b, anc_s]
+        prefixes[anc_b[keep].to(dev), anc_s[keep].to(dev), pos[keep].to(dev)] = tokens[anc_b[keep].to(dev), anc_t[keep].to(dev)]
+        ends = start[:, None] + depth[None] + 1  # [B, S] prefix lengths
+        V = self.model.codebook_size
+        cond = torch.zeros(B, S, V, device=self.model.device)
+        uncond = torch.zeros(B, S, V, device=self.model.device) if self.guided else None
+        for length in ends[valid].unique().tolist():
+            rows, slots = ((ends == length) & valid).nonzero(as_tuple=True)
+            prefix = prefixes[rows.to(dev), slots.to(dev), :length]
+            out = self.model.fn(prefix)
+            cond = cond.to(out.dtype)
+            cond[rows.to(cond.device), slots.to(cond.device)] = out
+            if self.guided:
+                out_u = self.model.uncond_fn(prefix)
+                uncond = uncond.to(out_u.dtype)
+                uncond[rows.to(cond.device), slots.to(cond.device)] = out_u
+        self._tree = (tokens.to(dev), start)
+        self.lengths = start + deepest + 1
+        return WindowLogits(cond, uncond)
+
+    def keep_path(self, path, lengths):
+        """After :meth:`forward_tree`: keep the nodes ``path[b, 0 .. lengths[b] - start[b] - 1]``.
+
+        Args:
+            path: ``[B, W]`` int64 CPU, the node at each depth of the winning path.
+            lengths: ``[B]`` int64 CPU, image positions each row keeps (``>= start``).
+        """
+        tokens, start = self._tree
+        lengths = row_tensor(lengths, self.batch_size)
+        check_row_arguments("keep_path lengths", lengths, self.batch_size, start, self.lengths)
+        B, W = path.shape
+        depth = torch.arange(W)
+        kept = depth[None] < (lengths - start)[:, None]
+        rows = torch.arange(B)[:, None].expand(B, W)
+        dev = self.tokens.device
+        self.tokens[rows[kept].to(dev), (start[:, None] + depth)[kept].to(dev)] = tokens[rows[kept].to(dev), path[kept].to(dev)]
+        self.lengths = lengths.clone()
+        self._tree = None

@@ -1,0 +1,257 @@
+"""Draft trees (csdgen.trees): exact in distribution, AR under greedy, cache = fresh prefill after compaction.
+
+The chi-square tests use the model with a known joint law of tests/conftest.py (V = 3, N = 4).
+With K >= V a level's candidates cover the whole codebook (always one accepted), with top-k the
+draft distributions have fewer than K tokens (void siblings): both edges are covered. The
+failing control is SJD-PAC's released path choice (longest accepted run), run on more samples.
+"""
+
+import pytest
+import torch
+
+import csdgen
+from csdgen.decoding import Decision, _TreeLoop
+from csdgen.models import FunctionModel
+from csdgen.sampling import SamplingConfig
+from csdgen.trees import draw_siblings, tree_layout, without
+from conftest import KnownJoint
+from kv_check import assert_rows_match_fresh
+from test_lossless import P_FAIL, P_PASS, SAMPLES, chi_square_pvalue
+
+TOP_K = KnownJoint(SamplingConfig(guidance_scale=2.0, top_k=2), seed=1)
+UNGUIDED = KnownJoint(SamplingConfig(guidance_scale=1.0), seed=2)
+
+
+def test_layout_of_a_tree():
+    t = tree_layout(2, 2, 5)
+    assert t.S == 1 + 2 + 4 + 2  # root, two levels, then the chain to depth 4
+    assert t.depth.tolist() == [0, 1, 1, 2, 2, 2, 2, 3, 4]
+    assert t.parent.tolist() == [0, 0, 0, 1, 1, 2, 2, 3, 7]
+    assert t.main.tolist() == [0, 1, 3, 7, 8]
+    assert t.children.tolist() == [[1, 2], [3, 4], [5, 6]]
+    assert t.ancestors[6].nonzero()[:, 0].tolist() == [0, 2, 6]
+    assert tree_layout(3, 3, 2).D == 1  # a tree never reaches past the window
+
+
+def test_siblings_are_drawn_without_replacement():
+    p = torch.tensor([[[0.5, 0.3, 0.2, 0.0]]]).expand(20000, 1, 4)
+    u = torch.rand(20000, 1, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    first = torch.multinomial(p[:, 0], 1, generator=torch.Generator().manual_seed(1))
+    cand, alive = draw_siblings(first, p, 3, u)
+    assert bool(alive.all())
+    assert bool((cand[..., 0] != cand[..., 1]).all() & (cand[..., 1] != cand[..., 2]).all() & (cand[..., 0] != cand[..., 2]).all())
+    assert not bool((cand == 3).any())  # zero mass never drawn
+    # second candidate's law: sum_x p(x) p(y) / (1 - p(x))
+    expected = torch.tensor([0.3 * 0.5 / 0.7 + 0.2 * 0.5 / 0.8, 0.5 * 0.3 / 0.5 + 0.2 * 0.3 / 0.8, 0.5 * 0.2 / 0.5 + 0.3 * 0.2 / 0.7])
+    observed = torch.bincount(cand[:, 0, 1], minlength=4)[:3].double() / 20000
+    assert torch.allclose(observed, expected.double(), atol=0.015)
+    _, alive = draw_siblings(torch.zeros(1, 1, dtype=torch.long), torch.tensor([[[1.0, 0.0]]]), 2, torch.zeros(1, 1, 1, dtype=torch.float64))
+    assert alive.tolist() == [[[True, False]]]  # a one-hot draft leaves no sibling: void
+    probs, ok = without(torch.tensor([[0.5, 0.5]]), torch.tensor([[0, 1]]))
+    assert not bool(ok.any())
+
+
+@pytest.mark.parametrize(
+    "joint, tree, window, refresh, draft_init, method",
+    [
+        ("known", (2, 1), 3, "independent", "uniform", "sjd"),
+        ("known", (2, 2), 4, "coupled", "uniform", "sjd"),
+        ("known", (2, 3), 4, "independent", "uniform", "sjd"),
+        ("known", (4, 3), 4, "coupled", "uniform", "sjd"),
+        ("top_k", (3, 2), 4, "coupled", "uniform", "sjd"),
+        ("top_k", (4, 1), 2, "independent", "uniform", "sjd"),
+        ("unguided", (3, 2), 4, "coupled", "onehot", "sjd"),
+        ("unguided", (2, 2), "auto", "independent", "uniform", "sjd"),
+        ("known", (2, 2), 4, "independent", "uniform", "jacobi"),
+    ],
+)
+def test_trees_reproduce_the_target_joint(known_joint, joint, tree, window, refresh, draft_init, method):
+    model = {"known": known_joint, "top_k": TOP_K, "unguided": UNGUIDED}[joint]
+    out = csdgen.generate(model.model, batch_size=SAMPLES, sampling=model.sampling, method=method, window=window, tree=tree,
+                          refresh=refresh, draft_init=draft_init, seed=21)
+    assert len({s.steps for s in out.images}) > 1 or tree[0] >= 3  # K >= V: every level accepts
+    assert chi_square_pvalue(out.tokens, model.joint()) > P_PASS
+
+
+def test_longest_run_path_choice_is_biased(known_joint, monkeypatch):
+    """SJD-PAC's released choice fails the same test, with the same seed and sample size, where the exact one passes."""
+    law, n = known_joint.joint(), 2 * SAMPLES
+    kwargs = dict(batch_size=n, sampling=known_joint.sampling, method="sjd", window=3, tree=(2, 2), seed=5)
+    assert chi_square_pvalue(csdgen.generate(known_joint.model, **kwargs).tokens, law) > P_PASS
+    monkeypatch.setattr(_TreeLoop, "PATH_CHOICE", "longest")
+    assert chi_square_pvalue(csdgen.generate(known_joint.model, **kwargs).tokens, law) < P_FAIL
+
+
+@pytest.mark.parametrize("tree, window, guided", [((2, 1), 4, False), ((3, 2), 6, True), ((4, 3), 8, False)])
+def test_greedy_tree_equals_ar(cached_model, tree, window, guided):
+    sampling = SamplingConfig(guidance_scale=3.0 if guided else 1.0, temperature=0)
+    classes = [0, 1, 2, 3]
+    ar = csdgen.generate(cached_model, classes, method="ar", sampling=sampling)
+    out = csdgen.generate(cached_model, classes, method="sjd", window=window, tree=tree, sampling=sampling, draft_init="uniform")
+    assert torch.equal(out.tokens, ar.tokens)
+    assert out.steps < ar.steps
+
+
+@pytest.mark.parametrize("guided", [False, True])
+def test_cache_after_every_compaction_equals_fresh_prefill(cached_model, guided):
+    sampling = SamplingConfig(guidance_scale=2.0 if guided else 1.0, temperature=1.0)
+    classes = [0, 3, 4]
+
+    def check(info):
+        if info.step > 1:
+            assert_rows_match_fresh(cached_model, classes, guided, info)
+
+    out = csdgen.generate(cached_model, classes, method="sjd", window=6, tree=(3, 2), sampling=sampling, seed=3, callback=check)
+    assert any(bool(s.side_branch.any()) for s in out.images)  # side branches won and were compacted
+
+
+def test_tree_statistics_and_acceptance_map(cached_model):
+    out = csdgen.generate(cached_model, [0, 1, 2], method="sjd", window=6, tree=(3, 2), seed=4,
+                          sampling=SamplingConfig(guidance_scale=2.0))
+    for s in out.images:
+        assert sum(s.committed_per_step) == s.num_tokens
+        assert s.branches.shape == (s.steps - 1, 2)
+        t = s.summary()["tree"]
+        assert sum(t["branch_wins"][0]) == t["tokens_per_level"][0] and len(t["branch_wins"][0]) == 3
+        assert sum(t["tokens_per_level"]) + t["chain_tokens"] == sum(n - 1 for n in s.committed_per_step[1:])
+        accepted = (s.decisions == Decision.ACCEPTED) | (s.decisions == Decision.RELAXED)
+        assert not bool((s.side_branch & ~accepted).any())  # side-branch tokens are accepted candidates
+        assert t["side_tokens"] == int(s.side_branch.sum())
+    assert sum(t for s in out.images for t in s.summary()["tree"]["branch_wins"][0][1:]) > 0
+
+
+def test_tree_images_do_not_depend_on_the_batch(cached_model):
+    sampling = SamplingConfig(guidance_scale=2.0)
+    kwargs = dict(method="sjd", window=5, tree=(2, 2), sampling=sampling, seed=9)
+    both = csdgen.generate(cached_model, [1, 2], **kwargs)
+    alone = csdgen.generate(cached_model, [2], image_indices=[1], **kwargs)
+    assert torch.equal(both.tokens[1:], alone.tokens)
+
+
+def test_csd_with_a_tree_runs_and_labels_relaxed_tokens(cached_model):
+    out = csdgen.generate(cached_model, [0, 1], method="csd", window=6, tree=(2, 2), seed=2,
+                          sampling=SamplingConfig(guidance_scale=2.0))
+    assert out.tokens.shape == (2, cached_model.num_image_tokens)
+    assert out.settings["tree"] == [2, 2]
+
+
+@pytest.mark.parametrize("tree", [(0, 1), (2, 0), (2,), "3,2", (2.0, 1), (True, 1)])
+def test_bad_tree_is_refused(known_joint, tree):
+    with pytest.raises(ValueError, match="tree="):
+        csdgen.generate(known_joint.model, batch_size=2, method="sjd", window=3, tree=tree)
+
+
+def test_tree_needs_a_speculative_method_and_a_tree_session(known_joint):
+    with pytest.raises(ValueError, match="method='ar'"):
+        csdgen.generate(known_joint.model, batch_size=2, method="ar", tree=(2, 1))
+
+    class NoTrees(FunctionModel):
+        def start(self, conditions, batch_size, guided):
+            session = super().start(conditions, batch_size, guided)
+            session.supports_trees = False
+            session.tree_refusal = "no tree forward here"
+            return session
+
+    model = NoTrees(known_joint.model.fn, 4, 3)
+    with pytest.raises(ValueError, match="no tree forward here"):
+        csdgen.generate(model, batch_size=2, method="sjd", window=3, tree=(2, 1))
+
+
+# -- the families: Janus (Llama backbone) evaluates trees; row-end families refuse in one line
+
+from test_models_janus import GUIDED as JANUS_GREEDY, PROMPTS as JANUS_PROMPTS  # noqa: E402
+from test_models_janus import ar_tokens, checkpoint, janus  # noqa: E402,F401  (fixtures)
+
+
+def test_janus_greedy_tree_equals_ar_and_cache_equals_fresh(janus, ar_tokens):
+    for tree, window in (((2, 2), 7), ((3, 1), 13)):
+        out = csdgen.generate(janus, JANUS_PROMPTS, method="sjd", window=window, tree=tree, sampling=JANUS_GREEDY,
+                              draft_init="uniform")
+        assert torch.equal(out.tokens, ar_tokens[2]), tree
+    sampling = SamplingConfig(guidance_scale=3.0)
+
+    def check(info):
+        if info.step > 1:
+            assert_rows_match_fresh(janus, JANUS_PROMPTS, True, info)
+
+    csdgen.generate(janus, JANUS_PROMPTS, method="sjd", window=8, tree=(3, 2), sampling=sampling, seed=1, callback=check)
+
+
+@pytest.fixture(scope="module")
+def row_end_models(tmp_path_factory):
+    """Tiny random Emu3 and Lumina-mGPT (Chameleon) checkpoints: families with a row-end token after every image row."""
+    from test_models_chameleon import build_checkpoint as build_chameleon
+    from test_models_emu3 import HEIGHT, NEGATIVE, WIDTH
+    from test_models_emu3 import build_checkpoint as build_emu3
+
+    from csdgen.models.chameleon import ChameleonImageModel
+    from csdgen.models.emu3 import Emu3ImageModel
+
+    emu3 = Emu3ImageModel.from_pretrained(build_emu3(tmp_path_factory.mktemp("emu3")), height=HEIGHT, width=WIDTH,
+                                          negative_prompt=NEGATIVE, positive_prompt="")
+    lumina = ChameleonImageModel.from_pretrained(build_chameleon(str(tmp_path_factory.mktemp("chameleon"))),
+                                                 layout="lumina", height=12, width=16)
+    return {"emu3": (emu3, ["a red cat", "two dogs on a long sunny beach"]), "lumina": (lumina, [[4, 9, 7, 12, 5], [6, 6, 11]])}
+
+
+@pytest.mark.parametrize("family", ["emu3", "lumina"])
+def test_row_end_families_greedy_tree_equals_ar_and_cache_equals_fresh(row_end_models, family):
+    """Tree branches that cross an image row get their own row-end column (RaggedSession._tree_columns)."""
+    model, prompts = row_end_models[family]
+    greedy = SamplingConfig(temperature=0, guidance_scale=3.0)
+    ar = csdgen.generate(model, prompts, method="ar", sampling=greedy).tokens
+    for tree, window in (((2, 2), 5), ((3, 3), 9), ((2, 1), 13)):
+        out = csdgen.generate(model, prompts, method="sjd", window=window, tree=tree, sampling=greedy, draft_init="uniform")
+        assert torch.equal(out.tokens, ar), tree
+    lengths = []
+
+    def check(info):
+        if info.step > 1:
+            assert_rows_match_fresh(model, prompts, True, info)
+            lengths.extend(info.session.cache_lengths.tolist())
+
+    cols = model.grid[1]
+    out = csdgen.generate(model, prompts, method="sjd", window=7, tree=(3, 2), sampling=SamplingConfig(guidance_scale=3.0),
+                          seed=2, callback=check)
+    assert any(k % cols == 0 and k for k in lengths) and any(k % cols == cols - 1 for k in lengths)
+
+
+def test_acceptance_map_marks_side_branch_tokens(cached_model):
+    import numpy as np
+
+    from csdgen.evaluation.maps import SIDE_BRANCH_COLOUR, TITLE_H, acceptance_map
+
+    out = csdgen.generate(cached_model, [0, 3, 4], method="sjd", window=6, tree=(3, 2), seed=3,
+                          sampling=SamplingConfig(guidance_scale=2.0))
+    s = next(s for s in out.images if bool(s.side_branch.any()))
+    image = np.zeros((6, 8, 3), dtype=np.uint8)
+    plain = np.asarray(acceptance_map(image, s.decisions, s.entropy, cached_model.grid, 48, scale=1))
+    marked = np.asarray(acceptance_map(image, s.decisions, s.entropy, cached_model.grid, 48, scale=1, side_branch=s.side_branch))
+    row, col = divmod(int(s.side_branch.nonzero()[0, 0]), 8)
+    panel = marked[TITLE_H : TITLE_H + 6, 2 * (8 + 4) :][row, col].astype(int)
+    assert not np.array_equal(plain[TITLE_H : TITLE_H + 6, 2 * (8 + 4) :][row, col], panel)
+    grey = (s.entropy[row * 8 + col].item() / np.log(48)) * 255
+    assert np.allclose(panel, 0.4 * min(grey, 255) + 0.6 * np.array(SIDE_BRANCH_COLOUR), atol=2)
+
+
+def test_cli_tree_option(tmp_path, capsys):
+    import json
+
+    from builtin_fixture import make_tiny_weights
+
+    from csdgen import cli
+
+    weights = make_tiny_weights(tmp_path / "w")
+    out = tmp_path / "out"
+    argv = ["generate", "--weights", str(weights), "-n", "2", "--batch-size", "2", "--out", str(out), "--method", "sjd",
+            "--refresh", "coupled", "--window", "8", "--tree", "3,2"]
+    assert cli.main(argv) == 0
+    record = json.loads((out / "record.json").read_text())
+    assert record["settings"]["tree"] == [3, 2]
+    assert "tree" in record["images"]["0"] and len(record["images"]["0"]["tree"]["branch_wins"]) == 2
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv[:-1] + ["3"])
+    assert exc.value.code == 2 and "expected K,D" in capsys.readouterr().err
+    ar = ["generate", "--weights", str(weights), "-n", "1", "--out", str(tmp_path / "ar"), "--method", "ar", "--tree", "2,1"]
+    assert cli.main(ar) == 2
+    assert "method='ar'" in capsys.readouterr().err
