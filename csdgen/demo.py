@@ -560,6 +560,10 @@ def serve(model_path: str | None = None, host: str = "127.0.0.1", port: int | No
     model, name, defaults = load_demo_model(model_path, weights)
     app = build_app(model, model_name=name, defaults=defaults)
     app.queue(default_concurrency_limit=1)
-    app.launch(server_name=host, server_port=port, share=False, inbrowser=False, prevent_thread_lock=not block,
-               show_error=False, ssr_mode=False, footer_links=[], quiet=False, css=_CSS)
+    # quiet: Gradio's own banner suggests share=True, which this page never uses
+    app.launch(server_name=host, server_port=port, share=False, inbrowser=False, prevent_thread_lock=True,
+               show_error=False, ssr_mode=False, footer_links=[], quiet=True, css=_CSS)
+    print(f"csdgen demo: serving {name} on http://{host}:{app.server_port}/ (Ctrl-C stops it)", flush=True)
+    if block:
+        app.block_thread()
     return app

@@ -154,7 +154,7 @@ def test_sigint_while_importing_gives_no_traceback(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "csdgen", "generate", "-n", "1", "--out", str(tmp_path / "o")],
                             stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal
-    time.sleep(0.4)  # inside the heavy imports or the first batch: both must end in one line
+    time.sleep(2.0)  # inside the heavy imports (torch: seconds) or the first batch: both must end in one line
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
@@ -390,3 +390,12 @@ def test_api_and_cli_use_the_models_defaults(weights, tmp_path):
     assert cli_settings["rule"] == f"CSD(lam={d.lam}, delta={d.delta}, entropy_unit='nats')"
     summary = csdgen.save_run(model, ["coffee"], tmp_path / "api", maps=False)
     assert json.loads((tmp_path / "api" / "record.json").read_text())["images"]["0"]["steps"] == summary.steps
+
+
+@pytest.mark.parametrize("argv", [("generate", "--window", "0"), ("generate", "--method", "foo"), ("bogus",),
+                                  ("generate", "--batch-size", "0"), ("demo", "--port", "70000")])
+def test_usage_errors_are_one_line_naming_the_value(capsys, argv):
+    """A bad option value: one line (no usage block) naming the value, and where the options are listed."""
+    err = usage_error(capsys, *argv)
+    assert err.count("\n") == 1 and "error:" in err and "--help" in err
+    assert argv[-1] in err

@@ -22,8 +22,15 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 COMMANDS = {"generate": generate, "compare": compare, "sweep": sweep, "bench": bench, "demo": demo}
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (the value, what is allowed, where the help is)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (options: {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="csdgen", allow_abbrev=False, description="Fast AR image generation with content-aware "
+    parser = _Parser(prog="csdgen", allow_abbrev=False, description="Fast AR image generation with content-aware "
                                      "speculative decoding (CSD). Run `csdgen COMMAND --help` for a command's options.")
     from csdgen import __version__
 
