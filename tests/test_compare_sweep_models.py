@@ -74,3 +74,17 @@ def test_prompts_on_the_builtin_model_as_bench_one_line(builtin_weights, tmp_pat
     assert cli.main([command, "--weights", str(builtin_weights), "--out", str(tmp_path / "o"), *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err and "Traceback" not in err
+
+
+def test_sweep_on_the_builtin_model_with_a_class_file_plots_its_offline_scores(builtin_weights, tmp_path):
+    classes = tmp_path / "classes.txt"
+    classes.write_text("brick\nMoon\n")
+    out = tmp_path / "sweep"
+    assert cli.main(["sweep", "--weights", str(builtin_weights), "--prompts", str(classes), "--baselines", "ar",
+                     "--csd-lam", "0.5", "--addition-c", "", "--gsd-radius", "", "--lantern-delta", "", "--windows", "8",
+                     "--out", str(out)]) == 0
+    rows = _csv(out / "sweep.csv")
+    assert [r["method"] for r in rows] == ["ar", "csd"] and all(r["images"] == "2" for r in rows)
+    for row in rows:
+        assert 0 <= float(row["class_consistency"]) <= 1 and float(row["frechet_distance"]) >= 0 and float(row["nll"]) > 0
+    assert (out / "frontier.png").is_file()

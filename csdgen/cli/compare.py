@@ -26,7 +26,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("compare", allow_abbrev=False, help="AR, SJD, CSD and the other methods on the same classes and seeds",
                        description="Run every method (or --methods) on the same classes and seeds of the built-in "
                                    "model and print one table; writes compare.md, compare.csv, compare.png and one "
-                                   "cached run_<method>.json/.safetensors per method into --out.")
+                                   "cached run_<method>.json/.safetensors per method into --out. With --model and/or "
+                                   "--prompts it runs as csdgen bench with these methods (records, resume, report.md) "
+                                   "and writes its table as compare.md and compare.csv.")
     opt.add_builtin_model(p, n_default="64", batch_default=16, out_default="compare", n_minimum=2)
     p.add_argument("--methods", type=opt.names_of(COMPARE_METHODS, "method"), default=None,
                    help=f"comma-separated, of {','.join(COMPARE_METHODS)} (default: all; ar is always run)")

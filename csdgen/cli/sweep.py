@@ -29,7 +29,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("sweep", allow_abbrev=False, help="every method over its parameter: table and speed-quality frontier plot",
                        description="Run every method over its relaxation parameter on the same classes and seeds "
                                    "of the built-in model; writes sweep.md, sweep.csv, sweep.json, frontier.png and "
-                                   "one cached run_<setting>.json/.safetensors per setting into --out.")
+                                   "one cached run_<setting>.json/.safetensors per setting into --out. With --model "
+                                   "and/or --prompts it runs as csdgen bench with one method per setting (records, "
+                                   "resume, report.md), then writes the sweep table and frontier.png from it.")
     opt.add_builtin_model(p, n_default="64", batch_default=16, out_default="sweep", n_minimum=2)
     grid = SweepGrid()
     for name, kind, what in _GRIDS:
