@@ -87,7 +87,8 @@ class BenchPlan:
         indices: per prompt, its run-wide index (its position in the whole prompt set).
         conditions: per prompt, what ``model.start`` takes (the text; a class index for the built-in model).
         methods: method name -> keyword arguments of :func:`csdgen.generate` (``method``,
-            ``draft_init``, ``refresh``), e.g. :func:`csdgen.evaluation.compare.method_presets`.
+            ``draft_init``, ``refresh``, optionally ``window``, overriding :attr:`window` for that
+            method), e.g. :func:`csdgen.evaluation.compare.method_presets`.
         seeds: run seeds; every method runs at each.
         floor_seed: AR also runs at this seed (the noise floor), None for none.
         window: the Jacobi window, a fixed integer (AR ignores it); ``"auto"`` is refused, since
@@ -300,8 +301,10 @@ def device_name(device) -> str:
 def _generate(plan: BenchPlan, method: str, seed: int, position: int):
     from csdgen.decoding import generate
 
+    kwargs = dict(plan.methods[method])
+    window = kwargs.pop("window", plan.window)  # a sweep's setting may carry its own window
     return generate(plan.model, [plan.conditions[position]], seed=seed, image_indices=[plan.indices[position]],
-                    window=plan.window, sampling=plan.sampling, **plan.methods[method])
+                    window=window, sampling=plan.sampling, **kwargs)
 
 
 def _save_tensors(tensors: dict, path: Path) -> None:

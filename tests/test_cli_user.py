@@ -45,12 +45,15 @@ def helptext(capsys, command) -> str:
 
 # ---- 3. compare and sweep: their own options, their own defaults, every option honoured ----
 
-def test_compare_and_sweep_help_show_their_own_defaults_and_no_model_option(capsys):
+def test_compare_and_sweep_help_show_their_own_defaults_and_bench_model_options(capsys):
     compare = helptext(capsys, "compare")
     assert "(default 64" in compare and "(default ./compare)" in compare and "(default 16;" in compare
-    assert "--model" not in compare and "(default 8" not in compare and "./outputs" not in compare
+    assert "(default 8" not in compare and "./outputs" not in compare
     sweep = helptext(capsys, "sweep")
-    assert "(default 64" in sweep and "(default ./sweep)" in sweep and "--model" not in sweep
+    assert "(default 64" in sweep and "(default ./sweep)" in sweep
+    for text in (compare, sweep):  # --model/--prompts: the command runs as csdgen bench (issue 11)
+        for option in ("--model MODEL", "--prompts PROMPTS", "--limit N", "--offset K", "runs as csdgen bench"):
+            assert option in text, option
     for option in ("--window ", "--lam ", "--delta ", "--draft-init ", "--addition-c C"):
         assert option not in sweep, option
     generate = helptext(capsys, "generate")

@@ -184,6 +184,8 @@ def _methods(args, model) -> dict:
 
     presets = method_presets(args.lam, args.delta, args.addition_c, model.codebook_embeddings(),
                              entropy_unit=args.entropy_unit, draft_init=args.draft_init)
+    if args.methods is None:  # every method this model has (compare's default)
+        return presets
     names = args.methods if "ar" in args.methods else ["ar", *args.methods]
     missing = [n for n in names if n not in presets]
     if missing:
@@ -233,6 +235,30 @@ def _scorers(args, plan, device: str, out: Path):
 
 
 def run(args) -> int:
+    done = execute(args)
+    if done is not None:
+        _, out, written = done
+        print(written["report.md"].read_text().split("## Settings")[0].rstrip())
+        print(f"Wrote {out}/report.md, report.csv, records.jsonl and {len(written) - 2} more files")
+    return 0
+
+
+def execute(args, adjust=None, title: str = "csdgen bench"):
+    """Plan, generate (resuming) and report a bench from parsed ``csdgen bench`` options: the one
+    runner behind ``bench``, and ``compare`` and ``sweep`` with ``--model``/``--prompts``.
+
+    Args:
+        args: the namespace of ``csdgen bench``'s parser.
+        adjust: called with the :class:`csdgen.bench.BenchPlan` before anything is generated (e.g.
+            ``sweep`` replaces its methods by the sweep's settings); returns the plan to run.
+        title: the report's title.
+
+    Returns:
+        ``(plan, out folder, {name: path} of the report files)`` in the first process, None in the others.
+
+    Raises:
+        ValueError: bad options (one line each), other settings in the output folder.
+    """
     import torch
     from tqdm import tqdm
 
@@ -245,6 +271,8 @@ def run(args) -> int:
     try:
         device = f"cuda:{local}" if device_type == "cuda" else "cpu"
         plan = _builtin_plan(args, device) if args.model == "builtin" else _model_plan(args, device)
+        if adjust is not None:
+            plan = adjust(plan)
         out = writable(args.out)
         scorers = _scorers(args, plan, device, out) if rank == 0 else None
         with tqdm(total=0, unit="img", desc=f"bench rank {rank}/{world}" if world > 1 else "bench",
@@ -261,16 +289,54 @@ def run(args) -> int:
         bench.barrier()  # every process has written its records
         bench.leave()
         if rank != 0:
-            return 0
+            return None
         notes = [f"machine: {bench.machine()}; {world} process{'es' if world > 1 else ''}; batch size 1; "
                  f"window {plan.window}; sampling {asdict(plan.sampling)}",
                  f"model: {plan.settings['model']}; prompts: {plan.settings['prompts']}, {len(plan.prompts)} from index "
                  f"{plan.indices[0]}; methods: {', '.join(plan.methods)}; seeds: {', '.join(map(str, plan.seeds))}"
                  + ("" if plan.floor_seed is None else f"; noise floor: ar at seed {plan.floor_seed}")]
-        written = bench.finish(plan, out, scorers, notes=notes)
-        text = written["report.md"].read_text()
-        print(text.split("## Settings")[0].rstrip())
-        print(f"Wrote {out}/report.md, report.csv, records.jsonl and {len(written) - 2} more files")
-        return 0
+        return plan, out, bench.finish(plan, out, scorers, notes=notes, title=title)
     finally:
         bench.leave()
+
+
+def add_bench_source(p: argparse.ArgumentParser, command: str) -> None:
+    """``--model``, ``--prompts``, ``--limit``, ``--offset`` of ``compare`` and ``sweep``: given, the command runs
+    through ``csdgen bench``'s runner (batch size 1, records, resume; ``--class``, ``-n`` and ``--batch-size`` do not apply)."""
+    g = p.add_argument_group(f"any model or prompt set (then {command} runs as csdgen bench: batch size 1, one "
+                             f"record per image, resumable; --class, -n and --batch-size do not apply)")
+    g.add_argument("--model", default="builtin",
+                   help="'builtin' (default), or a Janus, Emu3 or Chameleon-format checkpoint folder or Hugging Face "
+                        "repo id in the local cache (no download)")
+    g.add_argument("--prompts", default=None,
+                   help="coco, parti or a prompt file (.txt, .jsonl, .tsv), as csdgen bench (default coco; the "
+                        "built-in model takes a file of class names)")
+    g.add_argument("--limit", type=opt.count(), default=None, metavar="N",
+                   help=f"number of prompts (default: all; built-in {BUILTIN_LIMIT})")
+    g.add_argument("--offset", type=opt.count(0), default=0, metavar="K", help="index of the first prompt (default 0)")
+
+
+def uses_bench(args) -> bool:
+    """True when ``compare``/``sweep`` options ask for a checkpoint or a prompt set (see :func:`add_bench_source`)."""
+    return args.model != "builtin" or args.prompts is not None
+
+
+def bench_namespace(args, skip=(), **overrides) -> argparse.Namespace:
+    """``csdgen bench``'s options for another command: bench's defaults, then every option of ``args``
+    that bench also has (except the names in ``skip``, which mean something else there), then ``overrides``.
+
+    Raises:
+        ValueError: ``--class`` or ``-n`` given (built-in options; with --model/--prompts use --limit).
+    """
+    if getattr(args, "classes", None) is not None or getattr(args, "num_images", None) is not None:
+        raise ValueError("--class and -n/--num-images choose built-in images; with --model or --prompts give "
+                         "--limit N (and --offset K) instead")
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    out = parser.parse_args(["bench"])
+    for name, value in vars(args).items():
+        if name != "run" and name not in skip and hasattr(out, name):
+            setattr(out, name, value)
+    for name, value in overrides.items():
+        setattr(out, name, value)
+    return out

@@ -5,6 +5,10 @@ method: steps, step compression, wall time, speed-up over AR, class consistency,
 distance, NLL), ``compare.png`` (the first 8 images of each method, side by side), and per
 method ``run_<method>.json`` + ``run_<method>.safetensors`` (its tokens and statistics: a rerun
 loads them instead of generating again).
+
+With ``--model`` or ``--prompts`` it is ``csdgen bench`` with compare's methods (default: every
+method the model has) and its noise floor (AR at ``--seed`` + 1): bench's files and records
+(resumable) in ``--out``, and its table also as ``compare.md`` and ``compare.csv``.
 """
 
 from __future__ import annotations
@@ -22,15 +26,35 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("compare", allow_abbrev=False, help="AR, SJD, CSD and the other methods on the same classes and seeds",
                        description="Run every method (or --methods) on the same classes and seeds of the built-in "
                                    "model and print one table; writes compare.md, compare.csv, compare.png and one "
-                                   "cached run_<method>.json/.safetensors per method into --out.")
+                                   "cached run_<method>.json/.safetensors per method into --out. With --model and/or "
+                                   "--prompts it runs as csdgen bench with these methods (records, resume, report.md) "
+                                   "and writes its table as compare.md and compare.csv.")
     opt.add_builtin_model(p, n_default="64", batch_default=16, out_default="compare", n_minimum=2)
-    p.set_defaults(num_images=64)
     p.add_argument("--methods", type=opt.names_of(COMPARE_METHODS, "method"), default=None,
                    help=f"comma-separated, of {','.join(COMPARE_METHODS)} (default: all; ar is always run)")
     opt.add_method_options(p, fixed_window=True)
     opt.add_sampling(p)
+    from .bench import add_bench_source
+
+    add_bench_source(p, "compare")
     p.set_defaults(run=run)
     return p
+
+
+def _run_bench(args) -> int:
+    """compare = bench with compare's methods and noise floor; its table copied to compare.md and compare.csv."""
+    from . import bench as bench_cli
+
+    done = bench_cli.execute(bench_cli.bench_namespace(args, seeds=[args.seed], floor_seed="auto"), title="csdgen compare")
+    if done is None:
+        return 0
+    _, out, written = done
+    table = written["report.md"].read_text().split("## Settings")[0].rstrip() + "\n"
+    (out / "compare.md").write_text(table)
+    (out / "compare.csv").write_text(written["report.csv"].read_text())
+    print(table.rstrip())
+    print(f"Wrote {out}/compare.md, compare.csv, report.md, records.jsonl and the other files of csdgen bench")
+    return 0
 
 
 def run(args) -> int:
@@ -41,6 +65,12 @@ def run(args) -> int:
     from csdgen.evaluation.maps import image_grid, save_png, to_uint8
     from csdgen.evaluation.quality import QualityScorer
 
+    from .bench import uses_bench
+
+    if uses_bench(args):
+        return _run_bench(args)
+    if args.num_images is None:
+        args.num_images = 64
     model, classes = builtin_model(args, fixed_window=True)
     sampling = sampling_of(args)
     presets = method_presets(args.lam, args.delta, args.addition_c, model.codebook_embeddings(),

@@ -4,6 +4,11 @@ Writes into ``--out`` (default ``./sweep``): ``sweep.md``, ``sweep.csv``, ``swee
 row per setting: step compression, mean accepted length, latency, class consistency, Frechet
 distance, NLL), ``frontier.png`` (step compression against each quality score, one curve per
 method) and per setting ``run_<setting>.json`` + ``run_<setting>.safetensors`` (cached runs).
+
+With ``--model`` or ``--prompts`` it is ``csdgen bench`` with one method per setting (named as
+the setting, carrying its own window) at ``--seed``, no noise floor: bench's files and records
+(resumable) in ``--out``, then ``sweep.md``, ``sweep.csv``, ``sweep.json`` and ``frontier.png``
+from its table (scores: NLL, and CLIP/FID when bench computes them).
 """
 
 from __future__ import annotations
@@ -24,9 +29,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("sweep", allow_abbrev=False, help="every method over its parameter: table and speed-quality frontier plot",
                        description="Run every method over its relaxation parameter on the same classes and seeds "
                                    "of the built-in model; writes sweep.md, sweep.csv, sweep.json, frontier.png and "
-                                   "one cached run_<setting>.json/.safetensors per setting into --out.")
+                                   "one cached run_<setting>.json/.safetensors per setting into --out. With --model "
+                                   "and/or --prompts it runs as csdgen bench with one method per setting (records, "
+                                   "resume, report.md), then writes the sweep table and frontier.png from it.")
     opt.add_builtin_model(p, n_default="64", batch_default=16, out_default="sweep", n_minimum=2)
-    p.set_defaults(num_images=64)
     grid = SweepGrid()
     for name, kind, what in _GRIDS:
         default = getattr(grid, name)
@@ -39,8 +45,62 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help=f"comma-separated, of {','.join(BASELINES)} (default {','.join(grid.baselines)}; "
                         f"empty string = none)")
     opt.add_sampling(p)
+    from .bench import add_bench_source
+
+    add_bench_source(p, "sweep")
     p.set_defaults(run=run)
     return p
+
+
+def _grid(args) -> SweepGrid:
+    return SweepGrid(args.csd_lam, args.csd_delta, args.addition_c, args.gsd_radius, args.lantern_delta,
+                     args.windows, args.draft_inits, args.baselines)
+
+
+def _run_bench(args) -> int:
+    """sweep = bench with one method per setting; the sweep table and frontier plot from bench's report."""
+    import csv
+    import dataclasses
+
+    from csdgen.evaluation.compare import to_csv, to_markdown
+    from csdgen.evaluation.sweep import frontier_plot, settings
+    from csdgen.runs import write_json
+
+    from . import bench as bench_cli
+
+    points = []
+
+    def adjust(plan):
+        points.extend(settings(_grid(args), plan.model.codebook_embeddings(), entropy_unit=args.entropy_unit))
+        if not points:
+            raise ValueError("nothing to sweep: every grid (--csd-lam, --addition-c, ...) and --baselines is empty")
+        methods = {p.name: {**p.preset, "window": min(p.window, plan.model.num_image_tokens)} for p in points}
+        return dataclasses.replace(plan, methods=methods, settings={**plan.settings, "command": "sweep"})
+
+    done = bench_cli.execute(bench_cli.bench_namespace(args, seeds=[args.seed], floor_seed="none", methods=["ar"],
+                                                       skip=("addition_c",)),  # the sweep's --addition-c is a grid
+                             adjust=adjust, title="csdgen sweep")
+    if done is None:
+        return 0
+    _, out, written = done
+    report = {r["method"]: r for r in csv.DictReader(written["report.csv"].read_text().splitlines())}
+    scores = [s for s in ("class_consistency", "frechet_distance", "clip", "fid", "nll")
+              if any(report[p.name].get(s) for p in points)]
+    rows = []
+    for point in points:
+        r = report[point.name]
+        rows.append({"method": point.method, "parameter": point.parameter, "value": point.value, "window": point.window,
+                     "draft_init": point.draft_init, "images": int(r["images"]),
+                     **{k: float(r[k]) for k in ("step_compression", "mean_accepted_length", "latency_s_per_image")},
+                     **{s: float(r[s]) if r.get(s) else None for s in scores}})
+    write_json(rows, out / "sweep.json")
+    (out / "sweep.md").write_text(to_markdown(rows))
+    (out / "sweep.csv").write_text(to_csv(rows))
+    frontier_plot(rows, out / "frontier.png", scores=tuple(scores))
+    print(to_markdown(rows))
+    print(f"{len(points)} settings x {rows[0]['images']} prompts. Wrote {out}/sweep.md, sweep.csv, sweep.json, "
+          f"frontier.png, report.md, records.jsonl and the other files of csdgen bench")
+    return 0
 
 
 def run(args) -> int:
@@ -51,11 +111,16 @@ def run(args) -> int:
     from csdgen.evaluation.sweep import frontier_plot, settings
     from csdgen.runs import run_method, write_json
 
+    from .bench import uses_bench
+
+    if uses_bench(args):
+        return _run_bench(args)
+    if args.num_images is None:
+        args.num_images = 64
     args.window = args.lam = args.delta = None  # a sweep sets these per point; filled only to validate the rest
     model, classes = builtin_model(args)
     sampling = sampling_of(args)
-    grid = SweepGrid(args.csd_lam, args.csd_delta, args.addition_c, args.gsd_radius, args.lantern_delta,
-                     args.windows, args.draft_inits, args.baselines)
+    grid = _grid(args)
     points = settings(grid, model.codebook_embeddings(), entropy_unit=args.entropy_unit)
     if not points:
         raise ValueError("nothing to sweep: every grid (--csd-lam, --addition-c, ...) and --baselines is empty")

@@ -103,8 +103,10 @@ def frontier_plot(rows: list[dict], path, scores=("class_consistency", "frechet_
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    better = {"class_consistency": "higher is better", "frechet_distance": "lower is better", "nll": "lower is better"}
-    fig, axes = plt.subplots(1, len(scores), figsize=(5.2 * len(scores), 4.2))
+    better = {"class_consistency": "higher is better", "frechet_distance": "lower is better", "nll": "lower is better",
+              "clip": "higher is better", "fid": "lower is better"}
+    fig, axes = plt.subplots(1, len(scores), figsize=(5.2 * len(scores), 4.2), squeeze=False)
+    axes = axes[0]
     methods = list(dict.fromkeys(r["method"] for r in rows))
     for ax, score in zip(axes, scores):
         for method in methods:
