@@ -337,3 +337,26 @@ def test_cli_anole_uses_its_reference_sampling(chameleon_dir, tmp_path):
                "--window", 8, "--out", tmp_path / "a") == 0
     sampling = json.loads((tmp_path / "a" / "record.json").read_text())["settings"]["sampling"]
     assert (sampling["temperature"], sampling["top_p"], sampling["guidance_scale"], sampling["top_k"]) == (0.7, 0.9, 3.0, None)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"model_type": "multi_modality"}', "DeepSeek's original Janus format (model_type 'multi_modality')"),
+    ("[1]", "holds a list, expected a JSON object"),
+    ("{,}", "is not valid JSON"),
+])
+def test_load_model_names_the_config_file_it_cannot_use(tmp_path, text, message):
+    """From Python too (not only the CLI): a bad config.json is one ValueError line naming the file."""
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(ValueError) as exc:
+        load_model(tmp_path, device="cpu")
+    assert str(tmp_path / "config.json") in str(exc.value) and message in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+def test_missing_repo_names_the_real_cache_folder(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(FileNotFoundError) as exc:
+        auto.resolve_checkpoint("someone/absent")
+    assert str(tmp_path / "hub") in str(exc.value) and "$HF_HUB_CACHE" not in str(exc.value)

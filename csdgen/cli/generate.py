@@ -123,27 +123,10 @@ def _read_prompts(args) -> list[str]:
 
 def _checkpoint_folder(name: str) -> Path:
     """``--model`` -> its folder, with a checked ``config.json`` (one clear line for what is wrong)."""
-    from csdgen.models.auto import resolve_checkpoint
-    from csdgen.runs import read_json
+    from csdgen.models.auto import read_config, resolve_checkpoint
 
-    folder = Path(name).expanduser()
-    if not folder.exists():
-        try:
-            folder = resolve_checkpoint(name)
-        except FileNotFoundError:
-            from huggingface_hub import constants
-
-            raise FileNotFoundError(
-                f"--model {name!r}: no such folder, and no Hugging Face repo of that id in the local cache "
-                f"{constants.HF_HUB_CACHE} (csdgen never downloads). Download it on a machine with network "
-                f"(e.g. `hf download <repo id> --local-dir DIR`), copy DIR here and pass --model DIR") from None
-    if folder.is_dir() and (folder / "config.json").exists():
-        config = read_json(folder / "config.json", what="a transformers model config")
-        if config.get("model_type") == "multi_modality":
-            raise ValueError(
-                f"{str(folder / 'config.json')!r} is DeepSeek's original Janus format (model_type 'multi_modality'); "
-                f"csdgen loads the transformers-format copy (model_type 'janus', e.g. the "
-                f"deepseek-community/Janus-Pro-7B repo): download that and pass its folder to --model")
+    folder = resolve_checkpoint(name)
+    read_config(folder)
     return folder
 
 

@@ -21,7 +21,6 @@ stays fast.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from .base import ImageTokenModel
 __all__ = [
     "MODEL_TYPES",
     "resolve_checkpoint",
+    "read_config",
     "model_type_of",
     "guess_layout",
     "family_of",
@@ -68,23 +68,37 @@ def resolve_checkpoint(path_or_id: str | os.PathLike) -> Path:
         return folder
     if folder.exists():
         raise FileNotFoundError(f"model {str(path_or_id)!r} is a file; give the checkpoint folder (config.json + weights)")
-    try:
-        from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
 
+    try:
         return Path(snapshot_download(str(path_or_id), local_files_only=True))
     except Exception:  # not a valid repo id, or not cached: both mean "not here"
         raise FileNotFoundError(
             f"model {str(path_or_id)!r}: no such folder, and no Hugging Face repo of that id in the local cache "
-            f"(looked in $HF_HUB_CACHE; csdgen never downloads). Download it on a machine with network "
+            f"{constants.HF_HUB_CACHE} (csdgen never downloads). Download it on a machine with network "
             f"(e.g. `hf download <repo id> --local-dir DIR`), copy DIR here and pass --model DIR"
         ) from None
 
 
-def _config(folder: Path) -> dict:
+def read_config(folder: Path) -> dict:
+    """The folder's ``config.json``, checked: a JSON object, and not the original Janus format.
+
+    Raises:
+        FileNotFoundError: no config.json. ValueError: not JSON or not an object (naming the
+        file), or DeepSeek's original Janus format (``model_type`` ``multi_modality``).
+    """
+    from csdgen.runs import read_json
+
     file = folder / "config.json"
     if not file.is_file():
         raise FileNotFoundError(f"{str(folder)!r} has no config.json: not a transformers checkpoint folder")
-    return json.loads(file.read_text())
+    config = read_json(file, what="a transformers model config")
+    if config.get("model_type") == "multi_modality":
+        raise ValueError(
+            f"{str(file)!r} is DeepSeek's original Janus format (model_type 'multi_modality'); csdgen loads the "
+            f"transformers-format copy (model_type 'janus', e.g. the deepseek-community/Janus-Pro-7B repo): "
+            f"download that and pass its folder")
+    return config
 
 
 def model_type_of(path: str | os.PathLike) -> str:
@@ -93,7 +107,7 @@ def model_type_of(path: str | os.PathLike) -> str:
     Raises:
         FileNotFoundError: no config.json. ValueError: unsupported model type.
     """
-    model_type = _config(Path(path)).get("model_type")
+    model_type = read_config(Path(path)).get("model_type")
     if model_type not in MODEL_TYPES:
         raise ValueError(f"{str(path)!r} has model_type={model_type!r}; supported families: {', '.join(MODEL_TYPES)}")
     return model_type
@@ -105,7 +119,7 @@ def guess_layout(path: str | os.PathLike, name: str | None = None) -> str:
     Args:
         path: the checkpoint folder; name: the repo id or path the user gave (default ``path``).
     """
-    if any(a in _LUMINA_ARCHITECTURES for a in _config(Path(path)).get("architectures") or ()):
+    if any(a in _LUMINA_ARCHITECTURES for a in read_config(Path(path)).get("architectures") or ()):
         return "lumina"
     text = f"{name or ''} {Path(path).name}".lower()
     return "anole" if "anole" in text and "lumina" not in text else "lumina"
