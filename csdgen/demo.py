@@ -17,9 +17,8 @@ length, decoding wall time, tokens per decision), downloadable as CSV.
 
 The live view is drawn by ``generate``'s ``callback`` (after every forward), in the decoding
 thread; the time spent drawing is subtracted from the reported wall time. The callback sees
-committed lengths and tokens; the decisions and entropies are taken from it when the engine
-puts them in its :class:`~csdgen.decoding.StepInfo` (``decisions``, ``entropy``), else the
-committed tokens are shown in grey until the method ends and the full maps appear.
+committed lengths, tokens, and the decisions and entropies so far (:class:`~csdgen.decoding.StepInfo`
+``decisions``, ``entropy``), so both maps fill in token by token as the image does.
 
 Offline by construction: Gradio's analytics are off, no share link, the page's fonts are
 served by the local server, and the server binds 127.0.0.1 unless told otherwise.
@@ -238,10 +237,7 @@ def _run_one(model, settings: DemoSettings, key: str, preset: dict, sampling: Sa
             raise DemoCancelled(key)
         committed = int(info.committed[0])
         if began - spent["last"] >= min_interval:
-            decisions, entropy = getattr(info, "decisions", None), getattr(info, "entropy", None)
-            emit(("frame", key, _frame(model, info.tokens[0], committed, info.step,
-                                       None if decisions is None else decisions[0],
-                                       None if entropy is None else entropy[0])))
+            emit(("frame", key, _frame(model, info.tokens[0], committed, info.step, info.decisions[0], info.entropy[0])))
             spent["last"] = time.perf_counter()
         spent["preview"] += time.perf_counter() - began
 

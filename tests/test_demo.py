@@ -106,6 +106,8 @@ def test_watch_streams_frames_that_fill_in(builtin):
     final = csd_frames[-1]
     assert isinstance(final, Frame) and final.image.shape == final.acceptance.shape == final.entropy.shape
     assert not (final.acceptance == PENDING).all(axis=-1).any()  # every token decided
+    middle = csd_frames[len(csd_frames) // 2]  # while decoding, committed tokens already show their decision
+    assert _has_colour(middle.acceptance, COLOURS[Decision.ACCEPTED]) or _has_colour(middle.acceptance, COLOURS[Decision.RELAXED])
 
     assert issubclass(DemoCancelled, Exception)
 
