@@ -132,3 +132,36 @@ def cap_builtin_batch(args, model, window: int, guided: bool, num_images: int) -
              f"{model.device.type}; using batches of {limit}")
         batch = limit
     return batch
+
+
+#: printed once when --temperature 0 is given with --model
+GREEDY_WARNING = ("csdgen: warning: --temperature 0 is greedy decoding, known to give flat or black images on these "
+                  "models; use it for checks (greedy equivalence), sample with the family's temperature for pictures")
+
+
+def checkpoint_setup(args, *, fixed_window: bool):
+    """``--model``'s start-up, shared by the commands: folder, family, defaults, sampling.
+
+    Resolves and checks the checkpoint folder (:func:`csdgen.models.auto.read_config`: one line
+    for what is wrong), fills the options left out from the family's defaults (window: fixed or
+    ``auto``), and prints :data:`GREEDY_WARNING` once for ``--temperature 0``.
+
+    Returns:
+        ``(folder, family, sampling)``.
+    """
+    from dataclasses import asdict
+
+    from csdgen.models.auto import family_of, read_config, resolve_checkpoint
+    from csdgen.models.defaults import FAMILY_DEFAULTS
+
+    if args.weights is not None:
+        raise ValueError("--weights is for the built-in model; with --model the checkpoint folder holds the weights")
+    folder = resolve_checkpoint(args.model)
+    read_config(folder)
+    family = family_of(folder, args.layout, args.model)
+    fill_defaults(args, asdict(FAMILY_DEFAULTS[family]))
+    default_window(args, asdict(FAMILY_DEFAULTS[family]), fixed=fixed_window)
+    sampling = sampling_of(args)
+    if args.temperature == 0:
+        print(GREEDY_WARNING, file=sys.stderr)
+    return folder, family, sampling

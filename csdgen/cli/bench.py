@@ -13,7 +13,6 @@ csdgen bench ...`` shards the prompts over N processes.
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -131,24 +130,14 @@ def _builtin_plan(args, device: str):
 
 def _model_plan(args, device: str):
     from csdgen.bench import BenchPlan
-    from csdgen.models.auto import default_dtype, family_of, load_model
-    from csdgen.models.defaults import FAMILY_DEFAULTS
+    from csdgen.models.auto import default_dtype, load_model
     from csdgen.prompts import load_prompts
 
-    from ._common import default_window
-    from .generate import GREEDY_WARNING, _checkpoint_folder
+    from ._common import checkpoint_setup
 
     _fixed_window(args)
-    if args.weights is not None:
-        raise ValueError("--weights is for the built-in model; with --model the checkpoint folder holds the weights")
     prompts = load_prompts(args.prompts or "coco", args.limit, args.offset)
-    folder = _checkpoint_folder(args.model)
-    family = family_of(folder, args.layout, args.model)
-    fill_defaults(args, asdict(FAMILY_DEFAULTS[family]))
-    default_window(args, asdict(FAMILY_DEFAULTS[family]), fixed=True)
-    sampling = sampling_of(args)
-    if args.temperature == 0:
-        print(GREEDY_WARNING, file=sys.stderr)
+    folder, family, sampling = checkpoint_setup(args, fixed_window=True)
     dtype = args.dtype or str(default_dtype(device)).removeprefix("torch.")
     model = load_model(folder, dtype=dtype, device=device, layout=args.layout, height=args.height, width=args.width,
                        image_size=args.image_size, batch_size=1, window=args.window, guided=sampling.guided,

@@ -9,20 +9,16 @@ images upscaled x2 by nearest neighbour to 128 x 128; checkpoints at their own s
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
 from . import _options as opt
-from ._common import (builtin_model, cap_builtin_batch, clamp_window, default_window, fill_defaults, model_defaults,
+from ._common import (builtin_model, cap_builtin_batch, checkpoint_setup, clamp_window, fill_defaults, model_defaults,
                       sampling_of, writable)
 
 #: options of ``--model`` only (the built-in model refuses them)
 MODEL_ONLY = ("prompts", "prompts_file", "layout", "height", "width", "image_size", "negative_prompt", "positive_prompt",
               "prompt_template", "dtype")
-#: printed once when --temperature 0 is given with --model
-GREEDY_WARNING = ("csdgen: warning: --temperature 0 is greedy decoding, known to give flat or black images on these "
-                  "models; use it for checks (greedy equivalence), sample with the family's temperature for pictures")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -121,35 +117,16 @@ def _read_prompts(args) -> list[str]:
     return prompts
 
 
-def _checkpoint_folder(name: str) -> Path:
-    """``--model`` -> its folder, with a checked ``config.json`` (one clear line for what is wrong)."""
-    from csdgen.models.auto import read_config, resolve_checkpoint
-
-    folder = resolve_checkpoint(name)
-    read_config(folder)
-    return folder
-
-
 def model_job(args):
     """The run plan of a checkpoint (``--model``) and its batch size."""
     from csdgen.decoding import AUTO_MAX_WINDOW
-    from csdgen.models.auto import default_device, default_dtype, family_of, load_model
+    from csdgen.models.auto import default_device, default_dtype, load_model
     from csdgen.runs import RunPlan, slug
 
     if args.classes:
         raise ValueError("--class is for the built-in model; with --model give --prompt or --prompts-file")
-    if args.weights is not None:
-        raise ValueError("--weights is for the built-in model; with --model the checkpoint folder holds the weights")
     prompts = _read_prompts(args)
-    folder = _checkpoint_folder(args.model)
-    family = family_of(folder, args.layout, args.model)
-    from csdgen.models.defaults import FAMILY_DEFAULTS
-
-    fill_defaults(args, asdict(FAMILY_DEFAULTS[family]))
-    default_window(args, asdict(FAMILY_DEFAULTS[family]), fixed=False)
-    sampling = sampling_of(args)
-    if args.temperature == 0:
-        print(GREEDY_WARNING, file=sys.stderr)
+    folder, family, sampling = checkpoint_setup(args, fixed_window=False)
     rule = _rule(args)
     conditions = [prompts[i % len(prompts)] for i in range(args.num_images or len(prompts))]
     batch_size = min(args.batch_size, len(conditions))
