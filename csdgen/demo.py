@@ -331,8 +331,7 @@ def _legend() -> str:
              Decision.RESAMPLED: "resampled after a rejection", Decision.SAMPLED: "plain or bonus sample"}
     chips = "".join(chip(COLOURS[d], names[d]) for d in (Decision.ACCEPTED, Decision.RELAXED, Decision.RESAMPLED,
                                                           Decision.SAMPLED))
-    return (f"<div>Acceptance map: {chips}{chip(COMMITTED, 'committed (decision shown when the method ends)')}"
-            f"{chip(PENDING, 'not committed yet')}. Entropy map: black 0, white ln V nats.</div>")
+    return (f"<div>Acceptance map: {chips}{chip(PENDING, 'not committed yet')}. Entropy map: black 0, white ln V nats.</div>")
 
 
 def _progress_html(text: str, done: int = 0, total: int = 1) -> str:
