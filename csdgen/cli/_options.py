@@ -20,6 +20,9 @@ DRAFT_INITS = ("uniform", "onehot", "repeat-horizontal", "repeat-vertical")
 REFRESH_MODES = ("independent", "coupled")
 ENTROPY_UNITS = ("nats", "normalized")
 DEVICES = ("cpu", "cuda")
+#: method names of ``csdgen compare`` and ``csdgen bench --methods`` (``csdgen.evaluation.compare.method_presets``;
+#: gsd and lantern with a codebook)
+COMPARE_METHODS = ("ar", "sjd", "sjd-coupled", "jacobi", "addition", "gsd", "lantern", "csd", "csd-coupled")
 
 _PACKAGE = Path(__file__).resolve().parents[1]
 BUILTIN_CONFIG = _PACKAGE / "builtin" / "weights" / "config.json"
