@@ -415,3 +415,66 @@ def test_string_prompts_give_the_reference_rows(lumina, anole, checkpoint):
     assert custom.prompt_ids(["t5 t3 t8"]) == [[4, 9, 7, 12, 5]] == [PROMPTS[0]]
     out = csdgen.generate(custom, ["t5 t3 t8"], method="sjd", window=6, sampling=GUIDED)
     assert torch.equal(out.tokens, csdgen.generate(lumina, PROMPTS[:1], method="ar", sampling=GUIDED).tokens)
+
+
+# (8) issue 16: what the released checkpoints say (size, VQ weights) and how their tokenizers load
+
+
+def byte_level_checkpoint(path) -> str:
+    """The tiny checkpoint with a byte-level BPE tokenizer ("Ġred", "Ġcat" merged) declared as
+    ``LlamaTokenizer`` in tokenizer_config.json, as Chameleon's converter declares it (LlamaTokenizerFast)."""
+    from tokenizers import decoders
+
+    config = tiny_config()
+    vocab = dict(config.vocabulary_map)
+    merges = []
+    for word in ("Ġred", "Ġcat"):
+        for ch in word:
+            vocab.setdefault(ch, len(vocab))
+        for i in range(2, len(word) + 1):
+            merges.append((word[: i - 1], word[i - 1]))
+            vocab.setdefault(word[:i], len(vocab))
+    vocab.setdefault("a", len(vocab))
+    config = ChameleonConfig(**{**config.to_dict(), "vocabulary_map": vocab, "vocab_size": len(vocab)})
+    torch.manual_seed(0)
+    ChameleonForConditionalGeneration(config).save_pretrained(path)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>"))
+    tok.add_special_tokens(["<s>", "<pad>", "</s>", "<unk>"] + SPECIAL_NAMES)
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                            pad_token="<pad>").save_pretrained(path)
+    settings = json.loads(open(os.path.join(path, "tokenizer_config.json")).read())
+    settings["tokenizer_class"] = "LlamaTokenizer"
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        json.dump(settings, f)
+    return str(path)
+
+
+def test_chameleon_metaspace_tokenizer_check(tmp_path, monkeypatch):
+    """Issue 16 item 5: a byte-level Chameleon tokenizer that loads as a Metaspace LlamaTokenizer (transformers 5
+    without its ByteLevel routing, or LlamaTokenizer.from_pretrained) must re-encode "a red cat" to the ids of
+    its tokenizer.json, else it is refused at load time in one line."""
+    from transformers import LlamaTokenizerFast
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    from csdgen.models.chameleon import ChameleonPrompts
+
+    folder = byte_level_checkpoint(tmp_path / "Anole-bytes")
+    v = json.loads(open(os.path.join(folder, "config.json")).read())["vocabulary_map"]
+    expected = [v["a"], v["Ġred"], v["Ġcat"]]
+    assert Tokenizer.from_file(os.path.join(folder, "tokenizer.json")).encode("a red cat").ids == expected
+    prompts = ChameleonPrompts.from_folder(folder, layout="anole", prompt_template="{prompt}")  # AutoTokenizer 5.24: fine
+    assert prompts.prompt_ids(["a red cat"]) == [expected]
+    monkeypatch.setattr(TokenizersBackend, "_tokenizer_json_has_byte_level", classmethod(lambda cls, *a, **k: False))
+    for attempt in (lambda: ChameleonPrompts.from_folder(folder, layout="anole"),
+                    lambda: ChameleonImageModel.from_pretrained(folder, layout="anole")):
+        with pytest.raises(ValueError) as exc:
+            attempt()
+        message = str(exc.value)
+        assert "\n" not in message and "loads as LlamaTokenizer (pre-tokenizer Metaspace" in message
+        assert f"its tokenizer.json gives {expected}" in message and "TokenizersBackend" in message
+    from csdgen.models._transformers import check_tokenizer
+
+    with pytest.raises(ValueError, match=r"no '▁' pieces \(a byte-level vocabulary\)"):  # no file to compare with
+        check_tokenizer(LlamaTokenizerFast.from_pretrained(folder))
