@@ -295,7 +295,7 @@ def test_cli_chameleon_without_vqgan_files_is_refused_before_generating(chameleo
     shutil.copytree(chameleon_dir, folder, ignore=shutil.ignore_patterns("vqgan.*"))
     assert run("generate", "--model", folder, "--prompt", "a dog", "--height", 12, "--width", 16, "--top-k", 8,
                "--device", "cpu", "--out", tmp_path / "o") == 2
-    assert "has no image decoder: copy Chameleon's vqgan.yaml and vqgan.ckpt" in capsys.readouterr().err
+    assert "has no image decoder: give --vqgan PATH (Chameleon's tokenizer/ folder holding vqgan.yaml and vqgan.ckpt)" in capsys.readouterr().err
 
 
 def test_cli_prompt_template_every_family_and_the_greedy_warning(janus_dir, emu3_dir, chameleon_dir, tmp_path, capsys):

@@ -194,6 +194,9 @@ def prompts_for(path: str | os.PathLike, family: str, *, height: int | None = No
                 positive_prompt: str | None = None):
     """The family's prompt builder from the checkpoint's config and tokenizer only (no weights read).
 
+    Lumina-mGPT: a side not given comes from the folder's name
+    (:func:`~csdgen.models.chameleon.lumina_pixel_size`).
+
     :class:`~csdgen.models.janus.JanusPrompts`, :class:`~csdgen.models.emu3.Emu3Prompts` or
     :class:`~csdgen.models.chameleon.ChameleonPrompts`; building it checks the image size.
 
@@ -215,9 +218,11 @@ def prompts_for(path: str | os.PathLike, family: str, *, height: int | None = No
         extra = {k: v for k, v in (("negative_prompt", negative_prompt), ("positive_prompt", positive_prompt)) if v is not None}
         return Emu3Prompts.from_folder(path, height=height, width=width, **template, **extra)
     if family in ("lumina-mgpt", "anole"):
-        from .chameleon import ChameleonPrompts
+        from .chameleon import ChameleonPrompts, lumina_pixel_size
 
         layout = "lumina" if family == "lumina-mgpt" else "anole"
+        if layout == "lumina":
+            height, width = lumina_pixel_size(height, width, path)
         return ChameleonPrompts.from_folder(path, layout=layout, height=height, width=width, **template)
     raise ValueError(f"family={family!r}; allowed: janus, emu3, lumina-mgpt, anole")
 
@@ -256,9 +261,11 @@ def estimate_memory(path: str | os.PathLike, family: str, window: int, dtype: to
     if family in ("lumina-mgpt", "anole"):
         from transformers import ChameleonConfig
 
-        from .chameleon import ChameleonLayout, config_memory
+        from .chameleon import ChameleonLayout, config_memory, lumina_pixel_size
 
         config = ChameleonConfig.from_pretrained(check_checkpoint(path, "Chameleon"))
+        if family == "lumina-mgpt":
+            height, width = lumina_pixel_size(height, width, path)
         layout = ChameleonLayout.build(config, "lumina" if family == "lumina-mgpt" else "anole", height, width)
         return config_memory(config, layout, window, dtype, guided, length)
     raise ValueError(f"family={family!r}; allowed: janus, emu3, lumina-mgpt, anole")
@@ -306,7 +313,7 @@ def check_memory(path: str | os.PathLike, family: str, batch_size: int, window: 
 def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype | str | None = None, device: str | torch.device | None = None,
                layout: str | None = None, height: int | None = None, width: int | None = None, image_size: int | None = None,
                max_memory_bytes: int | None = None, batch_size: int | None = 1, window: int | None = None,
-               guided: bool = True, negative_prompt: str | None = None, vqgan_dir: str | None = None,
+               guided: bool = True, negative_prompt: str | None = None, vqgan: str | os.PathLike | None = None,
                prompts: list[str] | None = None, prompt_template: str | None = None,
                positive_prompt: str | None = None) -> ImageTokenModel:
     """Load a Janus, Emu3 or Chameleon-format (Lumina-mGPT / Anole) checkpoint as an image-token model.
@@ -321,14 +328,17 @@ def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype | str | None
         dtype: float32 / bfloat16 / float16 (default :func:`default_dtype` of the device).
         device: default :func:`default_device`.
         layout: Chameleon only, ``"lumina"`` or ``"anole"`` (default :func:`guess_layout`).
-        height, width / image_size: output size in pixels (default: the family's).
+        height, width / image_size: output size in pixels (default: the family's; Lumina-mGPT:
+            the size its name says, e.g. ``Lumina-mGPT-7B-512``, else refused asking for it).
         max_memory_bytes: memory budget for the check (default: what the device has free).
         batch_size, window: what the memory check assumes (batch_size None: no check; window
             default: the family's).
         negative_prompt: Emu3 only, the unconditional rows' prompt (default Emu3's documented one).
         positive_prompt: Emu3 only, appended to each prompt string (default Emu3's; ``""`` = off).
-        vqgan_dir: Chameleon only, folder of Chameleon's ``vqgan.yaml`` + ``vqgan.ckpt`` (default:
-            the checkpoint folder or its ``tokenizer/`` when they hold both, else no image decoder).
+        vqgan: Chameleon only, Chameleon's VQGAN: a folder holding ``vqgan.yaml`` + ``vqgan.ckpt``
+            (its ``tokenizer/``) or the ``vqgan.ckpt`` file (CLI ``--vqgan PATH``); default: the
+            checkpoint folder or its ``tokenizer/`` when they hold both, else no image decoder.
+            Needed for GSD / LANTERN when the checkpoint holds no VQ codebook (Lumina-mGPT).
         prompts: the prompt strings the run will use (for the length and memory checks).
         prompt_template: ``{prompt}``, ``{width}``, ``{height}`` template for prompt strings
             (default: the family's, see docs/models.md).
@@ -336,7 +346,7 @@ def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype | str | None
     Raises:
         FileNotFoundError: no such folder nor cached repo, or no config/weights.
         ValueError: unsupported model type, layout, size, dtype or template; a prompt too long;
-            not enough memory.
+            not enough memory; a tokenizer that does not encode as its tokenizer.json.
     """
     folder = resolve_checkpoint(path_or_id)
     model_type = model_type_of(folder)
@@ -345,10 +355,17 @@ def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype | str | None
     for name, value in (("negative_prompt", negative_prompt), ("positive_prompt", positive_prompt)):
         if value is not None and model_type != "emu3":
             raise ValueError(f"{name} applies to Emu3 checkpoints only; {str(path_or_id)!r} is {model_type}")
+    if vqgan is not None and model_type != "chameleon":
+        raise ValueError(f"vqgan applies to Chameleon checkpoints (Lumina-mGPT, Anole) only; {str(path_or_id)!r} is {model_type}")
     family = family_of(folder, layout, str(path_or_id))
     device = device or default_device()
     dtype = _dtype(dtype, device)
     check_checkpoint(folder, model_type.capitalize())
+    if family == "lumina-mgpt":
+        from .chameleon import lumina_pixel_size
+
+        height, width = lumina_pixel_size(*_size(height, width, image_size), str(path_or_id), folder)
+        image_size = None
     builder = prompts_for(folder, family, height=height, width=width, image_size=image_size, prompt_template=prompt_template,
                           negative_prompt=negative_prompt, positive_prompt=positive_prompt)
     prompt_length = None
@@ -377,7 +394,7 @@ def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype | str | None
 
     kind = "lumina" if family == "lumina-mgpt" else "anole"
     return ChameleonImageModel.from_pretrained(str(folder), dtype=dtype, device=device, layout=kind, height=height, width=width,
-                                               vqgan_dir=vqgan_dir, prompt_template=prompt_template)
+                                               vqgan=vqgan, prompt_template=prompt_template)
 
 
 def family_defaults_table() -> str:
