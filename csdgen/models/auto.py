@@ -23,12 +23,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ._transformers import DTYPES as _DTYPES
 from ._transformers import HEADROOM, MemoryEstimate, check_checkpoint, meta_parameter_count
 from .base import ImageTokenModel
+from .sources import janus_side as _janus_size
+from .sources import layout_rule, resolve_checkpoint
+from .sources import size_arguments as _size
 
 __all__ = [
     "MODEL_TYPES",
@@ -36,6 +40,7 @@ __all__ = [
     "read_config",
     "model_type_of",
     "guess_layout",
+    "layout_rule",
     "family_of",
     "available_memory",
     "HEADROOM",
@@ -52,32 +57,8 @@ __all__ = [
 
 #: config.json ``model_type`` -> the adapter that drives it
 MODEL_TYPES = {"janus": "JanusImageModel", "emu3": "Emu3ImageModel", "chameleon": "ChameleonImageModel"}
-_LUMINA_ARCHITECTURES = ("ChameleonXLLMXForConditionalGeneration",)
 #: prompt tokens the memory check assumes when the prompts are not given
 DEFAULT_PROMPT_LENGTH = 128
-
-
-def resolve_checkpoint(path_or_id: str | os.PathLike) -> Path:
-    """A local folder, or a repo id found in the local Hugging Face cache -> the folder.
-
-    Raises:
-        FileNotFoundError: neither an existing folder nor a cached repo id (says how to get it).
-    """
-    folder = Path(path_or_id).expanduser()
-    if folder.is_dir():
-        return folder
-    if folder.exists():
-        raise FileNotFoundError(f"model {str(path_or_id)!r} is a file; give the checkpoint folder (config.json + weights)")
-    from huggingface_hub import constants, snapshot_download
-
-    try:
-        return Path(snapshot_download(str(path_or_id), local_files_only=True))
-    except Exception:  # not a valid repo id, or not cached: both mean "not here"
-        raise FileNotFoundError(
-            f"model {str(path_or_id)!r}: no such folder, and no Hugging Face repo of that id in the local cache "
-            f"{constants.HF_HUB_CACHE} (csdgen never downloads). Download it on a machine with network "
-            f"(e.g. `hf download <repo id> --local-dir DIR`), copy DIR here and pass --model DIR"
-        ) from None
 
 
 def read_config(folder: Path) -> dict:
@@ -119,10 +100,7 @@ def guess_layout(path: str | os.PathLike, name: str | None = None) -> str:
     Args:
         path: the checkpoint folder; name: the repo id or path the user gave (default ``path``).
     """
-    if any(a in _LUMINA_ARCHITECTURES for a in read_config(Path(path)).get("architectures") or ()):
-        return "lumina"
-    text = f"{name or ''} {Path(path).name}".lower()
-    return "anole" if "anole" in text and "lumina" not in text else "lumina"
+    return layout_rule(read_config(Path(path)).get("architectures"), name, Path(path).name)
 
 
 def family_of(path: str | os.PathLike, layout: str | None = None, name: str | None = None) -> str:
@@ -175,18 +153,6 @@ def available_memory(device: str | torch.device) -> int:
     except OSError:
         pass
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def _size(height: int | None, width: int | None, image_size: int | None) -> tuple[int | None, int | None]:
-    if image_size is not None and (height is not None or width is not None):
-        raise ValueError(f"image_size={image_size} together with height/width: give one or the other")
-    return (image_size, image_size) if image_size is not None else (height, width)
-
-
-def _janus_size(height: int | None, width: int | None) -> int | None:
-    if height != width:
-        raise ValueError(f"Janus makes square images only; got height={height}, width={width}")
-    return height
 
 
 def prompts_for(path: str | os.PathLike, family: str, *, height: int | None = None, width: int | None = None,
@@ -310,12 +276,12 @@ def check_memory(path: str | os.PathLike, family: str, batch_size: int, window: 
     )
 
 
-def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype | str | None = None, device: str | torch.device | None = None,
+def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, device: str | torch.device | None = None,
                layout: str | None = None, height: int | None = None, width: int | None = None, image_size: int | None = None,
                max_memory_bytes: int | None = None, batch_size: int | None = 1, window: int | None = None,
-               guided: bool = True, negative_prompt: str | None = None, vqgan: str | os.PathLike | None = None,
+               guided: bool = True, negative_prompt: str | None = None, vqgan: Any = None,
                prompts: list[str] | None = None, prompt_template: str | None = None,
-               positive_prompt: str | None = None) -> ImageTokenModel:
+               positive_prompt: str | None = None, processor: Any = None) -> ImageTokenModel:
     """Load a Janus, Emu3 or Chameleon-format (Lumina-mGPT / Anole) checkpoint as an image-token model.
 
     Before any weight is read: the family, the image size, the prompt template and special
@@ -324,7 +290,11 @@ def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype | str | None
     with the real prompt length (else :data:`DEFAULT_PROMPT_LENGTH` tokens).
 
     Args:
-        path_or_id: a local checkpoint folder, or a Hugging Face repo id already in the local cache.
+        path_or_id: a local checkpoint folder, or a Hugging Face repo id already in the local
+            cache; or a transformers model already loaded (``JanusForConditionalGeneration``,
+            ``Emu3ForConditionalGeneration``, ``ChameleonForConditionalGeneration``), which goes to
+            :func:`csdgen.models.loaded.from_model` with ``processor`` and the prompt and size
+            options (no memory check: it is loaded; ``dtype`` / ``device`` do not apply).
         dtype: float32 / bfloat16 / float16 (default :func:`default_dtype` of the device).
         device: default :func:`default_device`.
         layout: Chameleon only, ``"lumina"`` or ``"anole"`` (default :func:`guess_layout`).
@@ -342,12 +312,31 @@ def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype | str | None
         prompts: the prompt strings the run will use (for the length and memory checks).
         prompt_template: ``{prompt}``, ``{width}``, ``{height}`` template for prompt strings
             (default: the family's, see docs/models.md).
+        processor: with an in-memory model only: its processor or tokenizer (default: loaded
+            from the folder the model came from, when that is here).
 
     Raises:
         FileNotFoundError: no such folder nor cached repo, or no config/weights.
         ValueError: unsupported model type, layout, size, dtype or template; a prompt too long;
             not enough memory; a tokenizer that does not encode as its tokenizer.json.
+        TypeError: ``path_or_id`` neither a path / repo id nor a supported transformers model.
     """
+    if not isinstance(path_or_id, (str, os.PathLike)):
+        from .loaded import from_model
+
+        given = [name for name, value in (("dtype", dtype), ("device", device), ("max_memory_bytes", max_memory_bytes))
+                 if value is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: apply when loading from a folder; an in-memory model is used as it is "
+                             f"(move or cast it first, e.g. model.to('cuda', torch.bfloat16))")
+        model = from_model(path_or_id, processor, layout=layout, height=height, width=width, image_size=image_size,
+                           vqgan=vqgan, prompt_template=prompt_template, negative_prompt=negative_prompt,
+                           positive_prompt=positive_prompt)
+        if prompts:
+            model.check_length(model.prompt_length(list(prompts)))
+        return model
+    if processor is not None:
+        raise ValueError("processor= applies to an in-memory model; a checkpoint folder's own tokenizer files are used")
     folder = resolve_checkpoint(path_or_id)
     model_type = model_type_of(folder)
     if layout is not None and model_type != "chameleon":
