@@ -261,9 +261,24 @@ def train_ar(codes: torch.Tensor, labels: torch.Tensor, llama_cfg: dict, args):
     gen = torch.Generator().manual_seed(args.seed + 2)
     idx_iter = batch_indices(len(codes), args.ar_batch, args.ar_steps, args.seed + 3)
     clock = StageClock("ar", args.ar_steps, args.max_minutes_ar, args.threads)
+    ckpt_file, first = args.out / "ar.ckpt.pt", 0
+    if args.resume and ckpt_file.is_file():  # mid-stage checkpoint: model, optimiser, clock
+        ckpt = torch.load(ckpt_file)
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["opt"])
+        gen.set_state(ckpt["gen"])
+        first, clock.start = ckpt["step"], time.time() - ckpt["elapsed_s"]
+        log(f"ar: resumed at step {first} ({ckpt['elapsed_s']:.0f} s already spent)")
     for step, idx in enumerate(idx_iter):
+        if step < first:
+            continue  # the index stream is replayed so the resumed run sees the same batches
         if clock.progress(step) >= 1.0:
             break
+        if step > first and step % args.ckpt_every == 0:
+            tmp = ckpt_file.with_suffix(".tmp")
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
+                        "step": step, "elapsed_s": time.time() - clock.start}, tmp)
+            os.replace(tmp, ckpt_file)
         clock.tick(step)
         args.done_steps["ar"] = step + 1
         set_lr(opt, cosine_lr(clock.progress(step), args.ar_lr, warmup=0.06))
@@ -393,6 +408,7 @@ def parse_args(argv=None):
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "weights")
     p.add_argument("--docs", type=Path, default=None, help="folder for sample/reconstruction PNGs")
     p.add_argument("--resume", action="store_true", help="reuse finished stages found in --out")
+    p.add_argument("--ckpt-every", type=int, default=100, help="AR steps between mid-stage checkpoints")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--vq-views", type=int, default=10, help="augmented views per class for the VQ")
     p.add_argument("--ar-views", type=int, default=24, help="augmented views per class for the AR model")
