@@ -191,6 +191,46 @@ class RaggedCache:
         used = self.valid.any(0).nonzero()
         self._crop(int(used[-1, 0]) + 1 if len(used) else 0)
 
+    def merge(self, other: "RaggedCache", order: torch.Tensor | None = None) -> None:
+        """Append ``other``'s rows after this cache's rows (continuous batching), then reorder them.
+
+        The narrower cache is left-padded with hole columns to the common width (its valid
+        columns keep their order and positions), so every row holds the same sequence as before.
+
+        Args:
+            other: a RaggedCache of the same model (same layers, heads and head size); consumed.
+            order: ``[R + R']`` int64 CPU, a permutation of the merged rows (default: as appended).
+        """
+        T = max(self.width, other.width)
+
+        def pad(t: torch.Tensor, width: int, value) -> torch.Tensor:  # left-pad dim 1 ([R, T]) to T
+            if width == T:
+                return t
+            return torch.cat([torch.full((t.shape[0], T - width), value, dtype=t.dtype, device=t.device), t], dim=1)
+
+        order_dev = None if order is None else order.to(self.device)
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            ready = [getattr(layer, "keys", None) is not None and layer.keys.numel() > 0 for layer in (mine, theirs)]
+            if not any(ready):
+                continue
+            if not all(ready):
+                raise ValueError("merge: one cache has a layer the other has not filled (caches of different models?)")
+            for name in ("keys", "values"):
+                a, b = getattr(mine, name), getattr(theirs, name).to(getattr(mine, name).device)
+                if a.shape[1] != b.shape[1] or a.shape[3] != b.shape[3]:
+                    raise ValueError(f"merge: cache {name} of shapes {tuple(a.shape)} and {tuple(b.shape)} "
+                                     "(caches of different models?)")
+                a = torch.cat([a.new_zeros(a.shape[0], a.shape[1], T - a.shape[2], a.shape[3]), a], dim=2) if a.shape[2] < T else a
+                b = torch.cat([b.new_zeros(b.shape[0], b.shape[1], T - b.shape[2], b.shape[3]), b], dim=2) if b.shape[2] < T else b
+                merged = torch.cat([a, b])
+                setattr(mine, name, (merged if order_dev is None else merged[order_dev]).contiguous())
+        valid = torch.cat([pad(self.valid, self.width, False), pad(other.valid, other.width, False)])
+        ids = torch.cat([pad(self.ids, self.width, 0), pad(other.ids.to(self.device), other.width, 0)])
+        lengths = torch.cat([self.lengths, other.lengths])
+        if order is not None:
+            valid, ids, lengths = valid[order], ids[order_dev], lengths[order]
+        self.valid, self.ids, self.lengths = valid, ids, lengths
+
     def row_ids(self, row: int) -> torch.Tensor:
         """The ids of one row's valid columns, in order (its sequence as the cache holds it)."""
         return self.ids[row][self.valid[row].to(self.ids.device)]
@@ -357,6 +397,44 @@ class RaggedSession(DecodingSession):
         if self._lengths is None:
             raise ValueError("cache_lengths before prefill")
         return self._lengths.clone()
+
+    supports_admission = True
+
+    def admit(self, other):
+        """Append ``other``'s rows (a prefilled session of the same model and guidance) after this
+        session's: :meth:`csdgen.models.base.DecodingSession.admit`. The caches are joined by
+        :meth:`RaggedCache.merge` (the narrower one left-padded with holes); with guidance the rows
+        stay ordered conditional rows first (old, then new), then the unconditional ones."""
+        if type(other) is not type(self) or getattr(other, "model", None) is not getattr(self, "model", None):
+            raise ValueError(f"admit: a {type(other).__name__} cannot join a {type(self).__name__} of another model")
+        if other.guided != self.guided:
+            raise ValueError(f"admit: guided={other.guided} rows cannot join a session with guided={self.guided}")
+        if self._lengths is None or other._lengths is None:
+            raise ValueError("admit: both sessions must be prefilled first (call prefill())")
+        if (other.cols, other.row_end, other.num_image_tokens) != (self.cols, self.row_end, self.num_image_tokens):
+            raise ValueError("admit: the sessions lay their images out differently (cols, row end, image length)")
+        B1, B2 = self.batch_size, other.batch_size
+        R1 = self.prompt_ids.shape[0]
+        if self.guided:  # [cond old, uncond old, cond new, uncond new] -> [cond old, cond new, uncond old, uncond new]
+            order = torch.cat([torch.arange(B1), R1 + torch.arange(B2), B1 + torch.arange(B1), R1 + B2 + torch.arange(B2)])
+        else:
+            order = None
+        self.kv.merge(other.kv, order)
+        P = max(self.prompt_ids.shape[1], other.prompt_ids.shape[1])
+
+        def left(t: torch.Tensor, value) -> torch.Tensor:
+            if t.shape[1] == P:
+                return t
+            return torch.cat([torch.full((t.shape[0], P - t.shape[1]), value, dtype=t.dtype, device=t.device), t], dim=1)
+
+        ids = torch.cat([left(self.prompt_ids, self.filler), left(other.prompt_ids.to(self.prompt_ids.device), self.filler)])
+        valid = torch.cat([left(self.prompt_valid, False), left(other.prompt_valid, False)])
+        lengths = torch.cat([self.prompt_lengths, other.prompt_lengths])
+        if order is not None:
+            ids, valid, lengths = ids[order.to(ids.device)], valid[order], lengths[order]
+        self.prompt_ids, self.prompt_valid, self.prompt_lengths = ids, valid, lengths
+        self._lengths = torch.cat([self._lengths, other._lengths])
+        self.batch_size = B1 + B2
 
     # -- draft trees (csdgen.trees) ---------------------------------------------------------------
 
