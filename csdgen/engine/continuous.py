@@ -129,9 +129,12 @@ class ContinuousBatch:
         """Handles of the images in the batch, in row order."""
         return [self._handles[s] for s in self._loop.active_host.tolist()]
 
+    #: iterations whose widths :attr:`widths` keeps
+    KEEP_WIDTHS = 10_000
+
     @property
     def widths(self) -> list[int]:
-        """The window width of every iteration so far."""
+        """The window width of every iteration so far (the last :attr:`KEEP_WIDTHS` and more)."""
         return list(self._loop.widths)
 
     def progress(self, handles: Sequence[int]) -> tuple[list[int], torch.Tensor]:
@@ -225,6 +228,8 @@ class ContinuousBatch:
         alive = loop._advance()
         self.forwards += 1
         self.iterations += 1
+        if len(loop.widths) > 2 * self.KEEP_WIDTHS:  # a server runs for days: keep the recent widths only
+            del loop.widths[: len(loop.widths) - self.KEEP_WIDTHS]
         A = self.size
         if len(alive) == A:
             return []
