@@ -385,7 +385,10 @@ def build_app(model, *, model_name: str = "built-in model", defaults: FamilyDefa
     defaults = defaults or getattr(model, "defaults", None) or FAMILY_DEFAULTS["builtin"]
     takes_class = hasattr(model, "class_ids")
     names = getattr(model, "class_names", None) or []
-    offered = [k for k in METHOD_LABELS if k not in ("gsd", "lantern") or model.codebook_embeddings() is not None]
+    from csdgen.models.base import optional_codebook
+
+    has_codebook = optional_codebook(model) is not None
+    offered = [k for k in METHOD_LABELS if k not in ("gsd", "lantern") or has_codebook]
     auto = window_auto_supported()
     rows, cols = model.grid
     sampling_line = (f"temperature {defaults.temperature}, top-k {defaults.top_k or 'none'}, "
@@ -516,8 +519,11 @@ def _stats_markdown(rows: list[dict]) -> str:
 _CSS = "#stats th { word-break: keep-all; overflow-wrap: normal; } #stats td { white-space: nowrap; }"
 
 
-def load_demo_model(model_path: str | None = None, weights: str | None = None):
+def load_demo_model(model_path: str | None = None, weights: str | None = None, *, image_size: int | None = None,
+                    vqgan: str | None = None):
     """The page's model: the built-in model (offline, default) or a checkpoint (``--model``, never downloaded).
+
+    ``image_size`` and ``vqgan`` go to :func:`csdgen.models.auto.load_model` (``--image-size``, ``--vqgan``).
 
     Returns:
         ``(model, name, defaults)``.
@@ -533,26 +539,27 @@ def load_demo_model(model_path: str | None = None, weights: str | None = None):
 
     folder = resolve_checkpoint(model_path)
     family = family_of(folder, None, model_path)
-    model = load_model(model_path, device=default_device(), batch_size=1)
+    model = load_model(model_path, device=default_device(), batch_size=1, image_size=image_size, vqgan=vqgan)
     if getattr(model, "vqgan", True) is None:
-        raise ValueError(f"{str(model_path)!r} has no image decoder: copy Chameleon's vqgan.yaml and vqgan.ckpt into "
-                         f"{str(folder)!r}")
+        raise ValueError(f"{str(model_path)!r} has no image decoder: give --vqgan PATH (Chameleon's tokenizer/ folder "
+                         f"holding vqgan.yaml and vqgan.ckpt) or copy those two files into {str(folder)!r}")
     return model, f"{family} ({model_path})", getattr(model, "defaults", None) or FAMILY_DEFAULTS[family]
 
 
 def serve(model_path: str | None = None, host: str = "127.0.0.1", port: int | None = None, *, weights: str | None = None,
-          block: bool = True):
+          block: bool = True, image_size: int | None = None, vqgan: str | None = None):
     """Load the model, build the page and serve it on ``host:port`` (no share link, analytics off).
 
     Args:
         port: TCP port; None = Gradio's first free port from 7860.
         block: wait until interrupted (the command) or return at once (tests).
+        image_size, vqgan: for a checkpoint, as :func:`load_demo_model` takes them.
 
     Returns:
         The launched ``gradio.Blocks`` (when ``block`` is False).
     """
     os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
-    model, name, defaults = load_demo_model(model_path, weights)
+    model, name, defaults = load_demo_model(model_path, weights, image_size=image_size, vqgan=vqgan)
     app = build_app(model, model_name=name, defaults=defaults)
     app.queue(default_concurrency_limit=1)
     # quiet: Gradio's own banner suggests share=True, which this page never uses

@@ -295,7 +295,7 @@ def test_cli_chameleon_without_vqgan_files_is_refused_before_generating(chameleo
     shutil.copytree(chameleon_dir, folder, ignore=shutil.ignore_patterns("vqgan.*"))
     assert run("generate", "--model", folder, "--prompt", "a dog", "--height", 12, "--width", 16, "--top-k", 8,
                "--device", "cpu", "--out", tmp_path / "o") == 2
-    assert "has no image decoder: copy Chameleon's vqgan.yaml and vqgan.ckpt" in capsys.readouterr().err
+    assert "has no image decoder: give --vqgan PATH (Chameleon's tokenizer/ folder holding vqgan.yaml and vqgan.ckpt)" in capsys.readouterr().err
 
 
 def test_cli_prompt_template_every_family_and_the_greedy_warning(janus_dir, emu3_dir, chameleon_dir, tmp_path, capsys):
@@ -360,3 +360,78 @@ def test_missing_repo_names_the_real_cache_folder(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError) as exc:
         auto.resolve_checkpoint("someone/absent")
     assert str(tmp_path / "hub") in str(exc.value) and "$HF_HUB_CACHE" not in str(exc.value)
+
+
+# issue 16 item 11: a model already loaded in a notebook
+
+
+def test_load_model_from_memory(janus_dir, emu3_dir, chameleon_dir, tmp_path):
+    """load_model / from_model take an in-memory transformers Janus, Emu3 or Chameleon model: special ids from
+    its config, generation config and processor (or the folder it came from), the same prompt rows and the
+    same greedy tokens as loading the folder; Lumina-mGPT's size, VQ codebook and q/k norms checked as there."""
+    import csdgen
+    from transformers import (AutoTokenizer, ChameleonForConditionalGeneration, Emu3ForConditionalGeneration,
+                              JanusForConditionalGeneration, JanusProcessor)
+
+    from csdgen import SamplingConfig
+
+    from test_models_chameleon import lumina_layout, without_vq_weights
+    from test_models_janus import PROMPTS as JANUS_PROMPTS
+
+    greedy = SamplingConfig(temperature=0, guidance_scale=3.0)
+
+    def same(a, b, prompts, **kwargs):
+        assert type(a) is type(b) and a.prompt_rows(prompts) == b.prompt_rows(prompts)
+        assert torch.equal(csdgen.generate(a, prompts, method="ar", sampling=greedy, **kwargs).tokens,
+                           csdgen.generate(b, prompts, method="ar", sampling=greedy, **kwargs).tokens)
+
+    janus = JanusForConditionalGeneration.from_pretrained(janus_dir)
+    from_folder = load_model(janus_dir, device="cpu")
+    same(load_model(janus, processor=JanusProcessor.from_pretrained(janus_dir)), from_folder, JANUS_PROMPTS)
+    same(load_model(janus), from_folder, JANUS_PROMPTS)  # processor from the folder it was loaded from
+    from csdgen.models import from_model
+
+    assert (from_model(janus).bos_token_id, from_model(janus).boi_token_id, from_model(janus).pad_token_id) == \
+        (from_folder.bos_token_id, from_folder.boi_token_id, from_folder.pad_token_id)
+
+    emu3 = Emu3ForConditionalGeneration.from_pretrained(emu3_dir)
+    options = dict(height=HEIGHT, width=WIDTH, negative_prompt=NEGATIVE)
+    same(load_model(emu3, processor=AutoTokenizer.from_pretrained(emu3_dir), **options),
+         load_model(emu3_dir, device="cpu", **options), ["a red cat", "two dogs"])
+
+    chameleon = ChameleonForConditionalGeneration.from_pretrained(chameleon_dir)
+    anole = load_model(chameleon, processor=AutoTokenizer.from_pretrained(chameleon_dir), layout="anole")
+    same(anole, load_model(chameleon_dir, layout="anole", device="cpu"), ["red cat"])
+    assert anole.codebook_stored is True and anole.vqgan is not None  # files checked, VQGAN found beside them
+
+    # Lumina-mGPT: the size from the name, the missing codebook detected, per-shard q/k norms checked
+    tuned = Path(without_vq_weights(str(chameleon_dir), tmp_path / "Lumina-mGPT-tuned"))
+    loaded = ChameleonImageModel.from_pretrained(str(tuned), height=12, width=16)
+    lumina = from_model(loaded.backbone, height=12, width=16, name=tuned)
+    assert lumina.layout.kind == "lumina" and lumina.codebook_stored is False and lumina.vqgan is None
+    with pytest.raises(ValueError, match=r"--vqgan PATH"):
+        lumina.codebook_embeddings()
+    with pytest.raises(ValueError, match=r"Lumina-mGPT image size unknown: .*Lumina-mGPT-tuned"):
+        from_model(loaded.backbone, name=tuned)  # no size in the name (the names' rule: test_lumina_resolution_from_checkpoint)
+    random_norms = ChameleonForConditionalGeneration.from_pretrained(
+        lumina_layout(str(chameleon_dir), tmp_path / "Lumina-shards"), ignore_mismatched_sizes=True)
+    with pytest.raises(ValueError, match=r"_norm.(weight|bias) differs from .*Lumina-shards.*csdgen.models.load_model"):
+        from_model(random_norms, height=12, width=16)
+    random_norms.name_or_path = ""  # no folder to check against: said, not silent
+    with pytest.warns(UserWarning, match="whether its VQ codebook was loaded cannot be checked"):
+        from_model(random_norms, height=12, width=16)
+
+    # refusals, one line each
+    with pytest.raises(TypeError, match=r"got int, not a loaded model nor a checkpoint folder; allowed: a loaded "
+                                        r"transformers JanusForConditionalGeneration"):
+        load_model(42)
+    with pytest.raises(TypeError, match=r"a JanusModel \(model_type 'janus_model'\)|a JanusModel"):
+        load_model(janus.model)
+    with pytest.raises(ValueError, match=r"dtype: apply when loading from a folder"):
+        load_model(janus, dtype="bfloat16")
+    with pytest.raises(ValueError, match=r"layout applies to Chameleon models only"):
+        load_model(janus, layout="anole")
+    with pytest.raises(ValueError, match=r"processor: Janus needs its JanusProcessor"):
+        load_model(janus, processor=AutoTokenizer.from_pretrained(janus_dir))
+    with pytest.raises(ValueError, match=r"prompt of .* tokens \+ image of 36 positions"):
+        load_model(janus, prompts=["a " * 2048])

@@ -297,7 +297,7 @@ def test_errors_name_the_bad_value(checkpoint, lumina, tmp_path):
         (dict(height=12, width=40), "resolution token for 40 px"),
         (dict(layout="emu3"), "layout='emu3'; allowed: lumina, anole"),
         (dict(layout="anole", height=32, width=32), "allowed only 16x16"),
-        (dict(height=12, width=16, vqgan_dir=str(tmp_path)), "vqgan.yaml"),
+        (dict(height=12, width=16, vqgan=str(tmp_path)), "vqgan.yaml"),
         (dict(height=12, width=16, prompt_template="no field"), r"has no \{prompt\}"),
         (dict(height=12, width=16, prompt_template="{prompt} {size}"), r"allowed fields: \{prompt\}, \{width\}, \{height\}"),
     ]:
@@ -415,3 +415,203 @@ def test_string_prompts_give_the_reference_rows(lumina, anole, checkpoint):
     assert custom.prompt_ids(["t5 t3 t8"]) == [[4, 9, 7, 12, 5]] == [PROMPTS[0]]
     out = csdgen.generate(custom, ["t5 t3 t8"], method="sjd", window=6, sampling=GUIDED)
     assert torch.equal(out.tokens, csdgen.generate(lumina, PROMPTS[:1], method="ar", sampling=GUIDED).tokens)
+
+
+# (8) issue 16: what the released checkpoints say (size, VQ weights) and how their tokenizers load
+
+
+SIZE_TOKENS = [f"<reserved{8800 + n:05d}>" for n in (16, 24, 32)]  # 512, 768, 1024 px in 32 px units
+
+
+def sized_checkpoint(path) -> str:
+    """A tiny Lumina-mGPT checkpoint with the real VQ downsampling (16 px per token: 5 levels), so a
+    512 / 768 / 1024 px image has the released grids (32, 48, 64 tokens a side), in Lumina's layout."""
+    config = tiny_config()
+    vocab = dict(config.vocabulary_map)
+    vocab.update({name: len(vocab) + i for i, name in enumerate(SIZE_TOKENS)})
+    config = ChameleonConfig(**{**config.to_dict(), "vocabulary_map": vocab, "vocab_size": len(vocab),
+                                "max_position_embeddings": 4400,
+                                "vq_config": {**config.vq_config.to_dict(), "resolution": 512,
+                                              "channel_multiplier": [1, 1, 2, 2, 4]}})
+    torch.manual_seed(0)
+    ChameleonForConditionalGeneration(config).save_pretrained(path)
+    data = json.loads(open(os.path.join(path, "config.json")).read())
+    for key in ("bos_token_id", "pad_token_id", "eos_token_id"):
+        data.pop(key, None)
+    data["architectures"] = ["ChameleonXLLMXForConditionalGeneration"]
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(data, f)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.add_special_tokens(["<s>", "<pad>", "</s>", "<unk>"] + SPECIAL_NAMES + SIZE_TOKENS)
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                            pad_token="<pad>").save_pretrained(path)
+    return str(path)
+
+
+def test_lumina_resolution_from_checkpoint(tmp_path, capsys):
+    """Issue 16 item 1: the size comes from the checkpoint's name (Lumina-mGPT-7B-512 / -768 / -1024, folder or
+    repo id), never the old 768 default; a name without one is refused asking for --image-size."""
+    from csdgen import cli
+
+    source = sized_checkpoint(tmp_path / "source")
+    snapshot = tmp_path / "hub" / "models--Alpha-VLLM--Lumina-mGPT-7B-1024" / "snapshots" / "0123abcd"
+    snapshot.parent.mkdir(parents=True)
+    for link in (tmp_path / "Lumina-mGPT-7B-512", tmp_path / "my-lumina", snapshot):
+        os.symlink(source, link)
+    model = auto.load_model(tmp_path / "Lumina-mGPT-7B-512", device="cpu")
+    assert model.layout.kind == "lumina" and model.grid == (32, 32) and model.pixel_size == (512, 512)
+    v = model.backbone.config.vocabulary_map
+    assert model.layout.resolution_tokens == (v["<reserved08816>"], v["<reserved08816>"])
+    assert auto.prompts_for(snapshot, "lumina-mgpt").layout.rows == 64  # a Hugging Face cache snapshot: its repo name
+    assert auto.estimate_memory(tmp_path / "Lumina-mGPT-7B-512", "lumina-mgpt", 16, "float32").per_image == \
+        model.memory(16).per_image
+    assert ChameleonImageModel.from_pretrained(str(tmp_path / "Lumina-mGPT-7B-512")).grid == (32, 32)
+    from csdgen.models.chameleon import lumina_size_from_names
+
+    assert [lumina_size_from_names(n) for n in ("Alpha-VLLM/Lumina-mGPT-7B-768", "Lumina-mGPT-7B-768-Omni",
+                                                "Lumina-mGPT-34B-512", "lumina_step1024", "Lumina-mGPT-7B")] == \
+        [768, 768, 512, None, None]
+    # nothing in the name: refused before any weight is read, asking for --image-size; given, it is used
+    for attempt in (lambda: auto.load_model(tmp_path / "my-lumina", device="cpu"),
+                    lambda: ChameleonImageModel.from_pretrained(str(tmp_path / "my-lumina")),
+                    lambda: auto.estimate_memory(tmp_path / "my-lumina", "lumina-mgpt", 16, "float32")):
+        with pytest.raises(ValueError, match=r"Lumina-mGPT image size unknown: .*my-lumina.* give --image-size S"):
+            attempt()
+    assert auto.load_model(tmp_path / "my-lumina", image_size=768, device="cpu").grid == (48, 48)
+    assert auto.load_model(tmp_path / "Lumina-mGPT-7B-512", height=768, device="cpu").grid == (48, 32)  # one side given
+    capsys.readouterr()
+    assert cli.main(["generate", "--model", str(tmp_path / "my-lumina"), "--prompt", "red cat", "--device", "cpu",
+                     "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "give --image-size S" in err and len(err.splitlines()) == 1 and not (tmp_path / "o").exists()
+    with pytest.raises(ValueError, match=r"different Lumina-mGPT image sizes: 512 .*768"):
+        lumina_size_from_names("Lumina-mGPT-7B-512", "/ckpts/Lumina-mGPT-7B-768")
+
+
+def without_vq_weights(checkpoint, path) -> str:
+    """A Lumina-mGPT copy as its fine-tuning saves it: ``model.vqmodel`` deleted, so no ``model.vqmodel.*``
+    tensors, and no VQGAN files beside it."""
+    folder = lumina_layout(checkpoint, path)
+    file = os.path.join(folder, "model.safetensors")
+    state = {k: v for k, v in load_file(file).items() if not k.startswith("model.vqmodel.")}
+    save_file(state, file, metadata={"format": "pt"})
+    for name in ("vqgan.yaml", "vqgan.ckpt"):
+        os.remove(os.path.join(folder, name))
+    return folder
+
+
+def test_lumina_without_vq_weights(checkpoint, tmp_path, capsys):
+    """Issue 16 item 2: a checkpoint without vqmodel weights is detected at load; GSD, LANTERN and image decoding
+    then refuse naming --vqgan PATH, and with the VQGAN given they use its codebook (never the random one)."""
+    from csdgen import cli
+
+    folder = without_vq_weights(checkpoint, tmp_path / "Lumina-mGPT-tuned")
+    model = ChameleonImageModel.from_pretrained(folder, height=12, width=16)
+    with pytest.raises(ValueError, match=r"holds no model.vqmodel.quantize.embedding.weight .* --vqgan PATH"):
+        model.codebook_embeddings()  # not transformers' random initialisation of the missing table
+    from csdgen.models.base import CodebookUnavailable
+    from csdgen.models.chameleon import stores_codebook
+
+    with pytest.raises(CodebookUnavailable):
+        model.codebook_embeddings()
+    assert stores_codebook(checkpoint) and not stores_codebook(folder)
+    assert model.codebook_stored is False and model.vqgan is None
+    for method in ("gsd", "lantern"):
+        with pytest.raises(ValueError, match=r"--vqgan PATH"):
+            csdgen.generate(model, PROMPTS, method=method, window=4, sampling=GUIDED)
+    with pytest.raises(NotImplementedError, match=r"--vqgan PATH"):
+        model.decode_images(torch.zeros(1, 48, dtype=torch.long))
+    assert csdgen.generate(model, PROMPTS, method="sjd", window=4, sampling=GUIDED).tokens.shape == (2, 48)  # no codebook needed
+    reference = load_vqgan_decoder(os.path.join(checkpoint, "vqgan.yaml"), os.path.join(checkpoint, "vqgan.ckpt"))
+    from csdgen.models.chameleon_vqgan import vqgan_files
+
+    release = tmp_path / "chameleon" / "tokenizer"  # Chameleon's release folder: the files in its tokenizer/
+    release.mkdir(parents=True)
+    for name in ("vqgan.yaml", "vqgan.ckpt"):
+        os.symlink(os.path.join(checkpoint, name), release / name)
+    assert vqgan_files(release.parent) == (str(release / "vqgan.yaml"), str(release / "vqgan.ckpt"))
+    for given in (checkpoint, os.path.join(checkpoint, "vqgan.ckpt"), os.path.join(checkpoint, "vqgan.yaml")):
+        # the folder, or either file with the other beside it
+        fixed = auto.load_model(folder, vqgan=given, height=12, width=16, device="cpu")
+        assert torch.equal(fixed.codebook_embeddings(), reference.quantize.embedding.weight.float())
+        assert fixed.decode_images(torch.zeros(1, 48, dtype=torch.long)).shape == (1, 3, 12, 16)
+    assert csdgen.generate(fixed, PROMPTS, method="gsd", window=4, sampling=GUIDED).tokens.shape == (2, 48)
+    with pytest.raises(ValueError, match=r"VQGAN .* holds no vqgan.yaml \+ vqgan.ckpt"):
+        auto.load_model(folder, vqgan=tmp_path, height=12, width=16, device="cpu")
+    # the command line: refused with --vqgan in the message, then run with it
+    capsys.readouterr()
+    argv = ["generate", "--model", folder, "--prompt", "red cat", "--height", "12", "--width", "16", "--method", "gsd",
+            "--window", "4", "--top-k", "8", "--device", "cpu", "--no-maps", "--out", str(tmp_path / "o")]
+    assert cli.main(argv) == 2
+    assert "give --vqgan PATH" in capsys.readouterr().err
+    assert cli.main([*argv, "--vqgan", os.path.join(checkpoint, "vqgan.ckpt")]) == 0
+    assert cli.main(["bench", "--model", folder, "--prompts", str(write_prompts(tmp_path)), "--methods", "gsd",
+                     "--height", "12", "--width", "16", "--top-k", "8", "--device", "cpu", "--out", str(tmp_path / "b")]) == 2
+    assert "--vqgan PATH" in capsys.readouterr().err
+
+
+def write_prompts(tmp_path):
+    file = tmp_path / "prompts.txt"
+    file.write_text("red cat\n")
+    return file
+
+
+def byte_level_checkpoint(path) -> str:
+    """The tiny checkpoint with a byte-level BPE tokenizer ("Ġred", "Ġcat" merged) declared as
+    ``LlamaTokenizer`` in tokenizer_config.json, as Chameleon's converter declares it (LlamaTokenizerFast)."""
+    from tokenizers import decoders
+
+    config = tiny_config()
+    vocab = dict(config.vocabulary_map)
+    merges = []
+    for word in ("Ġred", "Ġcat"):
+        for ch in word:
+            vocab.setdefault(ch, len(vocab))
+        for i in range(2, len(word) + 1):
+            merges.append((word[: i - 1], word[i - 1]))
+            vocab.setdefault(word[:i], len(vocab))
+    vocab.setdefault("a", len(vocab))
+    config = ChameleonConfig(**{**config.to_dict(), "vocabulary_map": vocab, "vocab_size": len(vocab)})
+    torch.manual_seed(0)
+    ChameleonForConditionalGeneration(config).save_pretrained(path)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>"))
+    tok.add_special_tokens(["<s>", "<pad>", "</s>", "<unk>"] + SPECIAL_NAMES)
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                            pad_token="<pad>").save_pretrained(path)
+    settings = json.loads(open(os.path.join(path, "tokenizer_config.json")).read())
+    settings["tokenizer_class"] = "LlamaTokenizer"
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        json.dump(settings, f)
+    return str(path)
+
+
+def test_chameleon_metaspace_tokenizer_check(tmp_path, monkeypatch):
+    """Issue 16 item 5: a byte-level Chameleon tokenizer that loads as a Metaspace LlamaTokenizer (transformers 5
+    without its ByteLevel routing, or LlamaTokenizer.from_pretrained) must re-encode "a red cat" to the ids of
+    its tokenizer.json, else it is refused at load time in one line."""
+    from transformers import LlamaTokenizerFast
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    from csdgen.models.chameleon import ChameleonPrompts
+
+    folder = byte_level_checkpoint(tmp_path / "Anole-bytes")
+    v = json.loads(open(os.path.join(folder, "config.json")).read())["vocabulary_map"]
+    expected = [v["a"], v["Ġred"], v["Ġcat"]]
+    assert Tokenizer.from_file(os.path.join(folder, "tokenizer.json")).encode("a red cat").ids == expected
+    prompts = ChameleonPrompts.from_folder(folder, layout="anole", prompt_template="{prompt}")  # AutoTokenizer 5.24: fine
+    assert prompts.prompt_ids(["a red cat"]) == [expected]
+    monkeypatch.setattr(TokenizersBackend, "_tokenizer_json_has_byte_level", classmethod(lambda cls, *a, **k: False))
+    for attempt in (lambda: ChameleonPrompts.from_folder(folder, layout="anole"),
+                    lambda: ChameleonImageModel.from_pretrained(folder, layout="anole")):
+        with pytest.raises(ValueError) as exc:
+            attempt()
+        message = str(exc.value)
+        assert "\n" not in message and "loads as LlamaTokenizer (pre-tokenizer Metaspace" in message
+        assert f"its tokenizer.json gives {expected}" in message and "TokenizersBackend" in message
+    from csdgen.models._transformers import check_tokenizer
+
+    with pytest.raises(ValueError, match=r"no '▁' pieces \(a byte-level vocabulary\)"):  # no file to compare with
+        check_tokenizer(LlamaTokenizerFast.from_pretrained(folder))

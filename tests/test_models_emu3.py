@@ -369,3 +369,61 @@ def test_cond_and_uncond_rows_equal_the_hand_written_sequence(emu3, checkpoint):
                                          prompt_template="{prompt}, {width}x{height}")
     assert off.prompt_rows(["red cat"])[0] == [[bos, *byte_ids(tok, "red cat, 12x10"), *image]]
     assert emu3.prompt_rows([[7, 8]])[0] == [[bos, 7, 8, *image]]  # token ids: no template, no positive prompt
+
+
+# issue 16 item 4: prompt tokens as BAAI's tokenizer makes them (Qwen's pre-tokenization)
+
+QWEN_TEXT = "A close-up photo of a red-haired girl, high-quality."
+#: QWEN_TEXT split by BAAI's Emu3 tokenizer's rule (PAT_STR, Qwen's): an optional non-letter joins the letters
+#: after it ("-up", " close"), a comma or full stop before a space or the end stands alone: 13 pieces
+QWEN_PIECES = ["A", " close", "-up", " photo", " of", " a", " red", "-haired", " girl", ",", " high", "-quality", "."]
+#: what the GPT-2 rule of transformers' converted tokenizer.json makes of the parts that differ
+GPT2_ONLY = ["up", "haired", "quality", "12"]
+
+
+def merged_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE whose vocabulary holds every piece of QWEN_PIECES (merge chains, ranked first), GPT-2's
+    pieces and "12", plus Emu3's special and visual tokens: one token per piece under either split."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {c: i for i, c in enumerate(alphabet)}
+    merges = []
+    as_bytes = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    for piece in QWEN_PIECES + GPT2_ONLY:
+        text = "".join(w for w, _ in as_bytes.pre_tokenize_str(piece))
+        for i in range(2, len(text) + 1):
+            if (text[: i - 1], text[i - 1]) not in merges:
+                merges.append((text[: i - 1], text[i - 1]))
+            vocab.setdefault(text[:i], len(vocab))
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # convert_emu3_weights_to_hf.py's
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(SPECIALS + VISUAL)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<|extra_203|>", eos_token="<|extra_204|>", pad_token="<|endoftext|>",
+        extra_special_tokens={"boi_token": "<|image start|>", "eoi_token": "<|image end|>", "image_token": "<image>",
+                              "image_wrapper_token": "<|image token|>", "eof_token": "<|extra_201|>"})
+
+
+def test_emu3_prompt_tokens_qwen_split(tmp_path):
+    from csdgen.models.emu3 import Emu3Prompts
+
+    tokenizer = merged_tokenizer()
+    config = Emu3Config(
+        vocabulary_map=tokenizer.get_vocab(),
+        text_config=dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256),
+        vq_config=dict(codebook_size=V, embed_dim=4, latent_channels=4, base_channels=32, channel_multiplier=[1, 1],
+                       num_res_blocks=1, attn_resolutions=[], hidden_size=32, temporal_downsample_factor=4))
+    config.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    prompts = Emu3Prompts.from_folder(tmp_path, height=24, width=24, positive_prompt="")  # 12 x 12 tokens
+    vocab = tokenizer.get_vocab()
+    byte = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    ids = [vocab["".join(w for w, _ in byte.pre_tokenize_str(p))] for p in QWEN_PIECES]
+    prefix = [vocab["<|image start|>"], vocab["1"], vocab["2"], vocab["*"], vocab["1"], vocab["2"], vocab["<|image token|>"]]
+    cond, _ = prompts.prompt_rows([QWEN_TEXT])
+    assert len(ids) == 13 and cond == [[vocab["<|extra_203|>"], *ids, *prefix]]  # BOS, 13 pieces, "12*12" digit by digit
+    # the loaded tokenizer itself still splits by GPT-2's rule (16 pieces): the adapter uses a copy
+    assert len(AutoTokenizer.from_pretrained(tmp_path)(QWEN_TEXT)["input_ids"]) == 16
+    # BAAI normalises to NFC first: a decomposed e + combining acute encodes as the composed letter
+    assert prompts.tokenizer("e\u0301")["input_ids"] == prompts.tokenizer("\u00e9")["input_ids"]

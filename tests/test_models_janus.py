@@ -319,3 +319,42 @@ def test_unsupported_size_is_refused_before_the_weights_are_read(checkpoint, tmp
     (broken / "model.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(ValueError, match="image_size=48: this Janus checkpoint makes 24 x 24 images only"):
         JanusImageModel.from_pretrained(broken, image_size=48)
+
+
+def test_janus_pad_id_check(tmp_path):
+    """Issue 16 item 5: the pad id is the ``<｜▁pad▁｜>`` token's (deepseek-ai/Janus ``VLChatProcessor.pad_id``;
+    transformers' converter writes it as generation_config.pad_token_id), not the tokenizer's ``pad_token``,
+    and a generation_config.pad_token_id that disagrees with it is refused in one line at load time."""
+    from csdgen.models.janus import JanusPrompts
+
+    PAD_TOKEN = "<\uff5c\u2581pad\u2581\uff5c>"  # VLChatProcessor.pad_tag
+    pad = len(SPECIALS) + len(WORDS)  # the converted tokenizer's "<｜▁pad▁｜>", after the words
+    vocab = {t: i for i, t in enumerate(SPECIALS + WORDS + [PAD_TOKEN])}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.add_special_tokens(SPECIALS + [PAD_TOKEN])
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tk.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", BOS)])
+    extra = {"image_token": "<image_placeholder>", "boi_token": "<begin_of_image>", "eoi_token": "<end_of_image>"}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                                        unk_token="<unk>", extra_special_tokens=extra)  # its pad_token is another token
+    model = tiny_janus()
+    model.generation_config = GenerationConfig(bos_token_id=BOS, pad_token_id=pad, eos_token_id=EOS,
+                                               generation_kwargs={"boi_token_id": BOI})
+    model.save_pretrained(tmp_path)
+    JanusProcessor(JanusImageProcessorPil(size={"height": SIZE, "width": SIZE}), tokenizer, chat_template=CHAT,
+                   num_image_tokens=GRID * GRID).save_pretrained(tmp_path)
+    janus = JanusImageModel.from_pretrained(tmp_path)
+    assert janus.pad_token_id == pad != tokenizer.pad_token_id
+    assert janus.prompt_rows(["red cat"])[1] == [[BOS, pad, pad, pad, pad, pad, pad, BOI]]
+    settings = json.loads((tmp_path / "generation_config.json").read_text())
+    (tmp_path / "generation_config.json").write_text(json.dumps({**settings, "pad_token_id": PAD}))
+    with pytest.raises(ValueError) as exc:
+        JanusPrompts.from_folder(tmp_path)
+    message = str(exc.value)
+    assert f"the Janus pad token {PAD_TOKEN!r} is id {pad} in the tokenizer but generation_config's pad_token_id is {PAD}" \
+        in message and "\n" not in message
+    with pytest.raises(ValueError, match="pad_token_id is 0"):
+        JanusImageModel.from_pretrained(tmp_path)
+    from csdgen.models.janus import PAD_TOKEN as named
+
+    assert named == PAD_TOKEN

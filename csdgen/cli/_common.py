@@ -96,6 +96,10 @@ def builtin_model(args, fixed_window: bool = False):
 
     from csdgen.models.builtin import load_builtin_model
 
+    for name in ("image_size", "vqgan"):
+        if getattr(args, name, None) is not None:
+            raise ValueError(f"--{name.replace('_', '-')} needs --model (a checkpoint); the built-in model has one size "
+                             f"and its own VQ decoder")
     device = args.device or "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is visible here; use --device cpu")
@@ -132,6 +136,18 @@ def cap_builtin_batch(args, model, window: int, guided: bool, num_images: int) -
              f"{model.device.type}; using batches of {limit}")
         batch = limit
     return batch
+
+
+def require_decoder(model, given: str, folder: Path) -> None:
+    """Refuse a checkpoint model without an image decoder (a Chameleon checkpoint without Chameleon's VQGAN).
+
+    Raises:
+        ValueError: one line naming ``--vqgan PATH`` and where the files would be found.
+    """
+    if getattr(model, "vqgan", True) is None:
+        raise ValueError(f"{given!r} has no image decoder: give --vqgan PATH (Chameleon's tokenizer/ folder holding "
+                         f"vqgan.yaml and vqgan.ckpt) or copy those two files into {str(folder)!r} or "
+                         f"{str(folder / 'tokenizer')!r}")
 
 
 #: printed once when --temperature 0 is given with --model

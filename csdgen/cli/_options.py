@@ -185,3 +185,14 @@ def add_method_options(p: argparse.ArgumentParser, *, family_note: bool = False,
     p.add_argument("--addition-c", type=number, default=0.2, metavar="C", help="constant of the Addition rule (default 0.2)")
     p.add_argument("--draft-init", choices=DRAFT_INITS, default=None,
                    help="draft initialisation (default: what the method needs, else uniform, the CSD reference)")
+
+
+def add_checkpoint_files(g) -> None:
+    """``--image-size`` and ``--vqgan`` of the commands that take ``--model`` (an argparse group or parser)."""
+    g.add_argument("--image-size", type=count(), default=None,
+                   help="square image side in pixels (Lumina-mGPT: default the size its name says, e.g. "
+                        "Lumina-mGPT-7B-768, else required)")
+    g.add_argument("--vqgan", default=None, metavar="PATH",
+                   help="Chameleon-format checkpoints: Chameleon's VQGAN, its tokenizer/ folder holding vqgan.yaml and "
+                        "vqgan.ckpt (or the vqgan.ckpt file); default: found in the checkpoint folder or its tokenizer/. "
+                        "Decodes images, and gives GSD/LANTERN the codebook Lumina-mGPT's files lack")

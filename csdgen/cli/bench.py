@@ -63,7 +63,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--layout", choices=["lumina", "anole"], default=None, help="Chameleon checkpoints (default: guessed)")
     g.add_argument("--height", type=opt.count(), default=None, help="image height in pixels (default: the family's)")
     g.add_argument("--width", type=opt.count(), default=None, help="image width in pixels (default: the family's)")
-    g.add_argument("--image-size", type=opt.count(), default=None, help="square image side in pixels")
+    opt.add_checkpoint_files(g)
     g.add_argument("--negative-prompt", default=None, help="Emu3: prompt of the unconditional rows (default Emu3's own)")
     g.add_argument("--positive-prompt", default=None,
                    help="Emu3: text appended to every prompt (default BAAI's quality suffix; '' = none)")
@@ -114,7 +114,8 @@ def _builtin_plan(args, device: str):
 
     from ._common import builtin_model
 
-    for option in ("layout", "height", "width", "image_size", "negative_prompt", "positive_prompt", "prompt_template", "dtype"):
+    for option in ("layout", "height", "width", "image_size", "negative_prompt", "positive_prompt", "prompt_template", "dtype",
+                   "vqgan"):
         if getattr(args, option) is not None:
             raise ValueError(f"--{option.replace('_', '-')} needs --model PATH (a checkpoint); the built-in model has one size and dtype")
     args.classes, args.num_images, args.device = None, 1, device
@@ -133,7 +134,7 @@ def _model_plan(args, device: str):
     from csdgen.models.auto import default_dtype, load_model
     from csdgen.prompts import load_prompts
 
-    from ._common import checkpoint_setup
+    from ._common import checkpoint_setup, require_decoder
 
     _fixed_window(args)
     prompts = load_prompts(args.prompts or "coco", args.limit, args.offset)
@@ -142,10 +143,8 @@ def _model_plan(args, device: str):
     model = load_model(folder, dtype=dtype, device=device, layout=args.layout, height=args.height, width=args.width,
                        image_size=args.image_size, batch_size=1, window=args.window, guided=sampling.guided,
                        negative_prompt=args.negative_prompt, positive_prompt=args.positive_prompt,
-                       prompts=[p.text for p in prompts], prompt_template=args.prompt_template)
-    if getattr(model, "vqgan", True) is None:
-        raise ValueError(f"{str(args.model)!r} has no image decoder: copy Chameleon's vqgan.yaml and vqgan.ckpt "
-                         f"(its tokenizer/ folder) into {str(folder)!r} or {str(folder / 'tokenizer')!r}")
+                       prompts=[p.text for p in prompts], prompt_template=args.prompt_template, vqgan=args.vqgan)
+    require_decoder(model, str(args.model), folder)
     fill_defaults(args, model_defaults(model, family))
     args.window = clamp_window(args.window, model.num_image_tokens)
     settings = {"model": str(args.model), "checkpoint": str(folder), "family": family, "dtype": dtype,
@@ -170,14 +169,16 @@ def _method_settings(args, sampling) -> dict:
 
 def _methods(args, model) -> dict:
     from csdgen.evaluation.compare import method_presets
+    from csdgen.models.base import optional_codebook
 
-    presets = method_presets(args.lam, args.delta, args.addition_c, model.codebook_embeddings(),
+    presets = method_presets(args.lam, args.delta, args.addition_c, optional_codebook(model),
                              entropy_unit=args.entropy_unit, draft_init=args.draft_init)
     if args.methods is None:  # every method this model has (compare's default)
         return presets
     names = args.methods if "ar" in args.methods else ["ar", *args.methods]
     missing = [n for n in names if n not in presets]
     if missing:
+        model.codebook_embeddings()  # a model that has a codebook but cannot give it says why (CodebookUnavailable)
         raise ValueError(f"--methods {missing[0]}: this model has no codebook embeddings (GSD and LANTERN need them); "
                          f"allowed here: {', '.join(presets)}")
     return {n: presets[n] for n in names}
@@ -303,6 +304,7 @@ def add_bench_source(p: argparse.ArgumentParser, command: str) -> None:
     g.add_argument("--limit", type=opt.count(), default=None, metavar="N",
                    help=f"number of prompts (default: all; built-in {BUILTIN_LIMIT})")
     g.add_argument("--offset", type=opt.count(0), default=0, metavar="K", help="index of the first prompt (default 0)")
+    opt.add_checkpoint_files(g)
 
 
 def uses_bench(args) -> bool:

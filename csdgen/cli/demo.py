@@ -26,6 +26,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                    "its acceptance map and its entropy map filling in, then forwards, step compression "
                                    "and wall time per method (CSV download). Nothing is downloaded.")
     p.add_argument("--model", default=None, help="checkpoint folder or cached repo id (default: the built-in model)")
+    from . import _options as opt
+
+    opt.add_checkpoint_files(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=_port, default=None, help="TCP port (default: the first free one from 7860)")
     p.set_defaults(run=run)
@@ -35,5 +38,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args) -> int:
     from csdgen.demo import serve
 
-    serve(args.model, host=args.host, port=args.port)
+    if args.model is None and (args.image_size is not None or args.vqgan is not None):
+        raise ValueError("--image-size and --vqgan need --model (a checkpoint); the built-in model has one size and its own "
+                         "VQ decoder")
+    serve(args.model, host=args.host, port=args.port, image_size=args.image_size, vqgan=args.vqgan)
     return 0

@@ -14,11 +14,11 @@ from pathlib import Path
 
 from . import _options as opt
 from ._common import (builtin_model, cap_builtin_batch, checkpoint_setup, clamp_window, fill_defaults, model_defaults,
-                      sampling_of, writable)
+                      require_decoder, sampling_of, writable)
 
 #: options of ``--model`` only (the built-in model refuses them)
 MODEL_ONLY = ("prompts", "prompts_file", "layout", "height", "width", "image_size", "negative_prompt", "positive_prompt",
-              "prompt_template", "dtype")
+              "prompt_template", "dtype", "vqgan")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -45,7 +45,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--layout", choices=["lumina", "anole"], default=None, help="Chameleon checkpoints (default: guessed)")
     g.add_argument("--height", type=opt.count(), default=None, help="image height in pixels (default: the family's)")
     g.add_argument("--width", type=opt.count(), default=None, help="image width in pixels (default: the family's)")
-    g.add_argument("--image-size", type=opt.count(), default=None, help="square image side in pixels")
+    opt.add_checkpoint_files(g)
     g.add_argument("--negative-prompt", default=None, help="Emu3: prompt of the unconditional rows (default Emu3's own)")
     g.add_argument("--positive-prompt", default=None,
                    help="Emu3: text appended to every prompt (default Emu3's ' masterpiece, film grained, best quality.'; "
@@ -136,11 +136,9 @@ def model_job(args):
                        width=args.width, image_size=args.image_size, batch_size=batch_size,
                        window=AUTO_MAX_WINDOW if args.window == "auto" else args.window, guided=sampling.guided,
                        negative_prompt=args.negative_prompt,
-                       positive_prompt=args.positive_prompt, prompts=prompts,
+                       positive_prompt=args.positive_prompt, prompts=prompts, vqgan=args.vqgan,
                        prompt_template=args.prompt_template)  # sizes, prompt lengths and memory checked first
-    if getattr(model, "vqgan", True) is None:  # a Chameleon checkpoint without Chameleon's VQGAN files
-        raise ValueError(f"{str(args.model)!r} has no image decoder: copy Chameleon's vqgan.yaml and vqgan.ckpt "
-                         f"(its tokenizer/ folder) into {str(folder)!r} or {str(folder / 'tokenizer')!r}")
+    require_decoder(model, str(args.model), folder)  # a Chameleon checkpoint without Chameleon's VQGAN files
     fill_defaults(args, model_defaults(model, family))  # no-op today: the model's own defaults where it carries them
     args.window = clamp_window(args.window, model.num_image_tokens)
     settings = {"model": str(args.model), "checkpoint": str(folder), "family": family, "dtype": dtype, "device": device,

@@ -71,7 +71,9 @@ def _run_bench(args) -> int:
     points = []
 
     def adjust(plan):
-        points.extend(settings(_grid(args), plan.model.codebook_embeddings(), entropy_unit=args.entropy_unit))
+        from csdgen.models.base import optional_codebook
+
+        points.extend(settings(_grid(args), optional_codebook(plan.model), entropy_unit=args.entropy_unit))
         if not points:
             raise ValueError("nothing to sweep: every grid (--csd-lam, --addition-c, ...) and --baselines is empty")
         methods = {p.name: {**p.preset, "window": min(p.window, plan.model.num_image_tokens)} for p in points}

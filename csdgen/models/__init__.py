@@ -1,8 +1,9 @@
 """Image-token models: the interface, FunctionModel, the class-conditional Llama, and the family adapters.
 
-The family adapters (``JanusImageModel``, ``Emu3ImageModel``, ``ChameleonImageModel``) and
-``load_model`` are imported on first use (PEP 562 ``__getattr__``): they pull in transformers'
-model code, which ``import csdgen`` should not pay for.
+The family adapters (``JanusImageModel``, ``Emu3ImageModel``, ``ChameleonImageModel``),
+``load_model`` and ``from_model`` (an already-loaded transformers model) are imported on first
+use (PEP 562 ``__getattr__``): they pull in transformers' model code, which ``import csdgen``
+should not pay for.
 """
 
 from importlib import import_module
@@ -16,6 +17,7 @@ _LAZY = {
     "Emu3ImageModel": ".emu3",
     "ChameleonImageModel": ".chameleon",
     "load_model": ".auto",
+    "from_model": ".loaded",
     "family_of": ".auto",
     "check_memory": ".auto",
 }

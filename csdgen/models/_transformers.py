@@ -38,6 +38,8 @@ __all__ = [
     "resolve_dtype",
     "check_checkpoint",
     "load_tokenizer",
+    "check_tokenizer",
+    "TOKENIZER_PROBE",
     "token_id",
     "format_prompt",
     "check_sequence_length",
@@ -96,14 +98,73 @@ def check_checkpoint(path: str | os.PathLike, family: str) -> Path:
     return folder
 
 
+#: the text the tokenizer check encodes (issue 16: "a red cat")
+TOKENIZER_PROBE = "a red cat"
+
+
 def load_tokenizer(folder: str | os.PathLike, loader: Any = None):
-    """The folder's tokenizer (``loader.from_pretrained``, default ``AutoTokenizer``), or None without tokenizer files."""
+    """The folder's tokenizer (``loader.from_pretrained``, default ``AutoTokenizer``), or None without tokenizer files.
+
+    The result (a processor's ``tokenizer``) is checked by :func:`check_tokenizer` against the
+    folder's tokenizer.json.
+
+    Raises:
+        ValueError: the loaded tokenizer does not encode as its tokenizer.json (see :func:`check_tokenizer`).
+    """
     folder = Path(folder)
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         return None
     if loader is None:
         from transformers import AutoTokenizer as loader
-    return loader.from_pretrained(folder)
+    loaded = loader.from_pretrained(folder)
+    check_tokenizer(getattr(loaded, "tokenizer", loaded), folder)
+    return loaded
+
+
+def _pre_tokenizer_type(tokenizer: Any) -> str | None:
+    import json
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    pre = json.loads(backend.to_str()).get("pre_tokenizer") or {}
+    return pre.get("type")
+
+
+def check_tokenizer(tokenizer: Any, folder: str | os.PathLike | None = None) -> None:
+    """Refuse a tokenizer whose transformers class replaced the pre-tokenizer of its tokenizer.json.
+
+    transformers 5 loads a ``tokenizer_class`` ``LlamaTokenizer`` (what Chameleon's converter
+    writes, and DeepSeek's tokenizers declare) with a Metaspace pre-tokenizer whatever the file
+    says; on a byte-level vocabulary the spaces are then lost (transformers issue #45488).
+    AutoTokenizer 5.24 routes byte-level files around it, ``LlamaTokenizer.from_pretrained`` and
+    older releases do not. Check: the tokenizer encodes :data:`TOKENIZER_PROBE` (no special
+    tokens) to the ids the folder's ``tokenizer.json`` gives through the ``tokenizers`` library;
+    without that file, a Metaspace pre-tokenizer over a vocabulary with no ``▁`` pieces is refused.
+
+    Raises:
+        ValueError: one line naming the folder, both id lists (or the missing ``▁`` pieces), and
+            the fix.
+    """
+    if tokenizer is None or getattr(tokenizer, "backend_tokenizer", None) is None:
+        return
+    import transformers
+
+    kind = f"{type(tokenizer).__name__} (pre-tokenizer {_pre_tokenizer_type(tokenizer)}, transformers {transformers.__version__})"
+    fix = ('set "tokenizer_class": "TokenizersBackend" in its tokenizer_config.json, or load it with '
+           'PreTrainedTokenizerFast.from_pretrained, which keeps the file\'s pre-tokenizer')
+    file = None if folder is None else Path(folder) / "tokenizer.json"
+    if file is not None and file.is_file():
+        from tokenizers import Tokenizer
+
+        expected = Tokenizer.from_file(str(file)).encode(TOKENIZER_PROBE, add_special_tokens=False).ids
+        got = list(tokenizer(TOKENIZER_PROBE, add_special_tokens=False)["input_ids"])
+        if got != list(expected):
+            raise ValueError(f"the tokenizer of {str(folder)!r} loads as {kind} and encodes {TOKENIZER_PROBE!r} as {got}, "
+                             f"but its tokenizer.json gives {list(expected)}; {fix}")
+    elif _pre_tokenizer_type(tokenizer) == "Metaspace" and not any(t.startswith("\u2581") for t in tokenizer.get_vocab()):
+        raise ValueError(f"the tokenizer loads as {kind}, but its vocabulary has no '\u2581' pieces (a byte-level "
+                         f"vocabulary): prompts would lose their spaces; {fix}")
 
 
 def token_id(name: str, vocab: dict[str, int] | None, tokenizer: Any = None, what: str = "special token") -> int:

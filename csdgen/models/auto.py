@@ -23,12 +23,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ._transformers import DTYPES as _DTYPES
 from ._transformers import HEADROOM, MemoryEstimate, check_checkpoint, meta_parameter_count
 from .base import ImageTokenModel
+from .sources import janus_side as _janus_size
+from .sources import layout_rule, resolve_checkpoint
+from .sources import size_arguments as _size
 
 __all__ = [
     "MODEL_TYPES",
@@ -36,6 +40,7 @@ __all__ = [
     "read_config",
     "model_type_of",
     "guess_layout",
+    "layout_rule",
     "family_of",
     "available_memory",
     "HEADROOM",
@@ -52,32 +57,8 @@ __all__ = [
 
 #: config.json ``model_type`` -> the adapter that drives it
 MODEL_TYPES = {"janus": "JanusImageModel", "emu3": "Emu3ImageModel", "chameleon": "ChameleonImageModel"}
-_LUMINA_ARCHITECTURES = ("ChameleonXLLMXForConditionalGeneration",)
 #: prompt tokens the memory check assumes when the prompts are not given
 DEFAULT_PROMPT_LENGTH = 128
-
-
-def resolve_checkpoint(path_or_id: str | os.PathLike) -> Path:
-    """A local folder, or a repo id found in the local Hugging Face cache -> the folder.
-
-    Raises:
-        FileNotFoundError: neither an existing folder nor a cached repo id (says how to get it).
-    """
-    folder = Path(path_or_id).expanduser()
-    if folder.is_dir():
-        return folder
-    if folder.exists():
-        raise FileNotFoundError(f"model {str(path_or_id)!r} is a file; give the checkpoint folder (config.json + weights)")
-    from huggingface_hub import constants, snapshot_download
-
-    try:
-        return Path(snapshot_download(str(path_or_id), local_files_only=True))
-    except Exception:  # not a valid repo id, or not cached: both mean "not here"
-        raise FileNotFoundError(
-            f"model {str(path_or_id)!r}: no such folder, and no Hugging Face repo of that id in the local cache "
-            f"{constants.HF_HUB_CACHE} (csdgen never downloads). Download it on a machine with network "
-            f"(e.g. `hf download <repo id> --local-dir DIR`), copy DIR here and pass --model DIR"
-        ) from None
 
 
 def read_config(folder: Path) -> dict:
@@ -119,10 +100,7 @@ def guess_layout(path: str | os.PathLike, name: str | None = None) -> str:
     Args:
         path: the checkpoint folder; name: the repo id or path the user gave (default ``path``).
     """
-    if any(a in _LUMINA_ARCHITECTURES for a in read_config(Path(path)).get("architectures") or ()):
-        return "lumina"
-    text = f"{name or ''} {Path(path).name}".lower()
-    return "anole" if "anole" in text and "lumina" not in text else "lumina"
+    return layout_rule(read_config(Path(path)).get("architectures"), name, Path(path).name)
 
 
 def family_of(path: str | os.PathLike, layout: str | None = None, name: str | None = None) -> str:
@@ -177,22 +155,13 @@ def available_memory(device: str | torch.device) -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def _size(height: int | None, width: int | None, image_size: int | None) -> tuple[int | None, int | None]:
-    if image_size is not None and (height is not None or width is not None):
-        raise ValueError(f"image_size={image_size} together with height/width: give one or the other")
-    return (image_size, image_size) if image_size is not None else (height, width)
-
-
-def _janus_size(height: int | None, width: int | None) -> int | None:
-    if height != width:
-        raise ValueError(f"Janus makes square images only; got height={height}, width={width}")
-    return height
-
-
 def prompts_for(path: str | os.PathLike, family: str, *, height: int | None = None, width: int | None = None,
                 image_size: int | None = None, prompt_template: str | None = None, negative_prompt: str | None = None,
                 positive_prompt: str | None = None):
     """The family's prompt builder from the checkpoint's config and tokenizer only (no weights read).
+
+    Lumina-mGPT: a side not given comes from the folder's name
+    (:func:`~csdgen.models.chameleon.lumina_pixel_size`).
 
     :class:`~csdgen.models.janus.JanusPrompts`, :class:`~csdgen.models.emu3.Emu3Prompts` or
     :class:`~csdgen.models.chameleon.ChameleonPrompts`; building it checks the image size.
@@ -215,9 +184,11 @@ def prompts_for(path: str | os.PathLike, family: str, *, height: int | None = No
         extra = {k: v for k, v in (("negative_prompt", negative_prompt), ("positive_prompt", positive_prompt)) if v is not None}
         return Emu3Prompts.from_folder(path, height=height, width=width, **template, **extra)
     if family in ("lumina-mgpt", "anole"):
-        from .chameleon import ChameleonPrompts
+        from .chameleon import ChameleonPrompts, lumina_pixel_size
 
         layout = "lumina" if family == "lumina-mgpt" else "anole"
+        if layout == "lumina":
+            height, width = lumina_pixel_size(height, width, path)
         return ChameleonPrompts.from_folder(path, layout=layout, height=height, width=width, **template)
     raise ValueError(f"family={family!r}; allowed: janus, emu3, lumina-mgpt, anole")
 
@@ -256,9 +227,11 @@ def estimate_memory(path: str | os.PathLike, family: str, window: int, dtype: to
     if family in ("lumina-mgpt", "anole"):
         from transformers import ChameleonConfig
 
-        from .chameleon import ChameleonLayout, config_memory
+        from .chameleon import ChameleonLayout, config_memory, lumina_pixel_size
 
         config = ChameleonConfig.from_pretrained(check_checkpoint(path, "Chameleon"))
+        if family == "lumina-mgpt":
+            height, width = lumina_pixel_size(height, width, path)
         layout = ChameleonLayout.build(config, "lumina" if family == "lumina-mgpt" else "anole", height, width)
         return config_memory(config, layout, window, dtype, guided, length)
     raise ValueError(f"family={family!r}; allowed: janus, emu3, lumina-mgpt, anole")
@@ -303,12 +276,12 @@ def check_memory(path: str | os.PathLike, family: str, batch_size: int, window: 
     )
 
 
-def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype | str | None = None, device: str | torch.device | None = None,
+def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, device: str | torch.device | None = None,
                layout: str | None = None, height: int | None = None, width: int | None = None, image_size: int | None = None,
                max_memory_bytes: int | None = None, batch_size: int | None = 1, window: int | None = None,
-               guided: bool = True, negative_prompt: str | None = None, vqgan_dir: str | None = None,
+               guided: bool = True, negative_prompt: str | None = None, vqgan: Any = None,
                prompts: list[str] | None = None, prompt_template: str | None = None,
-               positive_prompt: str | None = None) -> ImageTokenModel:
+               positive_prompt: str | None = None, processor: Any = None) -> ImageTokenModel:
     """Load a Janus, Emu3 or Chameleon-format (Lumina-mGPT / Anole) checkpoint as an image-token model.
 
     Before any weight is read: the family, the image size, the prompt template and special
@@ -317,27 +290,53 @@ def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype | str | None
     with the real prompt length (else :data:`DEFAULT_PROMPT_LENGTH` tokens).
 
     Args:
-        path_or_id: a local checkpoint folder, or a Hugging Face repo id already in the local cache.
+        path_or_id: a local checkpoint folder, or a Hugging Face repo id already in the local
+            cache; or a transformers model already loaded (``JanusForConditionalGeneration``,
+            ``Emu3ForConditionalGeneration``, ``ChameleonForConditionalGeneration``), which goes to
+            :func:`csdgen.models.loaded.from_model` with ``processor`` and the prompt and size
+            options (no memory check: it is loaded; ``dtype`` / ``device`` do not apply).
         dtype: float32 / bfloat16 / float16 (default :func:`default_dtype` of the device).
         device: default :func:`default_device`.
         layout: Chameleon only, ``"lumina"`` or ``"anole"`` (default :func:`guess_layout`).
-        height, width / image_size: output size in pixels (default: the family's).
+        height, width / image_size: output size in pixels (default: the family's; Lumina-mGPT:
+            the size its name says, e.g. ``Lumina-mGPT-7B-512``, else refused asking for it).
         max_memory_bytes: memory budget for the check (default: what the device has free).
         batch_size, window: what the memory check assumes (batch_size None: no check; window
             default: the family's).
         negative_prompt: Emu3 only, the unconditional rows' prompt (default Emu3's documented one).
         positive_prompt: Emu3 only, appended to each prompt string (default Emu3's; ``""`` = off).
-        vqgan_dir: Chameleon only, folder of Chameleon's ``vqgan.yaml`` + ``vqgan.ckpt`` (default:
-            the checkpoint folder or its ``tokenizer/`` when they hold both, else no image decoder).
+        vqgan: Chameleon only, Chameleon's VQGAN: a folder holding ``vqgan.yaml`` + ``vqgan.ckpt``
+            (its ``tokenizer/``) or the ``vqgan.ckpt`` file (CLI ``--vqgan PATH``); default: the
+            checkpoint folder or its ``tokenizer/`` when they hold both, else no image decoder.
+            Needed for GSD / LANTERN when the checkpoint holds no VQ codebook (Lumina-mGPT).
         prompts: the prompt strings the run will use (for the length and memory checks).
         prompt_template: ``{prompt}``, ``{width}``, ``{height}`` template for prompt strings
             (default: the family's, see docs/models.md).
+        processor: with an in-memory model only: its processor or tokenizer (default: loaded
+            from the folder the model came from, when that is here).
 
     Raises:
         FileNotFoundError: no such folder nor cached repo, or no config/weights.
         ValueError: unsupported model type, layout, size, dtype or template; a prompt too long;
-            not enough memory.
+            not enough memory; a tokenizer that does not encode as its tokenizer.json.
+        TypeError: ``path_or_id`` neither a path / repo id nor a supported transformers model.
     """
+    if not isinstance(path_or_id, (str, os.PathLike)):
+        from .loaded import from_model
+
+        given = [name for name, value in (("dtype", dtype), ("device", device), ("max_memory_bytes", max_memory_bytes))
+                 if value is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: apply when loading from a folder; an in-memory model is used as it is "
+                             f"(move or cast it first, e.g. model.to('cuda', torch.bfloat16))")
+        model = from_model(path_or_id, processor, layout=layout, height=height, width=width, image_size=image_size,
+                           vqgan=vqgan, prompt_template=prompt_template, negative_prompt=negative_prompt,
+                           positive_prompt=positive_prompt)
+        if prompts:
+            model.check_length(model.prompt_length(list(prompts)))
+        return model
+    if processor is not None:
+        raise ValueError("processor= applies to an in-memory model; a checkpoint folder's own tokenizer files are used")
     folder = resolve_checkpoint(path_or_id)
     model_type = model_type_of(folder)
     if layout is not None and model_type != "chameleon":
@@ -345,10 +344,17 @@ def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype | str | None
     for name, value in (("negative_prompt", negative_prompt), ("positive_prompt", positive_prompt)):
         if value is not None and model_type != "emu3":
             raise ValueError(f"{name} applies to Emu3 checkpoints only; {str(path_or_id)!r} is {model_type}")
+    if vqgan is not None and model_type != "chameleon":
+        raise ValueError(f"vqgan applies to Chameleon checkpoints (Lumina-mGPT, Anole) only; {str(path_or_id)!r} is {model_type}")
     family = family_of(folder, layout, str(path_or_id))
     device = device or default_device()
     dtype = _dtype(dtype, device)
     check_checkpoint(folder, model_type.capitalize())
+    if family == "lumina-mgpt":
+        from .chameleon import lumina_pixel_size
+
+        height, width = lumina_pixel_size(*_size(height, width, image_size), str(path_or_id), folder)
+        image_size = None
     builder = prompts_for(folder, family, height=height, width=width, image_size=image_size, prompt_template=prompt_template,
                           negative_prompt=negative_prompt, positive_prompt=positive_prompt)
     prompt_length = None
@@ -377,7 +383,7 @@ def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype | str | None
 
     kind = "lumina" if family == "lumina-mgpt" else "anole"
     return ChameleonImageModel.from_pretrained(str(folder), dtype=dtype, device=device, layout=kind, height=height, width=width,
-                                               vqgan_dir=vqgan_dir, prompt_template=prompt_template)
+                                               vqgan=vqgan, prompt_template=prompt_template)
 
 
 def family_defaults_table() -> str:

@@ -36,7 +36,13 @@ import torch
 if TYPE_CHECKING:
     from .defaults import FamilyDefaults
 
-__all__ = ["WindowLogits", "DecodingSession", "ImageTokenModel", "check_row_arguments", "row_tensor"]
+__all__ = ["WindowLogits", "DecodingSession", "ImageTokenModel", "CodebookUnavailable", "optional_codebook",
+           "check_row_arguments", "row_tensor"]
+
+
+class CodebookUnavailable(ValueError):
+    """A model has a VQ codebook but cannot give it (e.g. the checkpoint's files lack it); the
+    message says why and how to supply it. Raised by :meth:`ImageTokenModel.codebook_embeddings`."""
 
 
 class WindowLogits(NamedTuple):
@@ -190,7 +196,12 @@ class ImageTokenModel(ABC):
         """
 
     def codebook_embeddings(self) -> torch.Tensor | None:
-        """``[V, D]`` float codebook vectors, when the model has a tokenizer (None otherwise)."""
+        """``[V, D]`` float codebook vectors, when the model has a tokenizer (None otherwise).
+
+        Raises:
+            CodebookUnavailable: the model has a codebook but cannot give it (the message says
+                how to supply it); GSD and LANTERN then refuse with that message.
+        """
         return None
 
     def decode_images(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -200,3 +211,12 @@ class ImageTokenModel(ABC):
             NotImplementedError: for a model without an image decoder.
         """
         raise NotImplementedError(f"{type(self).__name__} has no image decoder")
+
+
+def optional_codebook(model: ImageTokenModel) -> torch.Tensor | None:
+    """``model.codebook_embeddings()``, or None where it has none or cannot give it
+    (:class:`CodebookUnavailable`): for listing the methods a model offers."""
+    try:
+        return model.codebook_embeddings()
+    except CodebookUnavailable:
+        return None

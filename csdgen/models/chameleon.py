@@ -11,6 +11,20 @@ converters (transformers' ``convert_chameleon_weights_to_hf.py``, Lumina-mGPT's 
 config.json without ``bos_token_id``, so ChameleonConfig's default 1 (= ``<pad>``; ``<s>`` is 0)
 would be read: config ids are never used.
 
+Image size (Lumina-mGPT): the checkpoints are released at one size each (Alpha-VLLM/Lumina-mGPT
+README: Lumina-mGPT-7B-512, -768, -768-Omni, -1024, Lumina-mGPT-34B-512; its demos take
+``--target_size`` in 512 / 768 / 1024 and say it must match the checkpoint), and its config.json
+has no size field (``ChameleonXLLMXConfig`` adds only ``z_loss_weight``). So the size comes from
+the checkpoint's name (:func:`lumina_size_from_names`), else it must be given: nothing is guessed.
+
+VQ weights: Lumina-mGPT's fine-tuning deletes ``model.vqmodel`` before training and saves the
+rest (``finetune_solver.py``, ``xllmx/util/ckpt.py``), so its checkpoints hold no
+``model.vqmodel.*`` tensors and transformers initialises that part at random. Whether the files
+hold the codebook is read from their headers at load time (:func:`stores_codebook`); without it
+:meth:`ChameleonImageModel.codebook_embeddings` (GSD, LANTERN) raises
+:class:`~csdgen.models.base.CodebookUnavailable` unless a VQGAN is given (``vqgan=``, CLI
+``--vqgan PATH``), never returning the random table.
+
 Checkpoints: transformers' Chameleon layout, or Lumina-mGPT's (architecture
 ``ChameleonXLLMXForConditionalGeneration``, ``self_attn.q_norm``/``k_norm`` weight and bias of
 shape ``[model_parallel_size, head_dim]``, shared by the heads of each shard; its
@@ -61,6 +75,7 @@ temperature 1.0; Anole CFG 3.0 (text scale), temperature 0.7, top-p 0.9.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -74,13 +89,14 @@ from ._transformers import (
     format_prompt, load_tokenizer, meta_parameter_count, parameter_count, resolve_dtype, token_id,
 )
 from ._ragged import RaggedSession
-from .base import ImageTokenModel
-from .chameleon_vqgan import ChameleonVQGANDecoder, load_vqgan_decoder
+from .base import CodebookUnavailable, ImageTokenModel
+from .chameleon_vqgan import ChameleonVQGANDecoder, load_vqgan_decoder, vqgan_files
 from .defaults import FAMILY_DEFAULTS
 
 __all__ = [
     "ChameleonLayout", "ChameleonImageModel", "ChameleonPrompts", "LAYOUTS", "LUMINA_PROMPT_TEMPLATE", "ANOLE_PROMPT_TEMPLATE",
-    "config_memory", "load_backbone", "shared_norm_shapes",
+    "config_memory", "load_backbone", "shared_norm_shapes", "LUMINA_SIZES", "lumina_size_from_names", "lumina_pixel_size",
+    "stored_tensor_names", "stores_codebook", "CODEBOOK_WEIGHT", "find_vqgan",
 ]
 
 LAYOUTS = ("lumina", "anole")
@@ -89,6 +105,61 @@ LUMINA_PROMPT_TEMPLATE = "Generate an image of {width}x{height} according to the
 ANOLE_PROMPT_TEMPLATE = "{prompt}" + END_OF_TURN
 #: prompt tokens the memory check assumes when the prompts are not known
 DEFAULT_PROMPT_LENGTH = 128
+#: the image sizes (pixels, square) Lumina-mGPT checkpoints are released at (Alpha-VLLM/Lumina-mGPT README)
+LUMINA_SIZES = (512, 768, 1024)
+#: a released size as its own part of a name: ``Lumina-mGPT-7B-768``, ``..._1024``, ``-768-Omni``
+_SIZE_IN_NAME = re.compile(r"(?:^|[-_.])(" + "|".join(map(str, LUMINA_SIZES)) + r")(?=$|[-_.])")
+#: the state-dict name of the VQ codebook inside a Chameleon checkpoint
+CODEBOOK_WEIGHT = "model.vqmodel.quantize.embedding.weight"
+
+
+def _own_names(name: str | os.PathLike) -> list[str]:
+    """The names a path or repo id gives its checkpoint: the last component, and for a Hugging Face
+    cache snapshot (``models--org--name/snapshots/<hash>``) the repo name."""
+    parts = Path(str(name)).parts
+    return list(parts[-1:]) + [p.split("--")[-1] for p in parts if p.startswith("models--")]
+
+
+def lumina_size_from_names(*names: str | os.PathLike | None) -> int | None:
+    """The square image size a Lumina-mGPT checkpoint's name says (one of :data:`LUMINA_SIZES`), or None.
+
+    A size counts when it is a part of its own, between ``-``, ``_``, ``.`` or the ends, of the
+    checkpoint's name (last path component, or the repo name of a Hugging Face cache snapshot):
+    ``Alpha-VLLM/Lumina-mGPT-7B-512`` -> 512, ``Lumina-mGPT-7B-768-Omni`` -> 768; ``step1024`` does not count.
+
+    Raises:
+        ValueError: the names say two different sizes.
+    """
+    found = {}
+    for name in names:
+        if name is None or not str(name):
+            continue
+        for part in _own_names(name):
+            for size in _SIZE_IN_NAME.findall(part):
+                found.setdefault(int(size), part)
+    if len(found) > 1:
+        sizes = ", ".join(f"{s} ({part!r})" for s, part in sorted(found.items()))
+        raise ValueError(f"the checkpoint's names say different Lumina-mGPT image sizes: {sizes}; give --image-size S "
+                         f"(image_size=S in Python) with the size it was trained at")
+    return next(iter(found), None)
+
+
+def lumina_pixel_size(height: int | None, width: int | None, *names: str | os.PathLike | None) -> tuple[int, int]:
+    """``(height, width)`` in pixels for a Lumina-mGPT checkpoint: the given sides, the rest from its name.
+
+    Raises:
+        ValueError: a side is not given and the names say no size (one line asking for
+            ``--image-size``), or the names disagree.
+    """
+    size = lumina_size_from_names(*names)
+    height, width = (size if height is None else height), (size if width is None else width)
+    if height is None or width is None:
+        where = ", ".join(repr(str(n)) for n in names if n is not None and str(n)) or "the checkpoint"
+        raise ValueError(
+            f"Lumina-mGPT image size unknown: the name of {where} holds none of {', '.join(map(str, LUMINA_SIZES))} "
+            f"(the sizes it is released at, e.g. Lumina-mGPT-7B-768) and its config.json has no size field; give "
+            f"--image-size S (image_size=S in Python) with the size the checkpoint was trained at")
+    return height, width
 
 
 def _grid_token_name(n: int) -> str:
@@ -127,8 +198,11 @@ class ChameleonLayout:
               tokenizer: Any = None) -> "ChameleonLayout":
         """Check the resolution and resolve the special ids by name (config vocabulary, checked against ``tokenizer``).
 
+        ``height`` / ``width``: pixels; lumina needs both (see :func:`lumina_pixel_size` for taking
+        them from the checkpoint's name), anole takes only its VQGAN resolution (None: that one).
+
         Raises:
-            ValueError: unknown layout, unsupported resolution, or special tokens missing.
+            ValueError: unknown layout, unsupported or unknown (lumina) resolution, or special tokens missing.
         """
         if kind not in LAYOUTS:
             raise ValueError(f"layout={kind!r}; allowed: {', '.join(LAYOUTS)}")
@@ -144,7 +218,7 @@ class ChameleonLayout:
             if (height or side) != side or (width or side) != side:
                 raise ValueError(f"Anole resolution {height}x{width}: allowed only {side}x{side} (its VQGAN resolution)")
             return cls("anole", side // f, side // f, newline=None, resolution_tokens=(), **ids)
-        height, width = height or 768, width or 768
+        height, width = lumina_pixel_size(height, width)
         for name, value in (("height", height), ("width", width)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or value % (2 * f):
                 raise ValueError(f"Lumina-mGPT {name}={value!r}: allowed positive multiples of {2 * f} pixels")
@@ -236,6 +310,33 @@ _NORM_SUFFIXES = ("self_attn.q_norm.weight", "self_attn.q_norm.bias", "self_attn
 def _weight_files(folder: Path) -> list[Path]:
     files = sorted(folder.glob("*.safetensors"))
     return files or sorted(folder.glob("pytorch_model*.bin"))
+
+
+def stored_tensor_names(folder: str | os.PathLike) -> set[str]:
+    """Names of the tensors a checkpoint folder's weight files hold (safetensors headers, or the
+    ``*.index.json`` weight map; a ``.bin`` file is memory-mapped, its tensors not read)."""
+    import json
+
+    folder = Path(folder)
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        if (folder / index).is_file():
+            return set(json.loads((folder / index).read_text()).get("weight_map", {}))
+    names: set[str] = set()
+    for file in _weight_files(folder):
+        if file.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(file), framework="pt") as f:
+                names.update(f.keys())
+        else:
+            names.update(torch.load(file, map_location="cpu", weights_only=True, mmap=True))
+    return names
+
+
+def stores_codebook(folder: str | os.PathLike) -> bool:
+    """Whether the checkpoint's files hold the VQ codebook (:data:`CODEBOOK_WEIGHT`); Lumina-mGPT's
+    fine-tuned checkpoints hold no ``model.vqmodel.*`` tensors (see the module docstring)."""
+    return CODEBOOK_WEIGHT in stored_tensor_names(folder)
 
 
 def _read_tensors(folder: Path, wanted) -> dict[str, Any]:
@@ -376,10 +477,15 @@ class ChameleonImageModel(ChameleonPrompts, ImageTokenModel):
     Args:
         backbone: the loaded model; layout: ``"lumina"`` or ``"anole"``; height, width: pixels.
         tokenizer: for string prompts (None: token-id prompts only).
-        vqgan: a :class:`ChameleonVQGANDecoder` for :meth:`decode_images` (None: no decoding).
+        vqgan: a :class:`ChameleonVQGANDecoder` for :meth:`decode_images` and the codebook
+            (None: no decoding).
         prompt_template: format string with ``{prompt}``, ``{width}``, ``{height}`` for string
             prompts; default :data:`LUMINA_PROMPT_TEMPLATE` for lumina,
             :data:`ANOLE_PROMPT_TEMPLATE` for anole.
+        codebook_stored: whether the backbone's ``vqmodel`` codebook was loaded from the
+            checkpoint (:func:`stores_codebook`); False: without ``vqgan``
+            :meth:`codebook_embeddings` refuses (the table is random); None: not known (the
+            backbone's is used).
 
     Conditions: prompt strings (template, then the tokenizer without special tokens) or lists of
     token ids (the prompt without BOS, no template applied). BOS ``<s>`` is always prepended.
@@ -394,11 +500,12 @@ class ChameleonImageModel(ChameleonPrompts, ImageTokenModel):
 
     def __init__(self, backbone: ChameleonForConditionalGeneration, layout: str = "lumina", height: int | None = None,
                  width: int | None = None, tokenizer: Any = None, vqgan: ChameleonVQGANDecoder | None = None,
-                 prompt_template: str | None = None):
+                 prompt_template: str | None = None, codebook_stored: bool | None = None):
         config = backbone.config
         ChameleonPrompts.__init__(self, config, layout, height, width, tokenizer, prompt_template)
         self.defaults = FAMILY_DEFAULTS["lumina-mgpt" if layout == "lumina" else "anole"]
         self.backbone, self.vqgan = backbone.eval(), vqgan
+        self.codebook_stored = codebook_stored
         self.device = next(backbone.parameters()).device
         self.dtype = next(backbone.parameters()).dtype
         self.image_ids = _image_vocabulary(config).to(self.device)  # [V] vocabulary id per codebook entry
@@ -418,25 +525,31 @@ class ChameleonImageModel(ChameleonPrompts, ImageTokenModel):
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, dtype: torch.dtype | str = torch.float32,
                         device: str | torch.device = "cpu", layout: str = "lumina", height: int | None = None,
-                        width: int | None = None, vqgan_dir: str | None = None,
+                        width: int | None = None, vqgan: str | os.PathLike | None = None,
                         prompt_template: str | None = None) -> "ChameleonImageModel":
         """Load a local Chameleon-format checkpoint (transformers or Lumina-mGPT layout), its tokenizer if present, and the VQGAN.
 
         Args:
             path: a directory (no hub downloads).
-            vqgan_dir: directory with ``vqgan.yaml`` + ``vqgan.ckpt``; default: ``path`` or
-                ``path/tokenizer`` when they hold both, else no decoder.
+            height, width: pixels; lumina: default the size the folder's name says
+                (:func:`lumina_pixel_size`), refused when it says none.
+            vqgan: Chameleon's VQGAN, a folder or file as :func:`~csdgen.models.chameleon_vqgan.vqgan_files`
+                takes; default: ``path`` or ``path/tokenizer`` when they hold both files, else no decoder.
 
         Raises:
             FileNotFoundError: missing directory, config or weights.
-            ValueError: bad dtype, layout or resolution (checked before the weights are read); bad VQGAN files.
+            ValueError: bad dtype, layout or resolution, unknown Lumina-mGPT size, a tokenizer that
+                does not encode as its tokenizer.json (checked before the weights are read); bad VQGAN files.
         """
         folder = check_checkpoint(path, "Chameleon")
         dtype = resolve_dtype(dtype)
+        if layout == "lumina":
+            height, width = lumina_pixel_size(height, width, path)
         tokenizer = load_tokenizer(folder)
         ChameleonLayout.build(ChameleonConfig.from_pretrained(folder), layout, height, width, tokenizer)  # before the weights
+        decoder = find_vqgan(vqgan, folder, device)
         backbone = load_backbone(folder, dtype, device)
-        return cls(backbone, layout, height, width, tokenizer, _find_vqgan(str(folder), vqgan_dir, device), prompt_template)
+        return cls(backbone, layout, height, width, tokenizer, decoder, prompt_template, codebook_stored=stores_codebook(folder))
 
     def memory(self, window: int, guided: bool = True, prompt_length: int = DEFAULT_PROMPT_LENGTH) -> MemoryEstimate:
         """:func:`config_memory` of this model (its dtype and parameter count)."""
@@ -462,9 +575,21 @@ class ChameleonImageModel(ChameleonPrompts, ImageTokenModel):
         return _ChameleonSession(self, prompts, guided)
 
     def codebook_embeddings(self) -> torch.Tensor:
-        """``[V, D]`` float32 VQ codebook: the VQGAN's if loaded, else the checkpoint's ``vqmodel.quantize``."""
-        source = self.vqgan.quantize.embedding if self.vqgan is not None else self.backbone.model.vqmodel.quantize.embedding
-        return source.weight.detach().float()
+        """``[V, D]`` float32 VQ codebook: the VQGAN's if loaded, else the checkpoint's ``vqmodel.quantize``.
+
+        Raises:
+            CodebookUnavailable: no VQGAN and the checkpoint's files hold no codebook
+                (``codebook_stored`` False: Lumina-mGPT's fine-tuned checkpoints), whose table
+                would be transformers' random initialisation.
+        """
+        if self.vqgan is not None:
+            return self.vqgan.quantize.embedding.weight.detach().float()
+        if self.codebook_stored is False:
+            raise CodebookUnavailable(
+                f"this checkpoint holds no {CODEBOOK_WEIGHT} (Lumina-mGPT's fine-tuning drops model.vqmodel before "
+                f"saving), so its codebook would be random; GSD and LANTERN need Chameleon's VQGAN: give --vqgan PATH "
+                f"(vqgan= in Python), the tokenizer/ folder holding vqgan.yaml and vqgan.ckpt")
+        return self.backbone.model.vqmodel.quantize.embedding.weight.detach().float()
 
     def decode_images(self, tokens: torch.Tensor) -> torch.Tensor:
         """Image tokens ``[B, N]`` int64 -> ``[B, 3, rows*f, cols*f]`` float32 in [-1, 1] (f = 16 for the real VQGAN).
@@ -473,7 +598,8 @@ class ChameleonImageModel(ChameleonPrompts, ImageTokenModel):
             NotImplementedError: no VQGAN was loaded. ValueError: wrong shape.
         """
         if self.vqgan is None:
-            raise NotImplementedError("no VQGAN decoder: give vqgan_dir= with Chameleon's vqgan.yaml and vqgan.ckpt")
+            raise NotImplementedError("no VQGAN decoder: give --vqgan PATH (vqgan= in Python), Chameleon's tokenizer/ "
+                                      "folder holding vqgan.yaml and vqgan.ckpt")
         if tokens.ndim != 2 or tokens.shape[1] != self.num_image_tokens:
             raise ValueError(f"tokens of shape {tuple(tokens.shape)}: expected [B, {self.num_image_tokens}]")
         with torch.no_grad():
@@ -503,12 +629,23 @@ def encode_prompts(conditions: Sequence[str | Sequence[int]], tokenizer: Any, te
     return out
 
 
-def _find_vqgan(path: str, vqgan_dir: str | None, device) -> ChameleonVQGANDecoder | None:
-    candidates = [vqgan_dir] if vqgan_dir is not None else [path, os.path.join(path, "tokenizer")]
-    for d in candidates:
-        yaml_path, ckpt_path = os.path.join(d, "vqgan.yaml"), os.path.join(d, "vqgan.ckpt")
-        if vqgan_dir is not None or (os.path.isfile(yaml_path) and os.path.isfile(ckpt_path)):
-            return load_vqgan_decoder(yaml_path, ckpt_path, device=device)
+def find_vqgan(vqgan: str | os.PathLike | ChameleonVQGANDecoder | None, checkpoint: str | os.PathLike | None,
+               device: str | torch.device = "cpu") -> ChameleonVQGANDecoder | None:
+    """Chameleon's VQGAN decoder: ``vqgan`` (a decoder, or a folder / file as
+    :func:`~csdgen.models.chameleon_vqgan.vqgan_files` takes) when given, else the checkpoint
+    folder's or its ``tokenizer/``'s ``vqgan.yaml`` + ``vqgan.ckpt`` when they hold both, else None.
+
+    Raises:
+        ValueError: a given ``vqgan`` that is not a VQGAN folder or file, or bad VQGAN files.
+    """
+    if isinstance(vqgan, ChameleonVQGANDecoder):
+        return vqgan.to(device)
+    if vqgan is not None:
+        return load_vqgan_decoder(*vqgan_files(vqgan), device=device)
+    for folder in () if checkpoint is None else (checkpoint, os.path.join(checkpoint, "tokenizer")):
+        pair = os.path.join(folder, "vqgan.yaml"), os.path.join(folder, "vqgan.ckpt")
+        if all(os.path.isfile(f) for f in pair):
+            return load_vqgan_decoder(*pair, device=device)
     return None
 
 

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["VQGANConfig", "ChameleonVQGANDecoder", "load_vqgan_decoder"]
+__all__ = ["VQGANConfig", "ChameleonVQGANDecoder", "load_vqgan_decoder", "vqgan_files"]
 
 
 @dataclass
@@ -220,6 +220,39 @@ def _decoder_state(raw: Any, path: str) -> dict[str, torch.Tensor]:
         raise ValueError(f"{path}: not a state dict nor {{'state_dict': ...}}")
     keep = ("decoder.", "post_quant_conv.", "quantize.embedding.")
     return {k: v for k, v in state.items() if k.startswith(keep)}
+
+
+def vqgan_files(path: str | os.PathLike) -> tuple[str, str]:
+    """``(vqgan.yaml, vqgan.ckpt)`` of a VQGAN given as a folder or one of its two files.
+
+    Accepted: a folder holding ``vqgan.yaml`` and ``vqgan.ckpt`` (Chameleon's ``tokenizer/``
+    folder), a folder whose ``tokenizer/`` holds them (Chameleon's release folder), the
+    ``vqgan.ckpt`` file (``vqgan.yaml`` beside it) or the ``vqgan.yaml`` file (``vqgan.ckpt``
+    beside it).
+
+    Raises:
+        ValueError: naming the path and what is allowed (one line).
+    """
+    path = os.fspath(path)
+    allowed = ("allowed: a folder holding vqgan.yaml and vqgan.ckpt (Chameleon's tokenizer/ folder), or its "
+               "vqgan.ckpt with vqgan.yaml beside it")
+    if os.path.isdir(path):
+        for folder in (path, os.path.join(path, "tokenizer")):
+            pair = os.path.join(folder, "vqgan.yaml"), os.path.join(folder, "vqgan.ckpt")
+            if all(os.path.isfile(f) for f in pair):
+                return pair
+        raise ValueError(f"VQGAN {path!r}: the folder holds no vqgan.yaml + vqgan.ckpt (nor does its tokenizer/); {allowed}")
+    if os.path.isfile(path):
+        folder, name = os.path.split(path)
+        if name.endswith((".yaml", ".yml")):
+            pair = path, os.path.join(folder, "vqgan.ckpt")
+        else:
+            pair = os.path.join(folder, "vqgan.yaml"), path
+        missing = [f for f in pair if not os.path.isfile(f)]
+        if missing:
+            raise ValueError(f"VQGAN {path!r}: {missing[0]!r} does not exist; {allowed}")
+        return pair
+    raise ValueError(f"VQGAN {path!r} does not exist; {allowed}")
 
 
 def load_vqgan_decoder(config_path: str, ckpt_path: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> ChameleonVQGANDecoder:

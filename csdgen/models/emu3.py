@@ -16,6 +16,14 @@ output at a row's last visual token is not returned; the end-of-line token's out
 next row's first token), and keeps the map image length ``k`` -> cached sequence length
 ``P + k + k // cols`` for rollback.
 
+Prompt text is pre-tokenized as BAAI's Emu3 tokenizer does (the one Emu3 was trained with,
+baaivision/Emu3 ``emu3/mllm/tokenization_emu3.py``: tiktoken with Qwen's regex ``PAT_STR`` after
+NFC normalisation), not as transformers' converted tokenizer.json does (``ByteLevel`` with the
+GPT-2 regex, ``convert_emu3_weights_to_hf.py``): the two split a hyphen, comma or quote before
+a letter, and digit runs, differently ("-up" is one piece under Qwen's rule, "-", "up" under
+GPT-2's; "90" two pieces under Qwen's). :func:`baai_tokenizer` sets that split on a copy of the
+loaded tokenizer.
+
 Prompt strings get Emu3's positive prompt appended, as BAAI's Emu3-Gen example does
 (``prompt = [p + POSITIVE_PROMPT for p in prompt]``, :data:`POSITIVE_PROMPT`); pass
 ``positive_prompt=""`` (CLI ``--no-positive-prompt``) to turn it off. An optional template
@@ -30,6 +38,8 @@ the real tokens only (as ``generate`` does from the attention mask).
 
 from __future__ import annotations
 
+import copy
+import json
 import math
 import os
 from typing import Any, Sequence
@@ -53,6 +63,8 @@ __all__ = [
     "emu3_memory_estimate",
     "estimate_memory_from_pretrained",
     "image_grid",
+    "QWEN_PATTERN",
+    "baai_tokenizer",
 ]
 
 #: Emu3's documented negative prompt (BAAI Emu3-Gen model card, transformers Emu3 docs)
@@ -66,6 +78,43 @@ POSITIVE_PROMPT = " masterpiece, film grained, best quality."
 DEFAULT_IMAGE_AREA = 518400
 #: prompt length assumed by memory estimates when the prompts are not known
 DEFAULT_PROMPT_LENGTH = 128
+
+#: BAAI's Emu3 tokenizer's pre-tokenization regex (``PAT_STR`` of baaivision/Emu3
+#: ``emu3/mllm/tokenization_emu3.py``, Qwen's: one digit per piece, punctuation joins the letters after it)
+QWEN_PATTERN = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+
+
+def _is_qwen_split(pre: dict) -> bool:
+    splits = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    return any(p.get("type") == "Split" and (p.get("pattern") or {}).get("Regex") == QWEN_PATTERN for p in splits)
+
+
+def baai_tokenizer(tokenizer: Any) -> Any:
+    """The tokenizer pre-tokenizing as BAAI's Emu3 tokenizer: a copy with NFC normalisation, the
+    :data:`QWEN_PATTERN` split (isolated pieces) and a byte-level step without its own regex.
+
+    Applied to a byte-level tokenizer that splits with the GPT-2 regex (transformers' converted
+    ``tokenizer.json``); a tokenizer already splitting with :data:`QWEN_PATTERN`, one without a
+    ``tokenizers`` backend, or of another kind is returned as it is. The given object is not modified.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return tokenizer
+    state = json.loads(backend.to_str())
+    pre = state.get("pre_tokenizer") or {}
+    if _is_qwen_split(pre) or not (pre.get("type") == "ByteLevel" and pre.get("use_regex", True)):
+        return tokenizer
+    from tokenizers import Regex, normalizers, pre_tokenizers
+
+    out = copy.deepcopy(tokenizer)
+    out.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+    ])
+    if state.get("normalizer") is None:
+        out.backend_tokenizer.normalizer = normalizers.NFC()
+    return out
+
 
 # (tokenizer attribute, Emu3 token name): the names of the Emu3-*-hf tokenizers
 _SPECIAL = {
@@ -165,12 +214,12 @@ class Emu3Prompts:
                  negative_prompt: str | Sequence[int] = DEFAULT_NEGATIVE_PROMPT, positive_prompt: str = POSITIVE_PROMPT,
                  prompt_template: str = "{prompt}"):
         self.config = config
-        self.tokenizer = tokenizer
+        self.tokenizer = baai_tokenizer(tokenizer)
         self.grid = image_grid(config, height, width)
         self.num_image_tokens = self.grid[0] * self.grid[1]
         factor = _spatial_factor(config)
         self.image_size = (self.grid[0] * factor, self.grid[1] * factor)
-        self.special = _special_ids(config.vocabulary_map or {}, tokenizer)
+        self.special = _special_ids(config.vocabulary_map or {}, self.tokenizer)
         names = {i: n for n, i in (config.vocabulary_map or {}).items() if i in self.special.values()}
         self._names = {k: names[i] for k, i in self.special.items()}
         self.negative_prompt = negative_prompt
@@ -255,8 +304,8 @@ class Emu3ImageModel(Emu3Prompts, ImageTokenModel):
 
     Args:
         model: the loaded model (eval mode is set here).
-        tokenizer: the checkpoint's tokenizer (strings are tokenised with it), or None (token-id
-            conditions only).
+        tokenizer: the checkpoint's tokenizer (strings are tokenised with a copy splitting as
+            BAAI's, :func:`baai_tokenizer`), or None (token-id conditions only).
         height, width: image size in pixels (see :func:`image_grid`); default Emu3's 720 x 720.
         negative_prompt: the unconditional row's prompt (string or token ids); default
             :data:`DEFAULT_NEGATIVE_PROMPT`; ``""`` gives an empty negative prompt.

@@ -21,7 +21,9 @@ find the same greedy tokens for padded batches.
 The prefill sends only each row's last hidden state through the generation head (as
 deepseek-ai/Janus ``generation_inference.py`` does: ``gen_head(hidden_states[:, -1, :])``).
 Special tokens (BOS, begin-of-image, pad) are resolved by NAME from the tokenizer
-(``bos_token``, ``boi_token``, ``pad_token``); without a tokenizer, from generation_config.json.
+(``bos_token``, ``boi_token``, and the pad token ``<｜▁pad▁｜>`` as deepseek-ai/Janus's
+``VLChatProcessor.pad_id`` names it, checked against ``generation_config.pad_token_id``);
+without a tokenizer, from generation_config.json (:func:`special_ids`).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from ._ragged import RaggedSession
 from .base import ImageTokenModel
 from .defaults import FAMILY_DEFAULTS
 
-__all__ = ["JanusImageModel", "JanusPrompts", "special_ids", "janus_memory", "janus_memory_estimate", "estimate_memory_from_pretrained", "image_size_of",
+__all__ = ["JanusImageModel", "JanusPrompts", "special_ids", "PAD_TOKEN", "janus_memory", "janus_memory_estimate", "estimate_memory_from_pretrained", "image_size_of",
            "check_image_size"]
 
 #: prompt length assumed by memory estimates when the prompts are not known
@@ -294,33 +296,61 @@ def _load_processor(folder: Path):
     return load_tokenizer(folder, JanusProcessor)
 
 
-def special_ids(folder: str | os.PathLike, processor: Any = None) -> tuple[int, int, int]:
-    """``(bos, boi, pad)`` ids: by name from the tokenizer (``bos_token``, ``boi_token``,
-    ``pad_token``), else from generation_config.json (``bos_token_id``, ``pad_token_id``,
-    ``generation_kwargs["boi_token_id"]``). Reads no weights.
+#: the pad token Janus pads the unconditional rows with (deepseek-ai/Janus ``VLChatProcessor.pad_tag``;
+#: transformers' converter writes its id as ``generation_config.pad_token_id``)
+PAD_TOKEN = "<\uff5c\u2581pad\u2581\uff5c>"
+
+
+def special_ids(folder: str | os.PathLike | None, processor: Any = None, generation_config: Any = None) -> tuple[int, int, int]:
+    """``(bos, boi, pad)`` ids, from the tokenizer by name and generation_config.json. Reads no weights.
+
+    BOS and begin-of-image: the tokenizer's ``bos_token`` / ``boi_token`` by name, else
+    generation_config's ``bos_token_id`` / ``generation_kwargs["boi_token_id"]`` (what
+    transformers' ``generate`` reads; or ``boi_token_id``, where the converter sets it). Pad: the id of
+    :data:`PAD_TOKEN` (what deepseek-ai/Janus pads the unconditional rows with,
+    ``VLChatProcessor.pad_id``), checked against ``generation_config.pad_token_id`` where both
+    exist (transformers' ``convert_janus_weights_to_hf.py`` writes that token's id there); else
+    generation_config's, else the tokenizer's ``pad_token``.
+
+    Args:
+        folder: the checkpoint folder (its generation_config.json), or None with ``generation_config``.
+        generation_config: a loaded ``GenerationConfig`` (an in-memory model's) instead of the folder's file.
 
     Raises:
-        ValueError: an id found in neither, naming what is missing and where it was looked for.
+        ValueError: an id found nowhere, or the pad token's id and generation_config's
+            ``pad_token_id`` disagreeing (one line naming both).
     """
     from transformers import GenerationConfig
 
     tok = getattr(processor, "tokenizer", None)
-    try:
-        gen = GenerationConfig.from_pretrained(folder)
-    except OSError:
-        gen = None
+    where = "the in-memory model" if folder is None else repr(str(folder))
+    gen = generation_config
+    if gen is None and folder is not None:
+        try:
+            gen = GenerationConfig.from_pretrained(folder)
+        except OSError:
+            gen = None
     found = {}
     for key, attr, gen_value in (
         ("bos_token_id", "bos_token", getattr(gen, "bos_token_id", None)),
-        ("boi_token_id", "boi_token", (getattr(gen, "generation_kwargs", None) or {}).get("boi_token_id")),
-        ("pad_token_id", "pad_token", getattr(gen, "pad_token_id", None)),
+        ("boi_token_id", "boi_token", (getattr(gen, "generation_kwargs", None) or {}).get("boi_token_id",
+                                                                                     getattr(gen, "boi_token_id", None))),
     ):
         name = getattr(tok, attr, None) if tok is not None else None
         found[key] = token_id(name, None, tok, f"Janus {attr}") if name else gen_value
+    gen_pad = getattr(gen, "pad_token_id", None)
+    named_pad = tok.get_vocab().get(PAD_TOKEN) if tok is not None else None
+    if named_pad is not None and gen_pad is not None and int(named_pad) != int(gen_pad):
+        raise ValueError(f"{where}: the Janus pad token {PAD_TOKEN!r} is id {named_pad} in the tokenizer but "
+                         f"generation_config's pad_token_id is {gen_pad}; allowed: equal ids (the converter writes that "
+                         f"token's id there)")
+    tok_pad = getattr(tok, "pad_token", None) if tok is not None else None
+    found["pad_token_id"] = (named_pad if named_pad is not None else gen_pad if gen_pad is not None else
+                             token_id(tok_pad, None, tok, "Janus pad_token") if tok_pad else None)
     missing = [k for k, v in found.items() if v is None]
     if missing:
         raise ValueError(
-            f"{str(folder)!r}: {', '.join(missing)} not found in the tokenizer (by name) nor in generation_config.json "
+            f"{where}: {', '.join(missing)} not found in the tokenizer (by name) nor in generation_config "
             "(generation_kwargs for boi_token_id)"
         )
     return int(found["bos_token_id"]), int(found["boi_token_id"]), int(found["pad_token_id"])
