@@ -68,7 +68,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--layout", choices=["lumina", "anole"], default=None, help="--model Chameleon checkpoints")
     p.add_argument("--height", type=opt.count(), default=None, help="--model: image height in pixels")
     p.add_argument("--width", type=opt.count(), default=None, help="--model: image width in pixels")
-    p.add_argument("--image-size", type=opt.count(), default=None, help="--model: square image side in pixels")
+    opt.add_checkpoint_files(p)
     p.add_argument("--prompt-template", default=None, help="--model: template with {prompt}, {width}, {height}")
     g = p.add_argument_group("request defaults (a request's own fields win)")
     g.add_argument("--method", choices=opt.METHODS, default="csd", help="decoding method (default csd)")
@@ -89,10 +89,11 @@ def _load(args):
 
     budget = None if args.max_memory is None else int(args.max_memory * 2**30)
     if args.model is None:
-        given = [f"--{k.replace('_', '-')}" for k in ("dtype", "layout", "height", "width", "image_size", "prompt_template")
-                 if getattr(args, k) is not None]
+        given = [f"--{k.replace('_', '-')}" for k in ("dtype", "layout", "height", "width", "image_size", "vqgan",
+                                                      "prompt_template") if getattr(args, k) is not None]
         if given:
-            raise ValueError(f"{', '.join(given)} need --model (a checkpoint); the built-in model has one size")
+            raise ValueError(f"{', '.join(given)} need --model (a checkpoint); the built-in model has one size and "
+                             f"its own VQ decoder")
         from csdgen.models.builtin import load_builtin_model
         from csdgen.runs import builtin_batch_limit
 
@@ -113,6 +114,7 @@ def _load(args):
         raise ValueError("--weights is for the built-in model; with --model the checkpoint folder holds the weights")
     from pathlib import Path
 
+    from ._common import require_decoder
     from csdgen.models.auto import (default_device, default_dtype, estimate_memory, family_of, load_model, read_config,
                                     resolve_checkpoint)
 
@@ -123,10 +125,8 @@ def _load(args):
     dtype = args.dtype or str(default_dtype(device)).removeprefix("torch.")
     model = load_model(args.model, dtype=dtype, device=device, layout=args.layout, height=args.height, width=args.width,
                        image_size=args.image_size, batch_size=1, window=AUTO_MAX_WINDOW, guided=True,
-                       prompt_template=args.prompt_template, max_memory_bytes=budget)
-    if getattr(model, "vqgan", True) is None:
-        raise ValueError(f"{str(args.model)!r} has no image decoder: copy Chameleon's vqgan.yaml and vqgan.ckpt into "
-                         f"{str(folder)!r}")
+                       prompt_template=args.prompt_template, vqgan=args.vqgan, max_memory_bytes=budget)
+    require_decoder(model, str(args.model), folder)  # a Chameleon checkpoint without Chameleon's VQGAN files
     estimate = estimate_memory(folder, family, AUTO_MAX_WINDOW, dtype, height=args.height, width=args.width,
                                image_size=args.image_size, guided=True)
     have = available_memory(device) if budget is None else max(0, budget - estimate.fixed)

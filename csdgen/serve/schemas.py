@@ -304,7 +304,9 @@ def parse_request(body: Any, served) -> ImageRequest:
         param = _param_of(str(exc), ("window", "draft_init", "refresh", "top_k"), "method")
         message = str(exc)
         if param == "method" and "allowed" not in message:
-            usable = [m for m in METHODS if m not in ("gsd", "lantern")] if served.model.codebook_embeddings() is None \
+            from csdgen.models.base import optional_codebook
+
+            usable = [m for m in METHODS if m not in ("gsd", "lantern")] if optional_codebook(served.model) is None \
                 else list(METHODS)
             message = f"method={method!r}: {message}; allowed: {', '.join(usable)}"
         raise _bad(param, message) from None
