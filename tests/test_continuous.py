@@ -186,3 +186,37 @@ def test_auto_window_with_admissions_reproduces_the_target_joint(known_joint):
 
     wrong = KnownJoint(SamplingConfig(guidance_scale=1.0, temperature=1.0)).joint()
     assert chi_square_pvalue(sampled, wrong) < P_FAIL
+
+
+def test_prompts_of_other_lengths_join_a_running_janus_batch(tmp_path):
+    """A family with left-padded text prompts (tiny Janus, guided): prompts shorter and longer than the
+    running rows' join mid-run; every row's cache equals a fresh session's at every boundary, and
+    every image equals generate alone (greedy SJD: the same tokens)."""
+    from csdgen.models.janus import JanusImageModel
+
+    from test_models_janus import GUIDED as JANUS_GREEDY, PROMPTS, build_checkpoint
+
+    janus = JanusImageModel.from_pretrained(build_checkpoint(tmp_path / "janus"))
+    prompts = {0: PROMPTS[0], 2: PROMPTS[1], 3: "a cat"}  # admitted before iterations 0, 2 and 3
+    batch = ContinuousBatch(janus, method="sjd", window=5, sampling=JANUS_GREEDY)
+    of_handle, done = {}, {}
+    for step in range(200):
+        if step in prompts:
+            (h,) = batch.admit([prompts[step]], [step], [0])
+            of_handle[h] = prompts[step]
+        for image in batch.step():
+            done[of_handle[image.handle]] = image.tokens
+        if batch.size:
+            committed, tokens = batch.progress(batch.handles)
+
+            class Info:
+                session, rows = batch._loop.session, torch.arange(batch.size)
+
+            Info.committed, Info.tokens = torch.tensor(committed), tokens
+            assert_rows_match_fresh(janus, [of_handle[h] for h in batch.handles], True, Info)
+        elif step > max(prompts):
+            break
+    assert set(done) == set(prompts.values())
+    for prompt, tokens in done.items():
+        alone = csdgen.generate(janus, [prompt], method="sjd", window=5, sampling=JANUS_GREEDY)
+        assert torch.equal(tokens, alone.tokens[0]), prompt

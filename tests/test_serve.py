@@ -195,6 +195,29 @@ def test_streaming_sends_partial_images_then_the_final_one(server, model):
         assert all(p["csdgen"]["forwards"] % 3 == 0 for p in mine[:-1])
 
 
+def test_a_text_prompt_family_is_served_and_a_too_long_prompt_is_a_400(tmp_path):
+    """A checkpoint family (tiny Janus): text prompts of different lengths share a batch; a prompt past
+    the model's positions is refused with 400 before anything is queued."""
+    from csdgen.models.janus import JanusImageModel
+
+    from test_models_janus import SIZE, build_checkpoint
+
+    janus = JanusImageModel.from_pretrained(build_checkpoint(tmp_path / "janus"))
+    with BackgroundServer(create_app(ServedModel(janus, "tiny-janus"), capacity=4)) as server:
+        answers: dict = {}
+        other = threading.Thread(target=lambda: answers.update(
+            long=post(server, {"prompt": "the cat running in the rain", "n": 2, "seed": 1, "window": 4})))
+        other.start()
+        short = post(server, {"prompt": "a red dog", "n": 1, "seed": 2, "window": 4})
+        other.join(TIMEOUT)
+        for r in (short, answers["long"]):
+            assert r.status_code == 200, r.text
+            assert all(png(item["b64_json"]).size == (SIZE, SIZE) for item in r.json()["data"])
+        too_long = post(server, {"prompt": "a " * janus.config.text_config.max_position_embeddings})
+        assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "prompt"
+        assert "max_position_embeddings" in too_long.json()["error"]["message"]
+
+
 def _slow_server(cached_model, **kwargs):
     model = slow_model(cached_model)
     served = ServedModel(model, "slow", defaults=ServeDefaults(method="ar"))
@@ -265,6 +288,16 @@ def test_an_exception_inside_the_model_ends_its_batch_with_500_and_the_server_go
         after = post(server, {"prompt": "1", "seed": 3})
         assert after.status_code == 200
         assert httpx.get(server.url + "/health", timeout=TIMEOUT).json()["status"] == "ok"
+
+
+def test_a_stopped_scheduler_gives_503_with_retry_after(model):
+    with BackgroundServer(create_app(ServedModel(model, "tiny"), capacity=2)) as server:
+        assert httpx.get(server.url + "/health", timeout=TIMEOUT).status_code == 200
+        server.app.state.scheduler.stop()
+        health = httpx.get(server.url + "/health", timeout=TIMEOUT)
+        assert health.status_code == 503 and health.json()["status"] == "unavailable"
+        r = post(server, {"prompt": "0"})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "unavailable" and int(r.headers["retry-after"]) >= 1
 
 
 def test_metrics_count_requests_images_forwards_and_occupancy(server):
@@ -373,6 +406,9 @@ def test_serve_usage_errors_are_one_line(capsys, tiny_weights):
     assert cli.main(["serve", "--weights", str(tiny_weights), "--port", "0", "--top-p", "3"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "top_p=3.0" in err and "--top-p" in err
+    assert cli.main(["serve", "--weights", str(tiny_weights), "--port", "0", "--max-memory", "0.000001"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not even one image fits" in err and "--max-memory" in err
 
 
 def test_builtin_model_served_images_agree_with_offline(capsys):
