@@ -191,44 +191,58 @@ class RaggedCache:
         used = self.valid.any(0).nonzero()
         self._crop(int(used[-1, 0]) + 1 if len(used) else 0)
 
-    def merge(self, other: "RaggedCache", order: torch.Tensor | None = None) -> None:
-        """Append ``other``'s rows after this cache's rows (continuous batching), then reorder them.
+    def merge(self, other: "RaggedCache", split: tuple[int, int] | None = None) -> None:
+        """Append ``other``'s rows to this cache's (continuous batching), in one copy per layer.
 
-        The narrower cache is left-padded with hole columns to the common width (its valid
-        columns keep their order and positions), so every row holds the same sequence as before.
+        The narrower cache's rows are left-padded with hole columns to the common width (their
+        valid columns keep their order and positions), so every row holds the same sequence as
+        before. ``split=(B, B')``: both caches hold their conditional rows first, then as many
+        unconditional ones (guidance); the merged rows are ``[cond of self, cond of other, uncond
+        of self, uncond of other]``. Without ``split``: this cache's rows, then ``other``'s.
 
         Args:
             other: a RaggedCache of the same model (same layers, heads and head size); consumed.
-            order: ``[R + R']`` int64 CPU, a permutation of the merged rows (default: as appended).
+
+        Raises:
+            ValueError: caches whose layers differ.
         """
-        T = max(self.width, other.width)
+        R1, R2, T = self.rows, other.rows, max(self.width, other.width)
+        if split is None:
+            mine, theirs = [(0, R1, 0)], [(0, R2, R1)]  # (first row, end row, destination row)
+        else:
+            B1, B2 = split
+            mine, theirs = [(0, B1, 0), (B1, R1, B1 + B2)], [(0, B2, B1), (B2, R2, R1 + B2)]
 
-        def pad(t: torch.Tensor, width: int, value) -> torch.Tensor:  # left-pad dim 1 ([R, T]) to T
-            if width == T:
-                return t
-            return torch.cat([torch.full((t.shape[0], T - width), value, dtype=t.dtype, device=t.device), t], dim=1)
+        def place(out: torch.Tensor, parts: list, src: torch.Tensor, dim: int) -> None:  # right-aligned along dim
+            width = src.shape[dim]
+            for lo, hi, dst in parts:
+                if hi > lo:
+                    out[dst : dst + hi - lo].narrow(dim, out.shape[dim] - width, width).copy_(src[lo:hi])
 
-        order_dev = None if order is None else order.to(self.device)
-        for mine, theirs in zip(self.cache.layers, other.cache.layers):
-            ready = [getattr(layer, "keys", None) is not None and layer.keys.numel() > 0 for layer in (mine, theirs)]
+        for a_layer, b_layer in zip(self.cache.layers, other.cache.layers):
+            ready = [getattr(layer, "keys", None) is not None and layer.keys.numel() > 0 for layer in (a_layer, b_layer)]
             if not any(ready):
                 continue
             if not all(ready):
                 raise ValueError("merge: one cache has a layer the other has not filled (caches of different models?)")
             for name in ("keys", "values"):
-                a, b = getattr(mine, name), getattr(theirs, name).to(getattr(mine, name).device)
+                a, b = getattr(a_layer, name), getattr(b_layer, name).to(getattr(a_layer, name).device)
                 if a.shape[1] != b.shape[1] or a.shape[3] != b.shape[3]:
                     raise ValueError(f"merge: cache {name} of shapes {tuple(a.shape)} and {tuple(b.shape)} "
                                      "(caches of different models?)")
-                a = torch.cat([a.new_zeros(a.shape[0], a.shape[1], T - a.shape[2], a.shape[3]), a], dim=2) if a.shape[2] < T else a
-                b = torch.cat([b.new_zeros(b.shape[0], b.shape[1], T - b.shape[2], b.shape[3]), b], dim=2) if b.shape[2] < T else b
-                merged = torch.cat([a, b])
-                setattr(mine, name, (merged if order_dev is None else merged[order_dev]).contiguous())
-        valid = torch.cat([pad(self.valid, self.width, False), pad(other.valid, other.width, False)])
-        ids = torch.cat([pad(self.ids, self.width, 0), pad(other.ids.to(self.device), other.width, 0)])
-        lengths = torch.cat([self.lengths, other.lengths])
-        if order is not None:
-            valid, ids, lengths = valid[order], ids[order_dev], lengths[order]
+                out = a.new_zeros(R1 + R2, a.shape[1], T, a.shape[3])
+                place(out, mine, a, 2)
+                place(out, theirs, b, 2)
+                setattr(a_layer, name, out)
+        valid = torch.zeros(R1 + R2, T, dtype=torch.bool)
+        place(valid, mine, self.valid, 1)
+        place(valid, theirs, other.valid, 1)
+        ids = torch.zeros(R1 + R2, T, dtype=torch.long, device=self.device)
+        place(ids, mine, self.ids, 1)
+        place(ids, theirs, other.ids.to(self.device), 1)
+        lengths = torch.zeros(R1 + R2, dtype=torch.long)
+        place(lengths[:, None], mine, self.lengths[:, None], 1)
+        place(lengths[:, None], theirs, other.lengths[:, None], 1)
         self.valid, self.ids, self.lengths = valid, ids, lengths
 
     def row_ids(self, row: int) -> torch.Tensor:
@@ -419,7 +433,7 @@ class RaggedSession(DecodingSession):
             order = torch.cat([torch.arange(B1), R1 + torch.arange(B2), B1 + torch.arange(B1), R1 + B2 + torch.arange(B2)])
         else:
             order = None
-        self.kv.merge(other.kv, order)
+        self.kv.merge(other.kv, (B1, B2) if self.guided else None)
         P = max(self.prompt_ids.shape[1], other.prompt_ids.shape[1])
 
         def left(t: torch.Tensor, value) -> torch.Tensor:
