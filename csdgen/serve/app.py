@@ -88,15 +88,13 @@ class ServedModel:
         Raises:
             APIError: 400 naming the prompt and what is allowed (the model's own message).
         """
-        if self.classes:
-            try:
-                return self.model.class_ids([prompt])[0], 1
-            except ValueError as exc:
-                raise APIError(400, f"prompt: {exc}", param="prompt", code="invalid_value") from None
         try:
+            if self.classes:
+                return self.model.class_ids([prompt])[0], 1
             session = self.model.start([prompt], 1, guided)  # tokenizes and checks the length; no forward
         except ValueError as exc:
-            raise APIError(400, f"prompt: {exc}", param="prompt", code="invalid_value") from None
+            message = str(exc) if "allowed" in str(exc) else f"{exc}; allowed: {self.prompt_help}"
+            raise APIError(400, f"prompt: {message}", param="prompt", code="invalid_value") from None
         lengths = getattr(session, "prompt_lengths", None)
         return prompt, int(lengths[0]) if lengths is not None and len(lengths) else 0
 
