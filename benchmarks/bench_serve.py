@@ -13,7 +13,8 @@ For every decoding method (AR, SJD, CSD; window "auto") and every batching it st
 * ``static``: ``--batching static --max-batch B`` (a batch filled from the queue, run to its
   end, then the next);
 
-then, for every number of concurrent clients, runs the clients for ``--duration`` seconds: each
+then, for every number of concurrent clients, runs the clients for ``--duration`` seconds (the
+clock starts when every client is ready, so each sends at least one request): each
 client sends requests of n = 1..4 images (uniform, its own random stream) back to back, a random
 class and seed each, and waits for the answer. Requests still open at the end are waited for and
 counted. Per cell: requests, images, images per second (images / seconds from the first request
@@ -96,13 +97,19 @@ def run_clients(url: str, clients: int, duration: float, method: str, num_classe
     """``clients`` threads sending requests back to back for ``duration`` seconds (module docstring)."""
     results: list[tuple[float, float, int, int]] = []  # (sent, answered, status, images)
     lock = threading.Lock()
-    began = time.perf_counter()
-    stop_at = began + duration
+    clock: dict[str, float] = {}
+
+    def go() -> None:  # the clock starts once every client is ready (thread started, HTTP client built)
+        clock["began"] = time.perf_counter()
+        clock["stop_at"] = clock["began"] + duration
+
+    ready = threading.Barrier(clients, action=go)
 
     def client(k: int) -> None:
         rng = random.Random(seed * 1000 + k)
         with httpx.Client(timeout=3600) as http:
-            while time.perf_counter() < stop_at:
+            ready.wait()
+            while time.perf_counter() < clock["stop_at"]:
                 n = rng.randint(1, 4)
                 body = {"prompt": str(rng.randrange(num_classes)), "n": n, "seed": rng.randrange(2**31),
                         "method": method, "window": "auto"}
@@ -119,6 +126,7 @@ def run_clients(url: str, clients: int, duration: float, method: str, num_classe
         t.start()
     for t in threads:
         t.join()
+    began = clock["began"]
     ok = [r for r in results if r[2] == 200]
     latencies = sorted(r[1] - r[0] for r in ok)
     end = max((r[1] for r in results), default=began)
