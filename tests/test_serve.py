@@ -196,30 +196,38 @@ def test_streaming_sends_partial_images_then_the_final_one(server, model):
 
 
 def test_a_text_prompt_family_is_served_and_a_too_long_prompt_is_a_400(tmp_path):
-    """A checkpoint family (tiny Janus): text prompts of different lengths share a batch; a prompt past
-    the model's positions is refused with 400 before anything is queued."""
+    """A checkpoint family (tiny Janus): text prompts of different lengths share a batch and each image
+    has the tokens of generate alone (greedy SJD, so float32 batching cannot change a draw); a prompt
+    past the model's positions is refused with 400 before anything is queued."""
     from csdgen.models.janus import JanusImageModel
+    from csdgen.sampling import SamplingConfig
 
     from test_models_janus import SIZE, build_checkpoint
 
     janus = JanusImageModel.from_pretrained(build_checkpoint(tmp_path / "janus"))
+    greedy = {"method": "sjd", "window": 4, "temperature": 0, "guidance_scale": 3.0, "return_tokens": True}
+    bodies = {"long": {"prompt": "the cat running in the rain", "n": 2, "seed": 1, **greedy},
+              "short": {"prompt": "a red dog", "n": 1, "seed": 2, **greedy}}
     with BackgroundServer(create_app(ServedModel(janus, "tiny-janus"), capacity=4)) as server:
         answers: dict = {}
-        other = threading.Thread(target=lambda: answers.update(
-            long=post(server, {"prompt": "the cat running in the rain", "n": 2, "seed": 1, "window": 4})))
+        other = threading.Thread(target=lambda: answers.update(long=post(server, bodies["long"])))
         other.start()
-        short = post(server, {"prompt": "a red dog", "n": 1, "seed": 2, "window": 4})
+        answers["short"] = post(server, bodies["short"])
         other.join(TIMEOUT)
-        for r in (short, answers["long"]):
+        for key, r in answers.items():
             assert r.status_code == 200, r.text
-            assert all(png(item["b64_json"]).size == (SIZE, SIZE) for item in r.json()["data"])
+            for i, item in enumerate(r.json()["data"]):
+                assert png(item["b64_json"]).size == (SIZE, SIZE)
+                alone = csdgen.generate(janus, [bodies[key]["prompt"]], method="sjd", window=4, seed=bodies[key]["seed"],
+                                        sampling=SamplingConfig(temperature=0, guidance_scale=3.0), image_indices=[i])
+                assert item["csdgen"]["tokens"] == alone.tokens[0].tolist(), (key, i)
         too_long = post(server, {"prompt": "a " * janus.config.text_config.max_position_embeddings})
         assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "prompt"
         assert "max_position_embeddings" in too_long.json()["error"]["message"]
 
 
-def _slow_server(cached_model, **kwargs):
-    model = slow_model(cached_model)
+def _slow_server(cached_model, delay: float = 0.03, **kwargs):
+    model = slow_model(cached_model, delay)
     served = ServedModel(model, "slow", defaults=ServeDefaults(method="ar"))
     return model, BackgroundServer(create_app(served, **kwargs))
 
@@ -251,6 +259,41 @@ def test_a_disconnect_frees_its_rows_and_the_other_requests_complete(cached_mode
         thread.join(TIMEOUT)
         assert other["r"].status_code == 200 and len(other["r"].json()["data"]) == 1
         assert metric(server.url, "csdgen_images_total") == 1
+
+
+def _snapshot(url: str, *names: str) -> list[float]:
+    """Several gauges/counters of the server's /metrics from one scrape (a consistent view)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = {s.name: s.value for f in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=30).text)
+              for s in f.samples}
+    return [values.get(name, 0.0) for name in names]
+
+
+@pytest.mark.parametrize("batching", ["continuous", "static"])
+def test_static_batching_admits_only_into_an_empty_batch(cached_model, batching):
+    """--batching static (the benchmark's baseline): a request arriving while a batch runs waits in
+    the queue until that batch has ended, then runs; under continuous batching (the control) it joins
+    the running batch at once. Both requests complete."""
+    model, running = _slow_server(cached_model, delay=0.1, capacity=8, batching=batching)
+    with running as server:
+        answers: dict = {}
+        first = threading.Thread(target=lambda: answers.update(first=post(server, {"prompt": "0", "n": 2, "seed": 1})))
+        first.start()
+        wait_for(lambda: metric(server.url, "csdgen_batch_occupancy") == 2)
+        second = threading.Thread(target=lambda: answers.update(second=post(server, {"prompt": "1", "n": 1, "seed": 2})))
+        second.start()
+        wait_for(lambda: metric(server.url, "csdgen_queue_depth") == 1 or metric(server.url, "csdgen_batch_occupancy") == 3)
+        iterations = metric(server.url, "csdgen_batch_iterations_total")
+        wait_for(lambda: metric(server.url, "csdgen_batch_iterations_total") >= iterations + 3)
+        done, waiting, occupancy = _snapshot(server.url, "csdgen_images_total", "csdgen_queue_depth",
+                                             "csdgen_batch_occupancy")
+        assert done == 0  # the first batch (48 forwards of 0.1 s) is still running
+        assert (waiting, occupancy) == ((1, 2) if batching == "static" else (0, 3))
+        for t in (first, second):
+            t.join(TIMEOUT)
+        assert [answers[k].status_code for k in ("first", "second")] == [200, 200]
+        assert _snapshot(server.url, "csdgen_images_total", "csdgen_queue_depth") == [3, 0]
 
 
 def test_the_queue_limit_gives_429_with_retry_after(cached_model):
@@ -409,6 +452,35 @@ def test_serve_usage_errors_are_one_line(capsys, tiny_weights):
     assert cli.main(["serve", "--weights", str(tiny_weights), "--port", "0", "--max-memory", "0.000001"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not even one image fits" in err and "--max-memory" in err
+
+
+def test_serve_lowers_max_batch_to_what_max_memory_allows(capsys, tiny_weights, monkeypatch):
+    """--max-memory for about 3 images with --max-batch 16: the scheduler admits at most 3, the address
+    line says so and a note names the limit."""
+    import csdgen.serve
+    from csdgen import cli
+    from csdgen.cli.serve import _builtin_bytes
+    from csdgen.models.builtin import load_builtin_model
+
+    seen = {}
+
+    def fake_run_server(app, sock, on_ready=None):  # what the command would serve, without serving it
+        seen["capacity"] = app.state.scheduler.capacity
+        on_ready()
+        sock.close()
+
+    monkeypatch.setattr(csdgen.serve, "run_server", fake_run_server)
+    per_image = _builtin_bytes(load_builtin_model(tiny_weights))
+    gib = 3.5 * per_image / 2**30
+    assert cli.main(["serve", "--weights", str(tiny_weights), "--port", "0", "--max-batch", "16",
+                     "--max-memory", repr(gib)]) == 0
+    out, err = capsys.readouterr()
+    assert seen["capacity"] == 3 and "max batch 3," in out
+    assert err.count("\n") == 1 and "--max-batch 16" in err and "about 3 images fit" in err
+    assert cli.main(["serve", "--weights", str(tiny_weights), "--port", "0", "--max-batch", "2",
+                     "--max-memory", repr(gib)]) == 0
+    out, err = capsys.readouterr()
+    assert seen["capacity"] == 2 and "max batch 2," in out and err == ""
 
 
 def test_builtin_model_served_images_agree_with_offline(capsys):
