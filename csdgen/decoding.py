@@ -5,6 +5,7 @@ per file); this module only re-exports its public names, so ``from csdgen.decodi
 generate, GenerationResult, verify`` keeps working.
 """
 
+from .engine.continuous import ContinuousBatch, FinishedImage
 from .engine.generation import generate
 from .engine.methods import METHODS
 from .engine.results import Decision, GenerationResult, ImageStats, StepInfo
@@ -21,4 +22,6 @@ __all__ = [
     "generate",
     "METHODS",
     "AUTO_MAX_WINDOW",
+    "ContinuousBatch",
+    "FinishedImage",
 ]

@@ -251,7 +251,7 @@ def _hash32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def stream_uniforms(seed: int, image: torch.Tensor, step: torch.Tensor, kinds: int, width: int) -> torch.Tensor:
+def stream_uniforms(seed: int | torch.Tensor, image: torch.Tensor, step: torch.Tensor, kinds: int, width: int) -> torch.Tensor:
     """Counter-based uniforms: a pure function of (seed, image index, step, draw kind, slot).
 
     Every number is a hash of its key, so an image's numbers do not depend on which other
@@ -261,7 +261,9 @@ def stream_uniforms(seed: int, image: torch.Tensor, step: torch.Tensor, kinds: i
     53 bits from two hashes.
 
     Args:
-        seed: the run's seed (any int; taken modulo 2**64).
+        seed: the run's seed (any int; taken modulo 2**64), or ``[A]`` int64 seeds, one per
+            image (images of several runs in one batch, :class:`csdgen.engine.ContinuousBatch`;
+            an int64 ``s`` stands for ``s mod 2**64``): the same numbers as the int seed.
         image: ``[A]`` int64 image indices (>= 0).
         step: ``[A]`` int64, the image's own forward count (0 = prefill).
         kinds: number of draw kinds K (slot streams per step).
@@ -270,9 +272,14 @@ def stream_uniforms(seed: int, image: torch.Tensor, step: torch.Tensor, kinds: i
     Returns:
         ``[K, A, S]`` float64 uniforms in [0, 1) on ``image``'s device.
     """
-    seed &= (1 << 64) - 1
-    h = _hash32(torch.full_like(image, seed & _MASK32) ^ 0x2545F491)
-    h = _hash32(h ^ (seed >> 32))
+    if isinstance(seed, torch.Tensor):
+        seed = seed.to(image.device, torch.long)
+        h = _hash32((seed & _MASK32) ^ 0x2545F491)
+        h = _hash32(h ^ ((seed >> 32) & _MASK32))  # an arithmetic shift: the mask gives (s mod 2**64) >> 32
+    else:
+        seed &= (1 << 64) - 1
+        h = _hash32(torch.full_like(image, seed & _MASK32) ^ 0x2545F491)
+        h = _hash32(h ^ (seed >> 32))
     h = _hash32(h ^ (image & _MASK32))
     h = _hash32(h ^ (image >> 32) ^ 0x68E31DA4)
     h = _hash32(h ^ (step & _MASK32))  # [A]

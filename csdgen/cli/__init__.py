@@ -1,6 +1,6 @@
 """The ``csdgen`` command: a package of thin commands over :mod:`csdgen.runs`.
 
-One module per command (``generate``, ``compare``, ``sweep``, ``bench``, ``demo``), each with ``add_parser(sub)``
+One module per command (``generate``, ``compare``, ``sweep``, ``bench``, ``demo``, ``serve``), each with ``add_parser(sub)``
 (its own options and defaults) and ``run(args)``; shared options in :mod:`._options`, shared
 start-up steps in :mod:`._common`. Heavy modules (torch, transformers, the models) are imported
 inside ``run``, so ``csdgen --help`` and usage errors return at once.
@@ -14,12 +14,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import bench, compare, demo, generate, sweep
+from . import bench, compare, demo, generate, serve, sweep
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 #: command name -> module with ``add_parser`` and ``run``
-COMMANDS = {"generate": generate, "compare": compare, "sweep": sweep, "bench": bench, "demo": demo}
+COMMANDS = {"generate": generate, "compare": compare, "sweep": sweep, "bench": bench, "demo": demo, "serve": serve}
 
 
 class _Parser(argparse.ArgumentParser):

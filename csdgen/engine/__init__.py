@@ -56,6 +56,12 @@ family's mask): :func:`verify` sets such acceptance probabilities to 0.
 back, so every row's cache is cropped once at the start: a model whose cache cannot roll
 back fails there, not after a long run.
 
+**Continuous batching** (:class:`ContinuousBatch`, :mod:`~csdgen.engine.continuous`): the
+same loop driven one iteration at a time, images admitted between iterations (their prefill
+joined to the running session, :meth:`~csdgen.models.base.DecodingSession.admit`) and removed
+when complete or cancelled; an admitted image decodes as it would alone (same seed, image
+index and fixed window: same tokens). ``csdgen serve``'s scheduler drives it.
+
 Host syncs: one per iteration (committed lengths, the non-finite flag and the acceptance
 counts of ``"auto"``, in one transfer). AR decoding is the loop with a window of 1.
 
@@ -65,7 +71,8 @@ uniform streams an iteration draws), :mod:`~csdgen.engine.verification` (:func:`
 :class:`Verdict`), :mod:`~csdgen.engine.methods` (method names and rules, window check, default
 sampling), :mod:`~csdgen.engine.window` (``window="auto"``), :mod:`~csdgen.engine.loop` (the
 loop), :mod:`~csdgen.engine.tree_loop` (the loop with draft trees),
-:mod:`~csdgen.engine.generation` (the public :func:`generate`). :mod:`csdgen.decoding` re-exports
+:mod:`~csdgen.engine.generation` (the public :func:`generate`), :mod:`~csdgen.engine.continuous`
+(:class:`ContinuousBatch`). :mod:`csdgen.decoding` re-exports
 the public names.
 
 The public names below are imported on first use (PEP 562 ``__getattr__``), so a core module
@@ -85,6 +92,8 @@ _LAZY = {
     "generate": ".generation",
     "METHODS": ".methods",
     "AUTO_MAX_WINDOW": ".window",
+    "ContinuousBatch": ".continuous",
+    "FinishedImage": ".continuous",
 }
 
 __all__ = list(_LAZY)

@@ -15,7 +15,42 @@ from .methods import _check_window, _default_sampling, _resolve_method
 from .results import GenerationResult, StepInfo
 from .tree_loop import _TreeLoop
 
-__all__ = ["generate"]
+__all__ = ["generate", "resolve_arguments"]
+
+
+def resolve_arguments(model: ImageTokenModel, method, window, sampling, draft_init, refresh, seed: int = 0):
+    """``generate``'s method, window, drafting and sampling arguments checked and resolved (None -> the
+    model's defaults), shared with :class:`csdgen.engine.ContinuousBatch`.
+
+    Returns:
+        ``(rule, window, draft_init, sampling, settings)``; ``settings`` is what
+        :attr:`GenerationResult.settings` records.
+
+    Raises:
+        ValueError: as :func:`generate`.
+    """
+    window = _check_window(window if window is not None else "auto")
+    rule, method_name = _resolve_method(method, model)
+    if method_name == "ar":
+        window = 1
+    draft_init = resolve_draft_init(draft_init, rule.draft_init, rule.name)
+    check_drafting(draft_init, refresh)
+    sampling = sampling or _default_sampling(model)
+    if sampling.top_k is not None and sampling.top_k > model.codebook_size:
+        raise ValueError(f"top_k={sampling.top_k} exceeds the codebook size V={model.codebook_size}; allowed: 1..{model.codebook_size}")
+    settings = {
+        "method": method_name,
+        "rule": rule.options(),
+        "window": window,
+        "draft_init": draft_init,
+        "refresh": refresh,
+        "seed": seed,
+        "guidance_scale": sampling.guidance_scale,
+        "temperature": sampling.temperature,
+        "top_k": sampling.top_k,
+        "top_p": sampling.top_p,
+    }
+    return rule, window, draft_init, sampling, settings
 
 
 def generate(
@@ -81,30 +116,11 @@ def generate(
             logits with NaN / +inf (or no allowed token) at some position, a bad ``tree``, a
             tree with ``method="ar"``, or a tree on a model whose session cannot evaluate trees.
     """
-    window = _check_window(window if window is not None else "auto")
-    rule, method_name = _resolve_method(method, model)
-    if method_name == "ar":
-        window = 1
+    rule, window, draft_init, sampling, settings = resolve_arguments(model, method, window, sampling, draft_init,
+                                                                     refresh, seed)
     tree = check_tree(tree)
-    if tree is not None and method_name == "ar":
+    if tree is not None and settings["method"] == "ar":
         raise ValueError(f"tree={tree!r} with method='ar': a draft tree needs a speculative method (e.g. 'sjd')")
-    draft_init = resolve_draft_init(draft_init, rule.draft_init, rule.name)
-    check_drafting(draft_init, refresh)
-    sampling = sampling or _default_sampling(model)
-    if sampling.top_k is not None and sampling.top_k > model.codebook_size:
-        raise ValueError(f"top_k={sampling.top_k} exceeds the codebook size V={model.codebook_size}; allowed: 1..{model.codebook_size}")
-    settings = {
-        "method": method_name,
-        "rule": rule.options(),
-        "window": window,
-        "draft_init": draft_init,
-        "refresh": refresh,
-        "seed": seed,
-        "guidance_scale": sampling.guidance_scale,
-        "temperature": sampling.temperature,
-        "top_k": sampling.top_k,
-        "top_p": sampling.top_p,
-    }
     if tree is None:
         loop = _Loop(model, rule, window, seed, sampling, draft_init, refresh, callback, profile)
     else:

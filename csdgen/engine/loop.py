@@ -41,7 +41,40 @@ class _Loop:
 
     def _uniforms(self, rows: torch.Tensor, width: int) -> torch.Tensor:
         """``[_KINDS, A, width]`` float64 for the active images ``rows`` at their own forward count."""
-        return stream_uniforms(self.seed, self.indices[rows], self.steps_per_image[rows], _KINDS, width)
+        return stream_uniforms(self.seeds[rows], self.indices[rows], self.steps_per_image[rows], _KINDS, width)
+
+    # -- per-image buffers ----------------------------------------------------------------------
+
+    #: the ``[B, ...]`` tensors holding one row per image (kept together when images join or leave)
+    ROW_BUFFERS = ("tokens", "decisions", "entropy", "entered", "steps_per_image", "committed", "log", "indices", "seeds")
+
+    def _allocate(self, B: int) -> None:
+        """Empty per-image state for ``B`` images (``[B, N + slack]`` image buffers, see the class docstring)."""
+        N, dev = self.model.num_image_tokens, self.device
+        slack = self.max_width + 2
+        self.B = B
+        self.tokens = torch.zeros(B, N + slack, dtype=torch.long, device=dev)
+        self.decisions = torch.full((B, N + slack), int(Decision.SAMPLED), dtype=torch.int8, device=dev)
+        self.entropy = torch.zeros(B, N + slack, device=dev)
+        self.entered = torch.zeros(B, N + slack, dtype=torch.long, device=dev)  # forward count when a draft was initialised
+        self.steps_per_image = torch.zeros(B, dtype=torch.long, device=dev)
+        self.committed = torch.ones(B, dtype=torch.long, device=dev)
+        self.log = torch.full((B, N), -1, dtype=torch.long, device=dev)  # tokens committed at each of an image's steps
+        self.indices = torch.zeros(B, dtype=torch.long, device=dev)
+        self.seeds = torch.zeros(B, dtype=torch.long, device=dev)
+
+    def _prefill(self, session, slots: torch.Tensor) -> torch.Tensor:
+        """Prefill ``session`` (its rows are the images at buffer rows ``slots``) and commit their token 0.
+
+        Returns the ``[]`` bool non-finite flag of the prefill's target distribution (not synced)."""
+        logits = session.prefill()
+        q, bad = target_probs(logits.cond, logits.uncond, self.sampling, check=True)
+        u = self._uniforms(slots, 1)
+        self.tokens[slots, 0] = sample(q[:, 0], u[_Y, :, 0])
+        self.entropy[slots, 0] = entropy(q[:, 0]).to(self.entropy.dtype)
+        self.steps_per_image[slots] += 1
+        self.log[slots, 0] = 1
+        return bad
 
     # -- main loop ------------------------------------------------------------------------------
 
@@ -50,55 +83,27 @@ class _Loop:
         N, dev = model.num_image_tokens, self.device
         _synchronize(dev)
         began = time.perf_counter()
-        session = model.start(conditions, batch_size, self.sampling.guided)
+        session = self.session = model.start(conditions, batch_size, self.sampling.guided)
         self._opened(session)
-        self.B = B = session.batch_size
+        B = session.batch_size
+        self._allocate(B)
         self.indices = self._image_indices(image_indices, B)
-        slack = self.max_width + 2
-        self.tokens = torch.zeros(B, N + slack, dtype=torch.long, device=dev)
-        self.decisions = torch.full((B, N + slack), int(Decision.SAMPLED), dtype=torch.int8, device=dev)
-        self.entropy = torch.zeros(B, N + slack, device=dev)
-        self.entered = torch.zeros(B, N + slack, dtype=torch.long, device=dev)  # forward count when a draft was initialised
-        self.steps_per_image = torch.zeros(B, dtype=torch.long, device=dev)
-        self.committed = torch.ones(B, dtype=torch.long, device=dev)
-        self.commit_log: list[torch.Tensor] = []
+        self.seeds = torch.full((B,), _signed64(self.seed), dtype=torch.long, device=dev)
         self.widths: list[int] = []
         self.active = torch.arange(B, device=dev)
         self.active_host = torch.arange(B)
 
-        logits = session.prefill()
-        q, bad = target_probs(logits.cond, logits.uncond, self.sampling, check=True)
-        u = self._uniforms(self.active, 1)
-        self.tokens[:, 0] = sample(q[:, 0], u[_Y, :, 0])
-        self.entropy[:, 0] = entropy(q[:, 0])
-        self.steps_per_image += 1
-        self.commit_log.append(torch.ones(B, dtype=torch.long, device=dev))
+        bad = self._prefill(session, self.active)
         self.steps = 1
-        committed_host, _ = self._sync(self.committed, bad, None)
+        self.committed_host, _ = self._sync(self.committed, bad, None)
         self._notify(session)
 
         self.prev = None  # (q [A, W, V], widths [A], shift [A]) of the last forward, for carried drafts
-        probe = N >= 3 and self.PROBE  # the first iteration checks that the cache rolls back (csdgen.engine's docstring)
-        checked = False
-        mark = time.perf_counter()
+        self._probe = N >= 3 and self.PROBE  # the first iteration checks that the cache rolls back (csdgen.engine's docstring)
+        self._checked = False
+        self._mark = time.perf_counter()
         while len(self.active_host):
-            c_host = committed_host[self.active_host]
-            limit = int((N - c_host).max())
-            width = min(self.auto.choose(limit) if self.auto else self.window, limit)
-            r_counts = self._iterate(session, width, c_host, probe)
-            self.steps += 1
-            self.widths.append(width)
-            committed_host, counts = self._sync(self.committed, self._bad, r_counts)
-            new_c = committed_host[self.active_host]
-            self._rollback(session, new_c - 1)
-            if not checked and (probe or not self.PROBE):
-                self._check_rollback(session, new_c - 1)
-            probe, checked = False, True
-            if self.auto is not None:
-                now = time.perf_counter()
-                self.auto.observe(width, now - mark, *counts)
-                mark = now
-            alive = (new_c < N).nonzero()[:, 0]
+            alive = self._advance()
             if len(alive) < len(self.active_host):
                 self._notify(session)
                 if len(alive):
@@ -113,6 +118,32 @@ class _Loop:
         settings = {**settings}
         return GenerationResult(self.tokens[:, :N].clone(), self._image_stats(), self.steps, seconds, settings,
                                 widths=self.widths, timings=self.timings)
+
+    def _advance(self) -> torch.Tensor:
+        """One iteration (draft, forward, verify, commit, roll back) for the session's rows.
+
+        Returns ``[A']`` int64 CPU: the session rows whose images are still decoding afterwards.
+        """
+        N, session = self.model.num_image_tokens, self.session
+        c_host = self.committed_host[self.active_host]
+        limit = int((N - c_host).max())
+        width = min(self.auto.choose(limit) if self.auto else self.window, limit)
+        probe = self._probe
+        r_counts = self._iterate(session, width, c_host, probe)
+        self.steps += 1
+        self.widths.append(width)
+        self.committed_host, counts = self._sync(self.committed, self._bad, r_counts)
+        new_c = self.committed_host[self.active_host]
+        self._rollback(session, new_c - 1)
+        if not self._checked and (probe or not self.PROBE):
+            self._check_rollback(session, new_c - 1)
+            self._checked = True
+        self._probe = False
+        if self.auto is not None:
+            now = time.perf_counter()
+            self.auto.observe(width, now - self._mark, *counts)
+            self._mark = now
+        return (new_c < N).nonzero()[:, 0]
 
     def _image_indices(self, image_indices, B: int) -> torch.Tensor:
         if image_indices is None:
@@ -281,19 +312,25 @@ class _Loop:
         self.entropy[rows] = self.entropy[rows].scatter(1, positions, torch.where(decided, entropy(q).to(old_h.dtype), old_h))
         new_c = c + verdict.accepted + 1
         self.committed[rows] = new_c
+        self.log[rows, self.steps_per_image[rows].clamp(max=self.log.shape[1] - 1)] = verdict.accepted + 1
         self.steps_per_image[rows] += 1
-        log = torch.full((self.B,), -1, dtype=torch.long, device=self.device)
-        log[rows] = verdict.accepted + 1
-        self.commit_log.append(log)
 
-    def _image_stats(self) -> list[ImageStats]:
-        log = torch.stack(self.commit_log, dim=1).cpu()  # [B, steps]; -1 where an image had finished
+    def _image_stats(self, slots: list[int] | None = None) -> list[ImageStats]:
+        """Statistics of the images at buffer rows ``slots`` (default: all)."""
+        slots = list(range(self.B)) if slots is None else slots
         N = self.model.num_image_tokens
-        steps = self.steps_per_image.cpu()
-        decisions, entropies = self.decisions[:, :N].cpu(), self.entropy[:, :N].cpu()
+        pick = torch.tensor(slots, dtype=torch.long, device=self.device)
+        log, steps = self.log[pick].cpu(), self.steps_per_image[pick].cpu()  # log: -1 after an image's last step
+        decisions, entropies = self.decisions[pick, :N].cpu(), self.entropy[pick, :N].cpu()
         stats = []
-        for b in range(self.B):
+        for b in range(len(slots)):
             row = log[b]
             stats.append(ImageStats(steps=int(steps[b]), num_tokens=N, committed_per_step=row[row >= 0].tolist(),
                                     decisions=decisions[b], entropy=entropies[b]))
         return stats
+
+
+def _signed64(seed: int) -> int:
+    """``seed mod 2**64`` as the int64 that holds the same bits (a seed tensor's form, :func:`stream_uniforms`)."""
+    seed &= (1 << 64) - 1
+    return seed - (1 << 64) if seed >= 1 << 63 else seed

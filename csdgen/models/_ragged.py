@@ -191,6 +191,60 @@ class RaggedCache:
         used = self.valid.any(0).nonzero()
         self._crop(int(used[-1, 0]) + 1 if len(used) else 0)
 
+    def merge(self, other: "RaggedCache", split: tuple[int, int] | None = None) -> None:
+        """Append ``other``'s rows to this cache's (continuous batching), in one copy per layer.
+
+        The narrower cache's rows are left-padded with hole columns to the common width (their
+        valid columns keep their order and positions), so every row holds the same sequence as
+        before. ``split=(B, B')``: both caches hold their conditional rows first, then as many
+        unconditional ones (guidance); the merged rows are ``[cond of self, cond of other, uncond
+        of self, uncond of other]``. Without ``split``: this cache's rows, then ``other``'s.
+
+        Args:
+            other: a RaggedCache of the same model (same layers, heads and head size); consumed.
+
+        Raises:
+            ValueError: caches whose layers differ.
+        """
+        R1, R2, T = self.rows, other.rows, max(self.width, other.width)
+        if split is None:
+            mine, theirs = [(0, R1, 0)], [(0, R2, R1)]  # (first row, end row, destination row)
+        else:
+            B1, B2 = split
+            mine, theirs = [(0, B1, 0), (B1, R1, B1 + B2)], [(0, B2, B1), (B2, R2, R1 + B2)]
+
+        def place(out: torch.Tensor, parts: list, src: torch.Tensor, dim: int) -> None:  # right-aligned along dim
+            width = src.shape[dim]
+            for lo, hi, dst in parts:
+                if hi > lo:
+                    out[dst : dst + hi - lo].narrow(dim, out.shape[dim] - width, width).copy_(src[lo:hi])
+
+        for a_layer, b_layer in zip(self.cache.layers, other.cache.layers):
+            ready = [getattr(layer, "keys", None) is not None and layer.keys.numel() > 0 for layer in (a_layer, b_layer)]
+            if not any(ready):
+                continue
+            if not all(ready):
+                raise ValueError("merge: one cache has a layer the other has not filled (caches of different models?)")
+            for name in ("keys", "values"):
+                a, b = getattr(a_layer, name), getattr(b_layer, name).to(getattr(a_layer, name).device)
+                if a.shape[1] != b.shape[1] or a.shape[3] != b.shape[3]:
+                    raise ValueError(f"merge: cache {name} of shapes {tuple(a.shape)} and {tuple(b.shape)} "
+                                     "(caches of different models?)")
+                out = a.new_zeros(R1 + R2, a.shape[1], T, a.shape[3])
+                place(out, mine, a, 2)
+                place(out, theirs, b, 2)
+                setattr(a_layer, name, out)
+        valid = torch.zeros(R1 + R2, T, dtype=torch.bool)
+        place(valid, mine, self.valid, 1)
+        place(valid, theirs, other.valid, 1)
+        ids = torch.zeros(R1 + R2, T, dtype=torch.long, device=self.device)
+        place(ids, mine, self.ids, 1)
+        place(ids, theirs, other.ids.to(self.device), 1)
+        lengths = torch.zeros(R1 + R2, dtype=torch.long)
+        place(lengths[:, None], mine, self.lengths[:, None], 1)
+        place(lengths[:, None], theirs, other.lengths[:, None], 1)
+        self.valid, self.ids, self.lengths = valid, ids, lengths
+
     def row_ids(self, row: int) -> torch.Tensor:
         """The ids of one row's valid columns, in order (its sequence as the cache holds it)."""
         return self.ids[row][self.valid[row].to(self.ids.device)]
@@ -357,6 +411,44 @@ class RaggedSession(DecodingSession):
         if self._lengths is None:
             raise ValueError("cache_lengths before prefill")
         return self._lengths.clone()
+
+    supports_admission = True
+
+    def admit(self, other):
+        """Append ``other``'s rows (a prefilled session of the same model and guidance) after this
+        session's: :meth:`csdgen.models.base.DecodingSession.admit`. The caches are joined by
+        :meth:`RaggedCache.merge` (the narrower one left-padded with holes); with guidance the rows
+        stay ordered conditional rows first (old, then new), then the unconditional ones."""
+        if type(other) is not type(self) or getattr(other, "model", None) is not getattr(self, "model", None):
+            raise ValueError(f"admit: a {type(other).__name__} cannot join a {type(self).__name__} of another model")
+        if other.guided != self.guided:
+            raise ValueError(f"admit: guided={other.guided} rows cannot join a session with guided={self.guided}")
+        if self._lengths is None or other._lengths is None:
+            raise ValueError("admit: both sessions must be prefilled first (call prefill())")
+        if (other.cols, other.row_end, other.num_image_tokens) != (self.cols, self.row_end, self.num_image_tokens):
+            raise ValueError("admit: the sessions lay their images out differently (cols, row end, image length)")
+        B1, B2 = self.batch_size, other.batch_size
+        R1 = self.prompt_ids.shape[0]
+        if self.guided:  # [cond old, uncond old, cond new, uncond new] -> [cond old, cond new, uncond old, uncond new]
+            order = torch.cat([torch.arange(B1), R1 + torch.arange(B2), B1 + torch.arange(B1), R1 + B2 + torch.arange(B2)])
+        else:
+            order = None
+        self.kv.merge(other.kv, (B1, B2) if self.guided else None)
+        P = max(self.prompt_ids.shape[1], other.prompt_ids.shape[1])
+
+        def left(t: torch.Tensor, value) -> torch.Tensor:
+            if t.shape[1] == P:
+                return t
+            return torch.cat([torch.full((t.shape[0], P - t.shape[1]), value, dtype=t.dtype, device=t.device), t], dim=1)
+
+        ids = torch.cat([left(self.prompt_ids, self.filler), left(other.prompt_ids.to(self.prompt_ids.device), self.filler)])
+        valid = torch.cat([left(self.prompt_valid, False), left(other.prompt_valid, False)])
+        lengths = torch.cat([self.prompt_lengths, other.prompt_lengths])
+        if order is not None:
+            ids, valid, lengths = ids[order.to(ids.device)], valid[order], lengths[order]
+        self.prompt_ids, self.prompt_valid, self.prompt_lengths = ids, valid, lengths
+        self._lengths = torch.cat([self._lengths, other._lengths])
+        self.batch_size = B1 + B2
 
     # -- draft trees (csdgen.trees) ---------------------------------------------------------------
 

@@ -12,7 +12,10 @@ position** (per-row windows):
    ``0 .. start[b] - 1`` and returns the logits for positions ``start[b] + 1 ..``;
 3. :meth:`DecodingSession.rollback` keeps, for every image ``b``, positions
    ``0 .. lengths[b] - 1``;
-4. :meth:`DecodingSession.select_rows` drops the images the engine has finished.
+4. :meth:`DecodingSession.select_rows` drops the images the engine has finished;
+5. :meth:`DecodingSession.admit` (continuous batching, sessions with ``supports_admission``)
+   appends the rows of another, prefilled session: images that join a running batch between
+   two iterations, each row keeping its own positions and cache length.
 
 Per-row arguments (``start``, ``widths``, ``lengths``, ``rows``) are ``[B]`` int64 **CPU**
 tensors: the engine reads them from its one host sync per iteration, so a session can do its
@@ -112,6 +115,30 @@ class DecodingSession(ABC):
     @abstractmethod
     def cache_lengths(self) -> torch.Tensor:
         """``[B]`` int64 CPU: image positions cached per row."""
+
+    #: whether :meth:`admit` is implemented (continuous batching, :class:`csdgen.engine.ContinuousBatch`)
+    supports_admission: bool = False
+
+    def admit(self, other: "DecodingSession") -> None:
+        """Append the rows of ``other`` after this session's rows (images joining a running batch).
+
+        ``other`` is a session of the same model opened with the same ``guided``
+        (``model.start(conditions, len(conditions), guided)``) and prefilled (its rows hold 0 image
+        positions, their logits for position 0 already returned); this session may be anywhere
+        in its decode. Afterwards this session's rows are its ``B`` old rows (unchanged: same
+        cache, positions and lengths), then ``other``'s ``B'`` rows: ``batch_size == B + B'``,
+        ``cache_lengths == cat(old cache_lengths, other.cache_lengths)``, and the next
+        :meth:`forward` takes ``[B + B', W]`` tokens with every row at its own ``start``.
+        ``other`` is consumed (not used afterwards).
+
+        Args:
+            other: a prefilled session of the same model and guidance, with ``supports_admission``.
+
+        Raises:
+            ValueError: ``other`` is not prefilled, of another kind, model or guidance.
+            NotImplementedError: this session cannot admit rows (``supports_admission`` False).
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot admit rows into a running batch")
 
 
 def row_tensor(values: Any, batch_size: int) -> torch.Tensor:

@@ -119,6 +119,15 @@ class _FunctionSession(DecodingSession):
     def cache_lengths(self):
         return self.lengths.clone()
 
+    supports_admission = True
+
+    def admit(self, other):
+        if not isinstance(other, _FunctionSession) or other.model is not self.model or other.guided != self.guided:
+            raise ValueError("admit: the other session must come from the same FunctionModel with the same guidance")
+        self.tokens = torch.cat([self.tokens, other.tokens.to(self.tokens.device)])
+        self.lengths = torch.cat([self.lengths, other.lengths])
+        self.batch_size += other.batch_size
+
     # -- draft trees (csdgen.trees) ---------------------------------------------------------------
 
     supports_trees = True

@@ -1,0 +1,182 @@
+"""``csdgen serve``: an OpenAI-compatible image server with continuous batching (:mod:`csdgen.serve`).
+
+Loads one model (the built-in one, or ``--model``), binds ``--host`` (default 127.0.0.1, this
+machine only) and ``--port`` (default 8000; 0 = any free port), prints its address line and
+serves until interrupted. The method and sampling options are the defaults of requests that
+leave those fields out. FastAPI, uvicorn and torch are imported by :func:`run` only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import _options as opt
+
+BATCHING = ("continuous", "static")
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a TCP port, an integer in 0..65535 (0: any free port)") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value}: must be a TCP port in 0..65535 (0: any free port)")
+    return value
+
+
+def _gib(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of GiB > 0") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value}: expected a number of GiB > 0")
+    return value
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("serve", allow_abbrev=False, help="an OpenAI-compatible image server with continuous batching",
+                       description="Serve one model over HTTP: POST /v1/images/generations (OpenAI's Images API; "
+                                   "csdgen's method, window, seed, ... in the same body), GET /v1/models, GET /health, "
+                                   "GET /metrics (Prometheus). Requests share forwards: waiting images join the running "
+                                   "batch at every iteration (docs/serve.md).")
+    p.add_argument("--model", default=None, help="checkpoint folder or cached repo id (default: the built-in model)")
+    p.add_argument("--weights", default=None, help="built-in model weights folder (default: shipped with csdgen)")
+    p.add_argument("--served-name", default=None, metavar="NAME",
+                   help="the model name requests give (default: csdgen-builtin, or the --model value)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000; 0: any free port)")
+    p.add_argument("--max-batch", type=opt.count(), default=16, metavar="B",
+                   help="most images decoding together (default 16; lowered to what memory allows)")
+    p.add_argument("--max-queue", type=opt.count(), default=256, metavar="Q",
+                   help="most images waiting; requests beyond get 429 with Retry-After (default 256)")
+    p.add_argument("--max-images", type=opt.count(), default=10, metavar="N",
+                   help="most images per request; more get 413 (default 10, as OpenAI's n)")
+    p.add_argument("--batching", choices=BATCHING, default="continuous",
+                   help="continuous (default: images join the running batch at every iteration) or static "
+                        "(a batch filled, run to its end, then the next: for comparison)")
+    p.add_argument("--max-memory", type=_gib, default=None, metavar="GIB",
+                   help="memory the batch may use, in GiB (default: half the free memory for the built-in model, "
+                        "what the device has free for --model)")
+    p.add_argument("--partial-every", type=opt.count(), default=8, metavar="F",
+                   help="streamed requests without partial_images: a partial image every F forwards (default 8)")
+    p.add_argument("--device", choices=opt.DEVICES, default=None, help="default cpu; with --model cuda when available")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="--model only: default bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--layout", choices=["lumina", "anole"], default=None, help="--model Chameleon checkpoints")
+    p.add_argument("--height", type=opt.count(), default=None, help="--model: image height in pixels")
+    p.add_argument("--width", type=opt.count(), default=None, help="--model: image width in pixels")
+    opt.add_checkpoint_files(p)
+    p.add_argument("--prompt-template", default=None, help="--model: template with {prompt}, {width}, {height}")
+    g = p.add_argument_group("request defaults (a request's own fields win)")
+    g.add_argument("--method", choices=opt.METHODS, default="csd", help="decoding method (default csd)")
+    opt.add_method_options(g, family_note=True)
+    g.add_argument("--refresh", choices=opt.REFRESH_MODES, default="independent",
+                   help="refresh of pending drafts (default independent; coupled = maximal coupling)")
+    opt.add_sampling(g, family_note=True)
+    p.set_defaults(run=run)
+    return p
+
+
+def _load(args):
+    """``(model, name, aliases, memory_limit)``: the model and how many images its memory holds."""
+    import torch
+
+    from csdgen.engine.window import AUTO_MAX_WINDOW
+    from csdgen.models.auto import available_memory
+
+    budget = None if args.max_memory is None else int(args.max_memory * 2**30)
+    if args.model is None:
+        given = [f"--{k.replace('_', '-')}" for k in ("dtype", "layout", "height", "width", "image_size", "vqgan",
+                                                      "prompt_template") if getattr(args, k) is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} need --model (a checkpoint); the built-in model has one size and "
+                             f"its own VQ decoder")
+        from csdgen.models.builtin import load_builtin_model
+        from csdgen.runs import builtin_batch_limit
+
+        device = args.device or "cpu"
+        if device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device is visible here; use --device cpu")
+        model = load_builtin_model(args.weights)
+        if torch.device(device) != torch.device(model.device):
+            for module in (model.components.ar, model.components.vq, model.components.classifier):
+                module.to(device)
+            model.device = torch.device(device)
+        if budget is None:
+            limit = builtin_batch_limit(model, AUTO_MAX_WINDOW, True, available_memory(model.device))
+        else:
+            limit = max(0, budget // _builtin_bytes(model))
+        return model, "csdgen-builtin", ("builtin",), limit
+    if args.weights is not None:
+        raise ValueError("--weights is for the built-in model; with --model the checkpoint folder holds the weights")
+    from pathlib import Path
+
+    from ._common import require_decoder
+    from csdgen.models.auto import (default_device, default_dtype, estimate_memory, family_of, load_model, read_config,
+                                    resolve_checkpoint)
+
+    folder = resolve_checkpoint(args.model)
+    read_config(folder)
+    family = family_of(folder, args.layout, args.model)
+    device = args.device or default_device()
+    dtype = args.dtype or str(default_dtype(device)).removeprefix("torch.")
+    model = load_model(args.model, dtype=dtype, device=device, layout=args.layout, height=args.height, width=args.width,
+                       image_size=args.image_size, batch_size=1, window=AUTO_MAX_WINDOW, guided=True,
+                       prompt_template=args.prompt_template, vqgan=args.vqgan, max_memory_bytes=budget)
+    require_decoder(model, str(args.model), folder)  # a Chameleon checkpoint without Chameleon's VQGAN files
+    estimate = estimate_memory(folder, family, AUTO_MAX_WINDOW, dtype, height=args.height, width=args.width,
+                               image_size=args.image_size, guided=True)
+    have = available_memory(device) if budget is None else max(0, budget - estimate.fixed)
+    limit = estimate.usable(have) // max(estimate.per_image, 1)
+    return model, str(args.model), (Path(str(args.model)).name,), limit
+
+
+def _builtin_bytes(model) -> int:
+    from csdgen.engine.window import AUTO_MAX_WINDOW
+    from csdgen.runs import builtin_bytes_per_image
+
+    return builtin_bytes_per_image(model, AUTO_MAX_WINDOW, True)
+
+
+def run(args) -> int:
+    from csdgen.serve import ServeDefaults, ServedModel, create_app, run_server
+    from csdgen.serve.app import bind_socket
+    from csdgen.serve.schemas import APIError, parse_request
+
+    from ._common import note
+
+    sock = bind_socket(args.host, args.port)  # a taken port fails before the model loads
+    model, name, aliases, limit = _load(args)
+    if limit < 1:
+        raise ValueError(f"not even one image fits in the memory allowed ({args.max_memory} GiB with --max-memory, "
+                         f"or what {model.device.type} has free); raise --max-memory or use another device")
+    capacity = min(args.max_batch, limit)
+    if capacity < args.max_batch:
+        note(f"--max-batch {args.max_batch}: about {limit} images fit in the memory allowed; admitting at most {capacity}")
+    defaults = ServeDefaults(method=args.method, window=args.window or "auto", guidance_scale=args.guidance_scale,
+                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, lam=args.lam,
+                             delta=args.delta, entropy_unit=args.entropy_unit, addition_c=args.addition_c,
+                             draft_init=args.draft_init, refresh=args.refresh, partial_every=args.partial_every,
+                             max_images=args.max_images)
+    served = ServedModel(model, args.served_name or name, aliases=aliases, defaults=defaults)
+    try:  # the defaults are checked as a request would be: a bad --top-p fails here, not on every request
+        parse_request({"prompt": "0" if served.classes else "a test"}, served)
+    except APIError as exc:
+        raise ValueError(f"request defaults: {exc.message} (the --{exc.param.replace('_', '-')} option)") from None
+    app = create_app(served, capacity=capacity, max_queue=args.max_queue, batching=args.batching)
+    port = sock.getsockname()[1]
+    host = f"[{args.host}]" if ":" in args.host else args.host
+
+    def ready() -> None:
+        print(f"csdgen serve: serving {served.name} on http://{host}:{port}/v1 (POST /v1/images/generations; max batch "
+              f"{capacity}, {args.batching} batching; Ctrl-C stops it)", flush=True)
+
+    try:
+        run_server(app, sock, on_ready=ready)
+    except KeyboardInterrupt:
+        print("csdgen serve: stopped", file=sys.stderr, flush=True)
+        return 130
+    return 0

@@ -1,0 +1,299 @@
+"""Continuous batching (:class:`ContinuousBatch`): a running batch that images join and leave
+between iterations, the engine a server's scheduler drives one iteration at a time.
+
+:func:`csdgen.generate` opens a batch, runs it until its last image is complete and returns.
+A server cannot wait like that: requests arrive while a batch runs, and under speculative
+decoding the images of a batch finish at different forwards (their step compressions differ).
+:class:`ContinuousBatch` is the same loop (:class:`csdgen.engine.loop._Loop`: draft, forward,
+verify, commit, roll back) cut at its iteration boundary:
+
+* :meth:`ContinuousBatch.admit` opens a session for the new images (``model.start``), runs
+  their prefill (token 0 of each image) and joins its rows to the running session
+  (:meth:`csdgen.models.base.DecodingSession.admit`): every row keeps its own positions and
+  cache length, so an admitted image sits beside images halfway through theirs;
+* :meth:`ContinuousBatch.step` runs one iteration for every image in the batch and returns the
+  images it completed, whose rows leave the batch;
+* :meth:`ContinuousBatch.cancel` removes images (a client went away) at once.
+
+**Same images as offline.** An image draws every random number from its own stream keyed by
+``(seed, image index, its own forward count)`` (:func:`csdgen.sampling.stream_uniforms`; here
+each image brings its own seed), its window starts at its own committed length and carried
+drafts are its own, so with a fixed window an image admitted with seed ``s`` and index ``i``
+gets the tokens of ``csdgen.generate(model, [condition], seed=s, image_indices=[i], ...)``
+whatever else is in the batch, and whenever it joined (up to the floating-point summation order
+of batched kernels; exact on a float64 model, tested). With ``window="auto"`` the width of each
+iteration is chosen for the whole batch from measured times, so images keep their
+distribution (the rules are exact for any width), not their tokens.
+
+Every image of one batch shares the method, window, drafting and sampling settings (one
+forward, one rule); a server keeps one batch per setting and runs the one whose turn it is
+(:mod:`csdgen.serve.scheduler`). Draft trees are not offered here (``generate(..., tree=...)``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from ..acceptance import AcceptanceRule
+from ..models.base import ImageTokenModel
+from ..sampling import SamplingConfig
+from .generation import resolve_arguments
+from .loop import _Loop, _signed64
+from .results import ImageStats
+
+__all__ = ["ContinuousBatch", "FinishedImage"]
+
+
+@dataclass
+class FinishedImage:
+    """An image :meth:`ContinuousBatch.step` completed.
+
+    Attributes:
+        handle: the handle :meth:`ContinuousBatch.admit` returned for it.
+        tokens: ``[N]`` int64 CPU image tokens (raster order).
+        stats: its :class:`~csdgen.engine.results.ImageStats` (forwards, tokens per forward, decisions).
+    """
+
+    handle: int
+    tokens: torch.Tensor
+    stats: ImageStats
+
+
+def _integers(name: str, values: Sequence[int], count: int, minimum: int | None) -> list[int]:
+    values = list(values)
+    ok = len(values) == count and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+    if ok and minimum is not None:
+        ok = all(v >= minimum for v in values)
+    if not ok:
+        allowed = "integers" if minimum is None else f"integers >= {minimum}"
+        raise ValueError(f"{name}={values!r}: allowed one of {allowed} per image ({count} images)")
+    return values
+
+
+class ContinuousBatch:
+    """A batch of images decoding together, which images join and leave between iterations.
+
+    Args:
+        model: any :class:`~csdgen.models.base.ImageTokenModel` whose sessions can
+            :meth:`~csdgen.models.base.DecodingSession.admit` (every RaggedSession family; others
+            work one batch at a time: :attr:`admits_while_running` is False).
+        method, window, sampling, draft_init, refresh: as :func:`csdgen.generate` (defaults from
+            ``model.defaults``); shared by every image of the batch.
+
+    Attributes:
+        settings: the resolved settings (as :attr:`csdgen.GenerationResult.settings`, without seed).
+        forwards: model calls so far (iterations and admission prefills).
+        rows_fed: sum over iterations of the images in the batch (mean occupancy: ``rows_fed / iterations``).
+        iterations: iterations (:meth:`step` calls that ran a forward).
+
+    Raises:
+        ValueError: as :func:`csdgen.generate` for a bad method, window, sampling or drafting.
+    """
+
+    def __init__(self, model: ImageTokenModel, *, method: str | AcceptanceRule = "csd", window: int | str | None = None,
+                 sampling: SamplingConfig | None = None, draft_init: str | None = None, refresh: str = "independent"):
+        rule, window, draft_init, sampling, settings = resolve_arguments(model, method, window, sampling, draft_init,
+                                                                         refresh)
+        settings.pop("seed")
+        self.model, self.settings = model, settings
+        self.N = model.num_image_tokens
+        loop = self._loop = _Loop(model, rule, window, 0, sampling, draft_init, refresh, None, False)
+        loop._allocate(0)
+        loop.session = None
+        loop.active = torch.zeros(0, dtype=torch.long, device=loop.device)
+        loop.active_host = torch.zeros(0, dtype=torch.long)
+        loop.committed_host = torch.zeros(0, dtype=torch.long)
+        loop.prev = None
+        loop.widths = []
+        loop.steps = 0
+        loop._probe = self.N >= 3 and loop.PROBE
+        loop._checked = False
+        self._handles: list[int] = []  # the handle of each buffer row
+        self._next = 0
+        self.forwards = self.iterations = self.rows_fed = 0
+        self.admits_while_running = True
+
+    # -- what the scheduler reads -------------------------------------------------------------------
+
+    @property
+    def size(self) -> int:
+        """Images in the batch now."""
+        return len(self._loop.active_host)
+
+    @property
+    def handles(self) -> list[int]:
+        """Handles of the images in the batch, in row order."""
+        return [self._handles[s] for s in self._loop.active_host.tolist()]
+
+    #: iterations whose widths :attr:`widths` keeps
+    KEEP_WIDTHS = 10_000
+
+    @property
+    def widths(self) -> list[int]:
+        """The window width of every iteration so far (the last :attr:`KEEP_WIDTHS` and more)."""
+        return list(self._loop.widths)
+
+    def progress(self, handles: Sequence[int]) -> tuple[list[int], torch.Tensor]:
+        """Committed lengths ``[k]`` and tokens ``[k, N]`` int64 CPU (committed, then pending drafts)
+        of images in the batch (for partial images). Raises KeyError for a handle not in the batch."""
+        slot_of = {h: s for s, h in enumerate(self._handles)}
+        slots = [slot_of[h] for h in handles]
+        loop = self._loop
+        committed = [int(loop.committed_host[s]) for s in slots]
+        pick = torch.tensor(slots, dtype=torch.long, device=loop.device)
+        return committed, loop.tokens[pick, : self.N].cpu()
+
+    # -- joining and leaving -------------------------------------------------------------------------
+
+    def admit(self, conditions: Sequence[Any], seeds: Sequence[int], image_indices: Sequence[int]) -> list[int]:
+        """Open the new images' session, run their prefill and join their rows to the batch.
+
+        Args:
+            conditions: one condition per new image (what ``model.start`` takes).
+            seeds: one seed per image (any int, taken modulo 2**64, as ``generate``'s ``seed``).
+            image_indices: one index >= 0 per image (``generate``'s ``image_indices``).
+
+        Returns:
+            one handle (int) per image, in order.
+
+        Raises:
+            ValueError: conditions the model rejects, bad seeds or indices, non-finite logits at
+                the prefill (the batch is unchanged), or a running batch whose session cannot
+                admit rows (:attr:`admits_while_running` False).
+        """
+        conditions = list(conditions)
+        k = len(conditions)
+        if k == 0:
+            return []
+        seeds = [_signed64(s) for s in _integers("seeds", seeds, k, None)]
+        indices = _integers("image_indices", image_indices, k, 0)
+        loop = self._loop
+        if self.size and not self.admits_while_running:
+            raise ValueError(f"{type(loop.session).__name__} cannot admit rows into a running batch")
+        new = self.model.start(conditions, k, loop.sampling.guided)
+        if new.batch_size != k:
+            raise ValueError(f"the model opened {new.batch_size} rows for {k} conditions")
+        if self.size and not getattr(new, "supports_admission", False):
+            self.admits_while_running = False
+            raise ValueError(f"{type(new).__name__} cannot admit rows into a running batch")
+        B0 = loop.B
+        self._grow(k)
+        dev = loop.device
+        slots = torch.arange(B0, B0 + k, device=dev)
+        loop.indices[slots] = torch.tensor(indices, dtype=torch.long, device=dev)
+        loop.seeds[slots] = torch.tensor(seeds, dtype=torch.long, device=dev)
+        try:
+            bad = loop._prefill(new, slots)
+            if bool(bad):
+                raise ValueError("the model returned logits with NaN or +inf (or no allowed token) at the prefill of "
+                                 "these images; allowed: finite or -inf logits with at least one finite logit")
+            if self.size == 0:
+                loop.session = new
+                loop.prev = None
+                self.admits_while_running = bool(getattr(new, "supports_admission", False))
+            else:
+                loop.session.admit(new)
+        except BaseException:
+            self._truncate(B0)
+            raise
+        self.forwards += 1
+        loop.active = torch.cat([loop.active, slots])
+        loop.active_host = torch.cat([loop.active_host, slots.cpu()])
+        loop.committed_host = torch.cat([loop.committed_host, torch.ones(k, dtype=torch.long)])
+        if loop.prev is not None:  # no drafts carried for the new rows
+            q, widths, shift = loop.prev
+            loop.prev = (torch.cat([q, q.new_zeros(k, *q.shape[1:])]), torch.cat([widths, widths.new_zeros(k)]),
+                         torch.cat([shift, shift.new_zeros(k)]))
+        handles = list(range(self._next, self._next + k))
+        self._next += k
+        self._handles += handles
+        return handles
+
+    def step(self) -> list[FinishedImage]:
+        """One iteration for every image in the batch; returns the images it completed (they leave).
+
+        Raises:
+            ValueError: non-finite logits (as ``generate``). Whatever the model raises. After an
+                exception the batch is broken: open a new one.
+        """
+        loop = self._loop
+        if self.size == 0:
+            return []
+        loop._mark = time.perf_counter()
+        self.rows_fed += self.size
+        alive = loop._advance()
+        self.forwards += 1
+        self.iterations += 1
+        if len(loop.widths) > 2 * self.KEEP_WIDTHS:  # a server runs for days: keep the recent widths only
+            del loop.widths[: len(loop.widths) - self.KEEP_WIDTHS]
+        A = self.size
+        if len(alive) == A:
+            return []
+        done = torch.ones(A, dtype=torch.bool)
+        done[alive] = False
+        finished_slots = loop.active_host[done].tolist()
+        stats = loop._image_stats(finished_slots)
+        pick = torch.tensor(finished_slots, dtype=torch.long, device=loop.device)
+        tokens = loop.tokens[pick, : self.N].cpu()
+        finished = [FinishedImage(self._handles[s], tokens[j], stats[j]) for j, s in enumerate(finished_slots)]
+        self._leave(alive)
+        return finished
+
+    def cancel(self, handles: Sequence[int]) -> None:
+        """Remove images from the batch now (unknown handles are ignored)."""
+        gone = set(handles)
+        rows = [r for r, h in enumerate(self.handles) if h not in gone]
+        if len(rows) < self.size:
+            self._leave(torch.tensor(rows, dtype=torch.long))
+
+    # -- buffers ---------------------------------------------------------------------------------------
+
+    def _leave(self, alive: torch.Tensor) -> None:
+        """Keep the session rows ``alive`` (``[A']`` int64 CPU): the others leave the session and the buffers."""
+        loop = self._loop
+        if len(alive):
+            loop.session.select_rows(alive)
+            if loop.prev is not None:
+                loop._select(alive)
+            else:
+                loop.active_host = loop.active_host[alive]
+                loop.active = loop.active[alive.to(loop.device)]
+        else:
+            loop.session, loop.prev = None, None
+            loop.active_host = loop.active_host[:0]
+            loop.active = loop.active[:0]
+        self._keep(loop.active_host)
+
+    def _grow(self, k: int) -> None:
+        """Append ``k`` fresh rows to every per-image buffer (not yet in the session)."""
+        loop = self._loop
+        old = {name: getattr(loop, name) for name in loop.ROW_BUFFERS}
+        B0 = loop.B
+        loop._allocate(k)
+        for name in loop.ROW_BUFFERS:
+            setattr(loop, name, torch.cat([old[name], getattr(loop, name)]))
+        loop.B = B0 + k
+
+    def _truncate(self, B: int) -> None:
+        """Drop the buffer rows after the first ``B`` (rows :meth:`_grow` added for an admission that failed)."""
+        loop = self._loop
+        for name in loop.ROW_BUFFERS:
+            setattr(loop, name, getattr(loop, name)[:B])
+        loop.B = B
+
+    def _keep(self, slots: torch.Tensor) -> None:
+        """Keep only the buffer rows ``slots`` (``[A]`` int64 CPU, the session's rows in order), so that
+        buffer row ``r`` is session row ``r`` again."""
+        loop = self._loop
+        pick = slots.to(loop.device)
+        for name in loop.ROW_BUFFERS:
+            setattr(loop, name, getattr(loop, name)[pick])
+        loop.committed_host = loop.committed_host[slots]
+        self._handles = [self._handles[s] for s in slots.tolist()]
+        loop.B = len(slots)
+        loop.active = torch.arange(len(slots), device=loop.device)
+        loop.active_host = torch.arange(len(slots))

@@ -1,0 +1,18 @@
+"""``csdgen serve``: an OpenAI-compatible image server with continuous batching.
+
+One process serves one model. A scheduler thread owns it and runs one
+:class:`csdgen.engine.ContinuousBatch`: at every iteration boundary waiting images join the
+running batch (their prefill joined to the per-row cache) and finished or cancelled ones leave
+it, so requests share forwards and no row idles while its batch's slowest image finishes.
+
+Modules (one idea each): :mod:`~csdgen.serve.schemas` (the request fields, their checks, the
+OpenAI error shape), :mod:`~csdgen.serve.scheduler` (admission, iterations, cancellation,
+faults), :mod:`~csdgen.serve.images` (tokens -> PNG, partial images), :mod:`~csdgen.serve.metrics`
+(Prometheus), :mod:`~csdgen.serve.app` (the FastAPI routes and uvicorn). docs/serve.md says how
+to run it, one server per GPU behind a load balancer, and what it measured.
+"""
+
+from .app import BackgroundServer, ServedModel, create_app, run_server
+from .schemas import APIError, ServeDefaults
+
+__all__ = ["APIError", "BackgroundServer", "ServeDefaults", "ServedModel", "create_app", "run_server"]

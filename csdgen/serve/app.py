@@ -1,0 +1,371 @@
+"""The HTTP side of ``csdgen serve``: a FastAPI app over the scheduler, and uvicorn to run it.
+
+Routes:
+
+* ``POST /v1/images/generations``: OpenAI's Images API (:mod:`csdgen.serve.schemas` lists the
+  fields). Answers ``{"created", "data": [{"b64_json", "csdgen": {statistics}}], "size",
+  "output_format", "background", "usage", "csdgen": {seed, settings}}``; with ``stream: true``,
+  server-sent events as OpenAI streams images: ``image_generation.partial_image`` (the image
+  so far, pending token cells veiled) then ``image_generation.completed`` per image;
+* ``GET /v1/models``, ``GET /v1/models/{id}``: the served model;
+* ``GET /health``: 200 ``{"status": "ok", ...}`` while the scheduler runs, else 503;
+* ``GET /metrics``: Prometheus text (:mod:`csdgen.serve.metrics`).
+
+Every error is OpenAI's shape ``{"error": {"message", "type", "param", "code"}}`` with the
+status that fits (:class:`csdgen.serve.schemas.APIError`); bad input never gets a 500.
+A client that disconnects cancels its images at the next iteration (non-streaming requests are
+watched while they wait; a stream notices when it cannot send, or at the next poll).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import math
+import socket
+import threading
+import time
+from contextlib import asynccontextmanager
+from typing import Any, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .metrics import CONTENT_TYPE_LATEST, ServeMetrics
+from .scheduler import Scheduler
+from .schemas import APIError, ServeDefaults, error_body, parse_request
+
+__all__ = ["ServedModel", "create_app", "run_server", "BackgroundServer", "bind_socket"]
+
+#: seconds between checks that a waiting client is still connected
+POLL_SECONDS = 0.2
+
+
+class ServedModel:
+    """The model a server serves, with what the request checks need.
+
+    Args:
+        model: an :class:`~csdgen.models.base.ImageTokenModel` with an image decoder.
+        name: the name requests give as ``model`` (and ``GET /v1/models`` lists).
+        aliases: other names accepted as ``model``.
+        defaults: the server's :class:`~csdgen.serve.schemas.ServeDefaults`.
+
+    Raises:
+        ValueError: the model has no image decoder.
+    """
+
+    def __init__(self, model, name: str, *, aliases: tuple[str, ...] = (), defaults: ServeDefaults | None = None):
+        from csdgen.engine.methods import _default_sampling
+
+        from .images import image_size
+
+        self.model, self.name = model, name
+        self.names = [name, *[a for a in aliases if a and a != name]]
+        self.size = image_size(model)
+        self.size_text = f"{self.size[0]}x{self.size[1]}"
+        self.defaults = defaults or ServeDefaults()
+        sampling = _default_sampling(model)  # a family's top-k >= this codebook: no top-k (as generate)
+        self.model_defaults = {"guidance_scale": sampling.guidance_scale, "temperature": sampling.temperature,
+                               "top_k": sampling.top_k, "top_p": sampling.top_p}
+        d = getattr(model, "defaults", None)
+        if d is not None:
+            self.model_defaults.update({"lam": d.lam, "delta": d.delta})
+        self.classes = hasattr(model, "class_ids")
+        if self.classes:
+            names = getattr(model, "class_names", None) or []
+            example = f"e.g. {names[0]!r} or 0" if names else "e.g. 0"
+            self.prompt_help = f"a class of the model, by name or index 0..{model.num_classes - 1} ({example})"
+        else:
+            self.prompt_help = "a text prompt"
+
+    def condition(self, prompt: str, guided: bool) -> tuple[Any, int]:
+        """``(condition for model.start, prompt tokens)`` of a prompt.
+
+        Raises:
+            APIError: 400 naming the prompt and what is allowed (the model's own message).
+        """
+        try:
+            if self.classes:
+                return self.model.class_ids([prompt])[0], 1
+            session = self.model.start([prompt], 1, guided)  # tokenizes and checks the length; no forward
+        except ValueError as exc:
+            message = str(exc) if "allowed" in str(exc) else f"{exc}; allowed: {self.prompt_help}"
+            raise APIError(400, f"prompt: {message}", param="prompt", code="invalid_value") from None
+        lengths = getattr(session, "prompt_lengths", None)
+        return prompt, int(lengths[0]) if lengths is not None and len(lengths) else 0
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
+def _image_stats(request, index: int, stats, tokens) -> dict:
+    out = {"image_index": index, "seed": request.seed, "forwards": stats.steps,
+           "step_compression": stats.step_compression, "mean_accepted_length": stats.mean_accepted_length,
+           "decisions": stats.counts()}
+    if request.return_tokens:
+        out["tokens"] = tokens.tolist()
+    return out
+
+
+def _usage(request, served, images: int) -> dict:
+    N = served.model.num_image_tokens
+    inputs = request.input_tokens * images
+    return {"input_tokens": inputs, "input_tokens_details": {"image_tokens": 0, "text_tokens": inputs},
+            "output_tokens": N * images, "total_tokens": inputs + N * images,
+            "output_tokens_details": {"image_tokens": N * images, "text_tokens": 0}}
+
+
+def _error_response(error: APIError):
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256, batching: str = "continuous",
+               metrics: ServeMetrics | None = None):
+    """The FastAPI app serving ``served`` (its scheduler starts and stops with the app's lifespan).
+
+    Args:
+        capacity: most images in the running batch (``--max-batch``, capped by the memory estimate).
+        max_queue: most images waiting before requests get 429.
+        batching: ``"continuous"`` (default) or ``"static"`` (admission into an empty batch only).
+    """
+    metrics = metrics or ServeMetrics()
+    scheduler = Scheduler(served, capacity=capacity, max_queue=max_queue, batching=batching, metrics=metrics)
+    started = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app):
+        scheduler.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(scheduler.stop)
+
+    app = FastAPI(title="csdgen serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.served, app.state.scheduler, app.state.metrics = served, scheduler, metrics
+
+    @app.exception_handler(APIError)
+    async def api_error(request, exc: APIError):
+        return _error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, exc):
+        if exc.status_code == 404:
+            message = (f"no route {request.method} {request.url.path}; this server offers POST /v1/images/generations, "
+                       f"GET /v1/models, GET /health, GET /metrics")
+            code = "unknown_url"
+        elif exc.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}"
+            code = "method_not_allowed"
+        else:
+            message, code = str(exc.detail), None
+        return JSONResponse(error_body(message, APIError.TYPES.get(exc.status_code, "invalid_request_error"), None, code),
+                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request, exc):
+        return _error_response(APIError(400, f"bad request: {exc.errors()[0].get('msg', exc)}", code="invalid_value"))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request, exc):  # a bug of the server, never a bad value (those are APIErrors)
+        return _error_response(APIError(500, f"internal server error: {type(exc).__name__}: {exc}", code="internal_error"))
+
+    def count(status: int) -> None:
+        metrics.requests.labels(str(status)).inc()
+
+    @app.post("/v1/images/generations")
+    async def generations(request: Request):
+        try:
+            return await _generations(request)
+        except APIError as exc:
+            count(exc.status)
+            return _error_response(exc)
+
+    async def _generations(request: Request):
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise APIError(400, f"the request body is not valid JSON ({exc}); allowed: a JSON object with a prompt",
+                           code="invalid_json") from None
+        req = await run_in_threadpool(parse_request, body, served)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        job = scheduler.submit(req, loop, events)
+        if req.stream:
+            count(200)
+            return StreamingResponse(_stream(request, job, events), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        images: dict[int, tuple] = {}
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(events.get(), POLL_SECONDS)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        scheduler.cancel(job)
+                        count(499)
+                        return Response(status_code=499)
+                    continue
+                if event[0] == "image":
+                    _, index, png, stats, tokens = event
+                    images[index] = (png, stats, tokens)
+                elif event[0] == "error":
+                    raise event[1]
+                elif event[0] == "done":
+                    break
+        except asyncio.CancelledError:
+            scheduler.cancel(job)
+            raise
+        data = [{"b64_json": base64.b64encode(images[i][0]).decode("ascii"), "revised_prompt": None,
+                 "csdgen": _image_stats(req, i, images[i][1], images[i][2])} for i in range(req.n)]
+        count(200)
+        return JSONResponse({"created": int(time.time()), "data": data, "background": "opaque", "output_format": "png",
+                             "size": served.size_text, "usage": _usage(req, served, req.n),
+                             "csdgen": {"model": served.name, "seed": req.seed, "settings": _json_safe(req.settings)}})
+
+    def sse(event: str, payload: dict) -> bytes:
+        return f"event: {event}\ndata: {json.dumps(payload)}\n\n".encode()
+
+    async def _stream(request: Request, job, events: asyncio.Queue):
+        req = job.request
+
+        async def watch() -> None:  # the body is read: the next message is the client going away
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            scheduler.cancel(job)
+            events.put_nowait(("done",))
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            while True:
+                event = await events.get()
+                kind = event[0]
+                common = {"background": "opaque", "created_at": int(time.time()), "output_format": "png",
+                          "quality": "auto", "size": served.size_text}
+                if kind == "partial":
+                    _, index, png, committed, forwards, partial_index = event
+                    yield sse("image_generation.partial_image", {
+                        "type": "image_generation.partial_image", "b64_json": base64.b64encode(png).decode("ascii"),
+                        "partial_image_index": partial_index, **common,
+                        "csdgen": {"image_index": index, "seed": req.seed, "committed_tokens": committed,
+                                   "tokens": served.model.num_image_tokens, "forwards": forwards}})
+                elif kind == "image":
+                    _, index, png, stats, tokens = event
+                    yield sse("image_generation.completed", {
+                        "type": "image_generation.completed", "b64_json": base64.b64encode(png).decode("ascii"),
+                        **common, "usage": _usage(req, served, 1), "csdgen": _image_stats(req, index, stats, tokens)})
+                elif kind == "error":
+                    yield sse("error", {"type": "error", **event[1].body()})
+                    return
+                elif kind == "done":
+                    return
+        finally:
+            watcher.cancel()
+            scheduler.cancel(job)  # no-op once the job finished
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": served.name, "object": "model", "created": started, "owned_by": "csdgen"}]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model_info(model_id: str):
+        if model_id not in served.names:
+            raise APIError(404, f"the model {model_id!r} does not exist on this server; allowed: {', '.join(served.names)}",
+                           param="model", code="model_not_found")
+        return {"id": served.name, "object": "model", "created": started, "owned_by": "csdgen"}
+
+    @app.get("/health")
+    async def health():
+        body = {"status": "ok" if scheduler.alive else "unavailable", "model": served.name, "queue": scheduler.waiting,
+                "batch": scheduler.occupancy, "capacity": scheduler.capacity, "batching": scheduler.batching}
+        return JSONResponse(body, status_code=200 if scheduler.alive else 503)
+
+    @app.get("/metrics")
+    async def prometheus():
+        metrics.queue_depth.set(scheduler.waiting)
+        metrics.occupancy.set(scheduler.occupancy)
+        return Response(metrics.text(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0: a free one).
+
+    Raises:
+        ValueError: one line naming the address and why it cannot be used.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ValueError(f"--host {host!r}: not an address of this machine ({exc.strerror})") from None
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port} ({exc.strerror}); choose another --port (0: any free port)") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _server(app, on_ready: Callable[[], None] | None):
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None):
+            await super().startup(sockets=sockets)
+            if self.started and on_ready is not None:
+                on_ready()
+
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=3)
+    return Server(config)
+
+
+def run_server(app, sock: socket.socket, on_ready: Callable[[], None] | None = None) -> None:
+    """Serve ``app`` on the listening socket ``sock`` until interrupted (uvicorn; Ctrl-C stops it)."""
+    _server(app, on_ready).run(sockets=[sock])
+
+
+class BackgroundServer:
+    """``app`` served by uvicorn in a thread of this process (tests, benchmarks): ``with
+    BackgroundServer(app) as server: server.url``.
+
+    Args:
+        app: the ASGI app; host: address to bind (default 127.0.0.1); port: 0 = a free one.
+    """
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0):
+        self.app, self.sock = app, bind_socket(host, port)
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://{host}:{self.port}"
+        self._ready = threading.Event()
+        self._server = _server(app, self._ready.set)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> "BackgroundServer":
+        self._thread.start()
+        if not self._ready.wait(60):
+            raise RuntimeError(f"the server on {self.url} did not start within 60 s")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.should_exit = True
+        self._thread.join(30)
+        self.sock.close()

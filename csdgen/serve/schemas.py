@@ -1,0 +1,322 @@
+"""What the server accepts and answers: the OpenAI Images API body (plus csdgen's own fields), its
+checks, and the OpenAI error shape.
+
+A request body is checked field by field before anything is queued (:func:`parse_request`):
+every bad value is one :class:`APIError` naming the field (``param``), the value and what is
+allowed, with the status that fits (400 a bad value, 404 an unknown model, 413 too many
+images). Nothing here imports FastAPI: the checks are plain functions over the decoded JSON.
+
+Fields (OpenAI's ``images.generate``):
+
+* ``prompt`` (required): a class of the built-in model (its name, any case, or its index, as
+  the model's own lookup takes it), a text prompt for the families;
+* ``n`` (1 .. ``max_images``, default 1), ``size`` (the model's ``WIDTHxHEIGHT`` or ``auto``),
+  ``model`` (the served model's name), ``response_format`` (``b64_json``), ``output_format``
+  (``png``), ``background`` (``auto`` / ``opaque``), ``quality`` (``auto``), ``stream``,
+  ``partial_images`` (0 .. 3), ``moderation``, ``user``, ``safety_identifier`` (accepted,
+  unused); the other fields the SDK knows (``style``, ``output_compression``, ``complexity``,
+  ``frame_count``, ``frame_duration_ms``, ``svg``) only as null;
+
+csdgen's own (the SDK sends them with ``extra_body``): ``method``, ``window`` (1 .. N or
+``"auto"``), ``seed`` (any integer; default a random one, reported back), ``guidance_scale``,
+``temperature``, ``top_k`` (null / 0 = none), ``top_p``, ``lam``, ``delta``, ``entropy_unit``,
+``addition_c``, ``draft_init``, ``refresh``, ``return_tokens`` (add each image's tokens to the
+answer) and ``partial_every`` (with ``stream``: a partial image every this many of the image's
+forwards, instead of ``partial_images`` spread over the image).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["APIError", "ServeDefaults", "ImageRequest", "parse_request", "error_body", "OPENAI_FIELDS", "CSDGEN_FIELDS"]
+
+#: OpenAI fields this server honours or accepts
+OPENAI_FIELDS = ("prompt", "model", "n", "size", "response_format", "output_format", "background", "quality", "stream",
+                 "partial_images", "moderation", "user", "safety_identifier")
+#: OpenAI fields the SDK may send that this server cannot honour: accepted only as null
+NULL_ONLY_FIELDS = ("style", "output_compression", "complexity", "frame_count", "frame_duration_ms", "svg")
+#: csdgen's own fields (``extra_body``)
+CSDGEN_FIELDS = ("method", "window", "seed", "guidance_scale", "temperature", "top_k", "top_p", "lam", "delta",
+                 "entropy_unit", "addition_c", "draft_init", "refresh", "return_tokens", "partial_every")
+MAX_PROMPT_CHARS = 32_000
+#: the highest seed a request may give is unbounded; the default seed is drawn from 0 .. 2**63 - 1
+SEED_BITS = 63
+
+
+def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    """The OpenAI error shape: ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+class APIError(Exception):
+    """An answer other than 200, in the OpenAI error shape.
+
+    Args:
+        status: HTTP status (400 bad value, 404 unknown model or route, 413 too many images,
+            429 queue full, 500 model failure, 503 not serving).
+        message: one line naming the bad value and what is allowed.
+        param: the request field at fault (None when no field is).
+        code: a short machine-readable code (``invalid_value``, ``model_not_found``, ...).
+        type: OpenAI's error type (default from the status).
+        headers: extra response headers (``Retry-After``).
+    """
+
+    TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
+             413: "invalid_request_error", 415: "invalid_request_error", 422: "invalid_request_error",
+             429: "rate_limit_error", 500: "server_error", 503: "server_error"}
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 type: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.type = type or self.TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def _bad(param: str, message: str, code: str = "invalid_value", status: int = 400) -> APIError:
+    return APIError(status, message, param=param, code=code)
+
+
+@dataclass
+class ServeDefaults:
+    """The server's settings for fields a request leaves out (``csdgen serve``'s options).
+
+    None: the model's defaults (``model.defaults``), as :func:`csdgen.generate` takes them.
+    """
+
+    method: str = "csd"
+    window: int | str = "auto"
+    guidance_scale: float | None = None
+    temperature: float | None = None
+    top_k: int | None = None  #: 0: no top-k
+    top_p: float | None = None
+    lam: float | None = None
+    delta: float | None = None
+    entropy_unit: str = "nats"
+    addition_c: float = 0.2
+    draft_init: str | None = None
+    refresh: str = "independent"
+    partial_every: int = 8
+    max_images: int = 10
+
+
+@dataclass
+class ImageRequest:
+    """One checked request: what the scheduler needs to decode its images and answer.
+
+    Attributes:
+        prompt: as given; condition: what ``model.start`` takes for each of its images.
+        n: images; image ``i`` draws from the stream keyed by ``(seed, i)``.
+        seed: the request's seed (given, or drawn and reported back).
+        key: hashable settings; images with the same key can share a batch.
+        batch_kwargs: ``ContinuousBatch``'s method, window, sampling, draft_init, refresh.
+        settings: the resolved settings (reported back beside the images).
+        stream, partial_images, partial_every: streaming of partial images.
+        return_tokens: add each image's tokens to the answer.
+        input_tokens: prompt tokens of one image (for ``usage``).
+    """
+
+    prompt: str
+    condition: Any
+    n: int
+    seed: int
+    key: tuple
+    batch_kwargs: dict
+    settings: dict
+    stream: bool = False
+    partial_images: int | None = None
+    partial_every: int | None = None
+    return_tokens: bool = False
+    input_tokens: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _integer(body: dict, name: str, default: Any, low: int | None = None, high: int | None = None,
+             allow_null: bool = False) -> Any:
+    value = body.get(name, default)
+    if value is None and (allow_null or default is None):
+        return None
+    if not _is_int(value) or (low is not None and value < low) or (high is not None and value > high):
+        span = (f"an integer {low}..{high}" if high is not None else f"an integer >= {low}" if low is not None
+                else "an integer")
+        raise _bad(name, f"{name}={value!r}: allowed {span}{' or null' if allow_null else ''}")
+    return value
+
+
+def _number(body: dict, name: str, default: Any) -> Any:
+    value = body.get(name, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _bad(name, f"{name}={value!r}: allowed a finite number")
+    return float(value)
+
+
+def _choice(body: dict, name: str, default: Any, allowed: tuple, why: str = "") -> Any:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, str) or value not in allowed:
+        raise _bad(name, f"{name}={value!r}: allowed {', '.join(allowed)}{why}")
+    return value
+
+
+def _param_of(message: str, names: tuple[str, ...], default: str) -> str:
+    """The request field a library ValueError is about (its message starts with ``name=``)."""
+    for name in names:
+        if message.startswith(f"{name}=") or f" {name}=" in message:
+            return name
+    return default
+
+
+def parse_request(body: Any, served) -> ImageRequest:
+    """Check a decoded JSON body against the served model; return what the scheduler runs.
+
+    Args:
+        body: the decoded JSON (must be an object).
+        served: the :class:`csdgen.serve.app.ServedModel` (model, names, size, defaults).
+
+    Raises:
+        APIError: 400 for a bad or unknown field (naming it and what is allowed), 404 for an
+            unknown model, 413 for more images than ``max_images``.
+    """
+    from csdgen.engine.generation import resolve_arguments
+    from csdgen.engine.methods import METHODS
+    from csdgen.drafting import DRAFT_INITS, REFRESH_MODES
+    from csdgen.sampling import SamplingConfig
+
+    if not isinstance(body, dict):
+        raise APIError(400, f"the request body is a JSON {type(body).__name__}; allowed: a JSON object with a prompt",
+                       code="invalid_type")
+    unknown = [k for k in body if k not in OPENAI_FIELDS + NULL_ONLY_FIELDS + CSDGEN_FIELDS]
+    if unknown:
+        raise _bad(unknown[0], f"unknown field {unknown[0]!r}; allowed: {', '.join(OPENAI_FIELDS + CSDGEN_FIELDS)}",
+                   code="unknown_parameter")
+    for name in NULL_ONLY_FIELDS:
+        if body.get(name) is not None:
+            raise _bad(name, f"{name}={body[name]!r}: not supported by this server (its images are the model's own "
+                             f"{served.size_text} PNGs); allowed: null or leave it out", code="unsupported_value")
+    d: ServeDefaults = served.defaults
+
+    model = body.get("model")
+    if model is not None and (not isinstance(model, str) or model not in served.names):
+        raise APIError(404, f"the model {model!r} does not exist on this server; allowed: {', '.join(served.names)}",
+                       param="model", code="model_not_found")
+    if "prompt" not in body or body["prompt"] is None:
+        raise _bad("prompt", f"prompt is required; allowed: {served.prompt_help}", code="missing_required_parameter")
+    prompt = body["prompt"]
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise _bad("prompt", f"prompt={prompt!r}: allowed a non-empty string ({served.prompt_help})")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise _bad("prompt", f"prompt has {len(prompt)} characters; allowed at most {MAX_PROMPT_CHARS}")
+    n = body.get("n", 1)
+    n = 1 if n is None else n
+    if not _is_int(n) or n < 1:
+        raise _bad("n", f"n={n!r}: allowed an integer 1..{d.max_images}")
+    if n > d.max_images:
+        raise APIError(413, f"n={n}: this server makes at most {d.max_images} images per request; allowed 1..{d.max_images}",
+                       param="n", code="too_many_images")
+    size = body.get("size")
+    if size is not None and size not in ("auto", served.size_text):
+        raise _bad("size", f"size={size!r}: allowed {served.size_text} (this model's size) or auto")
+    _choice(body, "response_format", "b64_json", ("b64_json",), " (this server keeps no files to link to)")
+    _choice(body, "output_format", "png", ("png",))
+    _choice(body, "background", "auto", ("auto", "opaque"), " (the model's images have no transparency)")
+    _choice(body, "quality", "auto", ("auto",), " (the model has one quality)")
+    _choice(body, "moderation", "auto", ("auto", "low"))
+    for name in ("user", "safety_identifier"):
+        if body.get(name) is not None and not isinstance(body[name], str):
+            raise _bad(name, f"{name}={body[name]!r}: allowed a string")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise _bad("stream", f"stream={stream!r}: allowed true or false")
+    partial_images = _integer(body, "partial_images", None, 0, 3)
+    partial_every = _integer(body, "partial_every", None, 1)
+    return_tokens = body.get("return_tokens", False)
+    if not isinstance(return_tokens, bool):
+        raise _bad("return_tokens", f"return_tokens={return_tokens!r}: allowed true or false")
+
+    method = _choice(body, "method", d.method, METHODS)
+    window = body.get("window", d.window)
+    N = served.model.num_image_tokens
+    if window is None:
+        window = d.window
+    if not (window == "auto" or (_is_int(window) and 1 <= window <= N)):
+        raise _bad("window", f"window={window!r}: allowed an integer 1..{N} (tokens per image) or 'auto'")
+    seed = body.get("seed")
+    if seed is None:
+        seed = secrets.randbits(SEED_BITS)
+    elif not _is_int(seed):
+        raise _bad("seed", f"seed={seed!r}: allowed an integer")
+    draft_init = _choice(body, "draft_init", d.draft_init, tuple(DRAFT_INITS))
+    refresh = _choice(body, "refresh", d.refresh, tuple(REFRESH_MODES))
+    entropy_unit = _choice(body, "entropy_unit", d.entropy_unit, ("nats", "normalized"))
+    defaults = served.model_defaults
+    values = {}
+    for name in ("guidance_scale", "temperature", "top_p", "lam", "delta", "addition_c"):
+        given = _number(body, name, None)
+        fallback = getattr(d, name)
+        values[name] = given if given is not None else fallback if fallback is not None else defaults.get(name)
+    top_k = _integer(body, "top_k", None, 0, allow_null=True) if body.get("top_k") is not None else None
+    if top_k is None:
+        top_k = d.top_k if d.top_k is not None else defaults.get("top_k")
+    top_k = None if top_k == 0 else top_k
+    V = served.model.codebook_size
+    if top_k is not None and top_k > V:
+        raise _bad("top_k", f"top_k={top_k}: allowed 1..{V} (the codebook size), or 0 / null for no top-k")
+    try:
+        given = {k: values[k] for k in ("guidance_scale", "temperature", "top_p") if values[k] is not None}
+        sampling = SamplingConfig(**given, top_k=top_k)
+    except ValueError as exc:
+        raise _bad(_param_of(str(exc), ("guidance_scale", "temperature", "top_k", "top_p"), "guidance_scale"),
+                   str(exc)) from None
+    rule: Any = method
+    try:
+        from csdgen.acceptance import make_rule
+
+        if method == "csd":
+            options = {k: values[k] for k in ("lam", "delta") if values[k] is not None}
+            rule = make_rule("csd", **options, entropy_unit=entropy_unit)
+        elif method == "addition":
+            rule = make_rule("addition", c=values["addition_c"])
+    except ValueError as exc:
+        if method == "addition":
+            raise _bad("addition_c", f"addition_c: {exc}") from None
+        raise _bad(_param_of(str(exc), ("lam", "delta", "entropy_unit"), "lam"), str(exc)) from None
+    try:
+        rule_obj, window, draft_init, sampling, settings = resolve_arguments(served.model, rule, window, sampling,
+                                                                             draft_init, refresh, seed)
+    except ValueError as exc:
+        param = _param_of(str(exc), ("window", "draft_init", "refresh", "top_k"), "method")
+        message = str(exc)
+        if param == "method" and "allowed" not in message:
+            from csdgen.models.base import optional_codebook
+
+            usable = [m for m in METHODS if m not in ("gsd", "lantern")] if optional_codebook(served.model) is None \
+                else list(METHODS)
+            message = f"method={method!r}: {message}; allowed: {', '.join(usable)}"
+        raise _bad(param, message) from None
+    condition, input_tokens = served.condition(prompt, sampling.guided)
+    key = (settings["method"], repr(rule_obj), window, draft_init, refresh, sampling.guidance_scale, sampling.temperature,
+           sampling.top_k, sampling.top_p)
+    batch_kwargs = {"method": rule_obj, "window": window, "sampling": sampling, "draft_init": draft_init,
+                    "refresh": refresh}
+    return ImageRequest(prompt=prompt, condition=condition, n=n, seed=seed, key=key, batch_kwargs=batch_kwargs,
+                        settings=settings, stream=stream, partial_images=partial_images,
+                        partial_every=partial_every if partial_every is not None else
+                        (None if partial_images is not None else d.partial_every),
+                        return_tokens=return_tokens, input_tokens=input_tokens)

@@ -1,0 +1,222 @@
+"""Continuous batching in the engine: sessions that admit rows, and ContinuousBatch against generate.
+
+An image admitted into a running batch (its prefill joined to the per-row cache, beside images
+halfway through theirs) must decode as it would alone: with a fixed window the same tokens and
+forwards as ``csdgen.generate(..., seed=s, image_indices=[i])`` (exactly on a float64 model),
+with ``window="auto"`` the same distribution (a chi-square test on a known joint law, with a
+control that must fail).
+"""
+
+import copy
+
+import pytest
+import torch
+
+import csdgen
+from csdgen.engine.continuous import ContinuousBatch
+from csdgen.sampling import SamplingConfig, stream_uniforms
+
+from kv_check import assert_rows_match_fresh
+from test_lossless import P_FAIL, P_PASS, chi_square_pvalue
+
+GUIDED = SamplingConfig(guidance_scale=2.0, temperature=1.0)
+PLAIN = SamplingConfig(guidance_scale=1.0, temperature=1.0)
+
+
+@pytest.fixture(scope="module")
+def float64_model(cached_model):
+    model = copy.deepcopy(cached_model)
+    model.backbone.double()
+    return model
+
+
+def test_per_image_seeds_draw_the_numbers_of_the_int_seed():
+    image, step = torch.tensor([0, 3, 7]), torch.tensor([0, 5, 2])
+    for seed in (0, 11, 2**40 + 3, 2**63 + 5, 2**64 - 1, -1):
+        expected = stream_uniforms(seed, image, step, 6, 4)
+        signed = (seed % 2**64) - (2**64 if seed % 2**64 >= 2**63 else 0)
+        assert torch.equal(stream_uniforms(torch.full((3,), signed), image, step, 6, 4), expected), seed
+    mixed = stream_uniforms(torch.tensor([1, 2, 1]), image, step, 6, 4)
+    assert torch.equal(mixed[:, 1], stream_uniforms(2, image, step, 6, 4)[:, 1])
+    assert not torch.equal(mixed[:, 1], stream_uniforms(1, image, step, 6, 4)[:, 1])
+
+
+@pytest.mark.parametrize("guided", [False, True])
+def test_admitted_rows_hold_the_cache_of_a_fresh_session(float64_model, guided):
+    """Rows at different lengths, then new prefilled rows joined: every row's cache equals a fresh
+    session fed its tokens, and the next forward's logits equal each row's own session's."""
+    model = float64_model
+    torch.manual_seed(0)
+    tokens = torch.randint(0, model.codebook_size, (3, model.num_image_tokens))
+    old = model.start([0, 1], None, guided)
+    old.prefill()
+    old.forward(tokens[:2, :9], start=torch.tensor([0, 0]), widths=torch.tensor([9, 9]))
+    old.rollback(torch.tensor([7, 3]))  # holes in the cache, rows at different lengths
+    new = model.start([4], None, guided)
+    new.prefill()
+    assert old.supports_admission
+    old.admit(new)
+    assert old.batch_size == 3 and old.cache_lengths.tolist() == [7, 3, 0]
+
+    class Info:  # what assert_rows_match_fresh reads
+        session, rows = old, torch.arange(3)
+        committed = torch.tensor([8, 4, 1])
+
+    Info.tokens = torch.stack([tokens[0], tokens[1], tokens[2]])
+    assert_rows_match_fresh(model, [0, 1, 4], guided, Info)
+    start = torch.tensor([7, 3, 0])
+    window = torch.stack([tokens[0, 7:11], tokens[1, 3:7], tokens[2, 0:4]])
+    out = old.forward(window, start=start, widths=torch.tensor([4, 2, 3]))
+    for row, (cls, K, width) in enumerate([(0, 7, 4), (1, 3, 2), (4, 0, 3)]):
+        alone = model.start([cls], None, guided)
+        alone.prefill()
+        if K:
+            alone.forward(tokens[row : row + 1, :K], start=torch.tensor([0]))
+        ref = alone.forward(window[row : row + 1], start=torch.tensor([K]), widths=torch.tensor([width]))
+        torch.testing.assert_close(out.cond[row, :width], ref.cond[0, :width], atol=1e-9, rtol=1e-9)
+        if guided:
+            torch.testing.assert_close(out.uncond[row, :width], ref.uncond[0, :width], atol=1e-9, rtol=1e-9)
+
+
+def test_admit_refuses_other_guidance_and_unprefilled_sessions(float64_model):
+    running = float64_model.start([0], None, True)
+    running.prefill()
+    plain = float64_model.start([1], None, False)
+    plain.prefill()
+    with pytest.raises(ValueError, match="guided"):
+        running.admit(plain)
+    with pytest.raises(ValueError, match="prefill"):
+        running.admit(float64_model.start([1], None, True))
+
+
+def _drive(batch, arrivals, cancel_at=None):
+    """Step ``batch``, admitting ``arrivals[k]`` (``(conditions, seeds, indices)``) before iteration k;
+    returns {(seed, index): FinishedImage}."""
+    done, handles, step = {}, {}, 0
+    while step < len(arrivals) or batch.size:
+        if step < len(arrivals) and arrivals[step]:
+            conditions, seeds, indices = arrivals[step]
+            for h, key in zip(batch.admit(conditions, seeds, indices), zip(seeds, indices)):
+                handles[h] = key
+        if cancel_at is not None and step == cancel_at[0]:
+            batch.cancel([h for h, key in handles.items() if key in cancel_at[1]])
+        for image in batch.step():
+            done[handles[image.handle]] = image
+        step += 1
+    return done
+
+
+ARRIVALS = [([0, 3], [11, 11], [0, 1]), ([2], [5], [0]), None, ([4, 4, 1], [7, 7, 7], [0, 1, 2]),
+            None, None, None, ([3], [11], [2])]
+CLASS_OF = {(11, 0): 0, (11, 1): 3, (5, 0): 2, (7, 0): 4, (7, 1): 4, (7, 2): 1, (11, 2): 3}
+
+
+@pytest.mark.parametrize("method, window, sampling, waves", [("csd", 6, GUIDED, 8), ("sjd", 9, PLAIN, 8),
+                                                             ("ar", 1, GUIDED, 4)])
+def test_admitted_images_equal_offline_images_float64(float64_model, method, window, sampling, waves):
+    """Images joining a running batch at iterations 0, 1, 3 and 7, with their own seeds and image
+    indices (one request's images and another's), one cancelled halfway: every completed image has
+    the tokens, forwards and decisions of generate(seed=s, image_indices=[i]) alone."""
+    model = float64_model
+    batch = ContinuousBatch(model, method=method, window=window, sampling=sampling)
+    done = _drive(batch, ARRIVALS[:waves], cancel_at=(5, {(7, 1)}))
+    expected = {key for wave in ARRIVALS[:waves] if wave for key in zip(wave[1], wave[2])} - {(7, 1)}
+    assert batch.size == 0 and set(done) == expected
+    steps = []
+    for (seed, index), image in done.items():
+        alone = csdgen.generate(model, [CLASS_OF[(seed, index)]], method=method, window=window, sampling=sampling,
+                                seed=seed, image_indices=[index])
+        assert torch.equal(image.tokens, alone.tokens[0]), (seed, index)
+        assert image.stats.steps == alone.images[0].steps
+        assert image.stats.committed_per_step == alone.images[0].committed_per_step
+        assert torch.equal(image.stats.decisions, alone.images[0].decisions)
+        steps.append(image.stats.steps - 1)
+    assert batch.iterations < sum(steps) / 2  # images shared forwards
+
+
+def test_admitted_rows_match_a_fresh_session_during_the_run(float64_model):
+    """At every iteration boundary, every row's cache holds exactly its image's committed tokens."""
+    model = float64_model
+    batch = ContinuousBatch(model, method="sjd", window=5, sampling=GUIDED)
+    conditions = {}
+    for step in range(12):
+        if step in (0, 2, 5):
+            for h, c in zip(batch.admit([step % 5, (step + 1) % 5], [step, step], [0, 1]), [step % 5, (step + 1) % 5]):
+                conditions[h] = c
+        batch.step()
+        if batch.size:
+            loop = batch._loop
+            committed, tokens = batch.progress(batch.handles)
+
+            class Info:
+                session, rows = loop.session, torch.arange(batch.size)
+
+            Info.committed, Info.tokens = torch.tensor(committed), tokens
+            assert_rows_match_fresh(model, [conditions[h] for h in batch.handles], True, Info)
+
+
+def test_a_failed_admission_leaves_the_batch_running(float64_model):
+    batch = ContinuousBatch(float64_model, method="sjd", window=4, sampling=PLAIN)
+    first = batch.admit([1], [3], [0])
+    batch.step()
+    with pytest.raises(ValueError, match="class index 9"):
+        batch.admit([9], [1], [0])
+    with pytest.raises(ValueError, match="image_indices"):
+        batch.admit([1], [1], [-1])
+    assert batch.size == 1 and batch.handles == first
+    finished = []
+    while batch.size:
+        finished += batch.step()
+    alone = csdgen.generate(float64_model, [1], method="sjd", window=4, sampling=PLAIN, seed=3)
+    assert [f.handle for f in finished] == first and torch.equal(finished[0].tokens, alone.tokens[0])
+
+
+def test_auto_window_with_admissions_reproduces_the_target_joint(known_joint):
+    """window="auto" in a batch that images keep joining (four waves with their own seeds) and
+    leaving: the images still follow the target joint law; a wrong law fails the same test."""
+    model, SAMPLES = known_joint.model, 16_000
+    batch = ContinuousBatch(model, method="sjd", window="auto", sampling=known_joint.sampling)
+    wave = SAMPLES // 4
+    arrivals = [([None] * wave, [100 + k] * wave, list(range(wave))) for k in range(4)]
+    tokens = [image.tokens for image in _drive(batch, arrivals).values()]
+    assert len(tokens) == SAMPLES and len(set(batch.widths)) > 1
+    sampled = torch.stack(tokens)
+    assert chi_square_pvalue(sampled, known_joint.joint()) > P_PASS
+    from conftest import KnownJoint
+
+    wrong = KnownJoint(SamplingConfig(guidance_scale=1.0, temperature=1.0)).joint()
+    assert chi_square_pvalue(sampled, wrong) < P_FAIL
+
+
+def test_prompts_of_other_lengths_join_a_running_janus_batch(tmp_path):
+    """A family with left-padded text prompts (tiny Janus, guided): prompts shorter and longer than the
+    running rows' join mid-run; every row's cache equals a fresh session's at every boundary, and
+    every image equals generate alone (greedy SJD: the same tokens)."""
+    from csdgen.models.janus import JanusImageModel
+
+    from test_models_janus import GUIDED as JANUS_GREEDY, PROMPTS, build_checkpoint
+
+    janus = JanusImageModel.from_pretrained(build_checkpoint(tmp_path / "janus"))
+    prompts = {0: PROMPTS[0], 2: PROMPTS[1], 3: "a cat"}  # admitted before iterations 0, 2 and 3
+    batch = ContinuousBatch(janus, method="sjd", window=5, sampling=JANUS_GREEDY)
+    of_handle, done = {}, {}
+    for step in range(200):
+        if step in prompts:
+            (h,) = batch.admit([prompts[step]], [step], [0])
+            of_handle[h] = prompts[step]
+        for image in batch.step():
+            done[of_handle[image.handle]] = image.tokens
+        if batch.size:
+            committed, tokens = batch.progress(batch.handles)
+
+            class Info:
+                session, rows = batch._loop.session, torch.arange(batch.size)
+
+            Info.committed, Info.tokens = torch.tensor(committed), tokens
+            assert_rows_match_fresh(janus, [of_handle[h] for h in batch.handles], True, Info)
+        elif step > max(prompts):
+            break
+    assert set(done) == set(prompts.values())
+    for prompt, tokens in done.items():
+        alone = csdgen.generate(janus, [prompt], method="sjd", window=5, sampling=JANUS_GREEDY)
+        assert torch.equal(tokens, alone.tokens[0]), prompt

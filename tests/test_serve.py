@@ -1,0 +1,542 @@
+"""``csdgen serve`` against a server on a free loopback port, driven by the real ``openai`` client
+and by plain HTTP (httpx, raw sockets).
+
+The model is the tiny float64 test transformer with a palette 'decoder' (tests/serve_fixture.py),
+in this process; the built-in model's checks (the CLI, two replicas, served == offline within
+float32 batching) are at the end. Every wait is bounded.
+"""
+
+import base64
+import io
+import json
+import socket
+import threading
+
+import httpx
+import openai
+import pytest
+from PIL import Image
+
+import csdgen
+from csdgen.serve import BackgroundServer, ServeDefaults, ServedModel, create_app
+from csdgen.serve.images import png_bytes
+
+from serve_fixture import metric, slow_model, tiny_model, wait_for
+
+TIMEOUT = 120
+
+
+@pytest.fixture(scope="module")
+def model(cached_model):
+    return tiny_model(cached_model)
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    app = create_app(ServedModel(model, "tiny", aliases=("tiny-alias",)), capacity=6, max_queue=64)
+    with BackgroundServer(app) as running:
+        yield running
+
+
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=TIMEOUT)
+
+
+def post(server, body, **kwargs) -> httpx.Response:
+    return httpx.post(server.url + "/v1/images/generations", json=body, timeout=TIMEOUT, **kwargs)
+
+
+def png(b64: str) -> Image.Image:
+    image = Image.open(io.BytesIO(base64.b64decode(b64)))
+    assert image.format == "PNG"
+    return image
+
+
+def test_openai_client_gets_n_pngs_of_the_model_size_with_statistics(server, model):
+    c = client(server)
+    assert [m.id for m in c.models.list().data] == ["tiny"]
+    name = model.class_names[2]  # a name with a comma, looked up by the model
+    result = c.images.generate(model="tiny", prompt=name, n=3, size="16x12", response_format="b64_json",
+                               extra_body={"seed": 4, "window": 5, "method": "sjd"})
+    assert len(result.data) == 3 and result.size == "16x12" and result.output_format == "png"
+    for i, item in enumerate(result.data):
+        assert png(item.b64_json).size == (16, 12)
+        stats = item.model_extra["csdgen"]
+        assert stats["image_index"] == i and stats["seed"] == 4
+        assert 1 <= stats["forwards"] <= model.num_image_tokens
+        assert stats["step_compression"] == pytest.approx(model.num_image_tokens / stats["forwards"])
+        assert sum(stats["decisions"].values()) == model.num_image_tokens
+    assert len({item.b64_json for item in result.data}) == 3  # image i has its own random stream
+    assert result.model_extra["csdgen"]["settings"]["method"] == "sjd"
+    alias = c.images.generate(model="tiny-alias", prompt="0", size="auto", extra_body={"seed": 1})
+    assert png(alias.data[0].b64_json).size == (16, 12)
+
+
+def test_served_images_equal_offline_images_with_other_requests_in_flight(server, model):
+    """Image i of a request seeded s == generate(seed=s, image_indices=[i]) alone, token for token and
+    byte for byte, while requests with other seeds, classes and methods share its batch."""
+    results: dict = {}
+
+    def send(key, body):
+        results[key] = post(server, body)
+
+    bodies = {"mine": {"prompt": model.class_names[1], "n": 3, "seed": 21, "window": 6, "method": "csd",
+                       "return_tokens": True},
+              "same settings": {"prompt": "4", "n": 2, "seed": 5, "window": 6, "method": "csd"},
+              "other settings": {"prompt": "0", "n": 2, "seed": 5, "window": 3, "method": "sjd"}}
+    threads = [threading.Thread(target=send, args=item) for item in bodies.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT)
+    assert all(r.status_code == 200 for r in results.values()), {k: r.text for k, r in results.items()}
+    data = results["mine"].json()["data"]
+    for i, item in enumerate(data):
+        offline = csdgen.generate(model, [1], method="csd", window=6, seed=21, image_indices=[i])
+        assert item["csdgen"]["tokens"] == offline.tokens[0].tolist()
+        assert item["csdgen"]["forwards"] == offline.images[0].steps
+        assert base64.b64decode(item["b64_json"]) == png_bytes(model, offline.tokens[0])
+
+
+BAD = [
+    ({"n": 1}, 400, "prompt"),
+    ({"prompt": ""}, 400, "prompt"),
+    ({"prompt": 7}, 400, "prompt"),
+    ({"prompt": "no such class"}, 400, "prompt"),
+    ({"prompt": "9"}, 400, "prompt"),
+    ({"prompt": "0", "n": 0}, 400, "n"),
+    ({"prompt": "0", "n": "2"}, 400, "n"),
+    ({"prompt": "0", "n": 11}, 413, "n"),
+    ({"prompt": "0", "size": "1024x1024"}, 400, "size"),
+    ({"prompt": "0", "model": "dall-e-3"}, 404, "model"),
+    ({"prompt": "0", "response_format": "url"}, 400, "response_format"),
+    ({"prompt": "0", "output_format": "jpeg"}, 400, "output_format"),
+    ({"prompt": "0", "background": "transparent"}, 400, "background"),
+    ({"prompt": "0", "quality": "hd"}, 400, "quality"),
+    ({"prompt": "0", "style": "vivid"}, 400, "style"),
+    ({"prompt": "0", "stream": "yes"}, 400, "stream"),
+    ({"prompt": "0", "partial_images": 4}, 400, "partial_images"),
+    ({"prompt": "0", "method": "fastest"}, 400, "method"),
+    ({"prompt": "0", "method": "lantern"}, 400, "method"),  # needs a codebook this model has not
+    ({"prompt": "0", "window": 0}, 400, "window"),
+    ({"prompt": "0", "window": 49}, 400, "window"),
+    ({"prompt": "0", "window": "wide"}, 400, "window"),
+    ({"prompt": "0", "seed": 1.5}, 400, "seed"),
+    ({"prompt": "0", "guidance_scale": -1}, 400, "guidance_scale"),
+    ({"prompt": "0", "temperature": "hot"}, 400, "temperature"),
+    ({"prompt": "0", "top_k": 49}, 400, "top_k"),
+    ({"prompt": "0", "top_p": 1.5}, 400, "top_p"),
+    ({"prompt": "0", "lam": -1}, 400, "lam"),
+    ({"prompt": "0", "delta": 2}, 400, "delta"),
+    ({"prompt": "0", "draft_init": "random"}, 400, "draft_init"),
+    ({"prompt": "0", "refresh": "sometimes"}, 400, "refresh"),
+    ({"prompt": "0", "return_tokens": 1}, 400, "return_tokens"),
+    ({"prompt": "0", "windw": 4}, 400, "windw"),
+]
+
+
+@pytest.mark.parametrize("body, status, param", BAD, ids=[f"{p}-{s}" for _, s, p in BAD])
+def test_every_bad_value_gets_its_4xx_in_the_openai_error_shape(server, body, status, param):
+    r = post(server, body)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["param"] == param
+    assert error["type"] == "invalid_request_error" and error["code"]
+    message = error["message"]
+    named = body.get(param, param) if param in body and param not in ("windw",) else param
+    assert repr(named) in message or str(named) in message, message
+    assert "\n" not in message and ("allowed" in message or "must" in message), message
+
+
+def test_bad_bodies_and_routes_get_4xx_and_the_server_still_answers(server):
+    raw = httpx.post(server.url + "/v1/images/generations", content=b'{"prompt": "0",', timeout=TIMEOUT)
+    assert raw.status_code == 400 and raw.json()["error"]["code"] == "invalid_json"
+    assert post(server, [1, 2]).status_code == 400
+    assert httpx.post(server.url + "/v1/images/generations", content=b"\xff\xfe", timeout=TIMEOUT).status_code == 400
+    missing = httpx.get(server.url + "/v1/nothing", timeout=TIMEOUT)
+    assert missing.status_code == 404 and "no route" in missing.json()["error"]["message"]
+    assert httpx.get(server.url + "/v1/images/generations", timeout=TIMEOUT).status_code == 405
+    model = httpx.get(server.url + "/v1/models/dall-e-3", timeout=TIMEOUT)
+    assert model.status_code == 404 and model.json()["error"]["code"] == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as caught:
+        client(server).images.generate(prompt="0", extra_body={"window": -3})
+    assert caught.value.status_code == 400 and caught.value.body["param"] == "window"
+    assert post(server, {"prompt": "0", "seed": 2, "window": 4}).status_code == 200  # still serving
+    health = httpx.get(server.url + "/health", timeout=TIMEOUT).json()
+    assert health["status"] == "ok" and health["model"] == "tiny"
+
+
+def test_streaming_sends_partial_images_then_the_final_one(server, model):
+    """The openai client's stream: partial_image events (image so far), then completed, whose image is
+    the one the same request gets without streaming."""
+    c = client(server)
+    events = list(c.images.generate(model="tiny", prompt="3", stream=True, partial_images=2,
+                                    extra_body={"seed": 8, "window": 2, "method": "sjd"}))
+    kinds = [e.type for e in events]
+    assert kinds == ["image_generation.partial_image"] * 2 + ["image_generation.completed"], kinds
+    assert [e.partial_image_index for e in events[:2]] == [0, 1]
+    committed = [e.model_extra["csdgen"]["committed_tokens"] for e in events[:2]]
+    assert committed[0] < committed[1] < model.num_image_tokens
+    for e in events:
+        assert png(e.b64_json).size == (16, 12) and e.size == "16x12" and e.output_format == "png"
+    plain = c.images.generate(model="tiny", prompt="3", extra_body={"seed": 8, "window": 2, "method": "sjd"})
+    assert events[-1].b64_json == plain.data[0].b64_json != events[0].b64_json
+    # plain HTTP: server-sent events, a partial image every 3 forwards of each image, n = 2
+    with httpx.stream("POST", server.url + "/v1/images/generations", timeout=TIMEOUT,
+                      json={"prompt": "1", "n": 2, "stream": True, "partial_every": 3, "seed": 1, "window": 4}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line]
+    names = [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
+    payloads = [json.loads(line.removeprefix("data: ")) for line in lines if line.startswith("data: ")]
+    assert names == [p["type"] for p in payloads] and names.count("image_generation.completed") == 2
+    for index in (0, 1):
+        mine = [p for p in payloads if p["csdgen"]["image_index"] == index]
+        assert mine[-1]["type"] == "image_generation.completed" and len(mine) >= 2
+        assert all(p["csdgen"]["forwards"] % 3 == 0 for p in mine[:-1])
+
+
+def test_a_text_prompt_family_is_served_and_a_too_long_prompt_is_a_400(tmp_path):
+    """A checkpoint family (tiny Janus): text prompts of different lengths share a batch and each image
+    has the tokens of generate alone (greedy SJD, so float32 batching cannot change a draw); a prompt
+    past the model's positions is refused with 400 before anything is queued."""
+    from csdgen.models.janus import JanusImageModel
+    from csdgen.sampling import SamplingConfig
+
+    from test_models_janus import SIZE, build_checkpoint
+
+    janus = JanusImageModel.from_pretrained(build_checkpoint(tmp_path / "janus"))
+    greedy = {"method": "sjd", "window": 4, "temperature": 0, "guidance_scale": 3.0, "return_tokens": True}
+    bodies = {"long": {"prompt": "the cat running in the rain", "n": 2, "seed": 1, **greedy},
+              "short": {"prompt": "a red dog", "n": 1, "seed": 2, **greedy}}
+    with BackgroundServer(create_app(ServedModel(janus, "tiny-janus"), capacity=4)) as server:
+        answers: dict = {}
+        other = threading.Thread(target=lambda: answers.update(long=post(server, bodies["long"])))
+        other.start()
+        answers["short"] = post(server, bodies["short"])
+        other.join(TIMEOUT)
+        for key, r in answers.items():
+            assert r.status_code == 200, r.text
+            for i, item in enumerate(r.json()["data"]):
+                assert png(item["b64_json"]).size == (SIZE, SIZE)
+                alone = csdgen.generate(janus, [bodies[key]["prompt"]], method="sjd", window=4, seed=bodies[key]["seed"],
+                                        sampling=SamplingConfig(temperature=0, guidance_scale=3.0), image_indices=[i])
+                assert item["csdgen"]["tokens"] == alone.tokens[0].tolist(), (key, i)
+        too_long = post(server, {"prompt": "a " * janus.config.text_config.max_position_embeddings})
+        assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "prompt"
+        assert "max_position_embeddings" in too_long.json()["error"]["message"]
+
+
+def _slow_server(cached_model, delay: float = 0.03, **kwargs):
+    model = slow_model(cached_model, delay)
+    served = ServedModel(model, "slow", defaults=ServeDefaults(method="ar"))
+    return model, BackgroundServer(create_app(served, **kwargs))
+
+
+def _raw_request(server, body: dict) -> socket.socket:
+    """Send a request on a raw socket and return it unread (closing it is a client going away)."""
+    data = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT)
+    sock.sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    return sock
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_disconnect_frees_its_rows_and_the_other_requests_complete(cached_model, stream):
+    """A client of 4 images goes away mid-run: batch occupancy drops by 4, the images count as cancelled,
+    and the request sharing the batch completes."""
+    model, running = _slow_server(cached_model, capacity=8)
+    with running as server:
+        leaving = _raw_request(server, {"prompt": "0", "n": 4, "seed": 1, "stream": stream, "partial_every": 1})
+        other: dict = {}
+        thread = threading.Thread(target=lambda: other.update(r=post(server, {"prompt": "1", "n": 1, "seed": 2})))
+        wait_for(lambda: metric(server.url, "csdgen_batch_occupancy") == 4)
+        thread.start()
+        wait_for(lambda: metric(server.url, "csdgen_batch_occupancy") == 5)
+        leaving.close()
+        wait_for(lambda: metric(server.url, "csdgen_images_cancelled_total") == 4)
+        assert metric(server.url, "csdgen_batch_occupancy") <= 1
+        thread.join(TIMEOUT)
+        assert other["r"].status_code == 200 and len(other["r"].json()["data"]) == 1
+        assert metric(server.url, "csdgen_images_total") == 1
+
+
+def _snapshot(url: str, *names: str) -> list[float]:
+    """Several gauges/counters of the server's /metrics from one scrape (a consistent view)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = {s.name: s.value for f in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=30).text)
+              for s in f.samples}
+    return [values.get(name, 0.0) for name in names]
+
+
+@pytest.mark.parametrize("batching", ["continuous", "static"])
+def test_static_batching_admits_only_into_an_empty_batch(cached_model, batching):
+    """--batching static (the benchmark's baseline): a request arriving while a batch runs waits in
+    the queue until that batch has ended, then runs; under continuous batching (the control) it joins
+    the running batch at once. Both requests complete."""
+    model, running = _slow_server(cached_model, delay=0.1, capacity=8, batching=batching)
+    with running as server:
+        answers: dict = {}
+        first = threading.Thread(target=lambda: answers.update(first=post(server, {"prompt": "0", "n": 2, "seed": 1})))
+        first.start()
+        wait_for(lambda: metric(server.url, "csdgen_batch_occupancy") == 2)
+        second = threading.Thread(target=lambda: answers.update(second=post(server, {"prompt": "1", "n": 1, "seed": 2})))
+        second.start()
+        wait_for(lambda: metric(server.url, "csdgen_queue_depth") == 1 or metric(server.url, "csdgen_batch_occupancy") == 3)
+        iterations = metric(server.url, "csdgen_batch_iterations_total")
+        wait_for(lambda: metric(server.url, "csdgen_batch_iterations_total") >= iterations + 3)
+        done, waiting, occupancy = _snapshot(server.url, "csdgen_images_total", "csdgen_queue_depth",
+                                             "csdgen_batch_occupancy")
+        assert done == 0  # the first batch (48 forwards of 0.1 s) is still running
+        assert (waiting, occupancy) == ((1, 2) if batching == "static" else (0, 3))
+        for t in (first, second):
+            t.join(TIMEOUT)
+        assert [answers[k].status_code for k in ("first", "second")] == [200, 200]
+        assert _snapshot(server.url, "csdgen_images_total", "csdgen_queue_depth") == [3, 0]
+
+
+def test_the_queue_limit_gives_429_with_retry_after(cached_model):
+    model, running = _slow_server(cached_model, capacity=1, max_queue=2)
+    with running as server:
+        first = _raw_request(server, {"prompt": "0", "n": 1, "seed": 1})
+        wait_for(lambda: metric(server.url, "csdgen_batch_occupancy") == 1)
+        second = _raw_request(server, {"prompt": "1", "n": 2, "seed": 1})
+        wait_for(lambda: metric(server.url, "csdgen_queue_depth") == 2)
+        with pytest.raises(openai.RateLimitError) as caught:
+            client(server).images.generate(prompt="2", extra_body={"seed": 3})
+        assert caught.value.status_code == 429 and int(caught.value.response.headers["retry-after"]) >= 1
+        assert caught.value.body["code"] == "queue_full"
+        assert metric(server.url, "csdgen_requests_total", {"status": "429"}) == 1
+        first.close()
+        second.close()
+        wait_for(lambda: metric(server.url, "csdgen_batch_occupancy") == 0 and metric(server.url, "csdgen_queue_depth") == 0)
+        assert post(server, {"prompt": "2", "seed": 3}).status_code == 200
+
+
+def test_an_exception_inside_the_model_ends_its_batch_with_500_and_the_server_goes_on(cached_model):
+    model, running = _slow_server(cached_model, capacity=4)
+    model.poison = 4
+    with running as server:
+        answers: dict = {}
+        innocent = threading.Thread(target=lambda: answers.update(innocent=post(server, {"prompt": "1", "n": 2})))
+        innocent.start()
+        wait_for(lambda: metric(server.url, "csdgen_batch_occupancy") == 2)
+        poisoned = post(server, {"prompt": "4"})
+        innocent.join(TIMEOUT)
+        for r in (poisoned, answers["innocent"]):
+            assert r.status_code == 500, r.text
+            error = r.json()["error"]
+            assert error["type"] == "server_error" and "RuntimeError: boom: class 4" in error["message"]
+        after = post(server, {"prompt": "1", "seed": 3})
+        assert after.status_code == 200
+        assert httpx.get(server.url + "/health", timeout=TIMEOUT).json()["status"] == "ok"
+
+
+def test_a_stopped_scheduler_gives_503_with_retry_after(model):
+    with BackgroundServer(create_app(ServedModel(model, "tiny"), capacity=2)) as server:
+        assert httpx.get(server.url + "/health", timeout=TIMEOUT).status_code == 200
+        server.app.state.scheduler.stop()
+        health = httpx.get(server.url + "/health", timeout=TIMEOUT)
+        assert health.status_code == 503 and health.json()["status"] == "unavailable"
+        r = post(server, {"prompt": "0"})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "unavailable" and int(r.headers["retry-after"]) >= 1
+
+
+def test_metrics_count_requests_images_forwards_and_occupancy(server):
+    before = metric(server.url, "csdgen_images_total")
+    assert post(server, {"prompt": "2", "n": 2, "seed": 9, "window": 8}).status_code == 200
+    assert metric(server.url, "csdgen_images_total") == before + 2
+    assert metric(server.url, "csdgen_requests_total", {"status": "200"}) >= 1
+    iterations = metric(server.url, "csdgen_batch_iterations_total")
+    assert metric(server.url, "csdgen_forwards_total") > iterations > 0
+    assert metric(server.url, "csdgen_batch_rows_total") >= iterations
+    assert metric(server.url, "csdgen_batch_capacity") == 6
+    assert metric(server.url, "csdgen_step_compression_count") >= 2
+    assert metric(server.url, "csdgen_request_latency_seconds_count") >= 1
+
+
+# ---- the built-in model: the command, two replicas, served == offline within float32 batching ----
+
+def _spawn(*argv: str):
+    """``csdgen serve ... --port 0`` in a subprocess, its output lines in a queue."""
+    import os
+    import queue
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "csdgen", "serve", "--port", "0", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    return proc, lines
+
+
+def _address(proc, lines, timeout: float = 300) -> str:
+    """The base URL of the address line the server prints once it serves."""
+    import queue
+    import re
+    import time
+
+    seen = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            seen.append(lines.get(timeout=0.5))
+        except queue.Empty:
+            continue
+        found = re.fullmatch(r"csdgen serve: serving csdgen-builtin on (http://127\.0\.0\.1:\d+)/v1 .*\n", seen[-1])
+        if found:
+            return found.group(1)
+    proc.kill()
+    raise AssertionError(f"csdgen serve did not start: {''.join(seen)}")
+
+
+@pytest.fixture(scope="module")
+def tiny_weights(tmp_path_factory):
+    from builtin_fixture import make_tiny_weights
+
+    return make_tiny_weights(tmp_path_factory.mktemp("weights"))
+
+
+def test_two_replicas_on_two_ports_give_the_same_image(tiny_weights):
+    """Two `csdgen serve` processes (the built-in model's layout, tiny random weights): the same request
+    gets the same PNG bytes from both, one of them busy with another request; Ctrl-C stops them."""
+    import signal
+
+    from csdgen.models.builtin import load_builtin_model
+
+    name = load_builtin_model(tiny_weights).class_names[1]
+    (a, out_a), (b, out_b) = [_spawn("--weights", str(tiny_weights), "--max-batch", "4") for _ in range(2)]
+    try:
+        url_a, url_b = _address(a, out_a), _address(b, out_b)
+        body = {"prompt": name, "n": 2, "seed": 12, "window": 8, "method": "csd"}
+        busy = threading.Thread(target=lambda: httpx.post(url_b + "/v1/images/generations", timeout=TIMEOUT,
+                                                          json={"prompt": "0", "n": 3, "seed": 1, "window": 8}))
+        busy.start()
+        answers = [httpx.post(url + "/v1/images/generations", json=body, timeout=TIMEOUT) for url in (url_a, url_b)]
+        busy.join(TIMEOUT)
+        assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
+        images = [[item["b64_json"] for item in r.json()["data"]] for r in answers]
+        assert images[0] == images[1] and images[0][0] != images[0][1]
+        assert png(images[0][0]).size == (64, 64)
+    finally:
+        for proc in (a, b):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        codes = [proc.wait(120) for proc in (a, b)]
+    assert codes == [130, 130]  # Ctrl-C: stopped, one line
+
+
+def test_serve_usage_errors_are_one_line(capsys, tiny_weights):
+    from csdgen import cli
+
+    with pytest.raises(SystemExit) as caught:
+        cli.main(["serve", "--port", "70000"])
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "70000" in err and "0..65535" in err
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:
+        assert cli.main(["serve", "--weights", str(tiny_weights), "--port", str(taken.getsockname()[1])]) == 2
+    finally:
+        taken.close()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot listen on 127.0.0.1:" in err and "--port" in err
+    assert cli.main(["serve", "--weights", str(tiny_weights), "--port", "0", "--top-p", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "top_p=3.0" in err and "--top-p" in err
+    assert cli.main(["serve", "--weights", str(tiny_weights), "--port", "0", "--max-memory", "0.000001"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not even one image fits" in err and "--max-memory" in err
+
+
+def test_serve_lowers_max_batch_to_what_max_memory_allows(capsys, tiny_weights, monkeypatch):
+    """--max-memory for about 3 images with --max-batch 16: the scheduler admits at most 3, the address
+    line says so and a note names the limit."""
+    import csdgen.serve
+    from csdgen import cli
+    from csdgen.cli.serve import _builtin_bytes
+    from csdgen.models.builtin import load_builtin_model
+
+    seen = {}
+
+    def fake_run_server(app, sock, on_ready=None):  # what the command would serve, without serving it
+        seen["capacity"] = app.state.scheduler.capacity
+        on_ready()
+        sock.close()
+
+    monkeypatch.setattr(csdgen.serve, "run_server", fake_run_server)
+    per_image = _builtin_bytes(load_builtin_model(tiny_weights))
+    gib = 3.5 * per_image / 2**30
+    assert cli.main(["serve", "--weights", str(tiny_weights), "--port", "0", "--max-batch", "16",
+                     "--max-memory", repr(gib)]) == 0
+    out, err = capsys.readouterr()
+    assert seen["capacity"] == 3 and "max batch 3," in out
+    assert err.count("\n") == 1 and "--max-batch 16" in err and "about 3 images fit" in err
+    assert cli.main(["serve", "--weights", str(tiny_weights), "--port", "0", "--max-batch", "2",
+                     "--max-memory", repr(gib)]) == 0
+    out, err = capsys.readouterr()
+    assert seen["capacity"] == 2 and "max batch 2," in out and err == ""
+
+
+def test_builtin_model_served_images_agree_with_offline(capsys):
+    """The shipped model (float32): an image served beside other requests agrees with the offline image
+    (same seed, image index, window 16) in >= 99 % of its tokens."""
+    from csdgen.models.builtin import load_builtin_model
+
+    model = load_builtin_model()
+    app = create_app(ServedModel(model, "csdgen-builtin"), capacity=8)
+    mine = {"prompt": model.class_names[3], "n": 2, "seed": 5, "window": 16, "return_tokens": True}
+    with BackgroundServer(app) as server:
+        other = threading.Thread(target=lambda: post(server, {"prompt": "0", "n": 3, "seed": 9, "window": 16}))
+        other.start()
+        answer = post(server, mine)
+        other.join(TIMEOUT)
+    assert answer.status_code == 200, answer.text
+    N = model.num_image_tokens
+    for i, item in enumerate(answer.json()["data"]):
+        offline = csdgen.generate(model, [3], window=16, seed=5, image_indices=[i])
+        agree = sum(int(a == b) for a, b in zip(item["csdgen"]["tokens"], offline.tokens[0].tolist()))
+        assert agree >= 0.99 * N, agree
+
+
+def test_readme_client_example_runs_against_a_server(tiny_weights, tmp_path, monkeypatch):
+    """The README's openai example, as written, with the address of a server on a free port (and a
+    class of the weights at hand as its prompt): it writes a 64 x 64 PNG."""
+    import re
+    from pathlib import Path
+
+    from csdgen.models.builtin import load_builtin_model
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "images.generate(" in b]
+    assert len(code.strip().splitlines()) == 5
+    model = load_builtin_model(tiny_weights)
+    with BackgroundServer(create_app(ServedModel(model, "csdgen-builtin"), capacity=4)) as server:
+        code = code.replace("http://127.0.0.1:8000", server.url)
+        code = re.sub(r'prompt="[^"]*"', f"prompt={model.class_names[0]!r}", code)
+        monkeypatch.chdir(tmp_path)
+        exec(compile(code, "README.md", "exec"), {})
+    (written,) = tmp_path.glob("*.png")
+    assert Image.open(written).size == (64, 64)
+
+
+def test_serve_commands_in_the_readme_and_docs_parse():
+    import re
+    import shlex
+    from pathlib import Path
+
+    from csdgen import cli
+
+    root = Path(__file__).resolve().parents[1]
+    found = 0
+    for path in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        for command in re.findall(r"^\s*(?:[A-Z_]+=\S+ )*(csdgen serve\b[^\n&|]*)", path.read_text(), re.M):
+            args = cli.build_parser().parse_args(shlex.split(command, comments=True)[1:])
+            assert args.command == "serve"
+            found += 1
+    assert found >= 3
