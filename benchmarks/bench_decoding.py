@@ -16,6 +16,17 @@ Methods and batch sizes are interleaved (every repeat runs each (batch, method) 
 turn), so a machine shared with other jobs slows all of them alike; the figures are means over
 repeats. The last columns time :func:`csdgen.engine.verify` as it runs inside the loop
 (``generate(profile=True)``, a separate run: profiling adds syncs): its share of an iteration.
+
+**The goal of ``window="auto"``** (issue 16): never more than 3 % behind the better of AR and
+the fixed window, at every batch size. After each batch's table a line says, per method,
+whether ``auto`` met it (its mean seconds per batch against the better of the two); the last
+line counts the cells that met it. Then, per batch and method, the width chooser's own check
+(:attr:`csdgen.GenerationResult.auto_log`): per width it chose, the predicted and the measured
+tokens per image and forward, seconds per iteration and tokens per second, so a miss can be
+traced to the acceptance model (tokens) or the cost model (seconds). Run it on a quiet machine
+with one torch thread:
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_decoding.py --batches 1,2,16 --repeats 3
 """
 
 from __future__ import annotations
@@ -66,6 +77,33 @@ def forward_times(model, batch: int, widths: list[int], sampling: SamplingConfig
     return times
 
 
+def goal(auto_seconds: float, ar_seconds: float, fixed_seconds: float, tolerance: float = 0.03) -> tuple[bool, float, str]:
+    """Whether ``auto`` met its goal: at most ``tolerance`` slower than the better of AR and the fixed window.
+
+    Returns:
+        ``(met, gap, best)``: ``gap = auto / best - 1`` (negative: auto was faster), ``best`` the
+        name of the better of the two (``"AR"`` or ``"fixed"``).
+    """
+    best, name = (ar_seconds, "AR") if ar_seconds <= fixed_seconds else (fixed_seconds, "fixed")
+    gap = auto_seconds / best - 1
+    return gap <= tolerance, gap, name
+
+
+def merged_log(outs) -> dict[int, dict[str, float]]:
+    """The ``auto_log`` of several results merged: per width, iterations and mean predicted/measured figures."""
+    merged: dict[int, dict[str, float]] = {}
+    for out in outs:
+        for width, entry in out.auto_log.items():
+            m = merged.setdefault(width, {"iterations": 0, "predicted_tokens": 0.0, "measured_tokens": 0.0,
+                                          "predicted_seconds": 0.0, "measured_seconds": 0.0})
+            n = entry["iterations"]
+            m["iterations"] += n
+            for key in ("predicted_tokens", "measured_tokens", "predicted_seconds", "measured_seconds"):
+                m[key] += entry[key] * n
+    return {w: {"iterations": m["iterations"], **{k: v / m["iterations"] for k, v in m.items() if k != "iterations"}}
+            for w, m in sorted(merged.items())}
+
+
 def _sync(model) -> None:
     if torch.device(model.device).type == "cuda":
         torch.cuda.synchronize(model.device)
@@ -83,7 +121,9 @@ def main() -> None:
     parser.add_argument("--model", choices=["builtin", "random"], default="builtin")
     parser.add_argument("--batches", default="1,2,16")
     parser.add_argument("--window", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=2, help="interleaved rounds (seeds)")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds (seeds)")
+    parser.add_argument("--tolerance", type=float, default=0.03,
+                        help="how far auto may be behind the better of AR and the fixed window (default 0.03 = 3 %%)")
     parser.add_argument("--timing-repeats", type=int, default=5)
     parser.add_argument("--no-profile", action="store_true", help="skip the verify-share runs")
     args = parser.parse_args()
@@ -101,6 +141,7 @@ def main() -> None:
 
     csdgen.generate(model, classes(2), method="csd", window=8, sampling=sampling)  # warm-up
     results: dict[tuple, list] = {}
+    cells = []
     for round_ in range(args.repeats):
         for batch in batches:
             for name, window in runs:
@@ -125,6 +166,29 @@ def main() -> None:
             mean_w = f"{statistics.mean(widths):7.1f}" if window == "auto" else f"{'':7}"
             print(f"{name:10} {str(window):>6} {steps:7.1f} {compression:11.2f} {seconds:8.2f} {ar_seconds / seconds:8.2f}x "
                   f"{limit} {mean_w}")
+        for name in ("SJD", "CSD"):
+            auto_s = statistics.mean(o.seconds for o in results[(batch, name, "auto")])
+            fixed_s = statistics.mean(o.seconds for o in results[(batch, name, args.window)])
+            met, gap, best = goal(auto_s, ar_seconds, fixed_s, args.tolerance)
+            cells.append(met)
+            best_name = "AR" if best == "AR" else f"window {args.window}"
+            print(f"goal {name} batch {batch}: auto {auto_s:.2f} s against {best_name} {min(ar_seconds, fixed_s):.2f} s: "
+                  f"{100 * gap:+.1f} % -> {'met' if met else 'MISSED'} (at most {100 * args.tolerance:.0f} % behind)")
+    print(f"\ngoal of window='auto' (at most {100 * args.tolerance:.0f} % behind the better of AR and window {args.window}, "
+          f"{args.repeats} rounds): met in {sum(cells)} of {len(cells)} cells")
+    print("\nwidth chooser's check (auto runs, all rounds): per chosen width, predicted / measured tokens per image and "
+          "forward, ms per iteration, tokens per second")
+    for batch in batches:
+        for name in ("SJD", "CSD"):
+            log = merged_log(results[(batch, name, "auto")])
+            parts = []
+            for width, e in log.items():
+                pred_rate = e["predicted_tokens"] / e["predicted_seconds"]
+                meas_rate = e["measured_tokens"] / e["measured_seconds"]
+                parts.append(f"W{width} x{e['iterations']}: {e['predicted_tokens']:.2f}/{e['measured_tokens']:.2f} tok, "
+                             f"{1e3 * e['predicted_seconds']:.1f}/{1e3 * e['measured_seconds']:.1f} ms, "
+                             f"{pred_rate:.0f}/{meas_rate:.0f} tok/s")
+            print(f"  batch {batch:3} {name}: " + ("; ".join(parts) if parts else "(no choices logged)"))
     if 1 in batches:
         print(f"\nCSD, window {args.window}: the images run alone at batch 1 (index r*1000, class 0) inside larger batches:")
         alone_runs = results[(1, "CSD", args.window)]

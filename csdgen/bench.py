@@ -62,8 +62,10 @@ __all__ = ["TIMING_FIELDS", "BenchPlan", "shard", "jobs", "target_nll", "read_js
            "distributed", "barrier", "leave"]
 
 #: Record fields that measure the machine, not the images: they differ between two runs of
-#: the same plan (everything else of a record is identical, whatever the sharding or resuming).
-TIMING_FIELDS = ("latency_s", "peak_memory_bytes", "device", "rank")
+#: the same plan (everything else of a record is identical, whatever the sharding or resuming,
+#: as long as every process runs the same number of torch threads: ``torch_threads``, recorded
+#: because float summation order, and with it now and then a sampled token, depends on it).
+TIMING_FIELDS = ("latency_s", "peak_memory_bytes", "device", "rank", "torch_threads")
 
 MANIFEST = "bench.json"
 RECORDS_DIR = "records"
@@ -122,6 +124,13 @@ class BenchPlan:
             raise ValueError("prompt ids must be unique: they name the image files")
         if not self.methods or not self.seeds:
             raise ValueError("a bench needs at least one method and one seed")
+        from csdgen.sampling import check_seed
+
+        self.seeds = [check_seed(s, "seeds") for s in self.seeds]
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds={self.seeds}: a seed given twice would run every image twice; allowed: distinct seeds")
+        if self.floor_seed is not None:
+            self.floor_seed = check_seed(self.floor_seed, "floor_seed")
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
             raise ValueError(f"window={self.window!r}: a bench needs a fixed window >= 1 (with 'auto' the images would "
                              f"depend on timing, so resuming and sharding could change them)")
@@ -202,10 +211,23 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
     Raises:
         ValueError: a complete line that is not a JSON object (naming file and line).
     """
+    return [record for _, record in _numbered_jsonl(path)]
+
+
+def _numbered_jsonl(path: str | os.PathLike) -> list[tuple[int, dict]]:
+    """``(line number, object)`` of every complete line (see :func:`read_jsonl`)."""
     path = Path(path)
     if not path.is_file():
         return []
-    text = path.read_text(encoding="utf-8")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        if data.find(b"\n", error.start) >= 0:  # not in the torn last line: a damaged file
+            raise ValueError(f"{path}:{line}: not UTF-8 text (byte {error.start}); move the file away to regenerate "
+                             f"its images") from None
+        text = data[: data.rfind(b"\n") + 1].decode("utf-8")
     lines = text.split("\n")[:-1]  # the part after the last newline is incomplete (or empty)
     out = []
     for number, line in enumerate(lines, 1):
@@ -217,8 +239,25 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
             raise ValueError(f"{path}:{number}: not JSON ({error.msg}); move the file away to regenerate its images") from None
         if not isinstance(obj, dict):
             raise ValueError(f"{path}:{number}: expected a JSON object, got {type(obj).__name__}")
-        out.append(obj)
+        out.append((number, obj))
     return out
+
+
+#: the fields of a record that resuming and reporting read, and their types
+_RECORD_FIELDS = {"method": str, "seed": int, "prompt_id": str, "image": str, "tensors": str}
+
+
+def _check_record_line(record: dict, path: Path, number: int) -> None:
+    for name, kind in _RECORD_FIELDS.items():
+        value = record.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            expected = "an integer" if kind is int else "a string"
+            raise ValueError(f"{path}:{number}: {name!r} is {json.dumps(value)}, expected {expected}; fix or delete "
+                             f"that line (its image is then generated again)")
+    for name in ("image", "tensors"):
+        parts = Path(record[name]).parts
+        if Path(record[name]).is_absolute() or ".." in parts:
+            raise ValueError(f"{path}:{number}: {name!r} is {record[name]!r}, expected a path inside the bench folder")
 
 
 def repair_tail(path: str | os.PathLike) -> bool:
@@ -251,13 +290,18 @@ def _key(record: dict) -> tuple[str, int, str]:
 
 def existing_records(out: str | os.PathLike) -> dict[tuple[str, int, str], dict]:
     """(method, seed, prompt id) -> record, over every rank file in ``out/records`` whose image
-    files are present (the last line wins when a key appears twice)."""
+    files are present (the last line wins when a key appears twice).
+
+    Raises:
+        ValueError: a line that is not a JSON object, not UTF-8, or whose method, seed, prompt id,
+            image or tensors field has the wrong type (naming the file and line).
+    """
     out = Path(out)
     found: dict[tuple[str, int, str], dict] = {}
     for path in sorted((out / RECORDS_DIR).glob("rank*.jsonl")):
-        for record in read_jsonl(path):
-            if all(k in record for k in ("method", "seed", "prompt_id", "image", "tensors")) \
-                    and (out / record["image"]).is_file() and (out / record["tensors"]).is_file():
+        for number, record in _numbered_jsonl(path):
+            _check_record_line(record, path, number)
+            if (out / record["image"]).is_file() and (out / record["tensors"]).is_file():
                 found[_key(record)] = record
     return found
 
@@ -308,11 +352,9 @@ def _generate(plan: BenchPlan, method: str, seed: int, position: int):
 
 
 def _save_tensors(tensors: dict, path: Path) -> None:
-    from safetensors.torch import save_file
+    from csdgen.atomic import save_safetensors
 
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(tmp))
-    os.replace(tmp, path)
+    save_safetensors({k: v.contiguous().cpu() for k, v in tensors.items()}, path)
 
 
 def load_tensors(path: str | os.PathLike) -> dict:
@@ -339,13 +381,22 @@ def run_shard(plan: BenchPlan, out: str | os.PathLike, *, rank: int = 0, world: 
     Raises:
         ValueError: other settings in ``out`` (see :func:`check_settings`), or an earlier
             record for a prompt id whose text differs from this run's.
+        csdgen.folder_lock.FolderBusy: another bench's process of the same rank is writing into
+            ``out`` now (a ValueError; :mod:`csdgen.folder_lock`).
     """
+    from csdgen.folder_lock import folder_lock
+
+    out = Path(out)
+    (out / RECORDS_DIR).mkdir(parents=True, exist_ok=True)
+    with folder_lock(out, f"bench (its process of rank {rank})", file=f"{RECORDS_DIR}/rank{rank}.jsonl"):
+        return _run_shard(plan, out, rank, world, on_record, on_start)
+
+
+def _run_shard(plan: BenchPlan, out: Path, rank: int, world: int, on_record, on_start) -> int:
     import torch
 
     from csdgen.evaluation.maps import save_png
 
-    out = Path(out)
-    (out / RECORDS_DIR).mkdir(parents=True, exist_ok=True)
     check_settings(out, plan.settings, write=rank == 0)
     done = existing_records(out)
     texts = {p.id: p.text for p in plan.prompts}
@@ -390,6 +441,7 @@ def run_shard(plan: BenchPlan, out: str | os.PathLike, *, rank: int = 0, world: 
                 "decision_counts": stats.counts(), "mean_entropy_nats": float(stats.entropy.float().mean()),
                 "nll": float(target_nll(plan.model, [plan.conditions[position]], result.tokens)[0]),
                 "latency_s": result.seconds, "batch_size": 1, "peak_memory_bytes": peak, "device": name, "rank": rank,
+                "torch_threads": torch.get_num_threads(),
             }
             if plan.class_names is not None:
                 record["class_consistency"] = _class_consistency(plan, position, result.tokens)
@@ -429,9 +481,9 @@ def merge_records(plan: BenchPlan, out: str | os.PathLike) -> list[dict]:
 
 
 def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    from csdgen.atomic import write_text_atomic
+
+    write_text_atomic(path, text)
 
 
 # ---- scoring and report (first process) ----

@@ -49,7 +49,7 @@ from csdgen.engine.results import Decision, StepInfo
 from csdgen.evaluation.compare import method_presets, to_csv
 from csdgen.evaluation.maps import COLOURS, save_png, to_uint8
 from csdgen.models.defaults import FAMILY_DEFAULTS, FamilyDefaults
-from csdgen.sampling import SamplingConfig
+from csdgen.sampling import MAX_SEED, SamplingConfig, check_seed
 
 __all__ = ["METHOD_LABELS", "DemoSettings", "Frame", "DemoCancelled", "window_auto_supported", "parse_inputs",
            "token_maps", "watch", "build_app", "load_demo_model", "serve"]
@@ -126,12 +126,14 @@ def parse_inputs(model, condition: Any, methods: list[str] | None, window: Any, 
     if not text:
         raise ValueError("the class or prompt is empty; " + _condition_help(model))
     resolved: Any = model.class_ids([text])[0] if hasattr(model, "class_ids") else text
+    if methods is not None and not isinstance(methods, (list, tuple)):
+        raise ValueError(f"methods={_clip(methods)}: allowed a list of method names ({', '.join(METHOD_LABELS)})")
     methods = list(methods or [])
     if not methods:
         raise ValueError(f"no method chosen; allowed: {', '.join(METHOD_LABELS)}")
-    unknown = [m for m in methods if m not in METHOD_LABELS]
+    unknown = [m for m in methods if not isinstance(m, str) or m not in METHOD_LABELS]
     if unknown:
-        raise ValueError(f"unknown methods {unknown}; allowed: {', '.join(METHOD_LABELS)}")
+        raise ValueError(f"unknown methods {_clip(unknown)}; allowed: {', '.join(METHOD_LABELS)}")
     if ("gsd" in methods or "lantern" in methods) and model.codebook_embeddings() is None:
         raise ValueError("GSD and LANTERN need the model's codebook, which this model does not expose; choose other methods")
     window_text = str(window).strip().lower()
@@ -150,12 +152,32 @@ def parse_inputs(model, condition: Any, methods: list[str] | None, window: Any, 
     lam_value = _number("lambda", lam, "a number >= 0")
     delta_value = _number("delta", delta, "a number in [0, 1]")
     guidance = _number("guidance scale", guidance_scale, "a number >= 0 (0 = no guidance)")
-    seed_value = _number("seed", seed, "an integer >= 0")
-    if seed_value < 0 or not seed_value.is_integer():
-        raise ValueError(f"seed={seed!r}: allowed: an integer >= 0")
+    seed_value = _seed(seed)
     method_presets(lam_value, delta_value)  # CSD checks lambda and delta (one-line ValueError)
     SamplingConfig(guidance_scale=guidance)  # checks the guidance scale
-    return DemoSettings(resolved, text, methods, parsed_window, lam_value, delta_value, guidance, int(seed_value))
+    return DemoSettings(resolved, text, methods, parsed_window, lam_value, delta_value, guidance, seed_value)
+
+
+def _seed(value: Any) -> int:
+    """The page's seed as an exact integer in ``0 .. MAX_SEED`` (a float only where it is exact, below 2**53)."""
+    allowed = f"allowed: an integer in 0..{MAX_SEED}"
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    elif isinstance(value, float) or isinstance(value, str):
+        number = _number("seed", value, allowed)
+        if not number.is_integer() or abs(number) >= 2**53:
+            raise ValueError(f"seed={_clip(value)}: {allowed}")
+        value = int(number)
+    try:
+        return check_seed(value)
+    except ValueError:
+        raise ValueError(f"seed={_clip(value)}: {allowed}") from None
+
+
+def _clip(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters (a client can send anything)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _condition_help(model) -> str:
@@ -361,6 +383,23 @@ class _RunFiles:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+def _raw_payload(component) -> None:
+    """Hand the component's value to :func:`parse_inputs` as the client sent it.
+
+    Gradio's own checks (a method not among the choices, a seed that is not a number) raise
+    inside the server and log a full traceback per request; :func:`parse_inputs` checks the
+    same values and answers with one line on the page and one line in the log instead.
+    """
+    component.preprocess = lambda payload: payload
+
+
+def _log(message: str) -> None:
+    """One line on the server's stderr (``csdgen demo: ...``)."""
+    import sys
+
+    print(f"csdgen demo: {message}", file=sys.stderr, flush=True)
+
+
 def _message_html(text: str) -> str:
     """A bad value or a failed run, one line in the progress area."""
     return f'<div id="message" style="color:#b00020;font-weight:600">{html.escape(text)}</div>'
@@ -435,11 +474,14 @@ def build_app(model, *, model_name: str = "built-in model", defaults: FamilyDefa
         csv_file = gr.File(label="statistics (CSV)", elem_id="csv", interactive=False)
 
         outputs = [progress, stats, csv_file] + [c for key in offered for c in panels[key]]
+        for component in (methods, lam, delta, guidance, seed):
+            _raw_payload(component)
 
         async def on_run(condition_v, methods_v, window_v, lam_v, delta_v, guidance_v, seed_v):
             try:
                 settings = parse_inputs(model, condition_v, methods_v, window_v, lam_v, delta_v, guidance_v, seed_v)
             except ValueError as exc:  # shown on the page, in the progress line; earlier results stay
+                _log(f"refused a request: {exc}")
                 yield {progress: _message_html(str(exc))}
                 return
             sampling = _sampling(defaults, settings.guidance_scale, model.codebook_size)

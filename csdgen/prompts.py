@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["Prompt", "PROMPT_SETS", "load_prompts"]
+__all__ = ["Prompt", "PROMPT_SETS", "load_prompts", "read_prompt_text"]
 
 #: Names of the shipped prompt sets -> file in ``csdgen/data``.
 PROMPT_SETS = {"coco": "coco2017_val_captions_first.jsonl", "parti": "PartiPrompts.tsv"}
@@ -49,6 +49,25 @@ class Prompt:
     text: str
     category: str | None = None
     reference: str | None = None
+
+
+def read_prompt_text(path: str | os.PathLike, what: str = "prompt file") -> str:
+    """A prompt file's text: UTF-8, a leading byte-order mark (Windows editors write one) dropped.
+
+    Raises:
+        ValueError: not UTF-8 (naming the file and the byte), or unreadable (naming the file and why).
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise ValueError(f"cannot read {what} {str(path)!r}: {error.strerror or error}") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise ValueError(f"{what} {str(path)!r} is not UTF-8 text (byte {error.start}, line {line}: "
+                         f"{data[error.start:error.start + 1]!r}); save it as UTF-8") from None
 
 
 def _clean(text: str) -> str:
@@ -126,10 +145,7 @@ def load_prompts(source: str | os.PathLike, limit: int | None = None, offset: in
         path = Path(source)
         if not path.is_file():
             raise ValueError(f"unknown prompt set {name!r}: use one of {', '.join(PROMPT_SETS)} or the path of a prompt file")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as error:
-            raise ValueError(f"cannot read prompt file {path}: {error}") from None
+        text = read_prompt_text(path)
         suffix = path.suffix.lower()
         prompts = _read_jsonl(text, str(path)) if suffix == ".jsonl" else _read_tsv(text, str(path)) if suffix == ".tsv" else _read_lines(text)
         if not prompts:
@@ -140,7 +156,7 @@ def load_prompts(source: str | os.PathLike, limit: int | None = None, offset: in
                 raise ValueError(f"prompt file {path}: id {prompt.id!r} appears twice; ids name the output files and must be unique")
             seen.add(prompt.id)
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ValueError(f"limit must be a positive integer or None, got {limit!r}")
+        raise ValueError(f"limit {limit!r}: allowed a positive integer or None")
     if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < len(prompts):
-        raise ValueError(f"offset must be an integer in [0, {len(prompts) - 1}] for {name} ({len(prompts)} prompts), got {offset!r}")
+        raise ValueError(f"offset {offset!r}: allowed an integer in 0..{len(prompts) - 1} for {name} ({len(prompts)} prompts)")
     return prompts[offset : None if limit is None else offset + limit]

@@ -12,8 +12,9 @@ The one module that ``csdgen generate`` / ``compare`` / ``sweep`` and the API's
   ``NNNN_<label>_map.png``) for each image and rewrite ``record.json`` after every batch; a
   rerun into the same folder keeps the images already written and generates the others
   (resume), and refuses other settings, naming the values that differ.
-* :func:`run_method`: one method over many images with its tokens cached in the output folder
-  (``run_<name>.json`` + ``.safetensors``): what ``compare`` and ``sweep`` run.
+* :func:`run_methods`: several methods over the same images, interleaved batch by batch after
+  an untimed warm-up, each cached in the output folder (``run_<name>.json`` + ``.safetensors``,
+  rewritten after every batch; other settings refused): what ``compare`` and ``sweep`` run.
 * :func:`read_json` / :func:`write_json`: JSON files read with errors that name the file,
   written atomically.
 
@@ -46,6 +47,8 @@ __all__ = [
     "RunSummary",
     "settings_difference",
     "MethodRun",
+    "MethodJob",
+    "run_methods",
     "run_method",
     "run_plan",
     "save_run",
@@ -110,10 +113,9 @@ def read_json(path: str | os.PathLike, *, expect: type = dict, what: str = "") -
 
 def write_json(obj: Any, path: str | os.PathLike) -> None:
     """Write JSON atomically (temporary file, then rename): a killed run never leaves half a file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    os.replace(tmp, path)
+    from csdgen.atomic import write_text_atomic
+
+    write_text_atomic(path, json.dumps(obj, indent=2))
 
 
 def pil_images(model, result_or_tokens, scale: int = 1) -> list:
@@ -241,6 +243,50 @@ class RunSummary:
                 f"({self.run_seconds:.1f} s this run) -> {self.out}/")
 
 
+_IMAGE_FIELDS = {"file": str, "batch": int, "tokens": int, "steps": int, "step_compression": (int, float)}
+_BATCH_FIELDS = {"batch": int, "images": list, "decode_seconds": (int, float)}
+
+
+def _check_record(record: dict, path: Path) -> None:
+    """Every field of ``record.json`` that resuming reads has its type, else one line naming the file and the entry.
+
+    Raises:
+        ValueError: ``"'out/record.json': images["3"].file is null, expected a file name in the folder; ..."``.
+    """
+    def bad(where: str, value, expected: str):
+        raise ValueError(f"{str(path)!r}: {where} is {json.dumps(value)}, expected {expected}; fix the entry, or move "
+                         f"the file away (its images are then generated again), or use another --out")
+
+    def typed(value, kind) -> bool:
+        return isinstance(value, kind) and not isinstance(value, bool)
+
+    for key, image in record["images"].items():
+        where = f"images[{json.dumps(key)}]"
+        if not key.isdigit():
+            bad(f"the key of {where}", key, "an image index 0, 1, ...")
+        if not isinstance(image, dict):
+            bad(where, image, "an object {...}")
+        for name, kind in _IMAGE_FIELDS.items():
+            if not typed(image.get(name), kind) and not (name == "batch" and "batch" not in image):
+                bad(f"{where}.{name}", image.get(name), "a file name in the folder" if name == "file" else
+                    "a number" if name == "step_compression" else "an integer")
+        if Path(image["file"]).name != image["file"]:
+            bad(f"{where}.file", image["file"], "a file name in the folder (no folders)")
+    batch_list = record.get("batches", [])
+    if not isinstance(batch_list, list):
+        bad("batches", batch_list, "a list [...]")
+    for n, entry in enumerate(batch_list):
+        if not isinstance(entry, dict):
+            bad(f"batches[{n}]", entry, "an object {...}")
+        for name, kind in _BATCH_FIELDS.items():
+            if not typed(entry.get(name), kind):
+                bad(f"batches[{n}].{name}", entry.get(name), "a list" if name == "images" else
+                    "a number" if name == "decode_seconds" else "an integer")
+    totals = record.get("totals", {})
+    if not isinstance(totals, dict) or not typed(totals.get("runs", 0), int):
+        bad("totals", totals, 'an object with "runs" an integer')
+
+
 def _load_record(out: Path, plan: RunPlan) -> dict | None:
     """The earlier record in ``out`` if it belongs to the same run; ``None`` if there is none.
 
@@ -254,6 +300,7 @@ def _load_record(out: Path, plan: RunPlan) -> dict | None:
     record = read_json(path, what="a csdgen run record")
     if not isinstance(record.get("settings"), dict) or not isinstance(record.get("images"), dict):
         raise ValueError(f"{str(path)!r} is not a csdgen run record (no settings/images); use another --out")
+    _check_record(record, path)
     differ = settings_difference(record["settings"], plan.settings)
     if differ:
         raise ValueError(f"{str(out)!r} holds a run with other settings ({'; '.join(differ)}); "
@@ -325,14 +372,22 @@ def run_plan(plan: RunPlan, out: str | os.PathLike, *, batch_size: int, seed: in
 
     Raises:
         ValueError: ``out`` holds a run with other settings or conditions, or a malformed record.
+        csdgen.folder_lock.FolderBusy: another run is writing into ``out`` now (a ValueError).
     """
+    from csdgen.folder_lock import folder_lock
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    with folder_lock(out, "csdgen run (generate or save_run)"):
+        return _run_plan(plan, out, batch_size, seed, maps, callback, on_start, on_batch)
+
+
+def _run_plan(plan: RunPlan, out: Path, batch_size: int, seed: int, maps: bool, callback, on_start, on_batch) -> RunSummary:
     old = _load_record(out, plan)
     images: dict[int, dict] = {}
     batch_list: list[dict] = []
     if old is not None:
-        images = {int(k): v for k, v in old["images"].items() if (out / v.get("file", "")).is_file()}
+        images = {int(k): v for k, v in old["images"].items() if (out / v["file"]).is_file()}
         kept_batches = {v.get("batch") for v in images.values()}
         batch_list = [b for b in old.get("batches", []) if b.get("batch") in kept_batches]
     resumed = len(images)
@@ -341,13 +396,17 @@ def run_plan(plan: RunPlan, out: str | os.PathLike, *, batch_size: int, seed: in
     runs = (old or {}).get("totals", {}).get("runs", 0) + 1
     run_seconds, ran = 0.0, False
     todo = [i for i in range(len(plan.conditions)) if i not in images]
+    import torch
+
+    threads = torch.get_num_threads()  # recorded per batch: float summation order (and so, rarely, a token) depends on it
     if on_start is not None:
         on_start(len(todo))
     for indices, result in generate_batches(plan.model, plan.conditions, batch_size=batch_size, seed=seed,
                                             indices=todo, callback=callback, **plan.generate_kwargs):
         batch = max((b["batch"] for b in batch_list), default=-1) + 1  # numbered across runs
         _write_batch(plan, out, indices, result, batch, images, maps)
-        batch_list.append({"batch": batch, "images": indices, "decode_seconds": result.seconds, "finished": _now()})
+        batch_list.append({"batch": batch, "images": indices, "decode_seconds": result.seconds, "finished": _now(),
+                           "torch_threads": threads})
         run_seconds += result.seconds
         ran = True
         record.update(updated=_now(), totals=_totals(images, batch_list, runs),
@@ -431,49 +490,197 @@ class MethodRun:
     accepted: list[float]  #: mean accepted length per image
     seconds: float  #: total decoding wall time
     settings: dict
+    seconds_per_image: list[float] = field(default_factory=list)  #: each batch's time shared among its images
+
+
+@dataclass
+class MethodJob:
+    """One method of :func:`run_methods`: its name (the cache's file name), ``generate`` keyword
+    arguments (method, draft_init, refresh, ...), seed and window."""
+
+    name: str
+    preset: dict
+    seed: int
+    window: int | str
+
+
+_CACHE_LISTS = ("steps", "compression", "accepted", "seconds_per_image")
+
+
+class _Cached:
+    """A method's cached images: the first ``done`` images of the run, read from and written to its two files."""
+
+    def __init__(self, job: MethodJob, key: dict, conditions: list, out_dir: Path):
+        self.job, self.key, self.conditions = job, key, conditions
+        self.meta_path = out_dir / f"run_{job.name}.json"
+        self.tokens_path = out_dir / f"run_{job.name}.safetensors"
+        self.tokens: list = []
+        self.lists: dict[str, list] = {k: [] for k in _CACHE_LISTS}
+        self.settings: dict = {}
+        self._load()
+
+    @property
+    def done(self) -> int:
+        return len(self.lists["steps"])
+
+    def _load(self) -> None:
+        """Read the cache if there is one: refuse other settings, keep the images this run shares with it."""
+        if not self.meta_path.is_file():
+            return
+        meta = read_json(self.meta_path, what="a cached csdgen run")
+        where = repr(str(self.meta_path))
+        key = meta.get("key")
+        if not isinstance(key, dict):
+            raise ValueError(f"{where} is not a cached csdgen run (no key); move it away or use another --out")
+        old_conditions = key.get("classes")
+        differ = settings_difference({k: v for k, v in key.items() if k != "classes"},
+                                     {k: v for k, v in self.key.items() if k != "classes"})
+        if differ:
+            raise ValueError(f"{where} holds a run with other settings ({'; '.join(differ)}); use another --out, or the "
+                             f"earlier settings to resume")
+        if not self.tokens_path.is_file():
+            return  # the tokens never made it to disk: regenerate
+        try:
+            lists = {k: list(meta[k]) for k in _CACHE_LISTS if k != "seconds_per_image"}
+            count = len(lists["steps"])
+            lists["seconds_per_image"] = list(meta.get("seconds_per_image") or
+                                              [float(meta["seconds"]) / max(count, 1)] * count)
+            if not isinstance(old_conditions, list) or any(len(v) != count for v in lists.values()) \
+                    or len(old_conditions) < count:
+                raise ValueError
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{where} is not a cached csdgen run (its per-image lists are missing or of unequal "
+                             f"length); move it away to regenerate that method") from None
+        shared = min(count, len(self.conditions))
+        mine = list(map(str, self.conditions[:shared]))
+        if old_conditions[:shared] != mine:
+            first = next(i for i in range(shared) if old_conditions[i] != mine[i])
+            raise ValueError(f"{where} holds image {first} for class {old_conditions[first]}, this run asks for "
+                             f"{mine[first]}; use another --out")
+        from safetensors.torch import load_file
+
+        try:
+            tokens = load_file(str(self.tokens_path))["tokens"]
+        except Exception as exc:  # noqa: BLE001 -- a torn or foreign file: one line naming it
+            raise ValueError(f"{str(self.tokens_path)!r} cannot be read as cached tokens ({type(exc).__name__}); move it "
+                             f"away to regenerate that method") from None
+        if tokens.ndim != 2 or len(tokens) < count:
+            raise ValueError(f"{str(self.tokens_path)!r} holds {tuple(tokens.shape)} tokens, {where} lists {count} "
+                             f"images; move both away to regenerate that method")
+        self.tokens = [tokens[:shared]] if shared else []
+        self.lists = {k: v[:shared] for k, v in lists.items()}
+        self.settings = meta.get("settings") if isinstance(meta.get("settings"), dict) else {}
+
+    def add(self, result) -> None:
+        self.tokens.append(result.tokens.cpu())
+        images = result.images
+        self.lists["steps"] += [s.steps for s in images]
+        self.lists["compression"] += [s.step_compression for s in images]
+        self.lists["accepted"] += [s.mean_accepted_length for s in images]
+        self.lists["seconds_per_image"] += [result.seconds / len(images)] * len(images)
+        self.settings = result.settings
+
+    def save(self) -> None:
+        """Write both files atomically (tokens first): a kill leaves the last saved batch complete.
+
+        Only called after generating, i.e. when this run has more images than the cache held, so a
+        longer cache is never cut short by a shorter run."""
+        import torch
+
+        from csdgen.atomic import save_safetensors
+
+        tokens = torch.cat(self.tokens)
+        lists = self.lists
+        conditions = list(map(str, self.conditions[: self.done]))
+        save_safetensors({"tokens": tokens.contiguous()}, self.tokens_path)
+        write_json({"key": {**self.key, "classes": conditions}, **lists, "seconds": sum(lists["seconds_per_image"]),
+                    "settings": self.settings}, self.meta_path)
+
+    def run(self) -> MethodRun:
+        import torch
+
+        lists = self.lists
+        return MethodRun(self.job.name, torch.cat(self.tokens), lists["steps"], lists["compression"], lists["accepted"],
+                         sum(lists["seconds_per_image"]), self.settings, lists["seconds_per_image"])
+
+
+def run_methods(model, jobs: Sequence[MethodJob], conditions: list, *, batch_size: int, sampling, out_dir: Path,
+                progress: Callable[[int], None] | None = None, warm_up: bool = True) -> list[MethodRun]:
+    """Run several methods over the same images, interleaved batch by batch, cached in ``out_dir``.
+
+    * **Cache** (``run_<name>.json`` + ``run_<name>.safetensors`` per job): the run's key (name,
+      seed, window, sampling, preset), the conditions done, per image its steps, step
+      compression, mean accepted length and decoding seconds (its batch's time shared among
+      its images), the engine's settings; tokens ``[M, N]`` int64. Both files are rewritten
+      after every batch, so an interrupted run keeps every finished batch and the same call
+      resumes. A run of fewer images reads the first ones of a longer cache (which it keeps);
+      a run of more images continues it.
+    * **Refusal**: a cache with another key (other seed, window, sampling or method options) or
+      other conditions is refused before anything is generated, naming the values that differ:
+      nothing on disk is overwritten.
+    * **Timing**: one untimed warm-up call (a batch, discarded) for the first job of every
+      window width with work left (AR counts as width 1), then the jobs take turns batch by
+      batch, so each sees the same machine state; the first job no longer pays the process's
+      start-up costs (issue 16: ``ar`` took 13.95 s against ``ar-seed2``'s 7.39 s for the same work).
+
+    Args:
+        model: the image-token model; conditions: one per image (class ids, prompts).
+        jobs: the methods, each with its own seed and window.
+        batch_size: images per :func:`csdgen.generate` call (does not change the images at a fixed window).
+        sampling: :class:`csdgen.SamplingConfig`; out_dir: the folder of the caches (created).
+        progress: called with the number of images of every finished (or loaded) batch.
+        warm_up: run the untimed warm-up calls (one batch per window width).
+
+    Returns:
+        One :class:`MethodRun` per job, in order.
+
+    Raises:
+        ValueError: a cache with other settings or conditions, or a malformed cache (naming the file).
+    """
+    from csdgen.engine.generation import generate
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    caches = []
+    for job in jobs:
+        key = {"name": job.name, "seed": job.seed, "window": job.window, "sampling": repr(sampling),
+               "preset": repr(job.preset)}
+        caches.append(_Cached(job, key, list(conditions), out_dir))  # every cache checked before any work
+    if progress:
+        for cache in caches:
+            if cache.done:
+                progress(cache.done)
+    todo = [c for c in caches if c.done < len(conditions)]
+
+    def call(cache: _Cached, indices: list[int]):
+        return generate(model, [conditions[i] for i in indices], seed=cache.job.seed, image_indices=indices,
+                        window=cache.job.window, sampling=sampling, **cache.job.preset)
+
+    if warm_up:
+        warmed = set()
+        for cache in todo:
+            width = 1 if _is_ar(cache.job.preset) else cache.job.window
+            if width not in warmed:
+                warmed.add(width)
+                call(cache, list(range(cache.done, min(cache.done + batch_size, len(conditions)))))
+    while todo:
+        for cache in todo:
+            indices = list(range(cache.done, min(cache.done + batch_size, len(conditions))))
+            cache.add(call(cache, indices))
+            cache.save()
+            if progress:
+                progress(len(indices))
+        todo = [c for c in todo if c.done < len(conditions)]
+    return [c.run() for c in caches]
+
+
+def _is_ar(preset: dict) -> bool:
+    method = preset.get("method")
+    return method == "ar"
 
 
 def run_method(model, name: str, preset: dict, classes: list, *, seed: int, batch_size: int, window: int,
                sampling, out_dir: Path, progress: Callable[[int], None] | None = None) -> MethodRun:
-    """Run one method over all images, or load its saved result when the same run is on disk.
-
-    Writes ``run_<name>.json`` (the run's key, per-image steps, step compression and mean
-    accepted length, total decoding seconds, the engine's settings) and
-    ``run_<name>.safetensors`` (tokens ``[M, N]`` int64) into ``out_dir``; a later call with
-    the same key loads them instead of generating (``compare`` and ``sweep`` resume this way).
-
-    Raises:
-        ValueError: a malformed ``run_<name>.json`` (naming the file).
-    """
-    from safetensors.torch import load_file, save_file
-
-    key = {"name": name, "seed": seed, "window": window, "classes": list(map(str, classes)),
-           "sampling": repr(sampling), "preset": repr(preset)}
-    meta_path, tokens_path = out_dir / f"run_{name}.json", out_dir / f"run_{name}.safetensors"
-    if meta_path.is_file() and tokens_path.is_file():
-        meta = read_json(meta_path, what="a cached csdgen run")
-        if meta.get("key") == key:
-            if progress:
-                progress(len(classes))
-            return MethodRun(name, load_file(str(tokens_path))["tokens"], meta["steps"], meta["compression"],
-                             meta["accepted"], meta["seconds"], meta["settings"])
-    tokens, steps, compression, accepted, seconds, settings = [], [], [], [], 0.0, {}
-    for indices, result in generate_batches(model, classes, batch_size=batch_size, seed=seed, window=window,
-                                            sampling=sampling, **preset):
-        tokens.append(result.tokens.cpu())
-        steps += [s.steps for s in result.images]
-        compression += [s.step_compression for s in result.images]
-        accepted += [s.mean_accepted_length for s in result.images]
-        seconds += result.seconds
-        settings = result.settings
-        if progress:
-            progress(len(indices))
-    import torch
-
-    run = MethodRun(name, torch.cat(tokens), steps, compression, accepted, seconds, settings)
-    tmp = tokens_path.with_name(f".{tokens_path.name}.tmp")
-    save_file({"tokens": run.tokens.contiguous()}, str(tmp))
-    tmp.replace(tokens_path)
-    write_json({"key": key, "steps": steps, "compression": compression, "accepted": accepted, "seconds": seconds,
-                "settings": settings}, meta_path)
-    return run
+    """One method over all images: :func:`run_methods` with one job (its cache, resume, refusal and warm-up)."""
+    return run_methods(model, [MethodJob(name, preset, seed, window)], classes, batch_size=batch_size,
+                       sampling=sampling, out_dir=out_dir, progress=progress)[0]

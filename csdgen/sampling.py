@@ -29,6 +29,8 @@ __all__ = [
     "target_probs",
     "has_nan",
     "invalid_logits",
+    "MAX_SEED",
+    "check_seed",
     "stream_uniforms",
     "sample",
     "entropy",
@@ -164,7 +166,9 @@ def target_probs(
         uncond_logits: ``[..., V]`` logits of the unconditional rows, or None without guidance.
         config: the sampling settings.
         valid: ``[...]`` bool, the positions :func:`invalid_logits` looks at (None: all).
-        check: also return the 0-dim bool flag of :func:`invalid_logits` on the guided logits.
+        check: also return the 0-dim bool flag of :func:`invalid_logits` on the guided logits
+            divided by the temperature (a huge guidance scale or a tiny temperature overflows
+            float32 there).
 
     Returns:
         ``[..., V]`` float32 probabilities (float64 for float64 logits) summing to 1 on the last
@@ -178,12 +182,13 @@ def target_probs(
     flag with ``check=True`` and test it where a sync happens anyway, as the decoding loop does.
     """
     logits = apply_guidance(cond_logits, uncond_logits, config.guidance_scale)
-    flag = invalid_logits(logits, valid) if check else None
     if config.greedy:
+        flag = invalid_logits(logits, valid) if check else None
         index = logits.argmax(-1, keepdim=True)
         q = torch.zeros_like(logits).scatter_(-1, index, 1.0)
     else:
         logits = apply_temperature(logits, config.temperature)
+        flag = invalid_logits(logits, valid) if check else None  # after the temperature: 1 / T can overflow too
         logits = apply_top_k(logits, config.top_k)
         logits = apply_top_p(logits, config.top_p)
         q = logits.softmax(-1)
@@ -251,6 +256,33 @@ def _hash32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+#: the largest seed csdgen takes: seeds are 0 .. 2**63 - 1 (int64), so no two seeds share a random stream
+#: and every record holds the seed that made its images
+MAX_SEED = 2**63 - 1
+
+
+def check_seed(seed, name: str = "seed") -> int:
+    """``seed`` as an int if it is one in ``0 .. MAX_SEED`` (2**63 - 1), else a one-line ValueError.
+
+    Numpy and torch integers are accepted (``operator.index``); bools, floats and strings are not.
+
+    Raises:
+        ValueError: naming ``name``, the value and the allowed range.
+    """
+    import operator
+
+    allowed = f"allowed: an integer in 0..{MAX_SEED} (2**63 - 1)"
+    if isinstance(seed, bool):
+        raise ValueError(f"{name}={seed!r}: {allowed}")
+    try:
+        value = operator.index(seed)
+    except TypeError:
+        raise ValueError(f"{name}={seed!r}: {allowed}") from None
+    if not 0 <= value <= MAX_SEED:
+        raise ValueError(f"{name}={value}: outside the seed range; {allowed}")
+    return value
+
+
 def stream_uniforms(seed: int | torch.Tensor, image: torch.Tensor, step: torch.Tensor, kinds: int, width: int) -> torch.Tensor:
     """Counter-based uniforms: a pure function of (seed, image index, step, draw kind, slot).
 
@@ -261,9 +293,10 @@ def stream_uniforms(seed: int | torch.Tensor, image: torch.Tensor, step: torch.T
     53 bits from two hashes.
 
     Args:
-        seed: the run's seed (any int; taken modulo 2**64), or ``[A]`` int64 seeds, one per
-            image (images of several runs in one batch, :class:`csdgen.engine.ContinuousBatch`;
-            an int64 ``s`` stands for ``s mod 2**64``): the same numbers as the int seed.
+        seed: the run's seed, ``0 .. MAX_SEED`` (2**63 - 1; :func:`check_seed`), or ``[A]`` int64
+            seeds, one per image (images of several runs in one batch,
+            :class:`csdgen.engine.ContinuousBatch`; each already checked): the same numbers as
+            the int seed.
         image: ``[A]`` int64 image indices (>= 0).
         step: ``[A]`` int64, the image's own forward count (0 = prefill).
         kinds: number of draw kinds K (slot streams per step).
@@ -271,13 +304,16 @@ def stream_uniforms(seed: int | torch.Tensor, image: torch.Tensor, step: torch.T
 
     Returns:
         ``[K, A, S]`` float64 uniforms in [0, 1) on ``image``'s device.
+
+    Raises:
+        ValueError: a seed outside ``0 .. MAX_SEED`` (it would alias another seed's stream).
     """
     if isinstance(seed, torch.Tensor):
         seed = seed.to(image.device, torch.long)
         h = _hash32((seed & _MASK32) ^ 0x2545F491)
-        h = _hash32(h ^ ((seed >> 32) & _MASK32))  # an arithmetic shift: the mask gives (s mod 2**64) >> 32
+        h = _hash32(h ^ ((seed >> 32) & _MASK32))  # seeds are >= 0 (check_seed), so this is seed >> 32
     else:
-        seed &= (1 << 64) - 1
+        seed = check_seed(seed)
         h = _hash32(torch.full_like(image, seed & _MASK32) ^ 0x2545F491)
         h = _hash32(h ^ (seed >> 32))
     h = _hash32(h ^ (image & _MASK32))

@@ -172,7 +172,7 @@ def test_error_during_a_run_starts_its_own_line(weights, tmp_path, capsys, monke
     assert run("generate", "--weights", weights, "-n", 2, "--batch-size", 1, "--out", tmp_path / "o") == 2
     err = capsys.readouterr().err
     last = err.rstrip("\n").split("\n")[-1]
-    assert last == "csdgen: error: [Errno 28] No space left on device"
+    assert last == "csdgen: error: No space left on device"  # the reason, without [Errno 28] (issue 16 item 11)
 
 
 # ---- 5. fast help: no torch before a command runs ----

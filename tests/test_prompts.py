@@ -70,10 +70,10 @@ def test_jsonl_and_tsv_files(tmp_path):
 
 @pytest.mark.parametrize("source, kwargs, message", [
     ("cocoa", {}, "unknown prompt set 'cocoa': use one of coco, parti"),
-    ("parti", {"offset": 1632}, "offset must be an integer in [0, 1631]"),
-    ("parti", {"offset": -1}, "offset must be an integer in [0, 1631]"),
-    ("parti", {"limit": 0}, "limit must be a positive integer or None, got 0"),
-    ("coco", {"limit": 2.5}, "limit must be a positive integer or None, got 2.5"),
+    ("parti", {"offset": 1632}, "offset 1632: allowed an integer in 0..1631"),
+    ("parti", {"offset": -1}, "offset -1: allowed an integer in 0..1631"),
+    ("parti", {"limit": 0}, "limit 0: allowed a positive integer or None"),
+    ("coco", {"limit": 2.5}, "limit 2.5: allowed a positive integer or None"),
 ])
 def test_bad_sets_and_slices_are_one_line_errors(source, kwargs, message):
     with pytest.raises(ValueError) as info:

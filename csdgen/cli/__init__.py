@@ -52,8 +52,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return args.run(args)
-    except (ValueError, OSError) as exc:
+    except ValueError as exc:
         _error(f"error: {exc}")
+        return 2
+    except OSError as exc:  # "No space left on device while writing 'out/0003_x.png' (folder 'out')", no "[Errno 28]"
+        message = exc.strerror or str(exc)
+        if exc.filename is not None:
+            message += f": {str(exc.filename)!r}"
+        _error(f"error: {message}")
         return 2
     except KeyboardInterrupt:
         _error("interrupted; images already written are kept, rerun the same command to resume")

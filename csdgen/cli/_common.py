@@ -33,6 +33,20 @@ def writable(folder: Path) -> Path:
     return folder
 
 
+def apply_preset(args) -> None:
+    """``--preset NAME``: fill every option the user left out (None) from the preset (``csdgen.models.defaults.PRESETS``);
+    then ``--refresh`` left out takes the method's default (``METHOD_REFRESH``)."""
+    from ._options import method_refresh, presets
+
+    name = getattr(args, "preset", None)
+    if name is not None:
+        for key, value in presets()[name].items():
+            if hasattr(args, key) and getattr(args, key) is None:
+                setattr(args, key, value)
+    if hasattr(args, "refresh") and args.refresh is None and hasattr(args, "method"):
+        args.refresh = method_refresh(args.method)
+
+
 def model_defaults(model, family: str) -> dict:
     """The defaults the model carries (``model.defaults``), else the family's table entry, as a dict."""
     from dataclasses import asdict
@@ -100,6 +114,7 @@ def builtin_model(args, fixed_window: bool = False):
         if getattr(args, name, None) is not None:
             raise ValueError(f"--{name.replace('_', '-')} needs --model (a checkpoint); the built-in model has one size "
                              f"and its own VQ decoder")
+    apply_preset(args)
     device = args.device or "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is visible here; use --device cpu")
@@ -117,6 +132,9 @@ def builtin_model(args, fixed_window: bool = False):
     defaults = model_defaults(model, "builtin")
     fill_defaults(args, defaults)
     default_window(args, defaults, fixed_window)
+    if args.classes is not None and not args.classes:
+        raise ValueError("--class '': no class given; allowed: class names or indices, comma-separated (leave --class out "
+                         "for every class in turn)")
     names = canonical_classes(args.classes, model.class_names) if args.classes else model.class_names
     ids = model.class_ids(names)  # raises on an unknown class
     count = args.num_images or 8
@@ -172,6 +190,7 @@ def checkpoint_setup(args, *, fixed_window: bool):
 
     if args.weights is not None:
         raise ValueError("--weights is for the built-in model; with --model the checkpoint folder holds the weights")
+    apply_preset(args)
     folder = resolve_checkpoint(args.model)
     read_config(folder)
     family = family_of(folder, args.layout, args.model)

@@ -36,31 +36,79 @@ def builtin_class_names() -> list[str]:
         return []
 
 
-def family_defaults(family: str):
-    """``FAMILY_DEFAULTS[family]`` without importing torch (loads ``csdgen/models/defaults.py`` alone)."""
-    module = sys.modules.get("csdgen.models.defaults")
+def _defaults_module():
+    """``csdgen/models/defaults.py`` without importing torch (loaded alone when the package is not imported)."""
+    module = sys.modules.get("csdgen.models.defaults") or sys.modules.get("_csdgen_help_defaults")
     if module is None:
         spec = importlib.util.spec_from_file_location("_csdgen_help_defaults", _PACKAGE / "models" / "defaults.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module  # dataclasses look their module up while building the class
         spec.loader.exec_module(module)
-    return module.FAMILY_DEFAULTS[family]
+    return module
+
+
+def family_defaults(family: str):
+    """``FAMILY_DEFAULTS[family]`` without importing torch."""
+    return _defaults_module().FAMILY_DEFAULTS[family]
+
+
+def method_refresh(method: str) -> str:
+    """A method's default refresh (``csdgen.models.defaults.METHOD_REFRESH``) without importing torch."""
+    return _defaults_module().method_refresh(method)
+
+
+def presets() -> dict:
+    """``csdgen.models.defaults.PRESETS`` without importing torch."""
+    return _defaults_module().PRESETS
 
 
 # ---- argument types (their names appear in argparse's messages, so each raises its own line) ----
 
-def count(minimum: int = 1, what: str = ""):
-    """An integer >= ``minimum`` (``what`` says why, e.g. for compare's -n >= 2)."""
+#: the most images one command makes (-n, --limit, --batch-size): a typo such as 10**20 is refused at once
+#: instead of building a list of that length
+MAX_IMAGES = 1_000_000
+#: the largest --offset (image indices stay far inside int64)
+MAX_OFFSET = 10**12
+
+
+def count(minimum: int = 1, what: str = "", maximum: int = MAX_IMAGES):
+    """An integer in ``minimum .. maximum`` (``what`` says why the minimum, e.g. for compare's -n >= 2)."""
     def integer(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= {minimum}") from None
+            raise argparse.ArgumentTypeError(f"{text!r}: expected an integer in {minimum}..{maximum}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"{value}: must be an integer >= {minimum}{what}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"{value}: allowed at most {maximum}")
         return value
     integer.__name__ = "integer"
     return integer
+
+
+#: the seed range (``csdgen.sampling.MAX_SEED``, repeated here so that the parser imports no torch)
+MAX_SEED = 2**63 - 1
+
+
+def seed(text: str) -> int:
+    """A run seed: an integer in 0 .. 2**63 - 1 (larger ones would alias smaller ones' random streams)."""
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer seed in 0..{MAX_SEED}") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"{value}: outside the seed range; allowed: an integer in 0..{MAX_SEED} (2**63 - 1)")
+    return value
+
+
+def seeds(text: str) -> list[int]:
+    """Comma-separated run seeds, each in 0 .. 2**63 - 1, no repeats (a repeat would run every image twice)."""
+    values = [seed(v) for v in text.split(",") if v.strip()]
+    repeated = sorted({v for v in values if values.count(v) > 1})
+    if repeated:
+        raise argparse.ArgumentTypeError(f"{text!r}: seed {repeated[0]} is given twice; allowed: distinct seeds")
+    return values
 
 
 def window(text: str) -> int | str:
@@ -144,7 +192,7 @@ def add_builtin_model(p: argparse.ArgumentParser, *, n_default: str, batch_defau
     why = " (the Frechet distance compares sets of images)" if n_minimum > 1 else ""
     p.add_argument("-n", "--num-images", type=count(n_minimum, why), default=None, metavar="N",
                    help=f"number of images (default {n_default})")
-    p.add_argument("--seed", type=int, default=0, help="run seed (default 0)")
+    p.add_argument("--seed", type=seed, default=0, help=f"run seed, 0..{MAX_SEED} (default 0)")
     p.add_argument("--batch-size", type=count(), default=batch_default, metavar="B",
                    help=f"images per batch (default {batch_default}; lowered to what memory allows)")
     p.add_argument("--device", choices=DEVICES, default=None,
@@ -169,13 +217,25 @@ def add_sampling(p: argparse.ArgumentParser, *, family_note: bool = False) -> No
                    help="CSD's entropy: nats (the paper's) or normalized by ln V (default nats)")
 
 
+def add_preset(p: argparse.ArgumentParser) -> None:
+    """``--preset paper``: the CSD paper's settings for every option left out."""
+    table = presets()
+    paper = table["paper"]
+    p.add_argument("--preset", choices=list(table), default=None,
+                   help=f"paper = the CSD paper's settings for every option left out: --window {paper['window']}, "
+                        f"--draft-init {paper['draft_init']}, {paper['refresh']} refresh, --lam {paper['lam']:g}, "
+                        f"--delta {paper['delta']:g} (default: none; options given win)")
+
+
 def add_method_options(p: argparse.ArgumentParser, *, family_note: bool = False, fixed_window: bool = False) -> None:
     """Window, CSD lambda and delta, Addition's c and the draft initialisation of one run."""
     d = family_defaults("builtin")
     also = "; with --model the family's" if family_note else ""
     default = (f"default {d.window}, the built-in model's measured window" if fixed_window else
                "default auto: the engine picks 1..32 per iteration from measured times, so images are "
-               "reproducible in distribution only; a fixed W gives the same images for any --batch-size")
+               "reproducible in distribution only; a fixed W gives the same images on a rerun with the same "
+               "--batch-size and thread count, and another --batch-size changes them only where float32 "
+               "summation order tips a decision (README, Batches)")
     p.add_argument("--window", type=window, default=None, metavar="W",
                    help=f"Jacobi window: draft tokens verified per forward (clamped to the image length), or auto "
                         f"({default})")

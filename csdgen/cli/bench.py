@@ -41,14 +41,16 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "(a file of class names also works)")
     p.add_argument("--limit", type=opt.count(), default=None, metavar="N",
                    help=f"number of prompts (default: all; built-in {BUILTIN_LIMIT})")
-    p.add_argument("--offset", type=opt.count(0), default=0, metavar="K", help="index of the first prompt (default 0)")
+    p.add_argument("--offset", type=opt.count(0, maximum=opt.MAX_OFFSET), default=0, metavar="K",
+                   help="index of the first prompt (default 0)")
     p.add_argument("--methods", type=opt.names_of(COMPARE_METHODS, "method"), default=["ar", "sjd", "csd"], metavar="LIST",
                    help=f"comma-separated, of {','.join(COMPARE_METHODS)} (default ar,sjd,csd; ar is always run)")
-    p.add_argument("--seeds", type=opt.numbers(int), default=[0], metavar="LIST",
-                   help="run seeds, comma-separated; every method runs at each (default 0)")
+    p.add_argument("--seeds", type=opt.seeds, default=[0], metavar="LIST",
+                   help=f"run seeds, comma-separated, distinct, each 0..{opt.MAX_SEED}; every method runs at each (default 0)")
     p.add_argument("--floor-seed", type=_floor_seed, default="auto", metavar="S",
                    help="AR also runs at this seed: the noise floor (default: the first seed + 1; none = no floor)")
     opt.add_method_options(p, family_note=True, fixed_window=True)
+    opt.add_preset(p)
     opt.add_sampling(p, family_note=True)
     q = p.add_argument_group("quality scores (NLL is always computed)")
     q.add_argument("--clip-model", default=None, metavar="DIR|ID",
@@ -82,9 +84,19 @@ def _floor_seed(text: str):
     if text.strip().lower() in ("none", "auto"):
         return text.strip().lower()
     try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer seed, or none") from None
+        return opt.seed(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}, or none / auto") from None
+
+
+def _load(load_prompts, source, args):
+    """``load_prompts`` with its limit/offset messages naming the options (``--offset 9999: allowed ...``)."""
+    try:
+        return load_prompts(source, args.limit, args.offset)
+    except ValueError as exc:
+        if str(exc).startswith(("offset ", "limit ")):
+            raise ValueError(f"--{exc}") from None
+        raise
 
 
 def _builtin_prompts(args, class_names: list[str]):
@@ -100,7 +112,7 @@ def _builtin_prompts(args, class_names: list[str]):
     if args.prompts in PROMPT_SETS:
         raise ValueError(f"--prompts {args.prompts}: the built-in model takes class names, not captions; leave --prompts out "
                          f"(its class names in turn) or give a file of class names ({', '.join(class_names)})")
-    prompts = load_prompts(args.prompts, args.limit, args.offset)
+    prompts = _load(load_prompts, args.prompts, args)
     canonical = canonical_classes([p.text for p in prompts], class_names)
     bad = [p.text for p, c in zip(prompts, canonical) if c not in class_names]
     if bad:
@@ -137,7 +149,7 @@ def _model_plan(args, device: str):
     from ._common import checkpoint_setup, require_decoder
 
     _fixed_window(args)
-    prompts = load_prompts(args.prompts or "coco", args.limit, args.offset)
+    prompts = _load(load_prompts, args.prompts or "coco", args)
     folder, family, sampling = checkpoint_setup(args, fixed_window=True)
     dtype = args.dtype or str(default_dtype(device)).removeprefix("torch.")
     model = load_model(folder, dtype=dtype, device=device, layout=args.layout, height=args.height, width=args.width,
@@ -163,8 +175,11 @@ def _fixed_window(args) -> None:
 
 
 def _method_settings(args, sampling) -> dict:
-    return {"window": args.window, "sampling": asdict(sampling), "lam": args.lam, "delta": args.delta,
-            "addition_c": args.addition_c, "entropy_unit": args.entropy_unit, "draft_init": args.draft_init}
+    settings = {"window": args.window, "sampling": asdict(sampling), "lam": args.lam, "delta": args.delta,
+                "addition_c": args.addition_c, "entropy_unit": args.entropy_unit, "draft_init": args.draft_init}
+    if getattr(args, "preset", None) is not None:  # absent without one: earlier benches still resume
+        settings["preset"] = args.preset
+    return settings
 
 
 def _methods(args, model) -> dict:
@@ -189,6 +204,9 @@ def _floor(args):
         raise ValueError("--seeds is empty: give at least one seed, e.g. --seeds 0")
     if args.floor_seed == "none":
         return None
+    if args.floor_seed == "auto" and args.seeds[0] >= opt.MAX_SEED:
+        raise ValueError(f"--seeds {args.seeds[0]}: the noise floor runs AR at the first seed + 1; give --floor-seed S "
+                         f"or none, or a first seed in 0..{opt.MAX_SEED - 1}")
     return args.seeds[0] + 1 if args.floor_seed == "auto" else args.floor_seed
 
 
@@ -303,7 +321,8 @@ def add_bench_source(p: argparse.ArgumentParser, command: str) -> None:
                         "built-in model takes a file of class names)")
     g.add_argument("--limit", type=opt.count(), default=None, metavar="N",
                    help=f"number of prompts (default: all; built-in {BUILTIN_LIMIT})")
-    g.add_argument("--offset", type=opt.count(0), default=0, metavar="K", help="index of the first prompt (default 0)")
+    g.add_argument("--offset", type=opt.count(0, maximum=opt.MAX_OFFSET), default=0, metavar="K",
+                   help="index of the first prompt (default 0)")
     opt.add_checkpoint_files(g)
 
 

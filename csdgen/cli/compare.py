@@ -31,6 +31,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--methods", type=opt.names_of(COMPARE_METHODS, "method"), default=None,
                    help=f"comma-separated, of {','.join(COMPARE_METHODS)} (default: all; ar is always run)")
     opt.add_method_options(p, fixed_window=True)
+    opt.add_preset(p)
     opt.add_sampling(p)
     from .bench import add_bench_source
 
@@ -59,7 +60,9 @@ def run(args) -> int:
     from tqdm import tqdm
 
     from csdgen.evaluation.compare import method_presets, score_run, table_rows, to_csv, to_markdown
-    from csdgen.runs import run_method
+    from csdgen.folder_lock import folder_lock
+    from csdgen.runs import MethodJob, run_methods
+    from csdgen.sampling import MAX_SEED
     from csdgen.evaluation.maps import image_grid, save_png, to_uint8
     from csdgen.evaluation.quality import QualityScorer
 
@@ -77,14 +80,15 @@ def run(args) -> int:
     names = args.methods or list(presets)
     if "ar" not in names:
         names = ["ar"] + names
+    if args.seed >= MAX_SEED:
+        raise ValueError(f"--seed {args.seed}: compare's noise floor runs AR at seed + 1; allowed: 0..{MAX_SEED - 1}")
     scorer = QualityScorer(model)
-    plan = [(n, presets[n], args.seed) for n in names] + [("ar-seed2", presets["ar"], args.seed + 1)]
-    runs = []
-    with tqdm(total=len(plan) * len(classes), unit="img", desc="compare", disable=None) as bar:
-        for name, preset, seed in plan:
-            bar.set_postfix_str(name)
-            runs.append(run_method(model, name, preset, classes, seed=seed, batch_size=args.batch_size,
-                                   window=args.window, sampling=sampling, out_dir=out, progress=bar.update))
+    jobs = [MethodJob(n, presets[n], args.seed, args.window) for n in names]  # generate runs "ar" at window 1
+    jobs.append(MethodJob("ar-seed2", presets["ar"], args.seed + 1, args.window))
+    with folder_lock(out, "csdgen compare"), \
+            tqdm(total=len(jobs) * len(classes), unit="img", desc="compare", disable=None) as bar:
+        runs = run_methods(model, jobs, classes, batch_size=args.batch_size, sampling=sampling, out_dir=out,
+                           progress=bar.update)
     scores, grid_rows = {}, []
     for run_ in runs:
         scores[run_.name], images = score_run(model, scorer, run_, classes)

@@ -31,8 +31,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
                           checkpoints=True)
     p.add_argument("--method", choices=opt.METHODS, default="csd", help="decoding method (default csd)")
     opt.add_method_options(p, family_note=True)
-    p.add_argument("--refresh", choices=opt.REFRESH_MODES, default="independent",
-                   help="refresh of pending drafts (default independent; coupled = maximal coupling)")
+    p.add_argument("--refresh", choices=opt.REFRESH_MODES, default=None,
+                   help=f"refresh of pending drafts after a rejection, both lossless: independent (SJD's) or coupled "
+                        f"(maximal coupling); default: the method's, measured best on the built-in model "
+                        f"({', '.join(f'{m} {opt.method_refresh(m)}' for m in opt.METHODS if m != 'ar')})")
+    opt.add_preset(p)
     p.add_argument("--tree", type=opt.tree_shape, default=None, metavar="K,D",
                    help="draft tree: K candidates at each of the window's first D draft positions, verified exactly "
                         "(default: none; e.g. 3,2; docs/frontier.md)")
@@ -78,6 +81,8 @@ def _run_settings(args, rule, sampling) -> dict:
     random stream keyed by (seed, i), so a rerun with another --batch-size resumes the same images."""
     settings = {"method": args.method, "rule": repr(rule), "window": args.window, "seed": args.seed,
                 "draft_init": args.draft_init, "refresh": args.refresh, "sampling": asdict(sampling)}
+    if args.preset is not None:  # absent without one: earlier records still resume
+        settings["preset"] = args.preset
     if args.tree is not None:  # absent without a tree: records written before --tree existed still resume
         settings["tree"] = list(args.tree)
     return settings
@@ -111,7 +116,10 @@ def _read_prompts(args) -> list[str]:
     if args.prompts_file is not None:
         if not args.prompts_file.is_file():
             raise FileNotFoundError(f"--prompts-file {str(args.prompts_file)!r} does not exist")
-        prompts += [line.strip() for line in args.prompts_file.read_text().splitlines() if line.strip()]
+        from csdgen.prompts import read_prompt_text
+
+        text = read_prompt_text(args.prompts_file, "--prompts-file")
+        prompts += [line.strip() for line in text.splitlines() if line.strip()]
     if not prompts:
         raise ValueError("--model needs prompts: give --prompt \"...\" (repeatable) or --prompts-file FILE (one per line)")
     return prompts

@@ -111,7 +111,8 @@ def run(args) -> int:
     from csdgen.evaluation.compare import score_run, to_csv, to_markdown
     from csdgen.evaluation.quality import QualityScorer
     from csdgen.evaluation.sweep import frontier_plot, settings
-    from csdgen.runs import run_method, write_json
+    from csdgen.folder_lock import folder_lock
+    from csdgen.runs import MethodJob, run_methods, write_json
 
     from .bench import uses_bench
 
@@ -129,12 +130,12 @@ def run(args) -> int:
     out = writable(args.out)
     scorer = QualityScorer(model)
     rows = []
-    with tqdm(total=len(points) * len(classes), unit="img", desc="sweep", disable=None) as bar:
-        for point in points:
-            bar.set_postfix_str(point.name)
-            run_ = run_method(model, point.name, point.preset, classes, seed=args.seed, batch_size=args.batch_size,
-                              window=min(point.window, model.num_image_tokens), sampling=sampling, out_dir=out,
-                              progress=bar.update)
+    jobs = [MethodJob(p.name, p.preset, args.seed, min(p.window, model.num_image_tokens)) for p in points]
+    with folder_lock(out, "csdgen sweep"), \
+            tqdm(total=len(points) * len(classes), unit="img", desc="sweep", disable=None) as bar:
+        runs = run_methods(model, jobs, classes, batch_size=args.batch_size, sampling=sampling, out_dir=out,
+                           progress=bar.update)
+        for point, run_ in zip(points, runs):
             scores, _ = score_run(model, scorer, run_, classes)
             rows.append({"method": point.method, "parameter": point.parameter, "value": point.value,
                          "window": point.window, "draft_init": point.draft_init, "images": len(classes),

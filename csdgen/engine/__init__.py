@@ -26,17 +26,21 @@ number an image uses is a hash of ``(seed, image index, the image's own forward 
 kind, slot)`` (:func:`csdgen.sampling.stream_uniforms`). With a fixed window, an image's
 tokens and number of forwards depend only on the seed, its index in the run
 (``image_indices``) and its condition: not on the batch size or on the other images
-(tested; equal up to floating-point summation order of batched kernels). Finished images
+(tested; equal up to float32 summation order of batched kernels, which can tip a decision:
+bit-identical at the same batch size and thread count, or in float64). Finished images
 leave the batch (:meth:`~csdgen.models.base.DecodingSession.select_rows`).
 
-**Window ``"auto"``.** The width ``W`` of each iteration is chosen from the forward+verify
-times measured on the running model and batch (a warm-up of three forwards at width 8 and one at 1, then an
-exponential average kept current, with a neighbouring width tried now and then when it is
-predicted close to the best) and the acceptance seen so far as a function of a draft's age
-(forwards it has been refined by), from which the tokens committed per forward at every width
-are predicted: ``W = argmax E[tokens committed | W] / t(W)`` over ``1 .. AUTO_MAX_WINDOW``, 1
-(plain AR) when nothing pays. The choice depends on the past only,
-so lossless rules stay exact; the widths are recorded (:attr:`GenerationResult.widths`).
+**Window ``"auto"``.** The width ``W`` of each iteration is chosen from the iteration times
+measured on the running model per number of images decoding (a warm-up of three forwards at
+width 8 and one at 1 the first time, then an exponential average kept current, with a
+neighbouring width tried now and then when it is predicted close to the best) and the
+acceptance seen so far as a function of a draft's depth in the window (the drafts accepted
+before it in the same forward) and age (forwards it has been refined by), from which the tokens
+committed per forward at every width are predicted: ``W = argmax E[tokens committed | W] / t(W)``
+over ``1 .. AUTO_MAX_WINDOW``, 1 (plain AR) when nothing pays (:mod:`csdgen.engine.window`).
+What it learned carries over to the next call on the same model. The choice depends on the past
+only, so lossless rules stay exact; the widths are recorded (:attr:`GenerationResult.widths`),
+and the predicted against the measured tokens and seconds per width (:attr:`GenerationResult.auto_log`).
 Since measured times steer the widths, ``"auto"`` reproduces an image's *distribution*, not
 its exact tokens: pass a fixed window for bit-reproducible images across runs and batch sizes.
 

@@ -42,6 +42,7 @@ from ..acceptance import AcceptanceRule
 from ..models.base import ImageTokenModel
 from ..sampling import SamplingConfig
 from .generation import resolve_arguments
+from ..sampling import check_seed
 from .loop import _Loop, _signed64
 from .results import ImageStats
 
@@ -95,9 +96,10 @@ class ContinuousBatch:
     """
 
     def __init__(self, model: ImageTokenModel, *, method: str | AcceptanceRule = "csd", window: int | str | None = None,
-                 sampling: SamplingConfig | None = None, draft_init: str | None = None, refresh: str = "independent"):
+                 sampling: SamplingConfig | None = None, draft_init: str | None = None, refresh: str | None = None):
         rule, window, draft_init, sampling, settings = resolve_arguments(model, method, window, sampling, draft_init,
                                                                          refresh)
+        refresh = settings["refresh"]
         settings.pop("seed")
         self.model, self.settings = model, settings
         self.N = model.num_image_tokens
@@ -169,7 +171,7 @@ class ContinuousBatch:
         k = len(conditions)
         if k == 0:
             return []
-        seeds = [_signed64(s) for s in _integers("seeds", seeds, k, None)]
+        seeds = [_signed64(check_seed(s, "seeds")) for s in _integers("seeds", seeds, k, None)]
         indices = _integers("image_indices", image_indices, k, 0)
         loop = self._loop
         if self.size and not self.admits_while_running:

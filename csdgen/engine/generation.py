@@ -5,32 +5,47 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import torch
+
 from ..acceptance import AcceptanceRule
 from ..drafting import check_drafting, resolve_draft_init
 from ..models.base import ImageTokenModel
-from ..sampling import SamplingConfig
+from ..models.defaults import method_refresh
+from ..sampling import SamplingConfig, check_seed
 from ..trees import check_tree
 from .loop import _Loop
-from .methods import _check_window, _default_sampling, _resolve_method
+from .methods import _check_model, _check_sampling, _check_window, _default_sampling, _preset, _resolve_method
 from .results import GenerationResult, StepInfo
 from .tree_loop import _TreeLoop
 
 __all__ = ["generate", "resolve_arguments"]
 
 
-def resolve_arguments(model: ImageTokenModel, method, window, sampling, draft_init, refresh, seed: int = 0):
+def resolve_arguments(model: ImageTokenModel, method, window, sampling, draft_init, refresh, seed: int = 0,
+                      preset: str | None = None):
     """``generate``'s method, window, drafting and sampling arguments checked and resolved (None -> the
-    model's defaults), shared with :class:`csdgen.engine.ContinuousBatch`.
+    preset's, else the model's defaults), shared with :class:`csdgen.engine.ContinuousBatch`.
 
     Returns:
         ``(rule, window, draft_init, sampling, settings)``; ``settings`` is what
-        :attr:`GenerationResult.settings` records.
+        :attr:`GenerationResult.settings` records (the window is the width used: a window
+        longer than the image is capped at its N tokens).
 
     Raises:
         ValueError: as :func:`generate`.
     """
-    window = _check_window(window if window is not None else "auto")
-    rule, method_name = _resolve_method(method, model)
+    _check_model(model)
+    seed = check_seed(seed)
+    _check_sampling(sampling)
+    chosen = _preset(preset)
+    if window is None:
+        window = chosen.get("window", "auto")
+    window = _check_window(window, model.num_image_tokens)
+    rule, method_name = _resolve_method(method, model, chosen)
+    if refresh is None:
+        refresh = chosen.get("refresh", method_refresh(method_name))
+    if draft_init is None and rule.draft_init is None:
+        draft_init = chosen.get("draft_init")
     if method_name == "ar":
         window = 1
     draft_init = resolve_draft_init(draft_init, rule.draft_init, rule.name)
@@ -50,6 +65,8 @@ def resolve_arguments(model: ImageTokenModel, method, window, sampling, draft_in
         "top_k": sampling.top_k,
         "top_p": sampling.top_p,
     }
+    if preset is not None:
+        settings["preset"] = preset
     return rule, window, draft_init, sampling, settings
 
 
@@ -64,10 +81,11 @@ def generate(
     image_indices: Sequence[int] | None = None,
     sampling: SamplingConfig | None = None,
     draft_init: str | None = None,
-    refresh: str = "independent",
+    refresh: str | None = None,
     callback: Callable[[StepInfo], None] | None = None,
     profile: bool = False,
     tree: tuple[int, int] | None = None,
+    preset: str | None = None,
 ) -> GenerationResult:
     """Generate image tokens by AR decoding or speculative Jacobi decoding with an acceptance rule.
 
@@ -85,8 +103,10 @@ def generate(
         window: W, input slots of one Jacobi forward (each forward commits 1..W tokens per
             image), or ``"auto"`` (default): chosen every iteration to maximise measured tokens
             per second, 1 .. :data:`AUTO_MAX_WINDOW` (see :mod:`csdgen.engine`). Ignored (1) for ``"ar"``.
-        seed: the run's seed. Image ``i`` of the call draws from its own random stream keyed by
-            ``(seed, image_indices[i])``.
+            A window longer than the image (N tokens) is capped at N, and the result's
+            ``settings["window"]`` records the width used.
+        seed: the run's seed, an integer in ``0 .. 2**63 - 1`` (:data:`csdgen.sampling.MAX_SEED`).
+            Image ``i`` of the call draws from its own random stream keyed by ``(seed, image_indices[i])``.
         image_indices: the index of each image in the whole run (default ``0 .. B-1``); a
             caller splitting a run into batches passes the run-wide indices, so the batch size
             never changes an image (with a fixed window).
@@ -94,7 +114,9 @@ def generate(
         draft_init: ``"uniform"`` (CSD reference), ``"onehot"`` (SJD reference),
             ``"repeat-horizontal"`` or ``"repeat-vertical"``; None: what the rule needs
             (one-hot for GSD and LANTERN), else ``"uniform"``.
-        refresh: ``"independent"`` (SJD) or ``"coupled"`` (maximal coupling); both lossless.
+        refresh: ``"independent"`` (SJD's) or ``"coupled"`` (maximal coupling); both lossless.
+            None: the method's default (:data:`csdgen.models.defaults.METHOD_REFRESH`: coupled
+            for SJD and CSD, measured best on the built-in model; independent for the others).
         callback: called with a :class:`StepInfo` after every forward (progress bars, tests).
         profile: also time the forwards and :func:`verify` with device synchronisation
             (:attr:`GenerationResult.timings`; adds two syncs per iteration: for benchmarks).
@@ -105,19 +127,27 @@ def generate(
             ``K + ... + K^D - D`` side nodes. None (default): plain windows. Needs a session
             with ``forward_tree`` (``FunctionModel`` and every RaggedSession family: built-in /
             Llama, Janus, Emu3, Chameleon; see docs/frontier.md).
+        preset: ``"paper"``: the CSD paper's settings for every argument left None (window 16,
+            uniform drafts, independent refresh, and for ``method="csd"`` lambda 0.5 and delta
+            0.65; :data:`csdgen.models.defaults.PRESETS`); given arguments win. None: none.
 
     Returns:
         :class:`GenerationResult` with tokens ``[B, N]`` int64 and per-image statistics.
 
     Raises:
-        ValueError: bad window, unknown method, draft initialisation or refresh mode, a draft
+        ValueError: not an image-token model, a seed outside ``0 .. 2**63 - 1``, sampling not a
+            :class:`~csdgen.sampling.SamplingConfig`, a rule's class instead of an instance,
+            bad window, unknown method, draft initialisation or refresh mode, a draft
             initialisation the rule cannot use, bad sampling settings (e.g. top-k > V),
             ``image_indices`` not one non-negative int per image, conditions the model rejects,
             logits with NaN / +inf (or no allowed token) at some position, a bad ``tree``, a
             tree with ``method="ar"``, or a tree on a model whose session cannot evaluate trees.
+        MemoryError: the batch does not fit in the device's memory (one line; a smaller batch
+            gives the same images).
     """
     rule, window, draft_init, sampling, settings = resolve_arguments(model, method, window, sampling, draft_init,
-                                                                     refresh, seed)
+                                                                     refresh, seed, preset)
+    refresh, seed = settings["refresh"], settings["seed"]
     tree = check_tree(tree)
     if tree is not None and settings["method"] == "ar":
         raise ValueError(f"tree={tree!r} with method='ar': a draft tree needs a speculative method (e.g. 'sjd')")
@@ -126,4 +156,25 @@ def generate(
     else:
         settings["tree"] = list(tree)
         loop = _TreeLoop(model, rule, window, seed, sampling, draft_init, refresh, callback, profile, tree=tree)
-    return loop.run(conditions, batch_size, image_indices, settings)
+    try:
+        return loop.run(conditions, batch_size, image_indices, settings)
+    except RuntimeError as exc:  # torch.OutOfMemoryError (CUDA) is a RuntimeError too
+        if not _out_of_memory(exc):
+            raise
+        images = batch_size if conditions is None else _count(conditions)
+        raise MemoryError(f"decoding {images} images at once ran out of {torch.device(model.device).type} memory "
+                          f"({str(exc).splitlines()[0][:120]}); allowed: a smaller batch, e.g. csdgen.save_run(..., "
+                          f"batch_size=8) or csdgen.runs.generate_batches, which give the same images") from None
+
+
+def _out_of_memory(exc: RuntimeError) -> bool:
+    text = str(exc)
+    oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
+    return (oom is not None and isinstance(exc, oom)) or "can't allocate memory" in text or "out of memory" in text
+
+
+def _count(conditions) -> int | str:
+    try:
+        return len(conditions)
+    except TypeError:
+        return "the"

@@ -9,11 +9,11 @@ import time
 import torch
 
 from ..drafting import init_drafts
-from ..sampling import entropy, sample, stream_uniforms, target_probs
+from ..sampling import MAX_SEED, entropy, invalid_logits, sample, stream_uniforms, target_probs
 from .results import Decision, GenerationResult, ImageStats, StepInfo
 from .streams import _INIT, _KINDS, _Y
 from .verification import Verdict, verify
-from .window import AUTO_MAX_WINDOW, _AutoWindow
+from .window import AGE_GROUPS, AUTO_MAX_WINDOW, DEPTH_EDGES, _AutoWindow, _shared_state, depth_bucket
 
 
 def _synchronize(device: torch.device) -> None:
@@ -29,12 +29,18 @@ class _Loop:
     session holds only the images still decoding (``self.active``, their image indices).
     """
 
-    def __init__(self, model, rule, window, seed, sampling, draft_init, refresh, callback, profile):
+    def __init__(self, model, rule, window, seed, sampling, draft_init, refresh, callback, profile, tree=None):
         self.model, self.rule, self.window, self.seed, self.sampling = model, rule, window, seed, sampling
         self.draft_init, self.refresh, self.callback, self.profile = draft_init, refresh, callback, profile
         self.device = torch.device(model.device)
         self.max_width = AUTO_MAX_WINDOW if window == "auto" else window
-        self.auto = _AutoWindow(min(self.max_width, max(model.num_image_tokens - 1, 1))) if window == "auto" else None
+        self.auto = None
+        if window == "auto":
+            tree_key = None if tree is None else tuple(tree)
+            learned = _shared_state(model, (sampling.guided, tree_key),
+                                    (rule.name, repr(sorted(rule.options().items())), draft_init, refresh,
+                                     repr(sampling), tree_key))
+            self.auto = _AutoWindow(min(self.max_width, max(model.num_image_tokens - 1, 1)), learned)
         self.timings = {"forward": 0.0, "verify": 0.0} if profile else {}
 
     # -- random numbers -------------------------------------------------------------------------
@@ -68,6 +74,7 @@ class _Loop:
 
         Returns the ``[]`` bool non-finite flag of the prefill's target distribution (not synced)."""
         logits = session.prefill()
+        self._raw_logits = (logits.cond, logits.uncond, None)  # read only to explain a non-finite flag
         q, bad = target_probs(logits.cond, logits.uncond, self.sampling, check=True)
         u = self._uniforms(slots, 1)
         self.tokens[slots, 0] = sample(q[:, 0], u[_Y, :, 0])
@@ -117,7 +124,8 @@ class _Loop:
         seconds = time.perf_counter() - began
         settings = {**settings}
         return GenerationResult(self.tokens[:, :N].clone(), self._image_stats(), self.steps, seconds, settings,
-                                widths=self.widths, timings=self.timings)
+                                widths=self.widths, timings=self.timings,
+                                auto_log=self.auto.summary() if self.auto is not None else {})
 
     def _advance(self) -> torch.Tensor:
         """One iteration (draft, forward, verify, commit, roll back) for the session's rows.
@@ -127,7 +135,7 @@ class _Loop:
         N, session = self.model.num_image_tokens, self.session
         c_host = self.committed_host[self.active_host]
         limit = int((N - c_host).max())
-        width = min(self.auto.choose(limit) if self.auto else self.window, limit)
+        width = min(self.auto.choose(limit, len(self.active_host)) if self.auto else self.window, limit)
         probe = self._probe
         r_counts = self._iterate(session, width, c_host, probe)
         self.steps += 1
@@ -141,7 +149,7 @@ class _Loop:
         self._probe = False
         if self.auto is not None:
             now = time.perf_counter()
-            self.auto.observe(width, now - self._mark, *counts)
+            self.auto.observe(width, now - self._mark, *counts, tokens=float((new_c - c_host).double().mean()))
             self._mark = now
         return (new_c < N).nonzero()[:, 0]
 
@@ -149,8 +157,9 @@ class _Loop:
         if image_indices is None:
             return torch.arange(B, device=self.device)
         values = list(image_indices)
-        if len(values) != B or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
-            raise ValueError(f"image_indices={values!r}: allowed one integer >= 0 per image ({B} images)")
+        if len(values) != B or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_SEED for v in values):
+            shown = values if len(values) <= 8 else f"[{', '.join(map(str, values[:8]))}, ...] ({len(values)} values)"
+            raise ValueError(f"image_indices={shown}: allowed one integer in 0..{MAX_SEED} (2**63 - 1) per image ({B} images)")
         return torch.tensor(values, dtype=torch.long, device=self.device)
 
     #: feed one extra probe slot in the first iteration (the tree loop checks its compaction instead)
@@ -195,15 +204,29 @@ class _Loop:
             values = values[: len(values) - extra.numel()]
         B = committed.shape[0]
         if bool(values[B]):
-            raise ValueError("the model returned logits with NaN or +inf (or no allowed token) at some position; "
-                             "allowed: finite or -inf logits with at least one finite logit per position "
-                             "(check the model weights, inputs and masks)")
+            raise ValueError(self._non_finite_message())
         committed_host = values[:B].long()
         rest = values[B + 1 :]
         if counts is None:
             return committed_host, None
         half = len(rest) // 2
         return committed_host, (rest[:half].tolist(), rest[half:].tolist())
+
+    def _non_finite_message(self) -> str:
+        """What the non-finite flag means: the model's logits, or the sampling settings overflowing float32."""
+        raw = getattr(self, "_raw_logits", None)
+        s = self.sampling
+        if raw is not None:
+            cond, uncond, valid = raw
+            model_bad = invalid_logits(cond, valid) | (invalid_logits(uncond, valid) if uncond is not None else False)
+            if not bool(model_bad):
+                return (f"the model's logits are finite, but guidance scale {s.guidance_scale:g} and temperature "
+                        f"{s.temperature:g} make them overflow float32 (NaN or +inf after l_u + s (l_c - l_u) and / T); "
+                        f"allowed: a smaller guidance scale or a larger temperature (e.g. guidance 1-10, temperature "
+                        f"0.5-1.5, or 0 for greedy)")
+        return ("the model returned logits with NaN or +inf (or no allowed token) at some position; "
+                "allowed: finite or -inf logits with at least one finite logit per position "
+                "(check the model weights, inputs and masks)")
 
     def _notify(self, session) -> None:
         if self.callback is not None:
@@ -242,7 +265,7 @@ class _Loop:
         return x, p
 
     def _iterate(self, session, W: int, c_host: torch.Tensor, probe: bool) -> torch.Tensor | None:
-        """One forward for the active images; returns auto's ``[2, AGES]`` acceptance counts by draft age (or None)."""
+        """One forward for the active images; returns auto's draft counts by depth and age (:meth:`_auto_counts`) or None."""
         N, dev = self.model.num_image_tokens, self.device
         rows = self.active
         c = self.committed[rows]  # [A]
@@ -269,6 +292,7 @@ class _Loop:
         slot = torch.arange(W, device=dev)
         valid = slot[None] < widths[:, None]
         q, self._bad = target_probs(cond, uncond, self.sampling, valid=valid, check=True)
+        self._raw_logits = (cond, uncond, valid)
         if self.profile:
             _synchronize(dev)
             t1 = time.perf_counter()
@@ -283,20 +307,22 @@ class _Loop:
         return self._auto_counts(rows, r, widths)
 
     def _auto_counts(self, rows: torch.Tensor, r: torch.Tensor, widths: torch.Tensor) -> torch.Tensor | None:
-        """``[2, AGES]`` acceptance counts by draft age for ``window="auto"`` (None for a fixed window);
-        called after the commit step, with ``self._ages_entered`` read before it."""
+        """``[2, buckets * AGE_GROUPS]`` draft counts (reached, rejected) by depth bucket and age group for
+        ``window="auto"`` (None for a fixed window); called after the commit step, with
+        ``self._ages_entered`` read before it. A draft's depth is its slot (the drafts before it in
+        this forward), its age the forwards it was refined by."""
         dev = self.device
         if self.auto is None:
             return None
         slot = torch.arange(self._ages_entered.shape[1], device=dev)
-        # acceptance counts by draft age, for the width chooser (ages read before the commit step)
-        age = (self.steps_per_image[rows][:, None] - 1 - self._ages_entered).clamp(0, _AutoWindow.AGES - 1)
+        age = (self.steps_per_image[rows][:, None] - 1 - self._ages_entered).clamp(0, AGE_GROUPS - 1)
+        cell = depth_bucket(slot)[None] * AGE_GROUPS + age  # [A, W]
         is_draft = slot[None] < (widths - 1)[:, None]
         reached = is_draft & (slot[None] <= r[:, None])
         rejected = is_draft & (slot[None] == r[:, None])
-        counts = torch.zeros(2, _AutoWindow.AGES, dtype=torch.long, device=dev)
-        counts[0].scatter_add_(0, age.reshape(-1), reached.reshape(-1).long())
-        counts[1].scatter_add_(0, age.reshape(-1), rejected.reshape(-1).long())
+        counts = torch.zeros(2, len(DEPTH_EDGES) * AGE_GROUPS, dtype=torch.long, device=dev)
+        counts[0].scatter_add_(0, cell.reshape(-1), reached.reshape(-1).long())
+        counts[1].scatter_add_(0, cell.reshape(-1), rejected.reshape(-1).long())
         return counts
 
     def _commit(self, rows, c, verdict: Verdict, q, widths) -> None:

@@ -132,6 +132,10 @@ class GenerationResult:
             window; chosen per iteration by ``window="auto"``).
         timings: with ``profile=True``: seconds spent in the model forwards (``"forward"``) and in
             :func:`verify` (``"verify"``), each measured with device synchronisation.
+        auto_log: with ``window="auto"``: per width chosen by the model (warm-up widths left out),
+            ``iterations`` and the mean ``predicted_tokens`` / ``measured_tokens`` per image and
+            ``predicted_seconds`` / ``measured_seconds`` per iteration (the check of the width
+            chooser's cost and acceptance models; ``benchmarks/bench_decoding.py`` prints it).
     """
 
     tokens: torch.Tensor
@@ -142,6 +146,7 @@ class GenerationResult:
     batch_acceptance: str = "per-image"
     widths: list[int] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    auto_log: dict[int, dict[str, float]] = field(default_factory=dict)
 
     @property
     def step_compression(self) -> float:

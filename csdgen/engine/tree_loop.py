@@ -31,7 +31,7 @@ class _TreeLoop(_Loop):
     PATH_CHOICE = "first"
 
     def __init__(self, *args, tree: tuple[int, int]):
-        super().__init__(*args)
+        super().__init__(*args, tree=tree)
         self.K, self.D = tree
         self._pending = None
 
@@ -85,6 +85,7 @@ class _TreeLoop(_Loop):
         logits = session.forward_tree(fed, c_host - 1, layout, valid_host)
         valid = depth[None] <= (widths - 1)[:, None]
         q, self._bad = target_probs(logits.cond, logits.uncond, self.sampling, valid=valid, check=True)
+        self._raw_logits = (logits.cond, logits.uncond, valid)
         if self.profile:
             _synchronize(dev)
             t1 = time.perf_counter()

@@ -34,6 +34,8 @@ def method_presets(lam: float = 0.5, delta: float = 0.65, addition_c: float = 0.
     """Named settings for ``generate``: every method csdgen has, the reference ones first.
 
     GSD and LANTERN (official defaults) are included when the model's ``codebook`` ``[V, D]`` is given.
+    Every row names its refresh: ``"independent"`` (the papers'), ``"coupled"`` for the ``-coupled``
+    rows, so a row means the same whatever :func:`csdgen.generate`'s default refresh is.
     ``entropy_unit`` goes to the CSD rules, ``draft_init`` to every method whose rule needs no
     drafts of its own (GSD and LANTERN run with one-hot drafts, see :func:`lantern_preset`);
     None: what the rule needs, else uniform.
@@ -54,7 +56,8 @@ def method_presets(lam: float = 0.5, delta: float = 0.65, addition_c: float = 0.
     out = {}
     for name, preset in presets.items():
         needed = getattr(preset["method"], "draft_init", None)
-        out[name] = {"draft_init": draft_init if needed is None else needed, **preset}
+        # every row names its refresh: "sjd" and "csd" are the papers' (independent) whatever generate's default
+        out[name] = {"draft_init": draft_init if needed is None else needed, "refresh": "independent", **preset}
     return out
 
 

@@ -338,7 +338,7 @@ class FidScorer:
         return {"features_sum": f.sum(0), "features_cov_sum": f.t().mm(f), "features_num_samples": torch.tensor(len(f))}
 
     def _reference_states(self, files: list[Path], cache: Path | None) -> dict[str, torch.Tensor]:
-        from safetensors.torch import load_file, save_file
+        from safetensors.torch import load_file
 
         listing = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
         weights_stat = self.weights.stat()
@@ -355,9 +355,9 @@ class FidScorer:
         states = self._states(features)
         if cache is not None:
             cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_name(f".{cache.name}.tmp")
-            save_file({**states, "key": torch.tensor(list(key.encode()), dtype=torch.uint8)}, str(tmp))
-            os.replace(tmp, cache)
+            from csdgen.atomic import save_safetensors
+
+            save_safetensors({**states, "key": torch.tensor(list(key.encode()), dtype=torch.uint8)}, cache)
         return states
 
     def fid(self, images: torch.Tensor | Iterable[torch.Tensor] | str | os.PathLike) -> float:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -100,10 +99,9 @@ def acceptance_map(image: np.ndarray, decisions: torch.Tensor, entropy: torch.Te
 
 def save_png(image: Image.Image, path: str | os.PathLike) -> None:
     """Write a PNG atomically (temporary file, then rename): a killed run never leaves half a file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    image.save(tmp, format="PNG")
-    os.replace(tmp, path)
+    from csdgen.atomic import write_atomic
+
+    write_atomic(path, lambda tmp: image.save(tmp, format="PNG"))
 
 
 def image_grid(rows: list[list[np.ndarray]], labels: list[str] | None = None, scale: int = 1) -> Image.Image:

@@ -28,6 +28,8 @@ other fields are kept and ignored):
   committed ``L`` tokens (entry 0: steps that committed none); :func:`accepted_length_histogram`
   makes it from ``ImageStats.committed_per_step``.
 - ``device`` (str): e.g. ``"NVIDIA H200"`` or ``"cpu"``.
+- ``torch_threads`` (int): ``torch.get_num_threads()`` of the process that made the image (float
+  summation order depends on it, so images are reproduced bit for bit at the same count).
 - ``clip`` (float): CLIP score of the image (:mod:`csdgen.evaluation.clip_score`).
 - ``nll`` (float): target NLL of the image's tokens, nats per token.
 - ``class_consistency`` (float): built-in model only, its classifier's probability of the
@@ -259,9 +261,9 @@ def to_csv(rows: list[dict]) -> str:
 
 
 def _atomic_write(path: Path, data: str | bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
-    os.replace(tmp, path)
+    from csdgen.atomic import write_atomic
+
+    write_atomic(path, lambda tmp: tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data))
 
 
 def _plot(rows: list[dict], score: str, reference: str) -> bytes:

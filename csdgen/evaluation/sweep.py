@@ -85,7 +85,9 @@ def settings(grid: SweepGrid, codebook: torch.Tensor | None = None, entropy_unit
                 if method.startswith("csd ("):
                     tag += f"_delta{preset['method'].delta}"
                 needed = getattr(preset["method"], "draft_init", None)  # GSD, LANTERN: one-hot drafts
-                preset = {"draft_init": init if needed is None else needed, **preset}
+                # the refresh is named (the papers' independent one unless the setting says coupled), so a
+                # setting means the same whatever generate's default refresh is
+                preset = {"draft_init": init if needed is None else needed, "refresh": "independent", **preset}
                 points.append(Setting(f"{tag}_W{window}_{preset['draft_init']}", method, parameter, value, window,
                                       preset["draft_init"], preset))
     return points

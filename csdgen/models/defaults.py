@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["FamilyDefaults", "FAMILY_DEFAULTS", "family_defaults"]
+__all__ = ["FamilyDefaults", "FAMILY_DEFAULTS", "family_defaults", "METHOD_REFRESH", "PRESETS", "method_refresh"]
 
 
 @dataclass(frozen=True)
@@ -65,3 +65,34 @@ def family_defaults(family: str) -> FamilyDefaults:
     if family not in FAMILY_DEFAULTS:
         raise ValueError(f"unknown model family {family!r}; allowed: {', '.join(FAMILY_DEFAULTS)}")
     return FAMILY_DEFAULTS[family]
+
+
+#: Each method's default refresh of the pending drafts after a rejection (``generate(refresh=None)``,
+#: ``csdgen generate`` without ``--refresh``). Both modes are lossless for a lossless rule, so for
+#: SJD the one with the higher step compression wins: coupled (built-in model, window 32, batch 1:
+#: 5.16x against 2.86x; docs/frontier.md). For CSD coupled too: on the built-in model it committed
+#: more tokens per forward (3.87x against 2.81x, window 32, batch 16) with a lower Frechet distance
+#: and NLL, class consistency 0.027 lower (docs/builtin.md, "Default refresh"). The other rules keep the
+#: independent refresh of their references (not measured against coupled; AR has no drafts).
+METHOD_REFRESH: dict[str, str] = {
+    "ar": "independent",
+    "sjd": "coupled",
+    "csd": "coupled",
+    "addition": "independent",
+    "jacobi": "independent",
+    "gsd": "independent",
+    "lantern": "independent",
+}
+
+#: Named sets of settings, one option away (``generate(preset=...)``, ``--preset``); given
+#: arguments win over a preset's. ``"paper"``: the CSD paper's settings as its public code runs
+#: them: independent refresh (SJD's), uniform draft initialisation, window 16, lambda 0.5 and
+#: delta 0.65 (the CSD reference values; /work/shared/docs/algorithms.md, "CSD").
+PRESETS: dict[str, dict] = {
+    "paper": {"refresh": "independent", "draft_init": "uniform", "window": 16, "lam": 0.5, "delta": 0.65},
+}
+
+
+def method_refresh(method: str) -> str:
+    """The default refresh of ``method`` (a method name, :data:`METHOD_REFRESH`; unknown: ``"independent"``)."""
+    return METHOD_REFRESH.get(method, "independent")

@@ -9,6 +9,7 @@ token. This is the layout of the built-in model; the tests use tiny random insta
 
 from __future__ import annotations
 
+import operator
 from typing import Sequence
 
 import torch
@@ -83,7 +84,8 @@ class ClassConditionalLlama(ImageTokenModel):
         """Resolve class names or indices to indices.
 
         Raises:
-            ValueError: for an unknown name or an index outside ``0 .. num_classes - 1``.
+            ValueError: for an unknown name, an index outside ``0 .. num_classes - 1``, or anything else
+                (a float such as 1.5, a bool, None).
         """
         ids = []
         for c in conditions:
@@ -93,7 +95,16 @@ class ClassConditionalLlama(ImageTokenModel):
                     raise ValueError(f"unknown class {c!r}; allowed: {allowed}")
                 ids.append(self.class_names.index(c))
                 continue
-            index = int(c)
+            if isinstance(c, str):
+                index = int(c)
+            else:
+                try:  # an int (numpy and torch integers too), never a float, bool or other object
+                    if isinstance(c, bool):
+                        raise TypeError
+                    index = operator.index(c)
+                except TypeError:
+                    raise ValueError(f"class {c!r}: allowed a class index 0..{self.num_classes - 1}"
+                                     + (" or a class name" if self.class_names else "")) from None
             if not 0 <= index < self.num_classes:
                 raise ValueError(f"class index {index}: allowed 0..{self.num_classes - 1}")
             ids.append(index)

@@ -103,7 +103,7 @@ class ServeDefaults:
     entropy_unit: str = "nats"
     addition_c: float = 0.2
     draft_init: str | None = None
-    refresh: str = "independent"
+    refresh: str | None = None
     partial_every: int = 8
     max_images: int = 10
 
@@ -310,6 +310,7 @@ def parse_request(body: Any, served) -> ImageRequest:
                 else list(METHODS)
             message = f"method={method!r}: {message}; allowed: {', '.join(usable)}"
         raise _bad(param, message) from None
+    refresh = settings["refresh"]
     condition, input_tokens = served.condition(prompt, sampling.guided)
     key = (settings["method"], repr(rule_obj), window, draft_init, refresh, sampling.guidance_scale, sampling.temperature,
            sampling.top_k, sampling.top_p)

@@ -1,0 +1,62 @@
+"""One run per output folder: an exclusive lock held while a run writes there.
+
+Two ``csdgen generate`` (or ``compare``, ``sweep``, :func:`csdgen.save_run`) into one folder at
+once would both generate the same images and rewrite each other's ``record.json``; two
+``bench`` would also time their images under each other's load. Each run therefore takes
+``fcntl.flock(LOCK_EX | LOCK_NB)`` on the folder itself (``bench``: on its own
+``records/rank<R>.jsonl``, so the processes of one ``torchrun`` share the folder while a second
+bench's process of the same rank is refused), and a second run is refused at once. The kernel
+releases the lock when its process ends, however it ends (Ctrl-C, ``kill -9``, a crash), and no
+lock file is left behind. Where ``fcntl`` is missing (Windows) no lock is taken.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+__all__ = ["FolderBusy", "folder_lock"]
+
+
+class FolderBusy(ValueError):
+    """Another process holds the lock (a ValueError: the CLI prints it as one line)."""
+
+
+@contextmanager
+def folder_lock(folder: str | os.PathLike, what: str = "csdgen run", file: str | os.PathLike | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on ``folder`` (or on ``file`` inside it) for the ``with`` block.
+
+    Args:
+        folder: the output folder (created if missing).
+        what: what runs there, for the message (e.g. ``"csdgen generate"``).
+        file: lock this file (created, opened for appending, never truncated) instead of the folder.
+
+    Raises:
+        FolderBusy: another process holds the lock (naming the folder).
+    """
+    try:
+        import fcntl
+    except ImportError:  # no advisory locks here: run unlocked
+        yield
+        return
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    if file is None:
+        fd = os.open(folder, os.O_RDONLY)
+    else:
+        (folder / file).parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FolderBusy(f"{str(folder)!r} is in use by another {what} running now; wait for it to finish, or "
+                             f"choose another --out") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
