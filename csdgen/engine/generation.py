@@ -7,6 +7,7 @@ from typing import Any, Callable, Sequence
 
 from ..acceptance import AcceptanceRule
 from ..drafting import check_drafting, resolve_draft_init
+from ..models._static import ENGINES
 from ..models.base import ImageTokenModel
 from ..sampling import SamplingConfig
 from ..trees import check_tree
@@ -16,6 +17,13 @@ from .results import GenerationResult, StepInfo
 from .tree_loop import _TreeLoop
 
 __all__ = ["generate"]
+
+
+def _check_engine(engine, compile) -> None:
+    if engine not in ENGINES:
+        raise ValueError(f"engine={engine!r}: allowed {', '.join(map(repr, ENGINES))}")
+    if compile is not None and not isinstance(compile, bool):
+        raise ValueError(f"compile={compile!r}: allowed True, False or None (on CUDA only)")
 
 
 def generate(
@@ -33,6 +41,8 @@ def generate(
     callback: Callable[[StepInfo], None] | None = None,
     profile: bool = False,
     tree: tuple[int, int] | None = None,
+    engine: str = "auto",
+    compile: bool | None = None,
 ) -> GenerationResult:
     """Generate image tokens by AR decoding or speculative Jacobi decoding with an acceptance rule.
 
@@ -70,6 +80,17 @@ def generate(
             ``K + ... + K^D - D`` side nodes. None (default): plain windows. Needs a session
             with ``forward_tree`` (``FunctionModel`` and every RaggedSession family: built-in /
             Llama, Janus, Emu3, Chameleon; see docs/frontier.md).
+        engine: ``"static"``: the static-shape session (:mod:`csdgen.models._static`: a KV cache
+            preallocated per row, windows run as width buckets 1, 2, 4, ..., 64, batch slots);
+            ``"eager"``: the model's own session (for the transformers families a
+            ``DynamicCache`` per row); ``"auto"`` (default): static wherever it applies (every
+            RaggedSession family: built-in / Llama, Janus, Emu3, Chameleon), else eager. The
+            engines give the same tokens up to floating-point summation order (tested; see
+            docs/engine.md). ``result.settings["engine"]`` says which one ran.
+        compile: static engine only: ``torch.compile`` every forward shape on first use (cached
+            for later calls on the model; on CUDA each shape is also captured as a CUDA graph);
+            the first call of each shape is reported in :attr:`GenerationResult.compile_seconds`.
+            None (default): on CUDA only.
 
     Returns:
         :class:`GenerationResult` with tokens ``[B, N]`` int64 and per-image statistics.
@@ -79,8 +100,11 @@ def generate(
             initialisation the rule cannot use, bad sampling settings (e.g. top-k > V),
             ``image_indices`` not one non-negative int per image, conditions the model rejects,
             logits with NaN / +inf (or no allowed token) at some position, a bad ``tree``, a
-            tree with ``method="ar"``, or a tree on a model whose session cannot evaluate trees.
+            tree with ``method="ar"``, a tree on a model whose session cannot evaluate trees, an
+            unknown ``engine``, ``engine="static"`` (or ``compile=True``) on a model it does not
+            apply to, or ``compile=True`` with ``engine="eager"``.
     """
+    _check_engine(engine, compile)
     window = _check_window(window if window is not None else "auto")
     rule, method_name = _resolve_method(method, model)
     if method_name == "ar":
@@ -106,8 +130,9 @@ def generate(
         "top_p": sampling.top_p,
     }
     if tree is None:
-        loop = _Loop(model, rule, window, seed, sampling, draft_init, refresh, callback, profile)
+        loop = _Loop(model, rule, window, seed, sampling, draft_init, refresh, callback, profile, engine, compile)
     else:
         settings["tree"] = list(tree)
-        loop = _TreeLoop(model, rule, window, seed, sampling, draft_init, refresh, callback, profile, tree=tree)
+        loop = _TreeLoop(model, rule, window, seed, sampling, draft_init, refresh, callback, profile, engine, compile,
+                         tree=tree)
     return loop.run(conditions, batch_size, image_indices, settings)

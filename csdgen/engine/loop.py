@@ -9,6 +9,7 @@ import time
 import torch
 
 from ..drafting import init_drafts
+from ..models._static import open_engine
 from ..sampling import entropy, sample, stream_uniforms, target_probs
 from .results import Decision, GenerationResult, ImageStats, StepInfo
 from .streams import _INIT, _KINDS, _Y
@@ -29,8 +30,10 @@ class _Loop:
     session holds only the images still decoding (``self.active``, their image indices).
     """
 
-    def __init__(self, model, rule, window, seed, sampling, draft_init, refresh, callback, profile):
+    def __init__(self, model, rule, window, seed, sampling, draft_init, refresh, callback, profile, engine="auto",
+                 compile=None):
         self.model, self.rule, self.window, self.seed, self.sampling = model, rule, window, seed, sampling
+        self.engine, self.compile = engine, compile
         self.draft_init, self.refresh, self.callback, self.profile = draft_init, refresh, callback, profile
         self.device = torch.device(model.device)
         self.max_width = AUTO_MAX_WINDOW if window == "auto" else window
@@ -50,7 +53,9 @@ class _Loop:
         N, dev = model.num_image_tokens, self.device
         _synchronize(dev)
         began = time.perf_counter()
-        session = model.start(conditions, batch_size, self.sampling.guided)
+        session = open_engine(model.start(conditions, batch_size, self.sampling.guided), self.engine, self.compile)
+        if self.auto is not None:
+            self.auto.buckets = getattr(session, "width_buckets", None)
         self._opened(session)
         self.B = B = session.batch_size
         self.indices = self._image_indices(image_indices, B)
@@ -78,7 +83,9 @@ class _Loop:
         self._notify(session)
 
         self.prev = None  # (q [A, W, V], widths [A], shift [A]) of the last forward, for carried drafts
-        probe = N >= 3 and self.PROBE  # the first iteration checks that the cache rolls back (csdgen.engine's docstring)
+        # the first iteration checks that the cache rolls back (csdgen.engine's docstring); a static
+        # session's rollback is a length update, checked after the first iteration without a probe
+        probe = N >= 3 and self.PROBE and getattr(session, "rollback_probe", True)
         checked = False
         mark = time.perf_counter()
         while len(self.active_host):
@@ -91,7 +98,7 @@ class _Loop:
             committed_host, counts = self._sync(self.committed, self._bad, r_counts)
             new_c = committed_host[self.active_host]
             self._rollback(session, new_c - 1)
-            if not checked and (probe or not self.PROBE):
+            if not checked:
                 self._check_rollback(session, new_c - 1)
             probe, checked = False, True
             if self.auto is not None:
@@ -110,9 +117,11 @@ class _Loop:
             self._notify(session)
         _synchronize(dev)
         seconds = time.perf_counter() - began
-        settings = {**settings}
+        settings = {**settings, "engine": getattr(session, "engine", "eager"),
+                    "compile": bool(getattr(session, "compile", False))}
         return GenerationResult(self.tokens[:, :N].clone(), self._image_stats(), self.steps, seconds, settings,
-                                widths=self.widths, timings=self.timings)
+                                widths=self.widths, timings=self.timings,
+                                compile_seconds=dict(getattr(session, "compile_seconds", {})))
 
     def _image_indices(self, image_indices, B: int) -> torch.Tensor:
         if image_indices is None:

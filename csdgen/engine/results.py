@@ -132,6 +132,10 @@ class GenerationResult:
             window; chosen per iteration by ``window="auto"``).
         timings: with ``profile=True``: seconds spent in the model forwards (``"forward"``) and in
             :func:`verify` (``"verify"``), each measured with device synchronisation.
+        compile_seconds: with the static engine and ``compile``: ``{"rows x columns": seconds}``,
+            the first call of every forward shape (compilation, warm-up and CUDA graph capture
+            included; a shape compiled by an earlier call of the same model costs little). Part
+            of :attr:`seconds`.
     """
 
     tokens: torch.Tensor
@@ -142,6 +146,7 @@ class GenerationResult:
     batch_acceptance: str = "per-image"
     widths: list[int] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    compile_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def step_compression(self) -> float:
@@ -158,5 +163,6 @@ class GenerationResult:
             "step_compression": self.step_compression,
             "widths": self.widths,
             **({"timings": self.timings} if self.timings else {}),
+            **({"compile_seconds": self.compile_seconds} if self.compile_seconds else {}),
             "images": [s.summary() for s in self.images],
         }

@@ -25,6 +25,11 @@ class _AutoWindow:
     steady state at width W committing L tokens per forward, the draft at slot j has age
     ``floor((W - 1 - j) / L)``, so ``L = 1 + sum_j prod_{s<j} accept(age_s)`` is solved by a
     damped fixed-point iteration for every W at once. The width maximising ``E(W) / t(W)`` wins.
+
+    Buckets (the static engine, :mod:`csdgen.models._static`): a window of W slots costs what its
+    bucket (the smallest of ``buckets`` >= W) costs, so times are kept per bucket and ``t(W)`` is
+    a step function; among the widths of one bucket the widest (most tokens) wins unless the
+    image end caps it.
     """
 
     DECAY = 0.95  # acceptance counts, per iteration
@@ -34,8 +39,9 @@ class _AutoWindow:
     EXPLORE_WITHIN = 0.8
     AGES = 16  # ages 0 .. AGES - 1 (older drafts count as AGES - 1)
 
-    def __init__(self, max_width: int):
+    def __init__(self, max_width: int, buckets: tuple[int, ...] | None = None):
         self.max_width = max_width
+        self.buckets = buckets
         self.reached = torch.zeros(self.AGES, dtype=torch.float64)
         self.rejected = torch.zeros(self.AGES, dtype=torch.float64)
         self.times: dict[int, float] = {}
@@ -75,10 +81,16 @@ class _AutoWindow:
             tokens = 0.5 * tokens + 0.5 * (1 + passes.cumprod(1).sum(1, keepdim=True))
         return tokens[:, 0]
 
+    def bucket(self, width: int) -> int:
+        """The width a window of ``width`` slots costs (itself without buckets)."""
+        if self.buckets is None:
+            return width
+        return next((b for b in self.buckets if b >= width), width)
+
     def cost(self) -> torch.Tensor:
         """``[max_width]`` float64 estimated seconds per iteration at W = 1 .. max_width."""
         ws = sorted(self.times)
-        widths = torch.arange(1, self.max_width + 1, dtype=torch.float64)
+        widths = torch.tensor([self.bucket(w) for w in range(1, self.max_width + 1)], dtype=torch.float64)
         if len(ws) == 1:
             return torch.full_like(widths, self.times[ws[0]])
         xs = torch.tensor(ws, dtype=torch.float64)
@@ -106,5 +118,6 @@ class _AutoWindow:
     def observe(self, width: int, seconds: float, reached: list[float], rejected: list[float]) -> None:
         self.reached = self.DECAY * self.reached + torch.tensor(reached, dtype=torch.float64)
         self.rejected = self.DECAY * self.rejected + torch.tensor(rejected, dtype=torch.float64)
+        width = self.bucket(width)
         old = self.times.get(width)
         self.times[width] = seconds if old is None else (1 - self.TIME_WEIGHT) * old + self.TIME_WEIGHT * seconds
