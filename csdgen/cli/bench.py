@@ -174,13 +174,13 @@ def _methods(args, model) -> dict:
     presets = method_presets(args.lam, args.delta, args.addition_c, model.codebook_embeddings(),
                              entropy_unit=args.entropy_unit, draft_init=args.draft_init)
     if args.methods is None:  # every method this model has (compare's default)
-        return presets
+        return {n: {**preset, **opt.engine_kwargs(args)} for n, preset in presets.items()}
     names = args.methods if "ar" in args.methods else ["ar", *args.methods]
     missing = [n for n in names if n not in presets]
     if missing:
         raise ValueError(f"--methods {missing[0]}: this model has no codebook embeddings (GSD and LANTERN need them); "
                          f"allowed here: {', '.join(presets)}")
-    return {n: presets[n] for n in names}
+    return {n: {**presets[n], **opt.engine_kwargs(args)} for n in names}
 
 
 def _floor(args):

@@ -83,7 +83,8 @@ def run(args) -> int:
     with tqdm(total=len(plan) * len(classes), unit="img", desc="compare", disable=None) as bar:
         for name, preset, seed in plan:
             bar.set_postfix_str(name)
-            runs.append(run_method(model, name, preset, classes, seed=seed, batch_size=args.batch_size,
+            runs.append(run_method(model, name, {**preset, **opt.engine_kwargs(args)}, classes, seed=seed,
+                                   batch_size=args.batch_size,
                                    window=args.window, sampling=sampling, out_dir=out, progress=bar.update))
     scores, grid_rows = {}, []
     for run_ in runs:

@@ -45,6 +45,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help=f"comma-separated, of {','.join(BASELINES)} (default {','.join(grid.baselines)}; "
                         f"empty string = none)")
     opt.add_sampling(p)
+    opt.add_engine(p)
     from .bench import add_bench_source
 
     add_bench_source(p, "sweep")
@@ -74,7 +75,8 @@ def _run_bench(args) -> int:
         points.extend(settings(_grid(args), plan.model.codebook_embeddings(), entropy_unit=args.entropy_unit))
         if not points:
             raise ValueError("nothing to sweep: every grid (--csd-lam, --addition-c, ...) and --baselines is empty")
-        methods = {p.name: {**p.preset, "window": min(p.window, plan.model.num_image_tokens)} for p in points}
+        methods = {p.name: {**p.preset, "window": min(p.window, plan.model.num_image_tokens), **opt.engine_kwargs(args)}
+                   for p in points}
         return dataclasses.replace(plan, methods=methods, settings={**plan.settings, "command": "sweep"})
 
     done = bench_cli.execute(bench_cli.bench_namespace(args, seeds=[args.seed], floor_seed="none", methods=["ar"],
@@ -130,7 +132,8 @@ def run(args) -> int:
     with tqdm(total=len(points) * len(classes), unit="img", desc="sweep", disable=None) as bar:
         for point in points:
             bar.set_postfix_str(point.name)
-            run_ = run_method(model, point.name, point.preset, classes, seed=args.seed, batch_size=args.batch_size,
+            run_ = run_method(model, point.name, {**point.preset, **opt.engine_kwargs(args)}, classes, seed=args.seed,
+                              batch_size=args.batch_size,
                               window=min(point.window, model.num_image_tokens), sampling=sampling, out_dir=out,
                               progress=bar.update)
             scores, _ = score_run(model, scorer, run_, classes)
