@@ -57,6 +57,17 @@ def test_auto_picks_static_for_transformers_sessions_and_eager_for_the_rest(cach
     assert static_refusal(known_joint.model.start(None, 2, False)).startswith("its session (_FunctionSession)")
 
 
+def test_static_session_admits_no_rows(cached_model):
+    """The server's admission contract (issue 18): the static session says it cannot admit, so a
+    server runs it one batch at a time, and ``admit`` refuses instead of running the ragged one."""
+    session = open_engine(cached_model.start([0], None, True), "static", False)
+    other = cached_model.start([1], None, True)
+    session.prefill(), other.prefill()
+    assert isinstance(session, StaticSession) and session.supports_admission is False
+    with pytest.raises(NotImplementedError, match="does not admit rows"):
+        session.admit(other)
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(engine="fast"), r"engine='fast': allowed 'auto', 'static', 'eager'"),
     (dict(engine="eager", compile=True), r"compile=True with engine='eager'"),

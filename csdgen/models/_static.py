@@ -272,6 +272,20 @@ class StaticSession(RaggedSession):
     width_buckets = WIDTH_BUCKETS
     #: the loop's rollback probe is not needed: a rollback here is a length update
     rollback_probe = False
+    #: no row admission (issue 18's ``admit``) yet: the cache's batch slots and prompt width are fixed
+    #: when it is opened, so a server runs a static session one batch at a time. Set here because
+    #: RaggedSession, which this class extends, admits rows; without it the ragged ``admit`` would
+    #: run on this cache's layout.
+    supports_admission = False
+
+    def admit(self, other) -> None:
+        """Not supported (see :attr:`supports_admission`).
+
+        Raises:
+            NotImplementedError: always; use the eager engine (``engine="eager"``) to admit rows.
+        """
+        raise NotImplementedError("the static session does not admit rows (supports_admission is False); "
+                                  "open the session with engine='eager' to join images to a running batch")
 
     def _init_static(self, compile: bool, capacity: int | None = None) -> None:
         B, R = self.batch_size, self.prompt_ids.shape[0]
