@@ -35,9 +35,12 @@ def test_greedy_default_csd_equals_ar_since_one_hot_targets_have_zero_entropy(ca
         assert torch.equal(out.tokens, ar_greedy[3])
 
 
-def test_greedy_speculation_saves_steps_somewhere(cached_model, ar_greedy):
-    out = csdgen.generate(cached_model, [4, 0, 2], method="sjd", window=8, sampling=GREEDY)
+@pytest.mark.parametrize("engine", ["static", "eager"])
+def test_greedy_speculation_saves_steps_somewhere(cached_model, ar_greedy, engine):
+    out = csdgen.generate(cached_model, [4, 0, 2], method="sjd", window=8, sampling=GREEDY, engine=engine)
     assert torch.equal(out.tokens, ar_greedy[3])
+    assert torch.equal(csdgen.generate(cached_model, [4, 0, 2], method="ar", sampling=GREEDY, engine=engine).tokens,
+                       ar_greedy[3])
     assert out.steps < cached_model.num_image_tokens  # the accept path was exercised
     assert sum(s.counts()["accepted"] for s in out.images) > 0
 
@@ -63,7 +66,8 @@ def test_csd_accepts_more_than_sjd_on_average(cached_model):
 
 @pytest.mark.parametrize("method, sampling, window", [("sjd", SAMPLED, 10), ("csd", SAMPLED, 10), ("ar", SAMPLED, 1),
                                                       ("sjd", GREEDY, 10), ("csd", SAMPLED, "auto")])
-def test_kv_state_of_every_row_after_every_iteration_equals_fresh_prefill(cached_model, method, sampling, window):
+@pytest.mark.parametrize("engine", ["static", "eager"])
+def test_kv_state_of_every_row_after_every_iteration_equals_fresh_prefill(cached_model, method, sampling, window, engine):
     classes = [2, 4, 1]
     checked = []
 
@@ -72,7 +76,9 @@ def test_kv_state_of_every_row_after_every_iteration_equals_fresh_prefill(cached
         checked.append(info.session.cache_lengths.tolist())
         assert info.decisions.shape == info.entropy.shape == info.tokens.shape
 
-    out = csdgen.generate(cached_model, classes, method=method, window=window, sampling=sampling, seed=2, callback=check)
+    out = csdgen.generate(cached_model, classes, method=method, window=window, sampling=sampling, seed=2, callback=check,
+                          engine=engine)
+    assert out.settings["engine"] == engine
     assert len(checked) == out.steps
     assert len({tuple(lengths) for lengths in checked if len(lengths) == 3 and len(set(lengths)) > 1}) > 0 or method == "ar"
 
@@ -304,6 +310,7 @@ def test_auto_window_records_its_widths_and_matches_greedy_ar(cached_model, ar_g
 
 
 def test_first_iteration_crops_every_row_of_the_cache(cached_model, monkeypatch):
+    """The eager engine's probe slot (the static engine's rollback is a length update: no probe)."""
     from csdgen.models._ragged import RaggedCache
 
     seen = []
@@ -317,7 +324,7 @@ def test_first_iteration_crops_every_row_of_the_cache(cached_model, monkeypatch)
     monkeypatch.setattr(RaggedCache, "truncate", spy)
     for method in ("ar", "sjd"):
         seen.clear()
-        csdgen.generate(cached_model, [0, 1], method=method, window=4, sampling=GREEDY)
+        csdgen.generate(cached_model, [0, 1], method=method, window=4, sampling=GREEDY, engine="eager")
         before, keep, width_before, width_after = seen[0]
         assert (keep < before).all() and width_after < width_before
 

@@ -20,6 +20,7 @@ DRAFT_INITS = ("uniform", "onehot", "repeat-horizontal", "repeat-vertical")
 REFRESH_MODES = ("independent", "coupled")
 ENTROPY_UNITS = ("nats", "normalized")
 DEVICES = ("cpu", "cuda")
+ENGINES = ("auto", "static", "eager")  # csdgen.models._static.ENGINES (not imported: --help stays free of torch)
 #: method names of ``csdgen compare`` and ``csdgen bench --methods`` (``csdgen.evaluation.compare.method_presets``;
 #: gsd and lantern with a codebook)
 COMPARE_METHODS = ("ar", "sjd", "sjd-coupled", "jacobi", "addition", "gsd", "lantern", "csd", "csd-coupled")
@@ -243,6 +244,7 @@ def add_method_options(p: argparse.ArgumentParser, *, family_note: bool = False,
     p.add_argument("--delta", type=number, default=None,
                    help=f"CSD total-variation threshold (default: the model's; built-in {d.delta:g}{also})")
     p.add_argument("--addition-c", type=number, default=0.2, metavar="C", help="constant of the Addition rule (default 0.2)")
+    add_engine(p)
     p.add_argument("--draft-init", choices=DRAFT_INITS, default=None,
                    help="draft initialisation (default: what the method needs, else uniform, the CSD reference)")
 
@@ -256,3 +258,24 @@ def add_checkpoint_files(g) -> None:
                    help="Chameleon-format checkpoints: Chameleon's VQGAN, its tokenizer/ folder holding vqgan.yaml and "
                         "vqgan.ckpt (or the vqgan.ckpt file); default: found in the checkpoint folder or its tokenizer/. "
                         "Decodes images, and gives GSD/LANTERN the codebook Lumina-mGPT's files lack")
+
+
+def add_engine(p: argparse.ArgumentParser) -> None:
+    """The decoding engine (``generate(engine=..., compile=...)``)."""
+    p.add_argument("--engine", choices=ENGINES, default="auto",
+                   help="static: preallocated per-row KV cache, window buckets (docs/engine.md); eager: the model's "
+                        "own session (DynamicCache); default auto: static wherever it applies")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="compile the static engine's forwards per shape (CUDA graphs on CUDA); the first call of "
+                        "each shape pays the compilation (default: on CUDA only)")
+
+
+def engine_kwargs(args) -> dict:
+    """``engine`` / ``compile`` for :func:`csdgen.generate`, only where not the defaults (so run keys
+    and presets written before --engine existed stay the same)."""
+    out = {}
+    if getattr(args, "engine", "auto") != "auto":
+        out["engine"] = args.engine
+    if getattr(args, "compile", None) is not None:
+        out["compile"] = args.compile
+    return out

@@ -189,14 +189,14 @@ def _methods(args, model) -> dict:
     presets = method_presets(args.lam, args.delta, args.addition_c, optional_codebook(model),
                              entropy_unit=args.entropy_unit, draft_init=args.draft_init)
     if args.methods is None:  # every method this model has (compare's default)
-        return presets
+        return {n: {**preset, **opt.engine_kwargs(args)} for n, preset in presets.items()}
     names = args.methods if "ar" in args.methods else ["ar", *args.methods]
     missing = [n for n in names if n not in presets]
     if missing:
         model.codebook_embeddings()  # a model that has a codebook but cannot give it says why (CodebookUnavailable)
         raise ValueError(f"--methods {missing[0]}: this model has no codebook embeddings (GSD and LANTERN need them); "
                          f"allowed here: {', '.join(presets)}")
-    return {n: presets[n] for n in names}
+    return {n: {**presets[n], **opt.engine_kwargs(args)} for n in names}
 
 
 def _floor(args):

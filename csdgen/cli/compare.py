@@ -83,8 +83,8 @@ def run(args) -> int:
     if args.seed >= MAX_SEED:
         raise ValueError(f"--seed {args.seed}: compare's noise floor runs AR at seed + 1; allowed: 0..{MAX_SEED - 1}")
     scorer = QualityScorer(model)
-    jobs = [MethodJob(n, presets[n], args.seed, args.window) for n in names]  # generate runs "ar" at window 1
-    jobs.append(MethodJob("ar-seed2", presets["ar"], args.seed + 1, args.window))
+    jobs = [MethodJob(n, {**presets[n], **opt.engine_kwargs(args)}, args.seed, args.window) for n in names]  # generate runs "ar" at window 1
+    jobs.append(MethodJob("ar-seed2", {**presets["ar"], **opt.engine_kwargs(args)}, args.seed + 1, args.window))
     with folder_lock(out, "csdgen compare"), \
             tqdm(total=len(jobs) * len(classes), unit="img", desc="compare", disable=None) as bar:
         runs = run_methods(model, jobs, classes, batch_size=args.batch_size, sampling=sampling, out_dir=out,

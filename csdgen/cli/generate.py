@@ -73,7 +73,7 @@ def _generate_kwargs(args, rule, sampling) -> dict:
               "refresh": args.refresh}
     if args.tree is not None:
         kwargs["tree"] = args.tree
-    return kwargs
+    return {**kwargs, **opt.engine_kwargs(args)}
 
 
 def _run_settings(args, rule, sampling) -> dict:

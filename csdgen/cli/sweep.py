@@ -45,6 +45,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help=f"comma-separated, of {','.join(BASELINES)} (default {','.join(grid.baselines)}; "
                         f"empty string = none)")
     opt.add_sampling(p)
+    opt.add_engine(p)
     from .bench import add_bench_source
 
     add_bench_source(p, "sweep")
@@ -76,7 +77,8 @@ def _run_bench(args) -> int:
         points.extend(settings(_grid(args), optional_codebook(plan.model), entropy_unit=args.entropy_unit))
         if not points:
             raise ValueError("nothing to sweep: every grid (--csd-lam, --addition-c, ...) and --baselines is empty")
-        methods = {p.name: {**p.preset, "window": min(p.window, plan.model.num_image_tokens)} for p in points}
+        methods = {p.name: {**p.preset, "window": min(p.window, plan.model.num_image_tokens), **opt.engine_kwargs(args)}
+                   for p in points}
         return dataclasses.replace(plan, methods=methods, settings={**plan.settings, "command": "sweep"})
 
     done = bench_cli.execute(bench_cli.bench_namespace(args, seeds=[args.seed], floor_seed="none", methods=["ar"],
@@ -130,7 +132,7 @@ def run(args) -> int:
     out = writable(args.out)
     scorer = QualityScorer(model)
     rows = []
-    jobs = [MethodJob(p.name, p.preset, args.seed, min(p.window, model.num_image_tokens)) for p in points]
+    jobs = [MethodJob(p.name, {**p.preset, **opt.engine_kwargs(args)}, args.seed, min(p.window, model.num_image_tokens)) for p in points]
     with folder_lock(out, "csdgen sweep"), \
             tqdm(total=len(points) * len(classes), unit="img", desc="sweep", disable=None) as bar:
         runs = run_methods(model, jobs, classes, batch_size=args.batch_size, sampling=sampling, out_dir=out,

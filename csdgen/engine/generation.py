@@ -9,6 +9,7 @@ import torch
 
 from ..acceptance import AcceptanceRule
 from ..drafting import check_drafting, resolve_draft_init
+from ..models._static import ENGINES
 from ..models.base import ImageTokenModel
 from ..models.defaults import method_refresh
 from ..sampling import SamplingConfig, check_seed
@@ -19,6 +20,13 @@ from .results import GenerationResult, StepInfo
 from .tree_loop import _TreeLoop
 
 __all__ = ["generate", "resolve_arguments"]
+
+
+def _check_engine(engine, compile) -> None:
+    if engine not in ENGINES:
+        raise ValueError(f"engine={engine!r}: allowed {', '.join(map(repr, ENGINES))}")
+    if compile is not None and not isinstance(compile, bool):
+        raise ValueError(f"compile={compile!r}: allowed True, False or None (on CUDA only)")
 
 
 def resolve_arguments(model: ImageTokenModel, method, window, sampling, draft_init, refresh, seed: int = 0,
@@ -86,6 +94,8 @@ def generate(
     profile: bool = False,
     tree: tuple[int, int] | None = None,
     preset: str | None = None,
+    engine: str = "auto",
+    compile: bool | None = None,
 ) -> GenerationResult:
     """Generate image tokens by AR decoding or speculative Jacobi decoding with an acceptance rule.
 
@@ -130,6 +140,17 @@ def generate(
         preset: ``"paper"``: the CSD paper's settings for every argument left None (window 16,
             uniform drafts, independent refresh, and for ``method="csd"`` lambda 0.5 and delta
             0.65; :data:`csdgen.models.defaults.PRESETS`); given arguments win. None: none.
+        engine: ``"static"``: the static-shape session (:mod:`csdgen.models._static`: a KV cache
+            preallocated per row, windows run as width buckets 1, 2, 4, ..., 64, batch slots);
+            ``"eager"``: the model's own session (for the transformers families a
+            ``DynamicCache`` per row); ``"auto"`` (default): static wherever it applies (every
+            RaggedSession family: built-in / Llama, Janus, Emu3, Chameleon), else eager. The
+            engines give the same tokens up to floating-point summation order (tested; see
+            docs/engine.md). ``result.settings["engine"]`` says which one ran.
+        compile: static engine only: ``torch.compile`` every forward shape on first use (cached
+            for later calls on the model; on CUDA each shape is also captured as a CUDA graph);
+            the first call of each shape is reported in :attr:`GenerationResult.compile_seconds`.
+            None (default): on CUDA only.
 
     Returns:
         :class:`GenerationResult` with tokens ``[B, N]`` int64 and per-image statistics.
@@ -141,10 +162,13 @@ def generate(
             initialisation the rule cannot use, bad sampling settings (e.g. top-k > V),
             ``image_indices`` not one non-negative int per image, conditions the model rejects,
             logits with NaN / +inf (or no allowed token) at some position, a bad ``tree``, a
-            tree with ``method="ar"``, or a tree on a model whose session cannot evaluate trees.
+            tree with ``method="ar"``, a tree on a model whose session cannot evaluate trees, an
+            unknown ``engine``, ``engine="static"`` (or ``compile=True``) on a model it does not
+            apply to, or ``compile=True`` with ``engine="eager"``.
         MemoryError: the batch does not fit in the device's memory (one line; a smaller batch
             gives the same images).
     """
+    _check_engine(engine, compile)
     rule, window, draft_init, sampling, settings = resolve_arguments(model, method, window, sampling, draft_init,
                                                                      refresh, seed, preset)
     refresh, seed = settings["refresh"], settings["seed"]
@@ -152,10 +176,12 @@ def generate(
     if tree is not None and settings["method"] == "ar":
         raise ValueError(f"tree={tree!r} with method='ar': a draft tree needs a speculative method (e.g. 'sjd')")
     if tree is None:
-        loop = _Loop(model, rule, window, seed, sampling, draft_init, refresh, callback, profile)
+        loop = _Loop(model, rule, window, seed, sampling, draft_init, refresh, callback, profile, engine=engine,
+                     compile=compile)
     else:
         settings["tree"] = list(tree)
-        loop = _TreeLoop(model, rule, window, seed, sampling, draft_init, refresh, callback, profile, tree=tree)
+        loop = _TreeLoop(model, rule, window, seed, sampling, draft_init, refresh, callback, profile, tree=tree,
+                         engine=engine, compile=compile)
     try:
         return loop.run(conditions, batch_size, image_indices, settings)
     except RuntimeError as exc:  # torch.OutOfMemoryError (CUDA) is a RuntimeError too

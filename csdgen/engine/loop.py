@@ -9,6 +9,7 @@ import time
 import torch
 
 from ..drafting import init_drafts
+from ..models._static import open_engine
 from ..sampling import MAX_SEED, entropy, invalid_logits, sample, stream_uniforms, target_probs
 from .results import Decision, GenerationResult, ImageStats, StepInfo
 from .streams import _INIT, _KINDS, _Y
@@ -29,15 +30,17 @@ class _Loop:
     session holds only the images still decoding (``self.active``, their image indices).
     """
 
-    def __init__(self, model, rule, window, seed, sampling, draft_init, refresh, callback, profile, tree=None):
+    def __init__(self, model, rule, window, seed, sampling, draft_init, refresh, callback, profile, tree=None,
+                 engine="auto", compile=None):
         self.model, self.rule, self.window, self.seed, self.sampling = model, rule, window, seed, sampling
+        self.engine, self.compile = engine, compile
         self.draft_init, self.refresh, self.callback, self.profile = draft_init, refresh, callback, profile
         self.device = torch.device(model.device)
         self.max_width = AUTO_MAX_WINDOW if window == "auto" else window
         self.auto = None
         if window == "auto":
             tree_key = None if tree is None else tuple(tree)
-            learned = _shared_state(model, (sampling.guided, tree_key),
+            learned = _shared_state(model, (sampling.guided, tree_key, engine, compile),
                                     (rule.name, repr(sorted(rule.options().items())), draft_init, refresh,
                                      repr(sampling), tree_key))
             self.auto = _AutoWindow(min(self.max_width, max(model.num_image_tokens - 1, 1)), learned)
@@ -90,7 +93,9 @@ class _Loop:
         N, dev = model.num_image_tokens, self.device
         _synchronize(dev)
         began = time.perf_counter()
-        session = self.session = model.start(conditions, batch_size, self.sampling.guided)
+        session = self.session = open_engine(model.start(conditions, batch_size, self.sampling.guided), self.engine, self.compile)
+        if self.auto is not None:
+            self.auto.buckets = getattr(session, "width_buckets", None)
         self._opened(session)
         B = session.batch_size
         self._allocate(B)
@@ -106,7 +111,9 @@ class _Loop:
         self._notify(session)
 
         self.prev = None  # (q [A, W, V], widths [A], shift [A]) of the last forward, for carried drafts
-        self._probe = N >= 3 and self.PROBE  # the first iteration checks that the cache rolls back (csdgen.engine's docstring)
+        # the first iteration checks that the cache rolls back (csdgen.engine's docstring); a static
+        # session's rollback is a length update, checked after the first iteration without a probe
+        self._probe = N >= 3 and self.PROBE and getattr(session, "rollback_probe", True)
         self._checked = False
         self._mark = time.perf_counter()
         while len(self.active_host):
@@ -122,10 +129,12 @@ class _Loop:
             self._notify(session)
         _synchronize(dev)
         seconds = time.perf_counter() - began
-        settings = {**settings}
+        settings = {**settings, "engine": getattr(session, "engine", "eager"),
+                    "compile": bool(getattr(session, "compile", False))}
         return GenerationResult(self.tokens[:, :N].clone(), self._image_stats(), self.steps, seconds, settings,
                                 widths=self.widths, timings=self.timings,
-                                auto_log=self.auto.summary() if self.auto is not None else {})
+                                auto_log=self.auto.summary() if self.auto is not None else {},
+                                compile_seconds=dict(getattr(session, "compile_seconds", {})))
 
     def _advance(self) -> torch.Tensor:
         """One iteration (draft, forward, verify, commit, roll back) for the session's rows.
@@ -143,7 +152,7 @@ class _Loop:
         self.committed_host, counts = self._sync(self.committed, self._bad, r_counts)
         new_c = self.committed_host[self.active_host]
         self._rollback(session, new_c - 1)
-        if not self._checked and (probe or not self.PROBE):
+        if not self._checked:
             self._check_rollback(session, new_c - 1)
             self._checked = True
         self._probe = False

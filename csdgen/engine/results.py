@@ -136,6 +136,10 @@ class GenerationResult:
             ``iterations`` and the mean ``predicted_tokens`` / ``measured_tokens`` per image and
             ``predicted_seconds`` / ``measured_seconds`` per iteration (the check of the width
             chooser's cost and acceptance models; ``benchmarks/bench_decoding.py`` prints it).
+        compile_seconds: with the static engine and ``compile``: ``{"rows x columns": seconds}``,
+            the first call of every forward shape (compilation, warm-up and CUDA graph capture
+            included; a shape compiled by an earlier call of the same model costs little). Part
+            of :attr:`seconds`.
     """
 
     tokens: torch.Tensor
@@ -147,6 +151,7 @@ class GenerationResult:
     widths: list[int] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     auto_log: dict[int, dict[str, float]] = field(default_factory=dict)
+    compile_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def step_compression(self) -> float:
@@ -163,5 +168,6 @@ class GenerationResult:
             "step_compression": self.step_compression,
             "widths": self.widths,
             **({"timings": self.timings} if self.timings else {}),
+            **({"compile_seconds": self.compile_seconds} if self.compile_seconds else {}),
             "images": [s.summary() for s in self.images],
         }

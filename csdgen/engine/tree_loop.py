@@ -30,8 +30,8 @@ class _TreeLoop(_Loop):
     #: how the winning path is chosen (:func:`csdgen.trees.verify_tree`); only the tests change it
     PATH_CHOICE = "first"
 
-    def __init__(self, *args, tree: tuple[int, int]):
-        super().__init__(*args, tree=tree)
+    def __init__(self, *args, tree: tuple[int, int], **kwargs):
+        super().__init__(*args, tree=tree, **kwargs)
         self.K, self.D = tree
         self._pending = None
 

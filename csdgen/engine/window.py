@@ -100,6 +100,11 @@ class _AutoWindow:
     :attr:`EXPLORE_WITHIN` of the best, so that the times stay measured around the choice.
     ``log`` collects, per chosen width, the predicted and the measured tokens per image and
     seconds per iteration (:attr:`GenerationResult.auto_log`).
+
+    Buckets (the static engine, :mod:`csdgen.models._static`): a window of W slots costs what its
+    bucket (the smallest of ``buckets`` >= W) costs, so times are kept per bucket and ``t_A(W)``
+    is a step function; among the widths of one bucket the widest (most tokens) wins unless the
+    image end caps it.
     """
 
     DECAY = 0.97  # draft counts, per iteration
@@ -119,6 +124,13 @@ class _AutoWindow:
         self.log: dict[int, dict[str, float]] = {}
         self._pending: tuple[int, float, float] | None = None
         self._rows: int | None = None
+        self.buckets: tuple[int, ...] | None = None
+
+    def bucket(self, width: int) -> int:
+        """The width a window of ``width`` slots costs (itself without buckets)."""
+        if self.buckets is None:
+            return width
+        return next((b for b in self.buckets if b >= width), width)
 
     # -- the acceptance model ------------------------------------------------------------------
 
@@ -166,7 +178,7 @@ class _AutoWindow:
     def cost(self, rows: int) -> np.ndarray:
         """``[max_width]`` float64 estimated seconds per iteration at W = 1 .. max_width with ``rows`` images."""
         times = self._times(rows)
-        widths = np.arange(1, self.max_width + 1, dtype=np.float64)
+        widths = np.array([self.bucket(w) for w in range(1, self.max_width + 1)], dtype=np.float64)
         ws = sorted(times)
         if not ws:
             return np.ones_like(widths)
@@ -213,8 +225,9 @@ class _AutoWindow:
         counts.reached = self.DECAY * counts.reached + np.asarray(reached, dtype=np.float64).reshape(shape)
         counts.rejected = self.DECAY * counts.rejected + np.asarray(rejected, dtype=np.float64).reshape(shape)
         times = learned.times.setdefault(self._rows or 1, {})
-        old = times.get(width)
-        times[width] = seconds if old is None else (1 - self.TIME_WEIGHT) * old + self.TIME_WEIGHT * seconds
+        key = self.bucket(width)
+        old = times.get(key)
+        times[key] = seconds if old is None else (1 - self.TIME_WEIGHT) * old + self.TIME_WEIGHT * seconds
         if self._pending is not None and self._pending[0] == width and tokens is not None:
             entry = self.log.setdefault(width, {"iterations": 0, "predicted_tokens": 0.0, "measured_tokens": 0.0,
                                                 "predicted_seconds": 0.0, "measured_seconds": 0.0})

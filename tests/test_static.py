@@ -1,0 +1,387 @@
+"""The static engine (csdgen/models/_static.py) against the eager one: same tokens, exact laws, cache state.
+
+The static session keeps every row in a preallocated cache, runs windows as width buckets
+(padding slots masked) and images in batch slots; each test here holds it to the ragged
+DynamicCache session or to an exact law. The family tests (tests/test_models_*.py) run the
+static engine too, since ``engine="auto"`` picks it for every transformers family.
+"""
+
+import copy
+import shutil
+
+import pytest
+import torch
+
+import csdgen
+from csdgen import SamplingConfig
+from csdgen.models import ClassConditionalLlama, FunctionModel
+from csdgen.models._static import (WIDTH_BUCKETS, StaticSession, batch_bucket, make_static, open_engine, static_refusal,
+                                   width_bucket)
+from csdgen.sampling import target_probs
+from kv_check import assert_rows_match_fresh
+from test_lossless import P_FAIL, P_PASS, chi_square_pvalue
+
+GREEDY = SamplingConfig(temperature=0)
+SAMPLED = SamplingConfig(guidance_scale=3.0, temperature=1.0)
+
+
+@pytest.fixture(scope="module")
+def float64_model(cached_model):
+    model = copy.deepcopy(cached_model)
+    model.backbone.double()
+    return model
+
+
+# -- buckets ------------------------------------------------------------------------------------
+
+
+def test_buckets():
+    assert [width_bucket(w) for w in (1, 2, 3, 4, 5, 8, 9, 31, 32, 33, 64, 65, 100)] == \
+        [1, 2, 4, 4, 8, 8, 16, 32, 32, 64, 64, 128, 128]
+    assert WIDTH_BUCKETS == (1, 2, 4, 8, 16, 32, 64)
+    assert [batch_bucket(a, 16) for a in (16, 9, 8, 5, 3, 2, 1)] == [16, 16, 8, 8, 4, 2, 1]
+    assert [batch_bucket(a, 5) for a in (5, 4, 3, 1)] == [5, 4, 4, 1]
+    with pytest.raises(ValueError, match="width=0"):
+        width_bucket(0)
+
+
+# -- engine choice ------------------------------------------------------------------------------
+
+
+def test_auto_picks_static_for_transformers_sessions_and_eager_for_the_rest(cached_model, known_joint):
+    out = csdgen.generate(cached_model, [0, 1], method="sjd", window=4, seed=1)
+    assert out.settings["engine"] == "static" and out.settings["compile"] is False
+    assert csdgen.generate(cached_model, [0, 1], method="sjd", window=4, seed=1, engine="eager").settings["engine"] == "eager"
+    assert csdgen.generate(known_joint.model, batch_size=2, method="sjd", window=3).settings["engine"] == "eager"
+    assert isinstance(open_engine(cached_model.start([0], None, False), "auto", None), StaticSession)
+    assert static_refusal(known_joint.model.start(None, 2, False)).startswith("its session (_FunctionSession)")
+
+
+def test_static_session_admits_no_rows(cached_model):
+    """The server's admission contract (issue 18): the static session says it cannot admit, so a
+    server runs it one batch at a time, and ``admit`` refuses instead of running the ragged one."""
+    session = open_engine(cached_model.start([0], None, True), "static", False)
+    other = cached_model.start([1], None, True)
+    session.prefill(), other.prefill()
+    assert isinstance(session, StaticSession) and session.supports_admission is False
+    with pytest.raises(NotImplementedError, match="does not admit rows"):
+        session.admit(other)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(engine="fast"), r"engine='fast': allowed 'auto', 'static', 'eager'"),
+    (dict(engine="eager", compile=True), r"compile=True with engine='eager'"),
+    (dict(compile="yes"), r"compile='yes': allowed True, False or None"),
+])
+def test_bad_engine_arguments(cached_model, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        csdgen.generate(cached_model, [0], method="sjd", window=4, **kwargs)
+
+
+def test_static_refused_where_it_does_not_apply(known_joint, cached_model):
+    with pytest.raises(ValueError, match=r"engine='static' cannot be used: its session \(_FunctionSession\) is not a "
+                                         r"per-row transformers session"):
+        csdgen.generate(known_joint.model, batch_size=2, method="sjd", window=3, engine="static")
+    session = cached_model.start([0], None, False)
+    session.prefill()
+    with pytest.raises(ValueError, match="already prefilled"):
+        make_static(session)
+
+
+# -- the same tokens as the eager engine --------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(method="csd", window=10, sampling=SAMPLED),
+    dict(method="sjd", window=5, sampling=SamplingConfig(temperature=1.0)),
+    dict(method="csd", window=32, sampling=SAMPLED, refresh="coupled"),
+    dict(method="ar", sampling=SAMPLED),
+    dict(method="sjd", window=6, sampling=SAMPLED, tree=(2, 2)),
+    dict(method="sjd", window=9, sampling=SamplingConfig(temperature=1.0), tree=(3, 1)),
+])
+def test_static_equals_eager_token_for_token_float64(float64_model, kwargs):
+    """Five images finishing at different steps (batch slots 5 -> 4 -> 2 -> 1 with rows moved
+    down), windows of every width up to the image end (padded to buckets): the same tokens,
+    forwards and decisions as the eager engine."""
+    classes = [0, 3, 1, 4, 2]
+    eager = csdgen.generate(float64_model, classes, seed=7, engine="eager", **kwargs)
+    static = csdgen.generate(float64_model, classes, seed=7, engine="static", **kwargs)
+    assert static.settings["engine"] == "static" and eager.settings["engine"] == "eager"
+    assert torch.equal(static.tokens, eager.tokens)
+    assert [s.committed_per_step for s in static.images] == [s.committed_per_step for s in eager.images]
+    assert all(torch.equal(a.decisions, b.decisions) for a, b in zip(static.images, eager.images))
+    if kwargs["method"] != "ar":
+        assert len({s.steps for s in static.images}) > 1  # images left the batch at different steps
+
+
+def test_static_equals_eager_on_the_builtin_model_float32():
+    """The built-in model (float32): >= 99 % of the tokens agree (summation order differs: the
+    static cache attends over its padded width with masked columns)."""
+    from csdgen.models.builtin import load_builtin_model
+
+    model = load_builtin_model()
+    kwargs = dict(method="csd", window=16, seed=2, image_indices=[3, 0, 8, 9])
+    classes = [1, 4, 7, 9]
+    eager = csdgen.generate(model, classes, engine="eager", **kwargs)
+    static = csdgen.generate(model, classes, engine="static", **kwargs)
+    agree = int((static.tokens == eager.tokens).sum())
+    assert agree >= 0.99 * static.tokens.numel(), agree
+
+
+# -- greedy equals AR on every family --------------------------------------------------------------
+
+
+def test_greedy_static_equals_ar_llama(cached_model):
+    classes = [4, 0, 2]
+    ar = csdgen.generate(cached_model, classes, method="ar", sampling=GREEDY, engine="eager").tokens
+    assert torch.equal(csdgen.generate(cached_model, classes, method="ar", sampling=GREEDY, engine="static").tokens, ar)
+    for window in (1, 3, 5, 8, 13, 32):
+        out = csdgen.generate(cached_model, classes, method="sjd", window=window, sampling=GREEDY, engine="static")
+        assert torch.equal(out.tokens, ar), window
+    assert torch.equal(csdgen.generate(cached_model, classes, method="sjd", window="auto", sampling=GREEDY,
+                                       engine="static").tokens, ar)
+    assert torch.equal(csdgen.generate(cached_model, classes, method="sjd", window=7, tree=(2, 2), sampling=GREEDY,
+                                       engine="static").tokens, ar)
+
+
+from test_models_janus import GUIDED as JANUS_GREEDY, PROMPTS as JANUS_PROMPTS  # noqa: E402
+from test_models_janus import checkpoint, janus  # noqa: E402,F401  (fixtures)
+
+
+def _families_greedy(model, prompts, greedy):
+    ar = csdgen.generate(model, prompts, method="ar", sampling=greedy, engine="eager").tokens
+    assert torch.equal(csdgen.generate(model, prompts, method="ar", sampling=greedy, engine="static").tokens, ar)
+    for kwargs in (dict(window=5), dict(window=16), dict(window="auto"), dict(window=7, tree=(2, 2))):
+        out = csdgen.generate(model, prompts, method="sjd", sampling=greedy, engine="static", draft_init="uniform", **kwargs)
+        assert out.settings["engine"] == "static"
+        assert torch.equal(out.tokens, ar), kwargs
+
+
+def test_greedy_static_equals_ar_janus(janus):
+    _families_greedy(janus, JANUS_PROMPTS, JANUS_GREEDY)
+
+
+@pytest.fixture(scope="module")
+def row_end_models(tmp_path_factory):
+    """Tiny random Emu3, Lumina-mGPT and Anole (Chameleon) checkpoints: row-end tokens, hidden prompt tokens."""
+    from test_models_chameleon import build_checkpoint as build_chameleon
+    from test_models_emu3 import HEIGHT, NEGATIVE, WIDTH
+    from test_models_emu3 import build_checkpoint as build_emu3
+
+    from csdgen.models.chameleon import ChameleonImageModel
+    from csdgen.models.emu3 import Emu3ImageModel
+
+    emu3 = Emu3ImageModel.from_pretrained(build_emu3(tmp_path_factory.mktemp("emu3")), height=HEIGHT, width=WIDTH,
+                                          negative_prompt=NEGATIVE, positive_prompt="")
+    folder = build_chameleon(str(tmp_path_factory.mktemp("chameleon")))
+    lumina = ChameleonImageModel.from_pretrained(folder, layout="lumina", height=12, width=16)
+    anole = ChameleonImageModel.from_pretrained(folder, layout="anole")
+    token_prompts = [[4, 9, 7, 12, 5], [6, 6, 11]]
+    return {"emu3": (emu3, ["a red cat", "two dogs on a long sunny beach"]), "lumina": (lumina, token_prompts),
+            "anole": (anole, token_prompts)}
+
+
+@pytest.mark.parametrize("family", ["emu3", "lumina", "anole"])
+def test_greedy_static_equals_ar_row_end_families(row_end_models, family):
+    model, prompts = row_end_models[family]
+    _families_greedy(model, prompts, SamplingConfig(temperature=0, guidance_scale=3.0))
+
+
+@pytest.mark.parametrize("family", ["janus", "emu3", "lumina", "anole"])
+def test_static_equals_eager_sampled_and_cache_equals_fresh_on_every_family(row_end_models, janus, family):
+    """Sampled (fixed window): the same tokens as the eager engine; after every iteration every
+    row of the static cache equals a fresh prefill of its committed tokens."""
+    model, prompts = (janus, JANUS_PROMPTS) if family == "janus" else row_end_models[family]
+    sampling = SamplingConfig(guidance_scale=3.0)
+    for kwargs in (dict(window=7), dict(window=6, tree=(3, 2))):
+        eager = csdgen.generate(model, prompts, method="sjd", sampling=sampling, seed=4, engine="eager", **kwargs)
+
+        def check(info):
+            if info.step > 1:
+                assert_rows_match_fresh(model, prompts, True, info)
+
+        static = csdgen.generate(model, prompts, method="sjd", sampling=sampling, seed=4, engine="static", callback=check,
+                                 **kwargs)
+        assert torch.equal(static.tokens, eager.tokens), kwargs
+
+
+# -- the cache: rollback, padding at image ends, images leaving -----------------------------------
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(method="csd", window=10),
+    dict(method="sjd", window="auto"),
+    dict(method="sjd", window=5, tree=(2, 2)),
+    dict(method="ar"),
+])
+@pytest.mark.parametrize("guided", [False, True])
+def test_cache_after_every_iteration_equals_fresh_prefill(cached_model, kwargs, guided):
+    classes = [0, 3, 1, 4, 2]
+    sampling = SAMPLED if guided else SamplingConfig(temperature=1.0)
+    buckets = set()
+
+    def check(info):
+        assert isinstance(info.session, StaticSession)
+        buckets.add(info.session._bucket)
+        assert_rows_match_fresh(cached_model, classes, guided, info)
+
+    out = csdgen.generate(cached_model, classes, seed=2, sampling=sampling, engine="static", callback=check, **kwargs)
+    if len({s.steps for s in out.images}) > 1:
+        assert len(buckets) > 1 and max(buckets) == 5  # images left, the slots were compacted
+
+
+def test_padded_window_at_the_image_end_is_masked_and_not_cached(float64_model):
+    """A window of 5 slots runs as bucket 8 with per-row widths 5, 3 (the image end) and 0 (an
+    idle row): its logits equal the eager session's, and each row caches only its valid slots."""
+    N = float64_model.num_image_tokens
+    tokens = torch.randint(48, (3, N), generator=torch.Generator().manual_seed(0))
+    start, widths = torch.tensor([40, N - 4, 39]), torch.tensor([5, 3, 0])
+    window = torch.zeros(3, 5, dtype=torch.long)
+    for b in range(3):
+        window[b, : widths[b]] = tokens[b, start[b] : start[b] + widths[b]]
+    runs = []
+    for engine in ("eager", "static"):
+        session = open_engine(float64_model.start([1, 2, 3], None, True), engine, False)
+        session.prefill()
+        session.forward(tokens[:, :N - 4], torch.zeros(3, dtype=torch.long), start)
+        runs.append((session, session.forward(window, start, widths)))
+    (eager, a), (static, b) = runs
+    assert isinstance(static, StaticSession) and not isinstance(eager, StaticSession)
+    for row in range(2):
+        w = int(widths[row])
+        torch.testing.assert_close(b.cond[row, :w], a.cond[row, :w], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(b.uncond[row, :w], a.uncond[row, :w], rtol=1e-12, atol=1e-12)
+    assert static.cache_lengths.tolist() == [45, N - 1, 39] == eager.cache_lengths.tolist()
+    for row in range(6):  # 3 conditional rows, then their unconditional rows
+        assert torch.equal(static.row_sequence(row), eager.row_sequence(row))
+        for layer in range(2):
+            for x, y in zip(static.kv.row_entries(layer, row), eager.kv.row_entries(layer, row)):
+                torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+
+
+def test_rollback_is_a_length_update_and_later_windows_overwrite(cached_model):
+    session = open_engine(cached_model.start([0, 1], None, False), "static", False)
+    session.prefill()
+    g = torch.Generator().manual_seed(1)
+    tokens, new = torch.randint(48, (2, 12), generator=g), torch.randint(48, (2, 6), generator=g)
+    session.forward(tokens, torch.zeros(2, dtype=torch.long))
+    keys = session.kv.cache.layers[0].keys.clone()
+    session.rollback(torch.tensor([3, 7]))
+    assert torch.equal(session.kv.cache.layers[0].keys, keys)  # nothing moved or cropped
+    assert session.cache_lengths.tolist() == [3, 7]
+    session.forward(new, torch.tensor([3, 7]))
+    for row, kept in ((0, 3), (1, 7)):
+        one = cached_model.start([row], None, False)
+        one.prefill()
+        one.forward(torch.cat([tokens[row, :kept], new[row]])[None], torch.zeros(1, dtype=torch.long))
+        assert torch.equal(session.row_sequence(row), one.row_sequence(0))
+        for layer in range(2):
+            for x, y in zip(session.kv.row_entries(layer, row), one.kv.row_entries(layer, 0)):
+                torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
+
+
+def test_session_errors_name_the_bad_value(cached_model):
+    session = open_engine(cached_model.start([0, 1], None, False), "static", False)
+    with pytest.raises(ValueError, match="forward before prefill"):
+        session.forward(torch.zeros(2, 1, dtype=torch.long), torch.zeros(2, dtype=torch.long))
+    session.prefill()
+    with pytest.raises(ValueError, match=r"start\[0\]=1: allowed 0..0"):
+        session.forward(torch.zeros(2, 1, dtype=torch.long), torch.tensor([1, 0]))
+    with pytest.raises(ValueError, match=r"rollback lengths\[1\]=2: allowed 0..0"):
+        session.rollback(torch.tensor([0, 2]))
+    with pytest.raises(ValueError, match="prefill runs once"):
+        session.prefill()
+
+
+# -- lossless on the static path: a cached transformer with an exactly computable law -------------
+
+
+class StaticJoint:
+    """A tiny random class-conditional Llama over V = 3 tokens, N = 4 positions, guided: its exact
+    joint law (guided, warped) by teacher-forcing all 81 sequences."""
+
+    V, N = 3, 4
+
+    def __init__(self, sampling: SamplingConfig):
+        self.sampling = sampling
+        model = ClassConditionalLlama.random(codebook_size=3, num_classes=2, grid=(2, 2), hidden_size=16, num_layers=2,
+                                             num_heads=2, seed=3)
+        with torch.no_grad():
+            model.backbone.lm_head.weight.mul_(6.0)
+        self.model = model
+
+    def joint(self) -> dict[tuple, float]:
+        import itertools
+
+        seqs = torch.tensor(list(itertools.product(range(self.V), repeat=self.N)))
+        M, V = len(seqs), self.V
+        with torch.no_grad():
+            logits = []
+            for first in (V + 0, V + 2):  # class 0, the null class
+                ids = torch.cat([torch.full((M, 1), first), seqs[:, :-1]], 1)
+                logits.append(self.model.backbone(input_ids=ids).logits[..., :V].double())
+        q = target_probs(logits[0], logits[1], self.sampling)
+        probs = q.gather(-1, seqs[..., None])[..., 0].prod(-1)
+        return {tuple(s.tolist()): float(p) for s, p in zip(seqs, probs)}
+
+
+SAMPLES, CHUNK = 24_000, 4_000
+
+
+@pytest.fixture(scope="module")
+def static_joint():
+    joint = StaticJoint(SamplingConfig(guidance_scale=2.0, temperature=1.0))
+    return joint, joint.joint()
+
+
+def _sample(joint, **kwargs):
+    out = []
+    for first in range(0, SAMPLES, CHUNK):
+        indices = list(range(first, first + CHUNK))
+        result = csdgen.generate(joint.model, [0] * CHUNK, image_indices=indices, sampling=joint.sampling,
+                                 engine="static", **kwargs)
+        assert result.settings["engine"] == "static"
+        out.append(result.tokens)
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(method="sjd", window=3, seed=11),
+    dict(method="sjd", window="auto", seed=12),
+    dict(method="sjd", window=3, tree=(2, 1), seed=13),
+    dict(method="ar", seed=14),
+])
+def test_static_path_reproduces_the_target_joint(static_joint, kwargs):
+    joint, law = static_joint
+    assert abs(sum(law.values()) - 1) < 1e-9
+    assert chi_square_pvalue(_sample(joint, **kwargs), law) > P_PASS
+
+
+def test_the_static_test_fails_a_mask_that_shows_the_next_column(static_joint, monkeypatch):
+    """Control: a static mask off by one (every query also sees the column after it, the next draft)."""
+    joint, law = static_joint
+    original = StaticSession._mask
+
+    def leaky(self, allowed):
+        return original(self, allowed | torch.nn.functional.pad(allowed, (1, 0))[..., :-1])
+
+    monkeypatch.setattr(StaticSession, "_mask", leaky)
+    assert chi_square_pvalue(_sample(joint, method="sjd", window=3, seed=11), law) < P_FAIL
+
+
+# -- compiled -------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="torch.compile on CPU needs a C++ compiler")
+def test_compiled_static_engine_one_shape(cached_model):
+    """AR at batch 1 runs one shape (2 rows x 1 column): compiled, it gives the uncompiled
+    static engine's tokens and reports its compile time; a second call reuses the compilation."""
+    kwargs = dict(method="ar", sampling=SamplingConfig(guidance_scale=2.0), seed=5)
+    plain = csdgen.generate(cached_model, [2], engine="static", compile=False, **kwargs)
+    first = csdgen.generate(cached_model, [2], engine="static", compile=True, **kwargs)
+    assert first.settings["compile"] is True and list(first.compile_seconds) == ["2x1"]
+    assert torch.equal(first.tokens, plain.tokens)
+    again = csdgen.generate(cached_model, [2], engine="static", compile=True, **kwargs)
+    assert torch.equal(again.tokens, plain.tokens)
+    assert again.compile_seconds["2x1"] < first.compile_seconds["2x1"]
