@@ -162,6 +162,9 @@ def checkpoint_setup(args, *, fixed_window: bool):
     fill_defaults(args, asdict(FAMILY_DEFAULTS[family]))
     default_window(args, asdict(FAMILY_DEFAULTS[family]), fixed=fixed_window)
     sampling = sampling_of(args)
+    if family == "glm-image" and sampling.guided:  # before the weights are read (GlmImageModel.start refuses too)
+        raise ValueError(f"--guidance-scale {args.guidance_scale:g}: GLM-Image's AR prior runs without classifier-free "
+                         f"guidance (diffusers samples it unguided); allowed: 1")
     if args.temperature == 0:
         print(GREEDY_WARNING, file=sys.stderr)
     return folder, family, sampling

@@ -141,6 +141,8 @@ def model_job(args):
     if getattr(model, "vqgan", True) is None:  # a Chameleon checkpoint without Chameleon's VQGAN files
         raise ValueError(f"{str(args.model)!r} has no image decoder: copy Chameleon's vqgan.yaml and vqgan.ckpt "
                          f"(its tokenizer/ folder) into {str(folder)!r} or {str(folder / 'tokenizer')!r}")
+    if getattr(model, "decoder_problem", None):  # GLM-Image without its diffusers pipeline or without diffusers
+        raise ValueError(f"{str(args.model)!r}: {model.decoder_problem}")
     fill_defaults(args, model_defaults(model, family))  # no-op today: the model's own defaults where it carries them
     args.window = clamp_window(args.window, model.num_image_tokens)
     settings = {"model": str(args.model), "checkpoint": str(folder), "family": family, "dtype": dtype, "device": device,

@@ -1,6 +1,7 @@
 """Image-token models: the interface, FunctionModel, the class-conditional Llama, and the family adapters.
 
-The family adapters (``JanusImageModel``, ``Emu3ImageModel``, ``ChameleonImageModel``) and
+The family adapters (``JanusImageModel``, ``Emu3ImageModel``, ``ChameleonImageModel``,
+``GlmImageModel``) and
 ``load_model`` are imported on first use (PEP 562 ``__getattr__``): they pull in transformers'
 model code, which ``import csdgen`` should not pay for.
 """
@@ -15,6 +16,7 @@ _LAZY = {
     "JanusImageModel": ".janus",
     "Emu3ImageModel": ".emu3",
     "ChameleonImageModel": ".chameleon",
+    "GlmImageModel": ".glm_image",
     "load_model": ".auto",
     "family_of": ".auto",
     "check_memory": ".auto",

@@ -5,7 +5,10 @@ The family comes from ``config.json``'s ``model_type``:
 * ``janus`` -> :class:`~csdgen.models.janus.JanusImageModel` (defaults ``FAMILY_DEFAULTS["janus"]``);
 * ``emu3`` -> :class:`~csdgen.models.emu3.Emu3ImageModel` (``"emu3"``);
 * ``chameleon`` -> :class:`~csdgen.models.chameleon.ChameleonImageModel`, layout ``"lumina"``
-  (defaults ``"lumina-mgpt"``) or ``"anole"`` (``"anole"``).
+  (defaults ``"lumina-mgpt"``) or ``"anole"`` (``"anole"``);
+* ``glm_image`` -> :class:`~csdgen.models.glm_image.GlmImageModel` (``"glm-image"``): the folder is
+  GLM-Image's diffusers pipeline (``model_index.json``; the AR model's config is
+  ``vision_language_encoder/config.json``) or that AR-model folder itself.
 
 Chameleon layout rule when none is given (:func:`guess_layout`): ``"lumina"`` if
 ``config.json``'s ``architectures`` holds Lumina-mGPT's own class
@@ -40,6 +43,8 @@ __all__ = [
     "available_memory",
     "HEADROOM",
     "DEFAULT_PROMPT_LENGTH",
+    "FAMILIES",
+    "model_folder",
     "prompts_for",
     "estimate_memory",
     "estimate_memory_bytes",
@@ -51,10 +56,19 @@ __all__ = [
 ]
 
 #: config.json ``model_type`` -> the adapter that drives it
-MODEL_TYPES = {"janus": "JanusImageModel", "emu3": "Emu3ImageModel", "chameleon": "ChameleonImageModel"}
+MODEL_TYPES = {"janus": "JanusImageModel", "emu3": "Emu3ImageModel", "chameleon": "ChameleonImageModel",
+               "glm_image": "GlmImageModel"}
+#: model_type -> FAMILY_DEFAULTS key, where the two differ only by name
+_FAMILY_OF_TYPE = {"glm_image": "glm-image"}
+#: a diffusers pipeline index's class -> its AR model's subfolder
+_PIPELINE_MODELS = {"GlmImagePipeline": "vision_language_encoder"}
 _LUMINA_ARCHITECTURES = ("ChameleonXLLMXForConditionalGeneration",)
 #: prompt tokens the memory check assumes when the prompts are not given
 DEFAULT_PROMPT_LENGTH = 128
+#: model_type -> the family name check_checkpoint's messages use
+_CHECK_NAMES = {"glm_image": "GLM-Image"}
+#: the families prompts_for / estimate_memory / load_model know (keys of FAMILY_DEFAULTS)
+FAMILIES = "janus, emu3, lumina-mgpt, anole, glm-image"
 
 
 def resolve_checkpoint(path_or_id: str | os.PathLike) -> Path:
@@ -80,8 +94,29 @@ def resolve_checkpoint(path_or_id: str | os.PathLike) -> Path:
         ) from None
 
 
+def model_folder(folder: Path) -> Path:
+    """The folder holding the AR model's config.json: ``folder``, or for a diffusers pipeline folder
+    (``model_index.json`` of a known pipeline, GLM-Image's) its AR-model subfolder.
+
+    Raises:
+        ValueError: a diffusers pipeline csdgen does not drive (naming its class).
+    """
+    folder = Path(folder)
+    index = folder / "model_index.json"
+    if (folder / "config.json").is_file() or not index.is_file():
+        return folder
+    from csdgen.runs import read_json
+
+    name = read_json(index, what="a diffusers pipeline index").get("_class_name")
+    if name not in _PIPELINE_MODELS:
+        raise ValueError(f"{str(index)!r} is a diffusers {name!r} pipeline; csdgen drives {', '.join(_PIPELINE_MODELS)} "
+                         f"(or transformers folders with config.json)")
+    return folder / _PIPELINE_MODELS[name]
+
+
 def read_config(folder: Path) -> dict:
-    """The folder's ``config.json``, checked: a JSON object, and not the original Janus format.
+    """The folder's ``config.json`` (a pipeline folder's: see :func:`model_folder`), checked: a JSON
+    object, and not the original Janus format.
 
     Raises:
         FileNotFoundError: no config.json. ValueError: not JSON or not an object (naming the
@@ -89,7 +124,7 @@ def read_config(folder: Path) -> dict:
     """
     from csdgen.runs import read_json
 
-    file = folder / "config.json"
+    file = model_folder(Path(folder)) / "config.json"
     if not file.is_file():
         raise FileNotFoundError(f"{str(folder)!r} has no config.json: not a transformers checkpoint folder")
     config = read_json(file, what="a transformers model config")
@@ -128,15 +163,15 @@ def guess_layout(path: str | os.PathLike, name: str | None = None) -> str:
 def family_of(path: str | os.PathLike, layout: str | None = None, name: str | None = None) -> str:
     """The key of :data:`~csdgen.models.defaults.FAMILY_DEFAULTS` for a checkpoint folder.
 
-    ``janus``, ``emu3``, or for Chameleon checkpoints ``lumina-mgpt`` / ``anole`` (``layout``
-    when given, else :func:`guess_layout`).
+    ``janus``, ``emu3``, ``glm-image``, or for Chameleon checkpoints ``lumina-mgpt`` /
+    ``anole`` (``layout`` when given, else :func:`guess_layout`).
 
     Raises:
         FileNotFoundError: no config.json. ValueError: unsupported model type or layout.
     """
     model_type = model_type_of(path)
     if model_type != "chameleon":
-        return model_type
+        return _FAMILY_OF_TYPE.get(model_type, model_type)
     layout = layout or guess_layout(path, name)
     if layout not in ("lumina", "anole"):
         raise ValueError(f"layout={layout!r}; allowed: lumina, anole")
@@ -183,19 +218,24 @@ def _size(height: int | None, width: int | None, image_size: int | None) -> tupl
     return (image_size, image_size) if image_size is not None else (height, width)
 
 
-def _janus_size(height: int | None, width: int | None) -> int | None:
+def _square(height: int | None, width: int | None, family: str) -> int | None:
     if height != width:
-        raise ValueError(f"Janus makes square images only; got height={height}, width={width}")
+        raise ValueError(f"{family} makes square images only; got height={height}, width={width}")
     return height
+
+
+def _janus_size(height: int | None, width: int | None) -> int | None:
+    return _square(height, width, "Janus")
 
 
 def prompts_for(path: str | os.PathLike, family: str, *, height: int | None = None, width: int | None = None,
                 image_size: int | None = None, prompt_template: str | None = None, negative_prompt: str | None = None,
-                positive_prompt: str | None = None):
+                positive_prompt: str | None = None, vqgan_dir: str | None = None):
     """The family's prompt builder from the checkpoint's config and tokenizer only (no weights read).
 
-    :class:`~csdgen.models.janus.JanusPrompts`, :class:`~csdgen.models.emu3.Emu3Prompts` or
-    :class:`~csdgen.models.chameleon.ChameleonPrompts`; building it checks the image size.
+    :class:`~csdgen.models.janus.JanusPrompts`, :class:`~csdgen.models.emu3.Emu3Prompts`,
+    :class:`~csdgen.models.chameleon.ChameleonPrompts` or :class:`~csdgen.models.glm_image.GlmImagePrompts`;
+    building it checks the image size.
 
     Raises:
         ValueError: unsupported family or size, a bad template, missing special tokens.
@@ -219,16 +259,21 @@ def prompts_for(path: str | os.PathLike, family: str, *, height: int | None = No
 
         layout = "lumina" if family == "lumina-mgpt" else "anole"
         return ChameleonPrompts.from_folder(path, layout=layout, height=height, width=width, **template)
-    raise ValueError(f"family={family!r}; allowed: janus, emu3, lumina-mgpt, anole")
+    if family == "glm-image":
+        from .glm_image import GlmImagePrompts
+
+        return GlmImagePrompts.from_folder(path, height=height, width=width, **template)
+    raise ValueError(f"family={family!r}; allowed: {FAMILIES}")
 
 
 def estimate_memory(path: str | os.PathLike, family: str, window: int, dtype: torch.dtype | str, *,
                     height: int | None = None, width: int | None = None, image_size: int | None = None,
-                    guided: bool = True, prompt_length: int | None = None) -> MemoryEstimate:
+                    guided: bool = True, prompt_length: int | None = None, vqgan_dir: str | None = None) -> MemoryEstimate:
     """The adapter's config-only memory estimate (weights not read), linear in the batch size.
 
     Args:
         family: a key of ``FAMILY_DEFAULTS`` as :func:`family_of` returns it.
+        guided: two rows per image; GLM-Image always runs one (its AR stage has no guidance).
         prompt_length: tokens of the longest prompt row; default :data:`DEFAULT_PROMPT_LENGTH`.
 
     Raises:
@@ -261,7 +306,16 @@ def estimate_memory(path: str | os.PathLike, family: str, window: int, dtype: to
         config = ChameleonConfig.from_pretrained(check_checkpoint(path, "Chameleon"))
         layout = ChameleonLayout.build(config, "lumina" if family == "lumina-mgpt" else "anole", height, width)
         return config_memory(config, layout, window, dtype, guided, length)
-    raise ValueError(f"family={family!r}; allowed: janus, emu3, lumina-mgpt, anole")
+    if family == "glm-image":
+        from transformers import GlmImageConfig
+
+        from .glm_image import GlmImageFolders, GlmImageLayout, decoder_parameters, glm_image_memory
+
+        parts = GlmImageFolders.find(path)
+        config = GlmImageConfig.from_pretrained(check_checkpoint(parts.model, "GLM-Image"))
+        return glm_image_memory(config, GlmImageLayout.build(height, width), window, dtype, length,
+                                decoder=decoder_parameters(parts.pipeline))
+    raise ValueError(f"family={family!r}; allowed: {FAMILIES}")
 
 
 def estimate_memory_bytes(path: str | os.PathLike, family: str, batch_size: int, window: int, dtype: torch.dtype | str,
@@ -273,7 +327,7 @@ def estimate_memory_bytes(path: str | os.PathLike, family: str, batch_size: int,
 def check_memory(path: str | os.PathLike, family: str, batch_size: int, window: int, dtype: torch.dtype | str | None,
                  *, device: str | torch.device | None = None, height: int | None = None, width: int | None = None,
                  image_size: int | None = None, guided: bool = True, max_memory_bytes: int | None = None,
-                 prompt_length: int | None = None) -> int:
+                 prompt_length: int | None = None, vqgan_dir: str | None = None) -> int:
     """Refuse a batch that cannot fit, before any weight is read; return the estimate in bytes.
 
     The estimate (:func:`estimate_memory`) is computed once; it is linear in the batch size,
@@ -288,7 +342,7 @@ def check_memory(path: str | os.PathLike, family: str, batch_size: int, window: 
     device = device or default_device()
     dtype = _dtype(dtype, device)
     estimate = estimate_memory(path, family, window, dtype, height=height, width=width, image_size=image_size,
-                               guided=guided, prompt_length=prompt_length)
+                               guided=guided, prompt_length=prompt_length, vqgan_dir=vqgan_dir)
     need = estimate.bytes(batch_size)
     have = available_memory(device) if max_memory_bytes is None else int(max_memory_bytes)
     if need <= estimate.usable(have):
@@ -309,7 +363,7 @@ def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype | str | None
                guided: bool = True, negative_prompt: str | None = None, vqgan_dir: str | None = None,
                prompts: list[str] | None = None, prompt_template: str | None = None,
                positive_prompt: str | None = None) -> ImageTokenModel:
-    """Load a Janus, Emu3 or Chameleon-format (Lumina-mGPT / Anole) checkpoint as an image-token model.
+    """Load a Janus, Emu3, Chameleon-format (Lumina-mGPT / Anole) or GLM-Image checkpoint as an image-token model.
 
     Before any weight is read: the family, the image size, the prompt template and special
     tokens (from the config and tokenizer), then -- when ``prompts`` are given -- their
@@ -345,12 +399,14 @@ def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype | str | None
     for name, value in (("negative_prompt", negative_prompt), ("positive_prompt", positive_prompt)):
         if value is not None and model_type != "emu3":
             raise ValueError(f"{name} applies to Emu3 checkpoints only; {str(path_or_id)!r} is {model_type}")
+    if vqgan_dir is not None and model_type != "chameleon":
+        raise ValueError(f"vqgan_dir applies to Chameleon checkpoints only; {str(path_or_id)!r} is {model_type}")
     family = family_of(folder, layout, str(path_or_id))
     device = device or default_device()
     dtype = _dtype(dtype, device)
-    check_checkpoint(folder, model_type.capitalize())
+    check_checkpoint(model_folder(folder), _CHECK_NAMES.get(model_type, model_type.capitalize()))
     builder = prompts_for(folder, family, height=height, width=width, image_size=image_size, prompt_template=prompt_template,
-                          negative_prompt=negative_prompt, positive_prompt=positive_prompt)
+                          negative_prompt=negative_prompt, positive_prompt=positive_prompt, vqgan_dir=vqgan_dir)
     prompt_length = None
     if prompts:
         prompt_length = builder.prompt_length(list(prompts))
@@ -360,7 +416,7 @@ def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype | str | None
 
         check_memory(folder, family, batch_size, window or FAMILY_DEFAULTS[family].window, dtype, device=device,
                      height=height, width=width, image_size=image_size, guided=guided, max_memory_bytes=max_memory_bytes,
-                     prompt_length=prompt_length)
+                     prompt_length=prompt_length, vqgan_dir=vqgan_dir)
     height, width = _size(height, width, image_size)
     template = {} if prompt_template is None else {"prompt_template": prompt_template}
     if family == "janus":
@@ -373,6 +429,10 @@ def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype | str | None
 
         extra = {k: v for k, v in (("negative_prompt", negative_prompt), ("positive_prompt", positive_prompt)) if v is not None}
         return Emu3ImageModel.from_pretrained(folder, dtype=dtype, device=device, height=height, width=width, **template, **extra)
+    if family == "glm-image":
+        from .glm_image import GlmImageModel
+
+        return GlmImageModel.from_pretrained(folder, dtype=dtype, device=device, height=height, width=width, **template)
     from .chameleon import ChameleonImageModel
 
     kind = "lumina" if family == "lumina-mgpt" else "anole"
