@@ -138,7 +138,7 @@ def model_job(args):
                        negative_prompt=args.negative_prompt,
                        positive_prompt=args.positive_prompt, prompts=prompts,
                        prompt_template=args.prompt_template)  # sizes, prompt lengths and memory checked first
-    if getattr(model, "vqgan", True) is None:  # a Chameleon checkpoint without Chameleon's VQGAN files
+    if getattr(model, "vqgan", True) is None:  # a Chameleon or Liquid checkpoint without Chameleon's VQGAN files
         raise ValueError(f"{str(args.model)!r} has no image decoder: copy Chameleon's vqgan.yaml and vqgan.ckpt "
                          f"(its tokenizer/ folder) into {str(folder)!r} or {str(folder / 'tokenizer')!r}")
     if getattr(model, "decoder_problem", None):  # GLM-Image without its diffusers pipeline or without diffusers

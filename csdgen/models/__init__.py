@@ -1,7 +1,7 @@
 """Image-token models: the interface, FunctionModel, the class-conditional Llama, and the family adapters.
 
 The family adapters (``JanusImageModel``, ``Emu3ImageModel``, ``ChameleonImageModel``,
-``GlmImageModel``) and
+``GlmImageModel``, ``LiquidImageModel``) and
 ``load_model`` are imported on first use (PEP 562 ``__getattr__``): they pull in transformers'
 model code, which ``import csdgen`` should not pay for.
 """
@@ -17,6 +17,7 @@ _LAZY = {
     "Emu3ImageModel": ".emu3",
     "ChameleonImageModel": ".chameleon",
     "GlmImageModel": ".glm_image",
+    "LiquidImageModel": ".liquid",
     "load_model": ".auto",
     "family_of": ".auto",
     "check_memory": ".auto",

@@ -8,7 +8,9 @@ The family comes from ``config.json``'s ``model_type``:
   (defaults ``"lumina-mgpt"``) or ``"anole"`` (``"anole"``);
 * ``glm_image`` -> :class:`~csdgen.models.glm_image.GlmImageModel` (``"glm-image"``): the folder is
   GLM-Image's diffusers pipeline (``model_index.json``; the AR model's config is
-  ``vision_language_encoder/config.json``) or that AR-model folder itself.
+  ``vision_language_encoder/config.json``) or that AR-model folder itself;
+* ``gemma`` -> :class:`~csdgen.models.liquid.LiquidImageModel` (``"liquid"``): a Gemma whose
+  vocabulary holds image rows past its tokenizer's (a plain Gemma is refused by the adapter).
 
 Chameleon layout rule when none is given (:func:`guess_layout`): ``"lumina"`` if
 ``config.json``'s ``architectures`` holds Lumina-mGPT's own class
@@ -57,18 +59,18 @@ __all__ = [
 
 #: config.json ``model_type`` -> the adapter that drives it
 MODEL_TYPES = {"janus": "JanusImageModel", "emu3": "Emu3ImageModel", "chameleon": "ChameleonImageModel",
-               "glm_image": "GlmImageModel"}
+               "glm_image": "GlmImageModel", "gemma": "LiquidImageModel"}
 #: model_type -> FAMILY_DEFAULTS key, where the two differ only by name
-_FAMILY_OF_TYPE = {"glm_image": "glm-image"}
+_FAMILY_OF_TYPE = {"glm_image": "glm-image", "gemma": "liquid"}
 #: a diffusers pipeline index's class -> its AR model's subfolder
 _PIPELINE_MODELS = {"GlmImagePipeline": "vision_language_encoder"}
 _LUMINA_ARCHITECTURES = ("ChameleonXLLMXForConditionalGeneration",)
 #: prompt tokens the memory check assumes when the prompts are not given
 DEFAULT_PROMPT_LENGTH = 128
 #: model_type -> the family name check_checkpoint's messages use
-_CHECK_NAMES = {"glm_image": "GLM-Image"}
+_CHECK_NAMES = {"glm_image": "GLM-Image", "gemma": "Liquid"}
 #: the families prompts_for / estimate_memory / load_model know (keys of FAMILY_DEFAULTS)
-FAMILIES = "janus, emu3, lumina-mgpt, anole, glm-image"
+FAMILIES = "janus, emu3, lumina-mgpt, anole, glm-image, liquid"
 
 
 def resolve_checkpoint(path_or_id: str | os.PathLike) -> Path:
@@ -163,7 +165,7 @@ def guess_layout(path: str | os.PathLike, name: str | None = None) -> str:
 def family_of(path: str | os.PathLike, layout: str | None = None, name: str | None = None) -> str:
     """The key of :data:`~csdgen.models.defaults.FAMILY_DEFAULTS` for a checkpoint folder.
 
-    ``janus``, ``emu3``, ``glm-image``, or for Chameleon checkpoints ``lumina-mgpt`` /
+    ``janus``, ``emu3``, ``glm-image``, ``liquid``, or for Chameleon checkpoints ``lumina-mgpt`` /
     ``anole`` (``layout`` when given, else :func:`guess_layout`).
 
     Raises:
@@ -234,8 +236,8 @@ def prompts_for(path: str | os.PathLike, family: str, *, height: int | None = No
     """The family's prompt builder from the checkpoint's config and tokenizer only (no weights read).
 
     :class:`~csdgen.models.janus.JanusPrompts`, :class:`~csdgen.models.emu3.Emu3Prompts`,
-    :class:`~csdgen.models.chameleon.ChameleonPrompts` or :class:`~csdgen.models.glm_image.GlmImagePrompts`;
-    building it checks the image size.
+    :class:`~csdgen.models.chameleon.ChameleonPrompts`, :class:`~csdgen.models.glm_image.GlmImagePrompts`
+    or :class:`~csdgen.models.liquid.LiquidPrompts`; building it checks the image size.
 
     Raises:
         ValueError: unsupported family or size, a bad template, missing special tokens.
@@ -263,6 +265,10 @@ def prompts_for(path: str | os.PathLike, family: str, *, height: int | None = No
         from .glm_image import GlmImagePrompts
 
         return GlmImagePrompts.from_folder(path, height=height, width=width, **template)
+    if family == "liquid":
+        from .liquid import LiquidPrompts
+
+        return LiquidPrompts.from_folder(path, vqgan_dir=vqgan_dir, image_size=_square(height, width, "Liquid"), **template)
     raise ValueError(f"family={family!r}; allowed: {FAMILIES}")
 
 
@@ -315,6 +321,11 @@ def estimate_memory(path: str | os.PathLike, family: str, window: int, dtype: to
         config = GlmImageConfig.from_pretrained(check_checkpoint(parts.model, "GLM-Image"))
         return glm_image_memory(config, GlmImageLayout.build(height, width), window, dtype, length,
                                 decoder=decoder_parameters(parts.pipeline))
+    if family == "liquid":
+        from .liquid import LiquidPrompts, liquid_memory
+
+        prompts = LiquidPrompts.from_folder(path, vqgan_dir=vqgan_dir, image_size=_square(height, width, "Liquid"))
+        return liquid_memory(prompts.config, prompts.num_image_tokens, prompts.codebook_size, window, dtype, guided, length)
     raise ValueError(f"family={family!r}; allowed: {FAMILIES}")
 
 
@@ -363,7 +374,7 @@ def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype | str | None
                guided: bool = True, negative_prompt: str | None = None, vqgan_dir: str | None = None,
                prompts: list[str] | None = None, prompt_template: str | None = None,
                positive_prompt: str | None = None) -> ImageTokenModel:
-    """Load a Janus, Emu3, Chameleon-format (Lumina-mGPT / Anole) or GLM-Image checkpoint as an image-token model.
+    """Load a Janus, Emu3, Chameleon-format (Lumina-mGPT / Anole), GLM-Image or Liquid checkpoint as an image-token model.
 
     Before any weight is read: the family, the image size, the prompt template and special
     tokens (from the config and tokenizer), then -- when ``prompts`` are given -- their
@@ -381,8 +392,9 @@ def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype | str | None
             default: the family's).
         negative_prompt: Emu3 only, the unconditional rows' prompt (default Emu3's documented one).
         positive_prompt: Emu3 only, appended to each prompt string (default Emu3's; ``""`` = off).
-        vqgan_dir: Chameleon only, folder of Chameleon's ``vqgan.yaml`` + ``vqgan.ckpt`` (default:
-            the checkpoint folder or its ``tokenizer/`` when they hold both, else no image decoder).
+        vqgan_dir: Chameleon and Liquid only, folder of Chameleon's ``vqgan.yaml`` + ``vqgan.ckpt``
+            (default: the checkpoint folder or its ``tokenizer/`` -- for Liquid also ``chameleon/`` --
+            when they hold both, else no image decoder).
         prompts: the prompt strings the run will use (for the length and memory checks).
         prompt_template: ``{prompt}``, ``{width}``, ``{height}`` template for prompt strings
             (default: the family's, see docs/models.md).
@@ -399,8 +411,8 @@ def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype | str | None
     for name, value in (("negative_prompt", negative_prompt), ("positive_prompt", positive_prompt)):
         if value is not None and model_type != "emu3":
             raise ValueError(f"{name} applies to Emu3 checkpoints only; {str(path_or_id)!r} is {model_type}")
-    if vqgan_dir is not None and model_type != "chameleon":
-        raise ValueError(f"vqgan_dir applies to Chameleon checkpoints only; {str(path_or_id)!r} is {model_type}")
+    if vqgan_dir is not None and model_type not in ("chameleon", "gemma"):
+        raise ValueError(f"vqgan_dir applies to Chameleon and Liquid checkpoints only; {str(path_or_id)!r} is {model_type}")
     family = family_of(folder, layout, str(path_or_id))
     device = device or default_device()
     dtype = _dtype(dtype, device)
@@ -433,6 +445,11 @@ def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype | str | None
         from .glm_image import GlmImageModel
 
         return GlmImageModel.from_pretrained(folder, dtype=dtype, device=device, height=height, width=width, **template)
+    if family == "liquid":
+        from .liquid import LiquidImageModel
+
+        return LiquidImageModel.from_pretrained(folder, dtype=dtype, device=device, vqgan_dir=vqgan_dir,
+                                                image_size=_square(height, width, "Liquid"), **template)
     from .chameleon import ChameleonImageModel
 
     kind = "lumina" if family == "lumina-mgpt" else "anole"

@@ -58,6 +58,12 @@ FAMILY_DEFAULTS: dict[str, FamilyDefaults] = {
               "GLM-Image: CSD reference values used",
         top_p=0.75,
     ),
+    "liquid": FamilyDefaults(
+        7.0, 0.99, 4096, 16, 0.5, 0.65,
+        sources="FoundationVision/Liquid evaluation/inference_t2i.py defaults: CFG 7, top-k 4096, top-p 0.96, T 0.99",
+        notes="window, lambda and delta not published for Liquid: CSD reference values used",
+        top_p=0.96,
+    ),
     "builtin": FamilyDefaults(
         3.0, 1.0, None, 32, 0.5, 0.65,
         sources="measured on the built-in model, 64 images per setting (docs/builtin.md)",
