@@ -376,7 +376,7 @@ def run_shard(plan: BenchPlan, out: str | os.PathLike, *, rank: int = 0, world: 
             result = _generate(plan, method, seed, position)
             peak = int(torch.cuda.max_memory_allocated(device)) if cuda else None
             stats = result.images[0]
-            save_png(pil_images(plan.model, result.tokens)[0], folder / f"{prompt.id}.png")
+            save_png(pil_images(plan.model, result.tokens, conditions=[plan.conditions[position]])[0], folder / f"{prompt.id}.png")
             _save_tensors({"tokens": result.tokens[0], "decisions": stats.decisions, "entropy": stats.entropy},
                           folder / f"{prompt.id}.safetensors")
             settings = {k: v for k, v in result.settings.items() if k != "seed"}

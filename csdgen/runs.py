@@ -116,7 +116,7 @@ def write_json(obj: Any, path: str | os.PathLike) -> None:
     os.replace(tmp, path)
 
 
-def pil_images(model, result_or_tokens, scale: int = 1) -> list:
+def pil_images(model, result_or_tokens, scale: int = 1, conditions=None) -> list:
     """Decoded images as ``PIL.Image.Image`` (RGB), one per image of a run.
 
     Args:
@@ -124,9 +124,10 @@ def pil_images(model, result_or_tokens, scale: int = 1) -> list:
         result_or_tokens: a :class:`csdgen.GenerationResult` or image tokens ``[B, N]`` int64.
         scale: integer upscaling by nearest neighbour (the CLI saves the built-in model's
             64 x 64 images at ``scale=2``, i.e. 128 x 128 pixels).
+        conditions: the images' conditions, for a decoder that reads the prompt (GLM-Image's).
     """
     tokens = getattr(result_or_tokens, "tokens", result_or_tokens)
-    return _to_pil(_decode(model, tokens), scale)
+    return _to_pil(_decode(model, tokens, conditions), scale)
 
 
 def _decode(model, tokens, conditions=None):

@@ -7,8 +7,6 @@ with an independent computation (tests/test_lossless.py's ``chi_square_pvalue``)
 
 import itertools
 
-import torch
-
 from csdgen.sampling import target_probs
 
 

@@ -14,7 +14,6 @@ falls on a code, as csdgen's does over the codes.
 """
 
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -136,12 +135,13 @@ def test_release_layout_loads_from_the_pipeline_folder_or_the_ar_folder(checkpoi
     assert auto.read_config(checkpoint)["model_type"] == "glm_image"
     assert glm.codebook_size == 16384 and glm.special == {"image_start": 16384, "image_end": 16385, "pad": 167841,
                                                           "grid_bos": 167845, "grid_eos": 167846}
-    assert glm.num_image_tokens == 256 + 4 and glm.layout.preview == (16, 16) and glm.grid == (130, 2)
+    assert glm.num_image_tokens == 256 + 4 and glm.layout.preview == (16, 16) and glm.grid == (13, 20)
     assert glm.pipeline_folder == checkpoint and glm.defaults is FAMILY_DEFAULTS["glm-image"]
     inner = GlmImageModel.from_pretrained(checkpoint / "vision_language_encoder", height=SIZE, width=SIZE)
     assert inner.pipeline_folder == checkpoint and inner.prompt_rows(PROMPTS) == glm.prompt_rows(PROMPTS)
     default = GlmImageLayout.build()  # 1024 x 1024: a 16 x 16 preview, then 32 x 32
     assert (default.target, default.preview, default.num_image_tokens, default.maps_grid()) == ((32, 32), (16, 16), 1280, (40, 32))
+    assert [GlmImageLayout.build(side, side).num_image_tokens for side in (512, 2048)] == [512, 4352]
     d = glm.defaults
     assert (d.guidance_scale, d.temperature, d.top_p, d.top_k) == (1.0, 0.9, 0.75, None)
 
@@ -307,7 +307,7 @@ def test_load_model_reads_the_pipeline_folder_and_checks_before_the_weights(chec
     import shutil
 
     model = auto.load_model(checkpoint, device="cpu", height=SIZE, width=SIZE, prompts=PROMPTS)
-    assert isinstance(model, GlmImageModel) and model.grid == (130, 2) and model.dtype == torch.float32
+    assert isinstance(model, GlmImageModel) and model.grid == (13, 20) and model.dtype == torch.float32
     empty = tmp_path / "no-weights"
     shutil.copytree(checkpoint, empty, ignore=shutil.ignore_patterns("*.safetensors"))
     with pytest.raises(FileNotFoundError, match="vision_language_encoder' holds no weights"):
@@ -357,13 +357,17 @@ def add_tiny_decoder(root: Path, glm: GlmImageModel) -> Path:
     return root
 
 
-def test_images_come_from_diffusers_pipeline_with_csdgens_tokens(glm, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def decoder_root(glm, tmp_path_factory):
     pytest.importorskip("diffusers")
+    return add_tiny_decoder(tmp_path_factory.mktemp("with-decoder") / "GLM-Image", glm)
+
+
+def test_images_come_from_diffusers_pipeline_with_csdgens_tokens(decoder_root, monkeypatch):
     from diffusers import GlmImagePipeline
 
-    root = add_tiny_decoder(tmp_path / "GLM-Image", glm)
-    model = GlmImageModel.from_pretrained(root, height=SIZE, width=SIZE, dit_steps=2)
-    assert model.decoder_problem is None and auto.family_of(root) == "glm-image"
+    model = GlmImageModel.from_pretrained(decoder_root, height=SIZE, width=SIZE, dit_steps=2)
+    assert model.decoder_problem is None and auto.family_of(decoder_root) == "glm-image"
     monkeypatch.setattr(GlmImagePipeline, "generate_prior_tokens", lambda *a, **k: pytest.fail("the AR step ran in diffusers"))
     seen = []
     forward = type(model.decoder().transformer).forward
@@ -385,18 +389,56 @@ def test_images_come_from_diffusers_pipeline_with_csdgens_tokens(glm, tmp_path, 
     torch.testing.assert_close(single, images[:1], atol=1e-4, rtol=0)  # the batch changes only rounding
 
 
-def test_cli_generate_writes_glm_images_and_refuses_guidance(glm, tmp_path, capsys):
-    pytest.importorskip("diffusers")
+def test_cli_generate_and_bench_on_glm_image_and_guidance_refused(decoder_root, tmp_path, capsys):
+    import csv
+
     from csdgen import cli
 
-    root = add_tiny_decoder(tmp_path / "GLM-Image", glm)
     out = tmp_path / "out"
-    assert cli.main(["generate", "--model", str(root), "--prompt", "red cat", "--height", "64", "--width", "64",
-                     "--device", "cpu", "--window", "8", "--out", str(out)]) == 0
-    record = json.loads((out / "record.json").read_text())
-    s = record["settings"]
-    assert s["family"] == "glm-image" and s["grid"] == [130, 2] and s["sampling"]["top_p"] == 0.75
+    size = ["--height", "64", "--width", "64", "--device", "cpu"]
+    assert cli.main(["generate", "--model", str(decoder_root), "--prompt", "red cat", *size, "--window", "8",
+                     "--out", str(out)]) == 0
+    s = json.loads((out / "record.json").read_text())["settings"]
+    assert s["family"] == "glm-image" and s["grid"] == [13, 20] and s["sampling"]["top_p"] == 0.75
     assert (out / "0000_red-cat.png").is_file() and (out / "0000_red-cat_map.png").is_file()
-    assert cli.main(["generate", "--model", str(root), "--prompt", "red cat", "--height", "64", "--width", "64",
-                     "--guidance-scale", "3", "--device", "cpu", "--out", str(tmp_path / "o")]) == 2
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("red cat\n")
+    assert cli.main(["bench", "--model", str(decoder_root), "--prompts", str(prompts), "--limit", "1", "--methods", "csd",
+                     "--floor-seed", "none", *size, "--window", "8", "--out", str(tmp_path / "bench")]) == 0
+    rows = list(csv.DictReader((tmp_path / "bench" / "report.csv").open()))
+    assert [r["method"] for r in rows] == ["ar", "csd"] and all(float(r["nll"]) > 0 for r in rows)
+    assert cli.main(["generate", "--model", str(decoder_root), "--prompt", "red cat", *size, "--guidance-scale", "3",
+                     "--out", str(tmp_path / "o")]) == 2
     assert "GLM-Image's AR prior runs without classifier-free guidance" in capsys.readouterr().err
+    alone = decoder_root.parent / "AR-only"
+    import shutil
+
+    shutil.copytree(decoder_root / "vision_language_encoder", alone / "vision_language_encoder")
+    shutil.copytree(decoder_root / "processor", alone / "processor")
+    for command in ("generate", "bench"):  # refused before generating
+        assert cli.main([command, "--model", str(alone / "vision_language_encoder"), "--prompt" if command == "generate"
+                         else "--prompts", "red cat" if command == "generate" else str(prompts), *size,
+                         "--out", str(tmp_path / f"refused-{command}")]) == 2
+        assert "has no diffusers pipeline" in capsys.readouterr().err and not (tmp_path / f"refused-{command}").exists()
+
+
+def test_demo_runs_glm_image(decoder_root):
+    import threading
+
+    from csdgen.demo import load_demo_model, parse_inputs, watch
+
+    model, name, defaults = load_demo_model(str(decoder_root))
+    assert name.startswith("glm-image") and defaults.guidance_scale == 1.0
+    model.dit_steps = 1  # a preview frame runs the whole DiT: one step is enough here
+    settings = parse_inputs(model, condition="red cat", methods=["ar", "csd"], window="32", lam=0.5, delta=0.65,
+                            guidance_scale=1.0, seed=0)
+    decodes = []
+    decode = model.decode_images
+    model.decode_images = lambda tokens, **kw: decodes.append(1) or decode(tokens, **kw)
+    events = list(watch(model, settings, SamplingConfig(guidance_scale=1.0, temperature=0.9, top_p=0.75), threading.Event()))
+    rows = events[-1][1]
+    assert events[-1][0] == "end" and [r["method"] for r in rows] == ["ar", "csd"]
+    assert rows[0]["forwards"] == model.num_image_tokens
+    frames = [e[2] for e in events if e[0] == "frame"]
+    assert len(frames) > 2 and len(decodes) == 2  # live maps in every frame; the DiT ran once per method, at the end
+    assert frames[-1].image.shape == frames[0].image.shape and frames[-1].image.std() > 0

@@ -290,3 +290,30 @@ def test_cli_generate_uses_the_family_defaults(checkpoint, tmp_path):
     from PIL import Image
 
     assert Image.open(out / "0000_red-cat.png").size == (16, 16)
+    bare = tmp_path / "no-vqgan"
+    shutil.copytree(checkpoint, bare, ignore=shutil.ignore_patterns("chameleon"))
+    assert cli.main(["generate", "--model", str(bare), "--prompt", "red cat", "--device", "cpu", "--out", str(tmp_path / "o")]) == 2
+    assert not (tmp_path / "o").exists()
+
+
+def test_compare_and_demo_run_liquid(checkpoint, tmp_path):
+    import csv
+    import threading
+
+    from csdgen import cli
+    from csdgen.demo import load_demo_model, parse_inputs, watch
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("red cat\n")
+    assert cli.main(["compare", "--model", str(checkpoint), "--prompts", str(prompts), "--limit", "1", "--methods", "csd",
+                     "--window", "8", "--device", "cpu", "--out", str(tmp_path / "compare")]) == 0
+    rows = list(csv.DictReader((tmp_path / "compare" / "compare.csv").open()))
+    assert [r["method"] for r in rows] == ["ar", "csd", "ar@seed1"] and all(float(r["nll"]) > 0 for r in rows)
+    model, name, defaults = load_demo_model(str(checkpoint))
+    assert name.startswith("liquid") and defaults is FAMILY_DEFAULTS["liquid"]
+    settings = parse_inputs(model, condition="red cat", methods=["ar", "csd"], window="8", lam=0.5, delta=0.65,
+                            guidance_scale=7.0, seed=0)
+    events = list(watch(model, settings, SamplingConfig(guidance_scale=7.0, temperature=0.99, top_k=4096, top_p=0.96),
+                        threading.Event()))
+    assert events[-1][0] == "end" and [r["method"] for r in events[-1][1]] == ["ar", "csd"]
+    assert events[-1][1][0]["forwards"] == model.num_image_tokens

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import math
 import os
+from fractions import Fraction
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -217,16 +218,25 @@ class GlmImageLayout:
         return torch.tensor([[1, *self.target], [1, *self.preview]])
 
     def maps_grid(self) -> tuple[int, int]:
-        """``(rows, cols)`` with ``rows * cols = N`` for the acceptance maps.
+        """``(rows, cols)`` with ``rows * cols = N`` for the acceptance maps (both grids in one stream).
 
-        ``cols`` = the target grid's width when the preview fills whole rows of it (square 512,
-        1024, 2048 px: the target grid then shows in place under the preview), else the largest
-        divisor of N up to it.
+        ``cols`` = the target grid's width when the preview fills whole rows of it and the rows fit
+        the image's height in pixels (square 512, 1024, 2048 px: the target grid then shows in place
+        under the preview); else the factorisation of N whose shape is closest to the image's with
+        ``rows <= height`` and ``cols <= width`` pixels (the maps then show the stream, not the
+        picture's layout; between two equally close shapes the wider); ``(1, N)`` when none fits.
         """
         n, cols = self.num_image_tokens, self.target[1]
-        while n % cols:
-            cols -= 1
-        return n // cols, cols
+        if n % cols == 0 and n // cols <= self.height:
+            return n // cols, cols
+        pairs = [(n // c, c) for c in range(1, n + 1) if n % c == 0 and n // c <= self.height and c <= self.width]
+        if not pairs:
+            return 1, n
+        def mismatch(rc: tuple[int, int]) -> tuple[Fraction, int]:  # exact ratio of the two aspects, >= 1; then wider first
+            a, b = rc[0] * self.width, rc[1] * self.height
+            return Fraction(max(a, b), min(a, b)), -rc[1]
+
+        return min(pairs, key=mismatch)
 
 
 def _processor_chat_template(processor: Any) -> bool:
@@ -536,6 +546,7 @@ class GlmImageModel(GlmImagePrompts, ImageTokenModel):
         return torch.cat([GlmImagePipeline._upsample_token_ids(t, rows, cols) for t in target])
 
     decode_takes_prompts = True  # runs hand the prompts over: the glyph encoder reads the quoted text in them
+    live_preview = False  # a decode runs the whole DiT: the demo shows the picture once the tokens are done
 
     def decode_images(self, tokens: torch.Tensor, prompts: Sequence[str] | None = None) -> torch.Tensor:
         """Image tokens ``[B, N]`` -> ``[B, 3, H, W]`` float32 in [-1, 1] by diffusers' ``GlmImagePipeline``.
