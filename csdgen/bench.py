@@ -427,7 +427,7 @@ def _run_shard(plan: BenchPlan, out: Path, rank: int, world: int, on_record, on_
             result = _generate(plan, method, seed, position)
             peak = int(torch.cuda.max_memory_allocated(device)) if cuda else None
             stats = result.images[0]
-            save_png(pil_images(plan.model, result.tokens)[0], folder / f"{prompt.id}.png")
+            save_png(pil_images(plan.model, result.tokens, conditions=[plan.conditions[position]])[0], folder / f"{prompt.id}.png")
             _save_tensors({"tokens": result.tokens[0], "decisions": stats.decisions, "entropy": stats.entropy},
                           folder / f"{prompt.id}.safetensors")
             settings = {k: v for k, v in result.settings.items() if k != "seed"}

@@ -230,9 +230,16 @@ def token_maps(decisions: torch.Tensor | None, entropy: torch.Tensor | None, com
 
 
 def _partial_image(model, tokens: torch.Tensor, committed: int) -> np.ndarray:
-    """``[H, W, 3]`` uint8: the image decoded from ``tokens [N]`` (committed + drafts), pending cells veiled."""
-    image = to_uint8(model.decode_images(tokens[None].to(model.device)))[0]
+    """``[H, W, 3]`` uint8: the image decoded from ``tokens [N]`` (committed + drafts), pending cells veiled.
+
+    A model whose decoder is too slow to run at every frame (``live_preview = False``: GLM-Image's
+    DiT) shows a blank canvas of its ``image_size`` until the last token is committed; the maps stay live.
+    """
     rows, cols = model.grid
+    if committed < rows * cols and not getattr(model, "live_preview", True):
+        image = np.full((*model.image_size, 3), PENDING, dtype=np.uint8)
+    else:
+        image = to_uint8(model.decode_images(tokens[None].to(model.device)))[0]
     scale = max(1, _DISPLAY // image.shape[1])
     image = np.repeat(np.repeat(image, scale, axis=0), scale, axis=1)
     if committed < rows * cols:

@@ -118,7 +118,7 @@ def write_json(obj: Any, path: str | os.PathLike) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2))
 
 
-def pil_images(model, result_or_tokens, scale: int = 1) -> list:
+def pil_images(model, result_or_tokens, scale: int = 1, conditions=None) -> list:
     """Decoded images as ``PIL.Image.Image`` (RGB), one per image of a run.
 
     Args:
@@ -126,19 +126,28 @@ def pil_images(model, result_or_tokens, scale: int = 1) -> list:
         result_or_tokens: a :class:`csdgen.GenerationResult` or image tokens ``[B, N]`` int64.
         scale: integer upscaling by nearest neighbour (the CLI saves the built-in model's
             64 x 64 images at ``scale=2``, i.e. 128 x 128 pixels).
+        conditions: the images' conditions, for a decoder that reads the prompt (GLM-Image's).
     """
     tokens = getattr(result_or_tokens, "tokens", result_or_tokens)
-    return _to_pil(_decode(model, tokens), scale)
+    return _to_pil(_decode(model, tokens, conditions), scale)
 
 
-def _decode(model, tokens):
+def _decode(model, tokens, conditions=None):
     """``[B, H, W, 3]`` uint8, decoded image by image: a pixel never depends on the batch it was decoded in
-    (batched convolutions round differently), so the files do not depend on the batch size."""
+    (batched convolutions round differently), so the files do not depend on the batch size.
+
+    A model whose decoder reads the prompt too (``decode_takes_prompts``: GLM-Image's glyph encoder)
+    gets each image's condition when it is a prompt string."""
     import numpy as np
 
     from csdgen.evaluation.maps import to_uint8
 
-    return np.concatenate([to_uint8(model.decode_images(tokens[i : i + 1])) for i in range(len(tokens))])
+    def one(i):
+        if conditions is not None and getattr(model, "decode_takes_prompts", False) and isinstance(conditions[i], str):
+            return model.decode_images(tokens[i : i + 1], prompts=[conditions[i]])
+        return model.decode_images(tokens[i : i + 1])
+
+    return np.concatenate([to_uint8(one(i)) for i in range(len(tokens))])
 
 
 def _to_pil(pixels, scale: int) -> list:
@@ -325,7 +334,7 @@ def _map_png(plan: RunPlan, pixels, stats):
 def _write_batch(plan: RunPlan, out: Path, indices: list[int], result, batch: int, images: dict, maps: bool) -> None:
     from csdgen.evaluation.maps import save_png
 
-    pixels = _decode(plan.model, result.tokens)
+    pixels = _decode(plan.model, result.tokens, [plan.conditions[i] for i in indices])
     pil = _to_pil(pixels, plan.scale)
     for j, i in enumerate(indices):
         stats, name = result.images[j], plan.names[i]

@@ -66,7 +66,7 @@ def test_family_of_each_checkpoint_and_the_chameleon_layout_rule(janus_dir, emu3
     assert auto.family_of(xllmx) == "lumina-mgpt"  # Lumina-mGPT's own class wins over the name
     with pytest.raises(ValueError, match="layout='emu3'; allowed: lumina, anole"):
         auto.family_of(chameleon_dir, layout="emu3")
-    assert set(auto.MODEL_TYPES) == {"janus", "emu3", "chameleon"}
+    assert set(auto.MODEL_TYPES) == {"janus", "emu3", "chameleon", "glm_image", "gemma"}  # the last two: their own test files
 
 
 def test_load_model_picks_the_adapter_of_each_family(janus_dir, emu3_dir, chameleon_dir):
@@ -117,7 +117,7 @@ def test_nonexistent_path_says_what_was_looked_for_and_how_to_get_it(tmp_path):
 
 def test_unknown_model_type_lists_the_supported_families(janus_dir, tmp_path):
     folder = config_only(janus_dir, tmp_path / "llama", model_type="llama")
-    with pytest.raises(ValueError, match=r"model_type='llama'; supported families: janus, emu3, chameleon"):
+    with pytest.raises(ValueError, match=r"model_type='llama'; supported families: janus, emu3, chameleon, glm_image, gemma"):
         load_model(folder)
 
 

@@ -157,7 +157,8 @@ def cap_builtin_batch(args, model, window: int, guided: bool, num_images: int) -
 
 
 def require_decoder(model, given: str, folder: Path) -> None:
-    """Refuse a checkpoint model without an image decoder (a Chameleon checkpoint without Chameleon's VQGAN).
+    """Refuse a checkpoint model without an image decoder (a Chameleon or Liquid checkpoint without
+    Chameleon's VQGAN; GLM-Image without its diffusers pipeline).
 
     Raises:
         ValueError: one line naming ``--vqgan PATH`` and where the files would be found.
@@ -166,6 +167,8 @@ def require_decoder(model, given: str, folder: Path) -> None:
         raise ValueError(f"{given!r} has no image decoder: give --vqgan PATH (Chameleon's tokenizer/ folder holding "
                          f"vqgan.yaml and vqgan.ckpt) or copy those two files into {str(folder)!r} or "
                          f"{str(folder / 'tokenizer')!r}")
+    if getattr(model, "decoder_problem", None):  # GLM-Image without its diffusers pipeline or without diffusers
+        raise ValueError(f"{given!r}: {model.decoder_problem}")
 
 
 #: printed once when --temperature 0 is given with --model
@@ -197,6 +200,9 @@ def checkpoint_setup(args, *, fixed_window: bool):
     fill_defaults(args, asdict(FAMILY_DEFAULTS[family]))
     default_window(args, asdict(FAMILY_DEFAULTS[family]), fixed=fixed_window)
     sampling = sampling_of(args)
+    if family == "glm-image" and sampling.guided:  # before the weights are read (GlmImageModel.start refuses too)
+        raise ValueError(f"--guidance-scale {args.guidance_scale:g}: GLM-Image's AR prior runs without classifier-free "
+                         f"guidance (diffusers samples it unguided); allowed: 1")
     if args.temperature == 0:
         print(GREEDY_WARNING, file=sys.stderr)
     return folder, family, sampling

@@ -32,8 +32,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                    "noise floor. Rerun to resume; `torchrun --nproc-per-node N -m csdgen bench ...` "
                                    "shards the prompts over N processes.")
     p.add_argument("--model", default="builtin",
-                   help="'builtin' (default), or a Janus, Emu3 or Chameleon-format checkpoint folder or Hugging Face repo "
-                        "id in the local cache (no download)")
+                   help="'builtin' (default), or a Janus, Emu3, Chameleon-format, GLM-Image or Liquid checkpoint folder or "
+                        "Hugging Face repo id in the local cache (no download)")
     p.add_argument("--weights", type=Path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
     p.add_argument("--prompts", default=None,
                    help="coco (MS-COCO 2017 val, first caption per image), parti (PartiPrompts) or a file (.txt one per "
@@ -314,8 +314,8 @@ def add_bench_source(p: argparse.ArgumentParser, command: str) -> None:
     g = p.add_argument_group(f"any model or prompt set (then {command} runs as csdgen bench: batch size 1, one "
                              f"record per image, resumable; --class, -n and --batch-size do not apply)")
     g.add_argument("--model", default="builtin",
-                   help="'builtin' (default), or a Janus, Emu3 or Chameleon-format checkpoint folder or Hugging Face "
-                        "repo id in the local cache (no download)")
+                   help="'builtin' (default), or a Janus, Emu3, Chameleon-format, GLM-Image or Liquid checkpoint folder "
+                        "or Hugging Face repo id in the local cache (no download)")
     g.add_argument("--prompts", default=None,
                    help="coco, parti or a prompt file (.txt, .jsonl, .tsv), as csdgen bench (default coco; the "
                         "built-in model takes a file of class names)")

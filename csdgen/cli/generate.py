@@ -24,7 +24,7 @@ MODEL_ONLY = ("prompts", "prompts_file", "layout", "height", "width", "image_siz
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("generate", allow_abbrev=False, help="generate images (default: CSD on the built-in model)",
                        description="Generate images with CSD (or another method) on the built-in model (--class) "
-                                   "or a Janus, Emu3 or Chameleon-format checkpoint (--model, --prompt). Writes "
+                                   "or a Janus, Emu3, Chameleon-format, GLM-Image or Liquid checkpoint (--model, --prompt). Writes "
                                    "NNNN_<class>.png (built-in: 128 x 128, its 64 x 64 images upscaled x2 by nearest "
                                    "neighbour), NNNN_<class>_map.png and record.json into --out; rerun to resume.")
     opt.add_builtin_model(p, n_default="8; with --model one per prompt", batch_default=8, out_default="outputs",
@@ -95,7 +95,7 @@ def builtin_job(args):
     given = ["--" + {"prompts": "prompt"}.get(k, k).replace("_", "-") for k in MODEL_ONLY if getattr(args, k) is not None]
     if given:
         verb = "needs" if len(given) == 1 else "need"
-        raise ValueError(f"{', '.join(given)} {verb} --model (a Janus, Emu3 or Chameleon checkpoint); "
+        raise ValueError(f"{', '.join(given)} {verb} --model (a checkpoint folder, docs/models.md); "
                          f"the built-in model takes --class")
     model, classes = builtin_model(args)
     sampling = sampling_of(args)

@@ -1,9 +1,9 @@
 """Image-token models: the interface, FunctionModel, the class-conditional Llama, and the family adapters.
 
-The family adapters (``JanusImageModel``, ``Emu3ImageModel``, ``ChameleonImageModel``),
-``load_model`` and ``from_model`` (an already-loaded transformers model) are imported on first
-use (PEP 562 ``__getattr__``): they pull in transformers' model code, which ``import csdgen``
-should not pay for.
+The family adapters (``JanusImageModel``, ``Emu3ImageModel``, ``ChameleonImageModel``,
+``GlmImageModel``, ``LiquidImageModel``), ``load_model`` and ``from_model`` (an already-loaded
+transformers model) are imported on first use (PEP 562 ``__getattr__``): they pull in
+transformers' model code, which ``import csdgen`` should not pay for.
 """
 
 from importlib import import_module
@@ -16,6 +16,8 @@ _LAZY = {
     "JanusImageModel": ".janus",
     "Emu3ImageModel": ".emu3",
     "ChameleonImageModel": ".chameleon",
+    "GlmImageModel": ".glm_image",
+    "LiquidImageModel": ".liquid",
     "load_model": ".auto",
     "from_model": ".loaded",
     "family_of": ".auto",

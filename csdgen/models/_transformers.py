@@ -44,6 +44,7 @@ __all__ = [
     "format_prompt",
     "check_sequence_length",
     "check_token_ids",
+    "encode_each_once",
     "left_pad",
     "PaddedRows",
     "RowEnds",
@@ -236,6 +237,22 @@ def check_token_ids(ids: Sequence[int] | torch.Tensor, vocab_size: int) -> list[
     if not ids or not all(0 <= i < vocab_size for i in ids):
         raise ValueError(f"token ids {ids[:8]}{'...' if len(ids) > 8 else ''}: allowed a non-empty list of ids in 0..{vocab_size - 1}")
     return ids
+
+
+def encode_each_once(encode: Any, conditions: Sequence) -> list[list[int]]:
+    """``[encode(c) for c in conditions]``, encoding each distinct condition (string or id list) once.
+
+    Batches often repeat a prompt (``-n`` cycles the prompts; the exact-distribution tests run one
+    prompt thousands of times); the tokenizer and chat template then run once per distinct prompt.
+    """
+    done: dict = {}
+    rows = []
+    for c in conditions:
+        key = c if isinstance(c, str) else tuple(int(t) for t in (c.tolist() if isinstance(c, torch.Tensor) else c))
+        if key not in done:
+            done[key] = encode(c)
+        rows.append(list(done[key]))
+    return rows
 
 
 def left_pad(rows: list[list[int]], pad: int, device: Any = None) -> tuple[torch.Tensor, torch.Tensor]:

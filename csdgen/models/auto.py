@@ -5,7 +5,12 @@ The family comes from ``config.json``'s ``model_type``:
 * ``janus`` -> :class:`~csdgen.models.janus.JanusImageModel` (defaults ``FAMILY_DEFAULTS["janus"]``);
 * ``emu3`` -> :class:`~csdgen.models.emu3.Emu3ImageModel` (``"emu3"``);
 * ``chameleon`` -> :class:`~csdgen.models.chameleon.ChameleonImageModel`, layout ``"lumina"``
-  (defaults ``"lumina-mgpt"``) or ``"anole"`` (``"anole"``).
+  (defaults ``"lumina-mgpt"``) or ``"anole"`` (``"anole"``);
+* ``glm_image`` -> :class:`~csdgen.models.glm_image.GlmImageModel` (``"glm-image"``): the folder is
+  GLM-Image's diffusers pipeline (``model_index.json``; the AR model's config is
+  ``vision_language_encoder/config.json``) or that AR-model folder itself;
+* ``gemma`` -> :class:`~csdgen.models.liquid.LiquidImageModel` (``"liquid"``): a Gemma whose
+  vocabulary holds image rows past its tokenizer's (a plain Gemma is refused by the adapter).
 
 Chameleon layout rule when none is given (:func:`guess_layout`): ``"lumina"`` if
 ``config.json``'s ``architectures`` holds Lumina-mGPT's own class
@@ -45,6 +50,8 @@ __all__ = [
     "available_memory",
     "HEADROOM",
     "DEFAULT_PROMPT_LENGTH",
+    "FAMILIES",
+    "model_folder",
     "prompts_for",
     "estimate_memory",
     "estimate_memory_bytes",
@@ -56,13 +63,43 @@ __all__ = [
 ]
 
 #: config.json ``model_type`` -> the adapter that drives it
-MODEL_TYPES = {"janus": "JanusImageModel", "emu3": "Emu3ImageModel", "chameleon": "ChameleonImageModel"}
+MODEL_TYPES = {"janus": "JanusImageModel", "emu3": "Emu3ImageModel", "chameleon": "ChameleonImageModel",
+               "glm_image": "GlmImageModel", "gemma": "LiquidImageModel"}
+#: model_type -> FAMILY_DEFAULTS key, where the two differ only by name
+_FAMILY_OF_TYPE = {"glm_image": "glm-image", "gemma": "liquid"}
+#: a diffusers pipeline index's class -> its AR model's subfolder
+_PIPELINE_MODELS = {"GlmImagePipeline": "vision_language_encoder"}
 #: prompt tokens the memory check assumes when the prompts are not given
 DEFAULT_PROMPT_LENGTH = 128
+#: model_type -> the family name check_checkpoint's messages use
+_CHECK_NAMES = {"glm_image": "GLM-Image", "gemma": "Liquid"}
+#: the families prompts_for / estimate_memory / load_model know (keys of FAMILY_DEFAULTS)
+FAMILIES = "janus, emu3, lumina-mgpt, anole, glm-image, liquid"
+
+
+def model_folder(folder: Path) -> Path:
+    """The folder holding the AR model's config.json: ``folder``, or for a diffusers pipeline folder
+    (``model_index.json`` of a known pipeline, GLM-Image's) its AR-model subfolder.
+
+    Raises:
+        ValueError: a diffusers pipeline csdgen does not drive (naming its class).
+    """
+    folder = Path(folder)
+    index = folder / "model_index.json"
+    if (folder / "config.json").is_file() or not index.is_file():
+        return folder
+    from csdgen.runs import read_json
+
+    name = read_json(index, what="a diffusers pipeline index").get("_class_name")
+    if name not in _PIPELINE_MODELS:
+        raise ValueError(f"{str(index)!r} is a diffusers {name!r} pipeline; csdgen drives {', '.join(_PIPELINE_MODELS)} "
+                         f"(or transformers folders with config.json)")
+    return folder / _PIPELINE_MODELS[name]
 
 
 def read_config(folder: Path) -> dict:
-    """The folder's ``config.json``, checked: a JSON object, and not the original Janus format.
+    """The folder's ``config.json`` (a pipeline folder's: see :func:`model_folder`), checked: a JSON
+    object, and not the original Janus format.
 
     Raises:
         FileNotFoundError: no config.json. ValueError: not JSON or not an object (naming the
@@ -70,7 +107,7 @@ def read_config(folder: Path) -> dict:
     """
     from csdgen.runs import read_json
 
-    file = folder / "config.json"
+    file = model_folder(Path(folder)) / "config.json"
     if not file.is_file():
         raise FileNotFoundError(f"{str(folder)!r} has no config.json: not a transformers checkpoint folder")
     config = read_json(file, what="a transformers model config")
@@ -106,15 +143,15 @@ def guess_layout(path: str | os.PathLike, name: str | None = None) -> str:
 def family_of(path: str | os.PathLike, layout: str | None = None, name: str | None = None) -> str:
     """The key of :data:`~csdgen.models.defaults.FAMILY_DEFAULTS` for a checkpoint folder.
 
-    ``janus``, ``emu3``, or for Chameleon checkpoints ``lumina-mgpt`` / ``anole`` (``layout``
-    when given, else :func:`guess_layout`).
+    ``janus``, ``emu3``, ``glm-image``, ``liquid``, or for Chameleon checkpoints ``lumina-mgpt`` /
+    ``anole`` (``layout`` when given, else :func:`guess_layout`).
 
     Raises:
         FileNotFoundError: no config.json. ValueError: unsupported model type or layout.
     """
     model_type = model_type_of(path)
     if model_type != "chameleon":
-        return model_type
+        return _FAMILY_OF_TYPE.get(model_type, model_type)
     layout = layout or guess_layout(path, name)
     if layout not in ("lumina", "anole"):
         raise ValueError(f"layout={layout!r}; allowed: lumina, anole")
@@ -155,16 +192,23 @@ def available_memory(device: str | torch.device) -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+def _square(height: int | None, width: int | None, family: str) -> int | None:
+    if height != width:
+        raise ValueError(f"{family} makes square images only; got height={height}, width={width}")
+    return height
+
+
 def prompts_for(path: str | os.PathLike, family: str, *, height: int | None = None, width: int | None = None,
                 image_size: int | None = None, prompt_template: str | None = None, negative_prompt: str | None = None,
-                positive_prompt: str | None = None):
+                positive_prompt: str | None = None, vqgan_dir: str | None = None):
     """The family's prompt builder from the checkpoint's config and tokenizer only (no weights read).
 
     Lumina-mGPT: a side not given comes from the folder's name
     (:func:`~csdgen.models.chameleon.lumina_pixel_size`).
 
-    :class:`~csdgen.models.janus.JanusPrompts`, :class:`~csdgen.models.emu3.Emu3Prompts` or
-    :class:`~csdgen.models.chameleon.ChameleonPrompts`; building it checks the image size.
+        :class:`~csdgen.models.janus.JanusPrompts`, :class:`~csdgen.models.emu3.Emu3Prompts`,
+    :class:`~csdgen.models.chameleon.ChameleonPrompts`, :class:`~csdgen.models.glm_image.GlmImagePrompts`
+    or :class:`~csdgen.models.liquid.LiquidPrompts`; building it checks the image size.
 
     Raises:
         ValueError: unsupported family or size, a bad template, missing special tokens.
@@ -190,16 +234,25 @@ def prompts_for(path: str | os.PathLike, family: str, *, height: int | None = No
         if layout == "lumina":
             height, width = lumina_pixel_size(height, width, path)
         return ChameleonPrompts.from_folder(path, layout=layout, height=height, width=width, **template)
-    raise ValueError(f"family={family!r}; allowed: janus, emu3, lumina-mgpt, anole")
+    if family == "glm-image":
+        from .glm_image import GlmImagePrompts
+
+        return GlmImagePrompts.from_folder(path, height=height, width=width, **template)
+    if family == "liquid":
+        from .liquid import LiquidPrompts
+
+        return LiquidPrompts.from_folder(path, vqgan_dir=vqgan_dir, image_size=_square(height, width, "Liquid"), **template)
+    raise ValueError(f"family={family!r}; allowed: {FAMILIES}")
 
 
 def estimate_memory(path: str | os.PathLike, family: str, window: int, dtype: torch.dtype | str, *,
                     height: int | None = None, width: int | None = None, image_size: int | None = None,
-                    guided: bool = True, prompt_length: int | None = None) -> MemoryEstimate:
+                    guided: bool = True, prompt_length: int | None = None, vqgan_dir: str | None = None) -> MemoryEstimate:
     """The adapter's config-only memory estimate (weights not read), linear in the batch size.
 
     Args:
         family: a key of ``FAMILY_DEFAULTS`` as :func:`family_of` returns it.
+        guided: two rows per image; GLM-Image always runs one (its AR stage has no guidance).
         prompt_length: tokens of the longest prompt row; default :data:`DEFAULT_PROMPT_LENGTH`.
 
     Raises:
@@ -234,7 +287,21 @@ def estimate_memory(path: str | os.PathLike, family: str, window: int, dtype: to
             height, width = lumina_pixel_size(height, width, path)
         layout = ChameleonLayout.build(config, "lumina" if family == "lumina-mgpt" else "anole", height, width)
         return config_memory(config, layout, window, dtype, guided, length)
-    raise ValueError(f"family={family!r}; allowed: janus, emu3, lumina-mgpt, anole")
+    if family == "glm-image":
+        from transformers import GlmImageConfig
+
+        from .glm_image import GlmImageFolders, GlmImageLayout, decoder_parameters, glm_image_memory
+
+        parts = GlmImageFolders.find(path)
+        config = GlmImageConfig.from_pretrained(check_checkpoint(parts.model, "GLM-Image"))
+        return glm_image_memory(config, GlmImageLayout.build(height, width), window, dtype, length,
+                                decoder=decoder_parameters(parts.pipeline))
+    if family == "liquid":
+        from .liquid import LiquidPrompts, liquid_memory
+
+        prompts = LiquidPrompts.from_folder(path, vqgan_dir=vqgan_dir, image_size=_square(height, width, "Liquid"))
+        return liquid_memory(prompts.config, prompts.num_image_tokens, prompts.codebook_size, window, dtype, guided, length)
+    raise ValueError(f"family={family!r}; allowed: {FAMILIES}")
 
 
 def estimate_memory_bytes(path: str | os.PathLike, family: str, batch_size: int, window: int, dtype: torch.dtype | str,
@@ -246,7 +313,7 @@ def estimate_memory_bytes(path: str | os.PathLike, family: str, batch_size: int,
 def check_memory(path: str | os.PathLike, family: str, batch_size: int, window: int, dtype: torch.dtype | str | None,
                  *, device: str | torch.device | None = None, height: int | None = None, width: int | None = None,
                  image_size: int | None = None, guided: bool = True, max_memory_bytes: int | None = None,
-                 prompt_length: int | None = None) -> int:
+                 prompt_length: int | None = None, vqgan_dir: str | None = None) -> int:
     """Refuse a batch that cannot fit, before any weight is read; return the estimate in bytes.
 
     The estimate (:func:`estimate_memory`) is computed once; it is linear in the batch size,
@@ -261,7 +328,7 @@ def check_memory(path: str | os.PathLike, family: str, batch_size: int, window: 
     device = device or default_device()
     dtype = _dtype(dtype, device)
     estimate = estimate_memory(path, family, window, dtype, height=height, width=width, image_size=image_size,
-                               guided=guided, prompt_length=prompt_length)
+                               guided=guided, prompt_length=prompt_length, vqgan_dir=vqgan_dir)
     need = estimate.bytes(batch_size)
     have = available_memory(device) if max_memory_bytes is None else int(max_memory_bytes)
     if need <= estimate.usable(have):
@@ -282,7 +349,7 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
                guided: bool = True, negative_prompt: str | None = None, vqgan: Any = None,
                prompts: list[str] | None = None, prompt_template: str | None = None,
                positive_prompt: str | None = None, processor: Any = None) -> ImageTokenModel:
-    """Load a Janus, Emu3 or Chameleon-format (Lumina-mGPT / Anole) checkpoint as an image-token model.
+    """Load a Janus, Emu3, Chameleon-format (Lumina-mGPT / Anole), GLM-Image or Liquid checkpoint as an image-token model.
 
     Before any weight is read: the family, the image size, the prompt template and special
     tokens (from the config and tokenizer), then -- when ``prompts`` are given -- their
@@ -305,9 +372,9 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
             default: the family's).
         negative_prompt: Emu3 only, the unconditional rows' prompt (default Emu3's documented one).
         positive_prompt: Emu3 only, appended to each prompt string (default Emu3's; ``""`` = off).
-        vqgan: Chameleon only, Chameleon's VQGAN: a folder holding ``vqgan.yaml`` + ``vqgan.ckpt``
+        vqgan: Chameleon and Liquid only, Chameleon's VQGAN: a folder holding ``vqgan.yaml`` + ``vqgan.ckpt``
             (its ``tokenizer/``) or the ``vqgan.ckpt`` file (CLI ``--vqgan PATH``); default: the
-            checkpoint folder or its ``tokenizer/`` when they hold both, else no image decoder.
+            checkpoint folder or its ``tokenizer/`` (Liquid: also ``chameleon/``) when they hold both, else no image decoder.
             Needed for GSD / LANTERN when the checkpoint holds no VQ codebook (Lumina-mGPT).
         prompts: the prompt strings the run will use (for the length and memory checks).
         prompt_template: ``{prompt}``, ``{width}``, ``{height}`` template for prompt strings
@@ -344,19 +411,23 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
     for name, value in (("negative_prompt", negative_prompt), ("positive_prompt", positive_prompt)):
         if value is not None and model_type != "emu3":
             raise ValueError(f"{name} applies to Emu3 checkpoints only; {str(path_or_id)!r} is {model_type}")
-    if vqgan is not None and model_type != "chameleon":
-        raise ValueError(f"vqgan applies to Chameleon checkpoints (Lumina-mGPT, Anole) only; {str(path_or_id)!r} is {model_type}")
+    if vqgan is not None and model_type not in ("chameleon", "gemma"):
+        raise ValueError(f"vqgan applies to Chameleon (Lumina-mGPT, Anole) and Liquid checkpoints only; {str(path_or_id)!r} "
+                         f"is {model_type}")
+    vqgan_dir = None
+    if vqgan is not None and model_type == "gemma":  # Liquid takes the folder of vqgan.yaml + vqgan.ckpt
+        vqgan_dir = Path(vqgan).parent if Path(vqgan).is_file() else Path(vqgan)
     family = family_of(folder, layout, str(path_or_id))
     device = device or default_device()
     dtype = _dtype(dtype, device)
-    check_checkpoint(folder, model_type.capitalize())
+    check_checkpoint(model_folder(folder), _CHECK_NAMES.get(model_type, model_type.capitalize()))
     if family == "lumina-mgpt":
         from .chameleon import lumina_pixel_size
 
         height, width = lumina_pixel_size(*_size(height, width, image_size), str(path_or_id), folder)
         image_size = None
     builder = prompts_for(folder, family, height=height, width=width, image_size=image_size, prompt_template=prompt_template,
-                          negative_prompt=negative_prompt, positive_prompt=positive_prompt)
+                          negative_prompt=negative_prompt, positive_prompt=positive_prompt, vqgan_dir=vqgan_dir)
     prompt_length = None
     if prompts:
         prompt_length = builder.prompt_length(list(prompts))
@@ -366,7 +437,7 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
 
         check_memory(folder, family, batch_size, window or FAMILY_DEFAULTS[family].window, dtype, device=device,
                      height=height, width=width, image_size=image_size, guided=guided, max_memory_bytes=max_memory_bytes,
-                     prompt_length=prompt_length)
+                     prompt_length=prompt_length, vqgan_dir=vqgan_dir)
     height, width = _size(height, width, image_size)
     template = {} if prompt_template is None else {"prompt_template": prompt_template}
     if family == "janus":
@@ -379,6 +450,15 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
 
         extra = {k: v for k, v in (("negative_prompt", negative_prompt), ("positive_prompt", positive_prompt)) if v is not None}
         return Emu3ImageModel.from_pretrained(folder, dtype=dtype, device=device, height=height, width=width, **template, **extra)
+    if family == "glm-image":
+        from .glm_image import GlmImageModel
+
+        return GlmImageModel.from_pretrained(folder, dtype=dtype, device=device, height=height, width=width, **template)
+    if family == "liquid":
+        from .liquid import LiquidImageModel
+
+        return LiquidImageModel.from_pretrained(folder, dtype=dtype, device=device, vqgan_dir=vqgan_dir,
+                                                image_size=_square(height, width, "Liquid"), **template)
     from .chameleon import ChameleonImageModel
 
     kind = "lumina" if family == "lumina-mgpt" else "anole"

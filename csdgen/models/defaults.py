@@ -49,6 +49,21 @@ FAMILY_DEFAULTS: dict[str, FamilyDefaults] = {
         notes="window, lambda and delta not published for Anole: CSD reference values used",
         top_p=0.9,
     ),
+    "glm-image": FamilyDefaults(
+        1.0, 0.9, None, 16, 0.5, 0.65,
+        sources="zai-org/GLM-Image README (AR prior: do_sample, T 0.9, top-p 0.75) and its generation_config.json as "
+                "vLLM-Omni's GLM-Image examples quote it (top-k = vision_vocab_size 16512: none); diffusers "
+                "GlmImagePipeline.generate_prior_tokens samples the prior without guidance",
+        notes="no CFG in the AR stage (guided sessions are refused); window, lambda and delta not published for "
+              "GLM-Image: CSD reference values used",
+        top_p=0.75,
+    ),
+    "liquid": FamilyDefaults(
+        7.0, 0.99, 4096, 16, 0.5, 0.65,
+        sources="FoundationVision/Liquid evaluation/inference_t2i.py defaults: CFG 7, top-k 4096, top-p 0.96, T 0.99",
+        notes="window, lambda and delta not published for Liquid: CSD reference values used",
+        top_p=0.96,
+    ),
     "builtin": FamilyDefaults(
         3.0, 1.0, None, 32, 0.5, 0.65,
         sources="measured on the built-in model, 64 images per setting (docs/builtin.md)",
