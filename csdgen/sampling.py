@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .guidance import GuidanceSchedule
+
 __all__ = [
     "SamplingConfig",
     "apply_guidance",
@@ -47,6 +49,9 @@ class SamplingConfig:
         top_k: keep the ``top_k`` largest logits per position (None = all). 1 <= top_k <= V.
         top_p: keep the smallest set of tokens whose probability reaches ``top_p``
             (None = all). 0 < top_p <= 1.
+        guidance_schedule: a :class:`csdgen.guidance.GuidanceSchedule`: the guidance scale as a
+            function of the image position, starting from ``guidance_scale`` (guided runs
+            only); None = ``guidance_scale`` at every position.
 
     Raises:
         ValueError: for a value outside the ranges above (checked on construction; top_k
@@ -57,6 +62,7 @@ class SamplingConfig:
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
+    guidance_schedule: GuidanceSchedule | None = None
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.guidance_scale) or self.guidance_scale < 0:
@@ -67,6 +73,9 @@ class SamplingConfig:
             raise ValueError(f"top_k={self.top_k!r}: must be None or an integer >= 1")
         if self.top_p is not None and not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p={self.top_p!r}: must be None or in (0, 1]")
+        if self.guidance_schedule is not None and not isinstance(self.guidance_schedule, GuidanceSchedule):
+            raise ValueError(f"guidance_schedule={self.guidance_schedule!r}: must be None or a "
+                             "csdgen.guidance.GuidanceSchedule (e.g. LinearGuidance(floor=1.0))")
 
     @property
     def guided(self) -> bool:
@@ -79,7 +88,8 @@ class SamplingConfig:
         return self.temperature == 0.0
 
 
-def apply_guidance(cond_logits: torch.Tensor, uncond_logits: torch.Tensor | None, scale: float) -> torch.Tensor:
+def apply_guidance(cond_logits: torch.Tensor, uncond_logits: torch.Tensor | None,
+                   scale: float | torch.Tensor) -> torch.Tensor:
     """Classifier-free guidance: ``l = l_u + s (l_c - l_u)`` (Ho & Salimans, 2022, eq. 6 in logit form).
 
     Computed as ``(1 - s) l_u + s l_c``, which gives the limits of the formula where a logit is
@@ -92,7 +102,9 @@ def apply_guidance(cond_logits: torch.Tensor, uncond_logits: torch.Tensor | None
         cond_logits: ``[..., V]`` float, logits of the conditional rows.
         uncond_logits: ``[..., V]`` float of the same shape, logits of the unconditional rows
             of the same forward; None when guidance is off.
-        scale: guidance scale ``s``; 1.0 returns ``cond_logits`` unchanged.
+        scale: guidance scale ``s``; 1.0 returns ``cond_logits`` unchanged. A tensor
+            broadcastable to the logits (``[..., 1]``) gives every position its own scale (a
+            guidance schedule, :mod:`csdgen.guidance`); it always needs ``uncond_logits``.
 
     Returns:
         ``[..., V]`` guided logits in float32 (float64 for float64 inputs).
@@ -102,15 +114,18 @@ def apply_guidance(cond_logits: torch.Tensor, uncond_logits: torch.Tensor | None
     """
     dtype = torch.promote_types(cond_logits.dtype, torch.float32)
     cond = cond_logits.to(dtype)
-    if scale == 1.0:
+    per_position = isinstance(scale, torch.Tensor)
+    if not per_position and scale == 1.0:
         return cond
     if uncond_logits is None:
         raise ValueError(f"guidance_scale={scale} needs unconditional logits, but the model returned none")
     if uncond_logits.shape != cond_logits.shape:
         raise ValueError(f"unconditional logits {tuple(uncond_logits.shape)} do not match conditional {tuple(cond_logits.shape)}")
     uncond = uncond_logits.to(dtype)
-    if scale == 0.0:
+    if not per_position and scale == 0.0:
         return uncond
+    if per_position:
+        scale = scale.to(dtype)
     guided = (1.0 - scale) * uncond + scale * cond
     both_excluded = torch.isneginf(cond) & torch.isneginf(uncond)
     return guided.masked_fill(both_excluded, float("-inf"))
@@ -155,7 +170,7 @@ def apply_top_p(logits: torch.Tensor, top_p: float | None) -> torch.Tensor:
 
 def target_probs(
     cond_logits: torch.Tensor, uncond_logits: torch.Tensor | None, config: SamplingConfig, *, valid: torch.Tensor | None = None,
-    check: bool = False,
+    check: bool = False, guidance: torch.Tensor | None = None,
 ):
     """The target distribution ``q`` for every position: guidance, temperature, top-k, top-p, softmax.
 
@@ -165,6 +180,9 @@ def target_probs(
         config: the sampling settings.
         valid: ``[...]`` bool, the positions :func:`invalid_logits` looks at (None: all).
         check: also return the 0-dim bool flag of :func:`invalid_logits` on the guided logits.
+        guidance: ``[..., 1]`` float, the guidance scale of every position (a schedule's values,
+            :func:`csdgen.guidance.guidance_at`) instead of ``config.guidance_scale``; only for
+            guided configs (ignored when ``config.guidance_scale == 1``).
 
     Returns:
         ``[..., V]`` float32 probabilities (float64 for float64 logits) summing to 1 on the last
@@ -177,7 +195,8 @@ def target_probs(
     Non-finite logits are not raised here (that would cost a host sync per call): ask for the
     flag with ``check=True`` and test it where a sync happens anyway, as the decoding loop does.
     """
-    logits = apply_guidance(cond_logits, uncond_logits, config.guidance_scale)
+    scale = guidance if guidance is not None and config.guided else config.guidance_scale
+    logits = apply_guidance(cond_logits, uncond_logits, scale)
     flag = invalid_logits(logits, valid) if check else None
     if config.greedy:
         index = logits.argmax(-1, keepdim=True)

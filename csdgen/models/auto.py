@@ -5,7 +5,10 @@ The family comes from ``config.json``'s ``model_type``:
 * ``janus`` -> :class:`~csdgen.models.janus.JanusImageModel` (defaults ``FAMILY_DEFAULTS["janus"]``);
 * ``emu3`` -> :class:`~csdgen.models.emu3.Emu3ImageModel` (``"emu3"``);
 * ``chameleon`` -> :class:`~csdgen.models.chameleon.ChameleonImageModel`, layout ``"lumina"``
-  (defaults ``"lumina-mgpt"``) or ``"anole"`` (``"anole"``).
+  (defaults ``"lumina-mgpt"``) or ``"anole"`` (``"anole"``); or, when the vocabulary holds
+  ``<MOVQGAN...>`` image tokens, :class:`~csdgen.models.lumina2.Lumina2ImageModel`
+  (``"lumina-mgpt-2"``): Lumina-mGPT 2.0 also says ``chameleon`` and ``ChameleonXLLMX...``, but its
+  image tokens are MoVQGAN codes, so it is never read as Lumina-mGPT 1.0 (no ``layout`` applies).
 
 Chameleon layout rule when none is given (:func:`guess_layout`): ``"lumina"`` if
 ``config.json``'s ``architectures`` holds Lumina-mGPT's own class
@@ -27,11 +30,12 @@ from pathlib import Path
 import torch
 
 from ._transformers import DTYPES as _DTYPES
-from ._transformers import HEADROOM, MemoryEstimate, check_checkpoint, meta_parameter_count
+from ._transformers import HEADROOM, MemoryEstimate, check_checkpoint, meta_parameter_count, movqgan_token_ids
 from .base import ImageTokenModel
 
 __all__ = [
     "MODEL_TYPES",
+    "FAMILIES",
     "resolve_checkpoint",
     "read_config",
     "model_type_of",
@@ -53,6 +57,8 @@ __all__ = [
 #: config.json ``model_type`` -> the adapter that drives it
 MODEL_TYPES = {"janus": "JanusImageModel", "emu3": "Emu3ImageModel", "chameleon": "ChameleonImageModel"}
 _LUMINA_ARCHITECTURES = ("ChameleonXLLMXForConditionalGeneration",)
+#: the family keys :func:`family_of` returns for checkpoint folders
+FAMILIES = ("janus", "emu3", "lumina-mgpt", "anole", "lumina-mgpt-2")
 #: prompt tokens the memory check assumes when the prompts are not given
 DEFAULT_PROMPT_LENGTH = 128
 
@@ -128,15 +134,22 @@ def guess_layout(path: str | os.PathLike, name: str | None = None) -> str:
 def family_of(path: str | os.PathLike, layout: str | None = None, name: str | None = None) -> str:
     """The key of :data:`~csdgen.models.defaults.FAMILY_DEFAULTS` for a checkpoint folder.
 
-    ``janus``, ``emu3``, or for Chameleon checkpoints ``lumina-mgpt`` / ``anole`` (``layout``
-    when given, else :func:`guess_layout`).
+    ``janus``, ``emu3``, or for Chameleon checkpoints ``lumina-mgpt-2`` when the vocabulary holds
+    ``<MOVQGAN...>`` image tokens, else ``lumina-mgpt`` / ``anole`` (``layout`` when given, else
+    :func:`guess_layout`).
 
     Raises:
-        FileNotFoundError: no config.json. ValueError: unsupported model type or layout.
+        FileNotFoundError: no config.json. ValueError: unsupported model type or layout, or a
+        layout given for a Lumina-mGPT 2.0 checkpoint.
     """
     model_type = model_type_of(path)
     if model_type != "chameleon":
         return model_type
+    if movqgan_token_ids(read_config(Path(path)).get("vocabulary_map")):
+        if layout is not None:
+            raise ValueError(f"layout={layout!r}: {str(path)!r} is a Lumina-mGPT 2.0 checkpoint (<MOVQGAN...> image "
+                             "tokens), which has one layout of its own; leave layout out")
+        return "lumina-mgpt-2"
     layout = layout or guess_layout(path, name)
     if layout not in ("lumina", "anole"):
         raise ValueError(f"layout={layout!r}; allowed: lumina, anole")
@@ -219,7 +232,11 @@ def prompts_for(path: str | os.PathLike, family: str, *, height: int | None = No
 
         layout = "lumina" if family == "lumina-mgpt" else "anole"
         return ChameleonPrompts.from_folder(path, layout=layout, height=height, width=width, **template)
-    raise ValueError(f"family={family!r}; allowed: janus, emu3, lumina-mgpt, anole")
+    if family == "lumina-mgpt-2":
+        from .lumina2 import Lumina2Prompts
+
+        return Lumina2Prompts.from_folder(path, height=height, width=width, **template)
+    raise ValueError(f"family={family!r}; allowed: {', '.join(FAMILIES)}")
 
 
 def estimate_memory(path: str | os.PathLike, family: str, window: int, dtype: torch.dtype | str, *,
@@ -261,7 +278,17 @@ def estimate_memory(path: str | os.PathLike, family: str, window: int, dtype: to
         config = ChameleonConfig.from_pretrained(check_checkpoint(path, "Chameleon"))
         layout = ChameleonLayout.build(config, "lumina" if family == "lumina-mgpt" else "anole", height, width)
         return config_memory(config, layout, window, dtype, guided, length)
-    raise ValueError(f"family={family!r}; allowed: janus, emu3, lumina-mgpt, anole")
+    if family == "lumina-mgpt-2":
+        from transformers import ChameleonConfig
+
+        from ._transformers import load_tokenizer
+        from .lumina2 import Lumina2Layout, lumina2_memory
+
+        folder = check_checkpoint(path, "Lumina-mGPT 2.0")
+        config = ChameleonConfig.from_pretrained(folder)
+        layout = Lumina2Layout.build(config, height, width, load_tokenizer(folder))
+        return lumina2_memory(config, layout, window, dtype, guided, length)
+    raise ValueError(f"family={family!r}; allowed: {', '.join(FAMILIES)}")
 
 
 def estimate_memory_bytes(path: str | os.PathLike, family: str, batch_size: int, window: int, dtype: torch.dtype | str,
@@ -309,7 +336,7 @@ def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype | str | None
                guided: bool = True, negative_prompt: str | None = None, vqgan_dir: str | None = None,
                prompts: list[str] | None = None, prompt_template: str | None = None,
                positive_prompt: str | None = None) -> ImageTokenModel:
-    """Load a Janus, Emu3 or Chameleon-format (Lumina-mGPT / Anole) checkpoint as an image-token model.
+    """Load a Janus, Emu3, Chameleon-format (Lumina-mGPT / Anole) or Lumina-mGPT 2.0 checkpoint as an image-token model.
 
     Before any weight is read: the family, the image size, the prompt template and special
     tokens (from the config and tokenizer), then -- when ``prompts`` are given -- their
@@ -327,8 +354,10 @@ def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype | str | None
             default: the family's).
         negative_prompt: Emu3 only, the unconditional rows' prompt (default Emu3's documented one).
         positive_prompt: Emu3 only, appended to each prompt string (default Emu3's; ``""`` = off).
-        vqgan_dir: Chameleon only, folder of Chameleon's ``vqgan.yaml`` + ``vqgan.ckpt`` (default:
-            the checkpoint folder or its ``tokenizer/`` when they hold both, else no image decoder).
+        vqgan_dir: Chameleon: folder of Chameleon's ``vqgan.yaml`` + ``vqgan.ckpt`` (default:
+            the checkpoint folder or its ``tokenizer/`` when they hold both, else no image decoder);
+            Lumina-mGPT 2.0: folder of ``movqgan_270M.ckpt`` (default: the checkpoint folder, its
+            ``movqgan/`` or ``movqgan/270M/``, else no image decoder).
         prompts: the prompt strings the run will use (for the length and memory checks).
         prompt_template: ``{prompt}``, ``{width}``, ``{height}`` template for prompt strings
             (default: the family's, see docs/models.md).
@@ -348,7 +377,7 @@ def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype | str | None
     family = family_of(folder, layout, str(path_or_id))
     device = device or default_device()
     dtype = _dtype(dtype, device)
-    check_checkpoint(folder, model_type.capitalize())
+    check_checkpoint(folder, "Lumina-mGPT 2.0" if family == "lumina-mgpt-2" else model_type.capitalize())
     builder = prompts_for(folder, family, height=height, width=width, image_size=image_size, prompt_template=prompt_template,
                           negative_prompt=negative_prompt, positive_prompt=positive_prompt)
     prompt_length = None
@@ -373,6 +402,11 @@ def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype | str | None
 
         extra = {k: v for k, v in (("negative_prompt", negative_prompt), ("positive_prompt", positive_prompt)) if v is not None}
         return Emu3ImageModel.from_pretrained(folder, dtype=dtype, device=device, height=height, width=width, **template, **extra)
+    if family == "lumina-mgpt-2":
+        from .lumina2 import Lumina2ImageModel
+
+        return Lumina2ImageModel.from_pretrained(folder, dtype=dtype, device=device, height=height, width=width,
+                                                 vqgan_dir=vqgan_dir, prompt_template=prompt_template)
     from .chameleon import ChameleonImageModel
 
     kind = "lumina" if family == "lumina-mgpt" else "anole"
