@@ -9,7 +9,7 @@ Everything here works on the last dimension of ``[..., V]`` tensors, so the same
 apply to one position (``[B, V]``) or to a whole window (``[B, W, V]``).
 
 Order of operations (as in transformers' logits processors and the SJD/CSD reference code):
-classifier-free guidance -> temperature -> top-k -> top-p -> softmax in float32.
+classifier-free guidance -> temperature -> top-k -> top-n-sigma -> top-p -> softmax in float32.
 Temperature 0 means greedy decoding: the target distribution is one-hot on the argmax.
 """
 
@@ -28,6 +28,7 @@ __all__ = [
     "apply_temperature",
     "apply_top_k",
     "apply_top_p",
+    "apply_top_n_sigma",
     "target_probs",
     "has_nan",
     "invalid_logits",
@@ -49,6 +50,10 @@ class SamplingConfig:
         top_k: keep the ``top_k`` largest logits per position (None = all). 1 <= top_k <= V.
         top_p: keep the smallest set of tokens whose probability reaches ``top_p``
             (None = all). 0 < top_p <= 1.
+        top_n_sigma: keep the tokens whose logit is at least ``max - n sigma`` (sigma: the
+            standard deviation of the finite logits; Tang et al., 2024, "Top-nσ: Not All Logits
+            Are You Need", eq. 4), applied after top-k (None = off). n > 0. Lumina-mGPT 2.0's
+            own SJD script samples with n = 1 (``TopnsigmaLogitsWarper3d``); its AR path does not.
         guidance_schedule: a :class:`csdgen.guidance.GuidanceSchedule`: the guidance scale as a
             function of the image position, starting from ``guidance_scale`` (guided runs
             only); None = ``guidance_scale`` at every position.
@@ -63,6 +68,7 @@ class SamplingConfig:
     top_k: int | None = None
     top_p: float | None = None
     guidance_schedule: GuidanceSchedule | None = None
+    top_n_sigma: float | None = None
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.guidance_scale) or self.guidance_scale < 0:
@@ -73,6 +79,9 @@ class SamplingConfig:
             raise ValueError(f"top_k={self.top_k!r}: must be None or an integer >= 1")
         if self.top_p is not None and not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p={self.top_p!r}: must be None or in (0, 1]")
+        if self.top_n_sigma is not None and (isinstance(self.top_n_sigma, bool) or not isinstance(self.top_n_sigma, (int, float))
+                                             or not 0 < self.top_n_sigma < float("inf")):
+            raise ValueError(f"top_n_sigma={self.top_n_sigma!r}: must be None or a finite number > 0")
         if self.guidance_schedule is not None and not isinstance(self.guidance_schedule, GuidanceSchedule):
             raise ValueError(f"guidance_schedule={self.guidance_schedule!r}: must be None or a "
                              "csdgen.guidance.GuidanceSchedule (e.g. LinearGuidance(floor=1.0))")
@@ -153,6 +162,23 @@ def apply_top_k(logits: torch.Tensor, top_k: int | None) -> torch.Tensor:
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
+def apply_top_n_sigma(logits: torch.Tensor, n: float | None) -> torch.Tensor:
+    """Top-nσ filtering (Tang et al., 2024, arXiv 2411.07641, eq. 4) on ``[..., V]`` logits.
+
+    Keeps ``l_v >= max(l) - n sigma``, with ``sigma`` the population standard deviation of the
+    finite logits of the position (those top-k left; -inf ones excluded, as Lumina-mGPT 2.0's
+    ``get_statistics_with_invalid_values`` excludes them); the rest become -inf. The largest
+    logit is always kept.
+    """
+    if n is None:
+        return logits
+    finite = torch.isfinite(logits)
+    count = finite.sum(-1, keepdim=True).clamp(min=1)
+    mean = torch.where(finite, logits, 0.0).sum(-1, keepdim=True) / count
+    sigma = (torch.where(finite, logits - mean, 0.0) ** 2).sum(-1, keepdim=True).div(count).sqrt()
+    return logits.masked_fill(logits < logits.max(-1, keepdim=True).values - n * sigma, float("-inf"))
+
+
 def apply_top_p(logits: torch.Tensor, top_p: float | None) -> torch.Tensor:
     """Nucleus filtering (Holtzman et al., 2020) on ``[..., V]`` logits.
 
@@ -172,7 +198,7 @@ def target_probs(
     cond_logits: torch.Tensor, uncond_logits: torch.Tensor | None, config: SamplingConfig, *, valid: torch.Tensor | None = None,
     check: bool = False, guidance: torch.Tensor | None = None,
 ):
-    """The target distribution ``q`` for every position: guidance, temperature, top-k, top-p, softmax.
+    """The target distribution ``q`` for every position: guidance, temperature, top-k, top-n-sigma, top-p, softmax.
 
     Args:
         cond_logits: ``[..., V]`` logits (any float dtype) of the conditional rows.
@@ -204,6 +230,7 @@ def target_probs(
     else:
         logits = apply_temperature(logits, config.temperature)
         logits = apply_top_k(logits, config.top_k)
+        logits = apply_top_n_sigma(logits, config.top_n_sigma)
         logits = apply_top_p(logits, config.top_p)
         q = logits.softmax(-1)
     return (q, flag) if check else q

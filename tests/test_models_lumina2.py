@@ -240,6 +240,10 @@ def test_cond_and_uncond_rows_are_the_reference_ids(checkpoint):
                      v["<racm3:break>"], v["<reserved08801>"], v["<reserved08802>"]]
     cond, uncond = prompts.prompt_rows(["red cat"])
     assert cond == [expected_cond] and uncond == [[v["<racm3:break>"], v["<reserved08801>"], v["<reserved08802>"]]]
+    sjd_script = Lumina2Prompts.from_folder(checkpoint, height=HEIGHT, width=WIDTH, uncond_context="last-prompt-token")
+    assert sjd_script.prompt_rows(["red cat"]) == ([expected_cond], [expected_cond[-4:]])  # <reserved08706> visible too
+    with pytest.raises(ValueError, match="uncond_context='prompt'; allowed: begin-of-image, last-prompt-token"):
+        Lumina2Prompts.from_folder(checkpoint, uncond_context="prompt")
     square = Lumina2Prompts.from_folder(checkpoint, height=32, width=32).prompt_rows(["cat"])[0][0]
     assert square[5] == v["32x32"] and square[-2:] == [v["<reserved08801>"], v["<reserved08801>"]]
     assert prompts.layout.image_length == 3 + ROWS * (COLS + 1) + 1

@@ -30,7 +30,13 @@ special tokens.
 Classifier-free guidance (``LLMImageStartTriggeredUnbatchedClassifierFreeGuidanceLogitsProcessor``):
 the unconditional rows run ``input_ids[:, image_start:]``, i.e. begin-of-image, the two
 resolution tokens and the image so far, from position 0 (the prompt and BOS hidden by the
-attention mask, as for Lumina-mGPT 1.0); the scale follows :class:`Lumina2Guidance`. Image-token
+attention mask, as for Lumina-mGPT 1.0); the scale follows :class:`Lumina2Guidance`. The
+reference's *SJD script* (``generate_examples/jacobi_utils_static.py``, ``--speculative_jacobi``)
+defines another target: its unconditional rows also see the prompt's last token (it masks all
+prompt tokens but the last, positions from 0), its scale is constant, and it adds top-nσ
+(n = 1) after top-k; ``uncond_context="last-prompt-token"`` with
+``SamplingConfig(top_n_sigma=1.0)`` and no schedule reproduces that target (the peer benchmark
+compares the two SJDs on it). Image-token
 masking, forced row ends and end-of-image (``MultiModalLogitsProcessor``) are the image-only
 logits and row ends of the session. Defaults (README, ``scripts/sample.sh``): CFG 4.0, top-k
 4096, temperature 1.0, 768 x 768.
@@ -75,6 +81,8 @@ __all__ = ["Lumina2Guidance", "Lumina2Layout", "Lumina2Prompts", "Lumina2ImageMo
 PIXELS_PER_TOKEN = 8
 #: pixels per resolution-token unit (``FlexARItemProcessor.patch_size``)
 GRID_PIXELS = 32
+#: what the unconditional rows may see before the image (:class:`Lumina2Layout`)
+UNCOND_CONTEXTS = ("begin-of-image", "last-prompt-token")
 
 
 @dataclass(frozen=True)
@@ -147,7 +155,9 @@ class Lumina2Layout:
 
     Attributes:
         rows, cols: the code grid; bos, pad, boi, eoi, newline: ids (pad = the tokenizer's pad,
-        else BOS: only masked slots hold it); resolution_tokens: height then width token ids.
+        else BOS: only masked slots hold it); resolution_tokens: height then width token ids;
+        uncond_context: what the unconditional rows see before the image: ``"begin-of-image"``
+        (the reference's CFG processor; default) or ``"last-prompt-token"`` (its SJD script).
     """
 
     rows: int
@@ -158,15 +168,19 @@ class Lumina2Layout:
     eoi: int
     newline: int
     resolution_tokens: tuple[int, int]
+    uncond_context: str = "begin-of-image"
 
     @classmethod
-    def build(cls, config: ChameleonConfig, height: int | None, width: int | None, tokenizer: Any) -> "Lumina2Layout":
+    def build(cls, config: ChameleonConfig, height: int | None, width: int | None, tokenizer: Any,
+              uncond_context: str = "begin-of-image") -> "Lumina2Layout":
         """Check the size (default 768 x 768) and resolve the special ids by name.
 
         Raises:
             ValueError: a size that is not a positive multiple of 32 pixels, special tokens missing,
                 no tokenizer.
         """
+        if uncond_context not in UNCOND_CONTEXTS:
+            raise ValueError(f"uncond_context={uncond_context!r}; allowed: {', '.join(UNCOND_CONTEXTS)}")
         vocab = config.vocabulary_map or {}
         height, width = (768 if height is None else height), (768 if width is None else width)
         for name, value in (("height", height), ("width", width)):
@@ -182,7 +196,7 @@ class Lumina2Layout:
         res = tuple(tid(_grid_token_name(v // GRID_PIXELS), f"resolution token for {v} px") for v in (height, width))
         return cls(height // PIXELS_PER_TOKEN, width // PIXELS_PER_TOKEN, bos=bos, pad=bos if pad is None else int(pad),
                    boi=tid(BOI, "begin-of-image"), eoi=tid(EOI, "end-of-image"), newline=tid(NEWLINE, "end-of-line"),
-                   resolution_tokens=res)
+                   resolution_tokens=res, uncond_context=uncond_context)
 
     kind = "lumina-mgpt-2"
 
@@ -200,8 +214,10 @@ class Lumina2Layout:
         return [self.bos, *prompt, self.boi, *self.resolution_tokens]
 
     def uncond_visible(self, prompt_length: int) -> list[bool]:
-        """The unconditional rows see begin-of-image and the resolution tokens only (BOS and prompt hidden)."""
-        return [False] * (1 + prompt_length) + [True] * 3
+        """What the unconditional rows see of the prefix: begin-of-image and the resolution tokens (BOS and
+        prompt hidden), and with ``uncond_context="last-prompt-token"`` also the last token before them."""
+        hidden = 1 + prompt_length - (self.uncond_context == "last-prompt-token")
+        return [False] * hidden + [True] * (1 + prompt_length - hidden + 3)
 
     def full_sequence(self, prompt: Sequence[int], image_ids: Sequence[int]) -> list[int]:
         """The whole sequence the reference decoder reads: prefix, image ids with row ends, end-of-image."""
@@ -220,8 +236,8 @@ class Lumina2Prompts:
     """
 
     def __init__(self, config: ChameleonConfig, height: int | None = None, width: int | None = None, tokenizer: Any = None,
-                 prompt_template: str | None = None):
-        self.layout = Lumina2Layout.build(config, height, width, tokenizer)
+                 prompt_template: str | None = None, uncond_context: str = "begin-of-image"):
+        self.layout = Lumina2Layout.build(config, height, width, tokenizer, uncond_context)
         self.config, self.tokenizer = config, tokenizer
         self.pixel_size = (self.layout.rows * PIXELS_PER_TOKEN, self.layout.cols * PIXELS_PER_TOKEN)
         self.prompt_template = prompt_template or LUMINA_PROMPT_TEMPLATE
@@ -312,6 +328,8 @@ class Lumina2ImageModel(Lumina2Prompts, ImageTokenModel):
         movqgan: a :class:`~csdgen.models.movqgan.MoVQGANDecoder` for :meth:`decode_images` (None: no decoding);
         prompt_template: ``{prompt}``, ``{width}``, ``{height}`` format string for string prompts
             (default the reference's, :data:`~csdgen.models.chameleon.LUMINA_PROMPT_TEMPLATE`).
+        uncond_context: ``"begin-of-image"`` (default, the reference's CFG processor) or
+            ``"last-prompt-token"`` (its SJD script's target; module docstring).
 
     Conditions: prompt strings (template, then the tokenizer without special tokens) or lists
     of token ids (the prompt without BOS, no template). BOS is always prepended.
@@ -328,9 +346,10 @@ class Lumina2ImageModel(Lumina2Prompts, ImageTokenModel):
     reference_guidance = Lumina2Guidance()
 
     def __init__(self, backbone: ChameleonForConditionalGeneration, height: int | None = None, width: int | None = None,
-                 tokenizer: Any = None, movqgan: MoVQGANDecoder | None = None, prompt_template: str | None = None):
+                 tokenizer: Any = None, movqgan: MoVQGANDecoder | None = None, prompt_template: str | None = None,
+                 uncond_context: str = "begin-of-image"):
         config = backbone.config
-        Lumina2Prompts.__init__(self, config, height, width, tokenizer, prompt_template)
+        Lumina2Prompts.__init__(self, config, height, width, tokenizer, prompt_template, uncond_context)
         self.defaults = FAMILY_DEFAULTS["lumina-mgpt-2"]
         self.backbone, self.vqgan = backbone.eval(), movqgan
         self.device = next(backbone.parameters()).device
@@ -349,7 +368,8 @@ class Lumina2ImageModel(Lumina2Prompts, ImageTokenModel):
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, dtype: torch.dtype | str = torch.float32,
                         device: str | torch.device = "cpu", height: int | None = None, width: int | None = None,
-                        vqgan_dir: str | os.PathLike | None = None, prompt_template: str | None = None) -> "Lumina2ImageModel":
+                        vqgan_dir: str | os.PathLike | None = None, prompt_template: str | None = None,
+                        uncond_context: str = "begin-of-image") -> "Lumina2ImageModel":
         """Load a local Lumina-mGPT 2.0 folder, its tokenizer, and the MoVQGAN decoder when one is found.
 
         Args:
@@ -369,7 +389,7 @@ class Lumina2ImageModel(Lumina2Prompts, ImageTokenModel):
         dtype = resolve_dtype(dtype)
         tokenizer = load_tokenizer(folder)
         config = ChameleonConfig.from_pretrained(folder)
-        Lumina2Prompts(config, height, width, tokenizer, prompt_template)  # refuse before reading the weights
+        Lumina2Prompts(config, height, width, tokenizer, prompt_template, uncond_context)  # refuse before reading weights
         image_vocabulary(config)
         movqgan_file = find_movqgan(folder, vqgan_dir)
         level = hf_logging.get_verbosity()
@@ -383,7 +403,7 @@ class Lumina2ImageModel(Lumina2Prompts, ImageTokenModel):
             raise ValueError(f"{str(folder)!r}: {len(unread)} decoder weights are in no weight file, e.g. {unread[:3]}")
         del backbone.model.vqmodel  # never used by Lumina-mGPT 2.0 (random here)
         movqgan = None if movqgan_file is None else load_movqgan_decoder(movqgan_file, device=device)
-        return cls(backbone, height, width, tokenizer, movqgan, prompt_template)
+        return cls(backbone, height, width, tokenizer, movqgan, prompt_template, uncond_context)
 
     def memory(self, window: int, guided: bool = True, prompt_length: int = DEFAULT_PROMPT_LENGTH) -> MemoryEstimate:
         """:func:`lumina2_memory` of this model (its dtype and parameter count)."""
