@@ -54,6 +54,11 @@ class SamplingConfig:
             standard deviation of the finite logits; Tang et al., 2024, "Top-nσ: Not All Logits
             Are You Need", eq. 4), applied after top-k (None = off). n > 0. Lumina-mGPT 2.0's
             own SJD script samples with n = 1 (``TopnsigmaLogitsWarper3d``); its AR path does not.
+        top_n_sigma_centered: True (the paper's sigma, the standard deviation); False: the root
+            mean square of the finite logits instead, what Lumina-mGPT 2.0's
+            ``get_statistics_with_invalid_values`` computes (its in-place write of zeros into an
+            expanded view of the mean zeroes the whole mean), so its threshold depends on the
+            logits' offset. Only to reproduce that script's target.
         guidance_schedule: a :class:`csdgen.guidance.GuidanceSchedule`: the guidance scale as a
             function of the image position, starting from ``guidance_scale`` (guided runs
             only); None = ``guidance_scale`` at every position.
@@ -69,6 +74,7 @@ class SamplingConfig:
     top_p: float | None = None
     guidance_schedule: GuidanceSchedule | None = None
     top_n_sigma: float | None = None
+    top_n_sigma_centered: bool = True
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.guidance_scale) or self.guidance_scale < 0:
@@ -162,19 +168,20 @@ def apply_top_k(logits: torch.Tensor, top_k: int | None) -> torch.Tensor:
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
-def apply_top_n_sigma(logits: torch.Tensor, n: float | None) -> torch.Tensor:
+def apply_top_n_sigma(logits: torch.Tensor, n: float | None, centered: bool = True) -> torch.Tensor:
     """Top-nσ filtering (Tang et al., 2024, arXiv 2411.07641, eq. 4) on ``[..., V]`` logits.
 
     Keeps ``l_v >= max(l) - n sigma``, with ``sigma`` the population standard deviation of the
     finite logits of the position (those top-k left; -inf ones excluded, as Lumina-mGPT 2.0's
     ``get_statistics_with_invalid_values`` excludes them); the rest become -inf. The largest
-    logit is always kept.
+    logit is always kept. ``centered=False`` uses the root mean square of the finite logits for
+    ``sigma`` (Lumina-mGPT 2.0's computation, see :class:`SamplingConfig`).
     """
     if n is None:
         return logits
     finite = torch.isfinite(logits)
     count = finite.sum(-1, keepdim=True).clamp(min=1)
-    mean = torch.where(finite, logits, 0.0).sum(-1, keepdim=True) / count
+    mean = torch.where(finite, logits, 0.0).sum(-1, keepdim=True) / count if centered else 0.0
     sigma = (torch.where(finite, logits - mean, 0.0) ** 2).sum(-1, keepdim=True).div(count).sqrt()
     return logits.masked_fill(logits < logits.max(-1, keepdim=True).values - n * sigma, float("-inf"))
 
@@ -230,7 +237,7 @@ def target_probs(
     else:
         logits = apply_temperature(logits, config.temperature)
         logits = apply_top_k(logits, config.top_k)
-        logits = apply_top_n_sigma(logits, config.top_n_sigma)
+        logits = apply_top_n_sigma(logits, config.top_n_sigma, config.top_n_sigma_centered)
         logits = apply_top_p(logits, config.top_p)
         q = logits.softmax(-1)
     return (q, flag) if check else q

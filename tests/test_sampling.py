@@ -55,6 +55,10 @@ def test_top_n_sigma_keeps_logits_within_n_sigma_of_the_max_over_the_finite_ones
     assert torch.equal(apply_top_n_sigma(logits, None), logits)
     flat = torch.zeros(2, 3, 6)  # sigma 0: every (equal) logit is the max and stays
     assert torch.isfinite(apply_top_n_sigma(flat, 1.0)).all()
+    # uncentred (Lumina-mGPT 2.0's): rms of [4, 3, 1, 0] = sqrt(6.5) = 2.55; 4 - 2.55 = 1.45 keeps 4 and 3; +10 keeps all
+    assert torch.isfinite(apply_top_n_sigma(logits, 1.0, centered=False)).tolist() == [[True, False, True, False, False]]
+    assert torch.isfinite(apply_top_n_sigma(logits + 10, 1.0, centered=False)).sum() == 4
+    assert torch.isfinite(apply_top_n_sigma(logits + 10, 1.0)).sum() == 2  # the paper's is shift-invariant
     q = target_probs(logits, None, SamplingConfig(top_n_sigma=1.0))
     torch.testing.assert_close(q, torch.tensor([[math.e, 0, 1, 0, 0]]) / (1 + math.e))
 
