@@ -1,12 +1,15 @@
-"""Reproducible training of the built-in model (CPU, float32, fixed seeds and step counts).
+"""Reproducible training of the built-in emoji model (CPU, bfloat16 autocast, fixed seeds).
 
-    python -m csdgen.builtin.train --out csdgen/builtin/weights
+    python -m csdgen.builtin.train --out csdgen/builtin/weights --docs docs
 
-Stages: build crops -> train VQ tokenizer -> encode crops to codes -> train the
-class-conditional LlamaForCausalLM on [class, code_0..code_255] -> train the crop
-classifier -> evaluate -> write weights (safetensors), config.json, metrics.json and the held-out
-crops' classifier-feature statistics (``reference_features.safetensors``, for the Frechet distance).
-Needs the ``train`` extras (scikit-image, scikit-learn) for the data.
+Stages: fetch the emoji (``npm pack``, :mod:`csdgen.builtin.emoji`) -> augmented views ->
+train the VQ tokenizer (L1 + edge loss) -> encode views to codes -> train the
+class-conditional LlamaForCausalLM on [class, code_0..code_255] -> train the emoji
+classifier (on real views and their VQ reconstructions) -> evaluate -> write weights
+(safetensors), config.json, metrics.json and the held-out views' classifier-feature statistics
+(``reference_features.safetensors``, for the Frechet distance). Each stage ends at its step
+count or its wall-clock budget, whichever comes first; finished stages are kept in ``--out``
+and reused by a rerun with ``--resume`` (a crash late in training loses only that stage).
 """
 
 from __future__ import annotations
@@ -26,12 +29,31 @@ from safetensors.torch import save_file
 
 from . import build_ar_model
 from .classifier import CropClassifier
-from .data import CLASS_NAMES, HELDOUT_SEED, TRAIN_SEED, build_datasets
+from .emoji import HELDOUT_SEED, TRAIN_SEED, load_emoji, make_views
 from .vq import VQConfig, VQTokenizer
 from ..evaluation.quality import REFERENCE_FILE, reference_feature_states
 
-CODEBOOK_SIZE = 512
+CODEBOOK_SIZE = 1024
+VQ_CONFIG = dict(channels=32, mid=64, hidden=128, codebook_size=CODEBOOK_SIZE, code_dim=32)
+NUM_CLASSES = 0          # set by main() from the data
 T0 = time.time()
+
+
+def autocast():
+    """bfloat16 autocast on the CPU (1.7-2x faster matmuls and convolutions with AVX-512 BF16)."""
+    return torch.autocast("cpu", dtype=torch.bfloat16)
+
+
+def to_float(images_u8: torch.Tensor) -> torch.Tensor:
+    """uint8 [B, 3, H, W] -> float32 [B, 3, H, W] in [-1, 1]."""
+    return images_u8.float().div(127.5).sub(1.0)
+
+
+def edge_loss(recon: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean L1 distance of horizontal and vertical finite differences (outline sharpness)."""
+    dx = lambda x: x[..., :, 1:] - x[..., :, :-1]
+    dy = lambda x: x[..., 1:, :] - x[..., :-1, :]
+    return (dx(recon) - dx(target)).abs().mean() + (dy(recon) - dy(target)).abs().mean()
 
 
 def log(msg: str) -> None:
@@ -124,9 +146,9 @@ def save_json(obj: dict, path: Path) -> None:
 
 
 def train_vq(images: torch.Tensor, args) -> VQTokenizer:
-    """Train the VQ tokenizer on images float [N, 3, 64, 64] (MSE + VQ losses)."""
+    """Train the VQ tokenizer on images uint8 [N, 3, 64, 64] (L1 + 0.5 edge + VQ losses)."""
     torch.manual_seed(args.seed)
-    vq = VQTokenizer(VQConfig()).train()
+    vq = VQTokenizer(VQConfig(**VQ_CONFIG)).train()
     opt = torch.optim.AdamW(vq.parameters(), lr=args.vq_lr, betas=(0.9, 0.99), weight_decay=0.0)
     clock = StageClock("vq", args.vq_steps, args.max_minutes_vq, args.threads)
     for step, idx in enumerate(batch_indices(len(images), args.vq_batch, args.vq_steps, args.seed)):
@@ -135,10 +157,10 @@ def train_vq(images: torch.Tensor, args) -> VQTokenizer:
         clock.tick(step)
         args.done_steps["vq"] = step + 1
         set_lr(opt, cosine_lr(clock.progress(step), args.vq_lr, warmup=0.05))
-        x = images[idx]
-        recon, vq_loss, codes, z = vq(x)
+        x = to_float(images[idx])
+        recon, vq_loss, codes, z = vq(x, bf16=True)
         rec_loss = F.mse_loss(recon, x)
-        loss = rec_loss + vq_loss
+        loss = (recon - x).abs().mean() + 0.5 * edge_loss(recon, x) + vq_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -152,8 +174,26 @@ def train_vq(images: torch.Tensor, args) -> VQTokenizer:
 
 @torch.no_grad()
 def encode_all(vq: VQTokenizer, images: torch.Tensor, batch: int = 256) -> torch.Tensor:
-    """images float [N, 3, 64, 64] -> codes int64 [N, 256] (raster order)."""
-    return torch.cat([vq.encode(images[i:i + batch]).flatten(1) for i in range(0, len(images), batch)])
+    """images uint8 or float [N, 3, 64, 64] -> codes int64 [N, 256] (raster order)."""
+    conv = to_float if images.dtype == torch.uint8 else (lambda x: x)
+    out = []
+    for i in range(0, len(images), batch):
+        with autocast():                       # the encoder in bfloat16, the code lookup in float32
+            z = vq.encoder(conv(images[i:i + batch]))
+        z = F.normalize(z.float().permute(0, 2, 3, 1), dim=-1)
+        out.append(vq._nearest(z).flatten(1))
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def decode_u8(vq: VQTokenizer, codes: torch.Tensor, batch: int = 256) -> torch.Tensor:
+    """codes int64 [N, 256] -> images uint8 [N, 3, 64, 64] (decoder in bfloat16)."""
+    out = []
+    for i in range(0, len(codes), batch):
+        with autocast():
+            x = vq.decoder(vq._lookup(codes[i:i + batch]))
+        out.append(x.float().clamp(-1, 1).add(1).mul(127.5).round().to(torch.uint8))
+    return torch.cat(out)
 
 
 @torch.no_grad()
@@ -161,7 +201,7 @@ def eval_vq(vq: VQTokenizer, images: torch.Tensor, train_codes: torch.Tensor) ->
     """Held-out PSNR (mean per-image, pixel range [0, 1]) and codebook statistics."""
     codes = encode_all(vq, images)
     recon = torch.cat([vq.decode(codes[i:i + 256]) for i in range(0, len(codes), 256)])
-    mse = ((recon - images) / 2).pow(2).flatten(1).mean(1).clamp_min(1e-10)
+    mse = ((recon - to_float(images)) / 2).pow(2).flatten(1).mean(1).clamp_min(1e-10)
     counts = torch.bincount(train_codes.flatten(), minlength=CODEBOOK_SIZE).float()
     p = counts / counts.sum()
     entropy = -(p[p > 0] * p[p > 0].log()).sum().item()
@@ -177,11 +217,11 @@ def eval_vq(vq: VQTokenizer, images: torch.Tensor, train_codes: torch.Tensor) ->
 # ----------------------------------------------------------------------------- AR
 
 
-def llama_config_dict(num_classes: int) -> dict:
-    """LlamaConfig fields of the AR model (vocab = 512 codes + classes + null)."""
+def llama_config_dict(num_classes: int, layers: int = 8) -> dict:
+    """LlamaConfig fields of the AR model (vocab = codes + classes + null)."""
     return dict(
         vocab_size=CODEBOOK_SIZE + num_classes + 1, hidden_size=256, intermediate_size=768,
-        num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=8,
+        num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=8,
         max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=10000.0,
         tie_word_embeddings=False, attention_dropout=0.0, initializer_range=0.02,
         bos_token_id=None, eos_token_id=None, pad_token_id=None, use_cache=True,
@@ -203,7 +243,8 @@ def ar_inputs(codes: torch.Tensor, labels: torch.Tensor, null_id: int,
 
 def ar_loss(model, codes: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
     """Mean NLL (nats) of the 256 codes given [class, code_<i] (full-vocabulary softmax)."""
-    logits = model(input_ids=inputs, use_cache=False).logits
+    with autocast():
+        logits = model(input_ids=inputs, use_cache=False).logits
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), codes.reshape(-1))
 
 
@@ -211,7 +252,7 @@ def train_ar(codes: torch.Tensor, labels: torch.Tensor, llama_cfg: dict, args):
     """Train LlamaForCausalLM on code sequences (10% condition dropout, AdamW, cosine)."""
     torch.manual_seed(args.seed + 1)
     model = build_ar_model(llama_cfg).train()
-    null_id = CODEBOOK_SIZE + len(CLASS_NAMES)
+    null_id = CODEBOOK_SIZE + NUM_CLASSES
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05},
@@ -240,7 +281,7 @@ def train_ar(codes: torch.Tensor, labels: torch.Tensor, llama_cfg: dict, args):
 @torch.no_grad()
 def eval_ar(model, codes: torch.Tensor, labels: torch.Tensor, batch: int = 50) -> dict:
     """Held-out NLL per token (nats), conditional (true class) and unconditional (null)."""
-    null_id = CODEBOOK_SIZE + len(CLASS_NAMES)
+    null_id = CODEBOOK_SIZE + NUM_CLASSES
     out = {}
     for name, null in (("cond", False), ("uncond", True)):
         total = 0.0
@@ -284,9 +325,10 @@ def sample_ar(model, class_ids: torch.Tensor, null_id: int, guidance: float = 3.
 
 
 def train_classifier(images: torch.Tensor, labels: torch.Tensor, args) -> CropClassifier:
-    """Train the crop classifier (cross-entropy, AdamW, cosine, random flips)."""
+    """Train the emoji classifier on uint8 views [N, 3, 64, 64] (cross-entropy, AdamW, cosine;
+    a random half of each batch blurred by a 2x down-up resize, as generated images are softer)."""
     torch.manual_seed(args.seed + 4)
-    clf = CropClassifier(num_classes=len(CLASS_NAMES)).train()
+    clf = CropClassifier(num_classes=NUM_CLASSES, width=args.cls_width, feature_dim=args.cls_features).train()
     opt = torch.optim.AdamW(clf.parameters(), lr=args.cls_lr, weight_decay=1e-4)
     gen = torch.Generator().manual_seed(args.seed + 5)
     clock = StageClock("cls", args.cls_steps, args.max_minutes_cls, args.threads)
@@ -296,10 +338,13 @@ def train_classifier(images: torch.Tensor, labels: torch.Tensor, args) -> CropCl
         clock.tick(step)
         args.done_steps["cls"] = step + 1
         set_lr(opt, cosine_lr(clock.progress(step), args.cls_lr, warmup=0.05))
-        x = images[idx]
-        flip = torch.rand(len(idx), generator=gen) < 0.5
-        x = torch.where(flip[:, None, None, None], x.flip(-1), x)
-        loss = F.cross_entropy(clf(x), labels[idx], label_smoothing=0.05)
+        x = to_float(images[idx])
+        blur = torch.rand(len(idx), generator=gen) < 0.5
+        soft = F.interpolate(F.avg_pool2d(x, 2), scale_factor=2, mode="bilinear", align_corners=False)
+        x = torch.where(blur[:, None, None, None], soft, x)
+        with autocast():
+            logits = clf(x)
+        loss = F.cross_entropy(logits.float(), labels[idx], label_smoothing=0.05)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -310,8 +355,9 @@ def train_classifier(images: torch.Tensor, labels: torch.Tensor, args) -> CropCl
 
 @torch.no_grad()
 def classify(clf: CropClassifier, images: torch.Tensor, batch: int = 200) -> torch.Tensor:
-    """images float [N, 3, 64, 64] -> predicted class indices int64 [N]."""
-    return torch.cat([clf(images[i:i + batch]).argmax(-1) for i in range(0, len(images), batch)])
+    """images uint8 or float [N, 3, 64, 64] -> predicted class indices int64 [N]."""
+    conv = to_float if images.dtype == torch.uint8 else (lambda x: x)
+    return torch.cat([clf(conv(images[i:i + batch])).argmax(-1) for i in range(0, len(images), batch)])
 
 
 # ----------------------------------------------------------------------------- images
@@ -334,10 +380,9 @@ def save_grid(images: torch.Tensor, rows: int, path: Path, scale: int = 2) -> No
     img.resize((cols * w * scale, rows * h * scale), Image.NEAREST).save(path)
 
 
-def one_per_class(labels: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the first ``k`` examples of each class, ordered [k, num_classes] row-major."""
-    per = [torch.nonzero(labels == c).flatten()[:k] for c in range(len(CLASS_NAMES))]
-    return torch.stack(per, dim=1).flatten()
+SHOWCASE = ("red apple", "dog face", "rocket", "grinning face", "cat face", "pizza", "house",
+            "sun", "snowman", "fire", "automobile", "banana", "butterfly", "pile of poo",
+            "four leaf clover", "hot beverage", "watermelon", "ghost", "bicycle", "panda face")
 
 
 # ----------------------------------------------------------------------------- main
@@ -347,99 +392,168 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "weights")
     p.add_argument("--docs", type=Path, default=None, help="folder for sample/reconstruction PNGs")
+    p.add_argument("--resume", action="store_true", help="reuse finished stages found in --out")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--n-train", type=int, default=14000)
-    p.add_argument("--n-heldout", type=int, default=800)
-    p.add_argument("--vq-steps", type=int, default=1000)
-    p.add_argument("--vq-batch", type=int, default=16)
+    p.add_argument("--vq-views", type=int, default=10, help="augmented views per class for the VQ")
+    p.add_argument("--ar-views", type=int, default=24, help="augmented views per class for the AR model")
+    p.add_argument("--heldout-views", type=int, default=2, help="held-out views per class")
+    p.add_argument("--vq-steps", type=int, default=2400)
+    p.add_argument("--vq-batch", type=int, default=32)
     p.add_argument("--vq-lr", type=float, default=1e-3)
-    p.add_argument("--ar-steps", type=int, default=900)
+    p.add_argument("--ar-layers", type=int, default=8)
+    p.add_argument("--ar-steps", type=int, default=3000)
     p.add_argument("--ar-batch", type=int, default=32)
-    p.add_argument("--ar-lr", type=float, default=1.2e-3)
-    p.add_argument("--cls-steps", type=int, default=300)
-    p.add_argument("--cls-batch", type=int, default=64)
+    p.add_argument("--ar-lr", type=float, default=1.5e-3)
+    p.add_argument("--cls-steps", type=int, default=1200)
+    p.add_argument("--cls-batch", type=int, default=128)
     p.add_argument("--cls-lr", type=float, default=2e-3)
-    p.add_argument("--samples-per-class", type=int, default=4)
+    p.add_argument("--cls-width", type=int, default=48)
+    p.add_argument("--cls-recon-views", type=int, default=8, help="VQ reconstructions per class in the classifier's data")
+    p.add_argument("--cls-features", type=int, default=256)
     p.add_argument("--guidance", type=float, default=3.0)
+    p.add_argument("--agreement-samples", type=int, default=256, help="guided samples for the classifier agreement")
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--max-minutes-vq", type=float, default=8.5, help="wall budget (0 = none)")
-    p.add_argument("--max-minutes-ar", type=float, default=37.0, help="wall budget (0 = none)")
-    p.add_argument("--max-minutes-cls", type=float, default=3.5, help="wall budget (0 = none)")
+    p.add_argument("--max-minutes-vq", type=float, default=40.0, help="wall budget (0 = none)")
+    p.add_argument("--max-minutes-ar", type=float, default=150.0, help="wall budget (0 = none)")
+    p.add_argument("--max-minutes-cls", type=float, default=20.0, help="wall budget (0 = none)")
     args = p.parse_args(argv)
     args.done_steps = {}
     return args
 
 
-def write_config(out: Path, args, llama_cfg: dict, vq: VQTokenizer, clf_cfg: dict) -> None:
+def write_config(out: Path, args, llama_cfg: dict, vq: VQTokenizer, clf_cfg: dict,
+                 names: list[str], categories: list[str]) -> None:
     config = {
-        "format_version": 1,
+        "format_version": 2,
+        "data": "emoji-datasource-google 16.0.0 (Noto emoji, Apache-2.0), 64 x 64 on white",
         "image_size": 64, "grid": list(vq.grid), "codebook_size": CODEBOOK_SIZE,
-        "class_names": list(CLASS_NAMES), "num_classes": len(CLASS_NAMES),
-        "class_token_offset": CODEBOOK_SIZE, "null_class_id": CODEBOOK_SIZE + len(CLASS_NAMES),
+        "class_names": list(names), "class_categories": list(categories), "num_classes": len(names),
+        "class_token_offset": CODEBOOK_SIZE, "null_class_id": CODEBOOK_SIZE + len(names),
         "sequence": "[class_token, code_0 .. code_255], raster order",
         "vq": vq.config.to_dict(), "llama": llama_cfg, "classifier": clf_cfg,
         "ar_dtype_on_disk": "float16",
         "training": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                     if k not in ("out", "docs")}
+                     if k not in ("out", "docs", "resume")}
         | {"data_seeds": {"train": TRAIN_SEED, "heldout": HELDOUT_SEED}, "cond_dropout": 0.1},
     }
     save_json(config, out / "config.json")
 
 
+def _load_module(module: torch.nn.Module, path: Path) -> torch.nn.Module:
+    from safetensors.torch import load_file
+    module.load_state_dict({k: v.float() for k, v in load_file(str(path)).items()})
+    return module.eval()
+
+
 def main(argv=None) -> None:
+    global NUM_CLASSES
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
-    times, metrics = {}, {}
+    stage_file = args.out / "stages.json"
+    stages = json.loads(stage_file.read_text()) if args.resume and stage_file.is_file() else {}
+    times, metrics = dict(stages.get("times", {})), dict(stages.get("metrics", {}))
+    args.done_steps = dict(stages.get("done_steps", {}))
+
+    def finish(stage: str) -> None:
+        stages.setdefault("done", []).append(stage)
+        stages.update(times=times, metrics=metrics, done_steps=args.done_steps)
+        save_json(stages, stage_file)
+
     t = time.time()
-    (xtr, ytr), (xho, yho) = build_datasets(args.n_train, args.n_heldout)
+    data = load_emoji()
+    NUM_CLASSES = len(data.names)
+    to_u8 = lambda x: x.add(1).mul(127.5).round().to(torch.uint8)
+    xvq, _ = make_views(data, args.vq_views, TRAIN_SEED + 1)
+    xtr, ytr = make_views(data, args.ar_views, TRAIN_SEED)
+    xho, yho = make_views(data, args.heldout_views, HELDOUT_SEED)
+    xvq, xtr, xho = to_u8(xvq), to_u8(xtr), to_u8(xho)
     times["data_s"] = time.time() - t
-    log(f"data: train {tuple(xtr.shape)} heldout {tuple(xho.shape)}")
+    log(f"data: {NUM_CLASSES} classes, {len(data.images)} images; vq {tuple(xvq.shape)} "
+        f"ar {tuple(xtr.shape)} heldout {tuple(xho.shape)}")
+    done = set(stages.get("done", []))
+
+    if "vq" in done:
+        vq = _load_module(VQTokenizer(VQConfig(**VQ_CONFIG)), args.out / "vq.safetensors")
+        log("vq: reused")
+    else:
+        t = time.time()
+        vq = train_vq(xvq, args)
+        times["vq_train_s"] = time.time() - t
+        save_safetensors(vq.state_dict(), args.out / "vq.safetensors", dtype=torch.float16)
+    vq = vq.float().eval()
+    codes_file = args.out / "codes.tmp.pt"
+    if "vq" in done and codes_file.is_file():
+        ctr, cho = torch.load(codes_file)
+    else:
+        t = time.time()
+        ctr, cho = encode_all(vq, xtr), encode_all(vq, xho)
+        times["encode_s"] = time.time() - t
+        torch.save((ctr, cho), codes_file)
+        metrics["vq"] = eval_vq(vq, xho, ctr)
+        log(f"vq metrics {metrics['vq']}")
+        finish("vq")
+
+    llama_cfg = llama_config_dict(NUM_CLASSES, args.ar_layers)
+    if "ar" in done:
+        ar = _load_module(build_ar_model(llama_cfg), args.out / "ar.safetensors")
+        log("ar: reused")
+    else:
+        t = time.time()
+        ar = train_ar(ctr, ytr, llama_cfg, args)
+        times["ar_train_s"] = time.time() - t
+        save_safetensors(ar.state_dict(), args.out / "ar.safetensors", dtype=torch.float16)
+        ar = _load_module(build_ar_model(llama_cfg), args.out / "ar.safetensors")  # as shipped (fp16)
+        metrics["ar"] = eval_ar(ar, cho, yho) | {"params": sum(p.numel() for p in ar.parameters())}
+        log(f"ar metrics {metrics['ar']}")
+        finish("ar")
+
+    clf_cfg = {"num_classes": NUM_CLASSES, "width": args.cls_width, "feature_dim": args.cls_features}
+    if "cls" in done:
+        clf = _load_module(CropClassifier(**clf_cfg), args.out / "classifier.safetensors")
+    else:
+        # real views plus their VQ reconstructions, so the classifier judges shapes, not VQ blur
+        t = time.time()
+        n_rec = min(len(ctr), NUM_CLASSES * args.cls_recon_views)
+        recon = decode_u8(vq, ctr[:n_rec])
+        xcls, ycls = torch.cat([xtr, recon]), torch.cat([ytr, ytr[:n_rec]])
+        clf = train_classifier(xcls, ycls, args)
+        times["cls_train_s"] = time.time() - t
+        save_safetensors(clf.state_dict(), args.out / "classifier.safetensors", dtype=torch.float16)
+        clf = clf.eval()
+        recon_ho = decode_u8(vq, cho)
+        metrics["classifier"] = {
+            "heldout_accuracy": float((classify(clf, xho) == yho).float().mean()),
+            "heldout_accuracy_vq_reconstructions": float((classify(clf, recon_ho) == yho).float().mean()),
+            "n_heldout": len(yho)}
+        log(f"classifier metrics {metrics['classifier']}")
+        finish("cls")
+    write_config(args.out, args, llama_cfg, vq, clf_cfg, data.names, data.categories)
+    save_safetensors(reference_feature_states(clf.eval(), to_float(xho)), args.out / REFERENCE_FILE)
 
     t = time.time()
-    vq = train_vq(xtr, args)
-    times["vq_train_s"] = time.time() - t
-    save_safetensors(vq.state_dict(), args.out / "vq.safetensors")
-    t = time.time()
-    ctr, cho = encode_all(vq, xtr), encode_all(vq, xho)
-    times["encode_s"] = time.time() - t
-    metrics["vq"] = eval_vq(vq, xho, ctr)
-    log(f"vq metrics {metrics['vq']}")
-
-    llama_cfg = llama_config_dict(len(CLASS_NAMES))
-    t = time.time()
-    ar = train_ar(ctr, ytr, llama_cfg, args)
-    times["ar_train_s"] = time.time() - t
-    save_safetensors(ar.state_dict(), args.out / "ar.safetensors", dtype=torch.float16)
-    metrics["ar"] = eval_ar(ar, cho, yho) | {"params": sum(p.numel() for p in ar.parameters())}
-    log(f"ar metrics {metrics['ar']}")
-
-    t = time.time()
-    clf = train_classifier(xtr, ytr, args)
-    times["cls_train_s"] = time.time() - t
-    clf_cfg = {"num_classes": clf.num_classes, "feature_dim": clf.feature_dim}
-    save_safetensors(clf.state_dict(), args.out / "classifier.safetensors")
-    metrics["classifier"] = {"heldout_accuracy": float((classify(clf, xho) == yho).float().mean())}
-    write_config(args.out, args, llama_cfg, vq, clf_cfg)
-    save_safetensors(reference_feature_states(clf.eval(), xho), args.out / REFERENCE_FILE)  # for the Frechet distance
-
-    t = time.time()
-    k = args.samples_per_class
-    cls_ids = torch.arange(len(CLASS_NAMES)).repeat(k)           # row-major [k, classes]
-    codes = sample_ar(ar, cls_ids + CODEBOOK_SIZE, CODEBOOK_SIZE + len(CLASS_NAMES),
-                      guidance=args.guidance, seed=args.seed + 7)
-    samples = vq.decode(codes)
-    times["sample_s"] = time.time() - t
-    metrics["samples"] = {"n": len(cls_ids), "guidance": args.guidance, "temperature": 1.0,
-                          "classifier_agreement": float((classify(clf, samples) == cls_ids).float().mean())}
+    null_id = CODEBOOK_SIZE + NUM_CLASSES
+    gen = torch.Generator().manual_seed(args.seed + 8)
+    pick = torch.randperm(NUM_CLASSES, generator=gen)[:args.agreement_samples]
+    preds = []
+    for i in range(0, len(pick), 64):
+        codes = sample_ar(ar, pick[i:i + 64] + CODEBOOK_SIZE, null_id, guidance=args.guidance,
+                          seed=args.seed + 7 + i)
+        preds.append(classify(clf, vq.decode(codes)))
+    metrics["samples"] = {"n": len(pick), "guidance": args.guidance, "temperature": 1.0,
+                          "classifier_agreement": float((torch.cat(preds) == pick).float().mean())}
     if args.docs is not None:
-        save_grid(samples, k, args.docs / "builtin_samples.png")
-        idx = one_per_class(yho, 2)
-        recon = vq.decode(encode_all(vq, xho[idx]))
-        save_grid(torch.cat([xho[idx[:20]], recon[:20], xho[idx[20:]], recon[20:]]), 4,
-                  args.docs / "builtin_reconstructions.png")
-    times["total_s"] = time.time() - T0
+        show = torch.tensor([data.names.index(n) for n in SHOWCASE if n in data.names])
+        real = [xho[(yho == c).nonzero()[0, 0]] for c in show]
+        codes = sample_ar(ar, show.repeat(3) + CODEBOOK_SIZE, null_id, guidance=args.guidance,
+                          seed=args.seed + 9)
+        samples = vq.decode(codes)
+        save_grid(torch.cat([to_float(torch.stack(real)), samples]), 4, args.docs / "builtin_samples.png")
+        recon = vq.decode(encode_all(vq, torch.stack(real)))
+        save_grid(torch.cat([to_float(torch.stack(real)), recon]), 2, args.docs / "builtin_reconstructions.png")
+    times["sample_s"] = time.time() - t
+    times["total_s"] = sum(v for k, v in times.items() if k != "total_s")
     metrics["wall_times_s"] = times
     metrics["steps_done"] = dict(args.done_steps)
     metrics["sizes_bytes"] = {p.name: p.stat().st_size for p in sorted(args.out.glob("*.safetensors"))}
