@@ -316,10 +316,12 @@ def _codebook(model, methods: list[str]):
     return model.codebook_embeddings() if {"gsd", "lantern"} & set(methods) else None
 
 
-def _sampling(defaults: FamilyDefaults, guidance_scale: float, vocab_size: int) -> SamplingConfig:
-    """The page's guidance scale with the family's temperature, top-p and top-k (dropped when >= V, as generate does)."""
+def _sampling(defaults: FamilyDefaults, guidance_scale: float, vocab_size: int, schedule=None) -> SamplingConfig:
+    """The page's guidance scale with the family's temperature, top-p, top-k (dropped when >= V, as generate does)
+    and guidance schedule (``model.reference_guidance``)."""
     top_k = defaults.top_k if defaults.top_k is not None and defaults.top_k < vocab_size else None
-    return SamplingConfig(guidance_scale=guidance_scale, temperature=defaults.temperature, top_k=top_k, top_p=defaults.top_p)
+    return SamplingConfig(guidance_scale=guidance_scale, temperature=defaults.temperature, top_k=top_k, top_p=defaults.top_p,
+                          guidance_schedule=schedule)
 
 
 def _legend() -> str:
@@ -439,7 +441,8 @@ def build_app(model, *, model_name: str = "built-in model", defaults: FamilyDefa
             except ValueError as exc:  # shown on the page, in the progress line; earlier results stay
                 yield {progress: _message_html(str(exc))}
                 return
-            sampling = _sampling(defaults, settings.guidance_scale, model.codebook_size)
+            sampling = _sampling(defaults, settings.guidance_scale, model.codebook_size,
+                                 getattr(model, "reference_guidance", None))
             total = len(settings.methods) * model.num_image_tokens
             finished = 0
             first = {progress: _progress_html("starting", 0, total), stats: "", csv_file: None}

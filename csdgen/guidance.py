@@ -47,8 +47,8 @@ class GuidanceSchedule(ABC):
         """
 
     def options(self) -> dict:
-        """``{"name": ..., **parameters}`` for a run's record."""
-        return {"name": self.name, **asdict(self)}
+        """``{"name": ..., **parameters}`` for a run's record (tuples as lists, as JSON holds them)."""
+        return {"name": self.name, **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}}
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from transformers import ChameleonConfig, ChameleonForConditionalGeneration, Pre
 
 import csdgen
 from csdgen import SamplingConfig
+from csdgen.sampling import target_probs
 from csdgen.models import auto, load_model
 from csdgen.models.chameleon import ChameleonImageModel
 from csdgen.models.lumina2 import Lumina2Guidance, Lumina2ImageModel, lumina2_memory
@@ -187,7 +188,7 @@ def ar_tokens(lumina2):
     return {(cfg, batch): csdgen.generate(lumina2, PROMPTS[:batch], method="ar",
                                           sampling=SamplingConfig(temperature=0, guidance_scale=cfg,
                                                                   guidance_schedule=Lumina2Guidance())).tokens
-            for cfg in (1.0, 4.0) for batch in (1, 2)}
+            for cfg in (1.0, 4.0, 12.0) for batch in (1, 2)}
 
 
 # the released layout loads; detection (issue 16 item 3)
@@ -265,7 +266,7 @@ def test_schedule_equals_the_reference_processor_step_by_step():
 # (1) AR greedy == the reference generation; (2) SJD greedy == AR
 
 
-@pytest.mark.parametrize("cfg", [1.0, 4.0])
+@pytest.mark.parametrize("cfg", [1.0, 4.0, 12.0])
 def test_ar_greedy_equals_the_reference_loop(lumina2, ar_tokens, cfg):
     tokens = ar_tokens[(cfg, 2)]
     for b, prompt in enumerate(PROMPTS):
@@ -274,7 +275,7 @@ def test_ar_greedy_equals_the_reference_loop(lumina2, ar_tokens, cfg):
     assert len(set(tokens[0].tolist())) > 3
 
 
-@pytest.mark.parametrize("cfg", [4.0])
+@pytest.mark.parametrize("cfg", [4.0, 12.0])
 def test_greedy_sjd_equals_ar_with_the_schedule_across_row_ends(lumina2, ar_tokens, cfg):
     sampling = SamplingConfig(temperature=0, guidance_scale=cfg, guidance_schedule=Lumina2Guidance())
     accepted = 0
@@ -283,6 +284,12 @@ def test_greedy_sjd_equals_ar_with_the_schedule_across_row_ends(lumina2, ar_toke
         assert torch.equal(out.tokens, ar_tokens[(cfg, 2)]), window
         accepted += sum(s.counts()["accepted"] for s in out.images)
     assert accepted > 0
+
+
+def test_defaults_use_the_family_schedule(lumina2):
+    out = csdgen.generate(lumina2, PROMPTS[:1], method="ar", seed=3)
+    assert out.settings["guidance_scale"] == 4.0 and out.settings["top_k"] is None  # 4096 >= V: every token kept
+    assert out.settings["guidance_schedule"] == {"name": "lumina-mgpt-2", "floor": 4.0}
 
 
 # (3) the sequence the reference decoder reads; decoded size
@@ -314,7 +321,7 @@ def test_cached_sequence_is_the_reference_sequence_and_decodes_to_the_size(lumin
 
 
 @pytest.mark.parametrize("method, sampling", [
-    ("sjd", SamplingConfig(guidance_scale=4.0, temperature=1.0, top_k=20)),
+    ("sjd", SamplingConfig(guidance_scale=12.0, temperature=1.0, top_k=20, guidance_schedule=Lumina2Guidance())),
     ("csd", SamplingConfig(guidance_scale=4.0, temperature=1.0)),
 ])
 def test_kv_state_after_every_iteration_equals_fresh_prefill(lumina2, method, sampling):
@@ -378,3 +385,92 @@ def test_memory_estimate_counts_parameters_cache_and_buffers(checkpoint, lumina2
     layout = Lumina2Layout(96, 96, 0, 0, 1, 2, 3, (4, 5))
     estimate = lumina2_memory(release, layout, 16, torch.bfloat16)
     assert 15e9 < estimate.fixed < 17e9 and 9e9 < estimate.per_image < 11e9
+
+
+# the chi-square losslessness test on the Lumina-mGPT 2.0 session, with a guidance schedule on
+
+
+@pytest.fixture(scope="module")
+def three_codes(tmp_path_factory):
+    """A tiny 2.0 checkpoint with a MoVQGAN block of 3 codes, at 32 x 32 px (4 x 4 codes, row ends after 4)."""
+    folder = build_checkpoint(tmp_path_factory.mktemp("three-codes"), codes=3, seed=5, movqgan=False)
+    return Lumina2ImageModel.from_pretrained(folder, height=32, width=32)
+
+
+def first_positions_law(model, prompt, sampling, positions=3):
+    """Exact law of image positions 0 .. positions - 1: plain forwards of the reference rows, scheduled scales."""
+    import itertools
+
+    vocab, ids = model.backbone.config.vocabulary_map, image_ids(model)
+    head = [vocab["<racm3:break>"], vocab["<reserved08801>"], vocab["<reserved08801>"]]
+    scales = sampling.guidance_schedule.scales(sampling.guidance_scale, model.num_image_tokens, model.grid)
+
+    def logits(seq):
+        with torch.no_grad():
+            hidden = model.backbone.model(input_ids=torch.tensor([seq])).last_hidden_state
+            return model.backbone.lm_head(hidden)[0, -1, ids].float()
+
+    law = {}
+    for seq in itertools.product(range(model.codebook_size), repeat=positions):
+        prob = 1.0
+        for t in range(positions):
+            image = [ids[c] for c in seq[:t]]  # no row end before position 4
+            cond, uncond = logits([vocab["<|endoftext|>"], *prompt, *head, *image]), logits([*head, *image])
+            q = target_probs(cond[None, None], uncond[None, None], sampling, guidance=torch.tensor([[[float(scales[t])]]]))
+            prob *= q[0, 0, seq[t]].item()
+        law[seq] = prob
+    return law
+
+
+LUMINA2_SAMPLES = 12_000
+
+
+def test_sjd_reproduces_the_scheduled_law_on_the_lumina2_session_and_the_test_fails_a_wrong_scale(three_codes, monkeypatch):
+    from csdgen.engine.loop import _Loop
+    from test_guidance_schedule import TableGuidance
+    from test_lossless import P_FAIL, P_PASS, chi_square_pvalue
+
+    sampling = SamplingConfig(guidance_scale=2.0, guidance_schedule=TableGuidance(values=(4.0, 0.0, 4.0, 0.0) * 4))
+    prompt = [4, 9, 7]
+    law = first_positions_law(three_codes, prompt, sampling)
+    kwargs = dict(sampling=sampling, method="sjd", window=4, draft_init="uniform", seed=8)
+    out = csdgen.generate(three_codes, [prompt] * LUMINA2_SAMPLES, **kwargs)
+    assert len({s.steps for s in out.images}) > 1
+    assert chi_square_pvalue(out.tokens[:, :3], law) > P_PASS
+    original = _Loop._scales
+    monkeypatch.setattr(_Loop, "_scales", lambda self, positions: original(self, positions[..., :1].expand_as(positions)))
+    wrong = csdgen.generate(three_codes, [prompt] * LUMINA2_SAMPLES, **kwargs)
+    assert chi_square_pvalue(wrong.tokens[:, :3], law) < P_FAIL
+
+
+# the command line on a 2.0 folder
+
+
+def test_cli_generate_uses_the_family_defaults_schedule_and_decoder(checkpoint, tmp_path, capsys):
+    import shutil
+
+    from csdgen import cli
+
+    def run(*argv):
+        return cli.main([str(a) for a in argv])
+
+    common = ["--height", HEIGHT, "--width", WIDTH, "--device", "cpu", "--method", "sjd", "--window", 8, "--no-maps",
+              "--top-k", 0]  # the family's 4096 exceeds the tiny codebook
+    assert run("generate", "--model", checkpoint, "--prompt", "red cat", "-n", 2, "--guidance-scale", 12,
+               "--out", tmp_path / "a", *common) == 0
+    record = json.loads((tmp_path / "a" / "record.json").read_text())
+    settings = record["settings"]
+    assert settings["family"] == "lumina-mgpt-2" and settings["grid"] == [ROWS, COLS]
+    assert settings["sampling"]["guidance_scale"] == 12 and settings["sampling"]["guidance_schedule"] == {"floor": 4.0}
+    assert settings["sampling"]["top_k"] is None and settings["sampling"]["temperature"] == 1.0
+    assert sorted(p.name for p in (tmp_path / "a").glob("*.png")) == ["0000_red-cat.png", "0001_red-cat.png"]
+    assert run("generate", "--model", checkpoint, "--prompt", "red cat", "--guidance-schedule", "constant",
+               "--out", tmp_path / "b", *common) == 0
+    assert json.loads((tmp_path / "b" / "record.json").read_text())["settings"]["sampling"]["guidance_schedule"] is None
+    assert run("generate", "--model", checkpoint, "--prompt", "red cat", "--layout", "lumina", "--out", tmp_path / "c",
+               *common) == 2
+    assert "is a Lumina-mGPT 2.0 checkpoint" in capsys.readouterr().err
+    bare = tmp_path / "no-movqgan"
+    shutil.copytree(checkpoint, bare, ignore=shutil.ignore_patterns("movqgan*"))
+    assert run("generate", "--model", bare, "--prompt", "red cat", "--out", tmp_path / "d", *common) == 2
+    assert "has no image decoder: copy movqgan_270M.ckpt" in capsys.readouterr().err

@@ -134,6 +134,21 @@ def cap_builtin_batch(args, model, window: int, guided: bool, num_images: int) -
     return batch
 
 
+def require_decoder(model, name, folder: Path) -> None:
+    """Refuse a checkpoint without its image decoder before generating (one line saying which files go where).
+
+    Raises:
+        ValueError: the model's ``vqgan`` is None (Chameleon's VQGAN, or Lumina-mGPT 2.0's MoVQGAN, not found).
+    """
+    if getattr(model, "vqgan", True) is not None:
+        return
+    if type(model).__name__ == "Lumina2ImageModel":
+        raise ValueError(f"{str(name)!r} has no image decoder: copy movqgan_270M.ckpt (SberAI's MoVQGAN 270M, which "
+                         f"Lumina-mGPT 2.0 decodes with) into {str(folder)!r} or {str(folder / 'movqgan' / '270M')!r}")
+    raise ValueError(f"{str(name)!r} has no image decoder: copy Chameleon's vqgan.yaml and vqgan.ckpt "
+                     f"(its tokenizer/ folder) into {str(folder)!r} or {str(folder / 'tokenizer')!r}")
+
+
 #: printed once when --temperature 0 is given with --model
 GREEDY_WARNING = ("csdgen: warning: --temperature 0 is greedy decoding, known to give flat or black images on these "
                   "models; use it for checks (greedy equivalence), sample with the family's temperature for pictures")
@@ -144,7 +159,8 @@ def checkpoint_setup(args, *, fixed_window: bool):
 
     Resolves and checks the checkpoint folder (:func:`csdgen.models.auto.read_config`: one line
     for what is wrong), fills the options left out from the family's defaults (window: fixed or
-    ``auto``), and prints :data:`GREEDY_WARNING` once for ``--temperature 0``.
+    ``auto``), adds the family's guidance schedule unless ``--guidance-schedule constant``, and
+    prints :data:`GREEDY_WARNING` once for ``--temperature 0``.
 
     Returns:
         ``(folder, family, sampling)``.
@@ -162,6 +178,12 @@ def checkpoint_setup(args, *, fixed_window: bool):
     fill_defaults(args, asdict(FAMILY_DEFAULTS[family]))
     default_window(args, asdict(FAMILY_DEFAULTS[family]), fixed=fixed_window)
     sampling = sampling_of(args)
+    if getattr(args, "guidance_schedule", "family") == "family":
+        from dataclasses import replace
+
+        from csdgen.models.auto import family_guidance
+
+        sampling = replace(sampling, guidance_schedule=family_guidance(family))
     if args.temperature == 0:
         print(GREEDY_WARNING, file=sys.stderr)
     return folder, family, sampling

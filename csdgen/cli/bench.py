@@ -133,7 +133,7 @@ def _model_plan(args, device: str):
     from csdgen.models.auto import default_dtype, load_model
     from csdgen.prompts import load_prompts
 
-    from ._common import checkpoint_setup
+    from ._common import checkpoint_setup, require_decoder
 
     _fixed_window(args)
     prompts = load_prompts(args.prompts or "coco", args.limit, args.offset)
@@ -143,9 +143,7 @@ def _model_plan(args, device: str):
                        image_size=args.image_size, batch_size=1, window=args.window, guided=sampling.guided,
                        negative_prompt=args.negative_prompt, positive_prompt=args.positive_prompt,
                        prompts=[p.text for p in prompts], prompt_template=args.prompt_template)
-    if getattr(model, "vqgan", True) is None:
-        raise ValueError(f"{str(args.model)!r} has no image decoder: copy Chameleon's vqgan.yaml and vqgan.ckpt "
-                         f"(its tokenizer/ folder) into {str(folder)!r} or {str(folder / 'tokenizer')!r}")
+    require_decoder(model, args.model, folder)
     fill_defaults(args, model_defaults(model, family))
     args.window = clamp_window(args.window, model.num_image_tokens)
     settings = {"model": str(args.model), "checkpoint": str(folder), "family": family, "dtype": dtype,

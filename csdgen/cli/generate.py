@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import _options as opt
 from ._common import (builtin_model, cap_builtin_batch, checkpoint_setup, clamp_window, fill_defaults, model_defaults,
-                      sampling_of, writable)
+                      require_decoder, sampling_of, writable)
 
 #: options of ``--model`` only (the built-in model refuses them)
 MODEL_ONLY = ("prompts", "prompts_file", "layout", "height", "width", "image_size", "negative_prompt", "positive_prompt",
@@ -138,9 +138,7 @@ def model_job(args):
                        negative_prompt=args.negative_prompt,
                        positive_prompt=args.positive_prompt, prompts=prompts,
                        prompt_template=args.prompt_template)  # sizes, prompt lengths and memory checked first
-    if getattr(model, "vqgan", True) is None:  # a Chameleon checkpoint without Chameleon's VQGAN files
-        raise ValueError(f"{str(args.model)!r} has no image decoder: copy Chameleon's vqgan.yaml and vqgan.ckpt "
-                         f"(its tokenizer/ folder) into {str(folder)!r} or {str(folder / 'tokenizer')!r}")
+    require_decoder(model, args.model, folder)
     fill_defaults(args, model_defaults(model, family))  # no-op today: the model's own defaults where it carries them
     args.window = clamp_window(args.window, model.num_image_tokens)
     settings = {"model": str(args.model), "checkpoint": str(folder), "family": family, "dtype": dtype, "device": device,

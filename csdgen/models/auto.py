@@ -41,6 +41,7 @@ __all__ = [
     "model_type_of",
     "guess_layout",
     "family_of",
+    "family_guidance",
     "available_memory",
     "HEADROOM",
     "DEFAULT_PROMPT_LENGTH",
@@ -154,6 +155,18 @@ def family_of(path: str | os.PathLike, layout: str | None = None, name: str | No
     if layout not in ("lumina", "anole"):
         raise ValueError(f"layout={layout!r}; allowed: lumina, anole")
     return "lumina-mgpt" if layout == "lumina" else "anole"
+
+
+def family_guidance(family: str):
+    """The family's own guidance schedule (:class:`csdgen.guidance.GuidanceSchedule`), None for a constant scale.
+
+    ``lumina-mgpt-2``: :class:`~csdgen.models.lumina2.Lumina2Guidance`; every other family: None.
+    """
+    if family == "lumina-mgpt-2":
+        from .lumina2 import Lumina2Guidance
+
+        return Lumina2Guidance()
+    return None
 
 
 def default_device() -> str:
