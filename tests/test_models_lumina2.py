@@ -422,7 +422,7 @@ def first_positions_law(model, prompt, sampling, positions=3):
     return law
 
 
-LUMINA2_SAMPLES = 12_000
+LUMINA2_SAMPLES = 6_000  # pass p = 0.16, control p < 1e-300 at these seeds
 
 
 def test_sjd_reproduces_the_scheduled_law_on_the_lumina2_session_and_the_test_fails_a_wrong_scale(three_codes, monkeypatch):
