@@ -532,14 +532,12 @@ def load_demo_model(model_path: str | None = None, weights: str | None = None):
         from csdgen.models.builtin import load_builtin_model
 
         return load_builtin_model(weights), "built-in model", FAMILY_DEFAULTS["builtin"]
-    from csdgen.models.auto import default_device, family_of, load_model, resolve_checkpoint
+    from csdgen.models.auto import default_device, family_of, load_model, require_decoder, resolve_checkpoint
 
     folder = resolve_checkpoint(model_path)
     family = family_of(folder, None, model_path)
     model = load_model(model_path, device=default_device(), batch_size=1)
-    if getattr(model, "vqgan", True) is None:
-        raise ValueError(f"{str(model_path)!r} has no image decoder: copy Chameleon's vqgan.yaml and vqgan.ckpt into "
-                         f"{str(folder)!r}")
+    require_decoder(model, model_path, folder)
     return model, f"{family} ({model_path})", getattr(model, "defaults", None) or FAMILY_DEFAULTS[family]
 
 

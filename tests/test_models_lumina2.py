@@ -474,3 +474,29 @@ def test_cli_generate_uses_the_family_defaults_schedule_and_decoder(checkpoint, 
     shutil.copytree(checkpoint, bare, ignore=shutil.ignore_patterns("movqgan*"))
     assert run("generate", "--model", bare, "--prompt", "red cat", "--out", tmp_path / "d", *common) == 2
     assert "has no image decoder: copy movqgan_270M.ckpt" in capsys.readouterr().err
+
+
+def test_demo_loads_a_2_0_folder_with_its_defaults_and_schedule_and_refuses_one_without_movqgan(tmp_path):
+    """``csdgen demo --model`` on a 2.0 folder: family lumina-mgpt-2, its defaults, the page's sampling carries
+    Lumina2Guidance; without movqgan_270M.ckpt one line naming the file (the same check as the CLI's)."""
+    import shutil
+
+    from csdgen.demo import _sampling, load_demo_model
+
+    folder = tmp_path / "Lumina-mGPT-2.0"
+    build_checkpoint(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["max_position_embeddings"] = 10240  # the demo loads the family's 768 px (9316 positions after the prompt)
+    vocab = {**vocabulary(), "<reserved08824>": len(TEXT + SPECIAL_ORDER + MORE_SPECIALS)}  # 768 / 32 = 24, in the gap
+    config["vocabulary_map"] = vocab
+    (folder / "config.json").write_text(json.dumps(config))
+    save_tokenizer(folder, vocab)
+    model, name, defaults = load_demo_model(str(folder))
+    assert isinstance(model, Lumina2ImageModel) and name.startswith("lumina-mgpt-2") and model.grid == (96, 96)
+    assert defaults.guidance_scale == 4.0 and defaults.top_k == 4096
+    sampling = _sampling(defaults, 12.0, model.codebook_size, getattr(model, "reference_guidance", None))
+    assert isinstance(sampling.guidance_schedule, Lumina2Guidance) and sampling.top_k is None  # 4096 >= V: dropped
+    bare = tmp_path / "bare"
+    shutil.copytree(folder, bare, ignore=shutil.ignore_patterns("movqgan*"))
+    with pytest.raises(ValueError, match="has no image decoder: copy movqgan_270M.ckpt"):
+        load_demo_model(str(bare))

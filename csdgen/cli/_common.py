@@ -135,18 +135,10 @@ def cap_builtin_batch(args, model, window: int, guided: bool, num_images: int) -
 
 
 def require_decoder(model, name, folder: Path) -> None:
-    """Refuse a checkpoint without its image decoder before generating (one line saying which files go where).
+    """:func:`csdgen.models.auto.require_decoder` (one line naming the decoder files a checkpoint lacks)."""
+    from csdgen.models.auto import require_decoder as check
 
-    Raises:
-        ValueError: the model's ``vqgan`` is None (Chameleon's VQGAN, or Lumina-mGPT 2.0's MoVQGAN, not found).
-    """
-    if getattr(model, "vqgan", True) is not None:
-        return
-    if type(model).__name__ == "Lumina2ImageModel":
-        raise ValueError(f"{str(name)!r} has no image decoder: copy movqgan_270M.ckpt (SberAI's MoVQGAN 270M, which "
-                         f"Lumina-mGPT 2.0 decodes with) into {str(folder)!r} or {str(folder / 'movqgan' / '270M')!r}")
-    raise ValueError(f"{str(name)!r} has no image decoder: copy Chameleon's vqgan.yaml and vqgan.ckpt "
-                     f"(its tokenizer/ folder) into {str(folder)!r} or {str(folder / 'tokenizer')!r}")
+    check(model, name, folder)
 
 
 #: printed once when --temperature 0 is given with --model

@@ -42,6 +42,7 @@ __all__ = [
     "guess_layout",
     "family_of",
     "family_guidance",
+    "require_decoder",
     "available_memory",
     "HEADROOM",
     "DEFAULT_PROMPT_LENGTH",
@@ -155,6 +156,22 @@ def family_of(path: str | os.PathLike, layout: str | None = None, name: str | No
     if layout not in ("lumina", "anole"):
         raise ValueError(f"layout={layout!r}; allowed: lumina, anole")
     return "lumina-mgpt" if layout == "lumina" else "anole"
+
+
+def require_decoder(model, name, folder: str | os.PathLike) -> None:
+    """Refuse a checkpoint without its image decoder before generating (one line saying which files go where).
+
+    Raises:
+        ValueError: the model's ``vqgan`` is None (Chameleon's VQGAN, or Lumina-mGPT 2.0's MoVQGAN, not found).
+    """
+    if getattr(model, "vqgan", True) is not None:
+        return
+    folder = Path(folder)
+    if type(model).__name__ == "Lumina2ImageModel":
+        raise ValueError(f"{str(name)!r} has no image decoder: copy movqgan_270M.ckpt (SberAI's MoVQGAN 270M, which "
+                         f"Lumina-mGPT 2.0 decodes with) into {str(folder)!r} or {str(folder / 'movqgan' / '270M')!r}")
+    raise ValueError(f"{str(name)!r} has no image decoder: copy Chameleon's vqgan.yaml and vqgan.ckpt "
+                     f"(its tokenizer/ folder) into {str(folder)!r} or {str(folder / 'tokenizer')!r}")
 
 
 def family_guidance(family: str):
