@@ -500,3 +500,19 @@ def test_demo_loads_a_2_0_folder_with_its_defaults_and_schedule_and_refuses_one_
     shutil.copytree(folder, bare, ignore=shutil.ignore_patterns("movqgan*"))
     with pytest.raises(ValueError, match="has no image decoder: copy movqgan_270M.ckpt"):
         load_demo_model(str(bare))
+
+
+def test_bench_on_a_2_0_folder_records_the_family_schedule(checkpoint, tmp_path):
+    """``csdgen bench --model`` reaches the 2.0 adapter: AR and SJD rows, the records say the family and its schedule."""
+    from csdgen import cli
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("red cat\n")
+    out = tmp_path / "bench"
+    assert cli.main(["bench", "--model", str(checkpoint), "--prompts", str(prompts), "--limit", "1", "--methods", "sjd",
+                     "--height", str(HEIGHT), "--width", str(WIDTH), "--top-k", "0", "--guidance-scale", "12",
+                     "--window", "8", "--device", "cpu", "--out", str(out)]) == 0
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert sorted(r["method"] for r in records) == ["ar", "ar", "sjd"]  # ar, sjd, the ar@seed1 noise floor
+    assert all(r["num_tokens"] == ROWS * COLS for r in records)
+    assert all(r["settings"]["guidance_schedule"] == {"name": "lumina-mgpt-2", "floor": 4.0} for r in records)
