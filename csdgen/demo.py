@@ -345,10 +345,12 @@ def _codebook(model, methods: list[str]):
     return model.codebook_embeddings() if {"gsd", "lantern"} & set(methods) else None
 
 
-def _sampling(defaults: FamilyDefaults, guidance_scale: float, vocab_size: int) -> SamplingConfig:
-    """The page's guidance scale with the family's temperature, top-p and top-k (dropped when >= V, as generate does)."""
+def _sampling(defaults: FamilyDefaults, guidance_scale: float, vocab_size: int, schedule=None) -> SamplingConfig:
+    """The page's guidance scale with the family's temperature, top-p, top-k (dropped when >= V, as generate does)
+    and guidance schedule (``model.reference_guidance``)."""
     top_k = defaults.top_k if defaults.top_k is not None and defaults.top_k < vocab_size else None
-    return SamplingConfig(guidance_scale=guidance_scale, temperature=defaults.temperature, top_k=top_k, top_p=defaults.top_p)
+    return SamplingConfig(guidance_scale=guidance_scale, temperature=defaults.temperature, top_k=top_k, top_p=defaults.top_p,
+                          guidance_schedule=schedule)
 
 
 def _legend() -> str:
@@ -491,7 +493,8 @@ def build_app(model, *, model_name: str = "built-in model", defaults: FamilyDefa
                 _log(f"refused a request: {exc}")
                 yield {progress: _message_html(str(exc))}
                 return
-            sampling = _sampling(defaults, settings.guidance_scale, model.codebook_size)
+            sampling = _sampling(defaults, settings.guidance_scale, model.codebook_size,
+                                 getattr(model, "reference_guidance", None))
             total = len(settings.methods) * model.num_image_tokens
             finished = 0
             first = {progress: _progress_html("starting", 0, total), stats: "", csv_file: None}
@@ -584,14 +587,12 @@ def load_demo_model(model_path: str | None = None, weights: str | None = None, *
         from csdgen.models.builtin import load_builtin_model
 
         return load_builtin_model(weights), "built-in model", FAMILY_DEFAULTS["builtin"]
-    from csdgen.models.auto import default_device, family_of, load_model, resolve_checkpoint
+    from csdgen.models.auto import default_device, family_of, load_model, require_decoder, resolve_checkpoint
 
     folder = resolve_checkpoint(model_path)
     family = family_of(folder, None, model_path)
     model = load_model(model_path, device=default_device(), batch_size=1, image_size=image_size, vqgan=vqgan)
-    if getattr(model, "vqgan", True) is None:
-        raise ValueError(f"{str(model_path)!r} has no image decoder: give --vqgan PATH (Chameleon's tokenizer/ folder "
-                         f"holding vqgan.yaml and vqgan.ckpt) or copy those two files into {str(folder)!r}")
+    require_decoder(model, model_path, folder)
     return model, f"{family} ({model_path})", getattr(model, "defaults", None) or FAMILY_DEFAULTS[family]
 
 

@@ -9,7 +9,7 @@ Everything here works on the last dimension of ``[..., V]`` tensors, so the same
 apply to one position (``[B, V]``) or to a whole window (``[B, W, V]``).
 
 Order of operations (as in transformers' logits processors and the SJD/CSD reference code):
-classifier-free guidance -> temperature -> top-k -> top-p -> softmax in float32.
+classifier-free guidance -> temperature -> top-k -> top-n-sigma -> top-p -> softmax in float32.
 Temperature 0 means greedy decoding: the target distribution is one-hot on the argmax.
 """
 
@@ -20,12 +20,15 @@ from dataclasses import dataclass
 
 import torch
 
+from .guidance import GuidanceSchedule
+
 __all__ = [
     "SamplingConfig",
     "apply_guidance",
     "apply_temperature",
     "apply_top_k",
     "apply_top_p",
+    "apply_top_n_sigma",
     "target_probs",
     "has_nan",
     "invalid_logits",
@@ -49,6 +52,18 @@ class SamplingConfig:
         top_k: keep the ``top_k`` largest logits per position (None = all). 1 <= top_k <= V.
         top_p: keep the smallest set of tokens whose probability reaches ``top_p``
             (None = all). 0 < top_p <= 1.
+        top_n_sigma: keep the tokens whose logit is at least ``max - n sigma`` (sigma: the
+            standard deviation of the finite logits; Tang et al., 2024, "Top-nσ: Not All Logits
+            Are You Need", eq. 4), applied after top-k (None = off). n > 0. Lumina-mGPT 2.0's
+            own SJD script samples with n = 1 (``TopnsigmaLogitsWarper3d``); its AR path does not.
+        top_n_sigma_centered: True (the paper's sigma, the standard deviation); False: the root
+            mean square of the finite logits instead, what Lumina-mGPT 2.0's
+            ``get_statistics_with_invalid_values`` computes (its in-place write of zeros into an
+            expanded view of the mean zeroes the whole mean), so its threshold depends on the
+            logits' offset. Only to reproduce that script's target.
+        guidance_schedule: a :class:`csdgen.guidance.GuidanceSchedule`: the guidance scale as a
+            function of the image position, starting from ``guidance_scale`` (guided runs
+            only); None = ``guidance_scale`` at every position.
 
     Raises:
         ValueError: for a value outside the ranges above (checked on construction; top_k
@@ -59,6 +74,9 @@ class SamplingConfig:
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
+    guidance_schedule: GuidanceSchedule | None = None
+    top_n_sigma: float | None = None
+    top_n_sigma_centered: bool = True
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.guidance_scale) or self.guidance_scale < 0:
@@ -69,6 +87,12 @@ class SamplingConfig:
             raise ValueError(f"top_k={self.top_k!r}: must be None or an integer >= 1")
         if self.top_p is not None and not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p={self.top_p!r}: must be None or in (0, 1]")
+        if self.top_n_sigma is not None and (isinstance(self.top_n_sigma, bool) or not isinstance(self.top_n_sigma, (int, float))
+                                             or not 0 < self.top_n_sigma < float("inf")):
+            raise ValueError(f"top_n_sigma={self.top_n_sigma!r}: must be None or a finite number > 0")
+        if self.guidance_schedule is not None and not isinstance(self.guidance_schedule, GuidanceSchedule):
+            raise ValueError(f"guidance_schedule={self.guidance_schedule!r}: must be None or a "
+                             "csdgen.guidance.GuidanceSchedule (e.g. LinearGuidance(floor=1.0))")
 
     @property
     def guided(self) -> bool:
@@ -81,7 +105,8 @@ class SamplingConfig:
         return self.temperature == 0.0
 
 
-def apply_guidance(cond_logits: torch.Tensor, uncond_logits: torch.Tensor | None, scale: float) -> torch.Tensor:
+def apply_guidance(cond_logits: torch.Tensor, uncond_logits: torch.Tensor | None,
+                   scale: float | torch.Tensor) -> torch.Tensor:
     """Classifier-free guidance: ``l = l_u + s (l_c - l_u)`` (Ho & Salimans, 2022, eq. 6 in logit form).
 
     Computed as ``(1 - s) l_u + s l_c``, which gives the limits of the formula where a logit is
@@ -94,7 +119,9 @@ def apply_guidance(cond_logits: torch.Tensor, uncond_logits: torch.Tensor | None
         cond_logits: ``[..., V]`` float, logits of the conditional rows.
         uncond_logits: ``[..., V]`` float of the same shape, logits of the unconditional rows
             of the same forward; None when guidance is off.
-        scale: guidance scale ``s``; 1.0 returns ``cond_logits`` unchanged.
+        scale: guidance scale ``s``; 1.0 returns ``cond_logits`` unchanged. A tensor
+            broadcastable to the logits (``[..., 1]``) gives every position its own scale (a
+            guidance schedule, :mod:`csdgen.guidance`); it always needs ``uncond_logits``.
 
     Returns:
         ``[..., V]`` guided logits in float32 (float64 for float64 inputs).
@@ -104,15 +131,18 @@ def apply_guidance(cond_logits: torch.Tensor, uncond_logits: torch.Tensor | None
     """
     dtype = torch.promote_types(cond_logits.dtype, torch.float32)
     cond = cond_logits.to(dtype)
-    if scale == 1.0:
+    per_position = isinstance(scale, torch.Tensor)
+    if not per_position and scale == 1.0:
         return cond
     if uncond_logits is None:
         raise ValueError(f"guidance_scale={scale} needs unconditional logits, but the model returned none")
     if uncond_logits.shape != cond_logits.shape:
         raise ValueError(f"unconditional logits {tuple(uncond_logits.shape)} do not match conditional {tuple(cond_logits.shape)}")
     uncond = uncond_logits.to(dtype)
-    if scale == 0.0:
+    if not per_position and scale == 0.0:
         return uncond
+    if per_position:
+        scale = scale.to(dtype)
     guided = (1.0 - scale) * uncond + scale * cond
     both_excluded = torch.isneginf(cond) & torch.isneginf(uncond)
     return guided.masked_fill(both_excluded, float("-inf"))
@@ -140,6 +170,24 @@ def apply_top_k(logits: torch.Tensor, top_k: int | None) -> torch.Tensor:
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
+def apply_top_n_sigma(logits: torch.Tensor, n: float | None, centered: bool = True) -> torch.Tensor:
+    """Top-nσ filtering (Tang et al., 2024, arXiv 2411.07641, eq. 4) on ``[..., V]`` logits.
+
+    Keeps ``l_v >= max(l) - n sigma``, with ``sigma`` the population standard deviation of the
+    finite logits of the position (those top-k left; -inf ones excluded, as Lumina-mGPT 2.0's
+    ``get_statistics_with_invalid_values`` excludes them); the rest become -inf. The largest
+    logit is always kept. ``centered=False`` uses the root mean square of the finite logits for
+    ``sigma`` (Lumina-mGPT 2.0's computation, see :class:`SamplingConfig`).
+    """
+    if n is None:
+        return logits
+    finite = torch.isfinite(logits)
+    count = finite.sum(-1, keepdim=True).clamp(min=1)
+    mean = torch.where(finite, logits, 0.0).sum(-1, keepdim=True) / count if centered else 0.0
+    sigma = (torch.where(finite, logits - mean, 0.0) ** 2).sum(-1, keepdim=True).div(count).sqrt()
+    return logits.masked_fill(logits < logits.max(-1, keepdim=True).values - n * sigma, float("-inf"))
+
+
 def apply_top_p(logits: torch.Tensor, top_p: float | None) -> torch.Tensor:
     """Nucleus filtering (Holtzman et al., 2020) on ``[..., V]`` logits.
 
@@ -157,9 +205,9 @@ def apply_top_p(logits: torch.Tensor, top_p: float | None) -> torch.Tensor:
 
 def target_probs(
     cond_logits: torch.Tensor, uncond_logits: torch.Tensor | None, config: SamplingConfig, *, valid: torch.Tensor | None = None,
-    check: bool = False,
+    check: bool = False, guidance: torch.Tensor | None = None,
 ):
-    """The target distribution ``q`` for every position: guidance, temperature, top-k, top-p, softmax.
+    """The target distribution ``q`` for every position: guidance, temperature, top-k, top-n-sigma, top-p, softmax.
 
     Args:
         cond_logits: ``[..., V]`` logits (any float dtype) of the conditional rows.
@@ -169,6 +217,9 @@ def target_probs(
         check: also return the 0-dim bool flag of :func:`invalid_logits` on the guided logits
             divided by the temperature (a huge guidance scale or a tiny temperature overflows
             float32 there).
+        guidance: ``[..., 1]`` float, the guidance scale of every position (a schedule's values,
+            :func:`csdgen.guidance.guidance_at`) instead of ``config.guidance_scale``; only for
+            guided configs (ignored when ``config.guidance_scale == 1``).
 
     Returns:
         ``[..., V]`` float32 probabilities (float64 for float64 logits) summing to 1 on the last
@@ -181,7 +232,8 @@ def target_probs(
     Non-finite logits are not raised here (that would cost a host sync per call): ask for the
     flag with ``check=True`` and test it where a sync happens anyway, as the decoding loop does.
     """
-    logits = apply_guidance(cond_logits, uncond_logits, config.guidance_scale)
+    scale = guidance if guidance is not None and config.guided else config.guidance_scale
+    logits = apply_guidance(cond_logits, uncond_logits, scale)
     if config.greedy:
         flag = invalid_logits(logits, valid) if check else None
         index = logits.argmax(-1, keepdim=True)
@@ -190,6 +242,7 @@ def target_probs(
         logits = apply_temperature(logits, config.temperature)
         flag = invalid_logits(logits, valid) if check else None  # after the temperature: 1 / T can overflow too
         logits = apply_top_k(logits, config.top_k)
+        logits = apply_top_n_sigma(logits, config.top_n_sigma, config.top_n_sigma_centered)
         logits = apply_top_p(logits, config.top_p)
         q = logits.softmax(-1)
     return (q, flag) if check else q

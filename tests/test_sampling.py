@@ -9,6 +9,7 @@ from csdgen.sampling import (
     SamplingConfig,
     apply_guidance,
     apply_top_k,
+    apply_top_n_sigma,
     apply_top_p,
     entropy,
     has_nan,
@@ -46,6 +47,34 @@ def test_top_p_keeps_smallest_prefix_reaching_p():
     assert torch.isfinite(apply_top_p(probs.log(), 0.4)).tolist() == [True, False, False, False]
 
 
+def test_top_n_sigma_keeps_logits_within_n_sigma_of_the_max_over_the_finite_ones():
+    # finite logits [4, 3, 1, 0]: mean 2, population sigma sqrt(2.5) = 1.58; max - sigma = 2.42 keeps 4 and 3
+    logits = torch.tensor([[4.0, float("-inf"), 3.0, 1.0, 0.0]])
+    assert torch.isfinite(apply_top_n_sigma(logits, 1.0)).tolist() == [[True, False, True, False, False]]
+    assert torch.isfinite(apply_top_n_sigma(logits, 2.0)).tolist() == [[True, False, True, True, False]]  # 4 - 3.16
+    assert torch.equal(apply_top_n_sigma(logits, None), logits)
+    flat = torch.zeros(2, 3, 6)  # sigma 0: every (equal) logit is the max and stays
+    assert torch.isfinite(apply_top_n_sigma(flat, 1.0)).all()
+    # uncentred (Lumina-mGPT 2.0's): rms of [4, 3, 1, 0] = sqrt(6.5) = 2.55; 4 - 2.55 = 1.45 keeps 4 and 3; +10 keeps all
+    assert torch.isfinite(apply_top_n_sigma(logits, 1.0, centered=False)).tolist() == [[True, False, True, False, False]]
+    assert torch.isfinite(apply_top_n_sigma(logits + 10, 1.0, centered=False)).sum() == 4
+    assert torch.isfinite(apply_top_n_sigma(logits + 10, 1.0)).sum() == 2  # the paper's is shift-invariant
+    q = target_probs(logits, None, SamplingConfig(top_n_sigma=1.0))
+    torch.testing.assert_close(q, torch.tensor([[math.e, 0, 1, 0, 0]]) / (1 + math.e))
+
+
+def test_per_position_guidance_scales_equal_the_constant_formula_at_each_position():
+    cond, uncond = torch.randn(2, 3, 5), torch.randn(2, 3, 5)
+    scales = torch.tensor([0.0, 2.5, 7.0])[None, :, None].expand(2, 3, 1)
+    mixed = apply_guidance(cond, uncond, scales)
+    for j, s in enumerate((0.0, 2.5, 7.0)):
+        torch.testing.assert_close(mixed[:, j], apply_guidance(cond[:, j], uncond[:, j], s))
+    q = target_probs(cond, uncond, SamplingConfig(guidance_scale=3.0), guidance=scales)
+    torch.testing.assert_close(q[:, 1], target_probs(cond[:, 1], uncond[:, 1], SamplingConfig(guidance_scale=2.5)))
+    unguided = target_probs(cond, None, SamplingConfig(), guidance=scales)  # scale 1: no guidance, table ignored
+    torch.testing.assert_close(unguided, cond.softmax(-1))
+
+
 def test_target_probs_window_shape_and_greedy_one_hot():
     logits = torch.randn(2, 7, 11)
     q = target_probs(logits, None, SamplingConfig())
@@ -71,6 +100,9 @@ def test_temperature_sharpens():
         ({"top_k": 0}, "top_k=0"),
         ({"top_p": 0.0}, "top_p=0.0"),
         ({"top_p": 1.5}, "top_p=1.5"),
+        ({"top_n_sigma": 0.0}, "top_n_sigma=0.0"),
+        ({"top_n_sigma": float("inf")}, "top_n_sigma=inf"),
+        ({"guidance_schedule": "linear"}, "guidance_schedule='linear': must be None or a csdgen.guidance"),
     ],
 )
 def test_sampling_config_rejects_bad_values(kwargs, match):

@@ -156,19 +156,11 @@ def cap_builtin_batch(args, model, window: int, guided: bool, num_images: int) -
     return batch
 
 
-def require_decoder(model, given: str, folder: Path) -> None:
-    """Refuse a checkpoint model without an image decoder (a Chameleon or Liquid checkpoint without
-    Chameleon's VQGAN; GLM-Image without its diffusers pipeline).
+def require_decoder(model, name, folder: Path) -> None:
+    """:func:`csdgen.models.auto.require_decoder` (one line naming the decoder files a checkpoint lacks)."""
+    from csdgen.models.auto import require_decoder as check
 
-    Raises:
-        ValueError: one line naming ``--vqgan PATH`` and where the files would be found.
-    """
-    if getattr(model, "vqgan", True) is None:
-        raise ValueError(f"{given!r} has no image decoder: give --vqgan PATH (Chameleon's tokenizer/ folder holding "
-                         f"vqgan.yaml and vqgan.ckpt) or copy those two files into {str(folder)!r} or "
-                         f"{str(folder / 'tokenizer')!r}")
-    if getattr(model, "decoder_problem", None):  # GLM-Image without its diffusers pipeline or without diffusers
-        raise ValueError(f"{given!r}: {model.decoder_problem}")
+    check(model, name, folder)
 
 
 #: printed once when --temperature 0 is given with --model
@@ -181,7 +173,8 @@ def checkpoint_setup(args, *, fixed_window: bool):
 
     Resolves and checks the checkpoint folder (:func:`csdgen.models.auto.read_config`: one line
     for what is wrong), fills the options left out from the family's defaults (window: fixed or
-    ``auto``), and prints :data:`GREEDY_WARNING` once for ``--temperature 0``.
+    ``auto``), adds the family's guidance schedule unless ``--guidance-schedule constant``, and
+    prints :data:`GREEDY_WARNING` once for ``--temperature 0``.
 
     Returns:
         ``(folder, family, sampling)``.
@@ -203,6 +196,12 @@ def checkpoint_setup(args, *, fixed_window: bool):
     if family == "glm-image" and sampling.guided:  # before the weights are read (GlmImageModel.start refuses too)
         raise ValueError(f"--guidance-scale {args.guidance_scale:g}: GLM-Image's AR prior runs without classifier-free "
                          f"guidance (diffusers samples it unguided); allowed: 1")
+    if getattr(args, "guidance_schedule", "family") == "family":
+        from dataclasses import replace
+
+        from csdgen.models.auto import family_guidance
+
+        sampling = replace(sampling, guidance_schedule=family_guidance(family))
     if args.temperature == 0:
         print(GREEDY_WARNING, file=sys.stderr)
     return folder, family, sampling

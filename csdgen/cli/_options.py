@@ -19,6 +19,7 @@ METHODS = ("ar", "sjd", "csd", "addition", "jacobi", "gsd", "lantern")
 DRAFT_INITS = ("uniform", "onehot", "repeat-horizontal", "repeat-vertical")
 REFRESH_MODES = ("independent", "coupled")
 ENTROPY_UNITS = ("nats", "normalized")
+GUIDANCE_SCHEDULES = ("family", "constant")
 DEVICES = ("cpu", "cuda")
 ENGINES = ("auto", "static", "eager")  # csdgen.models._static.ENGINES (not imported: --help stays free of torch)
 #: method names of ``csdgen compare`` and ``csdgen bench --methods`` (``csdgen.evaluation.compare.method_presets``;
@@ -214,6 +215,11 @@ def add_sampling(p: argparse.ArgumentParser, *, family_note: bool = False) -> No
                         f"{'none' if d.top_k is None else d.top_k}{also})")
     p.add_argument("--top-p", type=number, default=None, metavar="P",
                    help=f"nucleus mass (default: the model's; built-in {'none' if d.top_p is None else d.top_p}{also})")
+    if family_note:
+        p.add_argument("--guidance-schedule", choices=GUIDANCE_SCHEDULES, default="family",
+                       help="family: the family's own schedule of the guidance scale over the image (Lumina-mGPT 2.0's "
+                            "max(4, g (1 - n/D)) per token), constant elsewhere; constant: the scale at every "
+                            "position (default family)")
     p.add_argument("--entropy-unit", choices=ENTROPY_UNITS, default="nats",
                    help="CSD's entropy: nats (the paper's) or normalized by ln V (default nats)")
 

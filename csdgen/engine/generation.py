@@ -73,6 +73,11 @@ def resolve_arguments(model: ImageTokenModel, method, window, sampling, draft_in
         "top_k": sampling.top_k,
         "top_p": sampling.top_p,
     }
+    if sampling.guidance_schedule is not None and sampling.guided:
+        settings["guidance_schedule"] = sampling.guidance_schedule.options()
+    if sampling.top_n_sigma is not None:
+        settings["top_n_sigma"] = sampling.top_n_sigma
+        settings["top_n_sigma_centered"] = sampling.top_n_sigma_centered
     if preset is not None:
         settings["preset"] = preset
     return rule, window, draft_init, sampling, settings
@@ -120,7 +125,10 @@ def generate(
         image_indices: the index of each image in the whole run (default ``0 .. B-1``); a
             caller splitting a run into batches passes the run-wide indices, so the batch size
             never changes an image (with a fixed window).
-        sampling: guidance scale, temperature (0 = greedy), top-k, top-p (default: the model's).
+        sampling: guidance scale and schedule, temperature (0 = greedy), top-k, top-nσ, top-p
+            (default: the model's, with its family's guidance schedule ``model.reference_guidance``
+            when it has one). A schedule (:mod:`csdgen.guidance`) gives every image position its
+            own scale, the same in every method: lossless methods stay exact.
         draft_init: ``"uniform"`` (CSD reference), ``"onehot"`` (SJD reference),
             ``"repeat-horizontal"`` or ``"repeat-vertical"``; None: what the rule needs
             (one-hot for GSD and LANTERN), else ``"uniform"``.

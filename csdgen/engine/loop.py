@@ -9,6 +9,7 @@ import time
 import torch
 
 from ..drafting import init_drafts
+from ..guidance import guidance_at, guidance_table
 from ..models._static import open_engine
 from ..sampling import MAX_SEED, entropy, invalid_logits, sample, stream_uniforms, target_probs
 from .results import Decision, GenerationResult, ImageStats, StepInfo
@@ -45,6 +46,17 @@ class _Loop:
                                      repr(sampling), tree_key))
             self.auto = _AutoWindow(min(self.max_width, max(model.num_image_tokens - 1, 1)), learned)
         self.timings = {"forward": 0.0, "verify": 0.0} if profile else {}
+        # [N] guidance scale per image position (a schedule, csdgen.guidance), or None: the constant scale
+        self.guidance = guidance_table(sampling.guidance_schedule if sampling.guided else None, sampling.guidance_scale,
+                                       model.num_image_tokens, tuple(model.grid), self.device)
+
+    def _scales(self, positions: torch.Tensor) -> torch.Tensor | None:
+        """``[..., 1]`` guidance scales of the targets at image ``positions`` (None without a schedule).
+
+        A function of the position only, never of the iteration or the window: a position's target is
+        the same whether it is sampled alone or drafted anywhere in a window (lossless rules stay exact).
+        """
+        return None if self.guidance is None else guidance_at(self.guidance, positions)
 
     # -- random numbers -------------------------------------------------------------------------
 
@@ -78,7 +90,8 @@ class _Loop:
         Returns the ``[]`` bool non-finite flag of the prefill's target distribution (not synced)."""
         logits = session.prefill()
         self._raw_logits = (logits.cond, logits.uncond, None)  # read only to explain a non-finite flag
-        q, bad = target_probs(logits.cond, logits.uncond, self.sampling, check=True)
+        q, bad = target_probs(logits.cond, logits.uncond, self.sampling, check=True,
+                              guidance=self._scales(torch.zeros(len(slots), 1, dtype=torch.long, device=slots.device)))
         u = self._uniforms(slots, 1)
         self.tokens[slots, 0] = sample(q[:, 0], u[_Y, :, 0])
         self.entropy[slots, 0] = entropy(q[:, 0]).to(self.entropy.dtype)
@@ -300,7 +313,8 @@ class _Loop:
         uncond = None if logits.uncond is None else logits.uncond[:, :W]
         slot = torch.arange(W, device=dev)
         valid = slot[None] < widths[:, None]
-        q, self._bad = target_probs(cond, uncond, self.sampling, valid=valid, check=True)
+        q, self._bad = target_probs(cond, uncond, self.sampling, valid=valid, check=True,
+                                    guidance=self._scales(c[:, None] + slot))  # slot j holds position c + j
         self._raw_logits = (cond, uncond, valid)
         if self.profile:
             _synchronize(dev)

@@ -92,4 +92,4 @@ def _default_sampling(model: ImageTokenModel) -> SamplingConfig:
     # a family's top-k at or above this checkpoint's codebook size keeps every token (tiny test checkpoints)
     top_k = d.top_k if d.top_k is not None and d.top_k < model.codebook_size else None
     return SamplingConfig(guidance_scale=d.guidance_scale, temperature=d.temperature, top_k=top_k,
-                          top_p=getattr(d, "top_p", None))
+                          top_p=getattr(d, "top_p", None), guidance_schedule=getattr(model, "reference_guidance", None))

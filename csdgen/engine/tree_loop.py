@@ -84,7 +84,8 @@ class _TreeLoop(_Loop):
             t0 = time.perf_counter()
         logits = session.forward_tree(fed, c_host - 1, layout, valid_host)
         valid = depth[None] <= (widths - 1)[:, None]
-        q, self._bad = target_probs(logits.cond, logits.uncond, self.sampling, valid=valid, check=True)
+        q, self._bad = target_probs(logits.cond, logits.uncond, self.sampling, valid=valid, check=True,
+                                    guidance=self._scales(c[:, None] + depth[None]))  # a node at depth d: position c + d
         self._raw_logits = (logits.cond, logits.uncond, valid)
         if self.profile:
             _synchronize(dev)

@@ -3,7 +3,8 @@
 One place each for:
 
 * checkpoint folders: :func:`check_checkpoint` (one exception type, FileNotFoundError, for a
-  missing folder, config or weights), :func:`resolve_dtype`;
+  missing folder, config or weights), :func:`resolve_dtype`, :func:`movqgan_token_ids` (what tells
+  a Lumina-mGPT 2.0 vocabulary from a Lumina-mGPT / Anole one);
 * tokenizers: :func:`load_tokenizer` (None when the folder has no tokenizer files) and
   :func:`token_id` (a special token's id by NAME, checked between the tokenizer and the
   checkpoint's vocabulary; config ids such as ``bos_token_id`` are never trusted);
@@ -37,6 +38,8 @@ __all__ = [
     "HEADROOM",
     "resolve_dtype",
     "check_checkpoint",
+    "MOVQGAN_PREFIX",
+    "movqgan_token_ids",
     "load_tokenizer",
     "check_tokenizer",
     "TOKENIZER_PROBE",
@@ -101,6 +104,19 @@ def check_checkpoint(path: str | os.PathLike, family: str) -> Path:
 
 #: the text the tokenizer check encodes (issue 16: "a red cat")
 TOKENIZER_PROBE = "a red cat"
+
+#: how Lumina-mGPT 2.0 names its image tokens (MoVQGAN codes) in config.json's ``vocabulary_map``
+#: (its ``ChameleonImageVocabularyMapping.get_image_tokens``); Lumina-mGPT 1.0 / Anole use ``IMGIMG...``
+MOVQGAN_PREFIX = "<MOVQGAN"
+
+
+def movqgan_token_ids(vocab: dict[str, int] | None) -> list[int]:
+    """Sorted ids of the vocabulary's ``<MOVQGAN...`` names: Lumina-mGPT 2.0's image tokens ([] for other vocabularies).
+
+    Args:
+        vocab: a Chameleon-format config's ``vocabulary_map`` (name -> id), or None.
+    """
+    return sorted(int(i) for name, i in (vocab or {}).items() if name.startswith(MOVQGAN_PREFIX))
 
 
 def load_tokenizer(folder: str | os.PathLike, loader: Any = None):

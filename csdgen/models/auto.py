@@ -5,7 +5,10 @@ The family comes from ``config.json``'s ``model_type``:
 * ``janus`` -> :class:`~csdgen.models.janus.JanusImageModel` (defaults ``FAMILY_DEFAULTS["janus"]``);
 * ``emu3`` -> :class:`~csdgen.models.emu3.Emu3ImageModel` (``"emu3"``);
 * ``chameleon`` -> :class:`~csdgen.models.chameleon.ChameleonImageModel`, layout ``"lumina"``
-  (defaults ``"lumina-mgpt"``) or ``"anole"`` (``"anole"``);
+  (defaults ``"lumina-mgpt"``) or ``"anole"`` (``"anole"``); or, when the vocabulary holds
+  ``<MOVQGAN...>`` image tokens, :class:`~csdgen.models.lumina2.Lumina2ImageModel`
+  (``"lumina-mgpt-2"``): Lumina-mGPT 2.0 also says ``chameleon`` and ``ChameleonXLLMX...``, but its
+  image tokens are MoVQGAN codes, so it is never read as Lumina-mGPT 1.0 (no ``layout`` applies);
 * ``glm_image`` -> :class:`~csdgen.models.glm_image.GlmImageModel` (``"glm-image"``): the folder is
   GLM-Image's diffusers pipeline (``model_index.json``; the AR model's config is
   ``vision_language_encoder/config.json``) or that AR-model folder itself;
@@ -33,7 +36,7 @@ from typing import Any
 import torch
 
 from ._transformers import DTYPES as _DTYPES
-from ._transformers import HEADROOM, MemoryEstimate, check_checkpoint, meta_parameter_count
+from ._transformers import HEADROOM, MemoryEstimate, check_checkpoint, meta_parameter_count, movqgan_token_ids
 from .base import ImageTokenModel
 from .sources import janus_side as _janus_size
 from .sources import layout_rule, resolve_checkpoint
@@ -41,12 +44,15 @@ from .sources import size_arguments as _size
 
 __all__ = [
     "MODEL_TYPES",
+    "FAMILIES",
     "resolve_checkpoint",
     "read_config",
     "model_type_of",
     "guess_layout",
     "layout_rule",
     "family_of",
+    "family_guidance",
+    "require_decoder",
     "available_memory",
     "HEADROOM",
     "DEFAULT_PROMPT_LENGTH",
@@ -69,12 +75,13 @@ MODEL_TYPES = {"janus": "JanusImageModel", "emu3": "Emu3ImageModel", "chameleon"
 _FAMILY_OF_TYPE = {"glm_image": "glm-image", "gemma": "liquid"}
 #: a diffusers pipeline index's class -> its AR model's subfolder
 _PIPELINE_MODELS = {"GlmImagePipeline": "vision_language_encoder"}
+#: the family keys :func:`family_of` returns for checkpoint folders
+FAMILIES = ("janus", "emu3", "lumina-mgpt", "anole", "lumina-mgpt-2", "glm-image", "liquid")
 #: prompt tokens the memory check assumes when the prompts are not given
 DEFAULT_PROMPT_LENGTH = 128
 #: model_type -> the family name check_checkpoint's messages use
 _CHECK_NAMES = {"glm_image": "GLM-Image", "gemma": "Liquid"}
 #: the families prompts_for / estimate_memory / load_model know (keys of FAMILY_DEFAULTS)
-FAMILIES = "janus, emu3, lumina-mgpt, anole, glm-image, liquid"
 
 
 def model_folder(folder: Path) -> Path:
@@ -143,19 +150,58 @@ def guess_layout(path: str | os.PathLike, name: str | None = None) -> str:
 def family_of(path: str | os.PathLike, layout: str | None = None, name: str | None = None) -> str:
     """The key of :data:`~csdgen.models.defaults.FAMILY_DEFAULTS` for a checkpoint folder.
 
-    ``janus``, ``emu3``, ``glm-image``, ``liquid``, or for Chameleon checkpoints ``lumina-mgpt`` /
-    ``anole`` (``layout`` when given, else :func:`guess_layout`).
+    ``janus``, ``emu3``, ``glm-image``, ``liquid``, or for Chameleon checkpoints ``lumina-mgpt-2``
+    when the vocabulary holds ``<MOVQGAN...>`` image tokens, else ``lumina-mgpt`` / ``anole``
+    (``layout`` when given, else :func:`guess_layout`).
 
     Raises:
-        FileNotFoundError: no config.json. ValueError: unsupported model type or layout.
+        FileNotFoundError: no config.json. ValueError: unsupported model type or layout, or a
+        layout given for a Lumina-mGPT 2.0 checkpoint.
     """
     model_type = model_type_of(path)
     if model_type != "chameleon":
         return _FAMILY_OF_TYPE.get(model_type, model_type)
+    if movqgan_token_ids(read_config(Path(path)).get("vocabulary_map")):
+        if layout is not None:
+            raise ValueError(f"layout={layout!r}: {str(path)!r} is a Lumina-mGPT 2.0 checkpoint (<MOVQGAN...> image "
+                             "tokens), which has one layout of its own; leave layout out")
+        return "lumina-mgpt-2"
     layout = layout or guess_layout(path, name)
     if layout not in ("lumina", "anole"):
         raise ValueError(f"layout={layout!r}; allowed: lumina, anole")
     return "lumina-mgpt" if layout == "lumina" else "anole"
+
+
+def require_decoder(model, name, folder: str | os.PathLike) -> None:
+    """Refuse a checkpoint without its image decoder before generating (one line saying which files go where).
+
+    Raises:
+        ValueError: the model's ``vqgan`` is None (Chameleon's VQGAN, or Lumina-mGPT 2.0's MoVQGAN, not
+            found), or its ``decoder_problem`` is set (GLM-Image without its diffusers pipeline).
+    """
+    folder = Path(folder)
+    if getattr(model, "vqgan", True) is None:
+        if type(model).__name__ == "Lumina2ImageModel":
+            raise ValueError(f"{str(name)!r} has no image decoder: give --vqgan PATH (movqgan_270M.ckpt, SberAI's "
+                             f"MoVQGAN 270M, which Lumina-mGPT 2.0 decodes with) or copy it into {str(folder)!r} or "
+                             f"{str(folder / 'movqgan' / '270M')!r}")
+        raise ValueError(f"{str(name)!r} has no image decoder: give --vqgan PATH (Chameleon's tokenizer/ folder holding "
+                         f"vqgan.yaml and vqgan.ckpt) or copy those two files into {str(folder)!r} or "
+                         f"{str(folder / 'tokenizer')!r}")
+    if getattr(model, "decoder_problem", None):  # GLM-Image without its diffusers pipeline or without diffusers
+        raise ValueError(f"{str(name)!r}: {model.decoder_problem}")
+
+
+def family_guidance(family: str):
+    """The family's own guidance schedule (:class:`csdgen.guidance.GuidanceSchedule`), None for a constant scale.
+
+    ``lumina-mgpt-2``: :class:`~csdgen.models.lumina2.Lumina2Guidance`; every other family: None.
+    """
+    if family == "lumina-mgpt-2":
+        from .lumina2 import Lumina2Guidance
+
+        return Lumina2Guidance()
+    return None
 
 
 def default_device() -> str:
@@ -234,6 +280,10 @@ def prompts_for(path: str | os.PathLike, family: str, *, height: int | None = No
         if layout == "lumina":
             height, width = lumina_pixel_size(height, width, path)
         return ChameleonPrompts.from_folder(path, layout=layout, height=height, width=width, **template)
+    if family == "lumina-mgpt-2":
+        from .lumina2 import Lumina2Prompts
+
+        return Lumina2Prompts.from_folder(path, height=height, width=width, **template)
     if family == "glm-image":
         from .glm_image import GlmImagePrompts
 
@@ -242,7 +292,7 @@ def prompts_for(path: str | os.PathLike, family: str, *, height: int | None = No
         from .liquid import LiquidPrompts
 
         return LiquidPrompts.from_folder(path, vqgan_dir=vqgan_dir, image_size=_square(height, width, "Liquid"), **template)
-    raise ValueError(f"family={family!r}; allowed: {FAMILIES}")
+    raise ValueError(f"family={family!r}; allowed: {', '.join(FAMILIES)}")
 
 
 def estimate_memory(path: str | os.PathLike, family: str, window: int, dtype: torch.dtype | str, *,
@@ -287,6 +337,16 @@ def estimate_memory(path: str | os.PathLike, family: str, window: int, dtype: to
             height, width = lumina_pixel_size(height, width, path)
         layout = ChameleonLayout.build(config, "lumina" if family == "lumina-mgpt" else "anole", height, width)
         return config_memory(config, layout, window, dtype, guided, length)
+    if family == "lumina-mgpt-2":
+        from transformers import ChameleonConfig
+
+        from ._transformers import load_tokenizer
+        from .lumina2 import Lumina2Layout, lumina2_memory
+
+        folder = check_checkpoint(path, "Lumina-mGPT 2.0")
+        config = ChameleonConfig.from_pretrained(folder)
+        layout = Lumina2Layout.build(config, height, width, load_tokenizer(folder))
+        return lumina2_memory(config, layout, window, dtype, guided, length)
     if family == "glm-image":
         from transformers import GlmImageConfig
 
@@ -301,7 +361,7 @@ def estimate_memory(path: str | os.PathLike, family: str, window: int, dtype: to
 
         prompts = LiquidPrompts.from_folder(path, vqgan_dir=vqgan_dir, image_size=_square(height, width, "Liquid"))
         return liquid_memory(prompts.config, prompts.num_image_tokens, prompts.codebook_size, window, dtype, guided, length)
-    raise ValueError(f"family={family!r}; allowed: {FAMILIES}")
+    raise ValueError(f"family={family!r}; allowed: {', '.join(FAMILIES)}")
 
 
 def estimate_memory_bytes(path: str | os.PathLike, family: str, batch_size: int, window: int, dtype: torch.dtype | str,
@@ -349,7 +409,7 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
                guided: bool = True, negative_prompt: str | None = None, vqgan: Any = None,
                prompts: list[str] | None = None, prompt_template: str | None = None,
                positive_prompt: str | None = None, processor: Any = None) -> ImageTokenModel:
-    """Load a Janus, Emu3, Chameleon-format (Lumina-mGPT / Anole), GLM-Image or Liquid checkpoint as an image-token model.
+    """Load a Janus, Emu3, Chameleon-format (Lumina-mGPT / Anole), Lumina-mGPT 2.0, GLM-Image or Liquid checkpoint as an image-token model.
 
     Before any weight is read: the family, the image size, the prompt template and special
     tokens (from the config and tokenizer), then -- when ``prompts`` are given -- their
@@ -376,6 +436,8 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
             (its ``tokenizer/``) or the ``vqgan.ckpt`` file (CLI ``--vqgan PATH``); default: the
             checkpoint folder or its ``tokenizer/`` (Liquid: also ``chameleon/``) when they hold both, else no image decoder.
             Needed for GSD / LANTERN when the checkpoint holds no VQ codebook (Lumina-mGPT).
+            Lumina-mGPT 2.0: the folder of ``movqgan_270M.ckpt`` or that file (default: the
+            checkpoint folder, its ``movqgan/`` or ``movqgan/270M/``, else no image decoder).
         prompts: the prompt strings the run will use (for the length and memory checks).
         prompt_template: ``{prompt}``, ``{width}``, ``{height}`` template for prompt strings
             (default: the family's, see docs/models.md).
@@ -420,7 +482,10 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
     family = family_of(folder, layout, str(path_or_id))
     device = device or default_device()
     dtype = _dtype(dtype, device)
-    check_checkpoint(model_folder(folder), _CHECK_NAMES.get(model_type, model_type.capitalize()))
+    check_checkpoint(model_folder(folder), "Lumina-mGPT 2.0" if family == "lumina-mgpt-2"
+                     else _CHECK_NAMES.get(model_type, model_type.capitalize()))
+    if vqgan is not None and family == "lumina-mgpt-2":  # the folder of movqgan_270M.ckpt
+        vqgan_dir = Path(vqgan).parent if Path(vqgan).is_file() else Path(vqgan)
     if family == "lumina-mgpt":
         from .chameleon import lumina_pixel_size
 
@@ -450,6 +515,11 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
 
         extra = {k: v for k, v in (("negative_prompt", negative_prompt), ("positive_prompt", positive_prompt)) if v is not None}
         return Emu3ImageModel.from_pretrained(folder, dtype=dtype, device=device, height=height, width=width, **template, **extra)
+    if family == "lumina-mgpt-2":
+        from .lumina2 import Lumina2ImageModel
+
+        return Lumina2ImageModel.from_pretrained(folder, dtype=dtype, device=device, height=height, width=width,
+                                                 vqgan_dir=vqgan_dir, prompt_template=prompt_template)
     if family == "glm-image":
         from .glm_image import GlmImageModel
 

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 if TYPE_CHECKING:
+    from ..guidance import GuidanceSchedule
     from .defaults import FamilyDefaults
 
 __all__ = ["WindowLogits", "DecodingSession", "ImageTokenModel", "CodebookUnavailable", "optional_codebook",
@@ -174,6 +175,9 @@ class ImageTokenModel(ABC):
             guidance scale, temperature, top-k, lambda, delta, ...), which
             :func:`csdgen.generate` uses for every argument left None; None: the CSD reference
             values (no guidance, temperature 1, lambda 0.5, delta 0.65).
+        reference_guidance: the family's guidance schedule (:class:`csdgen.guidance.GuidanceSchedule`,
+            e.g. Lumina-mGPT 2.0's), which :func:`csdgen.generate` uses when ``sampling`` is left
+            to the model's defaults; None: a constant scale.
     """
 
     codebook_size: int
@@ -181,6 +185,7 @@ class ImageTokenModel(ABC):
     grid: tuple[int, int]
     device: torch.device = torch.device("cpu")
     defaults: "FamilyDefaults | None" = None
+    reference_guidance: "GuidanceSchedule | None" = None
 
     @abstractmethod
     def start(self, conditions: Any, batch_size: int | None, guided: bool) -> DecodingSession:

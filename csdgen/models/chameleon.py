@@ -86,7 +86,7 @@ from transformers import ChameleonConfig, ChameleonForConditionalGeneration, Dyn
 
 from ._transformers import (
     MemoryEstimate, PaddedRows, RowEnds, check_checkpoint, check_sequence_length, estimate_memory,
-    format_prompt, load_tokenizer, meta_parameter_count, parameter_count, resolve_dtype, token_id,
+    format_prompt, load_tokenizer, meta_parameter_count, movqgan_token_ids, parameter_count, resolve_dtype, token_id,
 )
 from ._ragged import RaggedSession
 from .base import CodebookUnavailable, ImageTokenModel
@@ -202,11 +202,16 @@ class ChameleonLayout:
         them from the checkpoint's name), anole takes only its VQGAN resolution (None: that one).
 
         Raises:
-            ValueError: unknown layout, unsupported or unknown (lumina) resolution, or special tokens missing.
+            ValueError: unknown layout, unsupported or unknown (lumina) resolution, special tokens
+                missing, or a Lumina-mGPT 2.0 vocabulary (``<MOVQGAN...>`` image tokens: never read as 1.0).
         """
         if kind not in LAYOUTS:
             raise ValueError(f"layout={kind!r}; allowed: {', '.join(LAYOUTS)}")
         vocab = config.vocabulary_map or {}
+        if movqgan_token_ids(vocab):
+            raise ValueError("a Lumina-mGPT 2.0 checkpoint (<MOVQGAN...> image tokens, MoVQGAN codes) cannot be read as "
+                             f"layout {kind!r} (Lumina-mGPT 1.0 / Anole); load it with csdgen.models.load_model "
+                             "(Lumina2ImageModel)")
 
         def tid(name, what):
             return token_id(name, vocab, tokenizer, what)

@@ -37,6 +37,13 @@ FAMILY_DEFAULTS: dict[str, FamilyDefaults] = {
         sources="SJD code / Lumina-mGPT 768 px: CFG 3.0, image top-k 2000, T 1.0, window 16",
         notes="CSD's lambda and delta for Lumina-mGPT are not published (no public code): CSD reference values used",
     ),
+    "lumina-mgpt-2": FamilyDefaults(
+        4.0, 1.0, 4096, 16, 0.5, 0.65,
+        sources="Lumina-mGPT 2.0 README / scripts/sample.sh: CFG 4.0, top-k 4096, T 1.0, 768 px; "
+                "its SJD window 16 (generate.py max_num_new_tokens)",
+        notes="guidance follows the reference's schedule max(4, g (1 - n / D)) per token (Lumina2Guidance; "
+              "constant 4 at CFG 4); CSD's lambda and delta not published: CSD reference values used",
+    ),
     "emu3": FamilyDefaults(
         3.0, 1.0, 2048, 16, 0.5, 0.65,
         sources="SJD code (Emu3): CFG 3.0, top-k 2048, window 16",

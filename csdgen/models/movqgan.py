@@ -1,0 +1,310 @@
+"""The decoder half of MoVQGAN (codes -> pixels), Lumina-mGPT 2.0's image tokenizer.
+
+MoVQGAN (SberAI, ai-forever/MoVQGAN; Zheng et al., 2022, "MoVQ: Modulating Quantized Vectors
+for High-Fidelity Image Generation") is a taming-style VQGAN whose decoder normalises every
+feature map with a *spatially conditioned* GroupNorm: ``SpatialNorm(f, zq) = GroupNorm(f) *
+conv_y(zq') + conv_b(zq')``, ``zq'`` the quantised latent resized (nearest) to ``f``'s size
+(MoVQ, eq. 3). Lumina-mGPT 2.0 decodes its image tokens with the 270M model
+(``lumina_mgpt/movqgan/__init__.py``: ``movqgan_270M.ckpt``; ``MOVQ.decode_code``). No
+maintained PyPI package ships it, so the decoder is written here, following the parameter
+layout of that checkpoint's state dict (``MOVQ`` in ``movqgan/models/vqgan.py``,
+``MOVQDecoder`` in ``movqgan/modules/vqvae/movq_modules.py``):
+
+``quantize.embedding.weight`` ``[n_embed, embed_dim]``, ``post_quant_conv.*`` (embed_dim ->
+z_channels), ``decoder.conv_in.*``, ``decoder.mid.block_1.*`` / ``attn_1.*`` / ``block_2.*``,
+``decoder.up.{level}.block.{i}.*``, ``decoder.up.{level}.attn.{i}.*``,
+``decoder.up.{level}.upsample.conv.*``, ``decoder.norm_out.*``, ``decoder.conv_out.*``; every
+norm is ``{name}.norm_layer.{weight,bias}`` (GroupNorm, 32 groups, eps 1e-6) plus
+``{name}.conv_y.*`` and ``{name}.conv_b.*`` (1x1 convolutions from ``embed_dim`` channels).
+
+Decoding (``MOVQ.decode_code``): ``zq = embedding[codes]`` as ``[B, embed_dim, rows, cols]``,
+``z = post_quant_conv(zq)``, ``image = decoder(z, zq)``; the decoder's ``zq`` input stays the
+un-convolved codebook vectors. Downsampling ``2 ** (len(ch_mult) - 1)``: 8 for the released
+models, so Lumina-mGPT 2.0's 96 x 96 codes decode to 768 x 768 pixels.
+
+Assumed, not checked against the real file (no download possible here): ``movqgan_270M.ckpt``
+is a bare state dict (what both reference loaders hand to ``load_state_dict``) or
+``{"state_dict": ...}``; the 270M hyper-parameters are those of the reference's ``MODELS``
+table (:data:`MOVQGAN_270M`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["MoVQGANConfig", "MOVQGAN_270M", "MoVQGANDecoder", "load_movqgan_decoder", "find_movqgan"]
+
+#: file names the loader looks for (the reference's ``lumina_mgpt/movqgan/270M/movqgan_270M.ckpt``)
+CHECKPOINT_NAME = "movqgan_270M.ckpt"
+#: optional config beside it (the MoVQGAN repo's ``configs/movqgan_270M.yaml`` layout, or flat keys)
+CONFIG_NAME = "movqgan.yaml"
+
+
+@dataclass
+class MoVQGANConfig:
+    """The MoVQGAN keys the decoder needs (``model.params.ddconfig`` + ``n_embed``, ``embed_dim``).
+
+    Attributes:
+        ch: base channels; ch_mult: per-level multipliers; num_res_blocks: ResnetBlocks per level
+            (the decoder uses ``num_res_blocks + 1``); attn_resolutions: feature-map sides (for a
+            ``resolution`` input) that get attention; z_channels: decoder input channels;
+        embed_dim: codebook vector size (the SpatialNorm condition); n_embed: codebook size V;
+        resolution: nominal image side (only places the attention blocks); out_ch: 3.
+    """
+
+    ch: int = 256
+    ch_mult: list[int] = field(default_factory=lambda: [1, 2, 2, 4])
+    num_res_blocks: int = 2
+    attn_resolutions: list[int] = field(default_factory=lambda: [32])
+    z_channels: int = 4
+    embed_dim: int = 4
+    n_embed: int = 16384
+    resolution: int = 256
+    out_ch: int = 3
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "MoVQGANConfig":
+        """Read the MoVQGAN repo's YAML layout (``model.params.ddconfig``) or a flat dict of the same keys.
+
+        Raises:
+            ValueError: a required key is missing (naming them).
+        """
+        model = data.get("model")
+        params = model.get("params", data) if isinstance(model, dict) else data
+        dd = dict(params.get("ddconfig", params))
+        merged = {**dd, "n_embed": params.get("n_embed"), "embed_dim": params.get("embed_dim")}
+        needed = ("ch", "ch_mult", "num_res_blocks", "z_channels", "n_embed", "embed_dim", "resolution")
+        missing = [k for k in needed if merged.get(k) is None]
+        if missing:
+            raise ValueError(f"MoVQGAN config lacks {', '.join(missing)}; needed: {', '.join(needed)}, attn_resolutions")
+        return cls(ch=int(merged["ch"]), ch_mult=[int(m) for m in merged["ch_mult"]],
+                   num_res_blocks=int(merged["num_res_blocks"]),
+                   attn_resolutions=[int(r) for r in merged.get("attn_resolutions") or []],
+                   z_channels=int(merged["z_channels"]), embed_dim=int(merged["embed_dim"]),
+                   n_embed=int(merged["n_embed"]), resolution=int(merged["resolution"]),
+                   out_ch=int(merged.get("out_ch", 3)))
+
+    @property
+    def downsampling(self) -> int:
+        """Pixels per code along each side: ``2 ** (len(ch_mult) - 1)`` (8 for the released models)."""
+        return 2 ** (len(self.ch_mult) - 1)
+
+
+#: the 270M model Lumina-mGPT 2.0 uses (the reference's ``MODELS["270M"]``)
+MOVQGAN_270M = MoVQGANConfig()
+
+
+class _SpatialNorm(nn.Module):
+    """``GroupNorm(f) * conv_y(zq') + conv_b(zq')``, ``zq'`` = ``zq`` resized (nearest) to ``f`` (MoVQ eq. 3)."""
+
+    def __init__(self, channels: int, zq_channels: int):
+        super().__init__()
+        self.norm_layer = nn.GroupNorm(num_groups=32, num_channels=channels, eps=1e-6, affine=True)
+        self.conv_y = nn.Conv2d(zq_channels, channels, 1)
+        self.conv_b = nn.Conv2d(zq_channels, channels, 1)
+
+    def forward(self, f: torch.Tensor, zq: torch.Tensor) -> torch.Tensor:
+        zq = F.interpolate(zq, size=f.shape[-2:], mode="nearest")
+        return self.norm_layer(f) * self.conv_y(zq) + self.conv_b(zq)
+
+
+class _ResnetBlock(nn.Module):
+    def __init__(self, in_channels: int, out_channels: int, zq_channels: int):
+        super().__init__()
+        self.norm1 = _SpatialNorm(in_channels, zq_channels)
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, padding=1)
+        self.norm2 = _SpatialNorm(out_channels, zq_channels)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1)
+        if in_channels != out_channels:
+            self.nin_shortcut = nn.Conv2d(in_channels, out_channels, 1)
+
+    def forward(self, x: torch.Tensor, zq: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(F.silu(self.norm1(x, zq)))
+        h = self.conv2(F.silu(self.norm2(h, zq)))
+        return (self.nin_shortcut(x) if hasattr(self, "nin_shortcut") else x) + h
+
+
+class _AttnBlock(nn.Module):
+    """Single-head self-attention over the feature map (1x1 convolutions), spatially normalised."""
+
+    def __init__(self, channels: int, zq_channels: int):
+        super().__init__()
+        self.norm = _SpatialNorm(channels, zq_channels)
+        self.q, self.k, self.v, self.proj_out = (nn.Conv2d(channels, channels, 1) for _ in range(4))
+
+    def forward(self, x: torch.Tensor, zq: torch.Tensor) -> torch.Tensor:
+        b, c, h, w = x.shape
+        y = self.norm(x, zq)
+        q, k, v = (m(y).reshape(b, c, h * w).transpose(1, 2) for m in (self.q, self.k, self.v))
+        out = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0]  # scale c ** -0.5
+        return x + self.proj_out(out.transpose(1, 2).reshape(b, c, h, w))
+
+
+class _Upsample(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
+
+
+class _Decoder(nn.Module):
+    """``MOVQDecoder`` (no time embedding, ``give_pre_end=False``, ``add_conv=False``)."""
+
+    def __init__(self, cfg: MoVQGANConfig):
+        super().__init__()
+        levels = len(cfg.ch_mult)
+        block_in = cfg.ch * cfg.ch_mult[-1]
+        res = cfg.resolution // 2 ** (levels - 1)
+        zq = cfg.embed_dim
+        self.conv_in = nn.Conv2d(cfg.z_channels, block_in, 3, padding=1)
+        self.mid = nn.Module()
+        self.mid.block_1 = _ResnetBlock(block_in, block_in, zq)
+        self.mid.attn_1 = _AttnBlock(block_in, zq)
+        self.mid.block_2 = _ResnetBlock(block_in, block_in, zq)
+        ups = []
+        for level in reversed(range(levels)):
+            up = nn.Module()
+            up.block, up.attn = nn.ModuleList(), nn.ModuleList()
+            block_out = cfg.ch * cfg.ch_mult[level]
+            for _ in range(cfg.num_res_blocks + 1):
+                up.block.append(_ResnetBlock(block_in, block_out, zq))
+                block_in = block_out
+                if res in cfg.attn_resolutions:
+                    up.attn.append(_AttnBlock(block_in, zq))
+            if level != 0:
+                up.upsample = _Upsample(block_in)
+                res *= 2
+            ups.insert(0, up)
+        self.up = nn.ModuleList(ups)
+        self.norm_out = _SpatialNorm(block_in, zq)
+        self.conv_out = nn.Conv2d(block_in, cfg.out_ch, 3, padding=1)
+
+    def forward(self, z: torch.Tensor, zq: torch.Tensor) -> torch.Tensor:
+        h = self.conv_in(z)
+        h = self.mid.block_2(self.mid.attn_1(self.mid.block_1(h, zq), zq), zq)
+        for level in reversed(range(len(self.up))):
+            up = self.up[level]
+            for i, block in enumerate(up.block):
+                h = block(h, zq)
+                if len(up.attn):
+                    h = up.attn[i](h, zq)
+            if hasattr(up, "upsample"):
+                h = up.upsample(h)
+        return self.conv_out(F.silu(self.norm_out(h, zq)))
+
+
+class _Quantize(nn.Module):
+    def __init__(self, n_embed: int, embed_dim: int):
+        super().__init__()
+        self.embedding = nn.Embedding(n_embed, embed_dim)
+
+
+class MoVQGANDecoder(nn.Module):
+    """Codebook lookup + ``post_quant_conv`` + the spatially normalised decoder: codes ``[B, rows, cols]`` -> RGB.
+
+    Args:
+        config: a :class:`MoVQGANConfig` (default :data:`MOVQGAN_270M`).
+    """
+
+    def __init__(self, config: MoVQGANConfig | None = None):
+        super().__init__()
+        self.config = config = config or MoVQGANConfig()
+        self.quantize = _Quantize(config.n_embed, config.embed_dim)
+        self.post_quant_conv = nn.Conv2d(config.embed_dim, config.z_channels, 1)
+        self.decoder = _Decoder(config)
+
+    @torch.no_grad()
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """Codebook ids ``[B, rows, cols]`` int64 -> images ``[B, 3, rows*f, cols*f]`` float32 in [-1, 1].
+
+        ``f`` = :attr:`MoVQGANConfig.downsampling`. Clamped to [-1, 1], as Lumina-mGPT 2.0's
+        ``show_images`` does when it makes 8-bit pixels (``(x + 1) * 127.5``, clamped to 0..255).
+
+        Raises:
+            ValueError: codes not 3-D or outside ``0 .. n_embed - 1``.
+        """
+        if codes.ndim != 3:
+            raise ValueError(f"codes of shape {tuple(codes.shape)}: expected [B, rows, cols]")
+        if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= self.config.n_embed):
+            raise ValueError(f"codes outside 0..{self.config.n_embed - 1}")
+        weight = self.post_quant_conv.weight
+        zq = self.quantize.embedding(codes.to(weight.device)).permute(0, 3, 1, 2).to(weight.dtype)
+        pixels = self.decoder(self.post_quant_conv(zq), zq)
+        return pixels.float().clamp(-1.0, 1.0)
+
+
+def _decoder_state(raw: Any, path: str) -> dict[str, torch.Tensor]:
+    state = raw.get("state_dict", raw) if isinstance(raw, dict) else None
+    if not isinstance(state, dict):
+        raise ValueError(f"{path}: not a state dict nor {{'state_dict': ...}}")
+    keep = ("decoder.", "post_quant_conv.", "quantize.embedding.")
+    return {k: v for k, v in state.items() if k.startswith(keep)}
+
+
+def load_movqgan_decoder(ckpt_path: str | os.PathLike, config: MoVQGANConfig | str | os.PathLike | None = None,
+                         device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> MoVQGANDecoder:
+    """Build the decoder and load ``movqgan_270M.ckpt`` (encoder, EMA and loss keys are ignored).
+
+    Args:
+        ckpt_path: a ``torch.load(..., weights_only=True)``-able file: a state dict or ``{"state_dict": ...}``.
+        config: a :class:`MoVQGANConfig`, a YAML file (MoVQGAN's ``configs/*.yaml`` or flat keys),
+            or None: ``movqgan.yaml`` beside the checkpoint when present, else :data:`MOVQGAN_270M`.
+
+    Raises:
+        ValueError: a missing file, or decoder weights missing / of other shapes than the config's.
+    """
+    ckpt_path = str(ckpt_path)
+    if not os.path.isfile(ckpt_path):
+        raise ValueError(f"MoVQGAN checkpoint {ckpt_path!r} does not exist; Lumina-mGPT 2.0 decodes with "
+                         f"{CHECKPOINT_NAME} (SberAI's MoVQGAN, ai-forever/MoVQGAN)")
+    if config is None:
+        beside = os.path.join(os.path.dirname(ckpt_path), CONFIG_NAME)
+        config = beside if os.path.isfile(beside) else MoVQGANConfig()
+    if not isinstance(config, MoVQGANConfig):
+        import yaml  # a dependency of transformers
+
+        if not os.path.isfile(config):
+            raise ValueError(f"MoVQGAN config {str(config)!r} does not exist")
+        with open(config) as f:
+            config = MoVQGANConfig.from_dict(yaml.safe_load(f) or {})
+    model = MoVQGANDecoder(config)
+    state = _decoder_state(torch.load(ckpt_path, map_location="cpu", weights_only=True), ckpt_path)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise ValueError(f"{ckpt_path}: {len(missing)} MoVQGAN decoder weights missing, e.g. {missing[:3]} (config ch="
+                         f"{config.ch}, ch_mult={config.ch_mult}, num_res_blocks={config.num_res_blocks}; another model "
+                         f"size needs its {CONFIG_NAME} beside the file)")
+    bad = [k for k in expected if tuple(state[k].shape) != tuple(expected[k].shape)]
+    if bad:
+        raise ValueError(f"{ckpt_path}: shapes differ from the config (ch={config.ch}, ch_mult={config.ch_mult}, "
+                         f"n_embed={config.n_embed}) for {bad[:3]}; put the model's {CONFIG_NAME} beside the file")
+    model.load_state_dict({k: state[k] for k in expected})
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def find_movqgan(folder: str | os.PathLike, vqgan_dir: str | os.PathLike | None = None) -> str | None:
+    """The MoVQGAN checkpoint to use: ``vqgan_dir/movqgan_270M.ckpt`` when given (it must exist),
+    else the first of ``folder``, ``folder/movqgan``, ``folder/movqgan/270M`` holding it, else None.
+
+    Raises:
+        ValueError: ``vqgan_dir`` given without the file.
+    """
+    if vqgan_dir is not None:
+        path = os.path.join(str(vqgan_dir), CHECKPOINT_NAME)
+        if not os.path.isfile(path):
+            raise ValueError(f"--vqgan {str(vqgan_dir)!r} holds no {CHECKPOINT_NAME} (Lumina-mGPT 2.0's MoVQGAN)")
+        return path
+    for sub in ("", "movqgan", os.path.join("movqgan", "270M")):
+        path = os.path.join(str(folder), sub, CHECKPOINT_NAME)
+        if os.path.isfile(path):
+            return path
+    return None
