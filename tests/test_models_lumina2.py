@@ -473,7 +473,7 @@ def test_cli_generate_uses_the_family_defaults_schedule_and_decoder(checkpoint, 
     bare = tmp_path / "no-movqgan"
     shutil.copytree(checkpoint, bare, ignore=shutil.ignore_patterns("movqgan*"))
     assert run("generate", "--model", bare, "--prompt", "red cat", "--out", tmp_path / "d", *common) == 2
-    assert "has no image decoder: copy movqgan_270M.ckpt" in capsys.readouterr().err
+    assert "has no image decoder: give --vqgan PATH (movqgan_270M.ckpt" in capsys.readouterr().err
 
 
 def test_demo_loads_a_2_0_folder_with_its_defaults_and_schedule_and_refuses_one_without_movqgan(tmp_path):
@@ -498,7 +498,7 @@ def test_demo_loads_a_2_0_folder_with_its_defaults_and_schedule_and_refuses_one_
     assert isinstance(sampling.guidance_schedule, Lumina2Guidance) and sampling.top_k is None  # 4096 >= V: dropped
     bare = tmp_path / "bare"
     shutil.copytree(folder, bare, ignore=shutil.ignore_patterns("movqgan*"))
-    with pytest.raises(ValueError, match="has no image decoder: copy movqgan_270M.ckpt"):
+    with pytest.raises(ValueError, match=r"has no image decoder: give --vqgan PATH \(movqgan_270M\.ckpt"):
         load_demo_model(str(bare))
 
 
