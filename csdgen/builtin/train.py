@@ -425,12 +425,13 @@ def parse_args(argv=None):
 
 
 def write_config(out: Path, args, llama_cfg: dict, vq: VQTokenizer, clf_cfg: dict,
-                 names: list[str], categories: list[str]) -> None:
+                 names: list[str], categories: list[str], short_names: list[list[str]]) -> None:
     config = {
         "format_version": 2,
         "data": "emoji-datasource-google 16.0.0 (Noto emoji, Apache-2.0), 64 x 64 on white",
         "image_size": 64, "grid": list(vq.grid), "codebook_size": CODEBOOK_SIZE,
-        "class_names": list(names), "class_categories": list(categories), "num_classes": len(names),
+        "class_names": list(names), "class_categories": list(categories),
+        "class_short_names": [list(s) for s in short_names], "num_classes": len(names),
         "class_token_offset": CODEBOOK_SIZE, "null_class_id": CODEBOOK_SIZE + len(names),
         "sequence": "[class_token, code_0 .. code_255], raster order",
         "vq": vq.config.to_dict(), "llama": llama_cfg, "classifier": clf_cfg,
@@ -531,7 +532,7 @@ def main(argv=None) -> None:
             "n_heldout": len(yho)}
         log(f"classifier metrics {metrics['classifier']}")
         finish("cls")
-    write_config(args.out, args, llama_cfg, vq, clf_cfg, data.names, data.categories)
+    write_config(args.out, args, llama_cfg, vq, clf_cfg, data.names, data.categories, data.short_names)
     save_safetensors(reference_feature_states(clf.eval(), to_float(xho)), args.out / REFERENCE_FILE)
 
     t = time.time()
