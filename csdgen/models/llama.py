@@ -14,6 +14,7 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
+from ..class_names import ClassNames
 from ._ragged import RaggedSession
 from .base import ImageTokenModel
 
@@ -28,10 +29,19 @@ class ClassConditionalLlama(ImageTokenModel):
         codebook_size: V.
         num_classes: number of classes (the null class comes on top).
         grid: ``(rows, cols)`` of the image tokens.
-        class_names: optional names, so conditions may be given by name.
+        class_names: optional names, so conditions may be given by name (any case and spacing,
+            :class:`csdgen.class_names.ClassNames`).
+        class_categories: optional category per class (for listings).
+        class_aliases: optional aliases per class (e.g. the emoji's short names), accepted where no
+            class has that name.
+
+    Attributes:
+        classes: the :class:`~csdgen.class_names.ClassNames` lookup (``None`` without names):
+            ``model.classes.split("red apple,dog face")``, ``.suggest(...)``, ``.listing()``.
 
     Raises:
-        ValueError: if the backbone's vocabulary or positions cannot hold this layout.
+        ValueError: if the backbone's vocabulary or positions cannot hold this layout, or two
+            class names are the same (ignoring case and spaces).
     """
 
     def __init__(
@@ -41,6 +51,8 @@ class ClassConditionalLlama(ImageTokenModel):
         num_classes: int,
         grid: tuple[int, int],
         class_names: Sequence[str] | None = None,
+        class_categories: Sequence[str] | None = None,
+        class_aliases: Sequence[Sequence[str]] | None = None,
     ):
         cfg = backbone.config
         if cfg.vocab_size < codebook_size + num_classes + 1:
@@ -53,6 +65,8 @@ class ClassConditionalLlama(ImageTokenModel):
         self.codebook_size, self.num_classes, self.grid = codebook_size, num_classes, tuple(grid)
         self.num_image_tokens = grid[0] * grid[1]
         self.class_names = list(class_names) if class_names is not None else None
+        self.classes = (ClassNames(self.class_names, class_categories, class_aliases)
+                        if class_names is not None else None)
         self.device = next(backbone.parameters()).device
 
     @classmethod
@@ -80,19 +94,22 @@ class ClassConditionalLlama(ImageTokenModel):
         return cls(LlamaForCausalLM(config), codebook_size, num_classes, grid)
 
     def class_ids(self, conditions: Sequence[int | str]) -> list[int]:
-        """Resolve class names or indices to indices.
+        """Resolve class names (any case and spacing, or an alias) or indices to indices.
+
+        Each condition is one class: ``"family: man, boy, boy"`` is one name (to split a
+        comma-separated list, :meth:`csdgen.class_names.ClassNames.split` via ``model.classes``).
 
         Raises:
-            ValueError: for an unknown name or an index outside ``0 .. num_classes - 1``.
+            ValueError: for an unknown name (one line, with close matches) or an index outside
+                ``0 .. num_classes - 1``.
         """
         ids = []
         for c in conditions:
-            if isinstance(c, str) and not c.lstrip("-").isdigit():
-                if self.class_names is None or c not in self.class_names:
-                    allowed = ", ".join(self.class_names) if self.class_names else f"0..{self.num_classes - 1}"
-                    raise ValueError(f"unknown class {c!r}; allowed: {allowed}")
-                ids.append(self.class_names.index(c))
+            if self.classes is not None:
+                ids.append(self.classes.index(c))
                 continue
+            if isinstance(c, str) and not c.strip().lstrip("-").isdigit():
+                raise ValueError(f"unknown class {c!r}: this model has no class names; allowed: 0..{self.num_classes - 1}")
             index = int(c)
             if not 0 <= index < self.num_classes:
                 raise ValueError(f"class index {index}: allowed 0..{self.num_classes - 1}")
