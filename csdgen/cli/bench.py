@@ -17,7 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from . import _options as opt
-from ._common import canonical_classes, clamp_window, fill_defaults, model_defaults, note, sampling_of, writable
+from ._common import clamp_window, fill_defaults, model_defaults, note, sampling_of, writable
 from .compare import COMPARE_METHODS
 
 #: the built-in model's default number of prompts (its class names in turn)
@@ -87,24 +87,29 @@ def _floor_seed(text: str):
         raise argparse.ArgumentTypeError(f"{text!r}: expected an integer seed, or none") from None
 
 
-def _builtin_prompts(args, class_names: list[str]):
-    """Prompts of the built-in model: its class names in turn, or a file of class names."""
+def _builtin_prompts(args, classes):
+    """Prompts of the built-in model: its class names in turn, or a file of class names (one per
+    line, as :meth:`csdgen.class_names.ClassNames.index` reads them: any case and spacing, short
+    names, indices; each written as the model spells it)."""
     from csdgen.prompts import PROMPT_SETS, Prompt, load_prompts
     from csdgen.runs import slug
 
     if args.prompts is None:
         count = args.limit or BUILTIN_LIMIT
         indices = list(range(args.offset, args.offset + count))
-        names = [class_names[i % len(class_names)] for i in indices]
+        names = [classes.names[i % len(classes)] for i in indices]
         return [Prompt(f"{i:05d}-{slug(n)}", n) for i, n in zip(indices, names)], indices
     if args.prompts in PROMPT_SETS:
         raise ValueError(f"--prompts {args.prompts}: the built-in model takes class names, not captions; leave --prompts out "
-                         f"(its class names in turn) or give a file of class names ({', '.join(class_names)})")
+                         f"(its class names in turn) or give a file of class names, one per line "
+                         f"(csdgen generate --list-classes lists them)")
     prompts = load_prompts(args.prompts, args.limit, args.offset)
-    canonical = canonical_classes([p.text for p in prompts], class_names)
-    bad = [p.text for p, c in zip(prompts, canonical) if c not in class_names]
-    if bad:
-        raise ValueError(f"--prompts {args.prompts}: {bad[0]!r} is not a class of the built-in model; allowed: {', '.join(class_names)}")
+    canonical = []
+    for p in prompts:
+        try:
+            canonical.append(classes.names[classes.index(p.text)])
+        except ValueError as exc:
+            raise ValueError(f"--prompts {args.prompts}: {exc}") from None
     return [type(p)(p.id, c, p.category, p.reference) for p, c in zip(prompts, canonical)], \
         list(range(args.offset, args.offset + len(prompts)))
 
@@ -120,7 +125,7 @@ def _builtin_plan(args, device: str):
     args.classes, args.num_images, args.device = None, 1, device
     _fixed_window(args)
     model, _ = builtin_model(args, fixed_window=True)  # loads, moves to the device, fills the defaults, clamps the window
-    prompts, indices = _builtin_prompts(args, model.class_names)
+    prompts, indices = _builtin_prompts(args, model.classes)
     sampling = sampling_of(args)
     settings = {"model": "builtin", "weights": "shipped" if args.weights is None else str(args.weights),
                 "device": device.split(":")[0], "prompts": args.prompts or "class names in turn", **_method_settings(args, sampling)}

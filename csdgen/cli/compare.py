@@ -65,8 +65,11 @@ def run(args) -> int:
     from csdgen.evaluation.maps import image_grid, save_png, to_uint8
     from csdgen.evaluation.quality import QualityScorer
 
+    from ._common import list_classes
     from .bench import uses_bench
 
+    if args.list_classes is not None:
+        return list_classes(args)
     if uses_bench(args):
         return _run_bench(args)
     if args.num_images is None:

@@ -111,8 +111,11 @@ def run(args) -> int:
     from csdgen.evaluation.sweep import frontier_plot, settings
     from csdgen.runs import run_method, write_json
 
+    from ._common import list_classes
     from .bench import uses_bench
 
+    if args.list_classes is not None:
+        return list_classes(args)
     if uses_bench(args):
         return _run_bench(args)
     if args.num_images is None:
