@@ -19,6 +19,7 @@ is two classes.
 from __future__ import annotations
 
 import difflib
+import math
 import random as _random
 import re
 import unicodedata
@@ -184,8 +185,26 @@ class ClassNames:
         """Class indices of names, aliases or indices (see :meth:`index`)."""
         return [self.index(item) for item in items]
 
-    def assign(self, items: Sequence[int | str] | None, count: int, seed: int = 0) -> list[int]:
-        """One class index per image: ``items`` in turn (default: every class in turn).
+    def spread(self, count: int, offset: int = 0) -> list[int]:
+        """``count`` class indices from position ``offset`` of a fixed order that visits every class
+        once per ``len(self)`` positions and spreads any stretch of it over all the classes (and so
+        over the categories, which are contiguous in class order): position ``k`` is class
+        ``k * s mod C``, ``s`` the integer nearest ``C (sqrt 5 - 1) / 2`` that is coprime with
+        ``C`` (the golden-ratio stride: consecutive positions land far apart).
+
+        For measurements (bench, compare, sweep), where the first classes in turn would all be
+        of one kind (the emoji model's first 169 classes are faces).
+        """
+        n = len(self.names)
+        stride = max(1, round(n * (5 ** 0.5 - 1) / 2))
+        while math.gcd(stride, n) != 1:
+            stride += 1
+        return [(k * stride) % n for k in range(offset, offset + count)]
+
+    def assign(self, items: Sequence[int | str] | None, count: int, seed: int = 0,
+               default: str = "turn") -> list[int]:
+        """One class index per image: ``items`` in turn (default: every class in turn, or with
+        ``default="spread"`` the order of :meth:`spread`).
 
         An item ``"random"`` (any case; unless a class has that name) is a class drawn from the
         seed, a new one for each image it falls on: the draws walk a permutation of all classes
@@ -196,6 +215,8 @@ class ClassNames:
             ValueError: an unknown name, a bad index, or an empty ``items`` list.
         """
         if items is None:
+            if default == "spread":
+                return self.spread(count)
             return [i % len(self.names) for i in range(count)]
         items = list(items)
         if not items:

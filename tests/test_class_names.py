@@ -121,3 +121,19 @@ def test_any_list_of_names_joined_by_commas_splits_back(classes, picks, sep, upp
         joined = ",".join(name_key(p) for p in picks)
         assert ",".join(name_key(NAMES[i]) for i in got) == joined
         assert len(got) < len(want)
+
+
+def test_spread_visits_every_class_once_and_any_stretch_covers_the_categories():
+    import collections
+
+    emoji_like = ClassNames([f"c{i}" for i in range(1911)], [f"k{i * 10 // 1911}" for i in range(1911)])
+    order = emoji_like.spread(1911)
+    assert sorted(order) == list(range(1911)) and order[0] == 0
+    assert emoji_like.spread(5, offset=1911) == emoji_like.spread(5)  # periodic
+    assert emoji_like.spread(3, offset=2) == order[2:5]
+    for start in (0, 100, 1000):  # 16 consecutive positions reach at least 8 of the 10 contiguous categories
+        assert len({emoji_like.categories[i] for i in emoji_like.spread(16, offset=start)}) >= 8
+    counts = collections.Counter(emoji_like.categories[i] for i in emoji_like.spread(64))
+    assert max(counts.values()) <= 9  # about 6.4 per category, none crowded out
+    assert emoji_like.assign(None, 4, default="spread") == order[:4]
+    assert ClassNames(["a"]).spread(3) == [0, 0, 0] and sorted(ClassNames(list("abcd")).spread(4)) == [0, 1, 2, 3]

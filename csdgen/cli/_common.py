@@ -98,12 +98,13 @@ def default_window(args, defaults: dict, fixed: bool) -> None:
         args.window = defaults["window"] if fixed else "auto"
 
 
-def builtin_model(args, fixed_window: bool = False):
+def builtin_model(args, fixed_window: bool = False, spread: bool = False):
     """Load the built-in model on ``--device`` (default cpu), with its defaults filled into ``args``.
 
     Returns:
         ``(model, classes)``: the model and one class index per image (``-n`` images, default 8,
-        taking ``--class`` in turn, ``random`` drawn from ``--seed``, or else every class in turn).
+        taking ``--class`` in turn, ``random`` drawn from ``--seed``, or else every class in turn;
+        with ``spread`` the classes of :meth:`csdgen.class_names.ClassNames.spread`, for measurements).
 
     Raises:
         ValueError: unknown class (one line with close matches), bad sampling settings, no CUDA.
@@ -131,7 +132,8 @@ def builtin_model(args, fixed_window: bool = False):
     fill_defaults(args, defaults)
     default_window(args, defaults, fixed_window)
     count = args.num_images or 8
-    ids = model.classes.assign(class_items(args.classes, model.classes), count, seed=args.seed)  # raises on unknown
+    ids = model.classes.assign(class_items(args.classes, model.classes), count, seed=getattr(args, "seed", 0),
+                               default="spread" if spread else "turn")  # raises on an unknown class
     args.window = clamp_window(args.window, model.num_image_tokens)
     return model, ids
 

@@ -150,17 +150,20 @@ def numbers(kind):
 # ---- option groups ----
 
 def add_builtin_model(p: argparse.ArgumentParser, *, n_default: str, batch_default: int, out_default: str,
-                      n_minimum: int = 1, checkpoints: bool = False) -> None:
-    """The built-in model, its classes, the image count, seed, batch size, device and output folder."""
+                      n_minimum: int = 1, checkpoints: bool = False, spread: bool = False) -> None:
+    """The built-in model, its classes, the image count, seed, batch size, device and output folder
+    (``spread``: the default classes are spread over the categories, for measurements)."""
     classes = builtin_class_names()
     example = next((n for n in ("red apple", "dog face") if n in classes), classes[0] if classes else "")
     shipped = (f"the {len(classes):,} classes of the shipped model, e.g. {example!r}; " if classes else "")
+    default = ("classes spread over all the categories, in a fixed order" if spread
+               else "every class in turn")
     p.add_argument("--weights", type=Path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
     p.add_argument("--class", dest="classes", action="append", default=None, metavar="NAMES",
                    help=f"built-in class names ({shipped}any case and spacing, or an emoji's short name), "
                         f"indices, or random (a class drawn from --seed per image); comma-separated (a name "
                         f"holding commas, 'family: man, boy, boy', stays whole: the longest name wins) or "
-                        f"repeated, taken in turn (default: every class in turn). List them: --list-classes")
+                        f"repeated, taken in turn (default: {default}). List them: --list-classes")
     p.add_argument("--list-classes", nargs="?", const="", default=None, metavar="CATEGORY",
                    help="print the built-in model's classes by category (index, name, short names) and exit; "
                         "CATEGORY (any part of its name, e.g. food) prints one category")

@@ -20,7 +20,7 @@ from . import _options as opt
 from ._common import clamp_window, fill_defaults, model_defaults, note, sampling_of, writable
 from .compare import COMPARE_METHODS
 
-#: the built-in model's default number of prompts (its class names in turn)
+#: the built-in model's default number of prompts (its classes spread over the categories)
 BUILTIN_LIMIT = 64
 
 
@@ -37,8 +37,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--weights", type=Path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
     p.add_argument("--prompts", default=None,
                    help="coco (MS-COCO 2017 val, first caption per image), parti (PartiPrompts) or a file (.txt one per "
-                        "line, .jsonl, .tsv); default coco, and for the built-in model its class names in turn "
-                        "(a file of class names also works)")
+                        "line, .jsonl, .tsv); default coco, and for the built-in model its classes spread over the "
+                        "categories (a file of class names, one per line, also works)")
     p.add_argument("--limit", type=opt.count(), default=None, metavar="N",
                    help=f"number of prompts (default: all; built-in {BUILTIN_LIMIT})")
     p.add_argument("--offset", type=opt.count(0), default=0, metavar="K", help="index of the first prompt (default 0)")
@@ -88,20 +88,22 @@ def _floor_seed(text: str):
 
 
 def _builtin_prompts(args, classes):
-    """Prompts of the built-in model: its class names in turn, or a file of class names (one per
-    line, as :meth:`csdgen.class_names.ClassNames.index` reads them: any case and spacing, short
-    names, indices; each written as the model spells it)."""
+    """Prompts of the built-in model: its classes in the order of
+    :meth:`csdgen.class_names.ClassNames.spread` (from ``--offset``: any stretch reaches every
+    category), or a file of class names (one per line, as
+    :meth:`csdgen.class_names.ClassNames.index` reads them: any case and spacing, short names,
+    indices; each written as the model spells it)."""
     from csdgen.prompts import PROMPT_SETS, Prompt, load_prompts
     from csdgen.runs import slug
 
     if args.prompts is None:
         count = args.limit or BUILTIN_LIMIT
         indices = list(range(args.offset, args.offset + count))
-        names = [classes.names[i % len(classes)] for i in indices]
+        names = [classes.names[c] for c in classes.spread(count, offset=args.offset)]
         return [Prompt(f"{i:05d}-{slug(n)}", n) for i, n in zip(indices, names)], indices
     if args.prompts in PROMPT_SETS:
         raise ValueError(f"--prompts {args.prompts}: the built-in model takes class names, not captions; leave --prompts out "
-                         f"(its class names in turn) or give a file of class names, one per line "
+                         f"(its classes spread over the categories) or give a file of class names, one per line "
                          f"(csdgen generate --list-classes lists them)")
     prompts = load_prompts(args.prompts, args.limit, args.offset)
     canonical = []
@@ -128,7 +130,7 @@ def _builtin_plan(args, device: str):
     prompts, indices = _builtin_prompts(args, model.classes)
     sampling = sampling_of(args)
     settings = {"model": "builtin", "weights": "shipped" if args.weights is None else str(args.weights),
-                "device": device.split(":")[0], "prompts": args.prompts or "class names in turn", **_method_settings(args, sampling)}
+                "device": device.split(":")[0], "prompts": args.prompts or "classes spread over the categories", **_method_settings(args, sampling)}
     return BenchPlan(model, prompts, indices, [model.class_ids([p.text])[0] for p in prompts], _methods(args, model),
                      args.seeds, _floor(args), args.window, sampling, settings, class_names=list(model.class_names))
 
