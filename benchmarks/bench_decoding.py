@@ -14,7 +14,7 @@ of the same model and batch, median of ``--timing-repeats``). ``auto`` also gets
 
 Methods and batch sizes are interleaved (every repeat runs each (batch, method) pair once, in
 turn), so a machine shared with other jobs slows all of them alike; the figures are means over
-repeats. The last columns time :func:`csdgen.decoding.verify` as it runs inside the loop
+repeats. The last columns time :func:`csdgen.engine.verify` as it runs inside the loop
 (``generate(profile=True)``, a separate run: profiling adds syncs): its share of an iteration.
 """
 

@@ -10,7 +10,7 @@ Per batch size it prints the forward time ``t(W)`` for W = 1, 8, 32, 64 (``t(W)/
 decides whether a wide window pays), then per method: latency per batch (median of
 ``--repeats`` runs after one warm-up run, device synchronised before the clock starts and
 stops: ``GenerationResult.seconds``), milliseconds per image, step compression, speed-up over
-AR, and the share of an iteration spent in :func:`csdgen.decoding.verify` as it runs inside the
+AR, and the share of an iteration spent in :func:`csdgen.engine.verify` as it runs inside the
 loop (a separate ``generate(profile=True)`` run, whose extra syncs would distort the latency).
 VQ decoding is not included. ``--json`` writes every figure.
 """

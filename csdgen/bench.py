@@ -299,7 +299,7 @@ def device_name(device) -> str:
 
 
 def _generate(plan: BenchPlan, method: str, seed: int, position: int):
-    from csdgen.decoding import generate
+    from csdgen.engine.generation import generate
 
     kwargs = dict(plan.methods[method])
     window = kwargs.pop("window", plan.window)  # a sweep's setting may carry its own window

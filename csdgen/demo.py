@@ -17,7 +17,7 @@ length, decoding wall time, tokens per decision), downloadable as CSV.
 
 The live view is drawn by ``generate``'s ``callback`` (after every forward), in the decoding
 thread; the time spent drawing is subtracted from the reported wall time. The callback sees
-committed lengths, tokens, and the decisions and entropies so far (:class:`~csdgen.decoding.StepInfo`
+committed lengths, tokens, and the decisions and entropies so far (:class:`~csdgen.engine.results.StepInfo`
 ``decisions``, ``entropy``), so both maps fill in token by token as the image does.
 
 Offline by construction: Gradio's analytics are off, no share link, the page's fonts are
@@ -45,7 +45,7 @@ import torch
 from PIL import Image
 
 import csdgen
-from csdgen.decoding import Decision, StepInfo
+from csdgen.engine.results import Decision, StepInfo
 from csdgen.evaluation.compare import method_presets, to_csv
 from csdgen.evaluation.maps import COLOURS, save_png, to_uint8
 from csdgen.models.defaults import FAMILY_DEFAULTS, FamilyDefaults

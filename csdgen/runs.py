@@ -72,7 +72,7 @@ def generate_batches(model, conditions: Sequence, *, batch_size: int, seed: int,
         callback: passed to :func:`csdgen.generate`.
         generate_kwargs: method, window, sampling, draft_init, refresh.
     """
-    from csdgen.decoding import generate
+    from csdgen.engine.generation import generate
 
     for batch in batches(len(conditions) if indices is None else indices, batch_size):
         result = generate(model, [conditions[i] for i in batch], seed=seed, image_indices=batch, callback=callback,

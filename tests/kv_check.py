@@ -23,7 +23,7 @@ def assert_same_cache(session, fresh):
 def assert_rows_match_fresh(model, conditions, guided, info):
     """Per-row sessions: every row's cached entries equal a fresh single-image session fed its committed tokens.
 
-    ``info`` is a :class:`csdgen.decoding.StepInfo`; row ``i`` of its session is image ``info.rows[i]``,
+    ``info`` is a :class:`csdgen.engine.StepInfo`; row ``i`` of its session is image ``info.rows[i]``,
     holding ``session.cache_lengths[i]`` image positions (the committed length minus one). The row's
     sequence (holes skipped) and its keys and values must equal the fresh session's.
     """

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import csdgen
-from csdgen.decoding import Decision, _TreeLoop
+from csdgen.engine.results import Decision
+from csdgen.engine.tree_loop import _TreeLoop
 from csdgen.models import FunctionModel
 from csdgen.sampling import SamplingConfig
 from csdgen.trees import draw_siblings, tree_layout, without

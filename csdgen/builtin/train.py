@@ -158,11 +158,9 @@ def train_vq(images: torch.Tensor, args) -> VQTokenizer:
         args.done_steps["vq"] = step + 1
         set_lr(opt, cosine_lr(clock.progress(step), args.vq_lr, warmup=0.05))
         x = to_float(images[idx])
-        with autocast():
-            recon, vq_loss, codes, z = vq(x)
-        recon = recon.float()
+        recon, vq_loss, codes, z = vq(x, bf16=True)
         rec_loss = F.mse_loss(recon, x)
-        loss = (recon - x).abs().mean() + 0.5 * edge_loss(recon, x) + vq_loss.float()
+        loss = (recon - x).abs().mean() + 0.5 * edge_loss(recon, x) + vq_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -119,20 +119,25 @@ class VQTokenizer(nn.Module):
         """codes int [B, 16, 16] or [B, 256] -> images float32 [B, 3, 64, 64] in [-1, 1]."""
         return self.decoder(self._lookup(codes.long())).clamp(-1.0, 1.0)
 
-    def forward(self, images: torch.Tensor):
+    def forward(self, images: torch.Tensor, bf16: bool = False):
         """Training pass.
 
-        images float [B, 3, 64, 64] in [-1, 1] -> (recon float [B, 3, 64, 64] unclamped,
-        vq_loss scalar (codebook + commitment), codes int64 [B, 16, 16], z float
-        [B*256, code_dim] normalised encoder outputs, detached).
+        images float [B, 3, 64, 64] in [-1, 1] -> (recon float32 [B, 3, 64, 64] unclamped,
+        vq_loss float32 scalar (codebook + commitment), codes int64 [B, 16, 16], z float32
+        [B*256, code_dim] normalised encoder outputs, detached). With ``bf16`` the encoder
+        and decoder run under bfloat16 autocast; the code lookup and losses stay float32.
         """
-        z = self._latents(images)
+        amp = torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=bf16)
+        with amp:
+            z = self.encoder(images)
+        z = F.normalize(z.float().permute(0, 2, 3, 1), dim=-1)
         codes = self._nearest(z.detach())
         z_q = F.normalize(self.codebook(codes), dim=-1)
         vq_loss = F.mse_loss(z_q, z.detach()) + self.config.commitment * F.mse_loss(z, z_q.detach())
         z_st = z + (z_q - z).detach()
-        recon = self.decoder(z_st.permute(0, 3, 1, 2))
-        return recon, vq_loss, codes, z.detach().reshape(-1, z.shape[-1])
+        with amp:
+            recon = self.decoder(z_st.permute(0, 3, 1, 2))
+        return recon.float(), vq_loss, codes, z.detach().reshape(-1, z.shape[-1])
 
     @torch.no_grad()
     def restart_dead_codes(self, codes: torch.Tensor, z: torch.Tensor,

@@ -1,7 +1,7 @@
 """Options the commands share: argument types, option groups, and what ``--help`` shows.
 
 Nothing here imports torch or transformers: building the parser, ``--help`` and usage errors
-stay fast. The choice lists below equal the engine's (``csdgen.decoding.METHODS``,
+stay fast. The choice lists below equal the engine's (``csdgen.engine.METHODS``,
 ``csdgen.drafting.DRAFT_INITS`` / ``REFRESH_MODES``; a test checks it), and the defaults shown
 in ``--help`` are read from ``csdgen/models/defaults.py`` and the shipped built-in
 ``config.json`` without importing the package's model code.
@@ -20,6 +20,9 @@ DRAFT_INITS = ("uniform", "onehot", "repeat-horizontal", "repeat-vertical")
 REFRESH_MODES = ("independent", "coupled")
 ENTROPY_UNITS = ("nats", "normalized")
 DEVICES = ("cpu", "cuda")
+#: method names of ``csdgen compare`` and ``csdgen bench --methods`` (``csdgen.evaluation.compare.method_presets``;
+#: gsd and lantern with a codebook)
+COMPARE_METHODS = ("ar", "sjd", "sjd-coupled", "jacobi", "addition", "gsd", "lantern", "csd", "csd-coupled")
 
 _PACKAGE = Path(__file__).resolve().parents[1]
 BUILTIN_CONFIG = _PACKAGE / "builtin" / "weights" / "config.json"

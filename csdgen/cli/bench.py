@@ -18,7 +18,7 @@ from pathlib import Path
 
 from . import _options as opt
 from ._common import clamp_window, fill_defaults, model_defaults, note, sampling_of, writable
-from .compare import COMPARE_METHODS
+from ._options import COMPARE_METHODS
 
 #: the built-in model's default number of prompts (its classes spread over the categories)
 BUILTIN_LIMIT = 64

@@ -17,9 +17,7 @@ import argparse
 
 from . import _options as opt
 from ._common import builtin_model, sampling_of, writable
-
-#: method names of the comparison (``csdgen.evaluation.compare.method_presets``; gsd and lantern with a codebook)
-COMPARE_METHODS = ("ar", "sjd", "sjd-coupled", "jacobi", "addition", "gsd", "lantern", "csd", "csd-coupled")
+from ._options import COMPARE_METHODS
 
 
 def add_parser(sub) -> argparse.ArgumentParser:

@@ -96,7 +96,7 @@ def builtin_job(args):
     model, classes = builtin_model(args)
     sampling = sampling_of(args)
     rule = _rule(args)
-    from csdgen.decoding import AUTO_MAX_WINDOW
+    from csdgen.engine.window import AUTO_MAX_WINDOW
 
     widest = 1 if args.method == "ar" else AUTO_MAX_WINDOW if args.window == "auto" else args.window
     batch_size = cap_builtin_batch(args, model, widest, sampling.guided, len(classes))
@@ -122,7 +122,7 @@ def _read_prompts(args) -> list[str]:
 
 def model_job(args):
     """The run plan of a checkpoint (``--model``) and its batch size."""
-    from csdgen.decoding import AUTO_MAX_WINDOW
+    from csdgen.engine.window import AUTO_MAX_WINDOW
     from csdgen.models.auto import default_device, default_dtype, load_model
     from csdgen.runs import RunPlan, slug
 

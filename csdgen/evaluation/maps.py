@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from csdgen.decoding import Decision
+from csdgen.engine.results import Decision
 
 __all__ = ["COLOURS", "SIDE_BRANCH_COLOUR", "PANEL_TITLES", "to_uint8", "acceptance_map", "save_png", "image_grid"]
 

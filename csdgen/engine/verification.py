@@ -1,0 +1,96 @@
+"""The verify step of one window: acceptance probabilities, first rejection, residual or bonus
+sample, refreshed drafts (:func:`verify`, its :class:`Verdict`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..acceptance import AcceptanceRule, first_rejection
+from ..drafting import refresh_drafts
+from ..sampling import sample
+from .results import Decision
+from .streams import _ACCEPT, _COUPLED, _KEEP, _RESIDUAL, _Y
+
+__all__ = ["Verdict", "verify"]
+
+
+@dataclass
+class Verdict:
+    """What :func:`verify` decided for a window.
+
+    Attributes:
+        accepted: ``[B]`` int64, r: leading drafts accepted (``0 .. widths - 1``); the image
+            commits ``r + 1`` tokens.
+        tokens: ``[B, W]`` int64, the window's new content: accepted drafts before slot ``r``,
+            the new token at ``r`` (residual or bonus sample), refreshed drafts after it.
+        decisions: ``[B, W]`` int8 :class:`Decision` codes, meaningful at slots ``<= r``.
+    """
+
+    accepted: torch.Tensor
+    tokens: torch.Tensor
+    decisions: torch.Tensor
+
+
+def verify(
+    rule: AcceptanceRule,
+    refresh: str,
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    widths: torch.Tensor,
+    uniforms: torch.Tensor,
+) -> Verdict:
+    """One verify step: acceptance probabilities, first rejection, residual, bonus, refresh.
+
+    Speculative sampling (Leviathan et al., 2023, Algorithm 1) applied per window position as in
+    SJD (Teng et al., 2024): draft ``x_j`` passes when ``u_j < b_j``; the first failing slot
+    ``r`` commits a sample of the rule's residual (``norm(max(0, q - p))`` by default), computed
+    at that slot only; when every draft passes, the last slot commits a bonus sample of ``q``.
+    A draft with ``q(x) = 0`` never passes, whatever the rule (relaxations widen acceptance
+    among the tokens the target allows, never beyond them). Drafts after ``r`` are refreshed
+    from ``q`` (:func:`csdgen.drafting.refresh_drafts`). Decisions are labelled by the rule's
+    own exact part (:meth:`~csdgen.acceptance.AcceptanceRule.exact_probability`).
+
+    Args:
+        rule: the acceptance rule.
+        refresh: ``"independent"`` or ``"coupled"``.
+        draft_tokens: ``[B, W]`` int64, ``x_j`` = the draft at output slot ``j`` (slot
+            ``widths - 1`` is the bonus slot: its draft is not tested).
+        draft_probs: ``[B, W, V]`` float, ``p``.
+        target_probs: ``[B, W, V]`` float, ``q``.
+        widths: ``[B]`` int64 on the device, valid slots per image (``1 .. W``).
+        uniforms: ``[6, B, W]`` float64 in [0, 1): target sample, acceptance, residual,
+            (initialisation, unused here), coupled keep, coupled residual.
+
+    Returns:
+        a :class:`Verdict`.
+    """
+    x, p, q = draft_tokens, draft_probs, target_probs
+    B, W = x.shape
+    slot = torch.arange(W, device=x.device)
+    last = (widths - 1)[:, None]  # [B, 1] the bonus slot
+    y = sample(q, uniforms[_Y])
+    b = rule.acceptance_probability(x, p, q, y)
+    b_exact = rule.exact_probability(x, p, q, y, b)
+    allowed = q.gather(-1, x[..., None]).squeeze(-1) > 0
+    b = torch.where(allowed, b, torch.zeros_like(b))
+    passes = (uniforms[_ACCEPT] < b) & (slot < last)
+    r = first_rejection(passes)  # [B] <= widths - 1
+    r_col = r[:, None]
+    at = r_col[..., None].expand(B, 1, q.shape[-1])
+    residual = rule.residual(p.gather(1, at), q.gather(1, at), y.gather(1, r_col))[:, 0]  # [B, V] at slot r only
+    z = sample(residual, uniforms[_RESIDUAL].gather(1, r_col)[:, 0])
+    bonus = r_col == last
+    token = torch.where(bonus[:, 0], y.gather(1, r_col)[:, 0], z)
+    fresh = refresh_drafts(refresh, x, p, q, y, uniforms[_KEEP], uniforms[_COUPLED])
+    fresh = torch.where(slot == last, y, fresh)
+    tokens = torch.where(slot < r_col, x, torch.where(slot == r_col, token[:, None], fresh))
+    exact = uniforms[_ACCEPT] < b_exact
+    code = torch.where(
+        slot < r_col,
+        torch.where(exact, int(Decision.ACCEPTED), int(Decision.RELAXED)),
+        torch.where(bonus, int(Decision.SAMPLED), int(Decision.RESAMPLED)),
+    ).to(torch.int8)
+    return Verdict(r, tokens, code)
