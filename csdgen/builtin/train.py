@@ -299,8 +299,8 @@ def sample_ar(model, class_ids: torch.Tensor, null_id: int, guidance: float = 3.
               temperature: float = 1.0, seed: int = 0, n_tokens: int = 256) -> torch.Tensor:
     """Plain AR sampling with classifier-free guidance and a KV cache (private helper).
 
-    class_ids int64 [B] (token ids 512 + c) -> codes int64 [B, n_tokens].
-    Guided logits = uncond + guidance * (cond - uncond), restricted to the 512 codes.
+    class_ids int64 [B] (token ids CODEBOOK_SIZE + c) -> codes int64 [B, n_tokens].
+    Guided logits = uncond + guidance * (cond - uncond), restricted to the CODEBOOK_SIZE codes.
     """
     from transformers import DynamicCache
 
