@@ -72,7 +72,9 @@ def test_compare_honours_window_lambda_draft_init_and_entropy_unit(weights, tmp_
     out = tmp_path / "cmp"
     assert run("compare", "--weights", weights, "-n", 2, "--methods", "csd", "--window", 8, "--lam", 0.3, "--delta", 0.5,
                "--draft-init", "onehot", "--entropy-unit", "normalized", "--out", out) == 0
-    settings = json.loads((out / "run_csd.json").read_text())["settings"]
+    run_csd = json.loads((out / "run_csd.json").read_text())
+    assert run_csd["key"]["classes"] == ["0", "2"]  # no --class: classes spread over the categories (ClassNames.spread)
+    settings = run_csd["settings"]
     assert settings["window"] == 8 and settings["draft_init"] == "onehot"
     assert settings["rule"] == {"lam": 0.3, "delta": 0.5, "entropy_unit": "normalized"}
 
