@@ -58,6 +58,46 @@ def grid(rows: list[tuple[str, np.ndarray]], names: list[str]) -> Image.Image:
     return img
 
 
+def grid_classes(model, names: str | None = None) -> list[int]:
+    """Class indices of the grid: ``names`` (comma-separated, as ``--class`` splits them), or
+    train.py's showcase classes the model has."""
+    if names is None:
+        return [model.classes.index(n) for n in SHOWCASE if model.classes.find(n) is not None]
+    return model.classes.resolve(model.classes.split(names))
+
+
+def sample_rows(model, classes: list[int], seeds: list[int], window: int | None = None,
+                real: np.ndarray | None = None) -> tuple[list[tuple[str, np.ndarray]], list[dict]]:
+    """The grid's rows: the real emoji (``real``, default :func:`real_images`), then per seed an AR
+    and a CSD row at the model's defaults (CSD at the fixed ``window``, default the model's).
+
+    Returns:
+        ``(rows, stats)``: rows as :func:`grid` takes them; stats one dict per sampled row
+        (``method``, ``seed``, ``window``, ``step_compression``: mean over the row's images).
+    """
+    d = model.defaults
+    window = window or d.window
+    sampling = csdgen.SamplingConfig(guidance_scale=d.guidance_scale, temperature=d.temperature, top_k=d.top_k,
+                                     top_p=d.top_p)
+    rows = [("real", real_images(model, classes) if real is None else real)]
+    stats = []
+    for seed in seeds:
+        for label, method, w in (("AR", "ar", 1), ("CSD", csdgen.CSD(lam=d.lam, delta=d.delta), window)):
+            result = csdgen.generate(model, classes, method=method, window=w, sampling=sampling, seed=seed)
+            images = torch.cat([model.decode_images(result.tokens[i:i + 1]) for i in range(len(classes))])
+            rows.append((f"{label}\nseed {seed}", to_uint8(images)))
+            stats.append({"method": label, "seed": seed, "window": w,
+                          "step_compression": sum(s.step_compression for s in result.images) / len(result.images)})
+    return rows, stats
+
+
+def settings_line(model, window: int | None, threads: int) -> str:
+    """The sampling settings of the grid, for its caption."""
+    d = model.defaults
+    return (f"guidance {d.guidance_scale}, temperature {d.temperature}, top-k {d.top_k}, CSD lambda {d.lam} "
+            f"delta {d.delta} window {window or d.window}; torch threads {threads}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("docs/builtin_grid.png"))
@@ -70,27 +110,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model = load_builtin_model(args.weights)
-    d = model.defaults
-    if args.classes is None:
-        classes = [model.classes.index(n) for n in SHOWCASE if model.classes.find(n) is not None]
-    else:
-        classes = model.classes.resolve(model.classes.split(args.classes))
-    window = args.window or d.window
-    sampling = csdgen.SamplingConfig(guidance_scale=d.guidance_scale, temperature=d.temperature, top_k=d.top_k,
-                                     top_p=d.top_p)
-    rows = [("real", real_images(model, classes))]
-    for seed in [int(s) for s in args.seeds.split(",") if s.strip()]:
-        for label, method, w in (("AR", "ar", 1), ("CSD", csdgen.CSD(lam=d.lam, delta=d.delta), window)):
-            result = csdgen.generate(model, classes, method=method, window=w, sampling=sampling, seed=seed)
-            images = torch.cat([model.decode_images(result.tokens[i:i + 1]) for i in range(len(classes))])
-            rows.append((f"{label}\nseed {seed}", to_uint8(images)))
-            compression = sum(s.step_compression for s in result.images) / len(result.images)
-            print(f"{label} seed {seed}: window {w}, mean step compression {compression:.2f}")
+    classes = grid_classes(model, args.classes)
+    rows, stats = sample_rows(model, classes, [int(s) for s in args.seeds.split(",") if s.strip()], args.window)
+    for s in stats:
+        print(f"{s['method']} seed {s['seed']}: window {s['window']}, mean step compression {s['step_compression']:.2f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     grid(rows, [model.class_names[c] for c in classes]).save(args.out)
-    print(f"{len(classes)} classes; guidance {d.guidance_scale}, temperature {d.temperature}, top-k {d.top_k}, "
-          f"CSD lambda {d.lam} delta {d.delta} window {window}; torch threads {args.threads}; wrote {args.out}")
-
+    print(f"{len(classes)} classes; {settings_line(model, args.window, args.threads)}; wrote {args.out}")
 
 if __name__ == "__main__":
     main()

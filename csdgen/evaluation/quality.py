@@ -93,6 +93,21 @@ class QualityScorer:
             probs = self.classifier(images.float()).softmax(-1)
         return probs.gather(-1, ids[:, None]).squeeze(-1)
 
+    def class_agreement(self, images: torch.Tensor, classes) -> torch.Tensor:
+        """Whether the classifier's top-1 class is the requested class, per image (the measure of
+        train.py's ``classifier_agreement``; its mean is the top-1 class consistency).
+
+        Args:
+            images: ``[B, 3, 64, 64]`` float in [-1, 1].
+            classes: ``B`` class indices or names.
+
+        Returns:
+            ``[B]`` bool.
+        """
+        ids = torch.tensor(self.model.class_ids(list(classes)))
+        with torch.no_grad():
+            return self.classifier(images.float()).argmax(-1) == ids
+
     def frechet_distance(self, images: torch.Tensor) -> float:
         """Frechet distance in classifier-feature space to the held-out real images.
 
