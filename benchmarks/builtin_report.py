@@ -214,10 +214,13 @@ def main(argv=None) -> int:
         parser.error(f"--images {args.images}: need at least 2 (the Frechet distance of bench needs 2 per row)")
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
-    bench_out = run_bench(args.weights, args.out / "bench", args.images, args.window)
     model = load_builtin_model(args.weights)
+    try:  # a bad class name fails in one line before anything is generated
+        classes = grid_classes(model, args.grid_classes)
+    except ValueError as exc:
+        parser.error(f"--grid-classes: {exc}")
+    bench_out = run_bench(args.weights, args.out / "bench", args.images, args.window)
     rows = class_scores(model, bench_out)
-    classes = grid_classes(model, args.grid_classes)
     seeds = [int(s) for s in args.grid_seeds.split(",") if s.strip()]
     grid_rows, grid_stats = sample_rows(model, classes, seeds, args.window)
     grid_path = args.out / "builtin_grid.png"
