@@ -49,10 +49,11 @@ def load_model(kind: str):
         return load_builtin_model(), "built-in (trained)"
     from csdgen.models import ClassConditionalLlama
 
-    model = ClassConditionalLlama.random(codebook_size=512, num_classes=20, grid=(16, 16), hidden_size=256, num_layers=6, num_heads=8)
+    model = ClassConditionalLlama.random(codebook_size=1024, num_classes=1911, grid=(16, 16), hidden_size=256, num_layers=8,
+                                         num_heads=8)
     with torch.no_grad():
         model.backbone.lm_head.weight.mul_(4.0)
-    return model, "random Llama (6 layers, hidden 256, V 512, 16x16)"
+    return model, "random Llama (8 layers, hidden 256, V 1024, 1911 classes, 16x16: the built-in model's shapes)"
 
 
 def forward_times(model, batch: int, widths: list[int], sampling: SamplingConfig, repeats: int) -> dict[int, float]:

@@ -65,8 +65,8 @@ def load(kind: str, device: str, dtype: str):
     elif kind == "random":
         from csdgen.models import ClassConditionalLlama
 
-        model, name = ClassConditionalLlama.random(codebook_size=512, num_classes=20, grid=(16, 16), hidden_size=256,
-                                                   num_layers=6, num_heads=8), "random Llama (6 layers, hidden 256)"
+        model, name = ClassConditionalLlama.random(codebook_size=1024, num_classes=1911, grid=(16, 16), hidden_size=256,
+                                                   num_layers=8, num_heads=8), "random Llama (8 layers, hidden 256, V 1024)"
         model.backbone.to(device=device, dtype=dtype)
     else:  # built on the device in its dtype: no 28 GB float32 copy on the host
         from transformers import LlamaConfig, LlamaForCausalLM

@@ -63,7 +63,7 @@ def main() -> None:
     for batch, total in plan.items():
         for first in range(0, total, batch):
             indices = list(range(first, min(first + batch, total)))
-            classes = [i % model.num_classes for i in indices]
+            classes = model.classes.spread(len(indices), offset=indices[0])  # spread over the categories
             for name, kw in configs:
                 kw = dict(kw)
                 seed = kw.pop("seed", 0)
@@ -79,7 +79,7 @@ def main() -> None:
             print(f"batch {batch}: images {indices[0]}..{indices[-1]} done", flush=True)
     table, record_out = [], []
     for batch, total in plan.items():
-        classes = [i % model.num_classes for i in range(total)]
+        classes = model.classes.spread(total)
         ar_seconds = results[(batch, "ar")]["seconds"]
         for name, _ in configs:
             r = results[(batch, name)]

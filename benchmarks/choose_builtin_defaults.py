@@ -6,7 +6,11 @@
    distance, NLL), with AR at a second seed as the noise floor;
 2. at the chosen sampling settings, CSD's step compression and quality against lambda,
    delta and the window, next to SJD.
-Runs are cached under ``--out`` (rerunning resumes).
+
+The images' classes are spread over all the model's classes and categories
+(:meth:`csdgen.class_names.ClassNames.spread`, the order ``csdgen compare`` and ``bench`` use;
+the built-in model's first classes in turn would all be faces), the same for every row. Runs
+are cached under ``--out`` (rerunning resumes).
 """
 
 from __future__ import annotations
@@ -36,13 +40,18 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=64)
     parser.add_argument("--out", type=Path, default=Path("runs/defaults"))
+    parser.add_argument("--weights", type=Path, default=None, help="built-in weights folder (default: the shipped ones)")
     parser.add_argument("--guidance", type=float, default=None, help="skip part 1 and use this guidance scale")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (1 when the machine is shared)")
     args = parser.parse_args()
-    torch.set_num_threads(2)  # set 1 when the machine is shared: oversubscribed threads are much slower
+    torch.set_num_threads(args.threads)  # oversubscribed threads are much slower
     args.out.mkdir(parents=True, exist_ok=True)
-    model = load_builtin_model()
+    model = load_builtin_model(args.weights)
     scorer = QualityScorer(model)
-    classes = [i % model.num_classes for i in range(args.images)]
+    classes = model.classes.spread(args.images)
+    print(f"{args.images} images over {len(set(classes))} classes of {model.num_classes} "
+          f"({len({model.classes.categories[c] for c in classes}) if model.classes.categories else '?'} categories), "
+          f"codebook {model.codebook_size}, threads {torch.get_num_threads()}\n")
     rows = []
     ar = {"method": "ar"}
     if args.guidance is None:
@@ -51,7 +60,7 @@ def main():
         rows.append(measure(model, scorer, classes, args.out, "ar_g3.0_seed2", ar, SamplingConfig(guidance_scale=3.0), 1, seed=1))
         for t in (0.9,):
             rows.append(measure(model, scorer, classes, args.out, f"ar_g3.0_T{t}", ar, SamplingConfig(guidance_scale=3.0, temperature=t), 1))
-        for k in (64,):
+        for k in (64, 256):  # of a codebook of model.codebook_size
             rows.append(measure(model, scorer, classes, args.out, f"ar_g3.0_topk{k}", ar, SamplingConfig(guidance_scale=3.0, top_k=k), 1))
         print(to_markdown(rows))
         rows = []

@@ -74,7 +74,7 @@ class DemoSettings:
     """One validated request of the page."""
 
     condition: Any  #: class id (built-in model) or prompt string
-    label: str  #: the condition as typed
+    label: str  #: the prompt as typed, or the class's name (``random``: the class drawn)
     methods: list[str]
     window: int | str
     lam: float
@@ -115,17 +115,17 @@ def parse_inputs(model, condition: Any, methods: list[str] | None, window: Any, 
     """Check the page's inputs; every error is one line naming the bad value and what is allowed.
 
     Args:
-        model: the page's model; a model with ``class_ids`` takes class names or indices, any other a prompt.
+        model: the page's model; a model with ``class_ids`` takes a class name (any case and spacing, a
+            short name), an index or ``random`` (a class drawn from the seed), any other a prompt.
         window: an integer >= 1 (text or number), or ``"auto"`` where :func:`window_auto_supported`.
 
     Raises:
-        ValueError: empty condition, unknown class, no or unknown methods, bad window, lambda, delta,
-            guidance scale or seed.
+        ValueError: empty condition, unknown class (with close matches), no or unknown methods, bad
+            window, lambda, delta, guidance scale or seed.
     """
     text = str(condition if condition is not None else "").strip()
     if not text:
         raise ValueError("the class or prompt is empty; " + _condition_help(model))
-    resolved: Any = model.class_ids([text])[0] if hasattr(model, "class_ids") else text
     if methods is not None and not isinstance(methods, (list, tuple)):
         raise ValueError(f"methods={_clip(methods)}: allowed a list of method names ({', '.join(METHOD_LABELS)})")
     methods = list(methods or [])
@@ -155,6 +155,12 @@ def parse_inputs(model, condition: Any, methods: list[str] | None, window: Any, 
     seed_value = _seed(seed)
     method_presets(lam_value, delta_value)  # CSD checks lambda and delta (one-line ValueError)
     SamplingConfig(guidance_scale=guidance)  # checks the guidance scale
+    resolved: Any = text
+    if getattr(model, "classes", None) is not None:
+        resolved = model.classes.assign([text], 1, seed=seed_value)[0]
+        text = model.class_names[resolved]
+    elif hasattr(model, "class_ids"):
+        resolved = model.class_ids([text])[0]
     return DemoSettings(resolved, text, methods, parsed_window, lam_value, delta_value, guidance, seed_value)
 
 
@@ -183,8 +189,18 @@ def _clip(value: Any, limit: int = 80) -> str:
 def _condition_help(model) -> str:
     names = getattr(model, "class_names", None)
     if hasattr(model, "class_ids"):
-        return "allowed: " + (", ".join(names) if names else f"a class index 0..{model.num_classes - 1}")
+        if names:
+            return f"allowed: one of the {len(names)} class names (e.g. {names[0]!r}), an index 0..{len(names) - 1} or random"
+        return f"allowed: a class index 0..{model.num_classes - 1}"
     return "allowed: a text prompt"
+
+
+def _class_hint(names: list[str]) -> str:
+    """The class box's help line: how many classes, examples, what else it takes (not all 1,911 names)."""
+    examples = [n for n in ("red apple", "dog face", "rocket", "grinning face") if n in names] or names[:4]
+    shown = ", ".join(examples)
+    return (f"one of {len(names):,} class names in any case (e.g. {shown}), a short name, an index or random; "
+            f"an unknown name gets close matches. All of them: csdgen generate --list-classes")
 
 
 def _upscale(grid_rgb: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -447,9 +463,9 @@ def build_app(model, *, model_name: str = "built-in model", defaults: FamilyDefa
                     f"tokens, codebook of {model.codebook_size}, {sampling_line}. The methods run one after another "
                     "on the same seed; forwards count every target forward, the prefill included.")
         with gr.Row():
+            first = next((n for n in ("red apple",) if n in names), names[0] if names else "0")
             condition = gr.Textbox(label="class" if takes_class else "prompt", elem_id="condition", scale=2,
-                                   value=("coffee" if "coffee" in names else (names[0] if names else "0")) if takes_class else "",
-                                   info=("one of: " + ", ".join(names)) if names else None)
+                                   value=first if takes_class else "", info=_class_hint(names) if names else None)
             methods = gr.CheckboxGroup(choices=[(METHOD_LABELS[k], k) for k in offered], value=DEFAULT_METHODS,
                                        label="methods", elem_id="methods", scale=3)
         with gr.Row():
@@ -538,7 +554,9 @@ def build_app(model, *, model_name: str = "built-in model", defaults: FamilyDefa
                             return
                         path = pngs.folder / "csdgen_demo_statistics.csv"
                         path.write_text(to_csv(rows_))
-                        yield {progress: _progress_html(f"done: {len(rows_)} methods, seed {settings.seed}", total, total),
+                        what = f"{settings.label}, " if takes_class else ""
+                        yield {progress: _progress_html(f"done: {what}{len(rows_)} methods, seed {settings.seed}",
+                                                        total, total),
                                stats: _stats_markdown(rows_), csv_file: str(path)}
                         return
             finally:

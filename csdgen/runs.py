@@ -441,8 +441,15 @@ def _version() -> str:
 
 
 def slug(text: str, limit: int = 40, empty: str = "image") -> str:
-    """File-safe lower-case words of ``text`` joined by ``-`` (at most ``limit`` characters; ``empty`` if none)."""
-    words = re.findall(r"[a-z0-9]+", str(text).lower())
+    """File-safe lower-case words of ``text`` joined by ``-`` (at most ``limit`` characters; ``empty`` if none).
+
+    Accents are dropped and apostrophes join their word: ``"Côte d’Ivoire flag"`` ->
+    ``"cote-divoire-flag"``, ``"family: man, boy"`` -> ``"family-man-boy"``.
+    """
+    import unicodedata
+
+    text = "".join(ch for ch in unicodedata.normalize("NFKD", str(text)) if not unicodedata.combining(ch))
+    words = re.findall(r"[a-z0-9]+", re.sub(r"['\u2019]", "", text.lower()))
     return "-".join(words)[:limit].strip("-") or empty
 
 
@@ -472,7 +479,7 @@ def save_run(model, conditions: Sequence, out: str | os.PathLike, *, seed: int =
     Returns:
         :class:`RunSummary`; the images as PIL: :func:`pil_images`, or the PNG files.
 
-    >>> summary = csdgen.save_run(model, ["coffee", "brick"], "outputs", method="csd")  # doctest: +SKIP
+    >>> summary = csdgen.save_run(model, ["red apple", "dog face"], "outputs", method="csd")  # doctest: +SKIP
     """
     from dataclasses import asdict, is_dataclass
 

@@ -1,4 +1,6 @@
-"""A tiny random stand-in for the built-in weights, in the same file layout (for CLI tests)."""
+"""A tiny random stand-in for the built-in weights, in the same file layout and config fields as the
+emoji model (codebook 1024, 16 x 16 grid, class names with commas and colons, categories and short
+names), for CLI tests."""
 
 from pathlib import Path
 
@@ -9,24 +11,42 @@ from csdgen.builtin import CropClassifier, VQConfig, VQTokenizer, build_ar_model
 from csdgen.evaluation.quality import REFERENCE_FILE, reference_feature_states
 from csdgen.runs import write_json
 
-CLASS_NAMES = ["brick", "coffee", "moon"]
+#: class names as the emoji model spells them (one holds commas and a colon); their file-name slugs
+CLASS_NAMES = ["dog face", "family: man, boy, boy", "red apple"]
+SLUGS = ["dog-face", "family-man-boy-boy", "red-apple"]
+CATEGORIES = ["Animals & Nature", "People & Body", "Food & Drink"]
+SHORT_NAMES = [["dog"], ["man-boy-boy"], ["apple"]]
+CODEBOOK = 1024
 
 
-def make_tiny_weights(folder: Path) -> Path:
+def shipped_classes() -> tuple[list, list, list]:
+    """Class names, categories and short names of the shipped built-in model's config.json."""
+    from csdgen.builtin import DEFAULT_WEIGHTS_DIR
+    from csdgen.runs import read_json
+
+    config = read_json(DEFAULT_WEIGHTS_DIR / "config.json")
+    return config["class_names"], config["class_categories"], config["class_short_names"]
+
+
+def make_tiny_weights(folder: Path, classes: tuple[list, list, list] | None = None) -> Path:
+    """Tiny random weights in ``folder``; ``classes``: (names, categories, short names), default the
+    three above (``shipped_classes()`` gives the shipped model's 1,911)."""
+    names, categories, short_names = classes or (CLASS_NAMES, CATEGORIES, SHORT_NAMES)
     torch.manual_seed(0)
     folder.mkdir(parents=True, exist_ok=True)
-    vq_cfg = VQConfig(channels=8, mid=8, hidden=8, codebook_size=512, code_dim=8)
-    llama = {"vocab_size": 512 + len(CLASS_NAMES) + 1, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-             "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 257}
-    clf_cfg = {"num_classes": len(CLASS_NAMES), "width": 8, "feature_dim": 16}
+    vq_cfg = VQConfig(channels=8, mid=8, hidden=8, codebook_size=CODEBOOK, code_dim=8)
+    llama = {"vocab_size": CODEBOOK + len(names) + 1, "hidden_size": 32, "intermediate_size": 64,
+             "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 257}
+    clf_cfg = {"num_classes": len(names), "width": 8, "feature_dim": 16}
     vq, ar, clf = VQTokenizer(vq_cfg), build_ar_model(llama), CropClassifier(**clf_cfg)
     with torch.no_grad():
         ar.lm_head.weight.mul_(10.0)
     for module, name in ((vq, "vq"), (ar, "ar"), (clf, "classifier")):
         save_file({k: v.contiguous() for k, v in module.state_dict().items()}, str(folder / f"{name}.safetensors"))
-    write_json({"class_names": CLASS_NAMES, "num_classes": len(CLASS_NAMES), "codebook_size": 512, "grid": [16, 16],
-                "image_size": 64, "null_class_id": 512 + len(CLASS_NAMES), "vq": vq_cfg.to_dict(), "llama": llama,
-                "classifier": clf_cfg}, folder / "config.json")
+    write_json({"class_names": names, "class_categories": categories, "class_short_names": short_names,
+                "num_classes": len(names), "codebook_size": CODEBOOK, "grid": [16, 16], "image_size": 64,
+                "class_token_offset": CODEBOOK, "null_class_id": CODEBOOK + len(names), "vq": vq_cfg.to_dict(),
+                "llama": llama, "classifier": clf_cfg}, folder / "config.json")
     real = torch.rand(40, 3, 64, 64) * 2 - 1
     save_file(reference_feature_states(clf.eval(), real), str(folder / REFERENCE_FILE))
     return folder

@@ -68,8 +68,11 @@ def reference(builtin_weights, tmp_path_factory):
 def test_records_files_and_report(reference):
     records = _records(reference)
     assert len(records) == 6 and {k[:2] for k in records} == {("ar", 0), ("csd", 0)}
-    first = records[("csd", 0, "00000-brick")]
-    assert first["prompt"] == "brick" and first["prompt_index"] == 0
+    first = records[("csd", 0, "00000-dog-face")]
+    assert first["prompt"] == "dog face" and first["prompt_index"] == 0
+    # the built-in default: classes spread over the categories (ClassNames.spread: 0, 2, 1 of 3 classes)
+    assert [records[("csd", 0, p)]["prompt"] for p in ("00001-red-apple", "00002-family-man-boy-boy")] == [
+        "red apple", "family: man, boy, boy"]
     assert sum(first["accepted_length_histogram"]) == first["steps"] and first["num_tokens"] == 256
     assert sum(n * c for n, c in enumerate(first["accepted_length_histogram"])) == 256
     assert "seed" not in first["settings"] and first["settings"]["window"] == 16
@@ -172,7 +175,8 @@ def test_janus_table_has_every_column_with_clip_fid_and_nll(tmp_path_factory, ti
     (["--prompts", "coco"], "--prompts coco: the built-in model takes class names"),
     (["--prompts", "imagenet"], "unknown prompt set 'imagenet': use one of coco, parti or the path of a prompt file"),
     (["--prompts", "EMPTY"], "holds no prompts"),
-    (["--prompts", "BAD_CLASS"], "'zebra' is not a class of the built-in model; allowed: brick, coffee, moon"),
+    (["--prompts", "BAD_CLASS"], "unknown class 'red appel'; did you mean 'red apple'?"),
+    (["--prompts", "INDEX"], "class index 7: allowed 0..2"),
     (["--clip-model", "MISSING"], "CLIP weights not found in the folder"),
     (["--inception-weights", "MISSING", "--fid-reference", "MISSING"], "FID Inception weights not found at"),
     (["--inception-weights", "MISSING"], "--inception-weights needs --fid-reference DIR"),
@@ -181,9 +185,11 @@ def test_janus_table_has_every_column_with_clip_fid_and_nll(tmp_path_factory, ti
 ])
 def test_bad_input_is_one_line(builtin_weights, tmp_path, capsys, extra, message):
     (tmp_path / "empty.txt").write_text("\n\n")
-    (tmp_path / "classes.txt").write_text("brick\nzebra\n")
+    (tmp_path / "classes.txt").write_text("dog face\nred appel\n")
+    (tmp_path / "index.txt").write_text("2\n7\n")
     (tmp_path / "missing").mkdir()
-    names = {"EMPTY": tmp_path / "empty.txt", "BAD_CLASS": tmp_path / "classes.txt", "MISSING": tmp_path / "missing"}
+    names = {"EMPTY": tmp_path / "empty.txt", "BAD_CLASS": tmp_path / "classes.txt", "INDEX": tmp_path / "index.txt",
+             "MISSING": tmp_path / "missing"}
     extra = [str(names.get(e, e)) for e in extra]
     assert _bench(builtin_weights, tmp_path / "out", *extra) == 2
     err = capsys.readouterr().err.strip()
@@ -223,8 +229,8 @@ def test_bench_image_is_csdgen_generate_image_at_the_same_seed_and_window(builti
 
     out = tmp_path / "generate"
     assert cli.main(["generate", "--weights", str(builtin_weights), "-n", "2", "--batch-size", "2", "--method", "csd",
-                     "--window", "16", "--no-maps", "--out", str(out)]) == 0
-    for i, name in enumerate(["brick", "coffee"]):
+                     "--window", "16", "--no-maps", "--class", "dog face,red apple", "--out", str(out)]) == 0
+    for i, name in enumerate(["dog-face", "red-apple"]):
         upscaled = np.asarray(Image.open(out / f"{i:04d}_{name}.png"))  # generate saves the built-in 64 px images x2
         own = np.asarray(Image.open(reference / "images" / "csd-seed0" / f"{i:05d}-{name}.png"))
         assert np.array_equal(upscaled[::2, ::2], own)

@@ -10,7 +10,7 @@ from csdgen import cli
 from csdgen.cli._options import engine_kwargs
 from csdgen.models.builtin import load_builtin_model
 
-from builtin_fixture import CLASS_NAMES, make_tiny_weights
+from builtin_fixture import CLASS_NAMES, CODEBOOK, make_tiny_weights
 
 
 @pytest.fixture(scope="module")
@@ -24,12 +24,16 @@ def run(*argv):
 
 def test_generate_writes_images_maps_and_record(weights, tmp_path, capsys):
     out = tmp_path / "out"
-    assert run("generate", "--weights", weights, "-n", 3, "--batch-size", 2, "--out", out, "--class", "moon,brick") == 0
+    # "family: man, boy, boy" holds commas: the longest known name is taken, the next piece is another class
+    assert run("generate", "--weights", weights, "-n", 3, "--batch-size", 2, "--out", out,
+               "--class", "Family: Man, Boy, Boy,dog face") == 0
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["0000_moon.png", "0000_moon_map.png", "0001_brick.png", "0001_brick_map.png",
-                     "0002_moon.png", "0002_moon_map.png", "record.json"]
+    assert files == ["0000_family-man-boy-boy.png", "0000_family-man-boy-boy_map.png", "0001_dog-face.png",
+                     "0001_dog-face_map.png", "0002_family-man-boy-boy.png", "0002_family-man-boy-boy_map.png",
+                     "record.json"]
     record = json.loads((out / "record.json").read_text())
     assert record["settings"]["method"] == "csd" and len(record["images"]) == 3
+    assert [record["images"][k]["class"] for k in "012"] == ["family: man, boy, boy", "dog face", "family: man, boy, boy"]
     image = record["images"]["0"]
     assert image["tokens"] == 256 and image["steps"] >= 1 and image["step_compression"] == pytest.approx(256 / image["steps"])
     assert sum(image[f"tokens_{k}"] for k in ("sampled", "accepted", "relaxed", "resampled")) == 256
@@ -40,18 +44,18 @@ def test_generate_writes_images_maps_and_record(weights, tmp_path, capsys):
 def test_generate_resumes_without_redoing_and_keeps_written_images(weights, tmp_path):
     out = tmp_path / "out"
     assert run("generate", "--weights", weights, "-n", 2, "--batch-size", 1, "--out", out, "--method", "sjd") == 0
-    first = (out / "0000_brick.png").stat().st_mtime_ns
-    (out / "0001_coffee.png").unlink()  # as if the run had been killed before the second batch
+    first = (out / "0000_dog-face.png").stat().st_mtime_ns
+    (out / "0001_family-man-boy-boy.png").unlink()  # as if the run had been killed before the second batch
     assert run("generate", "--weights", weights, "-n", 2, "--batch-size", 1, "--out", out, "--method", "sjd") == 0
-    assert (out / "0000_brick.png").stat().st_mtime_ns == first  # not regenerated
-    assert (out / "0001_coffee.png").is_file()
+    assert (out / "0000_dog-face.png").stat().st_mtime_ns == first  # not regenerated
+    assert (out / "0001_family-man-boy-boy.png").is_file()
 
 
 def test_same_seed_same_images_other_seed_other_images(weights, tmp_path):
     def png(out, seed):
-        assert run("generate", "--weights", weights, "-n", 1, "--out", out, "--class", "coffee", "--seed", seed,
+        assert run("generate", "--weights", weights, "-n", 1, "--out", out, "--class", "red apple", "--seed", seed,
                    "--window", 8) == 0  # a fixed window: bit-identical images (auto: identical in law)
-        return (out / "0000_coffee.png").read_bytes()
+        return (out / "0000_red-apple.png").read_bytes()
 
     assert png(tmp_path / "a", 4) == png(tmp_path / "b", 4) != png(tmp_path / "c", 5)
     assert load_builtin_model(weights).class_names == CLASS_NAMES
@@ -60,10 +64,13 @@ def test_same_seed_same_images_other_seed_other_images(weights, tmp_path):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--class", "dog"], "unknown class 'dog'"),
+        (["--class", "dog fase"], "unknown class 'dog fase'; did you mean 'dog face'?"),
+        (["--class", "red apple,teapot"], "unknown class 'teapot' (any of the 3 class names"),
+        (["--class", "3"], "class index 3: allowed 0..2"),
+        (["--class", " , "], "no class given"),
         (["--lam", "-1"], "lam=-1.0"),
         (["--delta", "2"], "delta=2.0"),
-        (["--top-k", "600"], "top_k=600 exceeds"),
+        (["--top-k", "2000"], "top_k=2000 exceeds"),
         (["--window", "0"], None),
         (["-n", "-3"], None),
     ],
@@ -101,8 +108,10 @@ def test_missing_weights_folder_is_a_clear_error(tmp_path, capsys):
 
 def test_compare_prints_and_saves_one_table(weights, tmp_path, capsys):
     out = tmp_path / "cmp"
-    argv = ["compare", "--weights", weights, "-n", 4, "--batch-size", 2, "--out", out, "--methods", "sjd,csd"]
+    argv = ["compare", "--weights", weights, "-n", 4, "--batch-size", 2, "--out", out, "--methods", "sjd,csd",
+            "--class", "Family: Man, Boy, Boy,apple"]  # a name holding commas, then a short name
     assert run(*argv) == 0
+    assert json.loads((out / "run_ar.json").read_text())["key"]["classes"] == ["1", "2", "1", "2"]
     table = (out / "compare.md").read_text()
     for name in ("| ar |", "| sjd |", "| csd |", "| ar-seed2 |"):
         assert name in table
@@ -116,11 +125,12 @@ def test_compare_prints_and_saves_one_table(weights, tmp_path, capsys):
 
 def test_token_nll_matches_a_manual_computation(weights):
     model = load_builtin_model(weights)
-    tokens = torch.randint(512, (2, 256), generator=torch.Generator().manual_seed(0))
-    nll = model.token_nll(tokens, [0, 2])
-    ids = torch.tensor([[512], [514]])
-    logits = model.backbone(input_ids=torch.cat([ids, tokens[:, :-1]], 1)).logits[..., :512]
-    manual = torch.nn.functional.cross_entropy(logits.reshape(-1, 512), tokens.reshape(-1), reduction="none").reshape(2, -1).mean(-1)
+    V = CODEBOOK
+    tokens = torch.randint(V, (2, 256), generator=torch.Generator().manual_seed(0))
+    nll = model.token_nll(tokens, [0, "red apple"])
+    ids = torch.tensor([[V], [V + 2]])
+    logits = model.backbone(input_ids=torch.cat([ids, tokens[:, :-1]], 1)).logits[..., :V]
+    manual = torch.nn.functional.cross_entropy(logits.reshape(-1, V), tokens.reshape(-1), reduction="none").reshape(2, -1).mean(-1)
     torch.testing.assert_close(nll, manual.detach(), rtol=1e-4, atol=1e-4)
 
 
@@ -148,8 +158,8 @@ def test_resume_refuses_other_classes_or_settings_in_the_same_folder(weights, tm
     """Regression: a rerun with another --class used to reuse the old images and exit 0."""
     out = tmp_path / "out"
     assert run("generate", "--weights", weights, "-n", 2, "--batch-size", 2, "--out", out) == 0
-    assert run("generate", "--weights", weights, "-n", 2, "--batch-size", 2, "--out", out, "--class", "moon") == 2
-    assert "holds image 0 for 'brick', this run asks for 'moon'" in capsys.readouterr().err
+    assert run("generate", "--weights", weights, "-n", 2, "--batch-size", 2, "--out", out, "--class", "red apple") == 2
+    assert "holds image 0 for 'dog face', this run asks for 'red apple'" in capsys.readouterr().err
     assert run("generate", "--weights", weights, "-n", 2, "--batch-size", 1, "--out", out, "--seed", 3) == 2
     assert "other settings (seed: 0 there, 3 here)" in capsys.readouterr().err
     assert run("generate", "--weights", weights, "-n", 2, "--batch-size", 1, "--out", out) == 0  # batch size: resumes

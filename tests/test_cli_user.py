@@ -72,7 +72,9 @@ def test_compare_honours_window_lambda_draft_init_and_entropy_unit(weights, tmp_
     out = tmp_path / "cmp"
     assert run("compare", "--weights", weights, "-n", 2, "--methods", "csd", "--window", 8, "--lam", 0.3, "--delta", 0.5,
                "--draft-init", "onehot", "--entropy-unit", "normalized", "--out", out) == 0
-    settings = json.loads((out / "run_csd.json").read_text())["settings"]
+    run_csd = json.loads((out / "run_csd.json").read_text())
+    assert run_csd["key"]["classes"] == ["0", "2"]  # no --class: classes spread over the categories (ClassNames.spread)
+    settings = run_csd["settings"]
     assert settings["window"] == 8 and settings["draft_init"] == "onehot"
     assert settings["rule"] == {"lam": 0.3, "delta": 0.5, "entropy_unit": "normalized"}
 
@@ -232,17 +234,19 @@ def test_batch_is_capped_by_memory_and_written_batch_by_batch(weights, tmp_path,
 
 def test_api_save_run_and_pil_images(weights, tmp_path):
     model = load_builtin_model(weights)
-    summary = csdgen.save_run(model, ["coffee", 0], tmp_path / "api", method="sjd", window=8, seed=1, scale=2)
+    # conditions by name (any case and spacing, or a short name) or index
+    summary = csdgen.save_run(model, ["Family: Man,Boy,Boy", 0], tmp_path / "api", method="sjd", window=8, seed=1, scale=2)
     assert summary.images == 2 and summary.line().startswith("2 images, 512 tokens")
     names = sorted(p.name for p in (tmp_path / "api").iterdir())
-    assert names == ["0000_coffee.png", "0000_coffee_map.png", "0001_brick.png", "0001_brick_map.png", "record.json"]
+    assert names == ["0000_family-man-boy-boy.png", "0000_family-man-boy-boy_map.png", "0001_dog-face.png",
+                     "0001_dog-face_map.png", "record.json"]
     record = json.loads((tmp_path / "api" / "record.json").read_text())
-    assert record["images"]["0"]["class"] == "coffee" and record["settings"]["window"] == 8
+    assert record["images"]["0"]["class"] == "family: man, boy, boy" and record["settings"]["window"] == 8
     result = csdgen.generate(model, [1, 0], method="sjd", window=8, seed=1)  # images 0 and 1 of the run
     pictures = csdgen.pil_images(model, result, scale=2)
     assert [p.size for p in pictures] == [(128, 128)] * 2 and pictures[0].mode == "RGB"
-    assert pictures[0].tobytes() == Image.open(tmp_path / "api" / "0000_coffee.png").convert("RGB").tobytes()
-    again = csdgen.save_run(model, ["coffee", 0], tmp_path / "api", method="sjd", window=8, seed=1, scale=2)
+    assert pictures[0].tobytes() == Image.open(tmp_path / "api" / "0000_family-man-boy-boy.png").convert("RGB").tobytes()
+    again = csdgen.save_run(model, ["man-boy-boy", "dog face"], tmp_path / "api", method="sjd", window=8, seed=1, scale=2)
     assert again.resumed == 2 and again.run_seconds == 0.0
 
 
@@ -270,7 +274,7 @@ def test_resume_summary_counts_the_time_of_kept_images(weights, tmp_path, capsys
     argv = ["generate", "--weights", weights, "-n", 2, "--batch-size", 1, "--out", out]
     assert run(*argv) == 0
     first = json.loads((out / "record.json").read_text())
-    (out / "0001_coffee.png").unlink()
+    (out / "0001_family-man-boy-boy.png").unlink()
     capsys.readouterr()
     assert run(*argv) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
@@ -321,10 +325,17 @@ def test_model_only_option_grammar(tmp_path, capsys):
     assert "--prompt, --dtype need --model" in capsys.readouterr().err
 
 
-def test_class_names_any_case_and_listed_in_help(weights, tmp_path, capsys):
-    assert run("generate", "--weights", weights, "-n", 2, "--class", "MOON,Brick", "--no-maps", "--out", tmp_path / "o") == 0
-    assert sorted(p.name for p in (tmp_path / "o").glob("*.png")) == ["0000_moon.png", "0001_brick.png"]
-    assert "astronaut, brick, camera" in helptext(capsys, "generate")
+def test_class_names_any_case_and_the_help_says_how_to_list_them(weights, tmp_path, capsys):
+    assert run("generate", "--weights", weights, "-n", 2, "--class", "RED  APPLE,Dog Face", "--no-maps",
+               "--out", tmp_path / "o") == 0
+    assert sorted(p.name for p in (tmp_path / "o").glob("*.png")) == ["0000_red-apple.png", "0001_dog-face.png"]
+    capsys.readouterr()
+    text = helptext(capsys, "generate").replace("--list- classes", "--list-classes")  # argparse wraps at hyphens
+    shipped = _options.builtin_class_names()
+    assert f"the {len(shipped):,} classes of the shipped model" in text and "List them: --list-classes" in text
+    assert "--list-classes [CATEGORY]" in text and "random" in text
+    assert sum(name in text for name in shipped[:50]) <= 3  # examples, not the list (1,911 names)
+    assert len(text) < 20_000
 
 
 def test_device_is_accepted_for_the_builtin_model(weights, tmp_path, capsys):
@@ -340,9 +351,9 @@ def test_png_size_and_map_panels_are_as_documented(weights, tmp_path):
     from csdgen.evaluation.maps import LEGEND_H, PANEL_TITLES, TITLE_H
 
     out = tmp_path / "o"
-    assert run("generate", "--weights", weights, "-n", 1, "--class", "moon", "--out", out) == 0
-    assert Image.open(out / "0000_moon.png").size == (128, 128)  # 64 x 64, nearest neighbour x2
-    map_ = Image.open(out / "0000_moon_map.png").convert("L")
+    assert run("generate", "--weights", weights, "-n", 1, "--class", "red apple", "--out", out) == 0
+    assert Image.open(out / "0000_red-apple.png").size == (128, 128)  # 64 x 64, nearest neighbour x2
+    map_ = Image.open(out / "0000_red-apple_map.png").convert("L")
     assert map_.size == (3 * 128 + 8, TITLE_H + 128 + LEGEND_H)
     title_strip = map_.crop((0, 0, map_.width, TITLE_H))
     assert min(title_strip.tobytes()) < 100  # titles are drawn
@@ -368,12 +379,12 @@ def test_another_batch_size_resumes_the_same_images(weights, tmp_path, capsys):
     common = ["generate", "--weights", weights, "-n", 4, "--window", 8, "--no-maps"]
     assert run(*common, "--batch-size", 1, "--out", fresh) == 0
     assert run(*common, "--batch-size", 4, "--out", resumed) == 0
-    for name in ("0002_moon.png", "0003_brick.png"):
+    for name in ("0002_red-apple.png", "0003_dog-face.png"):
         (resumed / name).unlink()  # as if stopped
     capsys.readouterr()
     assert run(*common, "--batch-size", 2, "--out", resumed) == 0
     assert capsys.readouterr().out.startswith("4 images (2 kept from an earlier run)")
-    for name in ("0000_brick.png", "0001_coffee.png", "0002_moon.png", "0003_brick.png"):
+    for name in ("0000_dog-face.png", "0001_family-man-boy-boy.png", "0002_red-apple.png", "0003_dog-face.png"):
         assert (fresh / name).read_bytes() == (resumed / name).read_bytes(), name  # batch size never changes an image
     record = json.loads((resumed / "record.json").read_text())
     assert [b["images"] for b in record["batches"]] == [[0, 1, 2, 3], [2, 3]] and record["totals"]["runs"] == 2
@@ -382,8 +393,8 @@ def test_another_batch_size_resumes_the_same_images(weights, tmp_path, capsys):
 def test_api_and_cli_use_the_models_defaults(weights, tmp_path):
     """Regression: csdgen.generate(model, ["coffee"]) ran window 16, guidance 1 where the CLI ran window 32, guidance 3."""
     model = load_builtin_model(weights)
-    api = csdgen.generate(model, ["coffee"]).settings
-    assert run("generate", "--weights", weights, "-n", 1, "--class", "coffee", "--no-maps", "--out", tmp_path / "o") == 0
+    api = csdgen.generate(model, ["red apple"]).settings
+    assert run("generate", "--weights", weights, "-n", 1, "--class", "red apple", "--no-maps", "--out", tmp_path / "o") == 0
     cli_settings = json.loads((tmp_path / "o" / "record.json").read_text())["settings"]
     d = model.defaults
     assert api["window"] == cli_settings["window"] == "auto"
@@ -391,7 +402,7 @@ def test_api_and_cli_use_the_models_defaults(weights, tmp_path):
     assert api["temperature"] == cli_settings["sampling"]["temperature"] == d.temperature
     assert api["rule"] == {"lam": d.lam, "delta": d.delta, "entropy_unit": "nats"}
     assert cli_settings["rule"] == f"CSD(lam={d.lam}, delta={d.delta}, entropy_unit='nats')"
-    summary = csdgen.save_run(model, ["coffee"], tmp_path / "api", maps=False)
+    summary = csdgen.save_run(model, ["red apple"], tmp_path / "api", maps=False)
     assert json.loads((tmp_path / "api" / "record.json").read_text())["images"]["0"]["steps"] == summary.steps
 
 
@@ -402,3 +413,53 @@ def test_usage_errors_are_one_line_naming_the_value(capsys, argv):
     err = usage_error(capsys, *argv)
     assert err.count("\n") == 1 and "error:" in err and "--help" in err
     assert argv[-1] in err
+
+
+# ---- 10. classes by name (issue 19: 1,911 emoji, names with commas and colons) ----
+
+def test_random_classes_come_from_the_seed_and_aliases_and_repeats_work(weights, tmp_path):
+    from builtin_fixture import CLASS_NAMES
+
+    def classes(*argv, out):
+        assert run("generate", "--weights", weights, "--no-maps", "--window", 4, "--out", tmp_path / out, *argv) == 0
+        record = json.loads((tmp_path / out / "record.json").read_text())
+        return [record["images"][str(i)]["class"] for i in range(len(record["images"]))]
+
+    drawn = classes("-n", 3, "--class", "random", "--seed", 7, out="r")
+    assert sorted(drawn) == sorted(CLASS_NAMES)  # three images, three different classes
+    model = load_builtin_model(weights)
+    assert drawn == [CLASS_NAMES[i] for i in model.classes.assign(["random"], 3, seed=7)]
+    assert classes("-n", 3, "--class", "apple", "--class", "dog face,2", out="a") == ["red apple", "dog face", "red apple"]
+
+
+def test_list_classes_by_category_without_loading_the_model(weights, tmp_path, capsys):
+    assert run("generate", "--weights", weights, "--list-classes") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == ["Animals & Nature (1):", "  0  dog face  (also: dog)"]
+    assert "  1  family: man, boy, boy  (also: man-boy-boy)" in out and out[-1].startswith("3 classes in all")
+    assert run("compare", "--weights", weights, "--list-classes", "FOOD") == 0
+    assert capsys.readouterr().out.splitlines()[:2] == ["Food & Drink (1):", "  2  red apple  (also: apple)"]
+    assert run("generate", "--weights", weights, "--list-classes", "plants") == 2
+    err = capsys.readouterr().err
+    assert "no class category matches 'plants'; allowed: Animals & Nature, People & Body, Food & Drink" in err
+    assert not (tmp_path / "outputs").exists()
+    code = ("import sys; from csdgen import cli\n"
+            "assert cli.main(['generate', '--list-classes', 'food']) == 0\n"
+            "print('torch' in sys.modules, file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
+    assert proc.stderr.strip() == "False"  # the shipped model's list, read from its config.json alone
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("Food & Drink (") and any(line.split("  ")[2:3] == ["red apple"] for line in lines)
+
+
+def test_every_shipped_class_name_is_found_whole_and_by_its_short_names():
+    """The shipped config: 1,911 unique names; a name with commas ("family: man, boy, boy") is one class,
+    and a short name reaches its class unless it is another class's name."""
+    classes = _options.class_lookup()
+    names = classes.names
+    assert len(names) == len(set(names)) and len(names) == load_builtin_model().num_classes
+    for i, name in enumerate(names):
+        assert classes.split(name) == [name] and classes.index(name.upper()) == i, name
+    assert sum("," in n for n in names) > 10 and "keycap: *" in names
+    assert classes.split("family: man, boy, boy,dog face") == ["family: man, boy, boy", "dog face"]
+    assert names[classes.index("apple")] == "red apple" and names[classes.index("thumbsup")] == "thumbs up sign"

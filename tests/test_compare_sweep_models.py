@@ -78,13 +78,15 @@ def test_prompts_on_the_builtin_model_as_bench_one_line(builtin_weights, tmp_pat
 
 def test_sweep_on_the_builtin_model_with_a_class_file_plots_its_offline_scores(builtin_weights, tmp_path):
     classes = tmp_path / "classes.txt"
-    classes.write_text("brick\nMoon\n")
+    classes.write_text("Family: Man, Boy,Boy\napple\n")  # one class per line: commas inside a name, a short name
     out = tmp_path / "sweep"
     assert cli.main(["sweep", "--weights", str(builtin_weights), "--prompts", str(classes), "--baselines", "ar",
                      "--csd-lam", "0.5", "--addition-c", "", "--gsd-radius", "", "--lantern-delta", "", "--windows", "8",
                      "--out", str(out)]) == 0
     rows = _csv(out / "sweep.csv")
     assert [r["method"] for r in rows] == ["ar", "csd"] and all(r["images"] == "2" for r in rows)
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert {r["prompt"] for r in records} == {"family: man, boy, boy", "red apple"}
     for row in rows:
         assert 0 <= float(row["class_consistency"]) <= 1 and float(row["frechet_distance"]) >= 0 and float(row["nll"]) > 0
     assert (out / "frontier.png").is_file()

@@ -353,3 +353,23 @@ def test_runs_in_batches_give_the_same_images_at_any_batch_size(cached_model):
             tokens[indices] = result.tokens
         by_size[size] = tokens
     assert torch.equal(by_size[1], by_size[4]) and torch.equal(by_size[1], by_size[6])
+
+
+def test_code_logits_equal_the_full_output_layer_restricted_to_the_codebook(cached_model):
+    """The fast output layer (codebook rows only) against the plain one: lm_head over the whole
+    vocabulary, then the first V columns; through a session's prefill and window forward too."""
+    V = cached_model.codebook_size
+    hidden = torch.randn(2, 5, cached_model.backbone.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    full = cached_model.backbone.lm_head(hidden)
+    assert full.shape[-1] > V
+    torch.testing.assert_close(cached_model.code_logits(hidden), full[..., :V], rtol=1e-5, atol=1e-5)
+    session = cached_model.start([1, 3], None, guided=True)
+    first = session.prefill()
+    tokens = torch.randint(V, (2, 6), generator=torch.Generator().manual_seed(1))
+    window = session.forward(tokens, torch.zeros(2, dtype=torch.long))
+    ids = torch.tensor([[V + 1], [V + 3], [V + cached_model.num_classes], [V + cached_model.num_classes]])
+    plain = cached_model.backbone(input_ids=torch.cat([ids, torch.cat([tokens, tokens])], 1)).logits[..., :V]
+    torch.testing.assert_close(first.cond[:, 0], plain[:2, 0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(first.uncond[:, 0], plain[2:, 0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(window.cond, plain[:2, 1:], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(window.uncond, plain[2:, 1:], rtol=1e-4, atol=1e-4)

@@ -43,18 +43,26 @@ def builtin():
 
 
 def _parse(model, **changes):
-    values = dict(condition="coffee", methods=["ar", "csd"], window="8", lam=0.5, delta=0.65, guidance_scale=3.0, seed=0)
+    values = dict(condition="red apple", methods=["ar", "csd"], window="8", lam=0.5, delta=0.65, guidance_scale=3.0, seed=0)
     values.update(changes)
     return parse_inputs(model, **values)
 
 
 def test_inputs_are_checked_with_one_line_messages(builtin):
     settings = _parse(builtin)
-    assert (settings.condition, settings.window, settings.methods, settings.seed) == (builtin.class_names.index("coffee"), 8,
-                                                                                      ["ar", "csd"], 0)
+    assert (settings.condition, settings.window, settings.methods, settings.seed) == (builtin.class_names.index("red apple"),
+                                                                                      8, ["ar", "csd"], 0)
+    assert settings.label == "red apple"
     assert _parse(builtin, condition="3", window=4.0).condition == 3
+    # any case and spacing, a short name, a name holding commas, random (drawn from the seed, named)
+    assert _parse(builtin, condition="  DOG   Face").label == "dog face"
+    assert _parse(builtin, condition="apple").label == "red apple"
+    assert _parse(builtin, condition="Family: Man,Boy,Boy").label == "family: man, boy, boy"
+    drawn = _parse(builtin, condition="random", seed=4)
+    assert drawn.label == builtin.class_names[drawn.condition] == _parse(builtin, condition="RANDOM", seed=4).label
+    assert drawn.condition == builtin.classes.assign(["random"], 1, seed=4)[0]
     bad = {
-        "condition": ("teapot", "unknown class 'teapot'; allowed: astronaut"),
+        "condition": ("red appel", "unknown class 'red appel'; did you mean 'red apple'"),
         "methods": ([], "no method chosen; allowed: ar, sjd"),
         "window": ("0", "window='0': allowed: an integer >= 1"),
         "lam": (-1, "lam=-1.0: the CSD relaxation coefficient lambda must be a finite number >= 0"),
@@ -253,13 +261,14 @@ def test_page_in_headless_chromium(demo_server, tmp_path):
             page.on("requestfailed", lambda r: failed.append(f"{r.url} {r.failure}"))
             page.on("response", lambda r: failed.append(f"{r.url} HTTP {r.status}") if r.status >= 400 else None)
             page.goto(demo_server, wait_until="domcontentloaded")
-            page.locator("#condition").locator("input, textarea").first.fill("coffee")
+            page.locator("#condition").locator("input, textarea").first.fill("Red Apple")
             page.locator("#window").locator("input, textarea").first.fill("16")
             methods = page.locator("#methods")
             expect(methods.get_by_label("AR", exact=True)).to_be_checked()
             expect(methods.get_by_label("CSD", exact=True)).to_be_checked()
             page.locator("#run").click()
             expect(page.locator("#stats table")).to_be_visible(timeout=240_000)
+            expect(page.locator("#progress")).to_contain_text("done: red apple, 2 methods")  # the class as the model names it
             shown = "#image-ar img, #acceptance-ar img, #entropy-ar img, #image-csd img, #acceptance-csd img, #entropy-csd img"
             page.wait_for_function(f"""() => {{ const imgs = [...document.querySelectorAll({shown!r})];
                 return imgs.length === 6 && imgs.every(i => i.complete && i.naturalWidth > 0); }}""", timeout=30_000)

@@ -66,3 +66,14 @@ def test_ci_and_readme_install_with_the_constraints_file():
     blocks = re.findall(r"```bash\n(.*?)```", readme, re.S)
     assert all("-c constraints.txt" in block for block in blocks[:2] if "pip install" in block)
     assert "pip install -c constraints.txt ." in blocks[0] and 'pip install -c constraints.txt -e ".[test]"' in blocks[1]
+
+
+def test_builtin_weights_stay_under_25_mb_and_ship_with_the_package():
+    """Issue 19: the built-in model's files stay under 25 MB in all; package-data includes every one."""
+    folder = ROOT / "csdgen" / "builtin" / "weights"
+    files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".json"))
+    assert {p.name for p in files} >= {"ar.safetensors", "vq.safetensors", "classifier.safetensors", "config.json",
+                                       "metrics.json", "reference_features.safetensors"}
+    assert sum(p.stat().st_size for p in files) < 25_000_000, [(p.name, p.stat().st_size) for p in files]
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["csdgen.builtin"]
+    assert {"weights/*.safetensors", "weights/*.json"} <= set(data)

@@ -1,9 +1,11 @@
 """The small built-in image model of csdgen: VQ tokenizer + class-conditional Llama AR
-model + crop classifier, trained on the photographs bundled with scikit-image/scikit-learn.
+model + emoji classifier, trained on the 1,911 Noto emoji of the npm package
+emoji-datasource-google (``emoji.py``, ``train.py``; README.md in this folder).
 
-``load_components()`` loads everything offline from ``csdgen/builtin/weights/``.
-Token layout of the AR model: codes are ids 0..511, class ``c`` is id ``512 + c`` and the
-null (unconditional) class is id ``512 + num_classes``; a sequence is
+``load_components()`` loads everything offline from ``csdgen/builtin/weights/`` (weights
+stored float16, loaded as float32). Token layout of the AR model, with ``V`` =
+``config["codebook_size"]`` (1024): codes are ids ``0 .. V - 1``, class ``c`` is id ``V + c``
+and the null (unconditional) class is id ``V + num_classes``; a sequence is
 ``[class_token, code_0, ..., code_255]`` in raster order over the 16 x 16 grid.
 """
 

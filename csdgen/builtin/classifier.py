@@ -1,4 +1,4 @@
-"""Small CNN classifier over 64 x 64 crops (runtime module, torch only).
+"""Small CNN classifier over 64 x 64 images (runtime module, torch only): the built-in model's emoji classifier.
 
 Used for a class-consistency score of generated images and as the feature extractor of
 a Frechet distance (``features`` gives the penultimate-layer embedding).
@@ -20,7 +20,7 @@ def _block(cin: int, cout: int) -> nn.Sequential:
 
 
 class CropClassifier(nn.Module):
-    """Images float [B, 3, 64, 64] in [-1, 1] -> logits over ``num_classes`` photos."""
+    """Images float [B, 3, 64, 64] in [-1, 1] -> logits over ``num_classes`` classes."""
 
     def __init__(self, num_classes: int = 20, width: int = 32, feature_dim: int = 128):
         super().__init__()

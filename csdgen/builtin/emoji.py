@@ -17,7 +17,8 @@ import os
 import shutil
 import subprocess
 import tarfile
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -71,23 +72,43 @@ class EmojiSet:
     """Class names and images of the emoji, before augmentation.
 
     names: one per class, lower case, unique; categories: the package's category per class;
-    images: uint8 [M, 64, 64, 3] (on white), labels: int64 [M] class of each image
-    (M >= number of classes: skin-tone variants are extra images of their base class).
+    short_names: the package's short names per class (``["apple"]`` for "red apple"), the
+    aliases ``--class`` accepts; images: uint8 [M, 64, 64, 3] (on white), labels: int64 [M]
+    class of each image (M >= number of classes: skin-tone variants are extra images of their
+    base class).
     """
 
     names: list[str]
     categories: list[str]
     images: np.ndarray
     labels: np.ndarray
+    short_names: list[list[str]] = field(default_factory=list)
 
 
-def class_name(entry: dict, taken: set[str]) -> str:
-    """Lower-case Unicode name of an emoji.json entry; on a clash (the package names two
-    emoji "MAN IN TUXEDO") the short name with spaces is used instead."""
-    name = " ".join(entry["name"].lower().split())
-    if name in taken:
-        name = entry["short_name"].replace("_", " ").lower()
-    return name
+def class_names(entries: list[dict]) -> list[str]:
+    """Lower-case Unicode names of emoji.json entries, made unique.
+
+    The package gives two emoji the name "MAN IN TUXEDO" (``person_in_tuxedo`` and
+    ``man_in_tuxedo``); every entry whose name is shared takes its first short name with
+    spaces instead ("person in tuxedo", "man in tuxedo").
+
+    Raises:
+        ValueError: names still not unique after that (naming them).
+    """
+    names = [" ".join(e["name"].lower().split()) for e in entries]
+    counts = Counter(names)
+    names = [e["short_name"].replace("_", " ").lower() if counts[n] > 1 else n for n, e in zip(names, entries)]
+    clash = sorted(n for n, k in Counter(names).items() if k > 1)
+    if clash:
+        raise ValueError(f"emoji names still not unique after using short names: {clash}")
+    return names
+
+
+def base_entries(pkg: Path) -> list[dict]:
+    """emoji.json's entries that have a Google image, in the package's sort order (one per class)."""
+    entries = sorted(json.loads((pkg / "emoji.json").read_text()), key=lambda e: e["sort_order"])
+    img_dir = pkg / "img" / "google" / "64"
+    return [e for e in entries if e.get("has_img_google", True) and (img_dir / e["image"]).is_file()]
 
 
 def on_white(path: Path) -> np.ndarray:
@@ -103,17 +124,10 @@ def load_emoji(pkg: Path | None = None, variants: bool = True) -> EmojiSet:
     """All base emoji (sorted by the package's sort order) and, with ``variants``, their
     skin-tone variants as extra images of the same class."""
     pkg = pkg or fetch_package()
-    entries = sorted(json.loads((pkg / "emoji.json").read_text()), key=lambda e: e["sort_order"])
+    entries = base_entries(pkg)
     img_dir = pkg / "img" / "google" / "64"
-    names, cats, images, labels, taken = [], [], [], [], set()
-    for entry in entries:
-        if not entry.get("has_img_google", True) or not (img_dir / entry["image"]).is_file():
-            continue
-        c = len(names)
-        name = class_name(entry, taken)
-        taken.add(name)
-        names.append(name)
-        cats.append(entry["category"])
+    images, labels = [], []
+    for c, entry in enumerate(entries):
         images.append(on_white(img_dir / entry["image"]))
         labels.append(c)
         if variants:
@@ -121,7 +135,34 @@ def load_emoji(pkg: Path | None = None, variants: bool = True) -> EmojiSet:
                 if var.get("has_img_google", True) and (img_dir / var["image"]).is_file():
                     images.append(on_white(img_dir / var["image"]))
                     labels.append(c)
-    return EmojiSet(names, cats, np.stack(images), np.asarray(labels, dtype=np.int64))
+    return EmojiSet(class_names(entries), [e["category"] for e in entries], np.stack(images),
+                    np.asarray(labels, dtype=np.int64), [list(e.get("short_names") or []) for e in entries])
+
+
+def update_config(weights_dir: Path, pkg: Path | None = None) -> dict:
+    """Rewrite the class names and short names of a trained model's ``config.json`` from the package.
+
+    For weights trained before names were made unique (:func:`class_names`) or before
+    ``class_short_names`` was written: the classes must be the package's, in the same order
+    (checked by count and category); only ``class_names`` and ``class_short_names`` change.
+    Atomic write. Returns the new config.
+
+    Raises:
+        ValueError: the config's classes are not the package's (count or categories differ).
+    """
+    path = Path(weights_dir) / "config.json"
+    config = json.loads(path.read_text())
+    entries = base_entries(pkg or fetch_package())
+    cats = [e["category"] for e in entries]
+    if len(entries) != config["num_classes"] or cats != config.get("class_categories", cats):
+        raise ValueError(f"{path}: its {config['num_classes']} classes are not the {len(entries)} emoji of "
+                         f"{PACKAGE}@{VERSION} in the package's order")
+    config["class_names"] = class_names(entries)
+    config["class_short_names"] = [list(e.get("short_names") or []) for e in entries]
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+    return config
 
 
 def augment(image: np.ndarray, rng: np.random.Generator, p_identity: float = 0.3,
@@ -159,3 +200,19 @@ def make_views(data: EmojiSet, per_class: int, seed: int) -> tuple[torch.Tensor,
         out[i] = augment(data.images[rng.choice(members[c])], rng)
     images = torch.from_numpy(out).permute(0, 3, 1, 2).float().div(127.5).sub(1.0)
     return images.contiguous(), torch.from_numpy(labels).long()
+
+
+def main(argv=None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="the built-in model's emoji data")
+    parser.add_argument("--update-config", type=Path, metavar="WEIGHTS_DIR", required=True,
+                        help="rewrite class_names and class_short_names of WEIGHTS_DIR/config.json from the package")
+    args = parser.parse_args(argv)
+    config = update_config(args.update_config)
+    print(f"{args.update_config / 'config.json'}: {len(config['class_names'])} unique class names, "
+          f"{sum(map(len, config['class_short_names']))} short names")
+
+
+if __name__ == "__main__":
+    main()

@@ -314,8 +314,8 @@ def sample_ar(model, class_ids: torch.Tensor, null_id: int, guidance: float = 3.
               temperature: float = 1.0, seed: int = 0, n_tokens: int = 256) -> torch.Tensor:
     """Plain AR sampling with classifier-free guidance and a KV cache (private helper).
 
-    class_ids int64 [B] (token ids 512 + c) -> codes int64 [B, n_tokens].
-    Guided logits = uncond + guidance * (cond - uncond), restricted to the 512 codes.
+    class_ids int64 [B] (token ids CODEBOOK_SIZE + c) -> codes int64 [B, n_tokens].
+    Guided logits = uncond + guidance * (cond - uncond), restricted to the CODEBOOK_SIZE codes.
     """
     from transformers import DynamicCache
 
@@ -439,12 +439,13 @@ def parse_args(argv=None):
 
 
 def write_config(out: Path, args, llama_cfg: dict, vq: VQTokenizer, clf_cfg: dict,
-                 names: list[str], categories: list[str]) -> None:
+                 names: list[str], categories: list[str], short_names: list[list[str]]) -> None:
     config = {
         "format_version": 2,
         "data": "emoji-datasource-google 16.0.0 (Noto emoji, Apache-2.0), 64 x 64 on white",
         "image_size": 64, "grid": list(vq.grid), "codebook_size": CODEBOOK_SIZE,
-        "class_names": list(names), "class_categories": list(categories), "num_classes": len(names),
+        "class_names": list(names), "class_categories": list(categories),
+        "class_short_names": [list(s) for s in short_names], "num_classes": len(names),
         "class_token_offset": CODEBOOK_SIZE, "null_class_id": CODEBOOK_SIZE + len(names),
         "sequence": "[class_token, code_0 .. code_255], raster order",
         "vq": vq.config.to_dict(), "llama": llama_cfg, "classifier": clf_cfg,
@@ -545,7 +546,7 @@ def main(argv=None) -> None:
             "n_heldout": len(yho)}
         log(f"classifier metrics {metrics['classifier']}")
         finish("cls")
-    write_config(args.out, args, llama_cfg, vq, clf_cfg, data.names, data.categories)
+    write_config(args.out, args, llama_cfg, vq, clf_cfg, data.names, data.categories, data.short_names)
     save_safetensors(reference_feature_states(clf.eval(), to_float(xho)), args.out / REFERENCE_FILE)
 
     t = time.time()

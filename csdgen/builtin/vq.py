@@ -1,6 +1,6 @@
 """Small VQ image tokenizer of the built-in model (runtime module, torch only).
 
-64 x 64 RGB images in [-1, 1] <-> 16 x 16 grids of codes in [0, 512).
+64 x 64 RGB images in [-1, 1] <-> 16 x 16 grids of codes in [0, codebook_size) (1024 for the emoji model).
 Codes and encoder outputs are L2-normalised (cosine-similarity lookup), the quantiser
 uses the straight-through estimator with commitment loss, and unused codes can be
 restarted from encoder outputs during training.
@@ -19,10 +19,10 @@ from torch import nn
 class VQConfig:
     """Hyperparameters of :class:`VQTokenizer` (stored in config.json)."""
 
-    channels: int = 24          # width at full resolution (64 px)
-    mid: int = 48               # width at 1/2 resolution (32 px)
-    hidden: int = 96            # width at 1/4 resolution (16 px, the token grid)
-    codebook_size: int = 512
+    channels: int = 32          # width at full resolution (64 px)
+    mid: int = 64               # width at 1/2 resolution (32 px)
+    hidden: int = 128           # width at 1/4 resolution (16 px, the token grid)
+    codebook_size: int = 1024
     code_dim: int = 32
     commitment: float = 0.25
     image_size: int = 64
@@ -69,7 +69,8 @@ def _decoder(cfg: VQConfig) -> nn.Sequential:
 
 
 class VQTokenizer(nn.Module):
-    """Conv VQ tokenizer: 64 px images <-> 16 x 16 code grids, codebook 512 x 32."""
+    """Conv VQ tokenizer: 64 px images <-> 16 x 16 code grids, codebook ``codebook_size`` x ``code_dim``
+    (the emoji model's defaults: 1024 x 32)."""
 
     def __init__(self, config: VQConfig | None = None):
         super().__init__()

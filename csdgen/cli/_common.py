@@ -82,10 +82,27 @@ def clamp_window(window: int | str, num_tokens: int) -> int | str:
     return window
 
 
-def canonical_classes(given: list[str], class_names: list[str]) -> list[str]:
-    """Class names in any case -> the model's spelling; indices and unknown names pass through."""
-    lower = {name.lower(): name for name in class_names}
-    return [lower.get(c.lower(), c) for c in given]
+def class_items(given: list[str] | None, classes) -> list[str] | None:
+    """``--class`` values (each a comma-separated list, repeated or not) -> their items, split by
+    :meth:`csdgen.class_names.ClassNames.split` (commas inside a known name are kept); None if none given."""
+    if given is None:
+        return None
+    return [item for text in given for item in classes.split(text)]
+
+
+def list_classes(args) -> int:
+    """``--list-classes [CATEGORY]``: print the built-in classes by category, read from config.json
+    (``--weights`` or the shipped one) without loading the model. Returns the exit status 0.
+
+    Raises:
+        ValueError: no category matches (naming the categories), a malformed config.
+    """
+    from . import _options
+
+    classes = _options.class_lookup(args.weights)
+    print(classes.listing(args.list_classes or None))
+    print(f"{len(classes)} classes in all; give names (any case), indices or random to --class")
+    return 0
 
 
 def default_window(args, defaults: dict, fixed: bool) -> None:
@@ -95,15 +112,16 @@ def default_window(args, defaults: dict, fixed: bool) -> None:
         args.window = defaults["window"] if fixed else "auto"
 
 
-def builtin_model(args, fixed_window: bool = False):
+def builtin_model(args, fixed_window: bool = False, spread: bool = False):
     """Load the built-in model on ``--device`` (default cpu), with its defaults filled into ``args``.
 
     Returns:
         ``(model, classes)``: the model and one class index per image (``-n`` images, default 8,
-        taking ``--class`` or else every class in turn).
+        taking ``--class`` in turn, ``random`` drawn from ``--seed``, or else every class in turn;
+        with ``spread`` the classes of :meth:`csdgen.class_names.ClassNames.spread`, for measurements).
 
     Raises:
-        ValueError: unknown class (listing the known ones), bad sampling settings, no CUDA.
+        ValueError: unknown class (one line with close matches), bad sampling settings, no CUDA.
         FileNotFoundError: no built-in weights.
     """
     import torch
@@ -132,14 +150,15 @@ def builtin_model(args, fixed_window: bool = False):
     defaults = model_defaults(model, "builtin")
     fill_defaults(args, defaults)
     default_window(args, defaults, fixed_window)
-    if args.classes is not None and not args.classes:
-        raise ValueError("--class '': no class given; allowed: class names or indices, comma-separated (leave --class out "
-                         "for every class in turn)")
-    names = canonical_classes(args.classes, model.class_names) if args.classes else model.class_names
-    ids = model.class_ids(names)  # raises on an unknown class
+    items = class_items(args.classes, model.classes)
+    if items is not None and not items:
+        raise ValueError("--class '': no class given; allowed: class names (any case), indices or random, comma-separated "
+                         "(leave --class out for the default classes; --list-classes lists them)")
     count = args.num_images or 8
+    ids = model.classes.assign(items, count, seed=getattr(args, "seed", 0),
+                               default="spread" if spread else "turn")  # raises on an unknown class
     args.window = clamp_window(args.window, model.num_image_tokens)
-    return model, [ids[i % len(ids)] for i in range(count)]
+    return model, ids
 
 
 def cap_builtin_batch(args, model, window: int, guided: bool, num_images: int) -> int:

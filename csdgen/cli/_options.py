@@ -38,6 +38,26 @@ def builtin_class_names() -> list[str]:
         return []
 
 
+def class_lookup(weights: Path | None = None):
+    """The :class:`csdgen.class_names.ClassNames` of the built-in model's config.json (``weights``
+    folder, default the shipped one), read without loading the model (no torch).
+
+    Raises:
+        FileNotFoundError: no config.json there. ValueError: a malformed config (naming the file).
+    """
+    from csdgen.class_names import ClassNames
+    from csdgen.runs import read_json
+
+    path = (BUILTIN_CONFIG if weights is None else Path(weights) / "config.json")
+    if weights is not None and not path.is_file():
+        raise FileNotFoundError(f"--weights {str(weights)!r}: no config.json there (a built-in weights folder has "
+                                f"config.json and *.safetensors)")
+    config = read_json(path, what="the built-in model's config")
+    if not isinstance(config.get("class_names"), list):
+        raise ValueError(f"{str(path)!r} has no class_names list")
+    return ClassNames(config["class_names"], config.get("class_categories"), config.get("class_short_names"))
+
+
 def _defaults_module():
     """``csdgen/models/defaults.py`` without importing torch (loaded alone when the package is not imported)."""
     module = sys.modules.get("csdgen.models.defaults") or sys.modules.get("_csdgen_help_defaults")
@@ -183,14 +203,23 @@ def numbers(kind):
 # ---- option groups ----
 
 def add_builtin_model(p: argparse.ArgumentParser, *, n_default: str, batch_default: int, out_default: str,
-                      n_minimum: int = 1, checkpoints: bool = False) -> None:
-    """The built-in model, its classes, the image count, seed, batch size, device and output folder."""
+                      n_minimum: int = 1, checkpoints: bool = False, spread: bool = False) -> None:
+    """The built-in model, its classes, the image count, seed, batch size, device and output folder
+    (``spread``: the default classes are spread over the categories, for measurements)."""
     classes = builtin_class_names()
-    listed = f" ({', '.join(classes)}; any case)" if classes else ""
+    example = next((n for n in ("red apple", "dog face") if n in classes), classes[0] if classes else "")
+    shipped = (f"the {len(classes):,} classes of the shipped model, e.g. {example!r}; " if classes else "")
+    default = ("classes spread over all the categories, in a fixed order" if spread
+               else "every class in turn")
     p.add_argument("--weights", type=Path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
-    p.add_argument("--class", dest="classes", type=names, action="extend", default=None, metavar="NAMES",
-                   help=f"built-in class names or indices, comma-separated or repeated, taken in turn "
-                        f"(default: every class in turn){listed}")
+    p.add_argument("--class", dest="classes", action="append", default=None, metavar="NAMES",
+                   help=f"built-in class names ({shipped}any case and spacing, or an emoji's short name), "
+                        f"indices, or random (a class drawn from --seed per image); comma-separated (a name "
+                        f"holding commas, 'family: man, boy, boy', stays whole: the longest name wins) or "
+                        f"repeated, taken in turn (default: {default}). List them: --list-classes")
+    p.add_argument("--list-classes", nargs="?", const="", default=None, metavar="CATEGORY",
+                   help="print the built-in model's classes by category (index, name, short names) and exit; "
+                        "CATEGORY (any part of its name, e.g. food) prints one category")
     why = " (the Frechet distance compares sets of images)" if n_minimum > 1 else ""
     p.add_argument("-n", "--num-images", type=count(n_minimum, why), default=None, metavar="N",
                    help=f"number of images (default {n_default})")

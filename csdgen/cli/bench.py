@@ -17,10 +17,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 from . import _options as opt
-from ._common import canonical_classes, clamp_window, fill_defaults, model_defaults, note, sampling_of, writable
+from ._common import clamp_window, fill_defaults, model_defaults, note, sampling_of, writable
 from ._options import COMPARE_METHODS
 
-#: the built-in model's default number of prompts (its class names in turn)
+#: the built-in model's default number of prompts (its classes spread over the categories)
 BUILTIN_LIMIT = 64
 
 
@@ -37,8 +37,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--weights", type=Path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
     p.add_argument("--prompts", default=None,
                    help="coco (MS-COCO 2017 val, first caption per image), parti (PartiPrompts) or a file (.txt one per "
-                        "line, .jsonl, .tsv); default coco, and for the built-in model its class names in turn "
-                        "(a file of class names also works)")
+                        "line, .jsonl, .tsv); default coco, and for the built-in model its classes spread over the "
+                        "categories (a file of class names, one per line, also works)")
     p.add_argument("--limit", type=opt.count(), default=None, metavar="N",
                    help=f"number of prompts (default: all; built-in {BUILTIN_LIMIT})")
     p.add_argument("--offset", type=opt.count(0, maximum=opt.MAX_OFFSET), default=0, metavar="K",
@@ -99,24 +99,31 @@ def _load(load_prompts, source, args):
         raise
 
 
-def _builtin_prompts(args, class_names: list[str]):
-    """Prompts of the built-in model: its class names in turn, or a file of class names."""
+def _builtin_prompts(args, classes):
+    """Prompts of the built-in model: its classes in the order of
+    :meth:`csdgen.class_names.ClassNames.spread` (from ``--offset``: any stretch reaches every
+    category), or a file of class names (one per line, as
+    :meth:`csdgen.class_names.ClassNames.index` reads them: any case and spacing, short names,
+    indices; each written as the model spells it)."""
     from csdgen.prompts import PROMPT_SETS, Prompt, load_prompts
     from csdgen.runs import slug
 
     if args.prompts is None:
         count = args.limit or BUILTIN_LIMIT
         indices = list(range(args.offset, args.offset + count))
-        names = [class_names[i % len(class_names)] for i in indices]
+        names = [classes.names[c] for c in classes.spread(count, offset=args.offset)]
         return [Prompt(f"{i:05d}-{slug(n)}", n) for i, n in zip(indices, names)], indices
     if args.prompts in PROMPT_SETS:
         raise ValueError(f"--prompts {args.prompts}: the built-in model takes class names, not captions; leave --prompts out "
-                         f"(its class names in turn) or give a file of class names ({', '.join(class_names)})")
+                         f"(its classes spread over the categories) or give a file of class names, one per line "
+                         f"(csdgen generate --list-classes lists them)")
     prompts = _load(load_prompts, args.prompts, args)
-    canonical = canonical_classes([p.text for p in prompts], class_names)
-    bad = [p.text for p, c in zip(prompts, canonical) if c not in class_names]
-    if bad:
-        raise ValueError(f"--prompts {args.prompts}: {bad[0]!r} is not a class of the built-in model; allowed: {', '.join(class_names)}")
+    canonical = []
+    for p in prompts:
+        try:
+            canonical.append(classes.names[classes.index(p.text)])
+        except ValueError as exc:
+            raise ValueError(f"--prompts {args.prompts}: {exc}") from None
     return [type(p)(p.id, c, p.category, p.reference) for p, c in zip(prompts, canonical)], \
         list(range(args.offset, args.offset + len(prompts)))
 
@@ -133,10 +140,10 @@ def _builtin_plan(args, device: str):
     args.classes, args.num_images, args.device = None, 1, device
     _fixed_window(args)
     model, _ = builtin_model(args, fixed_window=True)  # loads, moves to the device, fills the defaults, clamps the window
-    prompts, indices = _builtin_prompts(args, model.class_names)
+    prompts, indices = _builtin_prompts(args, model.classes)
     sampling = sampling_of(args)
     settings = {"model": "builtin", "weights": "shipped" if args.weights is None else str(args.weights),
-                "device": device.split(":")[0], "prompts": args.prompts or "class names in turn", **_method_settings(args, sampling)}
+                "device": device.split(":")[0], "prompts": args.prompts or "classes spread over the categories", **_method_settings(args, sampling)}
     return BenchPlan(model, prompts, indices, [model.class_ids([p.text])[0] for p in prompts], _methods(args, model),
                      args.seeds, _floor(args), args.window, sampling, settings, class_names=list(model.class_names))
 

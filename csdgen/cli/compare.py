@@ -27,7 +27,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                    "cached run_<method>.json/.safetensors per method into --out. With --model and/or "
                                    "--prompts it runs as csdgen bench with these methods (records, resume, report.md) "
                                    "and writes its table as compare.md and compare.csv.")
-    opt.add_builtin_model(p, n_default="64", batch_default=16, out_default="compare", n_minimum=2)
+    opt.add_builtin_model(p, n_default="64", batch_default=16, out_default="compare", n_minimum=2, spread=True)
     p.add_argument("--methods", type=opt.names_of(COMPARE_METHODS, "method"), default=None,
                    help=f"comma-separated, of {','.join(COMPARE_METHODS)} (default: all; ar is always run)")
     opt.add_method_options(p, fixed_window=True)
@@ -66,13 +66,16 @@ def run(args) -> int:
     from csdgen.evaluation.maps import image_grid, save_png, to_uint8
     from csdgen.evaluation.quality import QualityScorer
 
+    from ._common import list_classes
     from .bench import uses_bench
 
+    if args.list_classes is not None:
+        return list_classes(args)
     if uses_bench(args):
         return _run_bench(args)
     if args.num_images is None:
         args.num_images = 64
-    model, classes = builtin_model(args, fixed_window=True)
+    model, classes = builtin_model(args, fixed_window=True, spread=True)
     sampling = sampling_of(args)
     presets = method_presets(args.lam, args.delta, args.addition_c, model.codebook_embeddings(),
                              entropy_unit=args.entropy_unit, draft_init=args.draft_init)

@@ -1,6 +1,7 @@
 """``csdgen generate``: images with CSD (or another method) on the built-in model or a checkpoint.
 
-Writes into ``--out``: ``NNNN_<class or prompt>.png`` per image (the built-in model's 64 x 64
+Writes into ``--out``: ``NNNN_<class or prompt>.png`` per image (the name's lower-case words
+joined by ``-``, :func:`csdgen.runs.slug`) (the built-in model's 64 x 64
 images upscaled x2 by nearest neighbour to 128 x 128; checkpoints at their own size),
 ``NNNN_<...>_map.png`` (acceptance map, unless ``--no-maps``) and ``record.json``
 (:mod:`csdgen.runs`), batch by batch; the same command again resumes.
@@ -106,8 +107,10 @@ def builtin_job(args):
     batch_size = cap_builtin_batch(args, model, widest, sampling.guided, len(classes))
     weights = "shipped" if args.weights is None else str(args.weights)
     settings = {"model": "builtin", "weights": weights, **_run_settings(args, rule, sampling)}
+    from csdgen.runs import slug
+
     labels = [{"class": model.class_names[c]} for c in classes]
-    names = [f"{i:04d}_{label['class']}" for i, label in enumerate(labels)]
+    names = [f"{i:04d}_{slug(label['class'], empty='class')}" for i, label in enumerate(labels)]
     return RunPlan(model, classes, names, labels, settings, _generate_kwargs(args, rule, sampling), scale=2), batch_size
 
 
@@ -160,6 +163,13 @@ def model_job(args):
 
 def run(args) -> int:
     from contextlib import ExitStack
+
+    from ._common import list_classes
+
+    if args.list_classes is not None:
+        if args.model is not None:
+            raise ValueError("--list-classes lists the built-in model's classes; with --model give --prompt")
+        return list_classes(args)
 
     from tqdm import tqdm
 

@@ -32,7 +32,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                    "one cached run_<setting>.json/.safetensors per setting into --out. With --model "
                                    "and/or --prompts it runs as csdgen bench with one method per setting (records, "
                                    "resume, report.md), then writes the sweep table and frontier.png from it.")
-    opt.add_builtin_model(p, n_default="64", batch_default=16, out_default="sweep", n_minimum=2)
+    opt.add_builtin_model(p, n_default="64", batch_default=16, out_default="sweep", n_minimum=2, spread=True)
     grid = SweepGrid()
     for name, kind, what in _GRIDS:
         default = getattr(grid, name)
@@ -116,14 +116,17 @@ def run(args) -> int:
     from csdgen.folder_lock import folder_lock
     from csdgen.runs import MethodJob, run_methods, write_json
 
+    from ._common import list_classes
     from .bench import uses_bench
 
+    if args.list_classes is not None:
+        return list_classes(args)
     if uses_bench(args):
         return _run_bench(args)
     if args.num_images is None:
         args.num_images = 64
     args.window = args.lam = args.delta = None  # a sweep sets these per point; filled only to validate the rest
-    model, classes = builtin_model(args)
+    model, classes = builtin_model(args, spread=True)
     sampling = sampling_of(args)
     grid = _grid(args)
     points = settings(grid, model.codebook_embeddings(), entropy_unit=args.entropy_unit)

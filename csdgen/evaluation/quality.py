@@ -1,9 +1,10 @@
 """Offline quality scores for the built-in model, the analogues of CLIP score and FID.
 
-* **class consistency**: the built-in crop classifier's probability of the requested class
+* **class consistency**: the built-in emoji classifier's probability of the requested class
   (as CLIP score measures agreement with the prompt);
 * **Frechet distance**: torchmetrics' ``FrechetInceptionDistance`` with the classifier's
-  penultimate features (128-d) in place of Inception, against the held-out real crops, whose
+  penultimate features (``config["classifier"]["feature_dim"]``, 256 for the emoji model) in place
+  of Inception, against held-out augmented views of the real emoji, whose
   feature statistics ship with the weights (``reference_features.safetensors``);
 * **NLL**: the target model's own negative log-likelihood of the generated tokens, in nats
   per token (teacher-forced, conditional, no guidance).
@@ -41,7 +42,7 @@ def reference_feature_states(classifier: nn.Module, real_images: torch.Tensor, b
     """Feature sums of real images, in the layout of torchmetrics' FID states.
 
     Args:
-        classifier: the crop classifier (with ``features``).
+        classifier: the built-in classifier (with ``features``).
         real_images: ``[M, 3, 64, 64]`` float in [-1, 1].
 
     Returns:
@@ -92,8 +93,23 @@ class QualityScorer:
             probs = self.classifier(images.float()).softmax(-1)
         return probs.gather(-1, ids[:, None]).squeeze(-1)
 
+    def class_agreement(self, images: torch.Tensor, classes) -> torch.Tensor:
+        """Whether the classifier's top-1 class is the requested class, per image (the measure of
+        train.py's ``classifier_agreement``; its mean is the top-1 class consistency).
+
+        Args:
+            images: ``[B, 3, 64, 64]`` float in [-1, 1].
+            classes: ``B`` class indices or names.
+
+        Returns:
+            ``[B]`` bool.
+        """
+        ids = torch.tensor(self.model.class_ids(list(classes)))
+        with torch.no_grad():
+            return self.classifier(images.float()).argmax(-1) == ids
+
     def frechet_distance(self, images: torch.Tensor) -> float:
-        """Frechet distance in classifier-feature space to the held-out real crops.
+        """Frechet distance in classifier-feature space to the held-out real images.
 
         Args:
             images: ``[M, 3, 64, 64]`` float in [-1, 1], M >= 2.

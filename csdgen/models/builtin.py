@@ -2,8 +2,9 @@
 
 Shipped inside the package (``csdgen/builtin/weights``, trained by
 ``python -m csdgen.builtin.train``), so csdgen generates images on a fresh machine with no
-download. 64 x 64 RGB images, 16 x 16 = 256 tokens, codebook of 512, 20 classes (the source
-photographs of scikit-image and scikit-learn).
+download. 64 x 64 RGB images, 16 x 16 = 256 tokens, codebook of 1024, 1,911 classes: the Noto
+emoji, named by their Unicode names in lower case ("red apple", "dog face"; aliases: the
+emoji's short names, "apple"), see ``csdgen/builtin/README.md``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ __all__ = ["BuiltinModel", "load_builtin_model"]
 
 
 class BuiltinModel(ClassConditionalLlama):
-    """:class:`ClassConditionalLlama` with the built-in VQ decoder and crop classifier attached.
+    """:class:`ClassConditionalLlama` with the built-in VQ decoder and emoji classifier attached.
 
     Attributes:
         components: the loaded :class:`csdgen.builtin.BuiltinComponents` (vq, ar, classifier, config).
@@ -32,8 +33,15 @@ class BuiltinModel(ClassConditionalLlama):
 
     def __init__(self, components):
         config = components.config
-        super().__init__(components.ar, config["codebook_size"], config["num_classes"], tuple(config["grid"]),
-                         class_names=config["class_names"])
+        try:
+            super().__init__(components.ar, config["codebook_size"], config["num_classes"], tuple(config["grid"]),
+                             class_names=config["class_names"], class_categories=config.get("class_categories"),
+                             class_aliases=config.get("class_short_names"))
+        except ValueError as exc:
+            if "same name" not in str(exc):
+                raise
+            raise ValueError(f"{exc} in {components.weights_dir}/config.json; for emoji weights: "
+                             f"python -m csdgen.builtin.emoji --update-config {components.weights_dir}") from None
         self.components = components
 
     def decode_images(self, tokens: torch.Tensor) -> torch.Tensor:

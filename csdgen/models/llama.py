@@ -15,6 +15,7 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
+from ..class_names import ClassNames
 from ._ragged import RaggedSession
 from .base import ImageTokenModel
 
@@ -29,10 +30,19 @@ class ClassConditionalLlama(ImageTokenModel):
         codebook_size: V.
         num_classes: number of classes (the null class comes on top).
         grid: ``(rows, cols)`` of the image tokens.
-        class_names: optional names, so conditions may be given by name.
+        class_names: optional names, so conditions may be given by name (any case and spacing,
+            :class:`csdgen.class_names.ClassNames`).
+        class_categories: optional category per class (for listings).
+        class_aliases: optional aliases per class (e.g. the emoji's short names), accepted where no
+            class has that name.
+
+    Attributes:
+        classes: the :class:`~csdgen.class_names.ClassNames` lookup (``None`` without names):
+            ``model.classes.split("red apple,dog face")``, ``.suggest(...)``, ``.listing()``.
 
     Raises:
-        ValueError: if the backbone's vocabulary or positions cannot hold this layout.
+        ValueError: if the backbone's vocabulary or positions cannot hold this layout, or two
+            class names are the same (ignoring case and spaces).
     """
 
     def __init__(
@@ -42,6 +52,8 @@ class ClassConditionalLlama(ImageTokenModel):
         num_classes: int,
         grid: tuple[int, int],
         class_names: Sequence[str] | None = None,
+        class_categories: Sequence[str] | None = None,
+        class_aliases: Sequence[Sequence[str]] | None = None,
     ):
         cfg = backbone.config
         if cfg.vocab_size < codebook_size + num_classes + 1:
@@ -54,6 +66,8 @@ class ClassConditionalLlama(ImageTokenModel):
         self.codebook_size, self.num_classes, self.grid = codebook_size, num_classes, tuple(grid)
         self.num_image_tokens = grid[0] * grid[1]
         self.class_names = list(class_names) if class_names is not None else None
+        self.classes = (ClassNames(self.class_names, class_categories, class_aliases)
+                        if class_names is not None else None)
         self.device = next(backbone.parameters()).device
 
     @classmethod
@@ -81,21 +95,23 @@ class ClassConditionalLlama(ImageTokenModel):
         return cls(LlamaForCausalLM(config), codebook_size, num_classes, grid)
 
     def class_ids(self, conditions: Sequence[int | str]) -> list[int]:
-        """Resolve class names or indices to indices.
+        """Resolve class names (any case and spacing, or an alias) or indices to indices.
+
+        Each condition is one class: ``"family: man, boy, boy"`` is one name (to split a
+        comma-separated list, :meth:`csdgen.class_names.ClassNames.split` via ``model.classes``).
 
         Raises:
-            ValueError: for an unknown name, an index outside ``0 .. num_classes - 1``, or anything else
-                (a float such as 1.5, a bool, None).
+            ValueError: for an unknown name (one line, with close matches), an index outside
+                ``0 .. num_classes - 1``, or anything else (a float such as 1.5, a bool, None).
         """
         ids = []
         for c in conditions:
-            if isinstance(c, str) and not c.lstrip("-").isdigit():
-                if self.class_names is None or c not in self.class_names:
-                    allowed = ", ".join(self.class_names) if self.class_names else f"0..{self.num_classes - 1}"
-                    raise ValueError(f"unknown class {c!r}; allowed: {allowed}")
-                ids.append(self.class_names.index(c))
+            if self.classes is not None:
+                ids.append(self.classes.index(c))
                 continue
             if isinstance(c, str):
+                if not c.strip().lstrip("-").isdigit():
+                    raise ValueError(f"unknown class {c!r}: this model has no class names; allowed: 0..{self.num_classes - 1}")
                 index = int(c)
             else:
                 try:  # an int (numpy and torch integers too), never a float, bool or other object
@@ -103,12 +119,22 @@ class ClassConditionalLlama(ImageTokenModel):
                         raise TypeError
                     index = operator.index(c)
                 except TypeError:
-                    raise ValueError(f"class {c!r}: allowed a class index 0..{self.num_classes - 1}"
-                                     + (" or a class name" if self.class_names else "")) from None
+                    raise ValueError(f"class {c!r}: allowed a class index 0..{self.num_classes - 1}") from None
             if not 0 <= index < self.num_classes:
                 raise ValueError(f"class index {index}: allowed 0..{self.num_classes - 1}")
             ids.append(index)
         return ids
+
+    def code_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The output layer restricted to the codebook: ``[..., D]`` hidden states -> ``[..., V]`` logits.
+
+        Equals ``backbone.lm_head(hidden)[..., :V]`` (the class and null ids are never sampled)
+        without computing the ``num_classes + 1`` other rows: with 1,911 classes and V = 1024
+        (the built-in model) that is two thirds of the output layer's work.
+        """
+        head = self.backbone.lm_head
+        bias = None if head.bias is None else head.bias[: self.codebook_size]
+        return torch.nn.functional.linear(hidden, head.weight[: self.codebook_size], bias)
 
     def token_nll(self, tokens: torch.Tensor, conditions) -> torch.Tensor:
         """Negative log-likelihood of image tokens under the conditional model (no guidance).
@@ -125,7 +151,7 @@ class ClassConditionalLlama(ImageTokenModel):
         ids = torch.tensor([self.codebook_size + c for c in self.class_ids(list(conditions))], device=self.device)
         inputs = torch.cat([ids[:, None], tokens[:, :-1].to(self.device)], dim=1)
         with torch.no_grad():
-            logits = self.backbone(input_ids=inputs).logits[..., : self.codebook_size].float()
+            logits = self.code_logits(self.backbone.model(input_ids=inputs).last_hidden_state).float()
         logp = logits.log_softmax(-1).gather(-1, tokens.to(self.device)[..., None]).squeeze(-1)
         return -logp.mean(-1)
 
@@ -162,4 +188,4 @@ class _LlamaSession(RaggedSession):
             hidden = self.model.backbone.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
                                                cache=self.kv.cache, use_cache=True).last_hidden_state
             hidden = hidden.gather(1, out[..., None].expand(-1, -1, hidden.shape[-1]))
-            return self.model.backbone.lm_head(hidden)[..., : self.model.codebook_size]
+            return self.model.code_logits(hidden)

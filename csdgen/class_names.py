@@ -1,0 +1,273 @@
+"""Class names as people type them: case, spacing, commas inside names, aliases, close-match hints.
+
+Used by the class-conditional models (:meth:`csdgen.models.ClassConditionalLlama.class_ids`),
+the command line (``--class``, bench's class files), compare/sweep and the demo. Standard library
+only (no torch): ``csdgen generate --help`` and ``--list-classes`` use it without loading a model.
+
+Matching: a name is compared after :func:`name_key`, which lower-cases (``str.casefold``),
+drops accents, reads curly apostrophes as ``'`` and ``_`` as a space, and ignores extra spaces,
+including those around ``,`` and ``:``; so ``"Family:  Man,Boy, boy"`` is the class
+``"family: man, boy, boy"``. Aliases (the emoji's short names, ``"apple"`` for
+``"red apple"``) are used only where no class has that name.
+
+A comma-separated list (``"red apple,dog face"``) is split by :meth:`ClassNames.split`: since
+some names hold commas (``"family: man, boy, boy"``), consecutive pieces are re-joined where
+they form a known name, the longest such run first, so ``"family: man, boy, boy,dog face"``
+is two classes.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import difflib
+import math
+import random as _random
+import re
+import unicodedata
+from typing import Iterable, Mapping, Sequence
+
+__all__ = ["ClassNames", "name_key", "RANDOM"]
+
+#: the ``--class`` word for "a class drawn from the seed" (one per image)
+RANDOM = "random"
+
+_APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "`": "'", "_": " "})
+
+
+def name_key(text: str) -> str:
+    """The form two names are compared in: casefolded, no accents, ``'`` for curly apostrophes,
+    ``_`` read as a space, runs of spaces as one, none around ``,`` and ``:``, none at the ends.
+
+    >>> name_key("  Family:  Man,Boy , BOY ")
+    'family:man,boy,boy'
+    >>> name_key("Côte d’Ivoire flag")
+    "cote d'ivoire flag"
+    """
+    text = unicodedata.normalize("NFKD", str(text))
+    text = "".join(ch for ch in text if not unicodedata.combining(ch)).translate(_APOSTROPHES).casefold()
+    text = " ".join(text.split())
+    return re.sub(r" ?([,:]) ?", r"\1", text)
+
+
+class ClassNames:
+    """The class names of a model, with lookup by name (any case and spacing), alias or index.
+
+    Args:
+        names: one name per class, in class-index order; names must differ after :func:`name_key`.
+        categories: optional category per class (e.g. the emoji's "Food & Drink"), for listings.
+        aliases: optional extra names per class: a sequence (one list of aliases per class) or a
+            mapping alias -> class index. An alias that equals a class name, or that two classes
+            share, is ignored.
+
+    Raises:
+        ValueError: two names that are the same after :func:`name_key`, an empty name, or
+            ``categories`` / ``aliases`` of another length than ``names``.
+    """
+
+    def __init__(self, names: Sequence[str], categories: Sequence[str] | None = None,
+                 aliases: Sequence[Sequence[str]] | Mapping[str, int] | None = None):
+        self.names = [str(n) for n in names]
+        if categories is not None and len(categories) != len(self.names):
+            raise ValueError(f"{len(categories)} categories for {len(self.names)} class names")
+        self.categories = None if categories is None else [str(c) for c in categories]
+        self._index: dict[str, int] = {}
+        for i, name in enumerate(self.names):
+            key = name_key(name)
+            if not key:
+                raise ValueError(f"class {i} has an empty name")
+            if key in self._index:
+                raise ValueError(f"classes {self._index[key]} and {i} have the same name {name!r}; "
+                                 "class names must differ (ignoring case and spaces)")
+            self._index[key] = i
+        if aliases is None:
+            pairs: Iterable[tuple[str, int]] = ()
+        elif isinstance(aliases, Mapping):
+            pairs = ((str(a), int(i)) for a, i in aliases.items())
+        else:
+            if len(aliases) != len(self.names):
+                raise ValueError(f"{len(aliases)} alias lists for {len(self.names)} class names")
+            pairs = ((str(a), i) for i, group in enumerate(aliases) for a in (group or ()))
+        self._alias: dict[str, int] = {}
+        shared: set[str] = set()
+        for alias, i in pairs:
+            key = name_key(alias)
+            if not key or key in self._index or not 0 <= i < len(self.names):
+                continue
+            if key in self._alias and self._alias[key] != i:
+                shared.add(key)
+            self._alias.setdefault(key, i)
+        for key in shared:
+            del self._alias[key]
+        self._aliases_by_class: dict[int, list[str]] = {}
+        for key, i in self._alias.items():
+            self._aliases_by_class.setdefault(i, []).append(key)
+        # the longest name in commas: no run of more pieces than this can form a name
+        self._max_pieces = 1 + max((k.count(",") for k in [*self._index, *self._alias]), default=0)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def aliases_of(self, index: int) -> list[str]:
+        """The aliases of class ``index``, in their :func:`name_key` form."""
+        return list(self._aliases_by_class.get(index, []))
+
+    def find(self, text: str) -> int | None:
+        """Class index of a name or alias (any case and spacing), else ``None``. Indices are not read."""
+        key = name_key(text)
+        found = self._index.get(key)
+        return found if found is not None else self._alias.get(key)
+
+    def suggest(self, text: str, n: int = 3) -> list[str]:
+        """Up to ``n`` class names close to ``text`` (``difflib``; names and aliases), best first."""
+        key = name_key(text)
+        if not key:
+            return []
+        keys = list(self._index) + list(self._alias)
+        close = difflib.get_close_matches(key, keys, n=2 * n, cutoff=0.6)
+        # also names that contain the text as a word ("apple" -> "red apple", "green apple")
+        words = [k for k in self._index if re.search(rf"(^|[ ,:]){re.escape(key)}($|[ ,:])", k)]
+        out: list[str] = []
+        for k in close + sorted(words, key=len):
+            i = self._index.get(k, self._alias.get(k))
+            if i is not None and self.names[i] not in out:
+                out.append(self.names[i])
+        return out[:n]
+
+    def unknown(self, text: str) -> ValueError:
+        """The one-line error for a name that is not a class: the name, close matches, how to list them."""
+        hint = self.suggest(text)
+        close = f"; did you mean {' or '.join(repr(h) for h in hint)}?" if hint else ""
+        return ValueError(f"unknown class {str(text)!r}{close} (any of the {len(self.names)} class names in any "
+                          f"case, or an index 0..{len(self.names) - 1}; list them: csdgen generate --list-classes)")
+
+    def index(self, item: int | str) -> int:
+        """Class index of a name, alias, index or index as text.
+
+        Raises:
+            ValueError: an unknown name (with close matches) or an index outside ``0 .. len - 1``.
+        """
+        if isinstance(item, str):
+            found = self.find(item)
+            if found is not None:
+                return found
+            if not item.strip().lstrip("-").isdigit():
+                raise self.unknown(item)
+        try:  # an int (numpy and torch integers too) or its text, never a float (1.5), bool or other object
+            if isinstance(item, bool):
+                raise TypeError
+            value = int(item) if isinstance(item, str) else operator.index(item)
+        except (TypeError, ValueError):
+            raise ValueError(f"class {item!r}: expected a class name or an index 0..{len(self.names) - 1}") from None
+        if not 0 <= value < len(self.names):
+            raise ValueError(f"class index {value}: allowed 0..{len(self.names) - 1}")
+        return value
+
+    def split(self, text: str) -> list[str]:
+        """A comma-separated list of names -> its items (names, aliases, indices, ``random``).
+
+        The text is cut at every comma; at each position the longest run of consecutive pieces
+        that forms a class name or alias is taken as one item, else the single piece. Empty
+        pieces are dropped. Items are returned stripped, not resolved (see :meth:`index`).
+
+        >>> ClassNames(["boy", "family: man, boy", "family: man, boy, boy"]).split("family: man, boy, boy,boy")
+        ['family: man, boy, boy', 'boy']
+        """
+        pieces = str(text).split(",")
+        out, i = [], 0
+        while i < len(pieces):
+            for j in range(min(len(pieces), i + self._max_pieces), i, -1):
+                joined = ",".join(pieces[i:j])
+                if j == i + 1 or self.find(joined) is not None:
+                    if joined.strip():
+                        out.append(joined.strip())
+                    i = j
+                    break
+        return out
+
+    def resolve(self, items: Sequence[int | str]) -> list[int]:
+        """Class indices of names, aliases or indices (see :meth:`index`)."""
+        return [self.index(item) for item in items]
+
+    def spread(self, count: int, offset: int = 0) -> list[int]:
+        """``count`` class indices from position ``offset`` of a fixed order that visits every class
+        once per ``len(self)`` positions and spreads any stretch of it over all the classes (and so
+        over the categories, which are contiguous in class order): position ``k`` is class
+        ``k * s mod C``, ``s`` the integer nearest ``C (sqrt 5 - 1) / 2`` that is coprime with
+        ``C`` (the golden-ratio stride: consecutive positions land far apart).
+
+        For measurements (bench, compare, sweep), where the first classes in turn would all be
+        of one kind (the emoji model's first 169 classes are faces).
+        """
+        n = len(self.names)
+        stride = max(1, round(n * (5 ** 0.5 - 1) / 2))
+        while math.gcd(stride, n) != 1:
+            stride += 1
+        return [(k * stride) % n for k in range(offset, offset + count)]
+
+    def assign(self, items: Sequence[int | str] | None, count: int, seed: int = 0,
+               default: str = "turn") -> list[int]:
+        """One class index per image: ``items`` in turn (default: every class in turn, or with
+        ``default="spread"`` the order of :meth:`spread`).
+
+        An item ``"random"`` (any case; unless a class has that name) is a class drawn from the
+        seed, a new one for each image it falls on: the draws walk a permutation of all classes
+        seeded by ``seed``, so ``assign(["random"], n, seed)`` gives ``n`` different classes
+        (while n <= the number of classes) and the same ones for the same seed.
+
+        Raises:
+            ValueError: an unknown name, a bad index, or an empty ``items`` list.
+        """
+        if items is None:
+            if default == "spread":
+                return self.spread(count)
+            return [i % len(self.names) for i in range(count)]
+        items = list(items)
+        if not items:
+            raise ValueError("no class given; give class names, indices or random")
+        fixed = [None if self._is_random(it) else self.index(it) for it in items]
+        order = list(range(len(self.names)))
+        _random.Random(seed).shuffle(order)
+        out, drawn = [], 0
+        for i in range(count):
+            c = fixed[i % len(fixed)]
+            if c is None:
+                c = order[drawn % len(order)]
+                drawn += 1
+            out.append(c)
+        return out
+
+    def _is_random(self, item) -> bool:
+        return isinstance(item, str) and name_key(item) == RANDOM and self.find(item) is None
+
+    def category_names(self) -> list[str]:
+        """The categories in order of first appearance (``[]`` without categories)."""
+        return list(dict.fromkeys(self.categories or []))
+
+    def listing(self, category: str | None = None) -> str:
+        """The classes grouped by category, one ``index  name`` line each (aliases after ``also:``).
+
+        Args:
+            category: only the categories whose name contains this text (any case; "food" ->
+                "Food & Drink"); ``None`` or ``""`` for all.
+
+        Raises:
+            ValueError: no category matches (naming the categories there are).
+        """
+        cats = self.categories or ["classes"] * len(self.names)
+        groups = list(dict.fromkeys(cats))
+        if category:
+            want = name_key(category)
+            groups = [g for g in groups if want in name_key(g)]
+            if not groups:
+                raise ValueError(f"no class category matches {category!r}; allowed: "
+                                 f"{', '.join(dict.fromkeys(cats))}")
+        width = len(str(len(self.names) - 1))
+        lines = []
+        for group in groups:
+            members = [i for i, c in enumerate(cats) if c == group]
+            lines.append(f"{group} ({len(members)}):")
+            for i in members:
+                also = self.aliases_of(i)
+                lines.append(f"  {i:>{width}}  {self.names[i]}" + (f"  (also: {', '.join(also)})" if also else ""))
+        return "\n".join(lines)

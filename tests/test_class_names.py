@@ -1,0 +1,139 @@
+"""Class names as people type them (csdgen/class_names.py): case, spaces, commas in names, aliases, hints."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from csdgen.class_names import ClassNames, name_key
+
+NAMES = ["grinning face", "red apple", "green apple", "dog face", "dog", "boy", "family: man, boy",
+         "family: man, boy, boy", "kiss: woman, man", "keycap: *", "rescue worker’s helmet", "côte d’ivoire flag",
+         "man", "woman"]
+CATEGORIES = ["Smileys & Emotion", "Food & Drink", "Food & Drink", "Animals & Nature", "Animals & Nature",
+              "People & Body", "People & Body", "People & Body", "Smileys & Emotion", "Symbols", "Objects", "Flags",
+              "People & Body", "People & Body"]
+SHORT = [["grinning"], ["apple"], ["green_apple"], ["dog"], ["dog2"], ["boy"], ["man-boy"], ["man-boy-boy"],
+         ["woman-kiss-man"], ["keycap_star"], ["helmet_with_white_cross"], ["flag-ci"], ["man"], ["woman"]]
+
+
+@pytest.fixture(scope="module")
+def classes():
+    return ClassNames(NAMES, CATEGORIES, SHORT)
+
+
+@pytest.mark.parametrize("typed, name", [
+    ("red apple", "red apple"), ("RED APPLE", "red apple"), ("  Red   Apple ", "red apple"),
+    ("Family: Man,Boy , BOY", "family: man, boy, boy"), ("family:man,boy", "family: man, boy"),
+    ("KEYCAP:*", "keycap: *"), ("rescue worker's helmet", "rescue worker’s helmet"),
+    ("Cote d'Ivoire Flag", "côte d’ivoire flag"),
+    ("apple", "red apple"), ("green_apple", "green apple"), ("MAN-BOY-BOY", "family: man, boy, boy"),
+    ("dog", "dog"),  # a class name wins over another class's alias ("dog" is dog face's short name)
+    ("dog2", "dog"), ("3", "dog face"), (3, "dog face"),
+])
+def test_names_match_in_any_case_and_spacing_and_by_alias_or_index(classes, typed, name):
+    assert classes.names[classes.index(typed)] == name
+
+
+@pytest.mark.parametrize("text, items", [
+    ("red apple,dog face", ["red apple", "dog face"]),
+    ("family: man, boy, boy,dog face", ["family: man, boy, boy", "dog face"]),  # the longest name wins
+    ("family: man, boy,dog face", ["family: man, boy", "dog face"]),
+    ("dog face, family: man, boy, boy", ["dog face", "family: man, boy, boy"]),
+    ("kiss: woman, man,man,woman", ["kiss: woman, man", "man", "woman"]),
+    ("boy, man, boy", ["boy", "man", "boy"]),  # pieces that form no longer name stay apart
+    ("Red Apple,,DOG FACE,", ["Red Apple", "DOG FACE"]),  # empty pieces dropped, spelling kept
+    ("keycap: *,3,random", ["keycap: *", "3", "random"]),
+    ("red apple,teapot", ["red apple", "teapot"]),  # unknown pieces are items too (index() names them)
+])
+def test_a_comma_list_is_split_where_names_hold_no_comma(classes, text, items):
+    assert classes.split(text) == items
+
+
+def test_split_then_resolve_gives_the_classes(classes):
+    assert classes.resolve(classes.split("family: man, boy, boy,dog face,apple")) == [7, 3, 1]
+
+
+def test_an_unknown_name_is_one_line_with_close_matches(classes):
+    with pytest.raises(ValueError) as err:
+        classes.index("red appel")
+    message = str(err.value)
+    assert "\n" not in message and "unknown class 'red appel'; did you mean 'red apple'" in message
+    assert "csdgen generate --list-classes" in message and "0..13" in message
+    with pytest.raises(ValueError, match=r"unknown class 'apples'; did you mean 'red apple'\?"):  # via its alias
+        classes.index("apples")
+    with pytest.raises(ValueError, match="did you mean 'red apple' or 'green apple'"):  # names holding the word
+        ClassNames(["red apple", "green apple", "pear"]).index("Apple")
+    with pytest.raises(ValueError, match=r"unknown class 'zzzz' \(any of the 14"):  # no hint when nothing is close
+        classes.index("zzzz")
+    assert classes.suggest("helmet") == ["rescue worker’s helmet"]  # a word of a name
+    with pytest.raises(ValueError, match="class index 14: allowed 0..13"):
+        classes.index("14")
+    with pytest.raises(ValueError, match="class index -1: allowed 0..13"):
+        classes.index(-1)
+
+
+def test_random_draws_distinct_classes_from_the_seed(classes):
+    drawn = classes.assign(["random"], 14, seed=5)
+    assert sorted(drawn) == list(range(14))  # a permutation: no class twice while n <= classes
+    assert classes.assign(["RANDOM"], 14, seed=5) == drawn and classes.assign(["random"], 14, seed=6) != drawn
+    mixed = classes.assign(["dog face", "random"], 6, seed=5)
+    assert mixed[0::2] == [3, 3, 3] and mixed[1::2] == drawn[:3]
+    assert classes.assign(None, 16) == list(range(14)) + [0, 1]  # default: every class in turn
+    assert classes.assign(["boy", 1], 3) == [5, 1, 5]
+    with pytest.raises(ValueError, match="no class given"):
+        classes.assign([], 2)
+    named = ClassNames(["random", "other"])
+    assert named.assign(["random"], 3) == [0, 0, 0]  # a class called "random" is that class
+
+
+def test_listing_groups_by_category_with_indices_and_filters(classes):
+    text = classes.listing()
+    lines = text.splitlines()
+    assert lines[0] == "Smileys & Emotion (2):" and lines[1] == "   0  grinning face  (also: grinning)"
+    assert "Food & Drink (2):" in lines and "   6  family: man, boy  (also: man-boy)" in lines
+    assert len([ln for ln in lines if ln.startswith("  ")]) == len(NAMES)
+    food = classes.listing("FOOD")
+    assert food.splitlines() == ["Food & Drink (2):", "   1  red apple  (also: apple)", "   2  green apple"]  # its alias is its name
+    with pytest.raises(ValueError, match="no class category matches 'plants'; allowed: Smileys & Emotion, Food & Drink"):
+        classes.listing("plants")
+    assert ClassNames(["a", "b"]).listing().splitlines() == ["classes (2):", "  0  a", "  1  b"]
+
+
+def test_names_that_differ_only_in_case_or_spaces_are_refused():
+    with pytest.raises(ValueError, match="classes 0 and 1 have the same name 'Man In  Tuxedo'"):
+        ClassNames(["man in tuxedo", "Man In  Tuxedo"])
+    with pytest.raises(ValueError, match="3 categories for 2 class names"):
+        ClassNames(["a", "b"], ["x", "y", "z"])
+    shared = ClassNames(["a", "b"], aliases={"z": 0, "Z": 1, "y": 1})  # an alias two classes share is dropped
+    assert shared.find("z") is None and shared.find("y") == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(NAMES), min_size=1, max_size=6), st.sampled_from([",", ", ", " ,", " , "]),
+       st.booleans())
+def test_any_list_of_names_joined_by_commas_splits_back(classes, picks, sep, upper):
+    """Round trip: names joined by commas (any spacing, any case) split into the same classes,
+    unless a longer name absorbs its neighbours (then the longest name is taken, as documented)."""
+    text = sep.join(p.upper() if upper else p for p in picks)
+    got = classes.resolve(classes.split(text))
+    want = [NAMES.index(p) for p in picks]
+    if got != want:  # only allowed where consecutive names form a longer name
+        joined = ",".join(name_key(p) for p in picks)
+        assert ",".join(name_key(NAMES[i]) for i in got) == joined
+        assert len(got) < len(want)
+
+
+def test_spread_visits_every_class_once_and_any_stretch_covers_the_categories():
+    import collections
+
+    emoji_like = ClassNames([f"c{i}" for i in range(1911)], [f"k{i * 10 // 1911}" for i in range(1911)])
+    order = emoji_like.spread(1911)
+    assert sorted(order) == list(range(1911)) and order[0] == 0
+    assert emoji_like.spread(5, offset=1911) == emoji_like.spread(5)  # periodic
+    assert emoji_like.spread(3, offset=2) == order[2:5]
+    for start in (0, 100, 1000):  # 16 consecutive positions reach at least 8 of the 10 contiguous categories
+        assert len({emoji_like.categories[i] for i in emoji_like.spread(16, offset=start)}) >= 8
+    counts = collections.Counter(emoji_like.categories[i] for i in emoji_like.spread(64))
+    assert max(counts.values()) <= 9  # about 6.4 per category, none crowded out
+    assert emoji_like.assign(None, 4, default="spread") == order[:4]
+    assert ClassNames(["a"]).spread(3) == [0, 0, 0] and sorted(ClassNames(list("abcd")).spread(4)) == [0, 1, 2, 3]
