@@ -209,7 +209,7 @@ def test_compare_into_a_folder_with_other_settings_refuses_and_loses_no_cached_r
     assert "| csd | 2 |" in capsys.readouterr().out.replace("  ", " ")
     err = cli_error(capsys, *common, "-n", 4, "--lam", 0.3)
     assert "run_csd.json" in err and "holds a run with other settings" in err and "lam=0.3" in err
-    err = cli_error(capsys, *common, "-n", 4, "--class", "moon")
+    err = cli_error(capsys, *common, "-n", 4, "--class", "red apple")  # image 0 of the cache is "dog face"
     assert "holds image 0 for class" in err
     assert _cache_state(out) == before
     assert run(*common, "-n", 6) == 0  # more images: the cache is continued, its first four kept

@@ -122,7 +122,9 @@ def test_peak_memory_at_v16384_stays_small():
 
 def test_zero_relaxation_equals_sjd_sample_for_sample_in_the_loop(cached_model):
     emb = codebook_for(cached_model.codebook_size, seed=4)
-    kwargs = dict(window=12, sampling=csdgen.SamplingConfig(guidance_scale=3.0), seed=9, draft_init="onehot")
+    # one refresh for all (SJD's default is coupled, the latent rules' independent: issue 16 item 7)
+    kwargs = dict(window=12, sampling=csdgen.SamplingConfig(guidance_scale=3.0), seed=9, draft_init="onehot",
+                  refresh="independent")
     sjd = csdgen.generate(cached_model, [1, 3], method="sjd", **kwargs)
     for rule in (GSD(emb, radius=0), Lantern(emb, k=20, delta=0.0), Lantern(emb, k=20, delta=0.5, cap=1.0)):
         other = csdgen.generate(cached_model, [1, 3], method=rule, **kwargs)

@@ -286,7 +286,9 @@ def test_kv_state_after_every_iteration_equals_fresh_prefill(emu3, method, sampl
         assert_rows_match_fresh(emu3, PROMPTS, sampling.guided, info)
         checked.append(info.session.cache_lengths.tolist())
 
-    out = csdgen.generate(emu3, PROMPTS, method=method, window=window, sampling=sampling, seed=0, callback=check)
+    # independent refresh: the trajectory (seed 0) that reaches both rollback cases below
+    out = csdgen.generate(emu3, PROMPTS, method=method, window=window, sampling=sampling, seed=0, callback=check,
+                          refresh="independent")
     assert len(checked) == out.steps and max(checked[-1]) == ROWS * COLS - 1
     # rollbacks to just after a row's EOL and to just before it happened
     every = [k for lengths in checked for k in lengths]

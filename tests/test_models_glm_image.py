@@ -316,8 +316,8 @@ def test_load_model_reads_the_pipeline_folder_and_checks_before_the_weights(chec
         auto.load_model(checkpoint, device="cpu", height=40, width=SIZE)
     with pytest.raises(ValueError, match="glm-image at batch size 4, window 16, .* needs about"):
         auto.load_model(checkpoint, device="cpu", batch_size=4, max_memory_bytes=10**6)
-    with pytest.raises(ValueError, match="vqgan_dir applies to Chameleon"):
-        auto.load_model(checkpoint, device="cpu", vqgan_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="vqgan applies to Chameleon"):
+        auto.load_model(checkpoint, device="cpu", vqgan=str(tmp_path))
     other = tmp_path / "other-pipeline"
     other.mkdir()
     (other / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))

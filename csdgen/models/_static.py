@@ -717,6 +717,8 @@ def static_refusal(session: Any) -> str | None:
         return f"its session ({type(session).__name__}) is not a per-row transformers session (RaggedSession)"
     if isinstance(session, StaticSession):
         return None
+    if getattr(type(session), "static_path", True) is False:  # a family whose rows carry state of their own
+        return f"its session ({type(session).__name__}) keeps per-row state the static slots do not (static_path = False)"
     for name in _OWN_METHODS:
         if getattr(type(session), name) is not getattr(RaggedSession, name):
             return f"its session ({type(session).__name__}) overrides {name}"

@@ -579,6 +579,10 @@ class GlmImageModel(GlmImagePrompts, ImageTokenModel):
 class _GlmImageSession(RaggedSession):
     """Per-row KV-cached session over left-padded prompt rows (no uncond rows, no row ends), mrope positions."""
 
+    #: the mrope positions read each row's prompt length (``prompt_lengths``), which the static
+    #: engine's batch slots do not follow: this family decodes on the eager engine
+    static_path = False
+
     def __init__(self, model: GlmImageModel, rows: list[list[int]]):
         self.model = model
         self.rows = PaddedRows(rows, model.special["pad"], model.device)
