@@ -540,3 +540,19 @@ def test_serve_commands_in_the_readme_and_docs_parse():
             assert args.command == "serve"
             found += 1
     assert found >= 3
+
+
+def test_serve_refresh_defaults_to_the_methods_refresh_as_generate_does():
+    """`csdgen serve` without --refresh leaves a request's refresh to the method's default (coupled for
+    SJD and CSD), as csdgen.generate does; it used to force independent, so served images differed
+    from offline ones (bench_serve's check: 0 of 4 equal)."""
+    import argparse
+
+    from csdgen.cli import serve as serve_cli
+    from csdgen.models.defaults import method_refresh
+
+    parser = argparse.ArgumentParser()
+    serve_cli.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["serve"])
+    assert args.refresh is None
+    assert method_refresh("csd") == "coupled" and method_refresh("sjd") == "coupled"

@@ -73,8 +73,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g = p.add_argument_group("request defaults (a request's own fields win)")
     g.add_argument("--method", choices=opt.METHODS, default="csd", help="decoding method (default csd)")
     opt.add_method_options(g, family_note=True)
-    g.add_argument("--refresh", choices=opt.REFRESH_MODES, default="independent",
-                   help="refresh of pending drafts (default independent; coupled = maximal coupling)")
+    g.add_argument("--refresh", choices=opt.REFRESH_MODES, default=None,
+                   help="refresh of pending drafts (default: the method's, as csdgen.generate: coupled for SJD and "
+                        "CSD, independent for the others; coupled = maximal coupling)")
     opt.add_sampling(g, family_note=True)
     p.set_defaults(run=run)
     return p
