@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from ._vq_decoder import Decoder, Quantize, check_codes, decoder_state
 
 __all__ = ["VQGANConfig", "ChameleonVQGANDecoder", "load_vqgan_decoder", "vqgan_files"]
 
@@ -87,98 +88,8 @@ class VQGANConfig:
 
 
 def _norm(channels: int) -> nn.GroupNorm:
+    """Chameleon's norm: GroupNorm, 32 groups, eps 1e-6 (called with the feature map alone)."""
     return nn.GroupNorm(num_groups=32, num_channels=channels, eps=1e-6, affine=True)
-
-
-class _ResnetBlock(nn.Module):
-    """taming ResnetBlock without the time embedding (``temb_channels=0``)."""
-
-    def __init__(self, in_channels: int, out_channels: int):
-        super().__init__()
-        self.norm1 = _norm(in_channels)
-        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, padding=1)
-        self.norm2 = _norm(out_channels)
-        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1)
-        if in_channels != out_channels:
-            self.nin_shortcut = nn.Conv2d(in_channels, out_channels, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.conv1(F.silu(self.norm1(x)))
-        h = self.conv2(F.silu(self.norm2(h)))
-        return (self.nin_shortcut(x) if hasattr(self, "nin_shortcut") else x) + h
-
-
-class _AttnBlock(nn.Module):
-    """taming AttnBlock: single-head self-attention over the feature map with 1x1 convolutions."""
-
-    def __init__(self, channels: int):
-        super().__init__()
-        self.norm = _norm(channels)
-        self.q, self.k, self.v, self.proj_out = (nn.Conv2d(channels, channels, 1) for _ in range(4))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, c, h, w = x.shape
-        y = self.norm(x)
-        q, k, v = (m(y).reshape(b, c, h * w).transpose(1, 2) for m in (self.q, self.k, self.v))
-        out = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0]  # scale c ** -0.5
-        return x + self.proj_out(out.transpose(1, 2).reshape(b, c, h, w))
-
-
-class _Upsample(nn.Module):
-    def __init__(self, channels: int):
-        super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
-
-
-class _Decoder(nn.Module):
-    """taming Decoder (``give_pre_end=False``, ``tanh_out=False``, vanilla attention)."""
-
-    def __init__(self, cfg: VQGANConfig):
-        super().__init__()
-        levels = len(cfg.ch_mult)
-        block_in = cfg.ch * cfg.ch_mult[-1]
-        res = cfg.resolution // 2 ** (levels - 1)
-        self.conv_in = nn.Conv2d(cfg.z_channels, block_in, 3, padding=1)
-        self.mid = nn.Module()
-        self.mid.block_1, self.mid.attn_1, self.mid.block_2 = _ResnetBlock(block_in, block_in), _AttnBlock(block_in), _ResnetBlock(block_in, block_in)
-        ups = []
-        for level in reversed(range(levels)):
-            up = nn.Module()
-            up.block, up.attn = nn.ModuleList(), nn.ModuleList()
-            block_out = cfg.ch * cfg.ch_mult[level]
-            for _ in range(cfg.num_res_blocks + 1):
-                up.block.append(_ResnetBlock(block_in, block_out))
-                block_in = block_out
-                if res in cfg.attn_resolutions:
-                    up.attn.append(_AttnBlock(block_in))
-            if level != 0:
-                up.upsample = _Upsample(block_in)
-                res *= 2
-            ups.insert(0, up)
-        self.up = nn.ModuleList(ups)
-        self.norm_out = _norm(block_in)
-        self.conv_out = nn.Conv2d(block_in, cfg.out_ch, 3, padding=1)
-
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        h = self.mid.block_2(self.mid.attn_1(self.mid.block_1(self.conv_in(z))))
-        for level in reversed(range(len(self.up))):
-            up = self.up[level]
-            for i, block in enumerate(up.block):
-                h = block(h)
-                if len(up.attn):
-                    h = up.attn[i](h)
-            if hasattr(up, "upsample"):
-                h = up.upsample(h)
-        return self.conv_out(F.silu(self.norm_out(h)))
-
-
-class _Quantize(nn.Module):
-    def __init__(self, n_embed: int, embed_dim: int):
-        super().__init__()
-        self.embedding = nn.Embedding(n_embed, embed_dim)
 
 
 class ChameleonVQGANDecoder(nn.Module):
@@ -191,9 +102,9 @@ class ChameleonVQGANDecoder(nn.Module):
     def __init__(self, config: VQGANConfig):
         super().__init__()
         self.config = config
-        self.quantize = _Quantize(config.n_embed, config.embed_dim)
+        self.quantize = Quantize(config.n_embed, config.embed_dim)
         self.post_quant_conv = nn.Conv2d(config.embed_dim, config.z_channels, 1)
-        self.decoder = _Decoder(config)
+        self.decoder = Decoder(config, _norm)
 
     @torch.no_grad()
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
@@ -205,21 +116,10 @@ class ChameleonVQGANDecoder(nn.Module):
         Raises:
             ValueError: codes not 3-D or outside ``0 .. n_embed - 1``.
         """
-        if codes.ndim != 3:
-            raise ValueError(f"codes of shape {tuple(codes.shape)}: expected [B, rows, cols]")
-        if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= self.config.n_embed):
-            raise ValueError(f"codes outside 0..{self.config.n_embed - 1}")
+        check_codes(codes, self.config.n_embed)
         z = self.quantize.embedding(codes.to(self.post_quant_conv.weight.device)).permute(0, 3, 1, 2)
         pixels = self.decoder(self.post_quant_conv(z.to(self.post_quant_conv.weight.dtype)))
         return pixels.float().clamp(-1.0, 1.0)
-
-
-def _decoder_state(raw: Any, path: str) -> dict[str, torch.Tensor]:
-    state = raw.get("state_dict", raw) if isinstance(raw, dict) else None
-    if not isinstance(state, dict):
-        raise ValueError(f"{path}: not a state dict nor {{'state_dict': ...}}")
-    keep = ("decoder.", "post_quant_conv.", "quantize.embedding.")
-    return {k: v for k, v in state.items() if k.startswith(keep)}
 
 
 def vqgan_files(path: str | os.PathLike) -> tuple[str, str]:
@@ -273,7 +173,7 @@ def load_vqgan_decoder(config_path: str, ckpt_path: str, device: str | torch.dev
     with open(config_path) as f:
         config = VQGANConfig.from_dict(yaml.safe_load(f) or {})
     model = ChameleonVQGANDecoder(config)
-    state = _decoder_state(torch.load(ckpt_path, map_location="cpu", weights_only=True), ckpt_path)
+    state = decoder_state(torch.load(ckpt_path, map_location="cpu", weights_only=True), ckpt_path)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     if missing:
