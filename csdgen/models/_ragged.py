@@ -256,6 +256,32 @@ class RaggedCache:
         return cached.keys[row][:, columns], cached.values[row][:, columns]
 
 
+
+def kept_tree_columns(path: torch.Tensor, kept: torch.Tensor, col: torch.Tensor, end: torch.Tensor,
+                      columns: int) -> torch.Tensor:
+    """The tree columns a row keeps after verification: the winning path's first ``kept[b]`` nodes
+    and, after a node that closes an image row, the row-end column that follows it.
+
+    Args:
+        path: ``[B, W]`` int64, the node at each depth ``0 .. W - 1`` of the winning path.
+        kept: ``[B]`` int64, how many of the path's nodes each row keeps (``0 .. W``).
+        col: ``[B, nodes]`` int64, each node's column in the tree's input.
+        end: ``[B, nodes]`` bool, whether a row-end column follows the node's column.
+        columns: the tree input's width (columns per row).
+
+    Returns:
+        ``[B, columns]`` bool, True where the column stays in the cache.
+    """
+    B, W = path.shape
+    kept_depth = torch.arange(W)[None] < kept[:, None]
+    rows = torch.arange(B)[:, None].expand(B, W)[kept_depth]
+    nodes = path[kept_depth]
+    keep = torch.zeros(B, columns, dtype=torch.bool)
+    keep[rows, col[rows, nodes]] = True
+    with_end = end[rows, nodes]
+    keep[rows[with_end], col[rows, nodes][with_end] + 1] = True
+    return keep
+
 def window_columns(tokens: torch.Tensor, start: torch.Tensor, widths: torch.Tensor, cols: int, row_end: int | None,
                    filler: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Lay a per-row window out as sequence columns, a row-end token after every image row's last token.
@@ -546,14 +572,7 @@ class RaggedSession(DecodingSession):
         start, (col, end, S2) = self._tree_start, self._tree_columns_of
         lengths = row_tensor(lengths, self.batch_size)
         check_row_arguments("keep_path lengths", lengths, self.batch_size, start, self._lengths)
-        B, W = path.shape
-        kept_depth = torch.arange(W)[None] < (lengths - start)[:, None]
-        rows = torch.arange(B)[:, None].expand(B, W)[kept_depth]
-        nodes = path[kept_depth]
-        keep = torch.zeros(B, S2, dtype=torch.bool)
-        keep[rows, col[rows, nodes]] = True
-        with_end = end[rows, nodes]
-        keep[rows[with_end], col[rows, nodes][with_end] + 1] = True
+        keep = kept_tree_columns(path, lengths - start, col, end, S2)
         self.kv.drop_new(self._rows(keep))
         self.kv.truncate(self.prompt_lengths + self._rows(self.region_length(lengths)))
         self._lengths = lengths.clone()

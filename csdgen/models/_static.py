@@ -51,7 +51,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from ._ragged import RaggedSession
+from ._ragged import RaggedSession, kept_tree_columns
 from .base import WindowLogits, check_row_arguments, row_tensor
 
 __all__ = [
@@ -73,6 +73,8 @@ WIDTH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 ENGINES = ("auto", "static", "eager")
 #: cache columns kept past the image region for the widest window (rounded up with the rest to 64)
 SLACK = 64
+#: uncompiled static steps attend over the columns in use rounded up to this many (StaticRowCache.visible)
+VISIBLE_STEP = 64
 #: seconds of the first call of every compiled shape: ``{(model class, guided, batch slots, columns, cache width): s}``
 COMPILE_SECONDS: dict[tuple, float] = {}
 
@@ -106,8 +108,8 @@ def _round_up(value: int, multiple: int) -> int:
 class _RowLayer(CacheLayerMixin):
     """One layer of :class:`StaticRowCache`: ``keys`` / ``values`` ``[rows, heads, width, head_dim]``,
     allocated on the first update; an update writes column ``s`` of physical row ``r`` at cache
-    column ``cache.write[r, s]`` and returns the first ``R`` rows (every column: the mask hides
-    the ones a row does not use)."""
+    column ``cache.write[r, s]`` and returns the first ``R`` rows, columns ``0 .. cache.visible - 1``
+    (the mask hides the ones a row does not use)."""
 
     is_compileable = True
     is_sliding = False
@@ -134,10 +136,11 @@ class _RowLayer(CacheLayerMixin):
         keys, values = self.keys[:R], self.values[:R]
         keys.scatter_(2, write[:, None, :, None].expand(R, H, S, D), key_states)
         values.scatter_(2, write[:, None, :, None].expand(R, values.shape[1], S, values.shape[-1]), value_states)
-        return keys, values
+        visible = self._owner().visible
+        return keys[:, :, :visible], values[:, :, :visible]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self._owner().width, 0
+        return self._owner().visible, 0
 
     def get_seq_length(self) -> int:
         return 0  # positions are always given explicitly
@@ -150,9 +153,12 @@ class StaticRowCache(Cache):
     """A transformers ``Cache`` over preallocated ``[rows, heads, width, head_dim]`` buffers per layer.
 
     Before a forward of ``S`` columns over physical rows ``0 .. R - 1`` the session fills
-    ``write[:R, :S]`` (int64, on the device) with the cache column of each new column; every
-    layer's ``update`` scatters its keys and values there (no concatenation) and returns all
-    ``width`` columns of those rows, which the caller's 4-D mask restricts.
+    ``write[:R, :S]`` (int64, on the device) with the cache column of each new column and sets
+    ``visible``; every layer's ``update`` scatters its keys and values there (no concatenation)
+    and returns columns ``0 .. visible - 1`` of those rows, which the caller's 4-D mask restricts.
+    ``visible`` is ``width`` for compiled steps (one shape) and, uncompiled, the columns in use
+    rounded up to :data:`VISIBLE_STEP` (attention then costs what the rows' lengths need, not the
+    whole preallocated width).
 
     Args:
         rows: physical rows (every batch slot, both guidance rows); width: T, columns per row.
@@ -162,6 +168,7 @@ class StaticRowCache(Cache):
     def __init__(self, rows: int, width: int, device: Any):
         super().__init__(layer_class_to_replicate=None, layers=[])
         self.rows, self.width = rows, width
+        self.visible = width
         self.write = torch.zeros(rows, width, dtype=torch.long, device=device)
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
@@ -173,7 +180,7 @@ class StaticRowCache(Cache):
         return 0
 
     def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
-        return self.width, 0
+        return self.visible, 0
 
     def buffers(self) -> list[torch.Tensor]:
         """Every key and value buffer (allocated layers only)."""
@@ -399,9 +406,16 @@ class StaticSession(RaggedSession):
         column = torch.arange(S, device=dev)
         write = self._P + region[:, None] + column  # [R, S] cache column of every new column
         positions = prompt[:, 0:1] + region[:, None] + column
-        t = torch.arange(self.width, device=dev)
-        allowed = prompt[:, None, 1:].bool() | ((t >= self._P) & (t[None, None] <= write[:, :, None]))
+        visible = self.kv.cache.visible
+        t = torch.arange(visible, device=dev)
+        allowed = prompt[:, None, 1:visible + 1].bool() | ((t >= self._P) & (t[None, None] <= write[:, :, None]))
         return self._run(ids, self._mask(allowed), positions, write, out)
+
+    def _set_visible(self, region_columns: int) -> None:
+        """The cache columns the next step attends over: every column when compiled (one shape per
+        step), else the prompt and ``region_columns`` region columns rounded up to :data:`VISIBLE_STEP`."""
+        cache = self.kv.cache
+        cache.visible = cache.width if self.compile else min(cache.width, _round_up(self._P + region_columns, VISIBLE_STEP))
 
     def _call_window_step(self, tokens, start, widths):
         """The window step, compiled per shape when ``compile`` (and replayed as a CUDA graph on CUDA)."""
@@ -444,6 +458,7 @@ class StaticSession(RaggedSession):
         if self._lengths is not None:
             raise ValueError("prefill runs once per session")
         R, P, dev = self._rows_of_bucket(self._bucket), self._P, self._dev
+        self.kv.cache.visible = self.width
         valid = self._prompt_valid_T[:R, :P]
         positions = (valid.long().cumsum(1) - 1).clamp(min=0)
         s = torch.arange(P)
@@ -486,6 +501,7 @@ class StaticSession(RaggedSession):
         slots, s_start, s_widths = packed[:B], packed[B : B + A], packed[B + A :]
         padded = torch.zeros(A, Wb, dtype=torch.long, device=self._dev)
         padded[slots, :W] = tokens
+        self._set_visible(int(self.region_length(start.max() + Wb)) + self._extra_columns(Wb) if B else 0)
         logits = self._call_window_step(padded, s_start, s_widths)
         self._region[self._slots] = self.region_length(start + widths)
         self._lengths = start + widths
@@ -594,6 +610,7 @@ class StaticSession(RaggedSession):
         slot_dev, region, kind, offsets_dev, out, index = torch.split(packed, n)
         kind, offsets_dev, out, index = kind.view(A, Sb), offsets_dev.view(A, Sb), out.view(A, Ob), index.view(A, Sb)
         sees_dev = self._to_device(s_sees)
+        self.kv.cache.visible = self.width
         # on the device: ids, positions, write columns and the mask
         placed = torch.zeros(A, S, dtype=torch.long, device=dev)
         placed[slot_dev] = tokens.to(dev)
@@ -624,14 +641,8 @@ class StaticSession(RaggedSession):
         start, col, end, S2 = self._tree
         lengths = row_tensor(lengths, self.batch_size)
         check_row_arguments("keep_path lengths", lengths, self.batch_size, start, self._lengths)
-        B, W = path.shape
-        kept_depth = torch.arange(W)[None] < (lengths - start)[:, None]
-        rows = torch.arange(B)[:, None].expand(B, W)[kept_depth]
-        nodes = path[kept_depth]
-        keep = torch.zeros(B, S2, dtype=torch.bool)
-        keep[rows, col[rows, nodes]] = True
-        with_end = end[rows, nodes]
-        keep[rows[with_end], col[rows, nodes][with_end] + 1] = True
+        B = path.shape[0]
+        keep = kept_tree_columns(path, lengths - start, col, end, S2)
         count = keep.sum(1)
         n = max(int(count.max()) if B else 0, 1)
         index = torch.arange(n)[None].expand(B, n)
