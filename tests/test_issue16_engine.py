@@ -16,33 +16,19 @@ from csdgen.models import FunctionModel
 from csdgen.sampling import MAX_SEED, SamplingConfig, stream_uniforms
 
 from builtin_fixture import make_tiny_weights
+from cli_helpers import cli_error, run
+from cli_helpers import usage_error as _usage_error
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def usage_error(capsys, *argv) -> str:
+    return _usage_error(capsys, *argv, one_line=True)
 
 
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory):
     return make_tiny_weights(tmp_path_factory.mktemp("weights"))
-
-
-def run(*argv):
-    return cli.main([str(a) for a in argv])
-
-
-def usage_error(capsys, *argv) -> str:
-    with pytest.raises(SystemExit) as exc:
-        cli.main([str(a) for a in argv])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1, err
-    return err
-
-
-def cli_error(capsys, *argv) -> str:
-    assert run(*argv) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "Traceback" not in err, err
-    return err
 
 
 # ---- 9. seeds alias silently ----------------------------------------------------------------
@@ -301,7 +287,10 @@ def test_auto_window_behind_window_32_the_acceptance_model_predicts_every_width(
     fewer tokens at 32 than at 16 from the window-16 counts: auto stayed near 16.)"""
     expected = _chooser(BUILTIN_CSD_COUNTS[measured_at]).expected_tokens()
     for width, tokens in BUILTIN_CSD_TOKENS.items():
-        assert abs(expected[width - 1] / tokens - 1) < 0.11, (width, float(expected[width - 1]), tokens)
+        if width <= measured_at:
+            assert abs(expected[width - 1] / tokens - 1) < 0.11, (width, float(expected[width - 1]), tokens)
+        else:  # depths never reached are assumed to pass often (OPTIMISM): wider windows get tried, not ruled out
+            assert 0.95 < expected[width - 1] / tokens < 1.2, (width, float(expected[width - 1]), tokens)
     assert all(expected[1:] >= expected[:-1] - 1e-9)
 
 
@@ -356,16 +345,75 @@ def test_auto_window_behind_window_32_explores_a_neighbour_now_and_then():
     best = auto.choose(255)
     chosen = [auto.choose(255) for _ in range(4 * auto.EXPLORE_EVERY)]
     others = [w for w in chosen if w != best]
-    assert 1 <= len(others) <= 4 and all(abs(w - best) <= best // 2 + 1 for w in others)
+    # four explorations: two down (one iteration each), two up (EXPLORE_RUN iterations: fresh slots need refining)
+    assert 1 <= len(others) <= 2 + 2 * auto.EXPLORE_RUN and all(abs(w - best) <= best // 2 + 1 for w in others)
+
+
+def test_auto_window_behind_window_32_a_batch_size_measured_at_one_width_borrows_the_others():
+    """A batch shrinking as images finish meets batch sizes measured at one width only; that one
+    time must not make every width cost the same (it made the widest window look free)."""
+    import numpy as np
+
+    auto = _chooser(times={1: 0.04, 32: 0.36}, rows=16)
+    auto.learned.times[15] = {8: 0.09}
+    cost = auto.cost(15)
+    assert cost[7] == pytest.approx(0.09) and cost[31] > 3 * cost[7]  # scaled from batch 16's line
+    assert np.all(np.diff(cost) >= 0)
+
+
+def test_auto_window_behind_window_32_wide_windows_stay_known_while_narrow_ones_run():
+    """Depths a narrow window never reaches keep what a wide one taught (they used to decay every
+    iteration, so after a while at width 4 the model forgot window 32 and extrapolated from depth 3);
+    depths never reached at all are assumed to pass often (OPTIMISM), so a wide window gets tried."""
+    import numpy as np
+
+    from csdgen.engine.window import AGE_GROUPS, DEPTH_EDGES
+
+    auto = _chooser(BUILTIN_CSD_COUNTS[32])
+    before = auto.expected_tokens()[31]
+    counts = np.array(BUILTIN_CSD_COUNTS[32][0], dtype=float), np.array(BUILTIN_CSD_COUNTS[32][1], dtype=float)
+    reached, rejected = np.zeros_like(counts[0]), np.zeros_like(counts[0])
+    reached[:3], rejected[:3] = 0.1 * counts[0][:3], 0.1 * counts[1][:3]  # width 4 reaches depths 0..2 only, same rates
+    auto._rows = 1
+    for _ in range(200):
+        auto.observe(4, 0.01, reached.ravel().tolist(), rejected.ravel().tolist())
+    assert auto.learned.counts.reached[3:] == pytest.approx(counts[0][3:])
+    assert auto.expected_tokens()[31] == pytest.approx(before, rel=0.05)
+    shallow = _chooser(([[50, 50, 50]] * 2 + [[0, 0, 0]] * 5, [[25, 5, 5]] * 2 + [[0, 0, 0]] * 5))
+    assert shallow.pass_rates()[2:].min() >= shallow.OPTIMISM
+
+
+def test_auto_window_behind_window_32_warms_up_at_the_widest_width_and_explores_whole_buckets():
+    auto = _chooser()
+    assert [auto.choose(255) for _ in range(5)] == [32, 32, 32, 8, 1]
+    bucketed = _chooser()
+    bucketed.buckets = (1, 2, 4, 8, 16, 32, 64)
+    assert bucketed._neighbour(16, 255, up=True) == 32 and bucketed._neighbour(16, 255, up=False) == 8
+    assert bucketed._neighbour(16, 20, up=True) == 20  # capped by the image end
+    assert _chooser()._neighbour(16, 255, up=True) == 24  # eager engine: x1.5
+
+
+def test_auto_window_behind_window_32_width_1_still_tries_a_wider_window():
+    """A width-1 forward reaches no draft, so pessimistic counts from an image's start would keep
+    auto at width 1 for good (the README's 8-image run: step compression 1.00x where window 8
+    was faster); from width 1 the next width up is tried every EXPLORE_EVERY iterations."""
+    auto = _chooser(([[40, 40, 40]] + [[0, 0, 0]] * 6, [[39, 39, 39]] + [[0, 0, 0]] * 6),
+                    times={1: 0.018, 2: 0.024, 8: 0.030, 32: 0.150})
+    auto.count = 1
+    assert auto.choose(255) == 1
+    chosen = [auto.choose(255) for _ in range(2 * auto.EXPLORE_EVERY)]
+    assert any(w > 1 for w in chosen)
 
 
 def test_auto_window_behind_window_32_learns_across_calls_and_logs_predicted_and_measured(cached_model):
     """The second call on the same model starts from the first one's times (no warm-up widths
-    8, 8, 8, 1), and every result says, per chosen width, what was predicted and what was measured."""
+    W, W, W, 8, 1 at the widest W), and every result says, per chosen width, what was predicted and what was measured."""
     first = csdgen.generate(cached_model, [0, 1], method="sjd", window="auto", seed=11)
-    assert first.widths[:4] == [8, 8, 8, 1] or first.auto_log  # a fresh model warms up first
+    widest = min(32, cached_model.num_image_tokens - 1)
+    warm = [widest] * 3 + ([8] if widest > 8 else []) + [1]
+    assert first.widths[: len(warm)] == warm or first.auto_log  # a fresh model warms up first
     second = csdgen.generate(cached_model, [0, 1], method="sjd", window="auto", seed=12)
-    assert second.widths[:4] != [8, 8, 8, 1]
+    assert second.widths[: len(warm)] != warm
     assert second.auto_log and sum(e["iterations"] for e in second.auto_log.values()) == len(second.widths)
     for width, entry in second.auto_log.items():
         assert 1 <= entry["measured_tokens"] <= width and 1 <= entry["predicted_tokens"] <= width
