@@ -50,6 +50,16 @@ def name_key(text: str) -> str:
     return re.sub(r" ?([,:]) ?", r"\1", text)
 
 
+#: the most characters of a given name an error line repeats
+SHOWN_CHARS = 80
+
+
+def shown(text) -> str:
+    """``text`` as an error line shows it: its first :data:`SHOWN_CHARS` characters, then ``...``."""
+    text = str(text)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "..."
+
+
 class ClassNames:
     """The class names of a model, with lookup by name (any case and spacing), alias or index.
 
@@ -135,10 +145,11 @@ class ClassNames:
         return out[:n]
 
     def unknown(self, text: str) -> ValueError:
-        """The one-line error for a name that is not a class: the name, close matches, how to list them."""
-        hint = self.suggest(text)
+        """The one-line error for a name that is not a class: the name (its first :data:`SHOWN_CHARS`
+        characters), close matches, how to list them."""
+        hint = self.suggest(text) if len(str(text)) <= 1000 else []
         close = f"; did you mean {' or '.join(repr(h) for h in hint)}?" if hint else ""
-        return ValueError(f"unknown class {str(text)!r}{close} (any of the {len(self.names)} class names in any "
+        return ValueError(f"unknown class {shown(text)!r}{close} (any of the {len(self.names)} class names in any "
                           f"case, or an index 0..{len(self.names) - 1}; list them: csdgen generate --list-classes)")
 
     def index(self, item: int | str) -> int:
@@ -158,7 +169,8 @@ class ClassNames:
                 raise TypeError
             value = int(item) if isinstance(item, str) else operator.index(item)
         except (TypeError, ValueError):
-            raise ValueError(f"class {item!r}: expected a class name or an index 0..{len(self.names) - 1}") from None
+            given = repr(shown(item)) if isinstance(item, str) else repr(item)
+            raise ValueError(f"class {given}: expected a class name or an index 0..{len(self.names) - 1}") from None
         if not 0 <= value < len(self.names):
             raise ValueError(f"class index {value}: allowed 0..{len(self.names) - 1}")
         return value
@@ -216,8 +228,11 @@ class ClassNames:
         (while n <= the number of classes) and the same ones for the same seed.
 
         Raises:
-            ValueError: an unknown name, a bad index, or an empty ``items`` list.
+            ValueError: an unknown name, a bad index, an empty ``items`` list, or ``count`` not an
+                integer >= 0.
         """
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise ValueError(f"count={count!r}: allowed an integer >= 0 (the number of images)")
         if items is None:
             if default == "spread":
                 return self.spread(count)

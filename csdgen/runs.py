@@ -127,8 +127,17 @@ def pil_images(model, result_or_tokens, scale: int = 1, conditions=None) -> list
         scale: integer upscaling by nearest neighbour (the CLI saves the built-in model's
             64 x 64 images at ``scale=2``, i.e. 128 x 128 pixels).
         conditions: the images' conditions, for a decoder that reads the prompt (GLM-Image's).
+
+    Raises:
+        TypeError: ``result_or_tokens`` is neither (e.g. None), naming what was given.
     """
+    import torch
+
     tokens = getattr(result_or_tokens, "tokens", result_or_tokens)
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
+        what = type(tokens).__name__ if not isinstance(tokens, torch.Tensor) else f"a tensor of shape {list(tokens.shape)}"
+        raise TypeError(f"pil_images: got {what}; allowed: a GenerationResult (csdgen.generate's) or image tokens "
+                        f"[B, N] int64")
     return _to_pil(_decode(model, tokens, conditions), scale)
 
 
@@ -243,6 +252,8 @@ class RunSummary:
     decode_seconds: float  #: decoding time of every batch that produced the images, all runs
     run_seconds: float  #: decoding time of this run's batches
     record: dict = field(repr=False, default_factory=dict)
+    #: one line each about the folder as found (an unreadable PNG made again, maps an earlier run did not write)
+    notes: list = field(default_factory=list)
 
     def line(self) -> str:
         """One-line summary (what ``csdgen generate`` prints last)."""
@@ -361,8 +372,8 @@ def run_plan(plan: RunPlan, out: str | os.PathLike, *, batch_size: int, seed: in
              on_batch: Callable[[list[int]], None] | None = None) -> RunSummary:
     """Generate the plan's images batch by batch into ``out``, writing each batch as it finishes; resume.
 
-    Images already in ``out`` (listed in its ``record.json`` with their PNG present) are kept;
-    the others are generated, in batches of ``batch_size`` (any batch size: it does not change
+    Images already in ``out`` (listed in its ``record.json`` with their PNG present, readable by
+    PIL and of the size the other kept images have) are kept; the others are generated, in batches of ``batch_size`` (any batch size: it does not change
     the images). ``record.json`` is rewritten after every
     batch, so an interrupted run loses at most the batch in progress.
 
@@ -377,16 +388,22 @@ def run_plan(plan: RunPlan, out: str | os.PathLike, *, batch_size: int, seed: in
         on_batch: called with the image indices of each finished batch.
 
     Returns:
-        :class:`RunSummary` of everything in the folder.
+        :class:`RunSummary` of everything in the folder; its ``notes`` say which kept PNGs were
+        unreadable (made again) and which kept images have no map (when ``maps``).
 
     Raises:
-        ValueError: ``out`` holds a run with other settings or conditions, or a malformed record.
+        ValueError: ``out`` holds a run with other settings or conditions, or a malformed record,
+            or cannot be made (a file, naming the path).
         csdgen.folder_lock.FolderBusy: another run is writing into ``out`` now (a ValueError).
     """
     from csdgen.folder_lock import folder_lock
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"output folder {str(out)!r} cannot be made ({exc.strerror}); allowed: a folder path "
+                         f"(new or existing), not a file") from None
     with folder_lock(out, "csdgen run (generate or save_run)"):
         return _run_plan(plan, out, batch_size, seed, maps, callback, on_start, on_batch)
 
@@ -395,8 +412,17 @@ def _run_plan(plan: RunPlan, out: Path, batch_size: int, seed: int, maps: bool, 
     old = _load_record(out, plan)
     images: dict[int, dict] = {}
     batch_list: list[dict] = []
+    notes: list[str] = []
     if old is not None:
         images = {int(k): v for k, v in old["images"].items() if (out / v["file"]).is_file()}
+        notes += _drop_unreadable(out, images)
+        if maps:
+            missing = [images[i]["file"] for i in sorted(images) if not (out / _map_file(images[i]["file"])).is_file()]
+            if missing:
+                notes.append(f"{len(missing)} kept image{'s' if len(missing) > 1 else ''} ({missing[0]}"
+                             f"{', ...' if len(missing) > 1 else ''}) {'have' if len(missing) > 1 else 'has'} no "
+                             f"acceptance map (the earlier run wrote none, e.g. --no-maps); maps need the decoding "
+                             f"statistics: delete those images to make them again with maps, or use another --out")
         kept_batches = {v.get("batch") for v in images.values()}
         batch_list = [b for b in old.get("batches", []) if b.get("batch") in kept_batches]
     resumed = len(images)
@@ -429,7 +455,38 @@ def _run_plan(plan: RunPlan, out: Path, batch_size: int, seed: int, maps: bool, 
         record = old
         totals = old.get("totals") or totals
     return RunSummary(out, totals["images"], resumed, totals["tokens"], totals["steps"], totals["step_compression"],
-                      totals["decode_seconds"], run_seconds, record)
+                      totals["decode_seconds"], run_seconds, record, notes)
+
+
+def _map_file(png: str) -> str:
+    return png[: -len(".png")] + "_map.png" if png.endswith(".png") else png + "_map.png"
+
+
+def _drop_unreadable(out: Path, images: dict) -> list[str]:
+    """Drop from ``images`` every kept PNG that PIL cannot read, or whose size is not the size most
+    kept images have (damaged outside csdgen: its writes are atomic); returns one note per file."""
+    from collections import Counter
+
+    from PIL import Image
+
+    sizes, notes = {}, []
+    for i in sorted(images):
+        path = out / images[i]["file"]
+        try:
+            with Image.open(path) as im:
+                im.load()
+                sizes[i] = im.size
+        except Exception as exc:  # PIL raises several kinds (UnidentifiedImageError, OSError, SyntaxError)
+            del images[i]
+            notes.append(f"{str(path)!r} is not a readable PNG ({type(exc).__name__}): generating it again")
+    if sizes:
+        usual = Counter(sizes.values()).most_common(1)[0][0]
+        for i, size in sizes.items():
+            if size != usual:
+                path = out / images.pop(i)["file"]
+                notes.append(f"{str(path)!r} is {size[0]}x{size[1]} pixels, the other images {usual[0]}x{usual[1]}: "
+                             f"generating it again")
+    return notes
 
 
 def _version() -> str:
@@ -479,10 +536,17 @@ def save_run(model, conditions: Sequence, out: str | os.PathLike, *, seed: int =
     Returns:
         :class:`RunSummary`; the images as PIL: :func:`pil_images`, or the PNG files.
 
+    Raises:
+        ValueError: as :func:`csdgen.generate` and :func:`run_plan` (e.g. ``out`` is a file, or
+            ``conditions`` a bare string instead of a list).
+
     >>> summary = csdgen.save_run(model, ["red apple", "dog face"], "outputs", method="csd")  # doctest: +SKIP
     """
     from dataclasses import asdict, is_dataclass
 
+    from csdgen.engine.generation import check_conditions
+
+    check_conditions(conditions)
     labels = [_label(model, c) for c in conditions]
     names = [f"{i:04d}_{slug(next(iter(label.values())) or 'image')}" for i, label in enumerate(labels)]
     settings = {"model": type(model).__name__, "seed": seed}

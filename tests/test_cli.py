@@ -11,15 +11,12 @@ from csdgen.cli._options import engine_kwargs
 from csdgen.models.builtin import load_builtin_model
 
 from builtin_fixture import CLASS_NAMES, CODEBOOK, make_tiny_weights
+from cli_helpers import run
 
 
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory):
     return make_tiny_weights(tmp_path_factory.mktemp("weights"))
-
-
-def run(*argv):
-    return cli.main([str(a) for a in argv])
 
 
 def test_generate_writes_images_maps_and_record(weights, tmp_path, capsys):

@@ -17,6 +17,7 @@ from csdgen.cli import _options
 from csdgen.models.builtin import load_builtin_model
 
 from builtin_fixture import make_tiny_weights
+from cli_helpers import run, usage_error
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,17 +25,6 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory):
     return make_tiny_weights(tmp_path_factory.mktemp("weights"))
-
-
-def run(*argv):
-    return cli.main([str(a) for a in argv])
-
-
-def usage_error(capsys, *argv) -> str:
-    with pytest.raises(SystemExit) as exc:
-        cli.main([str(a) for a in argv])
-    assert exc.value.code == 2
-    return capsys.readouterr().err
 
 
 def helptext(capsys, command) -> str:

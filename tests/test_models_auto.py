@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from csdgen import cli
 from csdgen.models import ChameleonImageModel, Emu3ImageModel, JanusImageModel, load_model
 from csdgen.models import auto
 from csdgen.models.defaults import FAMILY_DEFAULTS
@@ -19,6 +18,7 @@ from test_models_emu3 import HEIGHT, NEGATIVE, WIDTH
 from test_models_emu3 import build_checkpoint as build_emu3
 from test_models_janus import SIZE
 from test_models_janus import build_checkpoint as build_janus
+from cli_helpers import run
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "models.md"
 
@@ -199,10 +199,6 @@ def test_docs_table_matches_family_defaults():
 
 
 # csdgen generate --model
-
-
-def run(*argv):
-    return cli.main([str(a) for a in argv])
 
 
 def test_cli_janus_uses_family_defaults_writes_everything_and_resumes(janus_dir, tmp_path, capsys):

@@ -17,6 +17,21 @@ def note(message: str) -> None:
     print(f"csdgen: note: {message}", file=sys.stderr, flush=True)
 
 
+#: printed once before the first compiled forward of a run with ``--compile`` (a CPU compile looks like a hang)
+COMPILE_NOTE = "compiling the static engine's forwards (first call per shape; on CPU tens of seconds each)"
+
+
+def compile_note(args, device) -> None:
+    """:data:`COMPILE_NOTE` on stderr when the run compiles: ``--compile``, or on CUDA by default (static engine)."""
+    import torch
+
+    if getattr(args, "engine", "auto") == "eager":
+        return
+    compile_ = getattr(args, "compile", None)
+    if compile_ if compile_ is not None else torch.device(device).type == "cuda":
+        note(COMPILE_NOTE)
+
+
 def writable(folder: Path) -> Path:
     """Create ``folder`` and check that files can be written there.
 

@@ -109,6 +109,22 @@ def count(minimum: int = 1, what: str = "", maximum: int = MAX_IMAGES):
     return integer
 
 
+def port(minimum: int):
+    """A TCP port in ``minimum .. 65535`` (``minimum`` 0: 0 asks the system for any free port)."""
+    note = " (0: any free port)" if minimum == 0 else ""
+
+    def tcp_port(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: must be a TCP port, an integer in {minimum}..65535{note}") from None
+        if not minimum <= value <= 65535:
+            raise argparse.ArgumentTypeError(f"{value}: must be a TCP port in {minimum}..65535{note}")
+        return value
+    tcp_port.__name__ = "port"
+    return tcp_port
+
+
 #: the seed range (``csdgen.sampling.MAX_SEED``, repeated here so that the parser imports no torch)
 MAX_SEED = 2**63 - 1
 
@@ -177,27 +193,47 @@ def names(text: str) -> list[str]:
     return [c.strip() for c in text.split(",") if c.strip()]
 
 
-def names_of(allowed: tuple[str, ...] | list[str], what: str):
-    """Comma-separated names, each one of ``allowed`` (an empty string = none)."""
+def _repeated(values: list, text: str, what: str) -> None:
+    """Refuse a value listed twice (it would run twice and print duplicate rows)."""
+    repeated = [v for i, v in enumerate(values) if v in values[:i]]
+    if repeated:
+        raise argparse.ArgumentTypeError(f"{text!r}: {what} {repeated[0]!r} is given twice; allowed: distinct values")
+
+
+def names_of(allowed: tuple[str, ...] | list[str], what: str, empty: bool = False):
+    """Comma-separated names, each one of ``allowed``, none twice (``empty``: an empty string = none,
+    else an empty list is refused)."""
     def parse(text: str) -> list[str]:
         values = names(text)
         bad = [v for v in values if v not in allowed]
         if bad:
             raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(map(repr, bad))}; allowed: {', '.join(allowed)}")
+        if not values and not empty:
+            raise argparse.ArgumentTypeError(f"{text!r}: no {what} given; allowed: {', '.join(allowed)}, comma-separated")
+        _repeated(values, text, what)
         return values
     parse.__name__ = what.replace(" ", "_")
     return parse
 
 
 def numbers(kind):
-    """Comma-separated numbers of ``kind`` (an empty string = none)."""
+    """Comma-separated numbers of ``kind``, none twice (an empty string = none)."""
     def parse(text: str) -> list:
         try:
-            return [kind(v) for v in text.split(",") if v.strip()]
+            values = [kind(v) for v in text.split(",") if v.strip()]
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated {kind.__name__} values") from None
+        _repeated(values, text, "value")
+        return values
     parse.__name__ = f"{kind.__name__}_list"
     return parse
+
+
+def folder(text: str) -> Path:
+    """An output folder: a non-empty path (an empty ``--out`` would write into the current directory)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: an empty output folder; allowed: a folder path, e.g. --out outputs")
+    return Path(text)
 
 
 # ---- option groups ----
@@ -228,7 +264,7 @@ def add_builtin_model(p: argparse.ArgumentParser, *, n_default: str, batch_defau
                    help=f"images per batch (default {batch_default}; lowered to what memory allows)")
     p.add_argument("--device", choices=DEVICES, default=None,
                    help="default cpu" + ("; with --model cuda when available" if checkpoints else ""))
-    p.add_argument("--out", type=Path, default=Path(out_default), help=f"output folder (default ./{out_default})")
+    p.add_argument("--out", type=folder, default=Path(out_default), help=f"output folder (default ./{out_default})")
 
 
 def add_sampling(p: argparse.ArgumentParser, *, family_note: bool = False) -> None:

@@ -75,7 +75,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="default bfloat16 on cuda, float32 on cpu")
     p.add_argument("--device", choices=opt.DEVICES, default=None,
                    help="default cpu for the built-in model, else cuda when available (under torchrun: cuda:LOCAL_RANK)")
-    p.add_argument("--out", type=Path, default=Path("bench"), help="output folder (default ./bench)")
+    p.add_argument("--out", type=opt.folder, default=Path("bench"), help="output folder (default ./bench)")
     p.set_defaults(run=run)
     return p
 
@@ -214,7 +214,12 @@ def _floor(args):
     if args.floor_seed == "auto" and args.seeds[0] >= opt.MAX_SEED:
         raise ValueError(f"--seeds {args.seeds[0]}: the noise floor runs AR at the first seed + 1; give --floor-seed S "
                          f"or none, or a first seed in 0..{opt.MAX_SEED - 1}")
-    return args.seeds[0] + 1 if args.floor_seed == "auto" else args.floor_seed
+    floor = args.seeds[0] + 1 if args.floor_seed == "auto" else args.floor_seed
+    if floor in args.seeds:  # AR at a run seed is the run's own AR: the floor would compare AR with itself
+        given = f"--floor-seed {floor}" if args.floor_seed != "auto" else f"the noise floor's seed {floor} (first seed + 1)"
+        raise ValueError(f"{given} is also a run seed (--seeds {','.join(map(str, args.seeds))}); the noise floor "
+                         f"needs another seed: give --floor-seed S not in --seeds, or none")
+    return floor
 
 
 def _scorers(args, plan, device: str, out: Path):
@@ -279,6 +284,7 @@ def execute(args, adjust=None, title: str = "csdgen bench"):
 
     from csdgen import bench
 
+    _floor(args)  # bad seeds fail before the model loads
     device_type = args.device or ("cuda" if args.model != "builtin" and torch.cuda.is_available() else "cpu")
     if device_type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is visible here; use --device cpu")
@@ -336,6 +342,20 @@ def add_bench_source(p: argparse.ArgumentParser, command: str) -> None:
 def uses_bench(args) -> bool:
     """True when ``compare``/``sweep`` options ask for a checkpoint or a prompt set (see :func:`add_bench_source`)."""
     return args.model != "builtin" or args.prompts is not None
+
+
+def refuse_bench_only(args) -> None:
+    """``--limit``/``--offset`` of ``compare``/``sweep`` without ``--prompts``/``--model``: refused (they choose
+    prompts of a prompt set; the built-in run takes -n and --class).
+
+    Raises:
+        ValueError: naming the option and that it needs --prompts.
+    """
+    for option, given in (("--limit", args.limit is not None), ("--offset", args.offset != 0)):
+        if given:
+            value = args.limit if option == "--limit" else args.offset
+            raise ValueError(f"{option} {value} needs --prompts FILE (or --model PATH): it chooses prompts of a prompt "
+                             f"set; without them give -n N (and --class) for the built-in images")
 
 
 def bench_namespace(args, skip=(), **overrides) -> argparse.Namespace:

@@ -67,12 +67,13 @@ def run(args) -> int:
     from csdgen.evaluation.quality import QualityScorer
 
     from ._common import list_classes
-    from .bench import uses_bench
+    from .bench import refuse_bench_only, uses_bench
 
     if args.list_classes is not None:
         return list_classes(args)
     if uses_bench(args):
         return _run_bench(args)
+    refuse_bench_only(args)
     if args.num_images is None:
         args.num_images = 64
     model, classes = builtin_model(args, fixed_window=True, spread=True)

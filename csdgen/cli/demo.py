@@ -10,16 +10,6 @@ from __future__ import annotations
 import argparse
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be a TCP port, an integer in 1..65535") from None
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{value}: must be a TCP port in 1..65535")
-    return value
-
-
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("demo", allow_abbrev=False, help="a local web page to watch AR, SJD, CSD, ... decode side by side",
                        description="Serve a local page that runs the chosen methods on one seed and shows each image, "
@@ -30,7 +20,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
     opt.add_checkpoint_files(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=_port, default=None, help="TCP port (default: the first free one from 7860)")
+    p.add_argument("--port", type=opt.port(1), default=None, help="TCP port (default: the first free one from 7860)")
     p.set_defaults(run=run)
     return p
 

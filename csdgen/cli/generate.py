@@ -15,7 +15,7 @@ from pathlib import Path
 
 from . import _options as opt
 from ._common import (builtin_model, cap_builtin_batch, checkpoint_setup, clamp_window, fill_defaults, model_defaults,
-                      require_decoder, sampling_of, writable)
+                      note, require_decoder, sampling_of, writable)
 
 #: options of ``--model`` only (the built-in model refuses them)
 MODEL_ONLY = ("prompts", "prompts_file", "layout", "height", "width", "image_size", "negative_prompt", "positive_prompt",
@@ -89,6 +89,15 @@ def _run_settings(args, rule, sampling) -> dict:
     return settings
 
 
+def _ar_window(args) -> None:
+    """AR decodes one token per forward whatever ``--window`` says: record the window it runs at (1, as
+    ``csdgen serve`` reports), with a note when a wider one was given."""
+    if args.method == "ar" and args.window != 1:
+        if args.window != "auto":
+            note(f"--method ar decodes one token per forward: --window {args.window} does not apply (window 1)")
+        args.window = 1
+
+
 def builtin_job(args):
     """The run plan of the built-in model (``--class``) and its batch size."""
     from csdgen.runs import RunPlan
@@ -99,6 +108,7 @@ def builtin_job(args):
         raise ValueError(f"{', '.join(given)} {verb} --model (a checkpoint folder, docs/models.md); "
                          f"the built-in model takes --class")
     model, classes = builtin_model(args)
+    _ar_window(args)
     sampling = sampling_of(args)
     rule = _rule(args)
     from csdgen.engine.window import AUTO_MAX_WINDOW
@@ -122,7 +132,11 @@ def _read_prompts(args) -> list[str]:
         from csdgen.prompts import read_prompt_text
 
         text = read_prompt_text(args.prompts_file, "--prompts-file")
-        prompts += [line.strip() for line in text.splitlines() if line.strip()]
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        if not lines:
+            raise ValueError(f"--prompts-file {str(args.prompts_file)!r} holds no prompts; allowed: a text file with "
+                             f"one prompt per line")
+        prompts += lines
     if not prompts:
         raise ValueError("--model needs prompts: give --prompt \"...\" (repeatable) or --prompts-file FILE (one per line)")
     return prompts
@@ -152,6 +166,7 @@ def model_job(args):
     require_decoder(model, str(args.model), folder)  # a Chameleon checkpoint without Chameleon's VQGAN files
     fill_defaults(args, model_defaults(model, family))  # no-op today: the model's own defaults where it carries them
     args.window = clamp_window(args.window, model.num_image_tokens)
+    _ar_window(args)
     settings = {"model": str(args.model), "checkpoint": str(folder), "family": family, "dtype": dtype, "device": device,
                 "grid": list(model.grid), "prompts": prompts, "negative_prompt": args.negative_prompt,
                 "positive_prompt": args.positive_prompt, "prompt_template": args.prompt_template,
@@ -164,7 +179,7 @@ def model_job(args):
 def run(args) -> int:
     from contextlib import ExitStack
 
-    from ._common import list_classes
+    from ._common import compile_note, list_classes
 
     if args.list_classes is not None:
         if args.model is not None:
@@ -181,6 +196,8 @@ def run(args) -> int:
     state = {"done": 0, "bar": None}
     with ExitStack() as stack:
         def start(todo: int) -> None:  # the folder's record is checked: errors so far came before any bar
+            if todo:
+                compile_note(args, plan.model.device)
             state["bar"] = stack.enter_context(tqdm(total=todo * N, unit="tok", desc=f"{args.method} W={args.window}",
                                                     leave=False, disable=None))
 
@@ -194,5 +211,7 @@ def run(args) -> int:
 
         summary = run_plan(plan, out, batch_size=batch_size, seed=args.seed, maps=not args.no_maps, callback=progress,
                            on_start=start, on_batch=next_batch)
+    for line in summary.notes:
+        note(line)
     print(summary.line())
     return 0

@@ -16,16 +16,6 @@ from . import _options as opt
 BATCHING = ("continuous", "static")
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be a TCP port, an integer in 0..65535 (0: any free port)") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{value}: must be a TCP port in 0..65535 (0: any free port)")
-    return value
-
-
 def _gib(text: str) -> float:
     try:
         value = float(text)
@@ -44,10 +34,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                    "batch at every iteration (docs/serve.md).")
     p.add_argument("--model", default=None, help="checkpoint folder or cached repo id (default: the built-in model)")
     p.add_argument("--weights", default=None, help="built-in model weights folder (default: shipped with csdgen)")
-    p.add_argument("--served-name", default=None, metavar="NAME",
+    p.add_argument("--served-name", type=_served_name, default=None, metavar="NAME",
                    help="the model name requests give (default: csdgen-builtin, or the --model value)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000; 0: any free port)")
+    p.add_argument("--port", type=opt.port(0), default=8000, help="TCP port (default 8000; 0: any free port)")
     p.add_argument("--max-batch", type=opt.count(), default=16, metavar="B",
                    help="most images decoding together (default 16; lowered to what memory allows)")
     p.add_argument("--max-queue", type=opt.count(), default=256, metavar="Q",
@@ -140,6 +130,14 @@ def _builtin_bytes(model) -> int:
     from csdgen.runs import builtin_bytes_per_image
 
     return builtin_bytes_per_image(model, AUTO_MAX_WINDOW, True)
+
+
+def _served_name(text: str) -> str:
+    """``--served-name``: a non-empty name without surrounding spaces (requests give it as ``model``)."""
+    if not text.strip() or text != text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed a non-empty model name without surrounding spaces, "
+                                         f"e.g. csdgen-builtin (leave the option out for the default)")
+    return text
 
 
 def run(args) -> int:

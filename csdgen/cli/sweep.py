@@ -38,10 +38,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
         default = getattr(grid, name)
         p.add_argument("--" + name.replace("_", "-"), type=opt.numbers(kind), default=default, metavar="LIST",
                        help=f"{what}, comma-separated (default {','.join(map(str, default))}; empty string = none)")
-    p.add_argument("--draft-inits", type=opt.names_of(opt.DRAFT_INITS, "draft initialisation"), default=grid.draft_inits,
+    p.add_argument("--draft-inits", type=opt.names_of(opt.DRAFT_INITS, "draft initialisation", empty=True), default=grid.draft_inits,
                    metavar="LIST", help=f"comma-separated, of {','.join(opt.DRAFT_INITS)} (default "
                                         f"{','.join(grid.draft_inits)}; LANTERN always uses onehot)")
-    p.add_argument("--baselines", type=opt.names_of(BASELINES, "baseline"), default=grid.baselines, metavar="LIST",
+    p.add_argument("--baselines", type=opt.names_of(BASELINES, "baseline", empty=True), default=grid.baselines, metavar="LIST",
                    help=f"comma-separated, of {','.join(BASELINES)} (default {','.join(grid.baselines)}; "
                         f"empty string = none)")
     opt.add_sampling(p)
@@ -117,12 +117,13 @@ def run(args) -> int:
     from csdgen.runs import MethodJob, run_methods, write_json
 
     from ._common import list_classes
-    from .bench import uses_bench
+    from .bench import refuse_bench_only, uses_bench
 
     if args.list_classes is not None:
         return list_classes(args)
     if uses_bench(args):
         return _run_bench(args)
+    refuse_bench_only(args)
     if args.num_images is None:
         args.num_images = 64
     args.window = args.lam = args.delta = None  # a sweep sets these per point; filled only to validate the rest

@@ -190,9 +190,8 @@ class ContinuousBatch:
         loop.seeds[slots] = torch.tensor(seeds, dtype=torch.long, device=dev)
         try:
             bad = loop._prefill(new, slots)
-            if bool(bad):
-                raise ValueError("the model returned logits with NaN or +inf (or no allowed token) at the prefill of "
-                                 "these images; allowed: finite or -inf logits with at least one finite logit")
+            if bool(bad):  # the model's logits, or the sampling settings overflowing float32 (as generate says)
+                raise ValueError(f"at the prefill of these images: {loop._non_finite_message()}")
             if self.size == 0:
                 loop.session = new
                 loop.prev = None

@@ -168,7 +168,8 @@ def generate(
             :class:`~csdgen.sampling.SamplingConfig`, a rule's class instead of an instance,
             bad window, unknown method, draft initialisation or refresh mode, a draft
             initialisation the rule cannot use, bad sampling settings (e.g. top-k > V),
-            ``image_indices`` not one non-negative int per image, conditions the model rejects,
+            ``image_indices`` not one non-negative int per image, conditions the model rejects
+            or a bare string / bytes instead of a list of conditions,
             logits with NaN / +inf (or no allowed token) at some position, a bad ``tree``, a
             tree with ``method="ar"``, a tree on a model whose session cannot evaluate trees, an
             unknown ``engine``, ``engine="static"`` (or ``compile=True``) on a model it does not
@@ -176,6 +177,7 @@ def generate(
         MemoryError: the batch does not fit in the device's memory (one line; a smaller batch
             gives the same images).
     """
+    check_conditions(conditions)
     _check_engine(engine, compile)
     rule, window, draft_init, sampling, settings = resolve_arguments(model, method, window, sampling, draft_init,
                                                                      refresh, seed, preset)
@@ -199,6 +201,20 @@ def generate(
         raise MemoryError(f"decoding {images} images at once ran out of {torch.device(model.device).type} memory "
                           f"({str(exc).splitlines()[0][:120]}); allowed: a smaller batch, e.g. csdgen.save_run(..., "
                           f"batch_size=8) or csdgen.runs.generate_batches, which give the same images") from None
+
+
+def check_conditions(conditions, name: str = "conditions") -> None:
+    """Refuse one bare string (or bytes) where a list of conditions is asked for: it would be read
+    letter by letter, one image per character.
+
+    Raises:
+        ValueError: ``"conditions='red apple': give a list, e.g. ['red apple']"``.
+    """
+    if isinstance(conditions, (str, bytes)):
+        from ..class_names import shown
+
+        text = shown(conditions if isinstance(conditions, str) else conditions.decode("utf-8", "replace"))
+        raise ValueError(f"{name}={text!r}: give a list (one condition per image), e.g. [{text!r}]")
 
 
 def _out_of_memory(exc: RuntimeError) -> bool:

@@ -45,7 +45,19 @@ class BuiltinModel(ClassConditionalLlama):
         self.components = components
 
     def decode_images(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Image tokens ``[B, N]`` int64 -> images ``[B, 3, 64, 64]`` float32 in [-1, 1]."""
+        """Image tokens ``[B, N]`` int64 -> images ``[B, 3, 64, 64]`` float32 in [-1, 1].
+
+        Raises:
+            ValueError: ``tokens`` not ``[B, N]`` integers in ``0 .. V-1`` (naming the shape and range).
+        """
+        N, V = self.num_image_tokens, self.codebook_size
+        allowed = f"allowed: tokens [B, {N}] int64 in 0..{V - 1}"
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.shape[1] != N \
+                or tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+            what = f"shape {list(tokens.shape)} {tokens.dtype}" if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+            raise ValueError(f"decode_images: tokens of {what}; {allowed}")
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= V):
+            raise ValueError(f"decode_images: tokens in {int(tokens.min())}..{int(tokens.max())}; {allowed}")
         with torch.no_grad():
             return self.components.vq.decode(tokens.reshape(-1, *self.grid).to(self.device))
 

@@ -14,13 +14,16 @@ Routes:
 Every error is OpenAI's shape ``{"error": {"message", "type", "param", "code"}}`` with the
 status that fits (:class:`csdgen.serve.schemas.APIError`); bad input never gets a 500.
 A client that disconnects cancels its images at the next iteration (non-streaming requests are
-watched while they wait; a stream notices when it cannot send, or at the next poll).
+watched while they wait; a stream notices when it cannot send, or at the next poll). When the
+server stops (Ctrl-C), every request still waiting gets 503 ``server shutting down`` in the same
+shape (a stream: an ``error`` event) and its images are cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 import json
 import math
 import socket
@@ -185,6 +188,21 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
     def count(status: int) -> None:
         metrics.requests.labels(str(status)).inc()
 
+    listeners: set[asyncio.Queue] = set()  # event queues of the requests waiting for images
+    closing = {"now": False}
+
+    def shutting_down() -> None:
+        """Called in the event loop when the server begins to stop: every waiting request gets 503."""
+        closing["now"] = True
+        for queue in list(listeners):
+            queue.put_nowait(("shutdown",))
+
+    app.state.shutting_down = shutting_down
+
+    def shutdown_error() -> APIError:
+        return APIError(503, "server shutting down; its images were cancelled, send the request again once the "
+                             "server is back", code="server_shutting_down")
+
     @app.post("/v1/images/generations")
     async def generations(request: Request):
         try:
@@ -201,9 +219,12 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
             raise APIError(400, f"the request body is not valid JSON ({exc}); allowed: a JSON object with a prompt",
                            code="invalid_json") from None
         req = await run_in_threadpool(parse_request, body, served)
+        if closing["now"]:
+            raise shutdown_error()
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         job = scheduler.submit(req, loop, events)
+        listeners.add(events)
         if req.stream:
             count(200)
             return StreamingResponse(_stream(request, job, events), media_type="text/event-stream",
@@ -224,11 +245,18 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
                     images[index] = (png, stats, tokens)
                 elif event[0] == "error":
                     raise event[1]
+                elif event[0] == "shutdown":
+                    scheduler.cancel(job)
+                    raise shutdown_error()
                 elif event[0] == "done":
                     break
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # cancelled by uvicorn past its graceful shutdown: answer, no traceback
             scheduler.cancel(job)
-            raise
+            error = shutdown_error()
+            count(error.status)
+            return _error_response(error)
+        finally:
+            listeners.discard(events)
         data = [{"b64_json": base64.b64encode(images[i][0]).decode("ascii"), "revised_prompt": None,
                  "csdgen": _image_stats(req, i, images[i][1], images[i][2])} for i in range(req.n)]
         count(200)
@@ -267,12 +295,14 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
                     yield sse("image_generation.completed", {
                         "type": "image_generation.completed", "b64_json": base64.b64encode(png).decode("ascii"),
                         **common, "usage": _usage(req, served, 1), "csdgen": _image_stats(req, index, stats, tokens)})
-                elif kind == "error":
-                    yield sse("error", {"type": "error", **event[1].body()})
+                elif kind in ("error", "shutdown"):
+                    error = event[1] if kind == "error" else shutdown_error()
+                    yield sse("error", {"type": "error", **error.body()})
                     return
                 elif kind == "done":
                     return
         finally:
+            listeners.discard(events)
             watcher.cancel()
             scheduler.cancel(job)  # no-op once the job finished
 
@@ -319,6 +349,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.bind(address)
     except OSError as exc:
         sock.close()
+        if exc.errno == errno.EADDRNOTAVAIL:  # the address is not one of this machine's, whatever the port
+            raise ValueError(f"cannot listen on {host}:{port} ({exc.strerror}): --host {host!r} is not an address of "
+                             f"this machine; allowed: one of its addresses, e.g. 127.0.0.1 or 0.0.0.0 (all)") from None
         raise ValueError(f"cannot listen on {host}:{port} ({exc.strerror}); choose another --port (0: any free port)") from None
     sock.listen(2048)
     sock.set_inheritable(True)
@@ -333,6 +366,12 @@ def _server(app, on_ready: Callable[[], None] | None):
             await super().startup(sockets=sockets)
             if self.started and on_ready is not None:
                 on_ready()
+
+        async def shutdown(self, sockets=None):
+            notify = getattr(getattr(app, "state", None), "shutting_down", None)
+            if notify is not None:  # waiting requests get 503 within the graceful period, not a cancelled task
+                notify()
+            await super().shutdown(sockets=sockets)
 
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=3)
     return Server(config)

@@ -258,9 +258,13 @@ class Scheduler:
         try:
             handles = batch.admit(conditions, seeds, indices)
         except ValueError as exc:  # the model rejected these images' conditions: they fail, the batch goes on
+            message, param = f"the model rejected this request's images: {exc}", "prompt"
+            if "overflow float32" in str(exc):  # the loop's own diagnosis: the sampling settings, not the prompt
+                sampling = take[0].job.request.batch_kwargs["sampling"]
+                message = f"guidance_scale={sampling.guidance_scale:g}, temperature={sampling.temperature:g}: {exc}"
+                param = "temperature" if sampling.temperature and abs(sampling.guidance_scale) < 1e30 else "guidance_scale"
             for job in {id(im.job): im.job for im in take}.values():
-                self._fail(job, APIError(400, f"the model rejected this request's images: {exc}", param="prompt",
-                                         code="invalid_value"))
+                self._fail(job, APIError(400, message, param=param, code="invalid_value"))
             return
         except Exception:
             self._admitting = [im.job for im in take]  # they fail with the batch (_fail_batch)

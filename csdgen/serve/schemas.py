@@ -18,7 +18,7 @@ Fields (OpenAI's ``images.generate``):
   ``frame_count``, ``frame_duration_ms``, ``svg``) only as null;
 
 csdgen's own (the SDK sends them with ``extra_body``): ``method``, ``window`` (1 .. N or
-``"auto"``), ``seed`` (any integer; default a random one, reported back), ``guidance_scale``,
+``"auto"``), ``seed`` (an integer 0 .. 2**63 - 1; default a random one, reported back), ``guidance_scale``,
 ``temperature``, ``top_k`` (null / 0 = none), ``top_p``, ``lam``, ``delta``, ``entropy_unit``,
 ``addition_c``, ``draft_init``, ``refresh``, ``return_tokens`` (add each image's tokens to the
 answer) and ``partial_every`` (with ``stream``: a partial image every this many of the image's
@@ -43,7 +43,7 @@ NULL_ONLY_FIELDS = ("style", "output_compression", "complexity", "frame_count", 
 CSDGEN_FIELDS = ("method", "window", "seed", "guidance_scale", "temperature", "top_k", "top_p", "lam", "delta",
                  "entropy_unit", "addition_c", "draft_init", "refresh", "return_tokens", "partial_every")
 MAX_PROMPT_CHARS = 32_000
-#: the highest seed a request may give is unbounded; the default seed is drawn from 0 .. 2**63 - 1
+#: a request's seed is an integer in 0 .. 2**63 - 1 (csdgen.sampling.MAX_SEED); the default is drawn from that range
 SEED_BITS = 63
 
 
@@ -198,7 +198,8 @@ def parse_request(body: Any, served) -> ImageRequest:
     from csdgen.sampling import SamplingConfig
 
     if not isinstance(body, dict):
-        raise APIError(400, f"the request body is a JSON {type(body).__name__}; allowed: a JSON object with a prompt",
+        kinds = {type(None): "null", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+        raise APIError(400, f"the request body is a JSON {kinds.get(type(body), type(body).__name__)}; allowed: a JSON object with a prompt",
                        code="invalid_type")
     unknown = [k for k in body if k not in OPENAI_FIELDS + NULL_ONLY_FIELDS + CSDGEN_FIELDS]
     if unknown:
@@ -260,8 +261,8 @@ def parse_request(body: Any, served) -> ImageRequest:
     seed = body.get("seed")
     if seed is None:
         seed = secrets.randbits(SEED_BITS)
-    elif not _is_int(seed):
-        raise _bad("seed", f"seed={seed!r}: allowed an integer")
+    elif not _is_int(seed) or not 0 <= seed < 2**SEED_BITS:
+        raise _bad("seed", f"seed={seed!r}: allowed an integer in 0..{2**SEED_BITS - 1}")
     draft_init = _choice(body, "draft_init", d.draft_init, tuple(DRAFT_INITS))
     refresh = _choice(body, "refresh", d.refresh, tuple(REFRESH_MODES))
     entropy_unit = _choice(body, "entropy_unit", d.entropy_unit, ("nats", "normalized"))

@@ -1,0 +1,32 @@
+"""Helpers the CLI tests share: run ``csdgen`` in-process and read its one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from csdgen import cli
+
+
+def run(*argv) -> int:
+    """``csdgen ARGV`` in this process (arguments converted with ``str``); returns the exit code."""
+    return cli.main([str(a) for a in argv])
+
+
+def usage_error(capsys, *argv, one_line: bool = False) -> str:
+    """Run ``csdgen ARGV``, expect argparse's usage error (exit 2) and return stderr
+    (``one_line``: also require the error to be a single line)."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main([str(a) for a in argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    if one_line:
+        assert err.count("\n") == 1, err
+    return err
+
+
+def cli_error(capsys, *argv) -> str:
+    """Run ``csdgen ARGV``, expect csdgen's own error (exit 2, one line, no traceback); return it."""
+    assert run(*argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
