@@ -159,6 +159,7 @@ class _Loop:
         limit = int((N - c_host).max())
         width = min(self.auto.choose(limit, len(self.active_host)) if self.auto else self.window, limit)
         probe = self._probe
+        self._width = width
         r_counts = self._iterate(session, width, c_host, probe)
         self.steps += 1
         self.widths.append(width)
@@ -171,7 +172,8 @@ class _Loop:
         self._probe = False
         if self.auto is not None:
             now = time.perf_counter()
-            self.auto.observe(width, now - self._mark, *counts, tokens=float((new_c - c_host).double().mean()))
+            self.auto.observe(width, now - self._mark, *(counts or (None, None)),
+                              tokens=float((new_c - c_host).double().mean()))
             self._mark = now
         return (new_c < N).nonzero()[:, 0]
 
@@ -280,7 +282,7 @@ class _Loop:
             old = prev_q.gather(1, source[..., None].expand(-1, -1, V)).to(new_probs.dtype)
             p = torch.where(is_carried[..., None], old, new_probs)
         self.tokens[rows] = tokens.scatter(1, positions, x)
-        if self.auto is not None:
+        if self._counting(W):
             entered = self.entered[rows]
             now = self.steps_per_image[rows][:, None].expand_as(positions)
             self.entered[rows] = entered.scatter(1, positions, torch.where(is_carried, entered.gather(1, positions), now))
@@ -295,7 +297,7 @@ class _Loop:
         widths_host = (N - c_host).clamp(max=W)
         u = self._uniforms(rows, W)
         x, p = self._drafts(rows, c, W, u[_INIT])
-        if self.auto is not None:
+        if self._counting(W):
             self._ages_entered = self.entered[rows].gather(1, c[:, None] + torch.arange(W, device=dev))
         # inputs: the last committed token, then the drafts (plus, once, one probe slot to roll back)
         fed_width, fed_widths = W, widths_host
@@ -329,13 +331,19 @@ class _Loop:
         self.prev = (q, widths, r + 1)
         return self._auto_counts(rows, r, widths)
 
+    def _counting(self, W: int) -> bool:
+        """Whether an iteration of width ``W`` keeps ``window="auto"``'s draft bookkeeping (draft ages
+        and counts): only with auto, and only when the window holds a draft (a width-1 forward tests
+        none, and skipping the bookkeeping makes it cost what an AR iteration costs)."""
+        return self.auto is not None and W > 1
+
     def _auto_counts(self, rows: torch.Tensor, r: torch.Tensor, widths: torch.Tensor) -> torch.Tensor | None:
         """``[2, buckets * AGE_GROUPS]`` draft counts (reached, rejected) by depth bucket and age group for
-        ``window="auto"`` (None for a fixed window); called after the commit step, with
-        ``self._ages_entered`` read before it. A draft's depth is its slot (the drafts before it in
-        this forward), its age the forwards it was refined by."""
+        ``window="auto"`` (None for a fixed window or a window without drafts, :meth:`_counting`);
+        called after the commit step, with ``self._ages_entered`` read before it. A draft's depth is
+        its slot (the drafts before it in this forward), its age the forwards it was refined by."""
         dev = self.device
-        if self.auto is None:
+        if not self._counting(self._width):
             return None
         slot = torch.arange(self._ages_entered.shape[1], device=dev)
         age = (self.steps_per_image[rows][:, None] - 1 - self._ages_entered).clamp(0, AGE_GROUPS - 1)

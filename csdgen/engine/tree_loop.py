@@ -70,7 +70,7 @@ class _TreeLoop(_Loop):
                             max(W, S, D * (K - 1), 1))
         chain_u, tree_u = u[:_KINDS], u[_KINDS:]
         x, p = self._drafts(rows, c, W, chain_u[_INIT][:, :W])
-        if self.auto is not None:
+        if self._counting(W):
             self._ages_entered = self.entered[rows].gather(1, c[:, None] + torch.arange(W, device=dev))
         cand, alive = draw_siblings(x[:, :D], p[:, :D], K, tree_u[-1][:, : D * (K - 1)].reshape(A, D, K - 1))
         depth, branch = layout.depth.to(dev), layout.branch.to(dev)

@@ -38,6 +38,8 @@ class _Counts:
 
     reached: np.ndarray = field(default_factory=lambda: np.zeros((len(DEPTH_EDGES), AGE_GROUPS)))
     rejected: np.ndarray = field(default_factory=lambda: np.zeros((len(DEPTH_EDGES), AGE_GROUPS)))
+    #: bumped whenever the counts change (a chooser recomputes E(W) only then: a width-1 forward reaches no draft)
+    version: int = 0
 
 
 @dataclass
@@ -119,13 +121,18 @@ class _AutoWindow:
     PRIOR = 0.5  # pass rate assumed for an age group not seen (optimistic: an untried width gets tried)
     MIN_REACHED = 8.0  # counts a (depth, age) cell needs for its own estimate
     TIME_WEIGHT = 0.3  # weight of a new time measurement
-    EXPLORE_EVERY = 8  # try a neighbouring width this often, when it is predicted close to the best
-    EXPLORE_WITHIN = 0.85
-    WARM_RUN = 3  # warm-up iterations at the widest width, when this batch size has no times yet
-    WARM_MIDDLE = 8  # the warm-up's middle width
+    EXPLORE_EVERY = 16  # try a neighbouring width this often, when it is predicted close to the best
+    EXPLORE_WITHIN = 0.9
+    #: widths of the warm-up, when this batch size has fewer than two times: narrow to wide, so a
+    #: batch where wide windows are slow (16 images: window 32 costs 13 width-1 iterations on the
+    #: built-in model) pays one 16-wide iteration, not three 32-wide ones; wider widths are then
+    #: extrapolated, and tried when predicted to pay
+    WARM_PLAN = (1, 4, 16)
     EXPLORE_RUN = 3  # iterations a wider neighbour is kept when explored (its new slots start fresh)
+    FORCE_EVERY = 4  # from width 1 with enough counts, the next width up is forced every this many explorations
     OPTIMISM = 0.9  # pass rate assumed at depths deeper than any seen (an untried wide window gets tried)
     ITERATIONS = 12  # fixed-point iterations for E(W)
+    REFRESH_EVERY = 4  # iterations between recomputations of E(W) while the counts change (it costs ~0.5 ms)
 
     def __init__(self, max_width: int, learned: _Learned | None = None):
         self.max_width = max_width
@@ -136,6 +143,8 @@ class _AutoWindow:
         self._pending: tuple[int, float, float] | None = None
         self._rows: int | None = None
         self.buckets: tuple[int, ...] | None = None
+        self._tokens: np.ndarray | None = None  # E(W), cached (:meth:`_expected`)
+        self._tokens_at = (-1, 0)  # (counts version, iteration) it was computed at
 
     def bucket(self, width: int) -> int:
         """The width a window of ``width`` slots costs (itself without buckets)."""
@@ -181,6 +190,17 @@ class _AutoWindow:
         # a wider window commits at least as many tokens (its drafts at every depth are as old or older,
         # and it has more of them); the fixed point of a wider one can land a hair lower: keep it monotone
         return np.maximum.accumulate(tokens[:, 0])
+
+    def _expected(self) -> np.ndarray:
+        """:meth:`expected_tokens`, recomputed only when the counts changed, and then at most every
+        :attr:`REFRESH_EVERY` iterations (the counts move by a few percent per iteration; the fixed
+        point costs about half a millisecond, 5 % of a batch-1 iteration of the built-in model)."""
+        version = self.learned.counts.version
+        at_version, at_count = self._tokens_at
+        if self._tokens is None or (version != at_version and self.count - at_count >= self.REFRESH_EVERY):
+            self._tokens = self.expected_tokens()
+            self._tokens_at = (version, self.count)
+        return self._tokens
 
     # -- the cost model ------------------------------------------------------------------------
 
@@ -230,25 +250,26 @@ class _AutoWindow:
         limit = max(1, min(limit, self.max_width))
         self._rows = rows
         if not self.plan and self.count == 1 and len(self.learned.times.get(rows, {})) < 2:
-            # times for this batch size: the widest width (where extrapolated times would be least
-            # sure), three in a row so that refined drafts get counted, a middle width (the cost is
-            # not linear in W: flat while a forward is launch-bound, then steep) and width 1
-            warm = self.max_width
-            middle = [self.WARM_MIDDLE] if 1 < self.WARM_MIDDLE < warm else []
-            self.plan = [warm] * self.WARM_RUN + middle + [1] if warm > 1 else [1]
+            # times for this batch size at a few widths (the cost is not linear in W: flat while a
+            # forward is launch-bound, then steep), narrow to wide (WARM_PLAN)
+            self.plan = sorted({min(w, self.max_width) for w in self.WARM_PLAN})
         if self.plan:
             self._pending = None
             return min(self.plan.pop(0), limit)
-        tokens, seconds = self.expected_tokens()[:limit], self.cost(rows)[:limit]
+        tokens, seconds = self._expected()[:limit], self.cost(rows)[:limit]
         rate = tokens / seconds
         best = int(rate.argmax()) + 1
         choice = best
         if self.count % self.EXPLORE_EVERY == 0:
             up = (self.count // self.EXPLORE_EVERY) % 2
             other = self._neighbour(best, limit, up)
-            # from width 1 the next width up is always tried: a width-1 forward reaches no draft, so
-            # the acceptance estimates would never change again (a pessimistic start would stick)
-            if other != best and (best == 1 or rate[other - 1] >= self.EXPLORE_WITHIN * rate[best - 1]):
+            # from width 1 the next width up is tried even when predicted slower: a width-1 forward
+            # reaches no draft, so the acceptance estimates would never change again (a pessimistic
+            # start would stick); always while the refined drafts at depth 0 are thinly counted,
+            # then every FORCE_EVERY explorations (each costs EXPLORE_RUN slower iterations)
+            forced = best == 1 and (self.learned.counts.reached[0, 1:].sum() < 4 * self.MIN_REACHED
+                                    or (self.count // self.EXPLORE_EVERY) % (2 * self.FORCE_EVERY) == 1)
+            if other != best and (forced or rate[other - 1] >= self.EXPLORE_WITHIN * rate[best - 1]):
                 choice = other
                 if other > best:
                     self.plan = [other] * (self.EXPLORE_RUN - 1)
@@ -264,16 +285,19 @@ class _AutoWindow:
             return min(next((b for b in self.buckets if b > width), limit), limit)
         return max((b for b in self.buckets if b < width), default=1)
 
-    def observe(self, width: int, seconds: float, reached: list[float], rejected: list[float],
+    def observe(self, width: int, seconds: float, reached: list[float] | None, rejected: list[float] | None,
                 tokens: float | None = None) -> None:
         """Learn from the iteration just done: its width, seconds (sync to sync), draft counts
-        (flattened ``[buckets, AGE_GROUPS]``) and the tokens it committed per image (for :attr:`log`)."""
+        (flattened ``[buckets, AGE_GROUPS]``; None: no draft was reached, as at width 1) and the
+        tokens it committed per image (for :attr:`log`)."""
         learned, counts = self.learned, self.learned.counts
-        shape = counts.reached.shape
-        new_reached = np.asarray(reached, dtype=np.float64).reshape(shape)
-        decay = np.where(new_reached > 0, self.DECAY, 1.0)  # a cell this forward did not reach keeps what it knew
-        counts.reached = decay * counts.reached + new_reached
-        counts.rejected = decay * counts.rejected + np.asarray(rejected, dtype=np.float64).reshape(shape)
+        if reached is not None and any(reached):
+            shape = counts.reached.shape
+            new_reached = np.asarray(reached, dtype=np.float64).reshape(shape)
+            decay = np.where(new_reached > 0, self.DECAY, 1.0)  # a cell this forward did not reach keeps what it knew
+            counts.reached = decay * counts.reached + new_reached
+            counts.rejected = decay * counts.rejected + np.asarray(rejected, dtype=np.float64).reshape(shape)
+            counts.version += 1
         times = learned.times.setdefault(self._rows or 1, {})
         key = self.bucket(width)
         old = times.get(key)
