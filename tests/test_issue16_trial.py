@@ -170,6 +170,16 @@ def test_duplicate_methods_and_grid_values_are_refused_naming_the_duplicate(caps
     assert twice in err and "allowed: distinct values" in err
 
 
+def test_sweep_with_no_window_is_refused_while_other_grids_may_be_empty(capsys, tmp_path):
+    """``--windows ''`` ran a sweep of AR alone without a word (every method runs at each window)."""
+    err = usage_error(capsys, "sweep", "--windows", "", "--out", tmp_path / "s")
+    assert "argument --windows: '': no window given; allowed: at least one" in err
+    assert not (tmp_path / "s").exists()
+    from csdgen.cli._options import numbers
+
+    assert numbers(float)("") == []  # e.g. --csd-lam '' = no CSD curve
+
+
 # ---- 6, 7, 14. server messages: seed param, guidance overflow, null body -----------------------------
 
 
@@ -359,3 +369,9 @@ def test_generate_model_with_an_empty_prompts_file_says_it_holds_no_prompts(caps
     empty.write_text("\n  \n")
     err = cli_error(capsys, "generate", "--model", tmp_path / "nothing", "--prompts-file", empty, "--out", tmp_path / "o")
     assert f"--prompts-file {str(empty)!r} holds no prompts" in err
+
+
+def test_image_indices_given_twice_are_refused(builtin):
+    """``image_indices=[3, 3]`` gave two images one random stream (identical images for one condition)."""
+    with pytest.raises(ValueError, match="image_indices: index 3 is given twice; allowed: distinct indices"):
+        csdgen.generate(builtin, ["red apple", "red apple"], method="sjd", window=4, image_indices=[3, 3])

@@ -216,13 +216,16 @@ def names_of(allowed: tuple[str, ...] | list[str], what: str, empty: bool = Fals
     return parse
 
 
-def numbers(kind):
-    """Comma-separated numbers of ``kind``, none twice (an empty string = none)."""
+def numbers(kind, empty: bool = True, what: str = "value"):
+    """Comma-separated numbers of ``kind``, none twice (an empty string = none, unless ``empty`` is
+    False: then at least one ``what`` is asked for)."""
     def parse(text: str) -> list:
         try:
             values = [kind(v) for v in text.split(",") if v.strip()]
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated {kind.__name__} values") from None
+        if not values and not empty:
+            raise argparse.ArgumentTypeError(f"{text!r}: no {what} given; allowed: at least one, comma-separated, e.g. 16,32")
         _repeated(values, text, "value")
         return values
     parse.__name__ = f"{kind.__name__}_list"

@@ -36,8 +36,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     grid = SweepGrid()
     for name, kind, what in _GRIDS:
         default = getattr(grid, name)
-        p.add_argument("--" + name.replace("_", "-"), type=opt.numbers(kind), default=default, metavar="LIST",
-                       help=f"{what}, comma-separated (default {','.join(map(str, default))}; empty string = none)")
+        # every method runs at each window: an empty list of windows would run nothing but AR
+        none = "" if name == "windows" else "; empty string = none"
+        p.add_argument("--" + name.replace("_", "-"), type=opt.numbers(kind, empty=name != "windows", what="window"),
+                       default=default, metavar="LIST", help=f"{what}, comma-separated (default {','.join(map(str, default))}{none})")
     p.add_argument("--draft-inits", type=opt.names_of(opt.DRAFT_INITS, "draft initialisation", empty=True), default=grid.draft_inits,
                    metavar="LIST", help=f"comma-separated, of {','.join(opt.DRAFT_INITS)} (default "
                                         f"{','.join(grid.draft_inits)}; LANTERN always uses onehot)")

@@ -168,7 +168,7 @@ def generate(
             :class:`~csdgen.sampling.SamplingConfig`, a rule's class instead of an instance,
             bad window, unknown method, draft initialisation or refresh mode, a draft
             initialisation the rule cannot use, bad sampling settings (e.g. top-k > V),
-            ``image_indices`` not one non-negative int per image, conditions the model rejects
+            ``image_indices`` not one distinct non-negative int per image, conditions the model rejects
             or a bare string / bytes instead of a list of conditions,
             logits with NaN / +inf (or no allowed token) at some position, a bad ``tree``, a
             tree with ``method="ar"``, a tree on a model whose session cannot evaluate trees, an

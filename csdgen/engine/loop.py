@@ -184,6 +184,10 @@ class _Loop:
         if len(values) != B or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_SEED for v in values):
             shown = values if len(values) <= 8 else f"[{', '.join(map(str, values[:8]))}, ...] ({len(values)} values)"
             raise ValueError(f"image_indices={shown}: allowed one integer in 0..{MAX_SEED} (2**63 - 1) per image ({B} images)")
+        twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+        if twice is not None:  # one seed and index is one random stream: the two images would share every draw
+            raise ValueError(f"image_indices: index {twice} is given twice; allowed: distinct indices (images with the "
+                             f"same seed and index draw the same random numbers)")
         return torch.tensor(values, dtype=torch.long, device=self.device)
 
     #: feed one extra probe slot in the first iteration (the tree loop checks its compaction instead)
