@@ -77,7 +77,7 @@ class _AutoWindow:
     **Time** ``t_A(W)``: seconds per iteration (forward, verify and bookkeeping, sync to sync)
     with ``A`` images decoding, an exponential average per ``(A, W)``; a width not measured is
     interpolated linearly between measured ones, and beyond the widest with the last slope
-    (>= 0); a batch size never measured takes the nearest measured one's times.
+    (>= 0); a batch size never measured takes the nearest measured one's times (a larger one first).
 
     **Tokens** ``E(W)``: a forward commits ``1 + R`` tokens per image, ``R`` the drafts accepted
     before the first rejection. Whether the draft at *depth* ``k`` (``k`` drafts already
@@ -105,9 +105,10 @@ class _AutoWindow:
     The width maximising ``E(W) / t_A(W)`` wins; every :attr:`EXPLORE_EVERY` iterations a
     neighbouring width (x1.5 or /1.5, in turn; with buckets the next bucket) is tried when
     predicted within :attr:`EXPLORE_WITHIN` of the best, so that the times stay measured around
-    the choice, a wider one for :attr:`EXPLORE_RUN` iterations (its new slots start as fresh
-    drafts). A batch size measured at one width only borrows the other widths' times from the
-    nearest batch size measured at more, scaled (:meth:`_times`).
+    the choice, a wider one for about ``width / tokens per forward`` iterations (at least
+    :attr:`EXPLORE_RUN`, at most :attr:`EXPLORE_RUN_MAX`: its new slots start as fresh drafts,
+    and a short trial under-measures it). A batch size measured at one width only borrows the
+    other widths' times from the nearest larger batch size measured at more, scaled (:meth:`_times`).
     ``log`` collects, per chosen width, the predicted and the measured tokens per image and
     seconds per iteration (:attr:`GenerationResult.auto_log`).
 
@@ -128,7 +129,12 @@ class _AutoWindow:
     #: built-in model) pays one 16-wide iteration, not three 32-wide ones; wider widths are then
     #: extrapolated, and tried when predicted to pay
     WARM_PLAN = (1, 4, 16)
-    EXPLORE_RUN = 3  # iterations a wider neighbour is kept when explored (its new slots start fresh)
+    EXPLORE_RUN = 3  # fewest iterations a wider neighbour is kept when explored (its new slots start fresh)
+    #: most iterations a wider neighbour is kept: about ``width / tokens per forward`` iterations
+    #: until its last slots hold drafts refined as often as in a steady run (SJD on the built-in
+    #: model at batch 1: three 32-wide iterations after width 16 committed 3.6 tokens per forward,
+    #: a steady window 32 commits 4.6)
+    EXPLORE_RUN_MAX = 8
     FORCE_EVERY = 4  # from width 1 with enough counts, the next width up is forced every this many explorations
     OPTIMISM = 0.9  # pass rate assumed at depths deeper than any seen (an untried wide window gets tried)
     ITERATIONS = 12  # fixed-point iterations for E(W)
@@ -206,13 +212,17 @@ class _AutoWindow:
 
     def _times(self, rows: int) -> dict[int, float]:
         """Seconds per iteration by width for ``rows`` images: this batch size's own measurements,
-        the widths it lacks taken from the nearest batch size measured at more widths, scaled by
+        the widths it lacks taken from the nearest larger batch size measured at more widths (else the
+        largest smaller one), scaled by
         their ratio on the widths both have (a batch shrinking as images finish meets batch
         sizes measured at one width only; alone, that one width would make every width cost the
         same)."""
         times = self.learned.times
         def nearest(sizes):
-            return times[min(sizes, key=lambda a: (abs(a - rows), a))]
+            # the nearest batch size, the larger one first: a shrinking batch came from it, and its
+            # curve (wide windows dear) is the safer guess than a small batch's (wide windows nearly free)
+            larger = [a for a in sizes if a >= rows]
+            return times[min(larger) if larger else max(sizes)]
 
         own = times.get(rows, {})
         known = [a for a in times if a != rows and len(times[a]) >= 2]
@@ -272,7 +282,8 @@ class _AutoWindow:
             if other != best and (forced or rate[other - 1] >= self.EXPLORE_WITHIN * rate[best - 1]):
                 choice = other
                 if other > best:
-                    self.plan = [other] * (self.EXPLORE_RUN - 1)
+                    run = int(np.clip(np.ceil(other / tokens[best - 1]), self.EXPLORE_RUN, self.EXPLORE_RUN_MAX))
+                    self.plan = [other] * (run - 1)
         self._pending = (choice, float(tokens[choice - 1]), float(seconds[choice - 1]))
         return choice
 
