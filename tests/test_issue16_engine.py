@@ -384,13 +384,19 @@ def test_auto_window_behind_window_32_wide_windows_stay_known_while_narrow_ones_
 
 
 def test_auto_window_behind_window_32_warms_up_narrow_to_wide_and_explores_whole_buckets():
-    """The warm-up measures widths 1, 4 and 16 once each (it ran three 32-wide iterations first:
-    at batch 16 that cost about 10 % of an AR batch, where auto must stay within 3 %)."""
+    """The warm-up measures widths 1, 4, 16 and 32 once each (it ran three 32-wide iterations
+    first: at batch 16 that cost about 10 % of an AR batch, where auto must stay within 3 %; and
+    without 32, its time extrapolated from 4 and 16 was 20 % high at batch 1, so it was never tried)."""
     auto = _chooser()
-    assert [auto.choose(255) for _ in range(3)] == [1, 4, 16]
+    assert [auto.choose(255) for _ in range(4)] == [1, 4, 16, 32]
     assert [_chooser().choose(2) for _ in range(1)] == [1]
     short = _chooser()
-    assert [short.choose(3) for _ in range(3)] == [1, 3, 3]  # capped by the image end
+    assert [short.choose(3) for _ in range(4)] == [1, 3, 3, 3]  # capped by the image end
+    from csdgen.engine.window import _AutoWindow
+
+    assert [_AutoWindow(8).choose(255) for _ in range(1)] == [1]
+    narrow = _AutoWindow(8)
+    assert [narrow.choose(255) for _ in range(3)] == [1, 4, 8]  # the widest is max_width
     bucketed = _chooser()
     bucketed.buckets = (1, 2, 4, 8, 16, 32, 64)
     assert bucketed._neighbour(16, 255, up=True) == 32 and bucketed._neighbour(16, 255, up=False) == 8
@@ -412,10 +418,10 @@ def test_auto_window_behind_window_32_width_1_still_tries_a_wider_window():
 
 def test_auto_window_behind_window_32_learns_across_calls_and_logs_predicted_and_measured(cached_model):
     """The second call on the same model starts from the first one's times (no warm-up widths
-    1, 4, 16), and every result says, per chosen width, what was predicted and what was measured."""
+    1, 4, 16, 32), and every result says, per chosen width, what was predicted and what was measured."""
     first = csdgen.generate(cached_model, [0, 1], method="sjd", window="auto", seed=11)
     widest = min(32, cached_model.num_image_tokens - 1)
-    warm = sorted({min(w, widest) for w in (1, 4, 16)})
+    warm = sorted({min(w, widest) for w in (1, 4, 16, 32)})
     assert first.widths[: len(warm)] == warm or first.auto_log  # a fresh model warms up first
     second = csdgen.generate(cached_model, [0, 1], method="sjd", window="auto", seed=12)
     assert second.widths[: len(warm)] != warm

@@ -32,7 +32,7 @@ leave the batch (:meth:`~csdgen.models.base.DecodingSession.select_rows`).
 
 **Window ``"auto"``.** The width ``W`` of each iteration is chosen from the iteration times
 measured on the running model per number of images decoding (a warm-up of one forward at each
-of widths 1, 4 and 16 the first time, then an exponential average kept current, with a
+of widths 1, 4, 16 and 32 the first time, then an exponential average kept current, with a
 neighbouring width tried now and then when it is predicted close to the best) and the
 acceptance seen so far as a function of a draft's depth in the window (the drafts accepted
 before it in the same forward) and age (forwards it has been refined by), from which the tokens

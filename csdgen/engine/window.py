@@ -119,16 +119,21 @@ class _AutoWindow:
     """
 
     DECAY = 0.97  # draft counts, per iteration
-    PRIOR = 0.5  # pass rate assumed for an age group not seen (optimistic: an untried width gets tried)
+    #: pass rate assumed for an age group not seen (optimistic: an untried width gets tried; at 0.5
+    #: a fresh process on the built-in model started at width 4 and took ~20 iterations to reach 16)
+    PRIOR = 0.8
     MIN_REACHED = 8.0  # counts a (depth, age) cell needs for its own estimate
     TIME_WEIGHT = 0.3  # weight of a new time measurement
     EXPLORE_EVERY = 16  # try a neighbouring width this often, when it is predicted close to the best
+    EXPLORE_EVERY_EARLY = 4  # ... and this often while fewer than THIN_COUNTS drafts have been counted
+    THIN_COUNTS = 256.0
     EXPLORE_WITHIN = 0.9
-    #: widths of the warm-up, when this batch size has fewer than two times: narrow to wide, so a
-    #: batch where wide windows are slow (16 images: window 32 costs 13 width-1 iterations on the
-    #: built-in model) pays one 16-wide iteration, not three 32-wide ones; wider widths are then
-    #: extrapolated, and tried when predicted to pay
-    WARM_PLAN = (1, 4, 16)
+    #: widths of the warm-up, when this batch size has fewer than two times: one iteration each,
+    #: narrow to wide, up to the widest (capped at :attr:`max_width`). A batch where wide windows
+    #: are slow (16 images: window 32 costs 9-13 width-1 iterations on the built-in model) pays
+    #: one 32-wide iteration, not three; and the widest width is measured, not extrapolated (at
+    #: batch 1 the slope from 4 to 16 put window 32 20 % dearer than it is, so it was never tried)
+    WARM_PLAN = (1, 4, 16, 32)
     EXPLORE_RUN = 3  # fewest iterations a wider neighbour is kept when explored (its new slots start fresh)
     #: most iterations a wider neighbour is kept: about ``width / tokens per forward`` iterations
     #: until its last slots hold drafts refined as often as in a steady run (SJD on the built-in
@@ -262,7 +267,7 @@ class _AutoWindow:
         if not self.plan and self.count == 1 and len(self.learned.times.get(rows, {})) < 2:
             # times for this batch size at a few widths (the cost is not linear in W: flat while a
             # forward is launch-bound, then steep), narrow to wide (WARM_PLAN)
-            self.plan = sorted({min(w, self.max_width) for w in self.WARM_PLAN})
+            self.plan = sorted({min(w, self.max_width) for w in self.WARM_PLAN + (self.max_width,)})
         if self.plan:
             self._pending = None
             return min(self.plan.pop(0), limit)
@@ -270,15 +275,16 @@ class _AutoWindow:
         rate = tokens / seconds
         best = int(rate.argmax()) + 1
         choice = best
-        if self.count % self.EXPLORE_EVERY == 0:
-            up = (self.count // self.EXPLORE_EVERY) % 2
+        every = self.EXPLORE_EVERY_EARLY if self.learned.counts.reached.sum() < self.THIN_COUNTS else self.EXPLORE_EVERY
+        if self.count % every == 0:
+            up = (self.count // every) % 2
             other = self._neighbour(best, limit, up)
             # from width 1 the next width up is tried even when predicted slower: a width-1 forward
             # reaches no draft, so the acceptance estimates would never change again (a pessimistic
             # start would stick); always while the refined drafts at depth 0 are thinly counted,
             # then every FORCE_EVERY explorations (each costs EXPLORE_RUN slower iterations)
             forced = best == 1 and (self.learned.counts.reached[0, 1:].sum() < 4 * self.MIN_REACHED
-                                    or (self.count // self.EXPLORE_EVERY) % (2 * self.FORCE_EVERY) == 1)
+                                    or (self.count // every) % (2 * self.FORCE_EVERY) == 1)
             if other != best and (forced or rate[other - 1] >= self.EXPLORE_WITHIN * rate[best - 1]):
                 choice = other
                 if other > best:
