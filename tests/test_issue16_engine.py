@@ -349,6 +349,36 @@ def test_auto_window_behind_window_32_explores_a_neighbour_now_and_then():
     assert 1 <= len(others) <= 2 + 2 * auto.EXPLORE_RUN_MAX and all(abs(w - best) <= best // 2 + 1 for w in others)
 
 
+def test_auto_window_behind_window_32_holds_its_width_and_rarely_narrows():
+    """A switch to a narrower width drops the refined drafts past its end (CSD at batch 1: 32-wide
+    iterations inside auto committed 4.18 tokens per forward, a steady window 32 4.99), so the width
+    held stays while its predicted rate is within SWITCH_MARGIN of the best, and a narrower
+    neighbour is explored only every DOWN_EVERY-th time down."""
+    import numpy as np
+
+    times = {1: 0.0116, 8: 0.0135, 17: 0.0188, 32: 0.021}
+    auto = _chooser(BUILTIN_CSD_COUNTS[16], times=times)
+    auto.count = 1
+    best = auto.choose(255)
+    rate = auto.expected_tokens() / auto.cost(1)
+    close = [w for w in range(1, 33) if w != best and rate[w - 1] >= (1 - auto.SWITCH_MARGIN) * rate[best - 1]]
+    far = [w for w in range(1, 33) if rate[w - 1] < 0.9 * rate[best - 1]]
+    assert close and far
+    auto._held, auto.count = close[0], 1
+    assert auto.choose(255) == close[0]
+    auto._held, auto.count = far[0], 1
+    assert auto.choose(255) == best
+    # explorations over a long run: narrower ones only every DOWN_EVERY-th turn down
+    long = _chooser(BUILTIN_CSD_COUNTS[16], times=times)
+    long.count = 1
+    long.choose(255)
+    held = long._held
+    turns = 16 * long.DOWN_EVERY
+    chosen = [long.choose(255) for _ in range(turns * long.EXPLORE_EVERY)]
+    assert sum(w < held for w in chosen) <= turns // (2 * long.DOWN_EVERY) + 1
+    assert np.isclose(long.learned.counts.reached.sum(), np.sum(BUILTIN_CSD_COUNTS[16][0]))
+
+
 def test_auto_window_behind_window_32_a_batch_size_measured_at_one_width_borrows_the_others():
     """A batch shrinking as images finish meets batch sizes measured at one width only; that one
     time must not make every width cost the same (it made the widest window look free)."""

@@ -102,9 +102,10 @@ class _AutoWindow:
     ignoring the correlation with depth) predicted 2.1 tokens for window 32 from window-32
     counts, against 4.9 measured.
 
-    The width maximising ``E(W) / t_A(W)`` wins; every :attr:`EXPLORE_EVERY` iterations a
-    neighbouring width (x1.5 or /1.5, in turn; with buckets the next bucket) is tried when
-    predicted within :attr:`EXPLORE_WITHIN` of the best, so that the times stay measured around
+    The width maximising ``E(W) / t_A(W)`` wins (the width held keeps its place while within
+    :attr:`SWITCH_MARGIN` of it); every :attr:`EXPLORE_EVERY` iterations a
+    neighbouring width (x1.5 or /1.5, in turn, a narrower one only every :attr:`DOWN_EVERY`-th
+    time; with buckets the next bucket) is tried when predicted within :attr:`EXPLORE_WITHIN` of the best, so that the times stay measured around
     the choice, a wider one for about ``width / tokens per forward`` iterations (at least
     :attr:`EXPLORE_RUN`, at most :attr:`EXPLORE_RUN_MAX`: its new slots start as fresh drafts,
     and a short trial under-measures it). A batch size measured at one width only borrows the
@@ -141,6 +142,13 @@ class _AutoWindow:
     #: a steady window 32 commits 4.6)
     EXPLORE_RUN_MAX = 8
     FORCE_EVERY = 4  # from width 1 with enough counts, the next width up is forced every this many explorations
+    #: a narrower neighbour is explored only every this many explorations down: a narrower
+    #: iteration drops the refined drafts past its end, and the next wide one starts them fresh
+    #: (CSD at batch 1: 32-wide iterations inside auto committed 4.18 tokens, a steady window 32 4.99)
+    DOWN_EVERY = 4
+    #: the width held is kept while its predicted rate is within this fraction of the best one
+    #: (switching costs the drafts as above; predictions a few percent apart are noise)
+    SWITCH_MARGIN = 0.05
     OPTIMISM = 0.9  # pass rate assumed at depths deeper than any seen (an untried wide window gets tried)
     ITERATIONS = 12  # fixed-point iterations for E(W)
     REFRESH_EVERY = 4  # iterations between recomputations of E(W) while the counts change (it costs ~0.5 ms)
@@ -155,6 +163,8 @@ class _AutoWindow:
         self._rows: int | None = None
         self.buckets: tuple[int, ...] | None = None
         self._tokens: np.ndarray | None = None  # E(W), cached (:meth:`_expected`)
+        self._held: int | None = None  # the width last chosen as the best (SWITCH_MARGIN)
+        self._warm_left = 0  # warm-up iterations still planned
         self._tokens_at = (-1, 0)  # (counts version, iteration) it was computed at
 
     def bucket(self, width: int) -> int:
@@ -268,23 +278,33 @@ class _AutoWindow:
             # times for this batch size at a few widths (the cost is not linear in W: flat while a
             # forward is launch-bound, then steep), narrow to wide (WARM_PLAN)
             self.plan = sorted({min(w, self.max_width) for w in self.WARM_PLAN + (self.max_width,)})
+            self._warm_left = len(self.plan)
         if self.plan:
-            self._pending = None
-            return min(self.plan.pop(0), limit)
+            width = min(self.plan.pop(0), limit)
+            if self._warm_left:  # warm-up widths are not logged (nothing was predicted for them)
+                self._warm_left -= 1
+                self._pending = None
+            else:  # the rest of a wider neighbour's trial run is logged like any choice
+                self._pending = (width, float(self._expected()[width - 1]), float(self.cost(rows)[width - 1]))
+            return width
         tokens, seconds = self._expected()[:limit], self.cost(rows)[:limit]
         rate = tokens / seconds
         best = int(rate.argmax()) + 1
-        choice = best
+        held = self._held
+        if held is not None and held <= limit and rate[held - 1] >= (1 - self.SWITCH_MARGIN) * rate[best - 1]:
+            best = held
+        self._held = choice = best
         every = self.EXPLORE_EVERY_EARLY if self.learned.counts.reached.sum() < self.THIN_COUNTS else self.EXPLORE_EVERY
-        if self.count % every == 0:
-            up = (self.count // every) % 2
+        turn = self.count // every
+        if self.count % every == 0 and (turn % 2 or (turn // 2) % self.DOWN_EVERY == 0):
+            up = turn % 2
             other = self._neighbour(best, limit, up)
             # from width 1 the next width up is tried even when predicted slower: a width-1 forward
             # reaches no draft, so the acceptance estimates would never change again (a pessimistic
             # start would stick); always while the refined drafts at depth 0 are thinly counted,
             # then every FORCE_EVERY explorations (each costs EXPLORE_RUN slower iterations)
             forced = best == 1 and (self.learned.counts.reached[0, 1:].sum() < 4 * self.MIN_REACHED
-                                    or (self.count // every) % (2 * self.FORCE_EVERY) == 1)
+                                    or turn % (2 * self.FORCE_EVERY) == 1)
             if other != best and (forced or rate[other - 1] >= self.EXPLORE_WITHIN * rate[best - 1]):
                 choice = other
                 if other > best:
