@@ -379,6 +379,24 @@ def test_auto_window_behind_window_32_holds_its_width_and_rarely_narrows():
     assert np.isclose(long.learned.counts.reached.sum(), np.sum(BUILTIN_CSD_COUNTS[16][0]))
 
 
+def test_auto_window_behind_window_32_long_trials_only_where_the_wider_width_is_cheap():
+    """A wider trial runs about width / tokens iterations where it costs little more than the width
+    held (batch 1), three where it costs several narrow iterations (batch 16)."""
+    def trial(times):
+        auto = _chooser(BUILTIN_CSD_COUNTS[16], times=times)
+        auto.count = auto.EXPLORE_EVERY - 1
+        auto._held = None
+        first = auto.choose(255)  # count = EXPLORE_EVERY: an exploration turn up
+        return first, 1 + len(auto.plan)
+
+    cheap = {1: 0.0116, 8: 0.0135, 16: 0.0160, 32: 0.0175}
+    dear = {1: 0.040, 2: 0.041, 4: 0.15, 32: 0.9}
+    width, run = trial(cheap)
+    assert width == 32 and run > _chooser().EXPLORE_RUN
+    width, run = trial(dear)
+    assert run <= _chooser().EXPLORE_RUN
+
+
 def test_auto_window_behind_window_32_a_batch_size_measured_at_one_width_borrows_the_others():
     """A batch shrinking as images finish meets batch sizes measured at one width only; that one
     time must not make every width cost the same (it made the widest window look free)."""

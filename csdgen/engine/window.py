@@ -103,12 +103,14 @@ class _AutoWindow:
     counts, against 4.9 measured.
 
     The width maximising ``E(W) / t_A(W)`` wins (the width held keeps its place while within
-    :attr:`SWITCH_MARGIN` of it); every :attr:`EXPLORE_EVERY` iterations a
-    neighbouring width (x1.5 or /1.5, in turn, a narrower one only every :attr:`DOWN_EVERY`-th
-    time; with buckets the next bucket) is tried when predicted within :attr:`EXPLORE_WITHIN` of the best, so that the times stay measured around
-    the choice, a wider one for about ``width / tokens per forward`` iterations (at least
+    :attr:`SWITCH_MARGIN` of it); every :attr:`EXPLORE_EVERY` iterations (every
+    :attr:`EXPLORE_EVERY_EARLY` while few drafts are counted) a neighbouring width (x1.5 or
+    /1.5, in turn, a narrower one only every :attr:`DOWN_EVERY`-th time; with buckets the next
+    bucket) is tried when predicted within :attr:`EXPLORE_WITHIN` of the best, so that the times
+    stay measured around the choice, a wider one for about ``width / tokens per forward`` iterations (at least
     :attr:`EXPLORE_RUN`, at most :attr:`EXPLORE_RUN_MAX`: its new slots start as fresh drafts,
-    and a short trial under-measures it). A batch size measured at one width only borrows the
+    and a short trial under-measures it) where it costs at most :attr:`LONG_TRIAL_COST` times
+    the width held, else :attr:`EXPLORE_RUN`. A batch size measured at one width only borrows the
     other widths' times from the nearest larger batch size measured at more, scaled (:meth:`_times`).
     ``log`` collects, per chosen width, the predicted and the measured tokens per image and
     seconds per iteration (:attr:`GenerationResult.auto_log`).
@@ -141,6 +143,9 @@ class _AutoWindow:
     #: model at batch 1: three 32-wide iterations after width 16 committed 3.6 tokens per forward,
     #: a steady window 32 commits 4.6)
     EXPLORE_RUN_MAX = 8
+    #: ... and only when its iteration costs at most this many of the width held (at batch 16,
+    #: 8-iteration trials of width 16 cost 4 width-1 iterations each and lost 13 % to AR)
+    LONG_TRIAL_COST = 1.5
     FORCE_EVERY = 4  # from width 1 with enough counts, the next width up is forced every this many explorations
     #: a narrower neighbour is explored only every this many explorations down: a narrower
     #: iteration drops the refined drafts past its end, and the next wide one starts them fresh
@@ -151,7 +156,7 @@ class _AutoWindow:
     SWITCH_MARGIN = 0.05
     OPTIMISM = 0.9  # pass rate assumed at depths deeper than any seen (an untried wide window gets tried)
     ITERATIONS = 12  # fixed-point iterations for E(W)
-    REFRESH_EVERY = 4  # iterations between recomputations of E(W) while the counts change (it costs ~0.5 ms)
+    REFRESH_EVERY = 4  # iterations between recomputations of E(W) while the counts change (it costs ~0.8 ms)
 
     def __init__(self, max_width: int, learned: _Learned | None = None):
         self.max_width = max_width
@@ -215,7 +220,7 @@ class _AutoWindow:
     def _expected(self) -> np.ndarray:
         """:meth:`expected_tokens`, recomputed only when the counts changed, and then at most every
         :attr:`REFRESH_EVERY` iterations (the counts move by a few percent per iteration; the fixed
-        point costs about half a millisecond, 5 % of a batch-1 iteration of the built-in model)."""
+        point costs about 0.8 ms, 5-7 % of a batch-1 iteration of the built-in model)."""
         version = self.learned.counts.version
         at_version, at_count = self._tokens_at
         if self._tokens is None or (version != at_version and self.count - at_count >= self.REFRESH_EVERY):
@@ -308,7 +313,11 @@ class _AutoWindow:
             if other != best and (forced or rate[other - 1] >= self.EXPLORE_WITHIN * rate[best - 1]):
                 choice = other
                 if other > best:
-                    run = int(np.clip(np.ceil(other / tokens[best - 1]), self.EXPLORE_RUN, self.EXPLORE_RUN_MAX))
+                    # a long trial only where the wider width costs little more (batch 1: 32 is 1.3x
+                    # 16); where it costs several narrow iterations (batch 16: 16 is 4x 1), three
+                    run = self.EXPLORE_RUN
+                    if seconds[other - 1] <= self.LONG_TRIAL_COST * seconds[best - 1]:
+                        run = int(np.clip(np.ceil(other / tokens[best - 1]), self.EXPLORE_RUN, self.EXPLORE_RUN_MAX))
                     self.plan = [other] * (run - 1)
         self._pending = (choice, float(tokens[choice - 1]), float(seconds[choice - 1]))
         return choice
