@@ -1,8 +1,6 @@
 """``python -m csdgen`` = the ``csdgen`` command."""
 
-import sys
-
-from csdgen.cli import main
+from csdgen.cli import entry
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

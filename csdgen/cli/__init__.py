@@ -47,6 +47,27 @@ def _error(message: str) -> None:
     sys.stderr.flush()
 
 
+def entry() -> None:
+    """The ``csdgen`` command (``python -m csdgen`` and the console script): :func:`main`, then exit.
+
+    After Ctrl-C the process ends with ``os._exit(130)`` once stdout and stderr are flushed:
+    ending through the interpreter's shutdown, a SIGINT that had landed inside an import made
+    the process kill itself with SIGINT (status -2 instead of 130) after the one-line message.
+    Everything the run wrote is already on disk (atomic writes).
+    """
+    import os
+
+    code = main()
+    if code == 130:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(130)
+    sys.exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``csdgen`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     try:
