@@ -55,7 +55,7 @@ def main():
     rows = []
     ar = {"method": "ar"}
     if args.guidance is None:
-        for g in (1.0, 2.0, 3.0, 5.0):
+        for g in (1.0, 2.0, 3.0, 5.0, 7.0, 10.0):
             rows.append(measure(model, scorer, classes, args.out, f"ar_g{g}", ar, SamplingConfig(guidance_scale=g), 1))
         rows.append(measure(model, scorer, classes, args.out, "ar_g3.0_seed2", ar, SamplingConfig(guidance_scale=3.0), 1, seed=1))
         for t in (0.9,):

@@ -13,6 +13,9 @@ from scipy.stats import chisquare
 
 import csdgen
 from csdgen.acceptance import SJD
+from csdgen.sampling import SamplingConfig
+
+from conftest import KnownJoint
 
 SAMPLES = 24_000
 P_PASS = 1e-3  # a correct sampler fails this with probability 0.001
@@ -93,3 +96,59 @@ def test_relaxed_csd_is_not_lossless_here(known_joint):
     """CSD with a large relaxation changes the law measurably (it is lossy by design)."""
     tokens = run(known_joint, method=csdgen.CSD(lam=2.0, delta=1.0), window=4, draft_init="uniform", seed=11)
     assert chi_square_pvalue(tokens, known_joint.joint()) < P_FAIL
+
+
+
+class LongerJoint(KnownJoint):
+    """The known joint over N = 6 positions (729 sequences): long enough for a wide window to leave
+    drafts that a 1-wide forward passes over and a later window tests."""
+
+    N = 6
+
+
+@pytest.fixture(scope="module")
+def longer_joint():
+    return LongerJoint(SamplingConfig(guidance_scale=2.0, temperature=1.0))
+
+
+def _force_widths(monkeypatch, widths):
+    """Make ``window="auto"`` walk a fixed width cycle (clamped to the widest window left)."""
+    from csdgen.engine.window import _AutoWindow
+
+    cycle = iter(widths * 100)
+    monkeypatch.setattr(_AutoWindow, "choose", lambda self, limit, rows=1: min(next(cycle), limit))
+
+
+#: widths 5, 1, 3: the first forward drafts positions 1-4, the 1-wide one tests none, the 3-wide
+#: one tests the drafts at c, c + 1 that the first left (their draft distributions come from the ring)
+CYCLE = [5, 1, 3, 1]
+
+
+@pytest.mark.parametrize("refresh", ["independent", "coupled"])
+def test_drafts_carried_past_a_narrower_window_keep_the_target_joint(longer_joint, monkeypatch, refresh):
+    """A 1-wide forward leaves the drafts past its end, and their draft distributions (the ring
+    ``draft_probs``), to the next wider forward, which tests them; the joint law stays exact."""
+    _force_widths(monkeypatch, CYCLE)
+    out = csdgen.generate(longer_joint.model, batch_size=SAMPLES, sampling=longer_joint.sampling, method="sjd",
+                          window="auto", draft_init="uniform", refresh=refresh, seed=13)
+    assert out.widths[:3] == [5, 1, 3]
+    assert chi_square_pvalue(out.tokens, longer_joint.joint()) > P_PASS
+
+
+def test_the_test_fails_drafts_carried_with_the_wrong_distribution(longer_joint, monkeypatch):
+    """Control: forget a draft's distribution once a narrower forward passed over it (judge it as
+    if drawn uniformly, as a buggy carry would); the same run fails the test."""
+    from csdgen.engine.loop import _Loop
+
+    keep = _Loop._keep_drafts
+
+    def forgetful(self, rows, c, q, widths):
+        if q.shape[1] == 1:  # a 1-wide forward: the drafts it passed over lose their distributions
+            self.draft_probs[rows] = 1.0 / q.shape[-1]
+        keep(self, rows, c, q, widths)
+
+    monkeypatch.setattr(_Loop, "_keep_drafts", forgetful)
+    _force_widths(monkeypatch, CYCLE)
+    out = csdgen.generate(longer_joint.model, batch_size=SAMPLES, sampling=longer_joint.sampling, method="sjd",
+                          window="auto", draft_init="uniform", refresh="independent", seed=13)
+    assert chi_square_pvalue(out.tokens, longer_joint.joint()) < P_FAIL

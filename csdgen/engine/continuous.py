@@ -109,7 +109,6 @@ class ContinuousBatch:
         loop.active = torch.zeros(0, dtype=torch.long, device=loop.device)
         loop.active_host = torch.zeros(0, dtype=torch.long)
         loop.committed_host = torch.zeros(0, dtype=torch.long)
-        loop.prev = None
         loop.widths = []
         loop.steps = 0
         loop._probe = self.N >= 3 and loop.PROBE
@@ -194,7 +193,6 @@ class ContinuousBatch:
                 raise ValueError(f"at the prefill of these images: {loop._non_finite_message()}")
             if self.size == 0:
                 loop.session = new
-                loop.prev = None
                 self.admits_while_running = bool(getattr(new, "supports_admission", False))
             else:
                 loop.session.admit(new)
@@ -205,10 +203,6 @@ class ContinuousBatch:
         loop.active = torch.cat([loop.active, slots])
         loop.active_host = torch.cat([loop.active_host, slots.cpu()])
         loop.committed_host = torch.cat([loop.committed_host, torch.ones(k, dtype=torch.long)])
-        if loop.prev is not None:  # no drafts carried for the new rows
-            q, widths, shift = loop.prev
-            loop.prev = (torch.cat([q, q.new_zeros(k, *q.shape[1:])]), torch.cat([widths, widths.new_zeros(k)]),
-                         torch.cat([shift, shift.new_zeros(k)]))
         handles = list(range(self._next, self._next + k))
         self._next += k
         self._handles += handles
@@ -258,13 +252,9 @@ class ContinuousBatch:
         loop = self._loop
         if len(alive):
             loop.session.select_rows(alive)
-            if loop.prev is not None:
-                loop._select(alive)
-            else:
-                loop.active_host = loop.active_host[alive]
-                loop.active = loop.active[alive.to(loop.device)]
+            loop._select(alive)
         else:
-            loop.session, loop.prev = None, None
+            loop.session = None
             loop.active_host = loop.active_host[:0]
             loop.active = loop.active[:0]
         self._keep(loop.active_host)

@@ -29,6 +29,13 @@ class _Loop:
     Image state lives in ``[B, N + slack]`` buffers (the slack columns absorb the padding slots
     of windows near the image end, so every scatter has distinct in-range positions); the
     session holds only the images still decoding (``self.active``, their image indices).
+
+    The draft distributions of the pending drafts live in a ring ``draft_probs`` ``[B, R, V]``
+    (``R`` the widest window; image position ``i`` in ring slot ``i mod R``), valid for image
+    positions ``committed .. draft_end - 1``: every forward writes its targets there (they are the
+    distributions the refreshed drafts were drawn from), and a narrower window leaves the drafts
+    past its end, and their distributions, for a later wider one (``window="auto"`` switches widths).
+    The pending drafts always lie in ``[committed, committed + R)``, so their ring slots are distinct.
     """
 
     def __init__(self, model, rule, window, seed, sampling, draft_init, refresh, callback, profile, tree=None,
@@ -67,7 +74,8 @@ class _Loop:
     # -- per-image buffers ----------------------------------------------------------------------
 
     #: the ``[B, ...]`` tensors holding one row per image (kept together when images join or leave)
-    ROW_BUFFERS = ("tokens", "decisions", "entropy", "entered", "steps_per_image", "committed", "log", "indices", "seeds")
+    ROW_BUFFERS = ("tokens", "decisions", "entropy", "entered", "steps_per_image", "committed", "log", "indices", "seeds",
+                   "draft_probs", "draft_end")
 
     def _allocate(self, B: int) -> None:
         """Empty per-image state for ``B`` images (``[B, N + slack]`` image buffers, see the class docstring)."""
@@ -83,6 +91,9 @@ class _Loop:
         self.log = torch.full((B, N), -1, dtype=torch.long, device=dev)  # tokens committed at each of an image's steps
         self.indices = torch.zeros(B, dtype=torch.long, device=dev)
         self.seeds = torch.zeros(B, dtype=torch.long, device=dev)
+        # [B, R, V] draft distributions of the pending drafts, and [B] the end of their positions (class docstring)
+        self.draft_probs = torch.zeros(B, self.max_width, self.model.codebook_size, device=dev)
+        self.draft_end = torch.zeros(B, dtype=torch.long, device=dev)
 
     def _prefill(self, session, slots: torch.Tensor) -> torch.Tensor:
         """Prefill ``session`` (its rows are the images at buffer rows ``slots``) and commit their token 0.
@@ -123,7 +134,6 @@ class _Loop:
         self.committed_host, _ = self._sync(self.committed, bad, None)
         self._notify(session)
 
-        self.prev = None  # (q [A, W, V], widths [A], shift [A]) of the last forward, for carried drafts
         # the first iteration checks that the cache rolls back (csdgen.engine's docstring); a static
         # session's rollback is a length update, checked after the first iteration without a probe
         self._probe = N >= 3 and self.PROBE and getattr(session, "rollback_probe", True)
@@ -213,10 +223,7 @@ class _Loop:
     def _select(self, alive: torch.Tensor) -> None:
         """Keep the session rows ``alive`` (CPU indices into the active rows)."""
         self.active_host = self.active_host[alive]
-        alive_dev = alive.to(self.device)
-        self.active = self.active[alive_dev]
-        q, widths, shift = self.prev
-        self.prev = (q[alive_dev], widths[alive_dev], shift[alive_dev])
+        self.active = self.active[alive.to(self.device)]
 
     def _sync(self, committed: torch.Tensor, bad: torch.Tensor, counts: torch.Tensor | None):
         """The one host sync per iteration: committed lengths, the non-finite flag, auto's counts."""
@@ -270,21 +277,13 @@ class _Loop:
         slot = torch.arange(W, device=dev)
         positions = c[:, None] + slot  # [A, W]
         tokens = self.tokens[rows]
-        if self.prev is None:
-            carried = torch.zeros(len(rows), dtype=torch.long, device=dev)
-        else:
-            prev_q, prev_widths, shift = self.prev
-            carried = (prev_widths - shift).clamp(0, W)  # [A] drafts left by the last forward
+        carried = (self.draft_end[rows] - c).clamp(0, W)  # [A] drafts left by earlier forwards
         new_tokens, new_probs = init_drafts(self.draft_init, tokens, c + carried, W, V, self.model.grid[1], u_init,
                                             positions=positions)
         is_carried = slot[None] < carried[:, None]  # [A, W]
         x = torch.where(is_carried, tokens.gather(1, positions), new_tokens)
-        if self.prev is None:
-            p = new_probs
-        else:
-            source = (shift[:, None] + slot).clamp(max=prev_q.shape[1] - 1)
-            old = prev_q.gather(1, source[..., None].expand(-1, -1, V)).to(new_probs.dtype)
-            p = torch.where(is_carried[..., None], old, new_probs)
+        old = self.draft_probs[rows[:, None], positions % self.draft_probs.shape[1]].to(new_probs.dtype)
+        p = torch.where(is_carried[..., None], old, new_probs)
         self.tokens[rows] = tokens.scatter(1, positions, x)
         if self._counting(W):
             entered = self.entered[rows]
@@ -332,8 +331,22 @@ class _Loop:
             self.timings["verify"] += time.perf_counter() - t1
         r = verdict.accepted
         self._commit(rows, c, verdict, q, widths)
-        self.prev = (q, widths, r + 1)
+        self._keep_drafts(rows, c, q, widths)
         return self._auto_counts(rows, r, widths)
+
+    def _keep_drafts(self, rows: torch.Tensor, c: torch.Tensor, q: torch.Tensor, widths: torch.Tensor) -> None:
+        """Store this forward's targets ``q`` ``[A, W, V]`` (slot ``j``: image position ``c + j``) as the
+        draft distributions of the refreshed drafts, and extend the pending drafts' end to ``c + widths``.
+
+        Drafts an earlier, wider forward left past ``c + W`` keep theirs (ring slots of positions
+        ``c .. c + W - 1`` are distinct from those of ``c + W .. c + R - 1``); the padding slots past
+        the image end land on ring slots of committed positions, which are never read."""
+        R = self.draft_probs.shape[1]
+        if q.dtype != self.draft_probs.dtype:  # float64 models: keep their targets exact
+            self.draft_probs = self.draft_probs.to(q.dtype)
+        positions = c[:, None] + torch.arange(q.shape[1], device=self.device)
+        self.draft_probs[rows[:, None], positions % R] = q
+        self.draft_end[rows] = torch.maximum(self.draft_end[rows], c + widths)
 
     def _counting(self, W: int) -> bool:
         """Whether an iteration of width ``W`` keeps ``window="auto"``'s draft bookkeeping (draft ages

@@ -106,7 +106,7 @@ class _TreeLoop(_Loop):
         log[rows] = -1
         log[rows, :D] = verdict.branches
         self.branch_log.append(log)
-        self.prev = (verdict.main_target, widths, r + 1)
+        self._keep_drafts(rows, c, verdict.main_target, widths)
         self._pending = verdict.path[:, 1 : D + 1]
         return self._auto_counts(rows, r, widths)
 

@@ -62,11 +62,12 @@ def method_presets(lam: float = 0.5, delta: float = 0.65, addition_c: float = 0.
 
 
 def score_run(model, scorer, run: MethodRun, classes: list, batch: int = 64) -> tuple[dict[str, float], torch.Tensor]:
-    """Quality scores of one run (class consistency, Frechet distance, NLL) and its decoded images ``[M, 3, H, W]``."""
+    """Quality scores of one run (class consistency as mean p(class) and top-1 agreement, Frechet distance, NLL) and its decoded images ``[M, 3, H, W]``."""
     images = torch.cat([model.decode_images(run.tokens[i : i + batch]) for i in range(0, len(run.tokens), batch)])
     nll = torch.cat([scorer.nll(run.tokens[i : i + batch], classes[i : i + batch]) for i in range(0, len(classes), batch)])
     scores = {
         "class_consistency": float(scorer.class_consistency(images, classes).mean()),
+        "top1_agreement": float(scorer.class_agreement(images, classes).float().mean()),
         "frechet_distance": scorer.frechet_distance(images),
         "nll": float(nll.mean()),
     }
@@ -92,7 +93,7 @@ def table_rows(runs: list[MethodRun], scores: dict[str, dict[str, float]], refer
 
 
 _FORMATS = {"latency_s_per_image": "{:.3f}", "steps": "{:.1f}", "step_compression": "{:.2f}", "mean_accepted_length": "{:.2f}", "wall_s": "{:.2f}", "speedup_vs_ar": "{:.2f}x",
-            "class_consistency": "{:.3f}", "frechet_distance": "{:.2f}", "nll": "{:.3f}"}
+            "class_consistency": "{:.3f}", "top1_agreement": "{:.3f}", "frechet_distance": "{:.2f}", "nll": "{:.3f}"}
 
 
 def _cell(key: str, value) -> str:
