@@ -349,11 +349,11 @@ def test_auto_window_behind_window_32_explores_a_neighbour_now_and_then():
     assert 1 <= len(others) <= 2 + 2 * auto.EXPLORE_RUN_MAX and all(abs(w - best) <= best // 2 + 1 for w in others)
 
 
-def test_auto_window_behind_window_32_holds_its_width_and_rarely_narrows():
-    """A switch to a narrower width drops the refined drafts past its end (CSD at batch 1: 32-wide
-    iterations inside auto committed 4.18 tokens per forward, a steady window 32 4.99), so the width
-    held stays while its predicted rate is within SWITCH_MARGIN of the best, and a narrower
-    neighbour is explored only every DOWN_EVERY-th time down."""
+def test_auto_window_behind_window_32_holds_its_width_and_explores_down_cheaply():
+    """The width held stays while its predicted rate is within SWITCH_MARGIN of the best; every
+    exploration down tries the narrower neighbour for one iteration (the drafts past its end are
+    kept for the next wide forward), and every ONE_EVERY-th of them width 1, so a width-1 time
+    left high by one slow iteration gets measured again."""
     import numpy as np
 
     times = {1: 0.0116, 8: 0.0135, 17: 0.0188, 32: 0.021}
@@ -368,15 +368,26 @@ def test_auto_window_behind_window_32_holds_its_width_and_rarely_narrows():
     assert auto.choose(255) == close[0]
     auto._held, auto.count = far[0], 1
     assert auto.choose(255) == best
-    # explorations over a long run: narrower ones only every DOWN_EVERY-th turn down
+    # explorations over a long run: one narrower iteration per turn down, width 1 every ONE_EVERY-th
     long = _chooser(BUILTIN_CSD_COUNTS[16], times=times)
     long.count = 1
     long.choose(255)
     held = long._held
-    turns = 16 * long.DOWN_EVERY
-    chosen = [long.choose(255) for _ in range(turns * long.EXPLORE_EVERY)]
-    assert sum(w < held for w in chosen) <= turns // (2 * long.DOWN_EVERY) + 1
+    turns = 4 * long.ONE_EVERY
+    chosen = [long.choose(255) for _ in range(2 * turns * long.EXPLORE_EVERY)]
+    narrower = [w for w in chosen if w < held]
+    assert turns - 1 <= len(narrower) <= turns + 1
+    assert narrower.count(1) == turns // long.ONE_EVERY
     assert np.isclose(long.learned.counts.reached.sum(), np.sum(BUILTIN_CSD_COUNTS[16][0]))
+
+
+def test_auto_window_behind_window_32_a_slow_iteration_moves_a_time_by_a_bounded_step():
+    auto = _chooser(times={1: 0.030, 4: 0.060}, rows=16)
+    auto._rows = 16
+    auto.observe(1, 0.300, None, None)  # the machine paused the process for a quarter second
+    assert auto.learned.times[16][1] == pytest.approx(0.7 * 0.030 + 0.3 * auto.SPIKE * 0.030)
+    auto.observe(4, 0.040, None, None)  # faster times count in full
+    assert auto.learned.times[16][4] == pytest.approx(0.7 * 0.060 + 0.3 * 0.040)
 
 
 def test_auto_window_behind_window_32_long_trials_only_where_the_wider_width_is_cheap():
@@ -407,6 +418,12 @@ def test_auto_window_behind_window_32_a_batch_size_measured_at_one_width_borrows
     cost = auto.cost(15)
     assert cost[7] == pytest.approx(0.09) and cost[31] > 3 * cost[7]  # scaled from batch 16's line
     assert np.all(np.diff(cost) >= 0)
+    # measured at two widths, neither of them 1: width 1 comes from batch 16's line, not from width 4
+    auto.learned.times[16] = {1: 0.030, 4: 0.060, 32: 0.36}
+    auto.learned.times[15] = {4: 0.066, 8: 0.099}
+    cost = auto.cost(15)
+    assert cost[3] == pytest.approx(0.066) and cost[7] == pytest.approx(0.099)
+    assert cost[0] == pytest.approx(0.030 * 0.066 / 0.060)  # not 0.066, as a flat extrapolation would say
 
 
 def test_auto_window_behind_window_32_wide_windows_stay_known_while_narrow_ones_run():

@@ -104,14 +104,15 @@ class _AutoWindow:
 
     The width maximising ``E(W) / t_A(W)`` wins (the width held keeps its place while within
     :attr:`SWITCH_MARGIN` of it); every :attr:`EXPLORE_EVERY` iterations (every
-    :attr:`EXPLORE_EVERY_EARLY` while few drafts are counted) a neighbouring width (x1.5 or
-    /1.5, in turn, a narrower one only every :attr:`DOWN_EVERY`-th time; with buckets the next
-    bucket) is tried when predicted within :attr:`EXPLORE_WITHIN` of the best, so that the times
-    stay measured around the choice, a wider one for about ``width / tokens per forward`` iterations (at least
+    :attr:`EXPLORE_EVERY_EARLY` while few drafts are counted) a neighbouring width is tried, so
+    that the times stay measured around the choice: in turn a wider one (x1.5, with buckets the
+    next bucket) when predicted within :attr:`EXPLORE_WITHIN` of the best, and a narrower one
+    (/1.5 or the bucket below; every :attr:`ONE_EVERY`-th time width 1) always, for one
+    iteration (the drafts past its end wait for the next wide forward); a wider one for about ``width / tokens per forward`` iterations (at least
     :attr:`EXPLORE_RUN`, at most :attr:`EXPLORE_RUN_MAX`: its new slots start as fresh drafts,
     and a short trial under-measures it) where it costs at most :attr:`LONG_TRIAL_COST` times
-    the width held, else :attr:`EXPLORE_RUN`. A batch size measured at one width only borrows the
-    other widths' times from the nearest larger batch size measured at more, scaled (:meth:`_times`).
+    the width held, else :attr:`EXPLORE_RUN`. A batch size borrows the widths it has not measured from the nearest larger batch size measured at more, scaled (:meth:`_times`);
+    a time above :attr:`SPIKE` times the estimate is taken as that (the machine's pauses are not the width's cost).
     ``log`` collects, per chosen width, the predicted and the measured tokens per image and
     seconds per iteration (:attr:`GenerationResult.auto_log`).
 
@@ -147,12 +148,18 @@ class _AutoWindow:
     #: 8-iteration trials of width 16 cost 4 width-1 iterations each and lost 13 % to AR)
     LONG_TRIAL_COST = 1.5
     FORCE_EVERY = 4  # from width 1 with enough counts, the next width up is forced every this many explorations
-    #: a narrower neighbour is explored only every this many explorations down: a narrower
-    #: iteration drops the refined drafts past its end, and the next wide one starts them fresh
-    #: (CSD at batch 1: 32-wide iterations inside auto committed 4.18 tokens, a steady window 32 4.99)
-    DOWN_EVERY = 4
+    #: every exploration down tries the narrower neighbour whatever its predicted rate (a narrower
+    #: iteration is cheap, and the drafts past its end stay for the next wide one: the loop's ring
+    #: ``draft_probs``); every this many, width 1 itself, whose time is what a wider width must beat
+    #: (at batch 16 one slow width-1 iteration left its time 40 % high, and auto ran width 4 20 %
+    #: behind AR, never measuring width 1 again)
+    ONE_EVERY = 4
+    #: a time measured above this many times the estimate counts as this many (one iteration the
+    #: machine took away from the process must not make a width look dear for the rest of the run)
+    SPIKE = 1.5
     #: the width held is kept while its predicted rate is within this fraction of the best one
-    #: (switching costs the drafts as above; predictions a few percent apart are noise)
+    #: (predictions a few percent apart are noise, and a wide window's last slots need a few
+    #: forwards to hold refined drafts again)
     SWITCH_MARGIN = 0.05
     OPTIMISM = 0.9  # pass rate assumed at depths deeper than any seen (an untried wide window gets tried)
     ITERATIONS = 12  # fixed-point iterations for E(W)
@@ -232,11 +239,12 @@ class _AutoWindow:
 
     def _times(self, rows: int) -> dict[int, float]:
         """Seconds per iteration by width for ``rows`` images: this batch size's own measurements,
-        the widths it lacks taken from the nearest larger batch size measured at more widths (else the
-        largest smaller one), scaled by
-        their ratio on the widths both have (a batch shrinking as images finish meets batch
-        sizes measured at one width only; alone, that one width would make every width cost the
-        same)."""
+        the widths it lacks taken from the nearest larger batch size measured at two or more widths
+        (else the largest smaller one), scaled by their ratio on the widths both have (a batch
+        shrinking as images finish meets batch sizes measured at one or two widths only; alone,
+        they would make every width cost the same, or every width below the narrowest measured
+        one cost what that one costs: at 15 images measured at widths 4 and 8, width 1 looked as
+        dear as width 4)."""
         times = self.learned.times
         def nearest(sizes):
             # the nearest batch size, the larger one first: a shrinking batch came from it, and its
@@ -246,12 +254,14 @@ class _AutoWindow:
 
         own = times.get(rows, {})
         known = [a for a in times if a != rows and len(times[a]) >= 2]
-        if len(own) >= 2 or (own and not known):
-            return own
         if not known:
+            if own:
+                return own
             measured = [a for a in times if times[a]]
             return nearest(measured) if measured else {}
         base = nearest(known)
+        if own and all(w in own for w in base):
+            return own
         shared = [w for w in own if w in base]
         scale = float(np.mean([own[w] / base[w] for w in shared])) if shared else 1.0
         return {**{w: t * scale for w, t in base.items()}, **own}
@@ -301,16 +311,18 @@ class _AutoWindow:
         self._held = choice = best
         every = self.EXPLORE_EVERY_EARLY if self.learned.counts.reached.sum() < self.THIN_COUNTS else self.EXPLORE_EVERY
         turn = self.count // every
-        if self.count % every == 0 and (turn % 2 or (turn // 2) % self.DOWN_EVERY == 0):
+        if self.count % every == 0:
             up = turn % 2
             other = self._neighbour(best, limit, up)
+            if not up and (turn // 2) % self.ONE_EVERY == self.ONE_EVERY - 1:
+                other = 1
             # from width 1 the next width up is tried even when predicted slower: a width-1 forward
             # reaches no draft, so the acceptance estimates would never change again (a pessimistic
             # start would stick); always while the refined drafts at depth 0 are thinly counted,
             # then every FORCE_EVERY explorations (each costs EXPLORE_RUN slower iterations)
             forced = best == 1 and (self.learned.counts.reached[0, 1:].sum() < 4 * self.MIN_REACHED
                                     or turn % (2 * self.FORCE_EVERY) == 1)
-            if other != best and (forced or rate[other - 1] >= self.EXPLORE_WITHIN * rate[best - 1]):
+            if other != best and (forced or not up or rate[other - 1] >= self.EXPLORE_WITHIN * rate[best - 1]):
                 choice = other
                 if other > best:
                     # a long trial only where the wider width costs little more (batch 1: 32 is 1.3x
@@ -347,7 +359,7 @@ class _AutoWindow:
         times = learned.times.setdefault(self._rows or 1, {})
         key = self.bucket(width)
         old = times.get(key)
-        times[key] = seconds if old is None else (1 - self.TIME_WEIGHT) * old + self.TIME_WEIGHT * seconds
+        times[key] = seconds if old is None else (1 - self.TIME_WEIGHT) * old + self.TIME_WEIGHT * min(seconds, self.SPIKE * old)
         if self._pending is not None and self._pending[0] == width and tokens is not None:
             entry = self.log.setdefault(width, {"iterations": 0, "predicted_tokens": 0.0, "measured_tokens": 0.0,
                                                 "predicted_seconds": 0.0, "measured_seconds": 0.0})
