@@ -104,11 +104,12 @@ class _AutoWindow:
 
     The width maximising ``E(W) / t_A(W)`` wins (the width held keeps its place while within
     :attr:`SWITCH_MARGIN` of it); every :attr:`EXPLORE_EVERY` iterations (every
-    :attr:`EXPLORE_EVERY_EARLY` while few drafts are counted) a neighbouring width is tried, so
-    that the times stay measured around the choice: in turn a wider one (x1.5, with buckets the
-    next bucket) when predicted within :attr:`EXPLORE_WITHIN` of the best, and a narrower one
-    (/1.5 or the bucket below; every :attr:`ONE_EVERY`-th time width 1) always, for one
-    iteration (the drafts past its end wait for the next wide forward); a wider one for about ``width / tokens per forward`` iterations (at least
+    :attr:`EXPLORE_EVERY_EARLY` while few drafts are counted) a neighbouring width (x1.5 or
+    /1.5, in turn, a narrower one only every :attr:`DOWN_EVERY`-th time; with buckets the next
+    bucket) is tried when predicted within :attr:`EXPLORE_WITHIN` of the best, so that the times
+    stay measured around the choice, and at every :attr:`ONE_EVERY`-th other turn down width 1
+    for one iteration whatever its prediction (the drafts past its end wait for the next wide
+    forward); a wider one for about ``width / tokens per forward`` iterations (at least
     :attr:`EXPLORE_RUN`, at most :attr:`EXPLORE_RUN_MAX`: its new slots start as fresh drafts,
     and a short trial under-measures it) where it costs at most :attr:`LONG_TRIAL_COST` times
     the width held, else :attr:`EXPLORE_RUN`. A batch size borrows the widths it has not measured from the nearest larger batch size measured at more, scaled (:meth:`_times`);
@@ -148,12 +149,16 @@ class _AutoWindow:
     #: 8-iteration trials of width 16 cost 4 width-1 iterations each and lost 13 % to AR)
     LONG_TRIAL_COST = 1.5
     FORCE_EVERY = 4  # from width 1 with enough counts, the next width up is forced every this many explorations
-    #: every exploration down tries the narrower neighbour whatever its predicted rate (a narrower
-    #: iteration is cheap, and the drafts past its end stay for the next wide one: the loop's ring
-    #: ``draft_probs``); every this many, width 1 itself, whose time is what a wider width must beat
-    #: (at batch 16 one slow width-1 iteration left its time 40 % high, and auto ran width 4 20 %
-    #: behind AR, never measuring width 1 again)
-    ONE_EVERY = 4
+    #: a narrower neighbour is explored only every this many explorations down, and only when
+    #: predicted within EXPLORE_WITHIN (trying one at every turn down measured 18-24 % behind
+    #: window 32 at batch 1: the acceptance model over-predicts narrow widths right after a wide
+    #: run, whose drafts they inherit, so a trial of width 8 tied with 16 and stuck there)
+    DOWN_EVERY = 4
+    #: ... and at every this many-th other turn down, width 1 for one iteration, whatever its
+    #: predicted rate: its time is what a wider width must beat (at batch 16 one slow width-1
+    #: iteration left its time 40 % high, and auto ran width 4, 20 % behind AR, never measuring
+    #: width 1 again); one width-1 iteration in 64 costs under 1 % at batch 1
+    ONE_EVERY = 2
     #: a time measured above this many times the estimate counts as this many (one iteration the
     #: machine took away from the process must not make a width look dear for the rest of the run)
     SPIKE = 1.5
@@ -311,18 +316,19 @@ class _AutoWindow:
         self._held = choice = best
         every = self.EXPLORE_EVERY_EARLY if self.learned.counts.reached.sum() < self.THIN_COUNTS else self.EXPLORE_EVERY
         turn = self.count // every
-        if self.count % every == 0:
+        down_turn = turn // 2
+        if self.count % every == 0 and (turn % 2 or down_turn % self.DOWN_EVERY == 0
+                                        or down_turn % self.ONE_EVERY == self.ONE_EVERY - 1):
             up = turn % 2
-            other = self._neighbour(best, limit, up)
-            if not up and (turn // 2) % self.ONE_EVERY == self.ONE_EVERY - 1:
-                other = 1
+            width_one = not up and down_turn % self.DOWN_EVERY != 0
+            other = 1 if width_one else self._neighbour(best, limit, up)
             # from width 1 the next width up is tried even when predicted slower: a width-1 forward
             # reaches no draft, so the acceptance estimates would never change again (a pessimistic
             # start would stick); always while the refined drafts at depth 0 are thinly counted,
             # then every FORCE_EVERY explorations (each costs EXPLORE_RUN slower iterations)
             forced = best == 1 and (self.learned.counts.reached[0, 1:].sum() < 4 * self.MIN_REACHED
                                     or turn % (2 * self.FORCE_EVERY) == 1)
-            if other != best and (forced or not up or rate[other - 1] >= self.EXPLORE_WITHIN * rate[best - 1]):
+            if other != best and (forced or width_one or rate[other - 1] >= self.EXPLORE_WITHIN * rate[best - 1]):
                 choice = other
                 if other > best:
                     # a long trial only where the wider width costs little more (batch 1: 32 is 1.3x
