@@ -28,9 +28,10 @@ Per case and engine it prints one line
 An engine's ms/iteration is the median of the gaps between consecutive ``callback`` calls
 (one per forward, prefill excluded) over ``--repeats`` runs after a warm-up run (which compiles);
 ``--iterations K`` stops every run after K forwards (a reduced run, for a loaded machine).
-Every image of a batch has the same class and image index, so all of them commit the same
-tokens and the batch keeps its size to the end (images leaving a batch would change the shape
-mid-run).
+Every image of a batch has the same class and its own image index (an index given twice is
+refused: one seed and index is one random stream); a run's gaps are timed until its first image
+finishes, so every timed forward has the batch's full shape (AR: all 255; window 32: the
+iterations before the fastest image ends).
 
 Then (unless ``--no-csd``), per model, batch and engine, the wall time per image of CSD with
 ``window="auto"`` (the model's default rule), images of different classes (so they finish at
@@ -152,15 +153,19 @@ class _Enough(Exception):
 
 
 def _run(model, conditions, indices, sampling, case, kwargs, iterations: int) -> tuple[list[float], dict]:
-    """One generate; the time stamps of its callbacks and its compile seconds (after ``iterations``
-    forwards the run is stopped: its compile seconds are then those of the session's shapes so far)."""
+    """One generate; the time stamps of its callbacks while every image still decodes, and its
+    compile seconds (after ``iterations`` forwards the run is stopped: its compile seconds are then
+    those of the session's shapes so far)."""
     from csdgen.models._static import COMPILE_SECONDS
 
     stamps: list[float] = []
     seen: dict = {}
     before = set(COMPILE_SECONDS)
+    full = len(conditions)
 
     def callback(info):
+        if info.rows is not None and len(info.rows) < full:
+            raise _Enough  # an image finished: the batch would change shape from here on
         stamps.append(time.perf_counter())
         if iterations and len(stamps) > iterations + 1:
             raise _Enough
@@ -178,7 +183,9 @@ def _run(model, conditions, indices, sampling, case, kwargs, iterations: int) ->
 def engine_ms(model, batch: int, case: dict, engine: str, repeats: int, sampling, iterations: int = 0) -> tuple[float, dict]:
     """Median ms between consecutive forwards of generate (prefill excluded), and the warm-up's compile seconds."""
     kwargs = {"engine": "eager"} if engine == "eager" else {"engine": "static", "compile": engine == "compile"}
-    conditions, indices = [3] * batch, [0] * batch  # one image, B times: the batch keeps its size
+    # one class, B image indices (one index per image: csdgen refuses an index twice); the gaps are
+    # timed while all B images decode (_run), so every timed forward has the batch's full shape
+    conditions, indices = [3] * batch, list(range(batch))
     _, compiled = _run(model, conditions, indices, sampling, case, kwargs, iterations)  # warm-up (compiles)
     gaps = []
     for r in range(repeats):
