@@ -221,3 +221,36 @@ def test_prompts_of_other_lengths_join_a_running_janus_batch(tmp_path):
     for prompt, tokens in done.items():
         alone = csdgen.generate(janus, [prompt], method="sjd", window=5, sampling=JANUS_GREEDY)
         assert torch.equal(tokens, alone.tokens[0]), prompt
+
+
+def test_a_continuous_batch_runs_the_static_session_and_grows_its_capacity(float64_model):
+    """engine="auto" opens the static session (a preallocated cache of ``capacity`` slots); images
+    joining beyond it grow the cache; every image equals generate alone, and the eager engine's
+    batch gives the same images."""
+    from csdgen.models._static import StaticSession
+
+    arrivals = [([0, 3], [11, 11], [0, 1]), ([2], [5], [0]), None, ([4, 4, 1], [7, 7, 7], [0, 1, 2])]
+    static = ContinuousBatch(float64_model, method="sjd", window=4, sampling=GUIDED, capacity=2)
+    seen = []
+    step = static.step
+
+    def watched():
+        seen.append((static._loop.session, static._loop.session.capacity, static.size))
+        return step()
+
+    static.step = watched
+    done = _drive(static, arrivals)
+    session = seen[0][0]
+    assert isinstance(session, StaticSession) and seen[0][1:] == (2, 2)
+    assert all(s is session for s, _, _ in seen) and max(c for _, c, _ in seen) >= max(n for _, _, n in seen) > 2
+    eager = _drive(ContinuousBatch(float64_model, method="sjd", window=4, sampling=GUIDED, engine="eager"), arrivals)
+    assert set(done) == set(eager) and len(done) == 6
+    for (seed, index), image in eager.items():
+        alone = csdgen.generate(float64_model, [CLASS_OF[(seed, index)]], method="sjd", window=4, sampling=GUIDED,
+                                seed=seed, image_indices=[index])
+        assert torch.equal(image.tokens, alone.tokens[0]), (seed, index)
+        assert torch.equal(done[(seed, index)].tokens, image.tokens), (seed, index)
+    with pytest.raises(ValueError, match="capacity"):
+        ContinuousBatch(float64_model, capacity=0)
+    with pytest.raises(ValueError, match="engine"):
+        ContinuousBatch(float64_model, engine="fast")

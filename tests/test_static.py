@@ -57,15 +57,48 @@ def test_auto_picks_static_for_transformers_sessions_and_eager_for_the_rest(cach
     assert static_refusal(known_joint.model.start(None, 2, False)).startswith("its session (_FunctionSession)")
 
 
-def test_static_session_admits_no_rows(cached_model):
-    """The server's admission contract (issue 18): the static session says it cannot admit, so a
-    server runs it one batch at a time, and ``admit`` refuses instead of running the ragged one."""
-    session = open_engine(cached_model.start([0], None, True), "static", False)
-    other = cached_model.start([1], None, True)
-    session.prefill(), other.prefill()
-    assert isinstance(session, StaticSession) and session.supports_admission is False
-    with pytest.raises(NotImplementedError, match="does not admit rows"):
-        session.admit(other)
+@pytest.mark.parametrize("guided", [False, True])
+def test_static_session_admits_rows_that_read_as_a_fresh_session(cached_model, guided):
+    """The server's admission (issue 18) on the static cache: rows at different lengths with holes,
+    then new prefilled rows joined into free slots (past the capacity: the cache grows); every row's
+    cache equals a fresh session fed its tokens, and the next forward's logits equal each row's own."""
+    model = cached_model
+    torch.manual_seed(0)
+    tokens = torch.randint(0, model.codebook_size, (3, model.num_image_tokens))
+    old = open_engine(model.start([0, 1], None, guided), "static", False)
+    old.prefill()
+    old.forward(tokens[:2, :9], start=torch.tensor([0, 0]), widths=torch.tensor([9, 9]))
+    old.rollback(torch.tensor([7, 3]))
+    new = open_engine(model.start([4], None, guided), "static", False)
+    new.prefill()
+    assert old.supports_admission and old.capacity == 2
+    old.admit(new)
+    assert old.batch_size == 3 and old.capacity >= 3 and old.cache_lengths.tolist() == [7, 3, 0]
+
+    class Info:  # what assert_rows_match_fresh reads
+        session, rows = old, torch.arange(3)
+        committed = torch.tensor([8, 4, 1])
+
+    Info.tokens = tokens
+    assert_rows_match_fresh(model, [0, 1, 4], guided, Info)
+    start = torch.tensor([7, 3, 0])
+    window = torch.stack([tokens[0, 7:11], tokens[1, 3:7], tokens[2, 0:4]])
+    out = old.forward(window, start=start, widths=torch.tensor([4, 2, 3]))
+    for row, (cls, K, width) in enumerate([(0, 7, 4), (1, 3, 2), (4, 0, 3)]):
+        alone = model.start([cls], None, guided)
+        alone.prefill()
+        if K:
+            alone.forward(tokens[row : row + 1, :K], start=torch.tensor([0]))
+        ref = alone.forward(window[row : row + 1], start=torch.tensor([K]), widths=torch.tensor([width]))
+        torch.testing.assert_close(out.cond[row, :width], ref.cond[0, :width], atol=1e-4, rtol=1e-4)
+        if guided:
+            torch.testing.assert_close(out.uncond[row, :width], ref.uncond[0, :width], atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="another model|cannot join"):
+        old.admit(model.start([1], None, guided))  # a ragged session: not this cache's layout
+    other = open_engine(model.start([1], None, not guided), "static", False)
+    other.prefill()
+    with pytest.raises(ValueError, match="guided"):
+        old.admit(other)
 
 
 @pytest.mark.parametrize("kwargs, match", [

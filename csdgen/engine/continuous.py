@@ -84,6 +84,12 @@ class ContinuousBatch:
             work one batch at a time: :attr:`admits_while_running` is False).
         method, window, sampling, draft_init, refresh: as :func:`csdgen.generate` (defaults from
             ``model.defaults``); shared by every image of the batch.
+        engine, compile: as :func:`csdgen.generate`: ``"auto"`` runs the static session
+            (:mod:`csdgen.models._static`: a preallocated per-row cache of ``capacity`` batch
+            slots, images joining into free slots) wherever ``generate`` would, ``"eager"`` the
+            ragged one (a cache whose width follows the longest row).
+        capacity: batch slots a static session is opened with (the most images the batch will
+            hold: a server's ``--max-batch``); default: the first admission's image count.
 
     Attributes:
         settings: the resolved settings (as :attr:`csdgen.GenerationResult.settings`, without seed).
@@ -96,7 +102,15 @@ class ContinuousBatch:
     """
 
     def __init__(self, model: ImageTokenModel, *, method: str | AcceptanceRule = "csd", window: int | str | None = None,
-                 sampling: SamplingConfig | None = None, draft_init: str | None = None, refresh: str | None = None):
+                 sampling: SamplingConfig | None = None, draft_init: str | None = None, refresh: str | None = None,
+                 engine: str = "auto", compile: bool | None = None, capacity: int | None = None):
+        from ..models._static import ENGINES
+
+        if engine not in ENGINES:
+            raise ValueError(f"engine={engine!r}: allowed {', '.join(map(repr, ENGINES))}")
+        if capacity is not None and (not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1):
+            raise ValueError(f"capacity={capacity!r}: allowed an integer >= 1 (batch slots)")
+        self.engine, self.compile, self.capacity = engine, compile, capacity
         rule, window, draft_init, sampling, settings = resolve_arguments(model, method, window, sampling, draft_init,
                                                                          refresh)
         refresh = settings["refresh"]
@@ -175,7 +189,7 @@ class ContinuousBatch:
         loop = self._loop
         if self.size and not self.admits_while_running:
             raise ValueError(f"{type(loop.session).__name__} cannot admit rows into a running batch")
-        new = self.model.start(conditions, k, loop.sampling.guided)
+        new = self._open(self.model.start(conditions, k, loop.sampling.guided), k)
         if new.batch_size != k:
             raise ValueError(f"the model opened {new.batch_size} rows for {k} conditions")
         if self.size and not getattr(new, "supports_admission", False):
@@ -194,6 +208,9 @@ class ContinuousBatch:
             if self.size == 0:
                 loop.session = new
                 self.admits_while_running = bool(getattr(new, "supports_admission", False))
+                if loop.auto is not None:  # a static session prices widths per bucket
+                    loop.auto.buckets = getattr(new, "width_buckets", None)
+                loop._probe = loop._probe and getattr(new, "rollback_probe", True)
             else:
                 loop.session.admit(new)
         except BaseException:
@@ -207,6 +224,22 @@ class ContinuousBatch:
         self._next += k
         self._handles += handles
         return handles
+
+    def _open(self, session, k: int):
+        """The session the new images decode in: the ragged ``session`` itself, or its static
+        counterpart (``engine``): with ``capacity`` batch slots when it opens the batch, with ``k``
+        when it joins a running static session (its rows are then copied in, StaticSession.admit)."""
+        from ..models._static import StaticSession, make_static, open_engine
+
+        running = self._loop.session if self.size else None
+        if running is None:
+            opened = open_engine(session, self.engine, self.compile)
+            if isinstance(opened, StaticSession) and self.capacity and self.capacity > k:
+                opened = make_static(session, compile=opened.compile, capacity=self.capacity)
+            return opened
+        if isinstance(running, StaticSession):
+            return make_static(session, compile=running.compile)
+        return session
 
     def step(self) -> list[FinishedImage]:
         """One iteration for every image in the batch; returns the images it completed (they leave).

@@ -284,20 +284,137 @@ class StaticSession(RaggedSession):
     width_buckets = WIDTH_BUCKETS
     #: the loop's rollback probe is not needed: a rollback here is a length update
     rollback_probe = False
-    #: no row admission (issue 18's ``admit``) yet: the cache's batch slots and prompt width are fixed
-    #: when it is opened, so a server runs a static session one batch at a time. Set here because
-    #: RaggedSession, which this class extends, admits rows; without it the ragged ``admit`` would
-    #: run on this cache's layout.
-    supports_admission = False
+    #: rows join a running batch (:meth:`admit`): into free batch slots of the capacity it was opened with
+    supports_admission = True
 
     def admit(self, other) -> None:
-        """Not supported (see :attr:`supports_admission`).
+        """Join the images of ``other`` (a prefilled static session of the same model, guidance and
+        image layout, opened for them alone) into free batch slots of this session: their keys,
+        values and prompt columns are copied into this cache, the prompts right-aligned to this
+        session's prompt width (a wider prompt first widens every row's prompt columns, a copy of
+        the cache); the batch bucket grows where the images need it, and the capacity (a copy of the cache
+        into one with more slots) where they do not fit. Every
+        row then reads as the sequence decoded alone (tested against a fresh session).
 
         Raises:
-            NotImplementedError: always; use the eager engine (``engine="eager"``) to admit rows.
+            ValueError: another model, guidance or image layout; a session not prefilled.
         """
-        raise NotImplementedError("the static session does not admit rows (supports_admission is False); "
-                                  "open the session with engine='eager' to join images to a running batch")
+        if not isinstance(other, StaticSession) or type(other) is not type(self) or \
+                getattr(other, "model", None) is not getattr(self, "model", None):
+            raise ValueError(f"admit: a {type(other).__name__} cannot join a {type(self).__name__} of another model")
+        if other.guided != self.guided:
+            raise ValueError(f"admit: guided={other.guided} rows cannot join a session with guided={self.guided}")
+        if self._lengths is None or other._lengths is None:
+            raise ValueError("admit: both sessions must be prefilled first (call prefill())")
+        if (other.cols, other.row_end, other.num_image_tokens) != (self.cols, self.row_end, self.num_image_tokens):
+            raise ValueError("admit: the sessions lay their images out differently (cols, row end, image length)")
+        B, k = self.batch_size, other.batch_size
+        if B + k > self.capacity:
+            self._grow_capacity(max(B + k, 2 * self.capacity))
+        if other._P > self._P:
+            self._widen_prompt(other._P)
+        shift = self._P - other._P
+        bucket = max(self._bucket, batch_bucket(B + k, self.capacity))
+        used = torch.zeros(bucket, dtype=torch.bool)
+        used[self._slots] = True
+        slots = (~used).nonzero()[:, 0][:k]  # [k] the new images' slots
+        src, dst = other._physical(other._slots), self._physical(slots)
+        src_dev, dst_dev = self._to_device(src), self._to_device(dst)
+        n = min(other.width, self.width - shift)  # other's columns that land inside this cache
+        for mine, theirs in zip(self.kv.cache.layers, other.kv.cache.layers):
+            for name in ("keys", "values"):
+                target, source = getattr(mine, name), getattr(theirs, name)
+                target[dst_dev] = 0
+                target[dst_dev, :, shift:shift + n] = source[src_dev, :, :n].to(target.dtype)
+        ids = self.kv.ids
+        ids[dst_dev] = 0
+        ids[dst_dev, shift:shift + n] = other.kv.ids[src_dev, :n]
+        valid = torch.zeros(len(dst), self.width, dtype=torch.bool)
+        valid[:, shift:shift + other._P] = other._prompt_valid_T[src, : other._P]
+        self._prompt_valid_T[dst] = valid
+        self._prompt_len[dst] = other._prompt_len[src]
+        self._prompt_dev[dst_dev] = torch.cat([self._prompt_len[dst][:, None], valid.long()], 1).to(self._dev)
+        phys_ids = torch.full((len(dst), self._P), self.filler, dtype=torch.long, device=self._dev)
+        phys_ids[:, shift:] = other._prompt_phys_ids[src_dev]
+        self._prompt_phys_ids[dst_dev] = phys_ids
+        self._region[slots] = other._region[other._slots]
+        # logical rows as the ragged session orders them: conditional rows (old, new), then unconditional
+        P = max(self.prompt_ids.shape[1], other.prompt_ids.shape[1])
+
+        def pad(t: torch.Tensor, value) -> torch.Tensor:  # left-pad to P columns
+            if t.shape[1] == P:
+                return t
+            return torch.cat([torch.full((t.shape[0], P - t.shape[1]), value, dtype=t.dtype, device=t.device), t], 1)
+
+        prompt_ids = torch.cat([pad(self.prompt_ids, self.filler),
+                                pad(other.prompt_ids.to(self.prompt_ids.device), self.filler)])
+        prompt_valid = torch.cat([pad(self.prompt_valid, False), pad(other.prompt_valid, False)])
+        prompt_lengths = torch.cat([self.prompt_lengths, other.prompt_lengths])
+        if self.guided:  # [cond old, uncond old, cond new, uncond new] -> [cond old, cond new, uncond old, uncond new]
+            R1 = 2 * B
+            order = torch.cat([torch.arange(B), R1 + torch.arange(k), B + torch.arange(B), R1 + k + torch.arange(k)])
+            prompt_ids, prompt_valid, prompt_lengths = prompt_ids[order.to(prompt_ids.device)], prompt_valid[order], prompt_lengths[order]
+        self.prompt_ids, self.prompt_valid, self.prompt_lengths = prompt_ids, prompt_valid, prompt_lengths
+        self._slots = torch.cat([self._slots, slots])
+        self._lengths = torch.cat([self._lengths, other._lengths])
+        self.batch_size = B + k
+        self._bucket = bucket
+
+    def _grow_capacity(self, capacity: int) -> None:
+        """Make room for ``capacity`` batch slots (more than now): every per-row buffer is copied into
+        one with more rows (the images keep their slots)."""
+        rows = capacity * self._per_slot
+        old = self.kv.cache.rows
+        cache = self.kv.cache
+
+        def more(t: torch.Tensor, fill=0) -> torch.Tensor:
+            grown = torch.full((rows, *t.shape[1:]), fill, dtype=t.dtype, device=t.device)
+            grown[:old] = t
+            return grown
+
+        for layer in cache.layers:
+            if layer.is_initialized:
+                layer.keys, layer.values = more(layer.keys), more(layer.values)
+        cache.rows = rows
+        cache.write = more(cache.write)
+        self.kv.ids = more(self.kv.ids)
+        self._prompt_phys_ids = more(self._prompt_phys_ids, self.filler)
+        self._prompt_valid_T = more(self._prompt_valid_T, False)
+        self._prompt_len = more(self._prompt_len)
+        self._prompt_dev = more(self._prompt_dev)
+        self._region = torch.cat([self._region, torch.zeros(capacity - self.capacity, dtype=torch.long)])
+        self.capacity = capacity
+
+    def _widen_prompt(self, P: int) -> None:
+        """Make every row's prompt ``P`` columns wide (more than now): the cache, ids and prompt
+        buffers move right by the difference into a cache wide enough for the image after it
+        (positions are the rows' own, so nothing is recomputed); compiled steps are dropped."""
+        shift = P - self._P
+        T = _round_up(P + int(self.region_length(torch.tensor(self.num_image_tokens))) + SLACK, 64)
+        T = max(T, self.width + shift)
+        cache = self.kv.cache
+        old = cache.width
+        for layer in cache.layers:
+            if layer.is_initialized:
+                for name in ("keys", "values"):
+                    t = getattr(layer, name)
+                    wider = t.new_zeros(t.shape[0], t.shape[1], T, t.shape[3])
+                    wider[:, :, shift:shift + old] = t
+                    setattr(layer, name, wider)
+        cache.width = T
+        cache.write = torch.zeros(cache.rows, T, dtype=torch.long, device=cache.write.device)
+        ids = self.kv.ids.new_zeros(self.kv.ids.shape[0], T)
+        ids[:, shift:shift + old] = self.kv.ids
+        self.kv.ids = ids
+        valid = torch.zeros(self._prompt_valid_T.shape[0], T, dtype=torch.bool)
+        valid[:, shift:shift + old] = self._prompt_valid_T
+        self._prompt_valid_T = valid
+        self._prompt_dev = torch.cat([self._prompt_len[:, None], valid.long()], 1).to(self._dev)
+        phys = torch.full((self._prompt_phys_ids.shape[0], P), self.filler, dtype=torch.long, device=self._dev)
+        phys[:, shift:] = self._prompt_phys_ids
+        self._prompt_phys_ids = phys
+        self._P = P
+        self._steps.clear()
 
     def _init_static(self, compile: bool, capacity: int | None = None) -> None:
         B, R = self.batch_size, self.prompt_ids.shape[0]

@@ -224,7 +224,8 @@ class Scheduler:
 
         batch = self._batches.pop(key, None)
         if batch is None:
-            batch = ContinuousBatch(self.served.model, **request.batch_kwargs)
+            # a static session preallocated for the most images the batch holds (--max-batch)
+            batch = ContinuousBatch(self.served.model, capacity=self.capacity, **request.batch_kwargs)
         self._batches[key] = batch
         while len(self._batches) > self.KEEP_BATCHES:
             self._batches.popitem(last=False)
