@@ -8,9 +8,10 @@ of the batch at its own committed length ``c_b``:
 
 * **draft**: image ``b``'s window feeds its image positions ``c_b - 1 .. c_b + n_b - 2``: its
   last committed token, then its pending drafts (``n_b = min(W, N - c_b)`` slots; the other
-  slots of the ``[B, W]`` batch are padding the session masks out). Drafts left by the last
-  forward are carried with their draft distribution; new slots get drafts from the
-  initialisation (:mod:`csdgen.drafting`).
+  slots of the ``[B, W]`` batch are padding the session masks out). Drafts left by earlier
+  forwards are carried with their draft distribution (kept per image in a ring of the widest
+  window's length, so a narrower window leaves the drafts past its end for a later wider one);
+  new slots get drafts from the initialisation (:mod:`csdgen.drafting`).
 * **forward**: one model call for the whole batch gives the target distribution ``q`` at
   positions ``c_b .. c_b + n_b - 1`` of every image.
 * **verify** (:func:`verify`): the rule's acceptance probabilities for the whole window, the
