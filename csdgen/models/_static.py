@@ -27,7 +27,9 @@ different lengths):
 * **batch slots**: image ``i`` of the session lives in a slot (with guidance its conditional and
   unconditional rows are physical rows ``2 * slot`` and ``2 * slot + 1``); finished images
   free their slot (:meth:`StaticSession.select_rows`), and only when the images left fit a
-  smaller bucket are the live slots moved down (one gather per layer).
+  smaller bucket are the live slots moved down (one gather per layer); images admitted into a
+  running batch (:meth:`StaticSession.admit`, the server's continuous batching) take free slots,
+  their prefilled keys and values copied in.
 * **compiled forwards** (``compile=True``): the window step (layout, mask, model forward,
   head) of each shape (batch slots, window bucket, attended columns rounded up to
   :data:`COMPILED_VISIBLE_STEP`) is ``torch.compile``\\ d on first use, cached across sessions of the
