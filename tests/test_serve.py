@@ -365,9 +365,14 @@ def _spawn(*argv: str):
     import subprocess
     import sys
 
+    import signal
+
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # Ctrl-C as from a terminal: a test run started in the background (``cmd &``) ignores SIGINT,
+    # and a child inherits that, so its Ctrl-C test would see the server stop with status 0
     proc = subprocess.Popen([sys.executable, "-m", "csdgen", "serve", "--port", "0", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env)
+                            stderr=subprocess.STDOUT, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
     return proc, lines
