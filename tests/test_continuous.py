@@ -254,3 +254,16 @@ def test_a_continuous_batch_runs_the_static_session_and_grows_its_capacity(float
         ContinuousBatch(float64_model, capacity=0)
     with pytest.raises(ValueError, match="engine"):
         ContinuousBatch(float64_model, engine="fast")
+
+
+def test_admit_names_a_count_mismatch_and_allows_a_repeated_seed_and_index(float64_model):
+    """One seed for two images is named as such; the same (seed, image index) twice in one admission
+    is allowed (two requests of a server may ask for the same image) and gives the same image twice."""
+    batch = ContinuousBatch(float64_model, method="sjd", window=4, sampling=GUIDED)
+    with pytest.raises(ValueError, match=r"seeds=\[3\] \(1 value for 2 images\): allowed an integer per image"):
+        batch.admit([0, 1], [3], [0, 1])
+    first, second = batch.admit([2, 2], [3, 3], [0, 0])
+    done = {}
+    while batch.size:
+        done.update({image.handle: image.tokens for image in batch.step()})
+    assert torch.equal(done[first], done[second])

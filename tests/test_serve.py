@@ -561,3 +561,31 @@ def test_serve_refresh_defaults_to_the_methods_refresh_as_generate_does():
     args = parser.parse_args(["serve"])
     assert args.refresh is None
     assert method_refresh("csd") == "coupled" and method_refresh("sjd") == "coupled"
+
+
+def test_a_client_that_leaves_before_its_body_arrives_is_a_quiet_499(cached_model, caplog):
+    """A client sends its headers and half its body, then goes away: no traceback in the server's log
+    (it was starlette's ClientDisconnect), a 499 in the request counter, and the server answers the next request."""
+    import logging
+    import time
+
+    _, running = _slow_server(cached_model)
+    with running as server, caplog.at_level(logging.ERROR):
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT)
+        sock.sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"prompt\":")
+        time.sleep(0.3)
+        sock.close()
+        wait_for(lambda: metric(server.url, "csdgen_requests_total", {"status": "499"}) == 1)
+        answer = post(server, {"prompt": "1", "n": 1, "seed": 2})
+        assert answer.status_code == 200
+    assert not [r for r in caplog.records if "Exception in ASGI application" in r.getMessage() or r.exc_info]
+
+
+def test_an_integer_prompt_is_refused_with_a_message_that_says_how_to_write_an_index(cached_model):
+    _, running = _slow_server(cached_model)
+    with running as server:
+        answer = post(server, {"prompt": 5, "n": 1})
+        assert answer.status_code == 400
+        message = answer.json()["error"]["message"]
+        assert "prompt=5" in message and "written as a string" in message and "'0'" in message

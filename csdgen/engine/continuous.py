@@ -70,8 +70,9 @@ def _integers(name: str, values: Sequence[int], count: int, minimum: int | None)
     if ok and minimum is not None:
         ok = all(v >= minimum for v in values)
     if not ok:
-        allowed = "integers" if minimum is None else f"integers >= {minimum}"
-        raise ValueError(f"{name}={values!r}: allowed one of {allowed} per image ({count} images)")
+        allowed = "an integer" if minimum is None else f"an integer >= {minimum}"
+        given = f"{len(values)} value{'s' * (len(values) != 1)} for {count} image{'s' * (count != 1)}"
+        raise ValueError(f"{name}={values!r} ({given}): allowed {allowed} per image, one per condition")
     return values
 
 
@@ -88,8 +89,9 @@ class ContinuousBatch:
             (:mod:`csdgen.models._static`: a preallocated per-row cache of ``capacity`` batch
             slots, images joining into free slots) wherever ``generate`` would, ``"eager"`` the
             ragged one (a cache whose width follows the longest row).
-        capacity: batch slots a static session is opened with (the most images the batch will
-            hold: a server's ``--max-batch``); default: the first admission's image count.
+        capacity: batch slots a static session is opened with (a server's ``--max-batch``: the
+            most images it admits); default: the first admission's image count. More images than
+            that may join: the cache then grows (a copy into one with more slots).
 
     Attributes:
         settings: the resolved settings (as :attr:`csdgen.GenerationResult.settings`, without seed).
@@ -169,7 +171,9 @@ class ContinuousBatch:
 
         Args:
             conditions: one condition per new image (what ``model.start`` takes).
-            seeds: one seed per image (any int, taken modulo 2**64, as ``generate``'s ``seed``).
+            seeds: one seed per image (an integer 0 .. 2**63 - 1, as ``generate``'s ``seed``).
+                Unlike ``generate``, a seed and image index may repeat (two requests of a server
+                may ask for the same image; each image then gets the same tokens).
             image_indices: one index >= 0 per image (``generate``'s ``image_indices``).
 
         Returns:
@@ -184,7 +188,8 @@ class ContinuousBatch:
         k = len(conditions)
         if k == 0:
             return []
-        seeds = [_signed64(check_seed(s, "seeds")) for s in _integers("seeds", seeds, k, None)]
+        given = _integers("seeds", seeds, k, None)
+        seeds = [_signed64(check_seed(s, "seeds")) for s in given]
         indices = _integers("image_indices", image_indices, k, 0)
         loop = self._loop
         if self.size and not self.admits_while_running:

@@ -37,6 +37,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from .metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from .scheduler import Scheduler
@@ -80,8 +81,9 @@ class ServedModel:
         self.classes = hasattr(model, "class_ids")
         if self.classes:
             names = getattr(model, "class_names", None) or []
-            example = f"e.g. {names[0]!r} or 0" if names else "e.g. 0"
-            self.prompt_help = f"a class of the model, by name or index 0..{model.num_classes - 1} ({example})"
+            example = f"e.g. {names[0]!r} or '0'" if names else "e.g. '0'"
+            self.prompt_help = (f"a class of the model, by name or by its index 0..{model.num_classes - 1} written "
+                                f"as a string ({example})")
         else:
             self.prompt_help = "a text prompt"
 
@@ -212,7 +214,11 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
             return _error_response(exc)
 
     async def _generations(request: Request):
-        raw = await request.body()
+        try:
+            raw = await request.body()
+        except ClientDisconnect:  # the client went away before its body arrived: nothing to answer
+            count(499)
+            return Response(status_code=499)
         try:
             body = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
