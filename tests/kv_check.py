@@ -47,3 +47,18 @@ def assert_rows_match_fresh(model, conditions, guided, info):
                 assert keys.shape == fresh_keys.shape
                 torch.testing.assert_close(keys, fresh_keys, atol=1e-5, rtol=1e-5)
                 torch.testing.assert_close(values, fresh_values, atol=1e-5, rtol=1e-5)
+
+
+def assert_next_window_matches_alone(model, session, tokens, guided, tol):
+    """The admission tests' next forward: rows of classes 0, 1, 4 at image positions 7, 3, 0 (windows
+    of 4, 2 and 3 valid slots) give, row by row, the logits of each row's own fresh session fed the
+    same tokens (``tokens`` ``[3, N]``; ``tol`` the absolute and relative tolerance)."""
+    start = torch.tensor([7, 3, 0])
+    window = torch.stack([tokens[0, 7:11], tokens[1, 3:7], tokens[2, 0:4]])
+    out = session.forward(window, start=start, widths=torch.tensor([4, 2, 3]))
+    for row, (cls, K, width) in enumerate([(0, 7, 4), (1, 3, 2), (4, 0, 3)]):
+        alone = fresh_session(model, [cls], guided, tokens[row : row + 1], K)
+        ref = alone.forward(window[row : row + 1], start=torch.tensor([K]), widths=torch.tensor([width]))
+        torch.testing.assert_close(out.cond[row, :width], ref.cond[0, :width], atol=tol, rtol=tol)
+        if guided:
+            torch.testing.assert_close(out.uncond[row, :width], ref.uncond[0, :width], atol=tol, rtol=tol)

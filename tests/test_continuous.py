@@ -16,7 +16,7 @@ import csdgen
 from csdgen.engine.continuous import ContinuousBatch
 from csdgen.sampling import SamplingConfig, stream_uniforms
 
-from kv_check import assert_rows_match_fresh
+from kv_check import assert_next_window_matches_alone, assert_rows_match_fresh
 from test_lossless import P_FAIL, P_PASS, chi_square_pvalue
 
 GUIDED = SamplingConfig(guidance_scale=2.0, temperature=1.0)
@@ -65,18 +65,7 @@ def test_admitted_rows_hold_the_cache_of_a_fresh_session(float64_model, guided):
 
     Info.tokens = torch.stack([tokens[0], tokens[1], tokens[2]])
     assert_rows_match_fresh(model, [0, 1, 4], guided, Info)
-    start = torch.tensor([7, 3, 0])
-    window = torch.stack([tokens[0, 7:11], tokens[1, 3:7], tokens[2, 0:4]])
-    out = old.forward(window, start=start, widths=torch.tensor([4, 2, 3]))
-    for row, (cls, K, width) in enumerate([(0, 7, 4), (1, 3, 2), (4, 0, 3)]):
-        alone = model.start([cls], None, guided)
-        alone.prefill()
-        if K:
-            alone.forward(tokens[row : row + 1, :K], start=torch.tensor([0]))
-        ref = alone.forward(window[row : row + 1], start=torch.tensor([K]), widths=torch.tensor([width]))
-        torch.testing.assert_close(out.cond[row, :width], ref.cond[0, :width], atol=1e-9, rtol=1e-9)
-        if guided:
-            torch.testing.assert_close(out.uncond[row, :width], ref.uncond[0, :width], atol=1e-9, rtol=1e-9)
+    assert_next_window_matches_alone(model, old, tokens, guided, 1e-9)
 
 
 def test_admit_refuses_other_guidance_and_unprefilled_sessions(float64_model):

@@ -18,7 +18,7 @@ from csdgen.models import ClassConditionalLlama, FunctionModel
 from csdgen.models._static import (WIDTH_BUCKETS, StaticSession, batch_bucket, make_static, open_engine, static_refusal,
                                    width_bucket)
 from csdgen.sampling import target_probs
-from kv_check import assert_rows_match_fresh
+from kv_check import assert_next_window_matches_alone, assert_rows_match_fresh
 from test_lossless import P_FAIL, P_PASS, chi_square_pvalue
 
 GREEDY = SamplingConfig(temperature=0)
@@ -81,18 +81,7 @@ def test_static_session_admits_rows_that_read_as_a_fresh_session(cached_model, g
 
     Info.tokens = tokens
     assert_rows_match_fresh(model, [0, 1, 4], guided, Info)
-    start = torch.tensor([7, 3, 0])
-    window = torch.stack([tokens[0, 7:11], tokens[1, 3:7], tokens[2, 0:4]])
-    out = old.forward(window, start=start, widths=torch.tensor([4, 2, 3]))
-    for row, (cls, K, width) in enumerate([(0, 7, 4), (1, 3, 2), (4, 0, 3)]):
-        alone = model.start([cls], None, guided)
-        alone.prefill()
-        if K:
-            alone.forward(tokens[row : row + 1, :K], start=torch.tensor([0]))
-        ref = alone.forward(window[row : row + 1], start=torch.tensor([K]), widths=torch.tensor([width]))
-        torch.testing.assert_close(out.cond[row, :width], ref.cond[0, :width], atol=1e-4, rtol=1e-4)
-        if guided:
-            torch.testing.assert_close(out.uncond[row, :width], ref.uncond[0, :width], atol=1e-4, rtol=1e-4)
+    assert_next_window_matches_alone(model, old, tokens, guided, 1e-4)
     with pytest.raises(ValueError, match="another model|cannot join"):
         old.admit(model.start([1], None, guided))  # a ragged session: not this cache's layout
     other = open_engine(model.start([1], None, not guided), "static", False)

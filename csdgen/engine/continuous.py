@@ -106,10 +106,9 @@ class ContinuousBatch:
     def __init__(self, model: ImageTokenModel, *, method: str | AcceptanceRule = "csd", window: int | str | None = None,
                  sampling: SamplingConfig | None = None, draft_init: str | None = None, refresh: str | None = None,
                  engine: str = "auto", compile: bool | None = None, capacity: int | None = None):
-        from ..models._static import ENGINES
+        from ..models._static import check_engine
 
-        if engine not in ENGINES:
-            raise ValueError(f"engine={engine!r}: allowed {', '.join(map(repr, ENGINES))}")
+        check_engine(engine)
         if capacity is not None and (not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1):
             raise ValueError(f"capacity={capacity!r}: allowed an integer >= 1 (batch slots)")
         self.engine, self.compile, self.capacity = engine, compile, capacity
@@ -188,8 +187,7 @@ class ContinuousBatch:
         k = len(conditions)
         if k == 0:
             return []
-        given = _integers("seeds", seeds, k, None)
-        seeds = [_signed64(check_seed(s, "seeds")) for s in given]
+        seeds = [_signed64(check_seed(s, "seeds")) for s in _integers("seeds", seeds, k, None)]
         indices = _integers("image_indices", image_indices, k, 0)
         loop = self._loop
         if self.size and not self.admits_while_running:
@@ -238,10 +236,7 @@ class ContinuousBatch:
 
         running = self._loop.session if self.size else None
         if running is None:
-            opened = open_engine(session, self.engine, self.compile)
-            if isinstance(opened, StaticSession) and self.capacity and self.capacity > k:
-                opened = make_static(session, compile=opened.compile, capacity=self.capacity)
-            return opened
+            return open_engine(session, self.engine, self.compile, capacity=self.capacity)
         if isinstance(running, StaticSession):
             return make_static(session, compile=running.compile)
         return session

@@ -112,8 +112,9 @@ class _AutoWindow:
     forward); a wider one for about ``width / tokens per forward`` iterations (at least
     :attr:`EXPLORE_RUN`, at most :attr:`EXPLORE_RUN_MAX`: its new slots start as fresh drafts,
     and a short trial under-measures it) where it costs at most :attr:`LONG_TRIAL_COST` times
-    the width held, else :attr:`EXPLORE_RUN`. A batch size borrows the widths it has not measured from the nearest larger batch size measured at more, scaled (:meth:`_times`);
-    a time above :attr:`SPIKE` times the estimate is taken as that (the machine's pauses are not the width's cost).
+    the width held, else :attr:`EXPLORE_RUN`. A batch size borrows the widths it has not measured
+    from the nearest larger batch size measured at more, scaled (:meth:`_times`); a time above
+    :attr:`SPIKE` times the estimate is taken as that (the machine's pauses are not the width's cost).
     ``log`` collects, per chosen width, the predicted and the measured tokens per image and
     seconds per iteration (:attr:`GenerationResult.auto_log`).
 

@@ -445,6 +445,16 @@ class RaggedSession(DecodingSession):
         session's: :meth:`csdgen.models.base.DecodingSession.admit`. The caches are joined by
         :meth:`RaggedCache.merge` (the narrower one left-padded with holes); with guidance the rows
         stay ordered conditional rows first (old, then new), then the unconditional ones."""
+        self._check_admission(other)
+        B1, B2 = self.batch_size, other.batch_size
+        self.kv.merge(other.kv, (B1, B2) if self.guided else None)
+        self._join_prompts(other)
+        self._lengths = torch.cat([self._lengths, other._lengths])
+        self.batch_size = B1 + B2
+
+    def _check_admission(self, other) -> None:
+        """Raise ValueError unless ``other`` can join this session (:meth:`admit`): a prefilled
+        session of the same class and model, guidance and image layout."""
         if type(other) is not type(self) or getattr(other, "model", None) is not getattr(self, "model", None):
             raise ValueError(f"admit: a {type(other).__name__} cannot join a {type(self).__name__} of another model")
         if other.guided != self.guided:
@@ -453,13 +463,17 @@ class RaggedSession(DecodingSession):
             raise ValueError("admit: both sessions must be prefilled first (call prefill())")
         if (other.cols, other.row_end, other.num_image_tokens) != (self.cols, self.row_end, self.num_image_tokens):
             raise ValueError("admit: the sessions lay their images out differently (cols, row end, image length)")
+
+    def _join_prompts(self, other) -> None:
+        """Append ``other``'s logical prompt rows (ids, visibility, lengths) to this session's, both
+        left-padded to the wider prompt; with guidance ordered conditional rows first (old, then
+        new), then the unconditional ones."""
         B1, B2 = self.batch_size, other.batch_size
         R1 = self.prompt_ids.shape[0]
         if self.guided:  # [cond old, uncond old, cond new, uncond new] -> [cond old, cond new, uncond old, uncond new]
             order = torch.cat([torch.arange(B1), R1 + torch.arange(B2), B1 + torch.arange(B1), R1 + B2 + torch.arange(B2)])
         else:
             order = None
-        self.kv.merge(other.kv, (B1, B2) if self.guided else None)
         P = max(self.prompt_ids.shape[1], other.prompt_ids.shape[1])
 
         def left(t: torch.Tensor, value) -> torch.Tensor:
@@ -473,8 +487,6 @@ class RaggedSession(DecodingSession):
         if order is not None:
             ids, valid, lengths = ids[order.to(ids.device)], valid[order], lengths[order]
         self.prompt_ids, self.prompt_valid, self.prompt_lengths = ids, valid, lengths
-        self._lengths = torch.cat([self._lengths, other._lengths])
-        self.batch_size = B1 + B2
 
     # -- draft trees (csdgen.trees) ---------------------------------------------------------------
 

@@ -67,6 +67,7 @@ __all__ = [
     "static_refusal",
     "make_static",
     "open_engine",
+    "check_engine",
     "COMPILE_SECONDS",
 ]
 
@@ -301,15 +302,7 @@ class StaticSession(RaggedSession):
         Raises:
             ValueError: another model, guidance or image layout; a session not prefilled.
         """
-        if not isinstance(other, StaticSession) or type(other) is not type(self) or \
-                getattr(other, "model", None) is not getattr(self, "model", None):
-            raise ValueError(f"admit: a {type(other).__name__} cannot join a {type(self).__name__} of another model")
-        if other.guided != self.guided:
-            raise ValueError(f"admit: guided={other.guided} rows cannot join a session with guided={self.guided}")
-        if self._lengths is None or other._lengths is None:
-            raise ValueError("admit: both sessions must be prefilled first (call prefill())")
-        if (other.cols, other.row_end, other.num_image_tokens) != (self.cols, self.row_end, self.num_image_tokens):
-            raise ValueError("admit: the sessions lay their images out differently (cols, row end, image length)")
+        self._check_admission(other)
         B, k = self.batch_size, other.batch_size
         if B + k > self.capacity:
             self._grow_capacity(max(B + k, 2 * self.capacity))
@@ -340,23 +333,7 @@ class StaticSession(RaggedSession):
         phys_ids[:, shift:] = other._prompt_phys_ids[src_dev]
         self._prompt_phys_ids[dst_dev] = phys_ids
         self._region[slots] = other._region[other._slots]
-        # logical rows as the ragged session orders them: conditional rows (old, new), then unconditional
-        P = max(self.prompt_ids.shape[1], other.prompt_ids.shape[1])
-
-        def pad(t: torch.Tensor, value) -> torch.Tensor:  # left-pad to P columns
-            if t.shape[1] == P:
-                return t
-            return torch.cat([torch.full((t.shape[0], P - t.shape[1]), value, dtype=t.dtype, device=t.device), t], 1)
-
-        prompt_ids = torch.cat([pad(self.prompt_ids, self.filler),
-                                pad(other.prompt_ids.to(self.prompt_ids.device), self.filler)])
-        prompt_valid = torch.cat([pad(self.prompt_valid, False), pad(other.prompt_valid, False)])
-        prompt_lengths = torch.cat([self.prompt_lengths, other.prompt_lengths])
-        if self.guided:  # [cond old, uncond old, cond new, uncond new] -> [cond old, cond new, uncond old, uncond new]
-            R1 = 2 * B
-            order = torch.cat([torch.arange(B), R1 + torch.arange(k), B + torch.arange(B), R1 + k + torch.arange(k)])
-            prompt_ids, prompt_valid, prompt_lengths = prompt_ids[order.to(prompt_ids.device)], prompt_valid[order], prompt_lengths[order]
-        self.prompt_ids, self.prompt_valid, self.prompt_lengths = prompt_ids, prompt_valid, prompt_lengths
+        self._join_prompts(other)  # the logical rows, ordered as the ragged session orders them
         self._slots = torch.cat([self._slots, slots])
         self._lengths = torch.cat([self._lengths, other._lengths])
         self.batch_size = B + k
@@ -394,20 +371,8 @@ class StaticSession(RaggedSession):
         shift = P - self._P
         T = _round_up(P + int(self.region_length(torch.tensor(self.num_image_tokens))) + SLACK, 64)
         T = max(T, self.width + shift)
-        cache = self.kv.cache
-        old = cache.width
-        for layer in cache.layers:
-            if layer.is_initialized:
-                for name in ("keys", "values"):
-                    t = getattr(layer, name)
-                    wider = t.new_zeros(t.shape[0], t.shape[1], T, t.shape[3])
-                    wider[:, :, shift:shift + old] = t
-                    setattr(layer, name, wider)
-        cache.width = T
-        cache.write = torch.zeros(cache.rows, T, dtype=torch.long, device=cache.write.device)
-        ids = self.kv.ids.new_zeros(self.kv.ids.shape[0], T)
-        ids[:, shift:shift + old] = self.kv.ids
-        self.kv.ids = ids
+        old = self.width
+        self.kv.grow(T, shift)
         valid = torch.zeros(self._prompt_valid_T.shape[0], T, dtype=torch.bool)
         valid[:, shift:shift + old] = self._prompt_valid_T
         self._prompt_valid_T = valid
@@ -808,8 +773,9 @@ class _StaticKV:
         self.cache = StaticRowCache(rows, width, session._dev)
         self.ids = torch.zeros(rows, width, dtype=torch.long, device=session._dev)  # ids per column, for inspection
 
-    def grow(self, width: int) -> None:
-        """Widen every row to ``width`` columns (a copy into new buffers)."""
+    def grow(self, width: int, shift: int = 0) -> None:
+        """Widen every row to ``width`` columns (a copy into new buffers), its old columns moved
+        right by ``shift`` (a wider prompt, :meth:`StaticSession._widen_prompt`)."""
         cache = self.cache
         old = cache.width
         for layer in cache.layers:
@@ -817,12 +783,12 @@ class _StaticKV:
                 for name in ("keys", "values"):
                     t = getattr(layer, name)
                     wider = t.new_zeros(t.shape[0], t.shape[1], width, t.shape[3])
-                    wider[:, :, :old] = t
+                    wider[:, :, shift:shift + old] = t
                     setattr(layer, name, wider)
         cache.width = width
         cache.write = torch.zeros(cache.rows, width, dtype=torch.long, device=cache.write.device)
         wider = self.ids.new_zeros(self.ids.shape[0], width)
-        wider[:, :old] = self.ids
+        wider[:, shift:shift + old] = self.ids
         self.ids = wider
 
     def _columns(self, row: int) -> tuple[int, torch.Tensor]:
@@ -898,7 +864,13 @@ def make_static(session: RaggedSession, *, compile: bool = False, capacity: int 
     return static
 
 
-def open_engine(session: Any, engine: str, compile: bool | None) -> Any:
+def check_engine(engine: Any) -> None:
+    """Raise ValueError unless ``engine`` is one of :data:`ENGINES` (naming the allowed ones)."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine={engine!r}: allowed {', '.join(map(repr, ENGINES))}")
+
+
+def open_engine(session: Any, engine: str, compile: bool | None, capacity: int | None = None) -> Any:
     """The session the loop decodes with: ``session`` itself (``"eager"``, or ``"auto"`` where the
     static path does not apply) or its static counterpart (``"static"``, or ``"auto"`` for every
     RaggedSession family).
@@ -908,13 +880,13 @@ def open_engine(session: Any, engine: str, compile: bool | None) -> Any:
         engine: one of :data:`ENGINES`.
         compile: compile the static path's forwards; None: on CUDA only (CPU compilation takes
             tens of seconds per shape, which a short run does not win back).
+        capacity: batch slots of a static session (default: the session's batch size).
 
     Raises:
         ValueError: an unknown engine, ``engine="static"`` where it does not apply, or ``compile``
             with the eager engine.
     """
-    if engine not in ENGINES:
-        raise ValueError(f"engine={engine!r}: allowed {', '.join(map(repr, ENGINES))}")
+    check_engine(engine)
     if compile and engine == "eager":
         raise ValueError("compile=True with engine='eager': compiled forwards need the static engine; "
                          "allowed: engine='static' or 'auto' with compile=True, or compile=False")
@@ -925,4 +897,4 @@ def open_engine(session: Any, engine: str, compile: bool | None) -> Any:
     device = getattr(session, "prompt_ids", torch.empty(0)).device
     if compile is None:
         compile = device.type == "cuda"
-    return make_static(session, compile=compile)
+    return make_static(session, compile=compile, capacity=capacity)
