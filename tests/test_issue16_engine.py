@@ -336,12 +336,7 @@ def test_auto_window_behind_window_32_chooses_the_most_tokens_per_second(batch, 
     auto.count = 1  # past the warm-up, not an exploring iteration
     choice = auto.choose(255, rows=batch)
     rate = auto.expected_tokens() / auto.cost(batch)
-    # the widest width within SWITCH_MARGIN of the best rate; width 1 where it is within ONE_MARGIN of that one
-    expected = max(w for w in range(1, 33) if rate[w - 1] >= (1 - auto.SWITCH_MARGIN) * rate.max())
-    if rate[0] >= (1 - auto.ONE_MARGIN) * rate[expected - 1]:
-        expected = 1
-    assert choice == expected and best[0] <= choice <= best[1]
-    assert rate[choice - 1] >= (1 - auto.SWITCH_MARGIN) * rate.max()
+    assert choice == int(np.argmax(rate)) + 1 and best[0] <= choice <= best[1]
 
 
 def test_auto_window_behind_window_32_explores_a_neighbour_now_and_then():
@@ -356,11 +351,9 @@ def test_auto_window_behind_window_32_explores_a_neighbour_now_and_then():
 
 
 def test_auto_window_behind_window_32_holds_its_width_and_rarely_narrows():
-    """Of the widths predicted within SWITCH_MARGIN of the best rate the widest is chosen, whichever
-    was held (a near tie goes to the wide side: SJD at batch 1 held 16 within 3 % of 32 and lost 9 %
-    to a fixed 32); a narrower neighbour is explored only every DOWN_EVERY-th time down, and width 1
-    for one iteration at every ONE_EVERY-th other turn down (a width-1 time left high by one slow
-    iteration gets measured again)."""
+    """The width held stays while its predicted rate is within SWITCH_MARGIN of the best; a narrower
+    neighbour is explored only every DOWN_EVERY-th time down, and width 1 for one iteration at every
+    ONE_EVERY-th other turn down (a width-1 time left high by one slow iteration gets measured again)."""
     import numpy as np
 
     times = {1: 0.0116, 8: 0.0135, 17: 0.0188, 32: 0.021}
@@ -368,11 +361,13 @@ def test_auto_window_behind_window_32_holds_its_width_and_rarely_narrows():
     auto.count = 1
     best = auto.choose(255)
     rate = auto.expected_tokens() / auto.cost(1)
-    close = [w for w in range(1, 33) if w != best and rate[w - 1] >= (1 - auto.SWITCH_MARGIN) * rate.max()]
-    assert close and max(close) < best and rate[best - 1] < rate.max()  # the widest near tie, not the argmax
-    for held in (close[0], 1, best):
-        auto._held, auto.count = held, 1
-        assert auto.choose(255) == best
+    close = [w for w in range(1, 33) if w != best and rate[w - 1] >= (1 - auto.SWITCH_MARGIN) * rate[best - 1]]
+    far = [w for w in range(1, 33) if rate[w - 1] < 0.9 * rate[best - 1]]
+    assert close and far
+    auto._held, auto.count = close[0], 1
+    assert auto.choose(255) == close[0]
+    auto._held, auto.count = far[0], 1
+    assert auto.choose(255) == best
     long = _chooser(BUILTIN_CSD_COUNTS[16], times=times)
     long.count = 1
     long.choose(255)
@@ -405,7 +400,7 @@ def test_auto_window_behind_window_32_long_trials_only_where_the_wider_width_is_
         first = auto.choose(255)  # count = EXPLORE_EVERY: an exploration turn up
         return first, 1 + len(auto.plan)
 
-    cheap = {1: 0.0116, 8: 0.0135, 16: 0.0160, 32: 0.024}
+    cheap = {1: 0.0116, 8: 0.0135, 16: 0.0160, 32: 0.0175}
     dear = {1: 0.040, 2: 0.041, 4: 0.15, 32: 0.9}
     width, run = trial(cheap)
     assert width == 32 and run > _chooser().EXPLORE_RUN
@@ -451,39 +446,6 @@ def test_auto_window_behind_window_32_wide_windows_stay_known_while_narrow_ones_
     assert auto.expected_tokens()[31] == pytest.approx(before, rel=0.05)
     shallow = _chooser(([[50, 50, 50]] * 2 + [[0, 0, 0]] * 5, [[25, 5, 5]] * 2 + [[0, 0, 0]] * 5))
     assert shallow.pass_rates()[2:].min() >= shallow.OPTIMISM
-
-
-def test_auto_window_behind_window_32_steady_runs_correct_an_over_predicted_width():
-    """The acceptance model's E(W) is corrected by the tokens steady runs measured: a width the model
-    over-predicts (SJD at batch 1 after wide runs: 4.1 tokens at width 8, 2.5 measured) stops being
-    chosen once measured; a trial just after widening, whose new slots start fresh, and an iteration
-    the image end capped correct nothing."""
-    auto = _chooser(BUILTIN_CSD_COUNTS[16], times={1: 0.012, 8: 0.014, 16: 0.024, 32: 0.034})
-    auto.buckets = (1, 2, 4, 8, 16, 32)
-    model = auto.expected_tokens()
-    assert auto.calibration(model) == pytest.approx(model)  # nothing measured: the model
-    assert auto.choose(256, 1) == 8  # the model's 2.95 tokens at width 8 for 14 ms is the best rate
-    for _ in range(4):  # the first iterations at 8: the commit point has not passed the first window yet
-        auto.observe(8, 0.014, None, None, tokens=1.8)
-    assert auto.learned.counts.calibration == {}
-    for _ in range(12):
-        auto.observe(8, 0.014, None, None, tokens=1.8)
-    fixed = auto.calibration(model)
-    assert 1.8 < fixed[7] < 2.2  # measured 1.8 against the model's 2.95, the model a prior of 2 iterations
-    assert fixed[4:7] / model[4:7] == pytest.approx(fixed[7] / model[7])  # the bucket's narrower widths alike
-    assert fixed[8:] == pytest.approx(model[8:]) and fixed[0] == 1.0
-    auto.count, auto._held = 0, None
-    assert auto.choose(256, 1) == 16  # 1.95 tokens per 14 ms loses to 4.18 per 24 ms
-
-    trial = _chooser(BUILTIN_CSD_COUNTS[16])
-    trial.buckets = (1, 2, 4, 8, 16, 32)
-    for _ in range(6):
-        trial.observe(8, 0.014, None, None, tokens=2.5)
-    known = dict(trial.learned.counts.calibration)
-    for _ in range(3):  # widened to 16: 7.5 tokens committed, the old window's end (15) not passed
-        trial.observe(16, 0.024, None, None, tokens=2.5)
-    trial.observe(16, 0.024, None, None, tokens=2.5, capped=True)
-    assert trial.learned.counts.calibration == known
 
 
 def test_auto_window_behind_window_32_warms_up_narrow_to_wide_and_explores_whole_buckets():

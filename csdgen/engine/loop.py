@@ -183,7 +183,7 @@ class _Loop:
         if self.auto is not None:
             now = time.perf_counter()
             self.auto.observe(width, now - self._mark, *(counts or (None, None)),
-                              tokens=float((new_c - c_host).double().mean()), capped=bool((c_host + width >= N).any()))
+                              tokens=float((new_c - c_host).double().mean()))
             self._mark = now
         return (new_c < N).nonzero()[:, 0]
 

@@ -40,9 +40,6 @@ class _Counts:
     rejected: np.ndarray = field(default_factory=lambda: np.zeros((len(DEPTH_EDGES), AGE_GROUPS)))
     #: bumped whenever the counts change (a chooser recomputes E(W) only then: a width-1 forward reaches no draft)
     version: int = 0
-    #: width -> [tokens per image, iterations], decayed sums over the steady iterations at that
-    #: width (:meth:`_AutoWindow.calibration`)
-    calibration: dict[int, list[float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -105,17 +102,11 @@ class _AutoWindow:
     ignoring the correlation with depth) predicted 2.1 tokens for window 32 from window-32
     counts, against 4.9 measured.
 
-    **Calibration**: where a width ran steadily (:meth:`calibration`), the tokens per forward it
-    measured replace the model's prediction (the model as a prior worth
-    :attr:`CALIBRATION_PRIOR` iterations); the model keeps predicting the widths not measured.
-
-    The width chosen (:meth:`_best`) is the widest whose rate ``E(W) / t_A(W)`` is within
-    :attr:`SWITCH_MARGIN` of the best, or width 1 where it is within :attr:`ONE_MARGIN` of that
-    one; every :attr:`EXPLORE_EVERY` iterations (every
+    The width maximising ``E(W) / t_A(W)`` wins (the width held keeps its place while within
+    :attr:`SWITCH_MARGIN` of it); every :attr:`EXPLORE_EVERY` iterations (every
     :attr:`EXPLORE_EVERY_EARLY` while few drafts are counted) a neighbouring width (x1.5 or
     /1.5, in turn, a narrower one only every :attr:`DOWN_EVERY`-th time; with buckets the next
-    bucket, or up the best predicted wider bucket where the widest costs at most
-    :attr:`LONG_TRIAL_COST` times the width held) is tried when predicted within :attr:`EXPLORE_WITHIN` of the best, so that the times
+    bucket) is tried when predicted within :attr:`EXPLORE_WITHIN` of the best, so that the times
     stay measured around the choice, and at every :attr:`ONE_EVERY`-th other turn down width 1
     for one iteration whatever its prediction (the drafts past its end wait for the next wide
     forward); a wider one for about ``width / tokens per forward`` iterations (at least
@@ -172,13 +163,10 @@ class _AutoWindow:
     #: a time measured above this many times the estimate counts as this many (one iteration the
     #: machine took away from the process must not make a width look dear for the rest of the run)
     SPIKE = 1.5
-    #: the widest width whose predicted rate is within this fraction of the best one is chosen
-    #: (:meth:`_best`: predictions a few percent apart are noise)
+    #: the width held is kept while its predicted rate is within this fraction of the best one
+    #: (predictions a few percent apart are noise, and a wide window's last slots need a few
+    #: forwards to hold refined drafts again)
     SWITCH_MARGIN = 0.05
-    #: ... and width 1 where its rate is within this fraction of that width's (:meth:`_best`)
-    ONE_MARGIN = 0.05
-    CALIBRATION_DECAY = 0.95  # measured tokens per width (:meth:`calibration`), per steady iteration at that width
-    CALIBRATION_PRIOR = 2.0  # iterations the acceptance model's E(W) is worth beside them
     OPTIMISM = 0.9  # pass rate assumed at depths deeper than any seen (an untried wide window gets tried)
     ITERATIONS = 12  # fixed-point iterations for E(W)
     REFRESH_EVERY = 4  # iterations between recomputations of E(W) while the counts change (it costs ~0.8 ms)
@@ -189,14 +177,11 @@ class _AutoWindow:
         self.plan: list[int] = []
         self.count = 0
         self.log: dict[int, dict[str, float]] = {}
-        self._pending: tuple[int, float, float] | None = None  # the width chosen, its predicted tokens and seconds
-        self._last_width = 0  # the width of the iteration before
-        #: (the wider of the widths before and after the last width change, tokens per image committed since)
-        self._changed = (0, 0.0)
+        self._pending: tuple[int, float, float] | None = None
         self._rows: int | None = None
         self.buckets: tuple[int, ...] | None = None
         self._tokens: np.ndarray | None = None  # E(W), cached (:meth:`_expected`)
-        self._held: int | None = None  # the width last chosen as the best (:meth:`_best`)
+        self._held: int | None = None  # the width last chosen as the best (SWITCH_MARGIN)
         self._warm_left = 0  # warm-up iterations still planned
         self._tokens_at = (-1, 0)  # (counts version, iteration) it was computed at
 
@@ -321,11 +306,14 @@ class _AutoWindow:
                 self._warm_left -= 1
                 self._pending = None
             else:  # the rest of a wider neighbour's trial run is logged like any choice
-                self._pending = (width, float(self.calibration(self._expected())[width - 1]), float(self.cost(rows)[width - 1]))
+                self._pending = (width, float(self._expected()[width - 1]), float(self.cost(rows)[width - 1]))
             return width
-        tokens, seconds = self.calibration(self._expected())[:limit], self.cost(rows)[:limit]
+        tokens, seconds = self._expected()[:limit], self.cost(rows)[:limit]
         rate = tokens / seconds
-        best = self._best(rate)
+        best = int(rate.argmax()) + 1
+        held = self._held
+        if held is not None and held <= limit and rate[held - 1] >= (1 - self.SWITCH_MARGIN) * rate[best - 1]:
+            best = held
         self._held = choice = best
         every = self.EXPLORE_EVERY_EARLY if self.learned.counts.reached.sum() < self.THIN_COUNTS else self.EXPLORE_EVERY
         turn = self.count // every
@@ -334,9 +322,7 @@ class _AutoWindow:
                                         or down_turn % self.ONE_EVERY == self.ONE_EVERY - 1):
             up = turn % 2
             width_one = not up and down_turn % self.DOWN_EVERY != 0
-            # up: the best wider bucket where its iteration costs little more than this one's, else the next
-            cheap = rate if up and seconds[-1] <= self.LONG_TRIAL_COST * seconds[best - 1] else None
-            other = 1 if width_one else self._neighbour(best, limit, up, cheap)
+            other = 1 if width_one else self._neighbour(best, limit, up)
             # from width 1 the next width up is tried even when predicted slower: a width-1 forward
             # reaches no draft, so the acceptance estimates would never change again (a pessimistic
             # start would stick); always while the refined drafts at depth 0 are thinly counted,
@@ -355,47 +341,20 @@ class _AutoWindow:
         self._pending = (choice, float(tokens[choice - 1]), float(seconds[choice - 1]))
         return choice
 
-    def _best(self, rate: np.ndarray) -> int:
-        """The width chosen from ``rate`` (``[limit]`` predicted tokens per second by width): the
-        widest whose rate is within :attr:`SWITCH_MARGIN` of the best one, and width 1 where its own
-        rate is within :attr:`ONE_MARGIN` of that width's. Rates a few percent apart are noise (the
-        machine's times swing by more); in a near tie a wide window is the safer side (the
-        acceptance model over-predicts narrow widths right after wide runs, whose drafts they
-        inherit; SJD at batch 1: window 16 and 32 within 3 % of each other, auto held 16 and lost
-        9 % to a fixed 32), except against width 1, which has costs a window's time does not show
-        (rows that finish at different iterations leave the batch one by one; at batch 16, SJD's
-        widths 1, 2 and 4 tied within 4 % and auto lost 5-8 % to AR)."""
-        top = float(rate.max())
-        best = int(np.flatnonzero(rate >= (1 - self.SWITCH_MARGIN) * top).max()) + 1
-        if best > 1 and rate[0] >= (1 - self.ONE_MARGIN) * rate[best - 1]:
-            best = 1
-        return best
-
-    def _neighbour(self, width: int, limit: int, up: bool, rate: np.ndarray | None = None) -> int:
-        """The width explored next to ``width``: x1.5 or /1.5; with buckets, of the buckets wider (or
-        narrower) than ``width`` the one with the best predicted ``rate`` (``[limit]`` tokens per
-        second by width; without it the next bucket), at its top (a width inside a bucket costs
-        what the bucket costs). Buckets are few, and the next one can be a valley: SJD at batch 1
-        held width 8 while window 32 was 10 % faster, its only way up being width 16, predicted
-        slower than 8."""
+    def _neighbour(self, width: int, limit: int, up: bool) -> int:
+        """The width explored next to ``width``: x1.5 or /1.5, or with buckets the next bucket up or
+        down (a width inside a bucket costs what the bucket costs, so the bucket's top is the one to try)."""
         if self.buckets is None:
             return min(max(width + 1, round(width * 1.5)), limit) if up else max(1, min(width - 1, round(width / 1.5)))
         if up:
-            wider = sorted({min(b, limit) for b in self.buckets if b > width} or {limit})
-            if rate is None or len(wider) == 1:
-                return wider[0]
-            return max(wider, key=lambda w: (rate[w - 1], -w))
-        narrower = [b for b in self.buckets if b < width] or [1]
-        if rate is None:
-            return max(narrower)
-        return max(narrower, key=lambda w: (rate[w - 1], w))
+            return min(next((b for b in self.buckets if b > width), limit), limit)
+        return max((b for b in self.buckets if b < width), default=1)
 
     def observe(self, width: int, seconds: float, reached: list[float] | None, rejected: list[float] | None,
-                tokens: float | None = None, capped: bool = False) -> None:
+                tokens: float | None = None) -> None:
         """Learn from the iteration just done: its width, seconds (sync to sync), draft counts
-        (flattened ``[buckets, AGE_GROUPS]``; None: no draft was reached, as at width 1), the
-        tokens it committed per image (for :attr:`log` and :meth:`calibration`) and whether the
-        image end capped what a row could commit (such an iteration calibrates nothing)."""
+        (flattened ``[buckets, AGE_GROUPS]``; None: no draft was reached, as at width 1) and the
+        tokens it committed per image (for :attr:`log`)."""
         learned, counts = self.learned, self.learned.counts
         if reached is not None and any(reached):
             shape = counts.reached.shape
@@ -408,65 +367,15 @@ class _AutoWindow:
         key = self.bucket(width)
         old = times.get(key)
         times[key] = seconds if old is None else (1 - self.TIME_WEIGHT) * old + self.TIME_WEIGHT * min(seconds, self.SPIKE * old)
-        pending = self._pending if self._pending is not None and self._pending[0] == width else None
-        if pending is not None and tokens is not None:
+        if self._pending is not None and self._pending[0] == width and tokens is not None:
             entry = self.log.setdefault(width, {"iterations": 0, "predicted_tokens": 0.0, "measured_tokens": 0.0,
                                                 "predicted_seconds": 0.0, "measured_seconds": 0.0})
             entry["iterations"] += 1
-            entry["predicted_tokens"] += pending[1]
+            entry["predicted_tokens"] += self._pending[1]
             entry["measured_tokens"] += tokens
-            entry["predicted_seconds"] += pending[2]
+            entry["predicted_seconds"] += self._pending[2]
             entry["measured_seconds"] += seconds
-        # after widening, a window's drafts are those of a steady run at its width once the commit
-        # point has passed the end of the window at the widening (the slots it added start fresh):
-        # before that, a trial under-measures a wider window (16 at batch 1 after width 4: 1.25
-        # tokens per forward in an 8-iteration trial, 3.7 in a steady run). A narrower window
-        # inherits drafts refined more often than a steady run's: what it measures is an upper
-        # bound, and an over-predicted narrow width (4.1 tokens predicted at 8, 2.5 measured) is
-        # corrected at once
-        if tokens is not None:
-            if width != self._last_width:
-                self._changed = (width if width > self._last_width else 0, 0.0)
-            span, done = self._changed
-            steady = done >= span - 1
-            self._changed = (span, done + tokens)
-            # with buckets only a bucket's top is calibrated (the width a bucket's cost is chosen at)
-            if width > 1 and steady and not capped and self.bucket(width) == width:
-                sums = counts.calibration.setdefault(width, [0.0, 0.0])
-                sums[0] = self.CALIBRATION_DECAY * sums[0] + tokens
-                sums[1] = self.CALIBRATION_DECAY * sums[1] + 1.0
-        self._last_width = width
         self._pending = None
-
-    def calibration(self, model: np.ndarray) -> np.ndarray:
-        """``[max_width]`` float64 tokens per image and forward: the acceptance model's ``model``
-        (E(W), ``[max_width]``) corrected by what steady runs measured. At a width measured, the
-        estimate is the measured mean with the model's value as a prior worth
-        :attr:`CALIBRATION_PRIOR` iterations, ``(m + k E(W)) / (n + k)`` from the decayed sums ``m``
-        (tokens) and ``n`` (iterations) of :attr:`_Counts.calibration`; the other widths take the
-        ratio of estimate to model of their bucket's top (with buckets: only bucket tops are
-        measured, the widest width of a bucket being the one chosen) or, without buckets, the ratio
-        interpolated linearly between the widths measured, the narrowest one's below them and 1
-        above the widest (an untried wide window keeps the model's optimism). The acceptance model
-        is structural (drafts by depth and age) and misses what it does not model: on the built-in
-        model, SJD at batch 1 after wide runs, it predicted 4.1 tokens per forward at width 8 where
-        2.5 were measured, and auto stayed at 8, 18 % slower than window 32 (a fixed window 8
-        commits 2.4)."""
-        model = np.asarray(model, dtype=np.float64)
-        M, k = len(model), self.CALIBRATION_PRIOR
-        sums = self.learned.counts.calibration
-        ws = sorted(w for w in sums if 1 < w <= M)
-        if not ws:
-            return model.copy()
-        ratio = {w: (sums[w][0] + k * model[w - 1]) / ((sums[w][1] + k) * model[w - 1]) for w in ws}
-        widths = np.arange(1, M + 1)
-        if self.buckets is not None:
-            factor = np.array([ratio.get(self.bucket(int(w)), 1.0) for w in widths])
-        else:
-            factor = np.interp(widths, ws, [ratio[w] for w in ws])
-            factor[widths > ws[-1]] = 1.0
-        factor[0] = 1.0  # a width-1 forward commits one token
-        return np.maximum(model * factor, 1.0)
 
     def summary(self) -> dict[int, dict[str, float]]:
         """Per chosen width: iterations, and the mean predicted / measured tokens per image and seconds
