@@ -19,8 +19,12 @@ repeats. The last columns time :func:`csdgen.engine.verify` as it runs inside th
 
 **The goal of ``window="auto"``** (issue 16): never more than 3 % behind the better of AR and
 the fixed window, at every batch size. After each batch's table a line says, per method,
-whether ``auto`` met it (its mean seconds per batch against the better of the two); the last
-line counts the cells that met it. Then, per batch and method, the width chooser's own check
+whether ``auto`` met it (its mean seconds per batch against the better of the two), and the
+same gap paired round by round (each round's auto run against the same round's run of the
+better method: same images, minutes apart) with its 95 % interval (Student's t): "met" when the
+whole interval lies at or below the tolerance, "missed" when it lies above, else "not told
+apart" (three rounds on a machine whose timings move 10 % between runs rarely tell 3 % apart);
+the last line counts the cells that met it by the means. Then, per batch and method, the width chooser's own check
 (:attr:`csdgen.GenerationResult.auto_log`): per width it chose, the predicted and the measured
 tokens per image and forward, seconds per iteration and tokens per second, so a miss can be
 traced to the acceptance model (tokens) or the cost model (seconds). Run it on a quiet machine
@@ -88,6 +92,23 @@ def goal(auto_seconds: float, ar_seconds: float, fixed_seconds: float, tolerance
     best, name = (ar_seconds, "AR") if ar_seconds <= fixed_seconds else (fixed_seconds, "fixed")
     gap = auto_seconds / best - 1
     return gap <= tolerance, gap, name
+
+
+#: two-sided 95 % quantiles of Student's t by degrees of freedom (1 .. 10; beyond, the normal 1.96 is near enough)
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23}
+
+
+def paired_gap(auto_seconds: list[float], best_seconds: list[float]) -> tuple[float, float]:
+    """The mean and the 95 % half-width of ``auto / best - 1`` over rounds, each round's auto run
+    paired with the same round's run of the better method (same seed and images, run minutes
+    apart on the same machine, so the machine's drift and the images' content cancel in the
+    ratio). Fewer than two rounds: half-width ``inf``."""
+    ratios = [a / b - 1 for a, b in zip(auto_seconds, best_seconds)]
+    n = len(ratios)
+    if n < 2:
+        return (ratios[0] if ratios else float("nan")), float("inf")
+    half = T95.get(n - 1, 1.96) * statistics.stdev(ratios) / n ** 0.5
+    return statistics.mean(ratios), half
 
 
 def merged_log(outs) -> dict[int, dict[str, float]]:
@@ -173,8 +194,13 @@ def main() -> None:
             met, gap, best = goal(auto_s, ar_seconds, fixed_s, args.tolerance)
             cells.append(met)
             best_name = "AR" if best == "AR" else f"window {args.window}"
+            best_runs = results[(batch, "AR", 1)] if best == "AR" else results[(batch, name, args.window)]
+            mean, half = paired_gap([o.seconds for o in results[(batch, name, "auto")]], [o.seconds for o in best_runs])
+            verdict = ("met" if mean + half <= args.tolerance else "missed" if mean - half > args.tolerance
+                       else "not told apart")
             print(f"goal {name} batch {batch}: auto {auto_s:.2f} s against {best_name} {min(ar_seconds, fixed_s):.2f} s: "
-                  f"{100 * gap:+.1f} % -> {'met' if met else 'MISSED'} (at most {100 * args.tolerance:.0f} % behind)")
+                  f"{100 * gap:+.1f} % -> {'met' if met else 'MISSED'} (at most {100 * args.tolerance:.0f} % behind); "
+                  f"paired per round {100 * mean:+.1f} % +- {100 * half:.1f} % (95 %): {verdict}")
     print(f"\ngoal of window='auto' (at most {100 * args.tolerance:.0f} % behind the better of AR and window {args.window}, "
           f"{args.repeats} rounds): met in {sum(cells)} of {len(cells)} cells")
     print("\nwidth chooser's check (auto runs, all rounds): per chosen width, predicted / measured tokens per image and "

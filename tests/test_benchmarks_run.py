@@ -21,3 +21,30 @@ def test_bench_overhead_reduced_run_prints_one_line_per_case(tmp_path):
     assert len(lines) == 6, run.stdout
     assert all(" ms/iteration, " in line and line.endswith(" x floor") for line in lines)
     assert out.is_file()
+
+
+def test_bench_decoding_pairs_rounds_and_says_when_three_percent_is_not_told_apart():
+    import importlib.util
+    import math
+
+    import pytest
+
+    spec = importlib.util.spec_from_file_location("bench_decoding", ROOT / "benchmarks" / "bench_decoding.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    mean, half = bench.paired_gap([1.02, 1.04, 1.03], [1.0, 1.0, 1.0])
+    assert mean == pytest.approx(0.03) and half == pytest.approx(4.30 * 0.01 / math.sqrt(3))
+    assert bench.paired_gap([1.0], [1.0])[1] == math.inf  # one round: no interval
+    # a machine that slows between rounds moves both runs of a round alike: the paired gap stays small
+    mean, half = bench.paired_gap([1.0, 2.0, 1.5], [1.0, 2.0, 1.5])
+    assert mean == 0 and half == 0
+
+
+def test_bench_decoding_reduced_run_prints_the_goal_lines():
+    run = subprocess.run(
+        [sys.executable, "benchmarks/bench_decoding.py", "--batches", "1", "--repeats", "2", "--timing-repeats", "1",
+         "--no-profile"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    goals = [line for line in run.stdout.splitlines() if line.startswith("goal ") and " batch 1:" in line]
+    assert len(goals) == 2 and all("paired per round" in line and "(95 %)" in line for line in goals), run.stdout
+    assert "met in" in run.stdout and "width chooser's check" in run.stdout
