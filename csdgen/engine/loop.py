@@ -169,7 +169,6 @@ class _Loop:
         limit = int((N - c_host).max())
         width = min(self.auto.choose(limit, len(self.active_host)) if self.auto else self.window, limit)
         probe = self._probe
-        self._width = width
         r_counts = self._iterate(session, width, c_host, probe)
         self.steps += 1
         self.widths.append(width)
@@ -332,7 +331,7 @@ class _Loop:
         r = verdict.accepted
         self._commit(rows, c, verdict, q, widths)
         self._keep_drafts(rows, c, q, widths)
-        return self._auto_counts(rows, r, widths)
+        return self._auto_counts(rows, r, widths, W)
 
     def _keep_drafts(self, rows: torch.Tensor, c: torch.Tensor, q: torch.Tensor, widths: torch.Tensor) -> None:
         """Store this forward's targets ``q`` ``[A, W, V]`` (slot ``j``: image position ``c + j``) as the
@@ -354,13 +353,13 @@ class _Loop:
         none, and skipping the bookkeeping makes it cost what an AR iteration costs)."""
         return self.auto is not None and W > 1
 
-    def _auto_counts(self, rows: torch.Tensor, r: torch.Tensor, widths: torch.Tensor) -> torch.Tensor | None:
+    def _auto_counts(self, rows: torch.Tensor, r: torch.Tensor, widths: torch.Tensor, W: int) -> torch.Tensor | None:
         """``[2, buckets * AGE_GROUPS]`` draft counts (reached, rejected) by depth bucket and age group for
         ``window="auto"`` (None for a fixed window or a window without drafts, :meth:`_counting`);
         called after the commit step, with ``self._ages_entered`` read before it. A draft's depth is
         its slot (the drafts before it in this forward), its age the forwards it was refined by."""
         dev = self.device
-        if not self._counting(self._width):
+        if not self._counting(W):
             return None
         slot = torch.arange(self._ages_entered.shape[1], device=dev)
         age = (self.steps_per_image[rows][:, None] - 1 - self._ages_entered).clamp(0, AGE_GROUPS - 1)

@@ -108,7 +108,7 @@ class _TreeLoop(_Loop):
         self.branch_log.append(log)
         self._keep_drafts(rows, c, verdict.main_target, widths)
         self._pending = verdict.path[:, 1 : D + 1]
-        return self._auto_counts(rows, r, widths)
+        return self._auto_counts(rows, r, widths, W)
 
     def _image_stats(self) -> list[ImageStats]:
         stats = super()._image_stats()
