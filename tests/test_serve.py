@@ -244,7 +244,7 @@ def _raw_request(server, body: dict) -> socket.socket:
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_disconnect_frees_its_rows_and_the_other_requests_complete(cached_model, stream):
     """A client of 4 images goes away mid-run: batch occupancy drops by 4, the images count as cancelled,
-    and the request sharing the batch completes."""
+    the request sharing the batch completes, and the request counter has one 200 and one 499."""
     model, running = _slow_server(cached_model, capacity=8)
     with running as server:
         leaving = _raw_request(server, {"prompt": "0", "n": 4, "seed": 1, "stream": stream, "partial_every": 1})
@@ -259,6 +259,9 @@ def test_a_disconnect_frees_its_rows_and_the_other_requests_complete(cached_mode
         thread.join(TIMEOUT)
         assert other["r"].status_code == 200 and len(other["r"].json()["data"]) == 1
         assert metric(server.url, "csdgen_images_total") == 1
+        # the request counter: the one that left is a 499, streamed or not (a stream counted 200 when it began)
+        wait_for(lambda: metric(server.url, "csdgen_requests_total", {"status": "499"}) == 1)
+        assert metric(server.url, "csdgen_requests_total", {"status": "200"}) == 1
 
 
 def _snapshot(url: str, *names: str) -> list[float]:

@@ -231,8 +231,7 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
         events: asyncio.Queue = asyncio.Queue()
         job = scheduler.submit(req, loop, events)
         listeners.add(events)
-        if req.stream:
-            count(200)
+        if req.stream:  # counted when it ends (_stream)
             return StreamingResponse(_stream(request, job, events), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         images: dict[int, tuple] = {}
@@ -275,10 +274,14 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
 
     async def _stream(request: Request, job, events: asyncio.Queue):
         req = job.request
+        # the status the request counter gets when the stream ends: 200 once every image was sent,
+        # 499 when the client went away first (as for a non-streaming request), else the error's
+        status: dict = {"code": None}
 
         async def watch() -> None:  # the body is read: the next message is the client going away
             while (await request.receive())["type"] != "http.disconnect":
                 pass
+            status["code"] = status["code"] or 499
             scheduler.cancel(job)
             events.put_nowait(("done",))
 
@@ -303,11 +306,14 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
                         **common, "usage": _usage(req, served, 1), "csdgen": _image_stats(req, index, stats, tokens)})
                 elif kind in ("error", "shutdown"):
                     error = event[1] if kind == "error" else shutdown_error()
+                    status["code"] = status["code"] or error.status
                     yield sse("error", {"type": "error", **error.body()})
                     return
                 elif kind == "done":
+                    status["code"] = status["code"] or 200
                     return
         finally:
+            count(status["code"] or 499)  # closed before its end: the client left while an event was sent
             listeners.discard(events)
             watcher.cancel()
             scheduler.cancel(job)  # no-op once the job finished

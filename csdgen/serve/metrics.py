@@ -3,7 +3,8 @@
 One :class:`ServeMetrics` per server, in its own registry (two servers in one process, as the
 tests run them, do not share counters). Names:
 
-* ``csdgen_requests_total{status}``: answered requests by HTTP status;
+* ``csdgen_requests_total{status}``: answered requests by HTTP status (a stream counts when it
+  ends: 200 once every image was sent, 499 when the client left first, else its error's status);
 * ``csdgen_images_total``: images completed; ``csdgen_images_cancelled_total``: images whose
   client went away (removed from the batch or the queue);
 * ``csdgen_forwards_total``: model forwards (iterations of the running batch and admission
