@@ -46,5 +46,19 @@ def test_bench_decoding_reduced_run_prints_the_goal_lines():
          "--no-profile"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     goals = [line for line in run.stdout.splitlines() if line.startswith("goal ") and " batch 1:" in line]
-    assert len(goals) == 2 and all("paired per round" in line and "(95 %)" in line for line in goals), run.stdout
-    assert "met in" in run.stdout and "width chooser's check" in run.stdout
+    assert len(goals) == 2 and all("paired gaps" in line and "(95 %)" in line for line in goals), run.stdout
+    assert "cells by the means; by the paired intervals:" in run.stdout and "width chooser's check" in run.stdout
+
+
+def test_bench_decoding_refuses_bad_arguments_in_one_line():
+    """From a new user's trial: --repeats 0, --batches 0 or x, --window 0, --timing-repeats 0 gave
+    tracebacks; --tolerance -1 ran and printed 'at most -100 % behind'."""
+    import pytest
+
+    for args, says in ((["--repeats", "0"], "--repeats"), (["--batches", "0"], "--batches"), (["--batches", "1,x"], "--batches"),
+                       (["--window", "0"], "--window"), (["--timing-repeats", "0"], "--timing-repeats"),
+                       (["--tolerance", "-1"], "--tolerance")):
+        run = subprocess.run([sys.executable, "benchmarks/bench_decoding.py", *args], cwd=ROOT, capture_output=True,
+                             text=True, timeout=120)
+        assert run.returncode == 2 and "Traceback" not in run.stderr, (args, run.stderr)
+        assert says in run.stderr and "allowed" in run.stderr, (args, run.stderr)

@@ -95,7 +95,10 @@ def test_output_path_that_is_a_file_is_refused(weights, tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     assert run("generate", "--weights", weights, "--out", blocker / "sub") == 2
-    assert "not writable" in capsys.readouterr().err
+    assert "is inside" in capsys.readouterr().err
+    assert run("generate", "--weights", weights, "--out", blocker) == 2  # it said "not writable (File exists)"
+    err = capsys.readouterr().err
+    assert "is a file, not a folder" in err and "File exists" not in err
 
 
 def test_missing_weights_folder_is_a_clear_error(tmp_path, capsys):

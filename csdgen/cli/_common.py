@@ -38,6 +38,10 @@ def writable(folder: Path) -> Path:
     Raises:
         ValueError: naming the folder and the reason.
     """
+    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:  # mkdir would say "File exists", which reads as if the folder were there
+        where = "is" if blocker == folder else f"is inside {str(blocker)!r}, which is"
+        raise ValueError(f"output folder {str(folder)!r} {where} a file, not a folder; choose another with --out")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / ".csdgen-write-test"
