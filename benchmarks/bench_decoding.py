@@ -42,6 +42,7 @@ import time
 import torch
 
 import csdgen
+from csdgen.cli._options import count
 from csdgen.sampling import SamplingConfig
 
 
@@ -138,22 +139,9 @@ METHODS = {  # name -> generate keyword arguments (window filled in)
 }
 
 
-def _at_least(low: int):
-    """An argparse type: an integer >= ``low``."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer; allowed: an integer >= {low}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{value} is too small; allowed: an integer >= {low}")
-        return value
-    return parse
-
-
 def _batch_list(text: str) -> list[int]:
     """An argparse type: comma-separated batch sizes, each >= 1."""
-    parse = _at_least(1)
+    parse = count(1)
     try:
         return [parse(part) for part in text.split(",")]
     except argparse.ArgumentTypeError as error:
@@ -174,12 +162,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["builtin", "random"], default="builtin")
     parser.add_argument("--batches", type=_batch_list, default=[1, 2, 16], help="batch sizes (default 1,2,16)")
-    parser.add_argument("--window", type=_at_least(2), default=32, help="the fixed window auto is compared with")
-    parser.add_argument("--repeats", type=_at_least(1), default=3,
+    parser.add_argument("--window", type=count(2), default=32, help="the fixed window auto is compared with")
+    parser.add_argument("--repeats", type=count(1), default=3,
                         help="interleaved rounds (seeds); the paired interval needs at least 2")
     parser.add_argument("--tolerance", type=_tolerance, default=0.03,
                         help="how far auto may be behind the better of AR and the fixed window (default 0.03 = 3 %%)")
-    parser.add_argument("--timing-repeats", type=_at_least(1), default=5)
+    parser.add_argument("--timing-repeats", type=count(1), default=5)
     parser.add_argument("--no-profile", action="store_true", help="skip the verify-share runs")
     args = parser.parse_args()
     model, description = load_model(args.model)
