@@ -469,6 +469,34 @@ def test_auto_window_behind_window_32_warms_up_narrow_to_wide_and_explores_whole
     assert _chooser()._neighbour(16, 255, up=True) == 24  # eager engine: x1.5
 
 
+def test_auto_window_behind_window_32_warm_up_stops_where_widening_stopped_paying():
+    """At a batch size where a wider forward costs more than its tokens bring (batch 16 on the
+    built-in model: width 4 at 2.3x and width 16 at 8x the time of width 1), the warm-up measures
+    the dear width a second time (a first forward of a shape can be slow) and then stops: no 16-
+    and 32-wide iterations (they cost 7 % of an AR batch). Where widening pays (batch 1), or where
+    the dear time was a first-use spike the second measurement does not repeat, it goes on."""
+    # acceptance of the built-in model's SJD: width 4 commits about 1.7 tokens per forward
+    counts = ([[40, 40, 40]] * 3 + [[0, 0, 0]] * 4, [[20, 20, 20]] * 3 + [[0, 0, 0]] * 4)
+
+    def warm(seconds):
+        auto = _chooser(counts, rows=16)
+        auto.buckets = (1, 2, 4, 8, 16, 32)
+        auto.learned.times.clear()
+        chosen = []
+        for _ in range(6):
+            width = auto.choose(255, rows=16)
+            chosen.append(width)
+            auto.observe(width, seconds(width, chosen.count(width)), None, None)
+        return chosen
+
+    dear = {1: 0.030, 2: 0.045, 4: 0.069, 8: 0.12, 16: 0.238, 32: 0.423}
+    assert warm(lambda w, k: dear[w])[:3] == [1, 4, 4] and 16 not in warm(lambda w, k: dear[w])
+    cheap = {1: 0.013, 2: 0.016, 4: 0.018, 8: 0.019, 16: 0.021, 32: 0.030}
+    assert warm(lambda w, k: cheap[w])[:4] == [1, 4, 16, 32]
+    spike = warm(lambda w, k: 0.069 if (w, k) == (4, 1) else cheap[w])  # the first 4-wide forward was slow
+    assert spike[:5] == [1, 4, 4, 16, 32]
+
+
 def test_auto_window_behind_window_32_width_1_still_tries_a_wider_window():
     """A width-1 forward reaches no draft, so pessimistic counts from an image's start would keep
     auto at width 1 for good (the README's 8-image run: step compression 1.00x where window 8
