@@ -52,12 +52,17 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 
 def save_safetensors(tensors: dict, path: str | os.PathLike) -> None:
-    """:func:`write_atomic` of a safetensors file (safetensors' own I/O errors become OSError naming ``path``)."""
-    from safetensors.torch import save_file
+    """:func:`write_atomic` of a safetensors file (safetensors' own I/O errors become OSError naming ``path``).
+
+    The bytes are serialised in memory and written with Python's ``open``, so the file gets the
+    mode every other file of a run gets (0666 less the umask: ``-rw-r--r--`` under umask 022);
+    safetensors' own ``save_file`` creates its files ``-rw-------``, which another user (a
+    scoring job, a shared results folder) cannot read."""
+    from safetensors.torch import save
 
     def write(tmp: Path) -> None:
         try:
-            save_file(tensors, str(tmp))
+            tmp.write_bytes(save(tensors))
         except OSError:
             raise
         except Exception as error:  # noqa: BLE001 -- safetensors reports I/O failures as its own error type

@@ -564,7 +564,7 @@ def finish(plan: BenchPlan, out: str | os.PathLike, scorers: Scorers | None = No
     if scorers.clip is not None:
         _clip_scores(records, out, scorers.clip)
         _write_text(out / MERGED, "".join(json.dumps(r) + "\n" for r in records))
-    primary = min(r["seed"] for r in records)
+    primary = records[0]["seed"]  # the first --seeds value (records are in job order: plan.seeds, then the floor)
     rows: dict[str, list[dict]] = {}
     for record in records:
         rows.setdefault(row_key(record["method"], record["seed"], primary), []).append(record)

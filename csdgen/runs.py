@@ -210,10 +210,31 @@ def settings_difference(previous: dict, current: dict) -> list[str]:
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key, missing), new.get(key, missing)
         if a != b:
+            if isinstance(a, str) and isinstance(b, str) and max(len(a), len(b)) > 60:
+                a, b = _differing_part(a, b)
             there = "unset" if a is missing else json.dumps(a)
             here = "unset" if b is missing else json.dumps(b)
             lines.append(f"{key}: {there} there, {here} here")
     return lines
+
+
+def _differing_part(a: str, b: str) -> tuple[str, str]:
+    """Two long strings cut to the part that differs, from the separator (``, ( {``) before
+    it to the one after it, with ``...`` for what both share (a recorded ``SamplingConfig(...)``
+    or method repr differs in one field: ``"...temperature=1.0..."`` instead of 200 characters)."""
+    start = 0
+    while start < min(len(a), len(b)) and a[start] == b[start]:
+        start += 1
+    end = 0
+    while end < min(len(a), len(b)) - start and a[len(a) - 1 - end] == b[len(b) - 1 - end]:
+        end += 1
+    separators = ",({"
+    cut = max((a.rfind(c, 0, start) for c in separators), default=-1) + 1
+    tail_a = min([i for i in (a.find(c, len(a) - end) for c in ",)}") if i >= 0] or [len(a)])
+    tail_b = min([i for i in (b.find(c, len(b) - end) for c in ",)}") if i >= 0] or [len(b)])
+    def part(text, stop):
+        return ("..." if cut > 0 else "") + text[cut:stop].strip() + ("..." if stop < len(text) else "")
+    return part(a, tail_a), part(b, tail_b)
 
 
 @dataclass
@@ -393,11 +414,18 @@ def run_plan(plan: RunPlan, out: str | os.PathLike, *, batch_size: int, seed: in
 
     Raises:
         ValueError: ``out`` holds a run with other settings or conditions, or a malformed record,
-            or cannot be made (a file, naming the path).
+            or cannot be made (a file, naming the path), or is empty; ``batch_size`` is not an
+            integer >= 1; the plan has no conditions.
         csdgen.folder_lock.FolderBusy: another run is writing into ``out`` now (a ValueError).
     """
     from csdgen.folder_lock import folder_lock
 
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r}: allowed an integer >= 1 (images per csdgen.generate call)")
+    if not plan.conditions:
+        raise ValueError("conditions=[]: allowed one condition or more (one per image)")
+    if not str(out).strip():
+        raise ValueError(f"out={str(out)!r}: an empty output folder name; allowed: a folder path (new or existing)")
     out = Path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -93,11 +93,19 @@ MAX_IMAGES = 1_000_000
 MAX_OFFSET = 10**12
 
 
+def _int(text: str) -> int:
+    """``int(text)`` for ASCII digits only (Python's ``int`` also reads other scripts' digits, so
+    ``--limit ١`` ran as 1); ValueError otherwise."""
+    if not text.strip().isascii():
+        raise ValueError(text)
+    return int(text)
+
+
 def count(minimum: int = 1, what: str = "", maximum: int = MAX_IMAGES):
     """An integer in ``minimum .. maximum`` (``what`` says why the minimum, e.g. for compare's -n >= 2)."""
     def integer(text: str) -> int:
         try:
-            value = int(text)
+            value = _int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r}: expected an integer in {minimum}..{maximum}") from None
         if value < minimum:
@@ -115,7 +123,7 @@ def port(minimum: int):
 
     def tcp_port(text: str) -> int:
         try:
-            value = int(text)
+            value = _int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r}: must be a TCP port, an integer in {minimum}..65535{note}") from None
         if not minimum <= value <= 65535:
@@ -132,7 +140,7 @@ MAX_SEED = 2**63 - 1
 def seed(text: str) -> int:
     """A run seed: an integer in 0 .. 2**63 - 1 (larger ones would alias smaller ones' random streams)."""
     try:
-        value = int(text.strip())
+        value = _int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected an integer seed in 0..{MAX_SEED}") from None
     if not 0 <= value <= MAX_SEED:
@@ -180,7 +188,7 @@ def top_k(text: str) -> int:
     if text.strip().lower() == "none":
         return 0
     try:
-        value = int(text)
+        value = _int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 1, or 0 / none for no top-k") from None
     if value < 0:

@@ -109,7 +109,12 @@ def _builtin_prompts(args, classes):
     from csdgen.runs import slug
 
     if args.prompts is None:
-        count = args.limit or BUILTIN_LIMIT
+        total = len(classes.names)
+        count = args.limit or min(BUILTIN_LIMIT, total - args.offset)
+        if args.offset + count > total or count < 1:  # past the last class the spread order starts again: repeats
+            limit = f" with --limit {args.limit}" if args.limit else ""
+            raise ValueError(f"--offset {args.offset}{limit}: allowed offset + limit <= {total} (the built-in "
+                             f"model's {total} classes, each once); give a smaller --offset or --limit")
         indices = list(range(args.offset, args.offset + count))
         names = [classes.names[c] for c in classes.spread(count, offset=args.offset)]
         return [Prompt(f"{i:05d}-{slug(n)}", n) for i, n in zip(indices, names)], indices
@@ -143,7 +148,7 @@ def _builtin_plan(args, device: str):
     prompts, indices = _builtin_prompts(args, model.classes)
     sampling = sampling_of(args)
     settings = {"model": "builtin", "weights": "shipped" if args.weights is None else str(args.weights),
-                "device": device.split(":")[0], "prompts": args.prompts or "classes spread over the categories", **_method_settings(args, sampling)}
+                "device": device.split(":")[0], "prompts": _prompts_setting(args, "classes spread over the categories"), **_method_settings(args, sampling)}
     return BenchPlan(model, prompts, indices, [model.class_ids([p.text])[0] for p in prompts], _methods(args, model),
                      args.seeds, _floor(args), args.window, sampling, settings, class_names=list(model.class_names))
 
@@ -167,12 +172,34 @@ def _model_plan(args, device: str):
     fill_defaults(args, model_defaults(model, family))
     args.window = clamp_window(args.window, model.num_image_tokens)
     settings = {"model": str(args.model), "checkpoint": str(folder), "family": family, "dtype": dtype,
-                "device": device.split(":")[0], "grid": list(model.grid), "prompts": args.prompts or "coco",
+                "device": device.split(":")[0], "grid": list(model.grid), "prompts": _prompts_setting(args, "coco"),
                 "negative_prompt": args.negative_prompt, "positive_prompt": args.positive_prompt,
                 "prompt_template": args.prompt_template,
                 **_method_settings(args, sampling)}
     return BenchPlan(model, prompts, list(range(args.offset, args.offset + len(prompts))), [p.text for p in prompts],
                      _methods(args, model), args.seeds, _floor(args), args.window, sampling, settings)
+
+
+def _prompts_setting(args, default: str) -> str:
+    """What ``bench.json`` records as the prompt set: a named set as named, a file by its content
+    (``"file sha256:<hex>"``), so that ``good.txt``, ``./good.txt``, its absolute path or a copy of
+    it resume the same bench. A folder whose bench.json (written before) names the file by a path
+    keeps that value when the path still holds the same bytes."""
+    import hashlib
+    import json
+
+    given = args.prompts or default
+    path = Path(given)
+    if not path.is_file():
+        return given
+    digest = f"file sha256:{hashlib.sha256(path.read_bytes()).hexdigest()}"
+    try:
+        old = json.loads((Path(args.out) / "bench.json").read_text(encoding="utf-8"))["settings"]["prompts"]
+        if old != digest and Path(old).is_file() and hashlib.sha256(Path(old).read_bytes()).hexdigest() == digest[12:]:
+            return old
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return digest
 
 
 def _fixed_window(args) -> None:
@@ -186,6 +213,9 @@ def _method_settings(args, sampling) -> dict:
                 "addition_c": args.addition_c, "entropy_unit": args.entropy_unit, "draft_init": args.draft_init}
     if getattr(args, "preset", None) is not None:  # absent without one: earlier benches still resume
         settings["preset"] = args.preset
+    # the engine and compilation change no token but every latency: a resumed row must not mix them
+    # (absent at the defaults, so earlier benches still resume)
+    settings.update(opt.engine_kwargs(args))
     return settings
 
 
@@ -313,7 +343,7 @@ def execute(args, adjust=None, title: str = "csdgen bench"):
             return None
         notes = [f"machine: {bench.machine()}; {world} process{'es' if world > 1 else ''}; batch size 1; "
                  f"window {plan.window}; sampling {asdict(plan.sampling)}",
-                 f"model: {plan.settings['model']}; prompts: {plan.settings['prompts']}, {len(plan.prompts)} from index "
+                 f"model: {plan.settings['model']}; prompts: {args.prompts or plan.settings['prompts']}, {len(plan.prompts)} from index "
                  f"{plan.indices[0]}; methods: {', '.join(plan.methods)}; seeds: {', '.join(map(str, plan.seeds))}"
                  + ("" if plan.floor_seed is None else f"; noise floor: ar at seed {plan.floor_seed}")]
         return plan, out, bench.finish(plan, out, scorers, notes=notes, title=title)

@@ -35,16 +35,19 @@ other fields are kept and ignored):
 - ``class_consistency`` (float): built-in model only, its classifier's probability of the
   requested class (:mod:`csdgen.evaluation.quality`).
 
-Rows of the table are (method, seed) pairs. The **primary seed** is the smallest seed in
-the records; a row at another seed is labelled ``method@seedS`` (:func:`row_key`): AR at a
+Rows of the table are (method, seed) pairs. The **primary seed** is the seed of the first
+record (a bench writes its records in job order, so that is the first ``--seeds`` value, as the
+noise floor's default seed is counted from it); a row at another seed is labelled ``method@seedS`` (:func:`row_key`): AR at a
 second seed is the **noise floor**, the spread of every score between two runs of the same
 method; a quality gap smaller than the AR-AR gap is not a measured difference.
 
 Columns (the paper's, plus counts): ``images``, ``latency_s_per_image`` (mean),
 ``acceleration`` (the reference method's mean latency at the primary seed over this row's:
 the papers' "acceleration in latency"), ``steps`` (mean),
-``step_compression`` (mean over images of N / steps), ``mean_accepted_length`` (tokens per
-step over all steps of the row, from the histograms), ``peak_memory_gib`` (max), ``clip``
+``step_compression`` (mean over images of N / steps), ``mean_accepted_length`` (mean over images
+of the record's own: tokens committed per forward after the prefill forward, ``(N - 1) / (steps -
+1)``, as :attr:`csdgen.ImageStats.mean_accepted_length` and compare's table; from the row's
+histograms, pooled, for records without it), ``peak_memory_gib`` (max), ``clip``
 (mean per-image CLIP score), ``fid`` (given per row, since FID is a set statistic), ``nll``
 (mean); on the built-in model ``class_consistency`` (mean) and ``frechet_distance`` (per
 row). Per-row scores passed to :func:`write_report` override record means.
@@ -167,7 +170,7 @@ def _group(records: list[dict]) -> tuple[dict[tuple[str, int], list[dict]], int]
             raise ValueError(f"two records for method {key[0]!r}, seed {key[1]}, prompt {key[2]!r}: merge rank files once")
         seen.add(key)
         groups.setdefault(key[:2], []).append(record)
-    primary = min(seed for _, seed in groups)
+    primary = next(iter(groups))[1]  # the first record's seed
     order = sorted(groups, key=lambda k: (k[1] != primary, list(groups).index(k)))
     return {k: groups[k] for k in order}, primary
 
@@ -221,7 +224,12 @@ def table_rows(records: list[dict], scores: Mapping[str, Mapping[str, float]] | 
             "acceleration": base_latency / latency if base_latency and latency else None,
             "steps": _mean([r["steps"] for r in group]),
             "step_compression": _mean([r["step_compression"] for r in group]),
-            "mean_accepted_length": (sum(length * count for length, count in enumerate(histogram)) / sum(histogram)
+            # per image as the record says (tokens per forward after the prefill), then the mean over
+            # images, as compare's table and the record (one name, one definition); a record without it
+            # (hand-made) falls back to the row's histogram, pooled
+            "mean_accepted_length": (_mean([r["mean_accepted_length"] for r in group])
+                                     if all(isinstance(r.get("mean_accepted_length"), (int, float)) for r in group)
+                                     else sum(length * count for length, count in enumerate(histogram)) / sum(histogram)
                                      if sum(histogram) else None),
             "peak_memory_gib": max(memory) / 2**30 if memory else None,
             "clip": _mean([r.get("clip") for r in group]),
