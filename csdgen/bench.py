@@ -637,4 +637,4 @@ def machine() -> str:
 
     if torch.cuda.is_available():
         return f"{torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}"
-    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
+    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch thread{'s' if torch.get_num_threads() != 1 else ''})"

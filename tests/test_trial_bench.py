@@ -160,3 +160,35 @@ def test_integer_options_refuse_digits_of_other_scripts(text):
         with pytest.raises(argparse.ArgumentTypeError):
             parse(text)
     assert opt.count()("3") == 3 and opt.seed("7") == 7
+
+
+@pytest.mark.parametrize("argv", [["bench", "--nonsense"], ["compare", "stray"], ["generate", "--out", "o", "--x", "1"]])
+def test_unknown_options_point_to_the_commands_own_help(capsys, argv):
+    """``csdgen bench --nonsense`` pointed to ``csdgen --help``, which does not list bench's options."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert f"csdgen {argv[0]}: error: unrecognized arguments:" in err and f"(options: csdgen {argv[0]} --help)" in err
+
+
+@pytest.mark.parametrize("argv", [["bench", "--weights", ""], ["bench", "--model", ""], ["bench", "--clip-model", " "],
+                                  ["generate", "--model", ""], ["serve", "--weights", ""], ["demo", "--model", ""]])
+def test_empty_paths_are_refused_not_read_as_the_current_folder(capsys, argv):
+    """``--weights ''`` said "no built-in weights in ." (an empty path is the current folder)."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert f"argument {argv[1]}: {argv[2]!r}: an empty path" in err and "\n" not in err
+
+
+def test_bench_help_says_window_auto_is_refused(capsys):
+    """bench's --help offered "or auto", which bench refuses (compare and generate take it)."""
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "auto is refused" in text and "or auto" not in text
+    with pytest.raises(SystemExit):
+        cli.main(["compare", "--help"])
+    assert "or auto" in " ".join(capsys.readouterr().out.split())

@@ -71,7 +71,11 @@ def entry() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run ``csdgen`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # named by the command's own parser, so the hint is `csdgen COMMAND --help`
+            command = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+            command.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
         return args.run(args)
     except ValueError as exc:
         _error(f"error: {exc}")
@@ -83,5 +87,6 @@ def main(argv: list[str] | None = None) -> int:
         _error(f"error: {message}")
         return 2
     except KeyboardInterrupt:
-        _error("interrupted; images already written are kept, rerun the same command to resume")
+        _error("interrupted; what was written is kept (images, or compare's finished methods), "
+               "rerun the same command to resume")
         return 130

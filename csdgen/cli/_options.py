@@ -101,6 +101,19 @@ def _int(text: str) -> int:
     return int(text)
 
 
+def path_text(text: str) -> str:
+    """A path or name given on the command line: not empty (``Path("")`` is the current folder, so
+    ``--weights ''`` looked for weights in ``.``)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: an empty path; allowed: a file or folder path (or leave the option out)")
+    return text
+
+
+def path(text: str) -> Path:
+    """:func:`path_text` as a ``Path``."""
+    return Path(path_text(text))
+
+
 def count(minimum: int = 1, what: str = "", maximum: int = MAX_IMAGES):
     """An integer in ``minimum .. maximum`` (``what`` says why the minimum, e.g. for compare's -n >= 2)."""
     def integer(text: str) -> int:
@@ -258,7 +271,7 @@ def add_builtin_model(p: argparse.ArgumentParser, *, n_default: str, batch_defau
     shipped = (f"the {len(classes):,} classes of the shipped model, e.g. {example!r}; " if classes else "")
     default = ("classes spread over all the categories, in a fixed order" if spread
                else "every class in turn")
-    p.add_argument("--weights", type=Path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
+    p.add_argument("--weights", type=path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
     p.add_argument("--class", dest="classes", action="append", default=None, metavar="NAMES",
                    help=f"built-in class names ({shipped}any case and spacing, or an emoji's short name), "
                         f"indices, or random (a class drawn from --seed per image); comma-separated (a name "
@@ -310,8 +323,10 @@ def add_preset(p: argparse.ArgumentParser) -> None:
                         f"--delta {paper['delta']:g} (default: none; options given win)")
 
 
-def add_method_options(p: argparse.ArgumentParser, *, family_note: bool = False, fixed_window: bool = False) -> None:
-    """Window, CSD lambda and delta, Addition's c and the draft initialisation of one run."""
+def add_method_options(p: argparse.ArgumentParser, *, family_note: bool = False, fixed_window: bool = False,
+                       auto: bool = True) -> None:
+    """Window, CSD lambda and delta, Addition's c and the draft initialisation of one run (``auto``:
+    whether ``--window auto`` is offered; bench refuses it)."""
     d = family_defaults("builtin")
     also = "; with --model the family's" if family_note else ""
     default = (f"default {d.window}, the built-in model's measured window" if fixed_window else
@@ -320,8 +335,8 @@ def add_method_options(p: argparse.ArgumentParser, *, family_note: bool = False,
                "--batch-size and thread count, and another --batch-size changes them only where float32 "
                "summation order tips a decision (README, Batches)")
     p.add_argument("--window", type=window, default=None, metavar="W",
-                   help=f"Jacobi window: draft tokens verified per forward (clamped to the image length), or auto "
-                        f"({default})")
+                   help=f"Jacobi window: draft tokens verified per forward (clamped to the image length)"
+                        f"{', or auto' if auto else ' (auto is refused: the images would depend on timing)'} ({default})")
     p.add_argument("--lam", type=number, default=None, help=f"CSD lambda (default: the model's; built-in {d.lam:g}{also})")
     p.add_argument("--delta", type=number, default=None,
                    help=f"CSD total-variation threshold (default: the model's; built-in {d.delta:g}{also})")
@@ -336,7 +351,7 @@ def add_checkpoint_files(g) -> None:
     g.add_argument("--image-size", type=count(), default=None,
                    help="square image side in pixels (Lumina-mGPT: default the size its name says, e.g. "
                         "Lumina-mGPT-7B-768, else required)")
-    g.add_argument("--vqgan", default=None, metavar="PATH",
+    g.add_argument("--vqgan", type=path_text, default=None, metavar="PATH",
                    help="Chameleon-format checkpoints: Chameleon's VQGAN, its tokenizer/ folder holding vqgan.yaml and "
                         "vqgan.ckpt (or the vqgan.ckpt file); default: found in the checkpoint folder or its tokenizer/. "
                         "Decodes images, and gives GSD/LANTERN the codebook Lumina-mGPT's files lack")

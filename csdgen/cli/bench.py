@@ -31,11 +31,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                    "acceleration, step compression, CLIP, FID, NLL) with AR at a second seed as the "
                                    "noise floor. Rerun to resume; `torchrun --nproc-per-node N -m csdgen bench ...` "
                                    "shards the prompts over N processes.")
-    p.add_argument("--model", default="builtin",
+    p.add_argument("--model", type=opt.path_text, default="builtin",
                    help="'builtin' (default), or a Janus, Emu3, Chameleon-format, GLM-Image or Liquid checkpoint folder or "
                         "Hugging Face repo id in the local cache (no download)")
-    p.add_argument("--weights", type=Path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
-    p.add_argument("--prompts", default=None,
+    p.add_argument("--weights", type=opt.path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
+    p.add_argument("--prompts", type=opt.path_text, default=None,
                    help="coco (MS-COCO 2017 val, first caption per image), parti (PartiPrompts) or a file (.txt one per "
                         "line, .jsonl, .tsv); default coco, and for the built-in model its classes spread over the "
                         "categories (a file of class names, one per line, also works)")
@@ -49,17 +49,17 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help=f"run seeds, comma-separated, distinct, each 0..{opt.MAX_SEED}; every method runs at each (default 0)")
     p.add_argument("--floor-seed", type=_floor_seed, default="auto", metavar="S",
                    help="AR also runs at this seed: the noise floor (default: the first seed + 1; none = no floor)")
-    opt.add_method_options(p, family_note=True, fixed_window=True)
+    opt.add_method_options(p, family_note=True, fixed_window=True, auto=False)
     opt.add_preset(p)
     opt.add_sampling(p, family_note=True)
     q = p.add_argument_group("quality scores (NLL is always computed)")
-    q.add_argument("--clip-model", default=None, metavar="DIR|ID",
+    q.add_argument("--clip-model", type=opt.path_text, default=None, metavar="DIR|ID",
                    help="CLIP score with this CLIP (a local folder or a Hugging Face id in the local cache, e.g. "
                         "openai/clip-vit-large-patch14); default: no CLIP score")
-    q.add_argument("--inception-weights", type=Path, default=None, metavar="FILE",
+    q.add_argument("--inception-weights", type=opt.path, default=None, metavar="FILE",
                    help="FID Inception-v3 weights file (weights-inception-2015-12-05-6726825d.pth of torch-fidelity); "
                         "with --fid-reference")
-    q.add_argument("--fid-reference", type=Path, default=None, metavar="DIR",
+    q.add_argument("--fid-reference", type=opt.path, default=None, metavar="DIR",
                    help="folder of real images for FID (e.g. COCO val2017); with --inception-weights")
     g = p.add_argument_group("checkpoints (--model PATH)")
     g.add_argument("--layout", choices=["lumina", "anole"], default=None, help="Chameleon checkpoints (default: guessed)")
@@ -356,10 +356,10 @@ def add_bench_source(p: argparse.ArgumentParser, command: str) -> None:
     through ``csdgen bench``'s runner (batch size 1, records, resume; ``--class``, ``-n`` and ``--batch-size`` do not apply)."""
     g = p.add_argument_group(f"any model or prompt set (then {command} runs as csdgen bench: batch size 1, one "
                              f"record per image, resumable; --class, -n and --batch-size do not apply)")
-    g.add_argument("--model", default="builtin",
+    g.add_argument("--model", type=opt.path_text, default="builtin",
                    help="'builtin' (default), or a Janus, Emu3, Chameleon-format, GLM-Image or Liquid checkpoint folder "
                         "or Hugging Face repo id in the local cache (no download)")
-    g.add_argument("--prompts", default=None,
+    g.add_argument("--prompts", type=opt.path_text, default=None,
                    help="coco, parti or a prompt file (.txt, .jsonl, .tsv), as csdgen bench (default coco; the "
                         "built-in model takes a file of class names)")
     g.add_argument("--limit", type=opt.count(), default=None, metavar="N",

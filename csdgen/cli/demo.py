@@ -15,8 +15,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        description="Serve a local page that runs the chosen methods on one seed and shows each image, "
                                    "its acceptance map and its entropy map filling in, then forwards, step compression "
                                    "and wall time per method (CSV download). Nothing is downloaded.")
-    p.add_argument("--model", default=None, help="checkpoint folder or cached repo id (default: the built-in model)")
     from . import _options as opt
+
+    p.add_argument("--model", type=opt.path_text, default=None, help="checkpoint folder or cached repo id (default: the built-in model)")
 
     opt.add_checkpoint_files(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")

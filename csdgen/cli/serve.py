@@ -32,8 +32,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                    "csdgen's method, window, seed, ... in the same body), GET /v1/models, GET /health, "
                                    "GET /metrics (Prometheus). Requests share forwards: waiting images join the running "
                                    "batch at every iteration (docs/serve.md).")
-    p.add_argument("--model", default=None, help="checkpoint folder or cached repo id (default: the built-in model)")
-    p.add_argument("--weights", default=None, help="built-in model weights folder (default: shipped with csdgen)")
+    p.add_argument("--model", type=opt.path_text, default=None, help="checkpoint folder or cached repo id (default: the built-in model)")
+    p.add_argument("--weights", type=opt.path_text, default=None, help="built-in model weights folder (default: shipped with csdgen)")
     p.add_argument("--served-name", type=_served_name, default=None, metavar="NAME",
                    help="the model name requests give (default: csdgen-builtin, or the --model value)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
