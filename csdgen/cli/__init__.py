@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMANDS.values():
         module.add_parser(sub)
+    parser.commands = sub.choices  # command name -> its parser (main names it in usage errors)
     return parser
 
 
@@ -74,8 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
         args, extra = parser.parse_known_args(argv)
         if extra:  # named by the command's own parser, so the hint is `csdgen COMMAND --help`
-            command = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-            command.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+            parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
         return args.run(args)
     except ValueError as exc:
         _error(f"error: {exc}")

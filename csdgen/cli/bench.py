@@ -186,16 +186,20 @@ def _prompts_setting(args, default: str) -> str:
     it resume the same bench. A folder whose bench.json (written before) names the file by a path
     keeps that value when the path still holds the same bytes."""
     import hashlib
-    import json
+
+    from csdgen.bench import MANIFEST
+    from csdgen.runs import read_json
+
+    def content(path: Path) -> str:
+        return f"file sha256:{hashlib.sha256(path.read_bytes()).hexdigest()}"
 
     given = args.prompts or default
-    path = Path(given)
-    if not path.is_file():
+    if not Path(given).is_file():
         return given
-    digest = f"file sha256:{hashlib.sha256(path.read_bytes()).hexdigest()}"
-    try:
-        old = json.loads((Path(args.out) / "bench.json").read_text(encoding="utf-8"))["settings"]["prompts"]
-        if old != digest and Path(old).is_file() and hashlib.sha256(Path(old).read_bytes()).hexdigest() == digest[12:]:
+    digest = content(Path(given))
+    try:  # check_settings reports a malformed or foreign bench.json; here only an older path is looked for
+        old = read_json(Path(args.out) / MANIFEST)["settings"]["prompts"]
+        if old != digest and Path(old).is_file() and content(Path(old)) == digest:
             return old
     except (OSError, ValueError, KeyError, TypeError):
         pass

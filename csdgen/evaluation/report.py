@@ -153,6 +153,16 @@ def read_records(paths: Iterable[str | os.PathLike]) -> list[dict]:
     return records
 
 
+def _mean_accepted_length(group: list[dict], histogram: list[int]) -> float | None:
+    """The row's mean accepted length: the mean over images of each record's own (tokens per
+    forward after the prefill), as compare's table and the record (one name, one definition); a
+    row with a record lacking it (hand-made) falls back to ``histogram`` pooled over the row's steps."""
+    if all(isinstance(r.get("mean_accepted_length"), (int, float)) for r in group):
+        return _mean([r["mean_accepted_length"] for r in group])
+    steps = sum(histogram)
+    return sum(length * count for length, count in enumerate(histogram)) / steps if steps else None
+
+
 def _mean(values: list[float]) -> float | None:
     values = [float(v) for v in values if v is not None]
     return sum(values) / len(values) if values else None
@@ -224,13 +234,7 @@ def table_rows(records: list[dict], scores: Mapping[str, Mapping[str, float]] | 
             "acceleration": base_latency / latency if base_latency and latency else None,
             "steps": _mean([r["steps"] for r in group]),
             "step_compression": _mean([r["step_compression"] for r in group]),
-            # per image as the record says (tokens per forward after the prefill), then the mean over
-            # images, as compare's table and the record (one name, one definition); a record without it
-            # (hand-made) falls back to the row's histogram, pooled
-            "mean_accepted_length": (_mean([r["mean_accepted_length"] for r in group])
-                                     if all(isinstance(r.get("mean_accepted_length"), (int, float)) for r in group)
-                                     else sum(length * count for length, count in enumerate(histogram)) / sum(histogram)
-                                     if sum(histogram) else None),
+            "mean_accepted_length": _mean_accepted_length(group, histogram),
             "peak_memory_gib": max(memory) / 2**30 if memory else None,
             "clip": _mean([r.get("clip") for r in group]),
             "fid": None,
