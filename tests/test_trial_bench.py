@@ -192,3 +192,11 @@ def test_bench_help_says_window_auto_is_refused(capsys):
     with pytest.raises(SystemExit):
         cli.main(["compare", "--help"])
     assert "or auto" in " ".join(capsys.readouterr().out.split())
+
+
+def test_compare_noise_floor_row_is_ar_at_the_next_seed(weights, tmp_path):
+    """README: the row ``ar-seed2`` is AR at ``--seed`` + 1, whatever ``--seed`` is."""
+    out = tmp_path / "cmp"
+    assert cli.main(["compare", "--weights", str(weights), "-n", "2", "--methods", "sjd", "--seed", "5", "--out", str(out)]) == 0
+    assert json.loads((out / "run_ar.json").read_text())["key"]["seed"] == 5
+    assert json.loads((out / "run_ar-seed2.json").read_text())["key"]["seed"] == 6
