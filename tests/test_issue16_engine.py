@@ -630,6 +630,8 @@ def test_bad_bench_record_lines_name_the_file_and_line(tmp_path, line, message):
     with pytest.raises(ValueError) as info:
         existing_records(tmp_path)
     assert f"{path}:2:" in str(info.value) and message in str(info.value) and "\n" not in str(info.value)
+    # the advice is about that line: moving the whole file away regenerated every image it records
+    assert "fix or delete that line" in str(info.value) and "move the file away" not in str(info.value)
     path.write_bytes(b'{"method": "ar"}\n\xff\xfe\n')
     with pytest.raises(ValueError, match=r"rank0\.jsonl:2: not UTF-8"):
         existing_records(tmp_path)
@@ -877,3 +879,59 @@ def cli_help_of(command: str) -> str:
     with contextlib.redirect_stdout(buffer), pytest.raises(SystemExit):
         cli.main([command, "--help"])
     return buffer.getvalue()
+
+
+def test_auto_window_behind_window_32_a_batch_is_priced_at_its_slowest_images_pace():
+    """A batch ends with its slowest image. SJD at batch 16 on the built-in model held width 8
+    (2.3 tokens per image and forward on the mean, within SWITCH_MARGIN of width 1's rate) while
+    its slowest image took 140 forwards against the mean's 113, and the batch took 9.25 s against
+    AR's 8.03 s; priced at the slowest image's pace, width 8 loses to narrower ones. One image, or no
+    draft accepted yet, prices nothing differently."""
+    import numpy as np
+
+    times = {1: 0.030, 8: 0.068, 32: 0.36}
+    mean_pace = _chooser(BUILTIN_CSD_COUNTS[16], times=times, rows=16)
+    mean_pace.count = 1
+    rate = mean_pace.expected_tokens() / mean_pace.cost(16)
+    assert rate[7] > 0.95 * rate[0]  # on the mean, width 8 ties width 1 (the case measured)
+    mean_pace._held = 8
+    assert mean_pace.choose(255, rows=16) == 8
+    laggard = _chooser(BUILTIN_CSD_COUNTS[16], times=times, rows=16)
+    laggard.count, laggard._held = 1, 8
+    assert laggard.choose(255, rows=16, lag=0.6) < 8
+    alone = _chooser(BUILTIN_CSD_COUNTS[16], times=times, rows=1)
+    alone.count, alone._held = 1, 8
+    assert alone.choose(255, rows=1, lag=0.0) == 8  # one image is its own laggard: lag is ignored
+    ratio = laggard.laggard_ratio
+    assert ratio(torch.tensor([10, 14, 18]), 6) == pytest.approx(4 / 8)  # accepted 4, 8, 12: slowest 4, mean 8
+    assert ratio(torch.tensor([6, 6]), 6) == 1.0 and ratio(torch.tensor([40]), 6) == 1.0
+    assert np.isfinite(ratio(torch.tensor([3, 9]), 6)) and ratio(torch.tensor([3, 9]), 6) == 0.0
+
+
+def test_auto_window_behind_window_32_continuous_batching_is_not_priced_by_a_laggard(cached_model):
+    """Continuous batching admits images at different steps, so its batch has no slowest image to
+    end with; its loop does not pass a laggard ratio."""
+    from csdgen.engine.continuous import ContinuousBatch
+    from csdgen.engine.loop import _Loop
+
+    assert _Loop.paced_by_laggard
+    batch = ContinuousBatch(cached_model, method="sjd", window="auto")
+    assert batch._loop.paced_by_laggard is False
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--top-p", "2", "--top-p 2.0: must be in (0, 1]"),
+    ("--guidance-scale", "-1", "--guidance-scale -1.0: must be a finite number >= 0"),
+])
+def test_a_sampling_value_out_of_range_is_named_by_its_option(capsys, option, value, message):
+    """From a new user's trial: ``--top-p 2`` said ``top_p=2.0: must be None or in (0, 1]``, the
+    library's argument name and a value (None) the option cannot take."""
+    import argparse
+
+    from csdgen.cli._common import sampling_of
+
+    args = argparse.Namespace(guidance_scale=3.0, temperature=1.0, top_k=None, top_p=None)
+    setattr(args, option[2:].replace("-", "_"), float(value))
+    with pytest.raises(ValueError) as raised:
+        sampling_of(args)
+    assert str(raised.value) == message

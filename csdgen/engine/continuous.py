@@ -126,6 +126,7 @@ class ContinuousBatch:
         loop.committed_host = torch.zeros(0, dtype=torch.long)
         loop.widths = []
         loop.steps = 0
+        loop.paced_by_laggard = False  # images join at different steps; no batch ends with its slowest
         loop._probe = self.N >= 3 and loop.PROBE
         loop._checked = False
         self._handles: list[int] = []  # the handle of each buffer row

@@ -167,7 +167,11 @@ class _Loop:
         N, session = self.model.num_image_tokens, self.session
         c_host = self.committed_host[self.active_host]
         limit = int((N - c_host).max())
-        width = min(self.auto.choose(limit, len(self.active_host)) if self.auto else self.window, limit)
+        if self.auto is not None:
+            lag = self.auto.laggard_ratio(c_host, self.steps) if self.paced_by_laggard else 1.0
+            width = min(self.auto.choose(limit, len(self.active_host), lag), limit)
+        else:
+            width = min(self.window, limit)
         probe = self._probe
         r_counts = self._iterate(session, width, c_host, probe)
         self.steps += 1
@@ -201,6 +205,10 @@ class _Loop:
 
     #: feed one extra probe slot in the first iteration (the tree loop checks its compaction instead)
     PROBE = True
+    #: ``window="auto"`` prices the batch at its slowest image's pace (:meth:`_AutoWindow.choose`'s
+    #: ``lag``): the batch ends with it. Continuous batching sets it False (new images join, and its
+    #: images started at different steps)
+    paced_by_laggard = True
 
     def _opened(self, session) -> None:
         """Hook: the session was just opened (the tree loop checks that it can evaluate trees)."""
