@@ -225,8 +225,7 @@ def _numbered_jsonl(path: str | os.PathLike) -> list[tuple[int, dict]]:
     except UnicodeDecodeError as error:
         line = data[: error.start].count(b"\n") + 1
         if data.find(b"\n", error.start) >= 0:  # not in the torn last line: a damaged file
-            raise ValueError(f"{path}:{line}: not UTF-8 text (byte {error.start}); move the file away to regenerate "
-                             f"its images") from None
+            raise ValueError(f"{path}:{line}: not UTF-8 text (byte {error.start}); {_FIX_LINE}") from None
         text = data[: data.rfind(b"\n") + 1].decode("utf-8")
     lines = text.split("\n")[:-1]  # the part after the last newline is incomplete (or empty)
     out = []
@@ -236,12 +235,16 @@ def _numbered_jsonl(path: str | os.PathLike) -> list[tuple[int, dict]]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{number}: not JSON ({error.msg}); move the file away to regenerate its images") from None
+            raise ValueError(f"{path}:{number}: not JSON ({error.msg}); {_FIX_LINE}") from None
         if not isinstance(obj, dict):
-            raise ValueError(f"{path}:{number}: expected a JSON object, got {type(obj).__name__}")
+            raise ValueError(f"{path}:{number}: expected a JSON object, got {type(obj).__name__}; {_FIX_LINE}")
         out.append((number, obj))
     return out
 
+
+#: what a damaged record line's error advises: that line only (moving the file away, as it said
+#: before, regenerated every image the file's other lines record)
+_FIX_LINE = "fix or delete that line (its image is then generated again; the file's other lines are kept)"
 
 #: the fields of a record that resuming and reporting read, and their types
 _RECORD_FIELDS = {"method": str, "seed": int, "prompt_id": str, "image": str, "tensors": str}
@@ -252,12 +255,11 @@ def _check_record_line(record: dict, path: Path, number: int) -> None:
         value = record.get(name)
         if not isinstance(value, kind) or isinstance(value, bool):
             expected = "an integer" if kind is int else "a string"
-            raise ValueError(f"{path}:{number}: {name!r} is {json.dumps(value)}, expected {expected}; fix or delete "
-                             f"that line (its image is then generated again)")
+            raise ValueError(f"{path}:{number}: {name!r} is {json.dumps(value)}, expected {expected}; {_FIX_LINE}")
     for name in ("image", "tensors"):
         parts = Path(record[name]).parts
         if Path(record[name]).is_absolute() or ".." in parts:
-            raise ValueError(f"{path}:{number}: {name!r} is {record[name]!r}, expected a path inside the bench folder")
+            raise ValueError(f"{path}:{number}: {name!r} is {record[name]!r}, expected a path inside the bench folder; {_FIX_LINE}")
 
 
 def repair_tail(path: str | os.PathLike) -> bool:

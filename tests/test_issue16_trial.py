@@ -149,10 +149,26 @@ def test_floor_seed_equal_to_a_run_seed_is_refused(weights, capsys, tmp_path):
     err = cli_error(capsys, "bench", "--weights", weights, "--limit", 1, "--methods", "ar", "--floor-seed", 0,
                     "--out", tmp_path / "b")
     assert "--floor-seed 0 is also a run seed (--seeds 0); the noise floor needs another seed" in err
-    err = cli_error(capsys, "bench", "--weights", weights, "--limit", 1, "--methods", "ar", "--seeds", "0,1",
-                    "--out", tmp_path / "b")  # the default floor, the first seed + 1, is a run seed too
-    assert "seed 1 (first seed + 1) is also a run seed (--seeds 0,1)" in err
     assert not (tmp_path / "b").exists()
+
+
+def test_the_default_floor_seed_skips_run_seeds():
+    """``--seeds 0,1`` was refused (the default floor, the first seed + 1, is a run seed) although a
+    free seed was there to take: the default is now the next seed up that is not a run seed."""
+    import argparse
+
+    from csdgen.cli.bench import _floor
+    from csdgen.cli._options import MAX_SEED
+
+    def floor(seeds, given="auto"):
+        return _floor(argparse.Namespace(seeds=seeds, floor_seed=given))
+
+    assert floor([0]) == 1 and floor([0, 1]) == 2 and floor([5, 6, 7, 9]) == 8 and floor([3, 0]) == 4
+    assert floor([0, 1], "none") is None and floor([0, 1], 7) == 7
+    with pytest.raises(ValueError, match="--floor-seed 1 is also a run seed"):
+        floor([0, 1], 1)
+    with pytest.raises(ValueError, match="none is left"):
+        floor([MAX_SEED])
 
 
 # ---- 5. duplicates in --methods and sweep grids ----------------------------------------------------

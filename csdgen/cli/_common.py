@@ -86,11 +86,24 @@ def fill_defaults(args, defaults: dict, keys=SAMPLING_KEYS) -> None:
 
 
 def sampling_of(args):
-    """The run's :class:`csdgen.SamplingConfig` (validated)."""
+    """The run's :class:`csdgen.SamplingConfig` (validated; a bad value is named by its option,
+    ``--top-p 2.0: ...``, not by the library's argument name).
+
+    Raises:
+        ValueError: a value SamplingConfig refuses, naming the option."""
     from csdgen.sampling import SamplingConfig
 
-    return SamplingConfig(guidance_scale=args.guidance_scale, temperature=args.temperature, top_k=args.top_k,
-                          top_p=args.top_p)
+    try:
+        return SamplingConfig(guidance_scale=args.guidance_scale, temperature=args.temperature, top_k=args.top_k,
+                              top_p=args.top_p)
+    except ValueError as error:
+        text = str(error)
+        for name in ("guidance_scale", "temperature", "top_k", "top_p"):
+            if text.startswith(name + "="):
+                value, _, rest = text[len(name) + 1:].partition(": ")
+                rest = rest.replace("must be None or ", "must be ")  # None is the library's "off"
+                raise ValueError(f"--{name.replace('_', '-')} {value}: {rest}") from None
+        raise
 
 
 def clamp_window(window: int | str, num_tokens: int) -> int | str:

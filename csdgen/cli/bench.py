@@ -48,7 +48,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=opt.seeds, default=[0], metavar="LIST",
                    help=f"run seeds, comma-separated, distinct, each 0..{opt.MAX_SEED}; every method runs at each (default 0)")
     p.add_argument("--floor-seed", type=_floor_seed, default="auto", metavar="S",
-                   help="AR also runs at this seed: the noise floor (default: the first seed + 1; none = no floor)")
+                   help="AR also runs at this seed: the noise floor (default: the first seed + 1, or the next one not in "
+                        "--seeds; none = no floor)")
     opt.add_method_options(p, family_note=True, fixed_window=True, auto=False)
     opt.add_preset(p)
     opt.add_sampling(p, family_note=True)
@@ -241,18 +242,29 @@ def _methods(args, model) -> dict:
 
 
 def _floor(args):
+    """The noise floor's seed: ``--floor-seed``, or by default the first seed above the first run
+    seed that is not a run seed (``--seeds 0,1`` -> 2); None for ``--floor-seed none``.
+
+    Raises:
+        ValueError: no seeds; a given floor seed that is a run seed; no free seed above the first."""
     if not args.seeds:
         raise ValueError("--seeds is empty: give at least one seed, e.g. --seeds 0")
     if args.floor_seed == "none":
         return None
-    if args.floor_seed == "auto" and args.seeds[0] >= opt.MAX_SEED:
-        raise ValueError(f"--seeds {args.seeds[0]}: the noise floor runs AR at the first seed + 1; give --floor-seed S "
-                         f"or none, or a first seed in 0..{opt.MAX_SEED - 1}")
-    floor = args.seeds[0] + 1 if args.floor_seed == "auto" else args.floor_seed
+    if args.floor_seed == "auto":
+        taken = set(args.seeds)
+        floor = args.seeds[0] + 1
+        while floor in taken and floor <= opt.MAX_SEED:
+            floor += 1
+        if floor > opt.MAX_SEED:
+            raise ValueError(f"--seeds {','.join(map(str, args.seeds))}: the noise floor runs AR at the first seed above "
+                             f"the first run seed that is not a run seed, and none is left in 0..{opt.MAX_SEED}; give "
+                             f"--floor-seed S or none")
+        return floor
+    floor = args.floor_seed
     if floor in args.seeds:  # AR at a run seed is the run's own AR: the floor would compare AR with itself
-        given = f"--floor-seed {floor}" if args.floor_seed != "auto" else f"the noise floor's seed {floor} (first seed + 1)"
-        raise ValueError(f"{given} is also a run seed (--seeds {','.join(map(str, args.seeds))}); the noise floor "
-                         f"needs another seed: give --floor-seed S not in --seeds, or none")
+        raise ValueError(f"--floor-seed {floor} is also a run seed (--seeds {','.join(map(str, args.seeds))}); the noise "
+                         f"floor needs another seed: give --floor-seed S not in --seeds, or none")
     return floor
 
 

@@ -243,7 +243,10 @@ def load_inception(path: str | os.PathLike, *, option: str = "--inception-weight
         else:
             state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001 - any unreadable file gets the same one-line error
-        raise ValueError(f"cannot read FID Inception weights {path}: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from None
+        reason = f"{type(error).__name__}: {str(error).splitlines()[0]}" if str(error) else type(error).__name__
+        kind = "a .safetensors file" if path.suffix == ".safetensors" else "a torch .pth file (torch.load)"
+        raise ValueError(f"cannot read FID Inception weights {path}: not readable as {kind} ({reason[:200]}); "
+                         f"{option} takes torch-fidelity's {INCEPTION_FILE}") from None
     model = InceptionFeatures()
     expected = model.state_dict()
     if not isinstance(state, dict):
