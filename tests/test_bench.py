@@ -89,6 +89,9 @@ def test_records_files_and_report(reference):
             assert row[column] != "", (row["method"], column)
     md = (reference / "report.md").read_text()
     assert "## Where the speed comes from" in md and "**csd**" in md
+    # the header's sampling is words, not the SamplingConfig dict (a new user's trial)
+    header = md.split("## Settings")[0]
+    assert "guidance scale " in header and "top-p " in header and "'guidance_scale'" not in header
     assert (reference / "texture.csv").is_file() and (reference / "speed_quality_nll.png").is_file()
 
 

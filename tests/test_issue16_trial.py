@@ -391,3 +391,14 @@ def test_image_indices_given_twice_are_refused(builtin):
     """``image_indices=[3, 3]`` gave two images one random stream (identical images for one condition)."""
     with pytest.raises(ValueError, match="image_indices: index 3 is given twice; allowed: distinct indices"):
         csdgen.generate(builtin, ["red apple", "red apple"], method="sjd", window=4, image_indices=[3, 3])
+
+
+def test_the_reports_sampling_line_is_words():
+    """bench's report header printed ``sampling {'guidance_scale': 3.0, 'temperature': 1.0, ...}``."""
+    from csdgen.cli.bench import sampling_text
+    from csdgen.sampling import SamplingConfig
+
+    assert sampling_text(SamplingConfig(guidance_scale=3.0, top_k=None)) == \
+        "guidance scale 3, temperature 1, top-k none, top-p none"
+    assert sampling_text(SamplingConfig(top_k=100, top_p=0.9, top_n_sigma=2.0)) == \
+        "guidance scale 1, temperature 1, top-k 100, top-p 0.9, top n sigma 2"

@@ -213,6 +213,23 @@ def _fixed_window(args) -> None:
                          "timing (resuming and sharding could change them); give --window W or leave it out (the model's)")
 
 
+def sampling_text(sampling) -> str:
+    """The report's one-line sampling: ``guidance scale 3, temperature 1, top-k none, top-p none``
+    (then any other field set away from its default), not the dataclass's dict."""
+    from csdgen.sampling import SamplingConfig
+
+    def shown(value) -> str:
+        return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+    parts = [f"guidance scale {shown(sampling.guidance_scale)}", f"temperature {shown(sampling.temperature)}",
+             f"top-k {shown(sampling.top_k)}", f"top-p {shown(sampling.top_p)}"]
+    default = SamplingConfig()
+    for name in ("guidance_schedule", "top_n_sigma", "top_n_sigma_centered"):
+        if getattr(sampling, name) != getattr(default, name):
+            parts.append(f"{name.replace('_', ' ')} {shown(getattr(sampling, name))}")
+    return ", ".join(parts)
+
+
 def _method_settings(args, sampling) -> dict:
     settings = {"window": args.window, "sampling": asdict(sampling), "lam": args.lam, "delta": args.delta,
                 "addition_c": args.addition_c, "entropy_unit": args.entropy_unit, "draft_init": args.draft_init}
@@ -358,7 +375,7 @@ def execute(args, adjust=None, title: str = "csdgen bench"):
         if rank != 0:
             return None
         notes = [f"machine: {bench.machine()}; {world} process{'es' if world > 1 else ''}; batch size 1; "
-                 f"window {plan.window}; sampling {asdict(plan.sampling)}",
+                 f"window {plan.window}; {sampling_text(plan.sampling)}",
                  f"model: {plan.settings['model']}; prompts: {args.prompts or plan.settings['prompts']}, {len(plan.prompts)} from index "
                  f"{plan.indices[0]}; methods: {', '.join(plan.methods)}; seeds: {', '.join(map(str, plan.seeds))}"
                  + ("" if plan.floor_seed is None else f"; noise floor: ar at seed {plan.floor_seed}")]
