@@ -127,8 +127,8 @@ class _AutoWindow:
 
     Several images decoding together end with the slowest: where ``rows > 1`` the drafts E(W)
     counts (``E(W) - 1``) are scaled by the laggard's accepted drafts per forward over the batch's
-    mean (``lag``, :meth:`laggard_ratio`, from the committed lengths the loop already has on the
-    host), so a width that raises the mean while the laggard keeps its pace is not chosen (SJD at
+    mean, each plus :attr:`LAG_PRIOR` (``lag``, :meth:`laggard_ratio`, from the committed lengths
+    the loop already has on the host), so a width that raises the mean while the laggard keeps its pace is not chosen (SJD at
     batch 16 held width 8 on a mean-rate tie with width 1 and took 140 forwards where AR takes 256
     and the mean image 113: 9.25 s against AR's 8.03).
 
