@@ -116,7 +116,7 @@ def _force_widths(monkeypatch, widths):
     from csdgen.engine.window import _AutoWindow
 
     cycle = iter(widths * 100)
-    monkeypatch.setattr(_AutoWindow, "choose", lambda self, limit, rows=1: min(next(cycle), limit))
+    monkeypatch.setattr(_AutoWindow, "choose", lambda self, limit, rows=1, lag=1.0: min(next(cycle), limit))
 
 
 #: widths 5, 1, 3: the first forward drafts positions 1-4, the 1-wide one tests none, the 3-wide
