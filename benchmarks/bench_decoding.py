@@ -13,8 +13,9 @@ once a forward of width W costs ``t(W)/t(1)`` forwards of width 1 (``t`` measure
 of the same model and batch, median of ``--timing-repeats``). ``auto`` also gets its mean width.
 
 Methods and batch sizes are interleaved (every repeat runs each (batch, method) pair once, in
-turn), so a machine shared with other jobs slows all of them alike; the figures are means over
-repeats. The last columns time :func:`csdgen.engine.verify` as it runs inside the loop
+turn, every other repeat in reverse order), so a machine shared with other jobs slows all of them
+alike; the figures are means over repeats. ``--methods CSD`` runs AR and CSD only (a cell checked
+over many rounds costs a third less). The last columns time :func:`csdgen.engine.verify` as it runs inside the loop
 (``generate(profile=True)``, a separate run: profiling adds syncs): its share of an iteration.
 
 **The goal of ``window="auto"``** (issue 16): never more than 3 % behind the better of AR and
@@ -148,6 +149,17 @@ def _batch_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r}: {error} per batch size, comma-separated (e.g. 1,2,16)") from None
 
 
+def _method_list(text: str) -> list[str]:
+    """An argparse type: comma-separated speculative methods (SJD, CSD; any case), each once."""
+    names = [part.strip().upper() for part in text.split(",")]
+    allowed = [name for name in METHODS if name != "AR"]
+    bad = [name for name in names if name not in allowed]
+    if bad or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed {', '.join(allowed)}, comma-separated, each once "
+                                         f"(AR always runs: it is what auto is measured against)")
+    return names
+
+
 def _tolerance(text: str) -> float:
     try:
         value = float(text)
@@ -167,6 +179,8 @@ def main() -> None:
                         help="interleaved rounds (seeds); the paired interval needs at least 2")
     parser.add_argument("--tolerance", type=_tolerance, default=0.03,
                         help="how far auto may be behind the better of AR and the fixed window (default 0.03 = 3 %%)")
+    parser.add_argument("--methods", type=_method_list, default=["SJD", "CSD"],
+                        help="speculative methods to run at the fixed window and at auto (default SJD,CSD; AR always runs)")
     parser.add_argument("--timing-repeats", type=count(1), default=5)
     parser.add_argument("--no-profile", action="store_true", help="skip the verify-share runs")
     args = parser.parse_args()
@@ -174,10 +188,11 @@ def main() -> None:
     batches = args.batches
     defaults = model.defaults
     sampling = SamplingConfig(guidance_scale=defaults.guidance_scale if defaults else 3.0)
-    runs = [("AR", 1)] + [(name, w) for name in ("SJD", "CSD") for w in (args.window, "auto")]
+    methods = args.methods
+    runs = [("AR", 1)] + [(name, w) for name in methods for w in (args.window, "auto")]
     print(f"model: {description}; N={model.num_image_tokens}, V={model.codebook_size}; guidance {sampling.guidance_scale}; "
-          f"batches {batches}; window {args.window} and auto; {args.repeats} interleaved "
-          f"round{'s' if args.repeats != 1 else ''}; engine auto (the static session where the model has one; "
+          f"batches {batches}; {', '.join(methods)} at window {args.window} and auto; {args.repeats} interleaved "
+          f"round{'s' if args.repeats != 1 else ''} (every other round in reverse order); engine auto (the static session where the model has one; "
           f"widths below a bucket's top in the logs are windows cut by the image end); "
           f"torch threads {torch.get_num_threads()}; device {model.device}")
 
@@ -189,11 +204,13 @@ def main() -> None:
     cells = []
     verdicts: list[str] = []
     for round_ in range(args.repeats):
-        for batch in batches:
-            for name, window in runs:
-                out = csdgen.generate(model, classes(batch), window=window, sampling=sampling, seed=round_,
-                                      image_indices=[round_ * 1000 + i for i in range(batch)], **METHODS[name])
-                results.setdefault((batch, name, window), []).append(out)
+        # every other round runs its cells in reverse order, so a drift within a round (the machine
+        # warming up or another job starting) does not always fall on the same method
+        order = [(batch, run) for batch in batches for run in runs]
+        for batch, (name, window) in order if round_ % 2 == 0 else reversed(order):
+            out = csdgen.generate(model, classes(batch), window=window, sampling=sampling, seed=round_,
+                                  image_indices=[round_ * 1000 + i for i in range(batch)], **METHODS[name])
+            results.setdefault((batch, name, window), []).append(out)
     for batch in batches:
         times = forward_times(model, batch, [1, args.window], sampling, args.timing_repeats)
         ratio = times[args.window] / times[1]
@@ -212,7 +229,7 @@ def main() -> None:
             mean_w = f"{statistics.mean(widths):7.1f}" if window == "auto" else f"{'':7}"
             print(f"{name:10} {str(window):>6} {steps:7.1f} {compression:11.2f} {seconds:8.2f} {ar_seconds / seconds:8.2f}x "
                   f"{limit} {mean_w}")
-        for name in ("SJD", "CSD"):
+        for name in methods:
             auto_s = statistics.mean(o.seconds for o in results[(batch, name, "auto")])
             fixed_s = statistics.mean(o.seconds for o in results[(batch, name, args.window)])
             met, gap, best = goal(auto_s, ar_seconds, fixed_s, args.tolerance)
@@ -237,7 +254,7 @@ def main() -> None:
     print("\nwidth chooser's check (auto runs, all rounds): per chosen width, predicted / measured tokens per image and "
           "forward, ms per iteration, tokens per second")
     for batch in batches:
-        for name in ("SJD", "CSD"):
+        for name in methods:
             log = merged_log(results[(batch, name, "auto")])
             parts = []
             for width, e in log.items():
@@ -247,7 +264,7 @@ def main() -> None:
                              f"{1e3 * e['predicted_seconds']:.1f}/{1e3 * e['measured_seconds']:.1f} ms, "
                              f"{pred_rate:.0f}/{meas_rate:.0f} tok/s")
             print(f"  batch {batch:3} {name}: " + ("; ".join(parts) if parts else "(no choices logged)"))
-    if 1 in batches:
+    if 1 in batches and "CSD" in methods:
         print(f"\nCSD, window {args.window}: the images run alone at batch 1 (index r*1000, class 0) inside larger batches:")
         alone_runs = results[(1, "CSD", args.window)]
         alone = [o.images[0] for o in alone_runs]

@@ -43,10 +43,13 @@ def test_bench_decoding_pairs_rounds_and_says_when_three_percent_is_not_told_apa
 def test_bench_decoding_reduced_run_prints_the_goal_lines():
     run = subprocess.run(
         [sys.executable, "benchmarks/bench_decoding.py", "--batches", "1", "--repeats", "2", "--timing-repeats", "1",
-         "--no-profile"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+         "--no-profile", "--methods", "csd"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     goals = [line for line in run.stdout.splitlines() if line.startswith("goal ") and " batch 1:" in line]
-    assert len(goals) == 2 and all("paired gaps" in line and "(95 %)" in line for line in goals), run.stdout
+    # --methods csd: AR and CSD run, SJD does not
+    assert [line.split()[1] for line in goals] == ["CSD"], run.stdout
+    assert all("paired gaps" in line and "(95 %)" in line for line in goals), run.stdout
+    assert "CSD at window 32 and auto" in run.stdout and "\nSJD " not in run.stdout
     assert "cells by the means; by the paired intervals:" in run.stdout and "width chooser's check" in run.stdout
 
 
@@ -60,7 +63,9 @@ def test_bench_decoding_refuses_bad_arguments_in_one_line():
                        (["--batches", "1,x"], "--batches: '1,x': 'x': expected an integer in 1.."),
                        (["--window", "0"], "--window: 0: must be an integer >= 2"),
                        (["--timing-repeats", "0"], "--timing-repeats: 0: must be an integer >= 1"),
-                       (["--tolerance", "-1"], "--tolerance: '-1': allowed a fraction in [0, 1)")):
+                       (["--tolerance", "-1"], "--tolerance: '-1': allowed a fraction in [0, 1)"),
+                       (["--methods", "ar"], "--methods: 'ar': allowed SJD, CSD, comma-separated, each once"),
+                       (["--methods", "csd,CSD"], "--methods: 'csd,CSD': allowed SJD, CSD, comma-separated, each once")):
         run = subprocess.run([sys.executable, "benchmarks/bench_decoding.py", *args], cwd=ROOT, capture_output=True,
                              text=True, timeout=120)
         assert run.returncode == 2 and "Traceback" not in run.stderr, (args, run.stderr)
