@@ -913,6 +913,66 @@ def test_auto_window_behind_window_32_a_batch_is_priced_at_its_slowest_images_pa
     assert ratio(torch.tensor([6, 9]), 6) == pytest.approx(k / (1.5 + k)) and ratio(torch.tensor([6, 9]), 6) > 0.9
 
 
+def test_auto_window_behind_window_32_a_batchs_near_tie_goes_to_width_1():
+    """At batch 16 on the built-in model (CSD, 30 rounds) auto ran width 4, predicted 5-10 % ahead of
+    width 1 after the laggard discount, and the batch took 3 % more time than AR: the batch ended at a
+    laggard ratio of 0.78 where 0.85 was priced. Where several images decode together, width 1 is
+    chosen while its rate is within BATCH_AR_MARGIN of the best (held width or not); a clear gain is
+    still taken, and one image alone is priced as before."""
+    import numpy as np
+
+    def rates_with(ratio_4_to_1, rows, held=None):
+        # width 1 takes 30 ms; width 4's time is set so that its rate is ratio_4_to_1 times width 1's
+        auto = _chooser(BUILTIN_CSD_COUNTS[8], rows=rows, times={1: 0.030})
+        auto.buckets = (1, 2, 4, 8, 16, 32)  # the static engine's: a width costs its bucket's time
+        tokens = auto.expected_tokens()
+        auto.learned.times[rows] = {1: 0.030, 2: 0.060 * tokens[1], 4: 0.030 * tokens[3] / ratio_4_to_1, 8: 1.0, 16: 2.0,
+                                    32: 4.0}
+        auto.count, auto._held = 1, held
+        rate = tokens / auto.cost(rows)
+        assert rate[3] == pytest.approx(ratio_4_to_1 * rate[0]) and rate.argmax() == 3
+        return auto
+
+    from csdgen.engine.window import _AutoWindow
+
+    margin = _AutoWindow.BATCH_AR_MARGIN
+    assert 0 < margin < 0.2
+    near = 1 / (1 - margin) - 0.02  # width 4 ahead of width 1, but by less than the margin
+    assert rates_with(near, 16).choose(255, rows=16) == 1
+    assert rates_with(near, 16, held=4).choose(255, rows=16) == 1  # the held width does not keep a near tie
+    assert rates_with(near, 1).choose(255, rows=1) == 4  # one image: the best rate wins
+    assert rates_with(1.5, 16).choose(255, rows=16) == 4  # a clear gain is taken in a batch too
+
+
+def test_auto_window_behind_window_32_a_batch_starts_at_the_laggard_ratio_the_last_one_ended_with(cached_model):
+    """A batch's first iterations have no laggard yet (no draft accepted): they were priced as if
+    every image kept pace (ratio 1), and at batch 16 CSD's first 12 iterations of a batch ran 8 wide
+    (4 % of the batch) where the batch before had ended at ratio 0.63. The ratio a batch had while all
+    its images decoded is the prior of the next batch of its size (pooled with LAG_PRIOR drafts);
+    other sizes and the first batch start at 1."""
+    from csdgen.engine.window import _AutoWindow, _Learned, _shared_state
+
+    learned = _Learned()
+    first = _AutoWindow(32, learned)
+    k = first.LAG_PRIOR
+    assert first.laggard_ratio(torch.tensor([6, 6, 6]), 6) == 1.0  # first batch of 3: no prior yet
+    assert first.laggard_ratio(torch.tensor([10, 14, 18]), 6) == pytest.approx((4 + k) / (8 + k))
+    first.laggard_ratio(torch.tensor([106, 146]), 6)  # an image left: not the batch's ratio any more
+    first.finish()
+    assert learned.lag == {3: pytest.approx((4 + k) / (8 + k))}
+    prior = learned.lag[3]
+    second = _AutoWindow(32, learned)
+    assert second.laggard_ratio(torch.tensor([6, 6, 6]), 6) == pytest.approx(prior)  # starts where the last ended
+    assert second.laggard_ratio(torch.tensor([10, 14, 18]), 6) == pytest.approx((4 + prior * k) / (8 + k))
+    other = _AutoWindow(32, learned)
+    assert other.laggard_ratio(torch.tensor([6, 6]), 6) == 1.0  # another batch size: no prior
+    # a whole generate call records it under the model's shared state, continuous batching does not
+    sampling = SamplingConfig(guidance_scale=2.0)
+    csdgen.generate(cached_model, [0, 1, 2, 3], method="sjd", window="auto", sampling=sampling, seed=0)
+    state = _shared_state(cached_model, (True, None, "auto", None), ("sjd", "[]", "uniform", "coupled", repr(sampling), None))
+    assert set(state.lag) <= {4}
+
+
 def test_auto_window_behind_window_32_continuous_batching_is_not_priced_by_a_laggard(cached_model):
     """Continuous batching admits images at different steps, so its batch has no slowest image to
     end with; its loop does not pass a laggard ratio."""

@@ -152,6 +152,8 @@ class _Loop:
             self._notify(session)
         _synchronize(dev)
         seconds = time.perf_counter() - began
+        if self.auto is not None:
+            self.auto.finish()
         settings = {**settings, "engine": getattr(session, "engine", "eager"),
                     "compile": bool(getattr(session, "compile", False))}
         return GenerationResult(self.tokens[:, :N].clone(), self._image_stats(), self.steps, seconds, settings,

@@ -53,14 +53,18 @@ class _Learned:
         every: active images -> iterations between exploration turns (:attr:`_AutoWindow.EXPLORE_EVERY`
             doubled after every turn that left the held width where it was, up to
             :attr:`_AutoWindow.EXPLORE_EVERY_MAX`); shared like the counts and the times together.
+        lag: batch size -> the laggard ratio the last batch of that size ended with (while all its
+            images were decoding), the prior of the next one's (:meth:`_AutoWindow.laggard_ratio`);
+            shared like ``every``.
     """
 
     times: dict[int, dict[int, float]] = field(default_factory=dict)
     counts: _Counts = field(default_factory=_Counts)
     every: dict[int, int] = field(default_factory=dict)
+    lag: dict[int, float] = field(default_factory=dict)
 
 
-#: model -> {"times": {key: dict}, "counts": {key: _Counts}, "every": {key: dict}}; an entry goes with its model
+#: model -> {"times": {key: dict}, "counts": {key: _Counts}, "every": {key: dict}, "lag": {key: dict}}; an entry goes with its model
 _STATES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
@@ -69,11 +73,12 @@ def _shared_state(model, time_key: tuple, count_key: tuple) -> _Learned:
     ``count_key`` (rule, drafting, sampling, tree); created on first use. A model that cannot be
     weakly referenced gets a fresh state every call."""
     try:
-        per_model = _STATES.setdefault(model, {"times": {}, "counts": {}, "every": {}})
+        per_model = _STATES.setdefault(model, {"times": {}, "counts": {}, "every": {}, "lag": {}})
     except TypeError:
         return _Learned()
     return _Learned(per_model["times"].setdefault(time_key, {}), per_model["counts"].setdefault(count_key, _Counts()),
-                    per_model["every"].setdefault((time_key, count_key), {}))
+                    per_model["every"].setdefault((time_key, count_key), {}),
+                    per_model["lag"].setdefault((time_key, count_key), {}))
 
 
 class _AutoWindow:
@@ -127,10 +132,14 @@ class _AutoWindow:
 
     Several images decoding together end with the slowest: where ``rows > 1`` the drafts E(W)
     counts (``E(W) - 1``) are scaled by the laggard's accepted drafts per forward over the batch's
-    mean, each plus :attr:`LAG_PRIOR` (``lag``, :meth:`laggard_ratio`, from the committed lengths
-    the loop already has on the host), so a width that raises the mean while the laggard keeps its pace is not chosen (SJD at
+    mean, each plus :attr:`LAG_PRIOR` drafts at the ratio the last batch of the same size ended
+    with (``lag``, :meth:`laggard_ratio`, from the committed lengths the loop already has on the
+    host), so a width that raises the mean while the laggard keeps its pace is not chosen (SJD at
     batch 16 held width 8 on a mean-rate tie with width 1 and took 140 forwards where AR takes 256
     and the mean image 113: 9.25 s against AR's 8.03).
+
+    Where ``rows > 1``, width 1 is kept while its rate is within :attr:`BATCH_AR_MARGIN` of the
+    best (a batch's near ties go to AR, whose rate is known).
 
     Where the image end cuts the held width, the window takes the whole rest of the image (its
     drafts were refined by the wider forwards before; E(W)'s steady-state ages would call them fresh).
@@ -195,6 +204,12 @@ class _AutoWindow:
     #: slowest image took 140 forwards against the mean's 113: the batch took 9.25 s against AR's 8.03)
     LAG_WEIGHT = 1.0
     LAG_PRIOR = 16.0  # drafts added to the laggard's and the mean's count (:meth:`laggard_ratio`)
+    #: where several images decode together, width 1 is chosen while its rate is within this fraction
+    #: of the best: its rate is known (one token per image and forward, every image in step), a wider
+    #: width's is a prediction that the batch's tail makes optimistic. At batch 16 on the built-in
+    #: model (CSD, 30 rounds) the batch ended at a laggard ratio of 0.78 where 0.85 was priced, so
+    #: width 4, predicted 5-10 % ahead of width 1, took 150.7 forwards and 3 % more time than AR
+    BATCH_AR_MARGIN = 0.10
     OPTIMISM = 0.9  # pass rate assumed at depths deeper than any seen (an untried wide window gets tried)
     ITERATIONS = 12  # fixed-point iterations for E(W)
     REFRESH_EVERY = 4  # iterations between recomputations of E(W) while the counts change (it costs ~0.8 ms)
@@ -217,6 +232,8 @@ class _AutoWindow:
         self._last_turn = 0  # the iteration of the last exploration turn
         self._turns = 0  # exploration turns so far (odd: up, even: down)
         self._held_at_turn: int | None = None  # the width held at the last turn (EXPLORE_EVERY_MAX)
+        self._batch: int | None = None  # images at the first laggard_ratio call (the batch's size)
+        self._lag_full: float | None = None  # the last laggard ratio while all of them were decoding
 
     def bucket(self, width: int) -> int:
         """The width a window of ``width`` slots costs (itself without buckets)."""
@@ -363,6 +380,8 @@ class _AutoWindow:
         held = self._held
         if held is not None and held <= limit and rate[held - 1] >= (1 - self.SWITCH_MARGIN) * rate[best - 1]:
             best = held
+        if rows > 1 and rate[0] >= (1 - self.BATCH_AR_MARGIN) * rate.max():
+            best = 1  # a near tie in a batch goes to width 1 (BATCH_AR_MARGIN)
         self._held = choice = best
         thin = self.learned.counts.reached.sum() < self.THIN_COUNTS
         every = self.EXPLORE_EVERY_EARLY if thin else self.learned.every.get(rows, self.EXPLORE_EVERY)
@@ -398,21 +417,37 @@ class _AutoWindow:
         self._pending = (choice, float(tokens[choice - 1]), float(seconds[choice - 1]))
         return choice
 
-    @staticmethod
-    def laggard_ratio(committed: torch.Tensor, forwards: int) -> float:
+    def laggard_ratio(self, committed: torch.Tensor, forwards: int) -> float:
         """Drafts accepted per forward by the image furthest behind over the mean of the batch.
 
         ``committed``: ``[A]`` int64 CPU, tokens committed per image still decoding; ``forwards``:
         the forwards each of them has had (prefill included, so each committed at least that many).
-        Returns a float in 0 .. 1 (both counts plus :attr:`LAG_PRIOR`), 1 where no draft has been
-        accepted yet or ``A < 2``."""
+        Returns a float in 0 .. 1: both counts plus :attr:`LAG_PRIOR` drafts at the prior ratio
+        (the one the last batch of this size ended with, :meth:`finish`; 1 for the first), so 1
+        for the first batch where no draft has been accepted yet, and 1 where ``A < 2``. The first
+        call fixes the batch's size; calls while all its images decode are remembered for :meth:`finish`."""
+        if self._batch is None:
+            self._batch = committed.numel()
         if committed.numel() < 2:
             return 1.0
+        prior = self.learned.lag.get(self._batch, 1.0) * self.LAG_PRIOR
         accepted = (committed.double() - forwards).clamp(min=0)
         # both counts get LAG_PRIOR drafts: a ratio of a few drafts is noise, and a ratio of 0 (one
         # image has accepted nothing yet) made width 1 win, after which no count moves (at batch 2
-        # SJD then ran width 1 for 40 % of its iterations, 8 rounds: +2.6 % behind window 32, CSD +7.4 %)
-        return (float(accepted.min()) + _AutoWindow.LAG_PRIOR) / (float(accepted.mean()) + _AutoWindow.LAG_PRIOR)
+        # SJD then ran width 1 for 40 % of its iterations, 8 rounds: +2.6 % behind window 32, CSD +7.4 %);
+        # at the ratio the last batch of this size ended with: a batch's first iterations are priced by
+        # what such batches did, not as if its images kept pace (at batch 16, CSD's first 12 iterations
+        # of a batch ran 8 wide at ratio 0.77-0.88 and cost 4 % of the batch; the last batch ended at 0.63)
+        ratio = (float(accepted.min()) + prior) / (float(accepted.mean()) + self.LAG_PRIOR)
+        if committed.numel() == self._batch:
+            self._lag_full = ratio
+        return ratio
+
+    def finish(self) -> None:
+        """The batch is done: the laggard ratio it had while all its images decoded becomes the prior
+        of the next batch of its size (:attr:`_Learned.lag`; nothing where no ratio was taken)."""
+        if self._lag_full is not None and self._batch is not None:
+            self.learned.lag[self._batch] = self._lag_full
 
     def _warm_stops(self, rows: int) -> bool:
         """Whether the warm-up ends before its next (wider) width: the last width it measured
