@@ -188,13 +188,18 @@ def test_help_returns_within_a_generous_bound():
 
 def test_cli_choices_equal_the_engines():
     from csdgen.decoding import METHODS
-    from csdgen.drafting import DRAFT_INITS, REFRESH_MODES
+    from csdgen.drafting import DRAFT_INITS, ONE_HOT_INITS, REFRESH_MODES
+    from csdgen.engine.methods import _resolve_method
     from csdgen.evaluation.compare import method_presets
     from csdgen.models.defaults import FAMILY_DEFAULTS
 
     import torch
 
     assert _options.METHODS == METHODS and _options.DRAFT_INITS == DRAFT_INITS and _options.REFRESH_MODES == REFRESH_MODES
+    assert _options.ONE_HOT_INITS == ONE_HOT_INITS
+    model = load_builtin_model()
+    for name in METHODS:  # the table the command line reads without torch says what each rule needs
+        assert _options.method_draft_init(name) == _resolve_method(name, model, {})[0].draft_init, name
     assert list(method_presets(codebook=torch.zeros(4, 2))) == list(cli.compare.COMPARE_METHODS)
     assert _options.family_defaults("builtin") == FAMILY_DEFAULTS["builtin"]
     assert _options.builtin_class_names() == load_builtin_model().class_names

@@ -54,16 +54,56 @@ def writable(folder: Path) -> Path:
 
 def apply_preset(args) -> None:
     """``--preset NAME``: fill every option the user left out (None) from the preset (``csdgen.models.defaults.PRESETS``);
-    then ``--refresh`` left out takes the method's default (``METHOD_REFRESH``)."""
-    from ._options import method_refresh, presets
+    then ``--refresh`` left out takes the method's default (``METHOD_REFRESH``).
 
+    A preset's draft initialisation is not given to a method whose rule needs its own (GSD, LANTERN:
+    one-hot drafts), as ``generate(preset=...)`` does; ``args.draft_init_given`` records whether
+    ``--draft-init`` itself was given (:func:`check_draft_init`)."""
+    from ._options import method_draft_init, method_refresh, presets
+
+    if hasattr(args, "draft_init"):
+        args.draft_init_given = args.draft_init is not None
     name = getattr(args, "preset", None)
     if name is not None:
         for key, value in presets()[name].items():
+            if key == "draft_init" and method_draft_init(getattr(args, "method", None) or "") is not None:
+                continue
             if hasattr(args, key) and getattr(args, key) is None:
                 setattr(args, key, value)
     if hasattr(args, "refresh") and args.refresh is None and hasattr(args, "method"):
         args.refresh = method_refresh(args.method)
+    if isinstance(getattr(args, "method", None), str):
+        check_draft_init(args, [args.method], chosen=True, option="--method")
+
+
+def check_draft_init(args, names: list[str], chosen: bool, option: str = "--methods") -> None:
+    """``--draft-init`` given against the methods ``names`` (``generate``'s ``--method``, ``compare`` /
+    ``bench``'s ``--methods``): where a method's rule needs other drafts (GSD and LANTERN: one-hot), a
+    method the user named (``chosen``) is refused; one run only because it is in the default set of
+    methods runs with the drafts its rule needs, and a note says so.
+
+    Raises:
+        ValueError: naming the option, the method and the allowed initialisations.
+    """
+    from ._options import ONE_HOT_INITS, method_draft_init
+
+    given = getattr(args, "draft_init", None)
+    if given is None or not getattr(args, "draft_init_given", True):
+        return
+    clash = {}
+    for name in names:
+        needed = method_draft_init(name)
+        allowed = ONE_HOT_INITS if needed == "onehot" else (needed,)
+        if needed is not None and given not in allowed:
+            clash[name] = (needed, allowed)
+    if not clash:
+        return
+    if chosen:
+        name, (needed, allowed) = next(iter(clash.items()))
+        raise ValueError(f"--draft-init {given} conflicts with {option} {name}, whose rule needs {needed} drafts; "
+                         f"allowed with it: {', '.join(allowed)} (or leave --draft-init out)")
+    note(f"--draft-init {given} is not used by {', '.join(clash)}: their rules need "
+         f"{', '.join(sorted({n for n, _ in clash.values()}))} drafts, and run with them")
 
 
 def model_defaults(model, family: str) -> dict:

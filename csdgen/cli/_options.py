@@ -17,6 +17,7 @@ from pathlib import Path
 
 METHODS = ("ar", "sjd", "csd", "addition", "jacobi", "gsd", "lantern")
 DRAFT_INITS = ("uniform", "onehot", "repeat-horizontal", "repeat-vertical")
+ONE_HOT_INITS = ("onehot", "repeat-horizontal", "repeat-vertical")  # csdgen.drafting.ONE_HOT_INITS
 REFRESH_MODES = ("independent", "coupled")
 ENTROPY_UNITS = ("nats", "normalized")
 GUIDANCE_SCHEDULES = ("family", "constant")
@@ -82,6 +83,12 @@ def method_refresh(method: str) -> str:
 def presets() -> dict:
     """``csdgen.models.defaults.PRESETS`` without importing torch."""
     return _defaults_module().PRESETS
+
+
+def method_draft_init(method: str) -> str | None:
+    """The draft initialisation ``method``'s rule needs (``csdgen.models.defaults.METHOD_DRAFT_INIT``;
+    None: any) without importing torch."""
+    return _defaults_module().METHOD_DRAFT_INIT.get(method)
 
 
 # ---- argument types (their names appear in argparse's messages, so each raises its own line) ----

@@ -17,7 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from . import _options as opt
-from ._common import clamp_window, fill_defaults, model_defaults, note, sampling_of, writable
+from ._common import check_draft_init, clamp_window, fill_defaults, model_defaults, note, sampling_of, writable
 from ._options import COMPARE_METHODS
 
 #: the built-in model's default number of prompts (its classes spread over the categories)
@@ -248,8 +248,10 @@ def _methods(args, model) -> dict:
     presets = method_presets(args.lam, args.delta, args.addition_c, optional_codebook(model),
                              entropy_unit=args.entropy_unit, draft_init=args.draft_init)
     if args.methods is None:  # every method this model has (compare's default)
+        check_draft_init(args, list(presets), chosen=False)
         return {n: {**preset, **opt.engine_kwargs(args)} for n, preset in presets.items()}
     names = args.methods if "ar" in args.methods else ["ar", *args.methods]
+    check_draft_init(args, names, chosen=True)
     missing = [n for n in names if n not in presets]
     if missing:
         model.codebook_embeddings()  # a model that has a codebook but cannot give it says why (CodebookUnavailable)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 
 from . import _options as opt
-from ._common import builtin_model, sampling_of, writable
+from ._common import builtin_model, check_draft_init, sampling_of, writable
 from ._options import COMPARE_METHODS
 
 
@@ -82,6 +82,7 @@ def run(args) -> int:
                              entropy_unit=args.entropy_unit, draft_init=args.draft_init)
     out = writable(args.out)
     names = args.methods or list(presets)
+    check_draft_init(args, names, chosen=args.methods is not None)
     if "ar" not in names:
         names = ["ar"] + names
     if args.seed >= MAX_SEED:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["FamilyDefaults", "FAMILY_DEFAULTS", "family_defaults", "METHOD_REFRESH", "PRESETS", "method_refresh"]
+__all__ = ["FamilyDefaults", "FAMILY_DEFAULTS", "family_defaults", "METHOD_DRAFT_INIT", "METHOD_REFRESH", "PRESETS",
+           "method_refresh"]
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,16 @@ METHOD_REFRESH: dict[str, str] = {
 #: delta 0.65 (the CSD reference values; /work/shared/docs/algorithms.md, "CSD").
 PRESETS: dict[str, dict] = {
     "paper": {"refresh": "independent", "draft_init": "uniform", "window": 16, "lam": 0.5, "delta": 0.65},
+}
+
+
+#: The draft initialisation a method's rule needs (its ``AcceptanceRule.draft_init``; absent: any), written
+#: here so that the command line knows it without importing torch (a test checks it against the rules).
+#: A preset's ``draft_init`` is not applied to these methods: ``--preset paper --method gsd`` runs
+#: GSD with one-hot drafts, as ``generate(preset="paper", method="gsd")`` does.
+METHOD_DRAFT_INIT: dict[str, str] = {
+    "gsd": "onehot",
+    "lantern": "onehot",
 }
 
 
