@@ -298,7 +298,7 @@ class GSD(AcceptanceRule):
 
     Args:
         codebook: ``[V, D]`` codebook vectors (``model.codebook_embeddings()``).
-        radius: rank radius (the "group size" parameter), >= 0.
+        radius: rank radius (the "group size" parameter), 0 .. V - 1.
         prob_gap: maximal ``|q(x') - q(x)|``, > 0.
         max_distance: maximal squared codebook distance, > 0.
 
@@ -316,6 +316,9 @@ class GSD(AcceptanceRule):
         if not prob_gap > 0 or not max_distance > 0:
             raise ValueError(f"prob_gap={prob_gap!r}, max_distance={max_distance!r}: both must be > 0")
         self.codebook = _codebook(codebook, "gsd")
+        V = self.codebook.shape[0]
+        if radius > V - 1:  # a rank radius of V - 1 already spans every rank; a larger one only costs time
+            raise ValueError(f"radius={radius}: the GSD rank radius must be 0..{V - 1} (the codebook has V={V} tokens)")
         self.radius, self.prob_gap, self.max_distance = radius, float(prob_gap), float(max_distance)
 
     def acceptance_probability(self, draft_tokens, draft_probs, target_probs, target_sample):

@@ -56,3 +56,20 @@ def test_compare_default_methods_with_draft_init_uniform_notes_gsd_and_lantern_r
     assert "--draft-init uniform is not used by gsd, lantern" in err, err
     for name, init in (("gsd", "onehot"), ("lantern", "onehot"), ("sjd", "uniform"), ("csd", "uniform")):
         assert json.loads((out / f"run_{name}.json").read_text())["settings"]["draft_init"] == init, name
+
+
+# ---- F2: sweep --gsd-radius had no upper bound -------------------------------------------------
+
+
+def test_sweep_gsd_radius_above_the_codebook_is_refused_naming_the_option(weights, tmp_path, capsys):
+    import torch
+
+    from csdgen.acceptance import GSD
+
+    err = cli_error(capsys, "sweep", "--weights", weights, "-n", 2, "--gsd-radius", "3,100000", "--out", tmp_path / "s")
+    assert "--gsd-radius 100000" in err and "0..1023" in err, err
+    assert not (tmp_path / "s").exists()  # refused before anything ran
+    codebook = torch.randn(16, 4)
+    assert GSD(codebook, radius=15).radius == 15  # V - 1 spans every rank
+    with pytest.raises(ValueError, match=r"radius=16: the GSD rank radius must be 0\.\.15"):
+        GSD(codebook, radius=16)
