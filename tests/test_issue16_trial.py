@@ -55,7 +55,9 @@ def error_of(response: httpx.Response) -> dict:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_shutdown_while_a_request_runs_answers_503_server_shutting_down(cached_model, caplog, stream):
+def test_shutdown_while_a_request_runs_answers_503_unavailable_with_retry_after(cached_model, caplog, stream):
+    """(The second trial, F6: the code was ``server_shutting_down`` without ``Retry-After``, where
+    README and docs/serve.md promise ``unavailable`` with ``Retry-After`` for every 503.)"""
     model = slow_model(cached_model, delay=0.05)
     app = create_app(ServedModel(model, "slow", defaults=ServeDefaults(method="ar")), capacity=4)
     server = BackgroundServer(app).__enter__()
@@ -82,10 +84,10 @@ def test_shutdown_while_a_request_runs_answers_503_server_shutting_down(cached_m
     if stream:
         error = json.loads(answer["events"][-1][len("data: "):])["error"]
     else:
-        assert answer["r"].status_code == 503
+        assert answer["r"].status_code == 503 and int(answer["r"].headers["retry-after"]) >= 1
         error = error_of(answer["r"])
     assert "server shutting down" in error["message"] and error["type"] == "server_error"
-    assert error["code"] == "server_shutting_down"
+    assert error["code"] == "unavailable"
     logged = "\n".join(f"{r.getMessage()} {r.exc_text or ''}" for r in caplog.records)
     assert "CancelledError" not in logged and "Traceback" not in logged and "Cancel " not in logged, logged
 
@@ -116,8 +118,8 @@ def test_shutdown_while_a_request_runs_a_cancelled_handler_answers_503_not_a_tra
             app.state.scheduler.stop()
 
     response = asyncio.run(main())
-    assert response.status_code == 503
-    assert json.loads(response.body)["error"]["code"] == "server_shutting_down"
+    assert response.status_code == 503 and int(response.headers["retry-after"]) >= 1
+    assert json.loads(response.body)["error"]["code"] == "unavailable"
 
 
 # ---- 2. a str for conditions ------------------------------------------------------------------

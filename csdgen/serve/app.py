@@ -202,8 +202,10 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
     app.state.shutting_down = shutting_down
 
     def shutdown_error() -> APIError:
+        # the code and header of every 503 while stopping (docs/serve.md, "Errors"): a client's retry
+        # logic reads one code, and Retry-After tells it when
         return APIError(503, "server shutting down; its images were cancelled, send the request again once the "
-                             "server is back", code="server_shutting_down")
+                             "server is back", code="unavailable", headers={"Retry-After": "5"})
 
     @app.post("/v1/images/generations")
     async def generations(request: Request):
