@@ -298,7 +298,8 @@ class GSD(AcceptanceRule):
 
     Args:
         codebook: ``[V, D]`` codebook vectors (``model.codebook_embeddings()``).
-        radius: rank radius (the "group size" parameter), 0 .. V - 1.
+        radius: rank radius (the "group size" parameter), >= 0; one above ``V - 1`` acts as ``V - 1``
+            (which spans every rank), at the cost of ``V - 1``.
         prob_gap: maximal ``|q(x') - q(x)|``, > 0.
         max_distance: maximal squared codebook distance, > 0.
 
@@ -316,9 +317,6 @@ class GSD(AcceptanceRule):
         if not prob_gap > 0 or not max_distance > 0:
             raise ValueError(f"prob_gap={prob_gap!r}, max_distance={max_distance!r}: both must be > 0")
         self.codebook = _codebook(codebook, "gsd")
-        V = self.codebook.shape[0]
-        if radius > V - 1:  # a rank radius of V - 1 already spans every rank; a larger one only costs time
-            raise ValueError(f"radius={radius}: the GSD rank radius must be 0..{V - 1} (the codebook has V={V} tokens)")
         self.radius, self.prob_gap, self.max_distance = radius, float(prob_gap), float(max_distance)
 
     def acceptance_probability(self, draft_tokens, draft_probs, target_probs, target_sample):
@@ -327,8 +325,9 @@ class GSD(AcceptanceRule):
         V = q.shape[-1]
         order = q.argsort(dim=-1, descending=True, stable=True)  # [B, W, V] token at each rank
         rank = torch.empty_like(order).scatter_(-1, order, torch.arange(V, device=q.device).expand_as(order))
-        offsets = torch.arange(-self.radius, self.radius + 1, device=q.device)
-        at = rank.gather(-1, x[..., None]) + offsets  # [B, W, 2r+1] ranks around x
+        radius = min(self.radius, V - 1)  # V - 1 spans every rank: a wider radius adds only empty slots
+        offsets = torch.arange(-radius, radius + 1, device=q.device)
+        at = rank.gather(-1, x[..., None]) + offsets  # [B, W, 2r+1] ranks around x (r = radius)
         inside = (at >= 0) & (at < V)
         candidates = order.gather(-1, at.clamp(0, V - 1))  # [B, W, 2r+1]
         q_c, p_c = q.gather(-1, candidates), p.gather(-1, candidates)

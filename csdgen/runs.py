@@ -529,13 +529,20 @@ def slug(text: str, limit: int = 40, empty: str = "image") -> str:
     """File-safe lower-case words of ``text`` joined by ``-`` (at most ``limit`` characters; ``empty`` if none).
 
     Accents are dropped and apostrophes join their word: ``"Côte d’Ivoire flag"`` ->
-    ``"cote-divoire-flag"``, ``"family: man, boy"`` -> ``"family-man-boy"``.
+    ``"cote-divoire-flag"``, ``"family: man, boy"`` -> ``"family-man-boy"``. A longer text keeps its
+    whole words up to ``limit`` (a first word longer than ``limit`` is cut).
     """
     import unicodedata
 
     text = "".join(ch for ch in unicodedata.normalize("NFKD", str(text)) if not unicodedata.combining(ch))
     words = re.findall(r"[a-z0-9]+", re.sub(r"['\u2019]", "", text.lower()))
-    return "-".join(words)[:limit].strip("-") or empty
+    kept = ""
+    for word in words:
+        longer = f"{kept}-{word}" if kept else word
+        if len(longer) > limit:
+            break
+        kept = longer
+    return kept or (words[0][:limit] if words else empty)
 
 
 def _label(model, condition) -> dict:
@@ -548,39 +555,62 @@ def _label(model, condition) -> dict:
 
 
 def save_run(model, conditions: Sequence, out: str | os.PathLike, *, seed: int = 0, batch_size: int = 8,
-             maps: bool = True, scale: int = 1, callback=None, **generate_kwargs: Any) -> RunSummary:
+             maps: bool = True, scale: int | None = None, callback=None, **generate_kwargs: Any) -> RunSummary:
     """The API's ``csdgen generate``: generate one image per condition and save it as the CLI does.
 
-    Writes ``NNNN_<class or prompt>.png`` (upscaled ``scale`` times by nearest neighbour),
-    ``NNNN_<...>_map.png`` when ``maps`` and ``record.json`` into ``out``, batch by batch;
-    rerunning the same call resumes (see :func:`run_plan`).
+    Writes ``NNNN_<class or prompt>.png`` (upscaled ``scale`` times by nearest neighbour; the name
+    part is the condition's first 40 characters as a slug), ``NNNN_<...>_map.png`` when ``maps``
+    and ``record.json`` into ``out``, batch by batch; rerunning the same call resumes (see
+    :func:`run_plan`). Every argument is checked before ``out`` is made.
 
     Args:
         model: an image-token model; conditions: one per image (class ids or names, prompts).
-        out: output folder. seed, batch_size: as in :func:`run_plan`.
-        generate_kwargs: method, window, sampling, draft_init, refresh of :func:`csdgen.generate`
-            (left out: the model's defaults).
+        out: output folder (a ``str`` or path). seed, batch_size: as in :func:`run_plan`.
+        scale: integer >= 1; None (default): as ``csdgen generate`` saves, the model's
+            ``save_scale`` (the built-in model: 2, 128 x 128 pixels), else 1.
+        generate_kwargs: method, window, sampling, draft_init, refresh, preset, tree, engine,
+            compile of :func:`csdgen.generate` (left out: the model's defaults).
 
     Returns:
         :class:`RunSummary`; the images as PIL: :func:`pil_images`, or the PNG files.
 
     Raises:
+        TypeError: an unknown keyword (naming it, with the allowed ones), or ``out`` not a str or path.
         ValueError: as :func:`csdgen.generate` and :func:`run_plan` (e.g. ``out`` is a file, or
-            ``conditions`` a bare string instead of a list).
+            ``conditions`` a bare string instead of a list), or ``scale`` not an integer >= 1.
 
     >>> summary = csdgen.save_run(model, ["red apple", "dog face"], "outputs", method="csd")  # doctest: +SKIP
     """
+    import difflib
+    import inspect
     from dataclasses import asdict, is_dataclass
 
-    from csdgen.engine.generation import check_conditions
+    from csdgen.engine.generation import check_conditions, generate, resolve_arguments
 
+    parameters = inspect.signature(generate).parameters
+    allowed = [n for n in parameters
+               if n not in ("model", "conditions", "batch_size", "seed", "image_indices", "callback", "profile")]
+    for key in generate_kwargs:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, allowed + ["seed", "batch_size", "maps", "scale", "callback"], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise TypeError(f"save_run() got an unexpected keyword argument {key!r}{hint} "
+                            f"(allowed: seed, batch_size, maps, scale, callback, {', '.join(allowed)})")
+    if not isinstance(out, (str, os.PathLike)):
+        raise TypeError(f"save_run(out={out!r}): allowed a folder path (str or pathlib.Path), got {type(out).__name__}")
+    if scale is None:
+        scale = getattr(model, "save_scale", 1)
+    if isinstance(scale, bool) or not isinstance(scale, int) or scale < 1:
+        raise ValueError(f"scale={scale!r}: allowed an integer >= 1 (nearest-neighbour upscaling of the saved PNGs)")
     check_conditions(conditions)
+    given = {n: generate_kwargs.get(n, parameters[n].default) for n in ("method", "window", "sampling", "draft_init",
+                                                                          "refresh", "preset")}
+    resolve_arguments(model, given["method"], given["window"], given["sampling"], given["draft_init"], given["refresh"],
+                      seed, given["preset"])  # a bad value is refused before the folder is made
     labels = [_label(model, c) for c in conditions]
     names = [f"{i:04d}_{slug(next(iter(label.values())) or 'image')}" for i, label in enumerate(labels)]
     settings = {"model": type(model).__name__, "seed": seed}
     for key, value in sorted(generate_kwargs.items()):
-        if key == "callback":
-            continue
         settings[key] = asdict(value) if is_dataclass(value) and not isinstance(value, type) else (
             value if isinstance(value, (str, int, float, bool, type(None))) else repr(value))
     plan = RunPlan(model, list(conditions), names, labels, settings, dict(generate_kwargs), scale=scale)

@@ -69,7 +69,67 @@ def test_sweep_gsd_radius_above_the_codebook_is_refused_naming_the_option(weight
     err = cli_error(capsys, "sweep", "--weights", weights, "-n", 2, "--gsd-radius", "3,100000", "--out", tmp_path / "s")
     assert "--gsd-radius 100000" in err and "0..1023" in err, err
     assert not (tmp_path / "s").exists()  # refused before anything ran
-    codebook = torch.randn(16, 4)
-    assert GSD(codebook, radius=15).radius == 15  # V - 1 spans every rank
-    with pytest.raises(ValueError, match=r"radius=16: the GSD rank radius must be 0\.\.15"):
-        GSD(codebook, radius=16)
+    torch.manual_seed(0)
+    codebook = torch.randn(16, 4)  # the rule: a radius above V - 1 acts as V - 1 (which spans every rank)
+    q, p = torch.softmax(torch.randn(2, 5, 16), -1), torch.softmax(torch.randn(2, 5, 16), -1)
+    x = torch.randint(0, 16, (2, 5))
+    wide = GSD(codebook, radius=100000, prob_gap=1.0, max_distance=100.0).acceptance_probability(x, p, q, x)
+    assert torch.equal(wide, GSD(codebook, radius=15, prob_gap=1.0, max_distance=100.0).acceptance_probability(x, p, q, x))
+
+
+# ---- F4, F5: csdgen.save_run ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def builtin(weights):
+    from csdgen.models.builtin import load_builtin_model
+
+    return load_builtin_model(weights)
+
+
+def test_save_run_saves_at_the_size_csdgen_generate_writes(builtin, weights, tmp_path):
+    from PIL import Image
+
+    import csdgen
+
+    summary = csdgen.save_run(builtin, [0], tmp_path / "api", method="sjd", window=4, maps=False)
+    assert run("generate", "--weights", weights, "-n", 1, "--class", 0, "--method", "sjd", "--window", 4, "--no-maps",
+               "--out", tmp_path / "cli") == 0
+    (api_png,) = (tmp_path / "api").glob("*.png")
+    (cli_png,) = (tmp_path / "cli").glob("*.png")
+    assert Image.open(api_png).size == Image.open(cli_png).size == (128, 128)
+    assert summary is not None
+    csdgen.save_run(builtin, [0], tmp_path / "one", method="sjd", window=4, maps=False, scale=1)
+    assert Image.open(next((tmp_path / "one").glob("*.png"))).size == (64, 64)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"methd": "sjd"}, TypeError, r"unexpected keyword argument 'methd'; did you mean 'method'\?"),
+    ({"scale": 0}, ValueError, r"scale=0: allowed an integer >= 1"),
+    ({"method": "sdj"}, ValueError, r"sdj"),
+    ({"window": 0}, ValueError, r"window"),
+])
+def test_save_run_refuses_bad_arguments_before_making_the_folder(builtin, tmp_path, kwargs, error, match):
+    import csdgen
+
+    with pytest.raises(error, match=match):
+        csdgen.save_run(builtin, [0], tmp_path / "never", **kwargs)
+    assert not (tmp_path / "never").exists()
+
+
+def test_save_run_with_out_none_names_out(builtin):
+    import csdgen
+
+    with pytest.raises(TypeError, match=r"save_run\(out=None\): allowed a folder path"):
+        csdgen.save_run(builtin, [0], None)
+
+
+# ---- F9: file names keep whole words --------------------------------------------------------
+
+
+def test_file_names_keep_whole_words_up_to_40_characters():
+    from csdgen.runs import slug
+
+    name = slug("A close-up photo of a red-haired girl, high-quality.")
+    assert name == "a-close-up-photo-of-a-red-haired-girl" and len(name) <= 40
+    assert slug("x" * 50) == "x" * 40 and slug("") == "image" and slug("red apple") == "red-apple"

@@ -121,7 +121,8 @@ def builtin_job(args):
 
     labels = [{"class": model.class_names[c]} for c in classes]
     names = [f"{i:04d}_{slug(label['class'], empty='class')}" for i, label in enumerate(labels)]
-    return RunPlan(model, classes, names, labels, settings, _generate_kwargs(args, rule, sampling), scale=2), batch_size
+    return RunPlan(model, classes, names, labels, settings, _generate_kwargs(args, rule, sampling),
+                   scale=model.save_scale), batch_size
 
 
 def _read_prompts(args) -> list[str]:

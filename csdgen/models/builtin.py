@@ -27,9 +27,12 @@ class BuiltinModel(ClassConditionalLlama):
         components: the loaded :class:`csdgen.builtin.BuiltinComponents` (vq, ar, classifier, config).
         defaults: ``FAMILY_DEFAULTS["builtin"]``, the measured defaults (docs/builtin.md) that
             :func:`csdgen.generate` uses for every argument left None.
+        save_scale: the nearest-neighbour upscaling its PNGs are saved at (2: 128 x 128 pixels),
+            by ``csdgen generate`` and by :func:`csdgen.save_run` unless told otherwise.
     """
 
     defaults = FAMILY_DEFAULTS["builtin"]
+    save_scale = 2
 
     def __init__(self, components):
         config = components.config
