@@ -165,11 +165,16 @@ def parse_inputs(model, condition: Any, methods: list[str] | None, window: Any, 
 
 
 def _seed(value: Any) -> int:
-    """The page's seed as an exact integer in ``0 .. MAX_SEED`` (a float only where it is exact, below 2**53)."""
+    """The page's seed as an exact integer in ``0 .. MAX_SEED``: the text field's ASCII digits, as
+    ``--seed`` reads them (no exponent, sign or fraction); from an API client also a float where it
+    is exact (an integral value below 2**53)."""
     allowed = f"allowed: an integer in 0..{MAX_SEED}"
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value.strip())
-    elif isinstance(value, float) or isinstance(value, str):
+    if isinstance(value, str):
+        text = value.strip()
+        if not (text.isascii() and text.isdigit()):
+            raise ValueError(f"seed={_clip(value)}: {allowed}")
+        value = int(text)
+    elif isinstance(value, float):
         number = _number("seed", value, allowed)
         if not number.is_integer() or abs(number) >= 2**53:
             raise ValueError(f"seed={_clip(value)}: {allowed}")
@@ -485,7 +490,9 @@ def build_app(model, *, model_name: str = "built-in model", defaults: FamilyDefa
             lam = gr.Number(label="lambda (CSD)", value=defaults.lam, elem_id="lam")
             delta = gr.Number(label="delta (CSD)", value=defaults.delta, elem_id="delta")
             guidance = gr.Number(label="guidance scale", value=defaults.guidance_scale, elem_id="guidance")
-            seed = gr.Number(label="seed", value=0, precision=0, elem_id="seed")
+            # a text field: a browser's number field holds a float64, so a seed above 2**53 was
+            # rounded before it was sent (9007199254740993 ran as ...992) and 1e3 passed as 1000
+            seed = gr.Textbox(label="seed", value="0", elem_id="seed", info=f"an integer in 0..{MAX_SEED} (2**63 - 1)")
         with gr.Row():
             run = gr.Button("Run", variant="primary", elem_id="run")
             stop = gr.Button("Cancel", elem_id="cancel")

@@ -263,12 +263,15 @@ def test_page_in_headless_chromium(demo_server, tmp_path):
             page.goto(demo_server, wait_until="domcontentloaded")
             page.locator("#condition").locator("input, textarea").first.fill("Red Apple")
             page.locator("#window").locator("input, textarea").first.fill("16")
+            # above 2**53: a number field rounded it to ...992 before sending (the second trial, F7)
+            page.locator("#seed").locator("input, textarea").first.fill("9007199254740993")
             methods = page.locator("#methods")
             expect(methods.get_by_label("AR", exact=True)).to_be_checked()
             expect(methods.get_by_label("CSD", exact=True)).to_be_checked()
             page.locator("#run").click()
             expect(page.locator("#stats table")).to_be_visible(timeout=240_000)
             expect(page.locator("#progress")).to_contain_text("done: red apple, 2 methods")  # the class as the model names it
+            expect(page.locator("#progress")).to_contain_text("seed 9007199254740993")  # exact, not rounded
             shown = "#image-ar img, #acceptance-ar img, #entropy-ar img, #image-csd img, #acceptance-csd img, #entropy-csd img"
             page.wait_for_function(f"""() => {{ const imgs = [...document.querySelectorAll({shown!r})];
                 return imgs.length === 6 && imgs.every(i => i.complete && i.naturalWidth > 0); }}""", timeout=30_000)

@@ -133,3 +133,18 @@ def test_file_names_keep_whole_words_up_to_40_characters():
     name = slug("A close-up photo of a red-haired girl, high-quality.")
     assert name == "a-close-up-photo-of-a-red-haired-girl" and len(name) <= 40
     assert slug("x" * 50) == "x" * 40 and slug("") == "image" and slug("red apple") == "red-apple"
+
+
+# ---- F7: the demo's seed field -----------------------------------------------------------------
+
+
+def test_demo_seed_field_reads_exact_integers_as_seed_does(builtin):
+    from csdgen.demo import _seed
+
+    assert _seed("9007199254740993") == 9007199254740993  # 2**53 + 1: exact, a number field sent ...992
+    assert _seed(" 9223372036854775807 ") == 2**63 - 1 and _seed("0") == 0 and _seed(4.0) == 4
+    for bad, shown in (("1e3", "'1e3'"), ("-1", "'-1'"), ("2.0", "'2.0'"), ("", "''"),
+                       ("9223372036854775808", "9223372036854775808"), ("١", "'١'")):
+        with pytest.raises(ValueError) as info:
+            _seed(bad)
+        assert str(info.value) == f"seed={shown}: allowed: an integer in 0..9223372036854775807", bad
