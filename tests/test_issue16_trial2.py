@@ -148,3 +148,18 @@ def test_demo_seed_field_reads_exact_integers_as_seed_does(builtin):
         with pytest.raises(ValueError) as info:
             _seed(bad)
         assert str(info.value) == f"seed={shown}: allowed: an integer in 0..9223372036854775807", bad
+
+
+# ---- F8: Ctrl-C on the demo -------------------------------------------------------------------
+
+
+def test_ctrl_c_on_the_demo_says_stopped_not_generates_resume_hint(monkeypatch, capsys):
+    import csdgen.demo
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(csdgen.demo, "serve", interrupted)
+    assert run("demo") == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "csdgen demo: stopped", err

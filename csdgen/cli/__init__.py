@@ -71,9 +71,11 @@ def entry() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``csdgen`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    command = None
     try:
         parser = build_parser()
         args, extra = parser.parse_known_args(argv)
+        command = args.command
         if extra:  # named by the command's own parser, so the hint is `csdgen COMMAND --help`
             parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
         return args.run(args)
@@ -87,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         _error(f"error: {message}")
         return 2
     except KeyboardInterrupt:
-        _error("interrupted; what was written is kept (images, or compare's finished methods), "
-               "rerun the same command to resume")
+        if command in ("demo", "serve"):  # a server writes nothing to resume
+            print(f"csdgen {command}: stopped", file=sys.stderr, flush=True)
+        else:
+            _error("interrupted; what was written is kept (images, or compare's finished methods), "
+                   "rerun the same command to resume")
         return 130
