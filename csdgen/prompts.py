@@ -144,6 +144,13 @@ def load_prompts(source: str | os.PathLike, limit: int | None = None, offset: in
     else:
         path = Path(source)
         if not path.is_file():
+            looks_like_path = os.sep in name or "." in path.name or path.parent.exists() and path.parent != Path(".")
+            if path.is_dir():
+                raise ValueError(f"prompt file {name!r} is a folder; allowed: {', '.join(PROMPT_SETS)} or the path of a "
+                                 f"prompt file")
+            if looks_like_path:
+                raise ValueError(f"prompt file {name!r} does not exist; allowed: {', '.join(PROMPT_SETS)} or the path of "
+                                 f"a prompt file")
             raise ValueError(f"unknown prompt set {name!r}: use one of {', '.join(PROMPT_SETS)} or the path of a prompt file")
         text = read_prompt_text(path)
         suffix = path.suffix.lower()

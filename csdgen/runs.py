@@ -275,11 +275,17 @@ class RunSummary:
     record: dict = field(repr=False, default_factory=dict)
     #: one line each about the folder as found (an unreadable PNG made again, maps an earlier run did not write)
     notes: list = field(default_factory=list)
+    asked: int = 0  #: images this run asked for (0: as many as the folder holds)
 
     def line(self) -> str:
-        """One-line summary (what ``csdgen generate`` prints last)."""
-        kept = f" ({self.resumed} kept from an earlier run)" if self.resumed else ""
-        return (f"{self.images} image{'' if self.images == 1 else 's'}{kept}, {self.tokens} tokens, {self.steps} steps (per image, summed), "
+        """One-line summary (what ``csdgen generate`` prints last); where the folder holds more images than
+        this run asked for (an earlier run with a larger ``-n``), it says so, and the figures are the folder's."""
+        asked = self.asked or self.images
+        notes = [f"{self.resumed} kept from an earlier run"] if self.resumed else []
+        if self.images > asked:
+            notes.append(f"the folder holds {self.images}; the figures are the folder's")
+        kept = f" ({'; '.join(notes)})" if notes else ""
+        return (f"{asked} image{'' if asked == 1 else 's'}{kept}, {self.tokens} tokens, {self.steps} steps (per image, summed), "
                 f"step compression {self.step_compression:.2f}x, decoding {self.decode_seconds:.1f} s in all "
                 f"({self.run_seconds:.1f} s this run) -> {self.out}/")
 
@@ -453,7 +459,7 @@ def _run_plan(plan: RunPlan, out: Path, batch_size: int, seed: int, maps: bool, 
                              f"statistics: delete those images to make them again with maps, or use another --out")
         kept_batches = {v.get("batch") for v in images.values()}
         batch_list = [b for b in old.get("batches", []) if b.get("batch") in kept_batches]
-    resumed = len(images)
+    resumed = sum(i < len(plan.conditions) for i in images)  # of this run's images (a larger -n before kept more)
     record = {"csdgen_version": _version(), "created": (old or {}).get("created", _now()), "updated": _now(),
               "settings": plan.settings}
     runs = (old or {}).get("totals", {}).get("runs", 0) + 1
@@ -483,7 +489,7 @@ def _run_plan(plan: RunPlan, out: Path, batch_size: int, seed: int, maps: bool, 
         record = old
         totals = old.get("totals") or totals
     return RunSummary(out, totals["images"], resumed, totals["tokens"], totals["steps"], totals["step_compression"],
-                      totals["decode_seconds"], run_seconds, record, notes)
+                      totals["decode_seconds"], run_seconds, record, notes, asked=len(plan.conditions))
 
 
 def _map_file(png: str) -> str:

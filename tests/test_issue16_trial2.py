@@ -163,3 +163,86 @@ def test_ctrl_c_on_the_demo_says_stopped_not_generates_resume_hint(monkeypatch, 
     assert run("demo") == 130
     err = capsys.readouterr().err
     assert err.strip() == "csdgen demo: stopped", err
+
+
+# ---- F9: small slips --------------------------------------------------------------------------
+
+
+def test_generate_fewer_images_into_a_fuller_folder_reports_the_images_asked_for(weights, tmp_path, capsys):
+    out = tmp_path / "g"
+    assert run("generate", "--weights", weights, "-n", 4, "--window", 4, "--no-maps", "--out", out) == 0
+    capsys.readouterr()
+    assert run("generate", "--weights", weights, "-n", 2, "--window", 4, "--no-maps", "--out", out) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("2 images (2 kept from an earlier run; the folder holds 4; the figures are the folder's)"), line
+
+
+def test_class_of_only_commas_is_quoted_as_given(weights, tmp_path, capsys):
+    err = cli_error(capsys, "generate", "--weights", weights, "--class", ",", "--out", tmp_path / "g")
+    assert err.startswith("csdgen: error: --class ',': no class given"), err
+
+
+def test_a_missing_prompts_file_is_called_a_missing_file(weights, tmp_path, capsys):
+    missing = tmp_path / "prompts.txt"
+    err = cli_error(capsys, "bench", "--weights", weights, "--prompts", missing, "--out", tmp_path / "b")
+    assert f"prompt file {str(missing)!r} does not exist" in err and "unknown prompt set" not in err, err
+    err = cli_error(capsys, "bench", "--weights", weights, "--prompts", "cocoo", "--out", tmp_path / "b")
+    assert "unknown prompt set 'cocoo'" in err, err
+
+
+def test_a_missing_weights_folder_is_not_told_to_train(tmp_path, capsys):
+    err = cli_error(capsys, "generate", "--weights", tmp_path / "nowhere", "--out", tmp_path / "g")
+    assert "no such folder" in err and "train" not in err, err
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--method", "sjd", "--lam", "0.3"], "--lam 0.3 does not apply to --method sjd (only csd uses it)"),
+    (["--method", "ar", "--refresh", "coupled"], "--refresh coupled does not apply to --method ar (AR has no drafts)"),
+    (["--method", "csd", "--addition-c", "0.5"], "--addition-c 0.5 does not apply to --method csd (only addition uses it)"),
+])
+def test_options_the_method_does_not_use_get_a_note(weights, tmp_path, capsys, argv, expected):
+    assert run("generate", "--weights", weights, "-n", 1, "--window", 4, "--no-maps", *argv, "--out", tmp_path / "g") == 0
+    err = capsys.readouterr().err
+    assert f"csdgen: note: {expected}; it is not used" in err, err
+
+
+def test_preset_paper_with_ar_gives_no_note_about_a_window_the_user_did_not_give(weights, tmp_path, capsys):
+    assert run("generate", "--weights", weights, "-n", 1, "--method", "ar", "--preset", "paper", "--no-maps",
+               "--out", tmp_path / "g") == 0
+    assert "note" not in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def server(builtin):
+    from csdgen.serve import BackgroundServer, ServedModel, create_app
+
+    with BackgroundServer(create_app(ServedModel(builtin, "csdgen-builtin"), capacity=2)) as background:
+        yield background
+
+
+def test_serve_refuses_a_bad_addition_c_whatever_the_method(server):
+    import openai
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+    for method in ("csd", "sjd", "addition"):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.images.generate(model="csdgen-builtin", prompt="red apple",
+                                   extra_body={"method": method, "addition_c": -1, "window": 4})
+        error = info.value.body
+        assert error["param"] == "addition_c" and "c=-1" in error["message"], error
+
+
+def test_serve_top_p_error_says_null_not_none(server):
+    import httpx
+
+    r = httpx.post(server.url + "/v1/images/generations", json={"prompt": "red apple", "top_p": 2}, timeout=60)
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "top_p" and "must be null or in (0, 1]" in error["message"] and "None" not in error["message"]
+
+
+def test_one_option_needing_model_says_needs(capsys, tmp_path):
+    err = cli_error(capsys, "demo", "--vqgan", tmp_path)
+    assert "--vqgan needs --model" in err, err
+    err = cli_error(capsys, "serve", "--dtype", "float32")
+    assert "--dtype needs --model" in err, err

@@ -73,6 +73,9 @@ def _load_state(path: Path) -> dict[str, torch.Tensor]:
 def load_components(weights_dir: str | os.PathLike | None = None) -> BuiltinComponents:
     """Load VQ tokenizer, Llama AR model, classifier and config.json (offline)."""
     wdir = Path(weights_dir) if weights_dir is not None else DEFAULT_WEIGHTS_DIR
+    if not wdir.is_dir():  # a mistyped --weights: training is not the advice
+        raise FileNotFoundError(f"no built-in weights in {wdir}: no such folder; give the folder that holds config.json "
+                                f"and the .safetensors files (or leave --weights out for the shipped weights)")
     if not (wdir / "config.json").is_file():
         raise FileNotFoundError(f"no built-in weights in {wdir}; run python -m csdgen.builtin.train")
     config = json.loads((wdir / "config.json").read_text())

@@ -63,6 +63,10 @@ def apply_preset(args) -> None:
 
     if hasattr(args, "draft_init"):
         args.draft_init_given = args.draft_init is not None
+    if hasattr(args, "window"):
+        args.window_given = args.window is not None
+    if getattr(args, "command", None) == "generate":
+        note_unused(args)
     name = getattr(args, "preset", None)
     if name is not None:
         for key, value in presets()[name].items():
@@ -74,6 +78,33 @@ def apply_preset(args) -> None:
         args.refresh = method_refresh(args.method)
     if isinstance(getattr(args, "method", None), str):
         check_draft_init(args, [args.method], chosen=True, option="--method")
+
+
+#: options of ``csdgen generate`` and the methods that use them (``--window`` and ``ar``: ``_ar_window``)
+_METHOD_OPTIONS = (("lam", "--lam", ("csd",)), ("delta", "--delta", ("csd",)),
+                   ("draft_init", "--draft-init", "speculative"), ("refresh", "--refresh", "speculative"),
+                   ("tree", "--tree", "speculative"))
+
+
+def note_unused(args) -> None:
+    """A note on stderr per option given that ``--method`` does not use (``--lam`` with sjd, ``--refresh``
+    with ar), before defaults and presets fill them: it was dropped silently."""
+    method = getattr(args, "method", None)
+    if not isinstance(method, str):
+        return
+    for key, flag, users in _METHOD_OPTIONS:
+        value = getattr(args, key, None)
+        if value is None:
+            continue
+        used = method != "ar" if users == "speculative" else method in users
+        if not used:
+            shown = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
+            what = "AR has no drafts" if users == "speculative" else f"only {', '.join(users)} uses it"
+            note(f"{flag} {shown} does not apply to --method {method} ({what}); it is not used")
+    if method != "addition" and getattr(args, "addition_c", 0.2) != 0.2:
+        note(f"--addition-c {args.addition_c:g} does not apply to --method {method} (only addition uses it); it is not used")
+    if method != "csd" and getattr(args, "entropy_unit", "nats") != "nats":
+        note(f"--entropy-unit {args.entropy_unit} does not apply to --method {method} (only csd uses it); it is not used")
 
 
 def check_draft_init(args, names: list[str], chosen: bool, option: str = "--methods") -> None:
@@ -224,8 +255,9 @@ def builtin_model(args, fixed_window: bool = False, spread: bool = False):
     default_window(args, defaults, fixed_window)
     items = class_items(args.classes, model.classes)
     if items is not None and not items:
-        raise ValueError("--class '': no class given; allowed: class names (any case), indices or random, comma-separated "
-                         "(leave --class out for the default classes; --list-classes lists them)")
+        shown = ",".join(args.classes) if isinstance(args.classes, list) else args.classes
+        raise ValueError(f"--class {shown!r}: no class given; allowed: class names (any case), indices or random, "
+                         f"comma-separated (leave --class out for the default classes; --list-classes lists them)")
     count = args.num_images or 8
     ids = model.classes.assign(items, count, seed=getattr(args, "seed", 0),
                                default="spread" if spread else "turn")  # raises on an unknown class

@@ -93,7 +93,7 @@ def _ar_window(args) -> None:
     """AR decodes one token per forward whatever ``--window`` says: record the window it runs at (1, as
     ``csdgen serve`` reports), with a note when a wider one was given."""
     if args.method == "ar" and args.window != 1:
-        if args.window != "auto":
+        if args.window != "auto" and getattr(args, "window_given", True):  # not a preset's window
             note(f"--method ar decodes one token per forward: --window {args.window} does not apply (window 1)")
         args.window = 1
 

@@ -83,7 +83,8 @@ def _load(args):
         given = [f"--{k.replace('_', '-')}" for k in ("dtype", "layout", "height", "width", "image_size", "vqgan",
                                                       "prompt_template") if getattr(args, k) is not None]
         if given:
-            raise ValueError(f"{', '.join(given)} need --model (a checkpoint); the built-in model has one size and "
+            raise ValueError(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} --model (a checkpoint); "
+                             f"the built-in model has one size and "
                              f"its own VQ decoder")
         from csdgen.models.builtin import load_builtin_model
         from csdgen.runs import builtin_batch_limit

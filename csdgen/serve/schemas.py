@@ -283,21 +283,23 @@ def parse_request(body: Any, served) -> ImageRequest:
         given = {k: values[k] for k in ("guidance_scale", "temperature", "top_p") if values[k] is not None}
         sampling = SamplingConfig(**given, top_k=top_k)
     except ValueError as exc:
+        message = str(exc).replace("must be None or", "must be null or")  # JSON's word
         raise _bad(_param_of(str(exc), ("guidance_scale", "temperature", "top_k", "top_p"), "guidance_scale"),
-                   str(exc)) from None
-    rule: Any = method
-    try:
-        from csdgen.acceptance import make_rule
+                   message) from None
+    from csdgen.acceptance import make_rule
 
-        if method == "csd":
-            options = {k: values[k] for k in ("lam", "delta") if values[k] is not None}
-            rule = make_rule("csd", **options, entropy_unit=entropy_unit)
-        elif method == "addition":
-            rule = make_rule("addition", c=values["addition_c"])
+    try:
+        # every rule parameter given is checked, whatever the method (a bad addition_c with method csd was
+        # answered 200), and used by its method
+        addition = make_rule("addition", c=values["addition_c"]) if values["addition_c"] is not None else None
     except ValueError as exc:
-        if method == "addition":
-            raise _bad("addition_c", f"addition_c: {exc}") from None
+        raise _bad("addition_c", f"addition_c: {exc}") from None
+    try:
+        options = {k: values[k] for k in ("lam", "delta") if values[k] is not None}
+        csd = make_rule("csd", **options, entropy_unit=entropy_unit)
+    except ValueError as exc:
         raise _bad(_param_of(str(exc), ("lam", "delta", "entropy_unit"), "lam"), str(exc)) from None
+    rule: Any = csd if method == "csd" else addition if method == "addition" else method
     try:
         rule_obj, window, draft_init, sampling, settings = resolve_arguments(served.model, rule, window, sampling,
                                                                              draft_init, refresh, seed)
