@@ -571,8 +571,8 @@ def build_app(model, *, model_name: str = "built-in model", defaults: FamilyDefa
                         path = pngs.folder / "csdgen_demo_statistics.csv"
                         path.write_text(to_csv(rows_))
                         what = f"{settings.label}, " if takes_class else ""
-                        yield {progress: _progress_html(f"done: {what}{len(rows_)} method{'' if len(rows_) == 1 else 's'}, seed {settings.seed}",
-                                                        total, total),
+                        count = f"{len(rows_)} method{'' if len(rows_) == 1 else 's'}"
+                        yield {progress: _progress_html(f"done: {what}{count}, seed {settings.seed}", total, total),
                                stats: _stats_markdown(rows_), csv_file: str(path)}
                         return
             finally:

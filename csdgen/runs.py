@@ -565,7 +565,7 @@ def save_run(model, conditions: Sequence, out: str | os.PathLike, *, seed: int =
     """The API's ``csdgen generate``: generate one image per condition and save it as the CLI does.
 
     Writes ``NNNN_<class or prompt>.png`` (upscaled ``scale`` times by nearest neighbour; the name
-    part is the condition's first 40 characters as a slug), ``NNNN_<...>_map.png`` when ``maps``
+    part is the condition's words up to 40 characters, :func:`slug`), ``NNNN_<...>_map.png`` when ``maps``
     and ``record.json`` into ``out``, batch by batch; rerunning the same call resumes (see
     :func:`run_plan`). Every argument is checked before ``out`` is made.
 
@@ -591,7 +591,8 @@ def save_run(model, conditions: Sequence, out: str | os.PathLike, *, seed: int =
     import inspect
     from dataclasses import asdict, is_dataclass
 
-    from csdgen.engine.generation import check_conditions, generate, resolve_arguments
+    from csdgen.engine.generation import _check_engine, check_conditions, generate, resolve_arguments
+    from csdgen.trees import check_tree
 
     parameters = inspect.signature(generate).parameters
     allowed = [n for n in parameters
@@ -613,6 +614,8 @@ def save_run(model, conditions: Sequence, out: str | os.PathLike, *, seed: int =
                                                                           "refresh", "preset")}
     resolve_arguments(model, given["method"], given["window"], given["sampling"], given["draft_init"], given["refresh"],
                       seed, given["preset"])  # a bad value is refused before the folder is made
+    _check_engine(generate_kwargs.get("engine", "auto"), generate_kwargs.get("compile"))
+    check_tree(generate_kwargs.get("tree"))
     labels = [_label(model, c) for c in conditions]
     names = [f"{i:04d}_{slug(next(iter(label.values())) or 'image')}" for i, label in enumerate(labels)]
     settings = {"model": type(model).__name__, "seed": seed}

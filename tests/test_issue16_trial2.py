@@ -108,6 +108,8 @@ def test_save_run_saves_at_the_size_csdgen_generate_writes(builtin, weights, tmp
     ({"scale": 0}, ValueError, r"scale=0: allowed an integer >= 1"),
     ({"method": "sdj"}, ValueError, r"sdj"),
     ({"window": 0}, ValueError, r"window"),
+    ({"engine": "fast"}, ValueError, r"fast"),
+    ({"tree": (0, 0)}, ValueError, r"tree"),
 ])
 def test_save_run_refuses_bad_arguments_before_making_the_folder(builtin, tmp_path, kwargs, error, match):
     import csdgen

@@ -81,9 +81,9 @@ def apply_preset(args) -> None:
 
 
 #: options of ``csdgen generate`` and the methods that use them (``--window`` and ``ar``: ``_ar_window``)
+#: (``--tree`` with ar is refused by ``generate`` itself)
 _METHOD_OPTIONS = (("lam", "--lam", ("csd",)), ("delta", "--delta", ("csd",)),
-                   ("draft_init", "--draft-init", "speculative"), ("refresh", "--refresh", "speculative"),
-                   ("tree", "--tree", "speculative"))
+                   ("draft_init", "--draft-init", "speculative"), ("refresh", "--refresh", "speculative"))
 
 
 def note_unused(args) -> None:
@@ -98,9 +98,8 @@ def note_unused(args) -> None:
             continue
         used = method != "ar" if users == "speculative" else method in users
         if not used:
-            shown = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
             what = "AR has no drafts" if users == "speculative" else f"only {', '.join(users)} uses it"
-            note(f"{flag} {shown} does not apply to --method {method} ({what}); it is not used")
+            note(f"{flag} {value} does not apply to --method {method} ({what}); it is not used")
     if method != "addition" and getattr(args, "addition_c", 0.2) != 0.2:
         note(f"--addition-c {args.addition_c:g} does not apply to --method {method} (only addition uses it); it is not used")
     if method != "csd" and getattr(args, "entropy_unit", "nats") != "nats":
