@@ -138,8 +138,10 @@ class _AutoWindow:
     batch 16 held width 8 on a mean-rate tie with width 1 and took 140 forwards where AR takes 256
     and the mean image 113: 9.25 s against AR's 8.03).
 
-    Where ``rows > 1``, width 1 is kept while its rate is within :attr:`BATCH_AR_MARGIN` of the
-    best (a batch's near ties go to AR, whose rate is known).
+    A batch's near ties are not given to width 1: a margin of 10 % for width 1 where ``rows > 1``
+    (tried in 1aaa363) made the README's first command (CSD, 8 images in one batch, two threads)
+    run width 1 for most iterations, at 1.06-1.29x step compression and 5.3-6.2 s against
+    5.0-5.6 s without it and 3.9-4.5 s at window 16 (docs/builtin.md, issue 16 item 6).
 
     Where the image end cuts the held width, the window takes the whole rest of the image (its
     drafts were refined by the wider forwards before; E(W)'s steady-state ages would call them fresh).
@@ -204,12 +206,6 @@ class _AutoWindow:
     #: slowest image took 140 forwards against the mean's 113: the batch took 9.25 s against AR's 8.03)
     LAG_WEIGHT = 1.0
     LAG_PRIOR = 16.0  # drafts added to the laggard's and the mean's count (:meth:`laggard_ratio`)
-    #: where several images decode together, width 1 is chosen while its rate is within this fraction
-    #: of the best: its rate is known (one token per image and forward, every image in step), a wider
-    #: width's is a prediction that the batch's tail makes optimistic. At batch 16 on the built-in
-    #: model (CSD, 30 rounds) the batch ended at a laggard ratio of 0.78 where 0.85 was priced, so
-    #: width 4, predicted 5-10 % ahead of width 1, took 150.7 forwards and 3 % more time than AR
-    BATCH_AR_MARGIN = 0.10
     OPTIMISM = 0.9  # pass rate assumed at depths deeper than any seen (an untried wide window gets tried)
     ITERATIONS = 12  # fixed-point iterations for E(W)
     REFRESH_EVERY = 4  # iterations between recomputations of E(W) while the counts change (it costs ~0.8 ms)
@@ -380,8 +376,6 @@ class _AutoWindow:
         held = self._held
         if held is not None and held <= limit and rate[held - 1] >= (1 - self.SWITCH_MARGIN) * rate[best - 1]:
             best = held
-        if rows > 1 and rate[0] >= (1 - self.BATCH_AR_MARGIN) * rate.max():
-            best = 1  # a near tie in a batch goes to width 1 (BATCH_AR_MARGIN)
         self._held = choice = best
         thin = self.learned.counts.reached.sum() < self.THIN_COUNTS
         every = self.EXPLORE_EVERY_EARLY if thin else self.learned.every.get(rows, self.EXPLORE_EVERY)
