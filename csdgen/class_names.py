@@ -153,16 +153,20 @@ class ClassNames:
                           f"case, or an index 0..{len(self.names) - 1}; list them: csdgen generate --list-classes)")
 
     def index(self, item: int | str) -> int:
-        """Class index of a name, alias, index or index as text.
+        """Class index of a name, alias, index or index as text (digits are an index, not an alias
+        made of digits; a class whose own name is digits keeps it).
 
         Raises:
             ValueError: an unknown name (with close matches) or an index outside ``0 .. len - 1``.
         """
         if isinstance(item, str):
-            found = self.find(item)
+            digits = item.strip().lstrip("-").isdigit()
+            # an index as text is an index, even where an alias is the same digits (the emoji "100"
+            # and "1234" short names made --class 100 the class "hundred points symbol", 156)
+            found = self._index.get(name_key(item)) if digits else self.find(item)
             if found is not None:
                 return found
-            if not item.strip().lstrip("-").isdigit():
+            if not digits:
                 raise self.unknown(item)
         try:  # an int (numpy and torch integers too) or its text, never a float (1.5), bool or other object
             if isinstance(item, bool):

@@ -248,3 +248,18 @@ def test_one_option_needing_model_says_needs(capsys, tmp_path):
     assert "--vqgan needs --model" in err, err
     err = cli_error(capsys, "serve", "--dtype", "float32")
     assert "--dtype needs --model" in err, err
+
+
+# ---- the third trial (this stop), #4: digits are an index, not a short name -------------------
+
+
+def test_class_given_as_digits_is_that_index_even_where_a_short_name_is_those_digits():
+    from csdgen.class_names import ClassNames
+
+    classes = ClassNames(["a", "b", "c", "hundred points symbol"], aliases=[[], [], [], ["2"]])
+    assert classes.index("2") == 2 and classes.index(" 2 ") == 2 and classes.index(2) == 2
+    assert classes.index("hundred points symbol") == 3
+    from csdgen.models.builtin import load_builtin_model
+
+    model = load_builtin_model()  # the shipped emoji model: short names "100" and "1234"
+    assert model.class_ids(["100", "1234", 100]) == [100, 1234, 100]
