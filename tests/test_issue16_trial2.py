@@ -263,3 +263,22 @@ def test_class_given_as_digits_is_that_index_even_where_a_short_name_is_those_di
 
     model = load_builtin_model()  # the shipped emoji model: short names "100" and "1234"
     assert model.class_ids(["100", "1234", 100]) == [100, 1234, 100]
+
+
+# ---- the third trial, #1 and #3 ---------------------------------------------------------------
+
+
+def test_list_classes_into_a_closed_pipe_stops_quietly():
+    import subprocess
+    import sys
+
+    proc = subprocess.run(f"{sys.executable} -m csdgen generate --list-classes | head -2", shell=True,
+                          capture_output=True, text=True, timeout=120)
+    assert len(proc.stdout.splitlines()) == 2 and proc.stderr == "", proc.stderr
+
+
+def test_a_bad_window_names_auto_as_allowed(capsys, tmp_path):
+    from cli_helpers import usage_error
+
+    err = usage_error(capsys, "generate", "--window", "nan", "--out", tmp_path / "g", one_line=True)
+    assert "'nan': expected an integer in 1..1000000, or auto" in err, err

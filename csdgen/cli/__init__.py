@@ -12,6 +12,7 @@ line naming the bad value and what is allowed; Ctrl-C ends it with status 130 an
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import bench, compare, demo, generate, serve, sweep
@@ -82,6 +83,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         _error(f"error: {exc}")
         return 2
+    except BrokenPipeError:  # the reader closed the pipe (`--list-classes | head`): stop quietly, as ls does
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+        except (OSError, ValueError):
+            pass
+        return 0
     except OSError as exc:  # "No space left on device while writing 'out/0003_x.png' (folder 'out')", no "[Errno 28]"
         message = exc.strerror or str(exc)
         if exc.filename is not None:

@@ -178,10 +178,14 @@ def seeds(text: str) -> list[int]:
 
 
 def window(text: str) -> int | str:
-    """``--window``: an integer >= 1, or "auto" (the engine picks each iteration's width from measured times)."""
+    """``--window``: an integer >= 1, or "auto" (the engine picks each iteration's width from measured
+    times; ``bench`` refuses it after parsing, with its reason)."""
     if text.strip().lower() == "auto":
         return "auto"
-    return count()(text)
+    try:
+        return count()(text)
+    except argparse.ArgumentTypeError as exc:  # the one other value allowed is named too
+        raise argparse.ArgumentTypeError(f"{exc}, or auto") from None
 
 
 def tree_shape(text: str) -> tuple[int, int]:
