@@ -52,6 +52,12 @@ def writable(folder: Path) -> Path:
     return folder
 
 
+def needs_model(flags: list[str]) -> str:
+    """``"--dtype needs --model"`` / ``"--dtype, --layout need --model"``: the head of the refusal of
+    options only a checkpoint takes (generate, serve, demo), the verb agreeing with the count."""
+    return f"{', '.join(flags)} {'needs' if len(flags) == 1 else 'need'} --model"
+
+
 def apply_preset(args) -> None:
     """``--preset NAME``: fill every option the user left out (None) from the preset (``csdgen.models.defaults.PRESETS``);
     then ``--refresh`` left out takes the method's default (``METHOD_REFRESH``).

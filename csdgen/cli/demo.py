@@ -29,9 +29,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args) -> int:
     from csdgen.demo import serve
 
+    from ._common import needs_model
+
     if args.model is None and (args.image_size is not None or args.vqgan is not None):
         given = [flag for flag, value in (("--image-size", args.image_size), ("--vqgan", args.vqgan)) if value is not None]
-        raise ValueError(f"{' and '.join(given)} {'needs' if len(given) == 1 else 'need'} --model (a checkpoint); the "
-                         f"built-in model has one size and its own VQ decoder")
+        raise ValueError(f"{needs_model(given)} (a checkpoint); the built-in model has one size and its own VQ decoder")
     serve(args.model, host=args.host, port=args.port, image_size=args.image_size, vqgan=args.vqgan)
     return 0

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from . import _options as opt
 from ._common import (builtin_model, cap_builtin_batch, checkpoint_setup, clamp_window, fill_defaults, model_defaults,
-                      note, require_decoder, sampling_of, writable)
+                      needs_model, note, require_decoder, sampling_of, writable)
 
 #: options of ``--model`` only (the built-in model refuses them)
 MODEL_ONLY = ("prompts", "prompts_file", "layout", "height", "width", "image_size", "negative_prompt", "positive_prompt",
@@ -104,8 +104,7 @@ def builtin_job(args):
 
     given = ["--" + {"prompts": "prompt"}.get(k, k).replace("_", "-") for k in MODEL_ONLY if getattr(args, k) is not None]
     if given:
-        verb = "needs" if len(given) == 1 else "need"
-        raise ValueError(f"{', '.join(given)} {verb} --model (a checkpoint folder, docs/models.md); "
+        raise ValueError(f"{needs_model(given)} (a checkpoint folder, docs/models.md); "
                          f"the built-in model takes --class")
     model, classes = builtin_model(args)
     _ar_window(args)

@@ -83,9 +83,10 @@ def _load(args):
         given = [f"--{k.replace('_', '-')}" for k in ("dtype", "layout", "height", "width", "image_size", "vqgan",
                                                       "prompt_template") if getattr(args, k) is not None]
         if given:
-            raise ValueError(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} --model (a checkpoint); "
-                             f"the built-in model has one size and "
-                             f"its own VQ decoder")
+            from ._common import needs_model
+
+            raise ValueError(f"{needs_model(given)} (a checkpoint); the built-in model has one size and its own VQ "
+                             f"decoder")
         from csdgen.models.builtin import load_builtin_model
         from csdgen.runs import builtin_batch_limit
 
