@@ -22,6 +22,7 @@ Lossless rule: :class:`SJD`. Every lossy rule starts from the same exact ratio
 from __future__ import annotations
 
 import math
+import numbers
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
@@ -43,6 +44,11 @@ __all__ = [
     "make_rule",
     "RULES",
 ]
+
+
+def _number(value) -> bool:
+    """A real number (int, float, numpy's), not a bool nor a string: rule parameters are checked with it."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def lossless_acceptance(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
@@ -208,20 +214,21 @@ class CSD(AcceptanceRule):
         eps: clamping floor for entropy and TV (default 1e-10, the reference's).
 
     Raises:
-        ValueError: ``lam < 0``, ``delta`` outside [0, 1], an unknown ``entropy_unit`` or ``eps < 0``.
+        ValueError: ``lam`` not a finite number >= 0, ``delta`` not a number in [0, 1], an unknown
+            ``entropy_unit`` or ``eps`` not a number >= 0 (bools and strings are not numbers), naming the argument.
     """
 
     name = "csd"
 
     def __init__(self, lam: float = 0.5, delta: float = 0.65, entropy_unit: str = "nats", eps: float = 1e-10):
-        if not math.isfinite(lam) or lam < 0:
+        if not _number(lam) or not math.isfinite(lam) or lam < 0:
             raise ValueError(f"lam={lam!r}: the CSD relaxation coefficient lambda must be a finite number >= 0")
-        if not (0.0 <= delta <= 1.0):
-            raise ValueError(f"delta={delta!r}: the CSD TV threshold must lie in [0, 1]")
+        if not _number(delta) or not (0.0 <= delta <= 1.0):
+            raise ValueError(f"delta={delta!r}: the CSD TV threshold must be a number in [0, 1]")
         if entropy_unit not in ("nats", "normalized"):
             raise ValueError(f"entropy_unit={entropy_unit!r}: allowed 'nats' (reference) or 'normalized' (H / ln V)")
-        if not (eps >= 0):
-            raise ValueError(f"eps={eps!r}: must be >= 0")
+        if not _number(eps) or not (eps >= 0):
+            raise ValueError(f"eps={eps!r}: the clamping floor must be a number >= 0")
         self.lam, self.delta, self.entropy_unit, self.eps = float(lam), float(delta), entropy_unit, float(eps)
 
     def acceptance_probability(self, draft_tokens, draft_probs, target_probs, target_sample):
@@ -243,13 +250,13 @@ class Addition(AcceptanceRule):
     natural reading of the name. Lossy for ``c > 0``.
 
     Raises:
-        ValueError: ``c < 0``.
+        ValueError: ``c`` not a finite number >= 0 (bools and strings are not numbers).
     """
 
     name = "addition"
 
     def __init__(self, c: float = 0.2):
-        if not math.isfinite(c) or c < 0:
+        if not _number(c) or not math.isfinite(c) or c < 0:
             raise ValueError(f"c={c!r}: the Addition constant must be a finite number >= 0")
         self.c = float(c)
 
@@ -314,8 +321,9 @@ class GSD(AcceptanceRule):
     def __init__(self, codebook: torch.Tensor | None = None, radius: int = 7, prob_gap: float = 0.15, max_distance: float = 0.5):
         if isinstance(radius, bool) or not isinstance(radius, int) or radius < 0:
             raise ValueError(f"radius={radius!r}: the GSD rank radius must be an integer >= 0")
-        if not prob_gap > 0 or not max_distance > 0:
-            raise ValueError(f"prob_gap={prob_gap!r}, max_distance={max_distance!r}: both must be > 0")
+        for name, value in (("prob_gap", prob_gap), ("max_distance", max_distance)):
+            if not _number(value) or not value > 0:
+                raise ValueError(f"{name}={value!r}: the GSD {name.replace('_', ' ')} must be a number > 0")
         self.codebook = _codebook(codebook, "gsd")
         self.radius, self.prob_gap, self.max_distance = radius, float(prob_gap), float(max_distance)
 
@@ -353,12 +361,12 @@ class Lantern(AcceptanceRule):
 
     Args:
         codebook: ``[V, D]`` codebook vectors (``model.codebook_embeddings()``).
-        k: neighbours per token (default 1000, or V - 1 if smaller).
-        delta: added-mass budget in [0, 1] (the paper uses 0.1-0.2).
-        cap: LANTERN++ cap ``lambda >= 1`` on ``q~ / q``; None for plain LANTERN.
+        k: neighbours per token, an integer >= 1 (default 1000; above V - 1: V - 1).
+        delta: added-mass budget, a number in [0, 1] (the paper uses 0.1-0.2).
+        cap: LANTERN++ cap ``lambda >= 1`` on ``q~ / q``, a number; None for plain LANTERN.
 
     Raises:
-        ValueError: missing codebook or a parameter out of range.
+        ValueError: missing codebook or a parameter out of range or not a number (naming it).
     """
 
     name = "lantern"
@@ -368,11 +376,13 @@ class Lantern(AcceptanceRule):
     def __init__(self, codebook: torch.Tensor | None = None, k: int = 1000, delta: float = 0.1, cap: float | None = None):
         from .codebook import neighbour_table
 
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
+            raise ValueError(f"k={k!r}: LANTERN's neighbours per token must be an integer >= 1 (above V - 1: V - 1)")
+        if not _number(delta) or not 0.0 <= delta <= 1.0:
+            raise ValueError(f"delta={delta!r}: the LANTERN mass budget must be a number in [0, 1]")
+        if cap is not None and (not _number(cap) or not cap >= 1.0):
+            raise ValueError(f"cap={cap!r}: the LANTERN++ cap must be a number >= 1 (or None)")
         codebook = _codebook(codebook, "lantern")
-        if not 0.0 <= delta <= 1.0:
-            raise ValueError(f"delta={delta!r}: the LANTERN mass budget must lie in [0, 1]")
-        if cap is not None and not cap >= 1.0:
-            raise ValueError(f"cap={cap!r}: the LANTERN++ cap must be >= 1 (or None)")
         self.k, self.delta, self.cap = min(int(k), codebook.shape[0] - 1), float(delta), cap
         self.table = neighbour_table(codebook, self.k)
 

@@ -146,7 +146,12 @@ class ClassNames:
 
     def unknown(self, text: str) -> ValueError:
         """The one-line error for a name that is not a class: the name (its first :data:`SHOWN_CHARS`
-        characters), close matches, how to list them."""
+        characters), close matches, how to list them; for ``random`` (where :meth:`assign` is not the
+        caller, e.g. ``csdgen.generate``), where random classes are drawn instead."""
+        if self.is_random(text):
+            return ValueError(f"class {str(text)!r}: here a class name or index is needed (random draws classes only in "
+                              f"csdgen generate --class and csdgen.save_run); draw them with "
+                              f"model.classes.assign([{str(text)!r}], n, seed=...) and pass the indices it returns")
         hint = self.suggest(text) if len(str(text)) <= 1000 else []
         close = f"; did you mean {' or '.join(repr(h) for h in hint)}?" if hint else ""
         return ValueError(f"unknown class {shown(text)!r}{close} (any of the {len(self.names)} class names in any "
@@ -244,7 +249,7 @@ class ClassNames:
         items = list(items)
         if not items:
             raise ValueError("no class given; give class names, indices or random")
-        fixed = [None if self._is_random(it) else self.index(it) for it in items]
+        fixed = [None if self.is_random(it) else self.index(it) for it in items]
         order = list(range(len(self.names)))
         _random.Random(seed).shuffle(order)
         out, drawn = [], 0
@@ -256,7 +261,9 @@ class ClassNames:
             out.append(c)
         return out
 
-    def _is_random(self, item) -> bool:
+    def is_random(self, item) -> bool:
+        """True for the item ``"random"`` (any case and spacing) where no class has that name:
+        what :meth:`assign` draws a class for."""
         return isinstance(item, str) and name_key(item) == RANDOM and self.find(item) is None
 
     def category_names(self) -> list[str]:

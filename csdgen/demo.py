@@ -51,7 +51,7 @@ from csdgen.evaluation.maps import COLOURS, save_png, to_uint8
 from csdgen.models.defaults import FAMILY_DEFAULTS, FamilyDefaults
 from csdgen.sampling import MAX_SEED, SamplingConfig, check_seed
 
-__all__ = ["METHOD_LABELS", "DemoSettings", "Frame", "DemoCancelled", "window_auto_supported", "parse_inputs",
+__all__ = ["free_port", "METHOD_LABELS", "DemoSettings", "Frame", "DemoCancelled", "window_auto_supported", "parse_inputs",
            "token_maps", "watch", "build_app", "load_demo_model", "serve"]
 
 #: methods the page offers (keys of :func:`csdgen.evaluation.compare.method_presets`) and their labels
@@ -630,12 +630,28 @@ def load_demo_model(model_path: str | None = None, weights: str | None = None, *
     return model, f"{family} ({model_path})", getattr(model, "defaults", None) or FAMILY_DEFAULTS[family]
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now, chosen by the system (what ``--port 0`` asks for: Gradio itself
+    would listen on port 0 and report 0 as its address).
+
+    Raises:
+        ValueError: ``host`` is not an address of this machine (one line, as ``csdgen serve`` says it).
+    """
+    from csdgen.serve.app import bind_socket
+
+    sock = bind_socket(host, 0)
+    try:
+        return sock.getsockname()[1]
+    finally:
+        sock.close()
+
+
 def serve(model_path: str | None = None, host: str = "127.0.0.1", port: int | None = None, *, weights: str | None = None,
           block: bool = True, image_size: int | None = None, vqgan: str | None = None):
     """Load the model, build the page and serve it on ``host:port`` (no share link, analytics off).
 
     Args:
-        port: TCP port; None = Gradio's first free port from 7860.
+        port: TCP port; None = Gradio's first free port from 7860; 0 = any free port (:func:`free_port`).
         block: wait until interrupted (the command) or return at once (tests).
         image_size, vqgan: for a checkpoint, as :func:`load_demo_model` takes them.
 
@@ -643,6 +659,8 @@ def serve(model_path: str | None = None, host: str = "127.0.0.1", port: int | No
         The launched ``gradio.Blocks`` (when ``block`` is False).
     """
     os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+    if port == 0:
+        port = free_port(host)
     model, name, defaults = load_demo_model(model_path, weights, image_size=image_size, vqgan=vqgan)
     app = build_app(model, model_name=name, defaults=defaults)
     app.queue(default_concurrency_limit=1)

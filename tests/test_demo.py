@@ -66,7 +66,7 @@ def test_inputs_are_checked_with_one_line_messages(builtin):
         "methods": ([], "no method chosen; allowed: ar, sjd"),
         "window": ("0", "window='0': allowed: an integer >= 1"),
         "lam": (-1, "lam=-1.0: the CSD relaxation coefficient lambda must be a finite number >= 0"),
-        "delta": (2, "delta=2.0: the CSD TV threshold must lie in [0, 1]"),
+        "delta": (2, "delta=2.0: the CSD TV threshold must be a number in [0, 1]"),
         "guidance_scale": ("x", "guidance scale='x': must be a number"),
         "seed": (1.5, "seed=1.5: allowed: an integer in 0..9223372036854775807"),
     }

@@ -105,7 +105,7 @@ def test_save_run_saves_at_the_size_csdgen_generate_writes(builtin, weights, tmp
 
 @pytest.mark.parametrize("kwargs, error, match", [
     ({"methd": "sjd"}, TypeError, r"unexpected keyword argument 'methd'; did you mean 'method'\?"),
-    ({"scale": 0}, ValueError, r"scale=0: allowed an integer >= 1"),
+    ({"scale": 0}, ValueError, r"scale=0: allowed an integer in 1..16"),
     ({"method": "sdj"}, ValueError, r"sdj"),
     ({"window": 0}, ValueError, r"window"),
     ({"engine": "fast"}, ValueError, r"fast"),

@@ -32,23 +32,47 @@ def compile_note(args, device) -> None:
         note(COMPILE_NOTE)
 
 
+#: the most characters of a path an error line shows (:func:`shown_path`), as class names are cut
+SHOWN_PATH_CHARS = 80
+
+
+def shown_path(path) -> str:
+    """``path`` as an error line shows it: whole up to :data:`SHOWN_PATH_CHARS` characters, else its
+    start and end around ``...`` (a mistyped ``--out`` of thousands of characters stays one line)."""
+    text = str(path)
+    if len(text) <= SHOWN_PATH_CHARS:
+        return text
+    head = SHOWN_PATH_CHARS // 2
+    return f"{text[:head]}...{text[len(text) - (SHOWN_PATH_CHARS - head - 3):]}"
+
+
 def writable(folder: Path) -> Path:
     """Create ``folder`` and check that files can be written there.
 
     Raises:
-        ValueError: naming the folder and the reason.
+        ValueError: naming the folder (:func:`shown_path`) and the reason, with "choose another with --out".
     """
-    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    try:
+        blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    except OSError as exc:  # e.g. "File name too long": the path cannot even be looked at
+        raise ValueError(f"output folder {shown_path(folder)!r} cannot be made ({exc.strerror}, {len(str(folder))} "
+                         f"characters); choose another with --out") from None
     if blocker is not None:  # mkdir would say "File exists", which reads as if the folder were there
-        where = "is" if blocker == folder else f"is inside {str(blocker)!r}, which is"
-        raise ValueError(f"output folder {str(folder)!r} {where} a file, not a folder; choose another with --out")
+        where = "is" if blocker == folder else f"is inside {shown_path(blocker)!r}, which is"
+        raise ValueError(f"output folder {shown_path(folder)!r} {where} a file, not a folder; choose another with --out")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / ".csdgen-write-test"
         probe.write_text("")
         probe.unlink()
     except OSError as exc:
-        raise ValueError(f"output folder {str(folder)!r} is not writable ({exc.strerror}); choose another with --out") from None
+        import errno
+
+        if exc.errno == errno.ENAMETOOLONG:
+            raise ValueError(f"output folder {shown_path(folder)!r} cannot be made ({exc.strerror}, {len(str(folder))} "
+                             f"characters); choose another with --out") from None
+        raise ValueError(f"output folder {shown_path(folder)!r} is not writable ({exc.strerror}); choose another with "
+                         f"--out") from None
     return folder
 
 

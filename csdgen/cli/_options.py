@@ -264,6 +264,27 @@ def numbers(kind, empty: bool = True, what: str = "value"):
     return parse
 
 
+def window_list(text: str) -> list[int]:
+    """``sweep --windows``: comma-separated windows, each an integer in 1 .. :data:`MAX_IMAGES`, none twice,
+    at least one. ``auto`` is not swept: a sweep compares fixed windows (auto picks its width from timing)."""
+    allowed = "allowed: integers >= 1, comma-separated, e.g. 16,32 (auto is not swept: a sweep compares fixed windows)"
+    values = []
+    for item in (v.strip() for v in text.split(",")):
+        if not item:
+            continue
+        try:
+            value = _int(item)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: window {item!r} is not an integer; {allowed}") from None
+        if not 1 <= value <= MAX_IMAGES:
+            raise argparse.ArgumentTypeError(f"{text!r}: window {value} is out of range; {allowed.replace('>= 1', f'in 1..{MAX_IMAGES}')}")
+        values.append(value)
+    if not values:
+        raise argparse.ArgumentTypeError(f"{text!r}: no window given; allowed: at least one, {allowed[9:]}")
+    _repeated(values, text, "value")
+    return values
+
+
 def folder(text: str) -> Path:
     """An output folder: a non-empty path (an empty ``--out`` would write into the current directory)."""
     if not text.strip():

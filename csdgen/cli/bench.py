@@ -328,6 +328,22 @@ def run(args) -> int:
     return 0
 
 
+def _check_methods(plan) -> None:
+    """Every method of the plan resolved against its model as :func:`csdgen.generate` will
+    (:func:`csdgen.engine.generation.resolve_arguments`), before the output folder is made: a
+    refused bench leaves no ``bench.json`` behind.
+
+    Raises:
+        ValueError: as :func:`csdgen.generate` (e.g. ``top_k`` above the codebook size).
+    """
+    from csdgen.engine.generation import resolve_arguments
+
+    for kwargs in plan.methods.values():
+        resolve_arguments(plan.model, kwargs.get("method", "csd"), kwargs.get("window", plan.window), plan.sampling,
+                          kwargs.get("draft_init"), kwargs.get("refresh"), plan.seeds[0] if plan.seeds else 0,
+                          kwargs.get("preset"))
+
+
 def execute(args, adjust=None, title: str = "csdgen bench"):
     """Plan, generate (resuming) and report a bench from parsed ``csdgen bench`` options: the one
     runner behind ``bench``, and ``compare`` and ``sweep`` with ``--model``/``--prompts``.
@@ -359,6 +375,7 @@ def execute(args, adjust=None, title: str = "csdgen bench"):
         plan = _builtin_plan(args, device) if args.model == "builtin" else _model_plan(args, device)
         if adjust is not None:
             plan = adjust(plan)
+        _check_methods(plan)  # a value the model refuses (--top-k above V) is refused before --out is made
         out = writable(args.out)
         scorers = _scorers(args, plan, device, out) if rank == 0 else None
         with tqdm(total=0, unit="img", desc=f"bench rank {rank}/{world}" if world > 1 else "bench",

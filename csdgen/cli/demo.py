@@ -1,7 +1,7 @@
 """``csdgen demo``: a local web page to watch AR, SJD, CSD, ... decode side by side (:mod:`csdgen.demo`).
 
 Serves on ``--host`` (default 127.0.0.1, this machine only) and ``--port`` (default: the first
-free port from 7860) until interrupted. gradio and torch are imported by :func:`run` only, so
+free port from 7860; 0: any free port) until interrupted. gradio and torch are imported by :func:`run` only, so
 ``csdgen --help`` stays fast.
 """
 
@@ -21,7 +21,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
     opt.add_checkpoint_files(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=opt.port(1), default=None, help="TCP port (default: the first free one from 7860)")
+    p.add_argument("--port", type=opt.port(0), default=None,
+                   help="TCP port (default: the first free one from 7860; 0: any free port, as csdgen serve)")
     p.set_defaults(run=run)
     return p
 

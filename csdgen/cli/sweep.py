@@ -22,7 +22,7 @@ from ._common import builtin_model, sampling_of, writable
 
 _GRIDS = (("csd_lam", float, "CSD lambda values"), ("csd_delta", float, "CSD delta values (one curve each)"),
           ("addition_c", float, "Addition c values"), ("gsd_radius", int, "GSD radii"),
-          ("lantern_delta", float, "LANTERN delta values"), ("windows", int, "windows (every method runs at each)"))
+          ("lantern_delta", float, "LANTERN delta values"), ("windows", int, "windows, integers >= 1 (every method runs at each; auto is not swept)"))
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -38,8 +38,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
         default = getattr(grid, name)
         # every method runs at each window: an empty list of windows would run nothing but AR
         none = "" if name == "windows" else "; empty string = none"
-        p.add_argument("--" + name.replace("_", "-"), type=opt.numbers(kind, empty=name != "windows", what="window"),
-                       default=default, metavar="LIST", help=f"{what}, comma-separated (default {','.join(map(str, default))}{none})")
+        kind_of = opt.window_list if name == "windows" else opt.numbers(kind)
+        p.add_argument("--" + name.replace("_", "-"), type=kind_of, default=default, metavar="LIST",
+                       help=f"{what}, comma-separated (default {','.join(map(str, default))}{none})")
     p.add_argument("--draft-inits", type=opt.names_of(opt.DRAFT_INITS, "draft initialisation", empty=True), default=grid.draft_inits,
                    metavar="LIST", help=f"comma-separated, of {','.join(opt.DRAFT_INITS)} (default "
                                         f"{','.join(grid.draft_inits)}; LANTERN always uses onehot)")

@@ -446,8 +446,9 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
 
     Raises:
         FileNotFoundError: no such folder nor cached repo, or no config/weights.
-        ValueError: unsupported model type, layout, size, dtype or template; a prompt too long;
-            not enough memory; a tokenizer that does not encode as its tokenizer.json.
+        ValueError: an empty ``path_or_id`` (``""``, not the current folder); unsupported model type,
+            layout, size, dtype or template; a prompt too long; not enough memory; a tokenizer that
+            does not encode as its tokenizer.json.
         TypeError: ``path_or_id`` neither a path / repo id nor a supported transformers model.
     """
     if not isinstance(path_or_id, (str, os.PathLike)):

@@ -85,5 +85,9 @@ def load_builtin_model(weights_dir: str | os.PathLike | None = None) -> BuiltinM
 
     Raises:
         FileNotFoundError: if the weights are not there.
+        ValueError: an empty path (``""``: ``Path("")`` would be the current folder).
     """
+    if isinstance(weights_dir, str) and not weights_dir.strip():
+        raise ValueError(f"weights_dir={weights_dir!r}: an empty path; allowed: a folder of the built-in model's "
+                         f"weights, or None for the shipped ones")
     return _load(None if weights_dir is None else str(weights_dir))

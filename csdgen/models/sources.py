@@ -20,7 +20,11 @@ def resolve_checkpoint(path_or_id: str | os.PathLike) -> Path:
 
     Raises:
         FileNotFoundError: neither an existing folder nor a cached repo id (says how to get it).
+        ValueError: an empty path or id (``""``: ``Path("")`` would be the current folder).
     """
+    if isinstance(path_or_id, str) and not path_or_id.strip():
+        raise ValueError(f"model path {path_or_id!r}: an empty path; allowed: a checkpoint folder or a Hugging Face "
+                         f"repo id in the local cache")
     folder = Path(path_or_id).expanduser()
     if folder.is_dir():
         return folder

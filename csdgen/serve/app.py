@@ -3,8 +3,10 @@
 Routes:
 
 * ``POST /v1/images/generations``: OpenAI's Images API (:mod:`csdgen.serve.schemas` lists the
-  fields). Answers ``{"created", "data": [{"b64_json", "csdgen": {statistics}}], "size",
-  "output_format", "background", "usage", "csdgen": {seed, settings}}``; with ``stream: true``,
+  fields). Answers ``{"created", "data": [{"b64_json", "revised_prompt", "csdgen": {statistics}}], "size",
+  "output_format", "background", "usage", "csdgen": {seed, settings, notes, class, class_index}}``
+  (``revised_prompt``, ``class``, ``class_index``: the class decoded, for a class model; ``notes``:
+  fields the method does not use, as ``csdgen generate`` notes them); with ``stream: true``,
   server-sent events as OpenAI streams images: ``image_generation.partial_image`` (the image
   so far, pending token cells veiled) then ``image_generation.completed`` per image;
 * ``GET /v1/models``, ``GET /v1/models/{id}``: the served model;
@@ -99,6 +101,8 @@ class ServedModel:
             session = self.model.start([prompt], 1, guided)  # tokenizes and checks the length; no forward
         except ValueError as exc:
             message = str(exc) if "allowed" in str(exc) else f"{exc}; allowed: {self.prompt_help}"
+            if self.classes and getattr(getattr(self.model, "classes", None), "is_random", lambda _: False)(prompt):
+                message = f"prompt={prompt!r}: this server draws no random class; allowed: {self.prompt_help}"
             raise APIError(400, f"prompt: {message}", param="prompt", code="invalid_value") from None
         lengths = getattr(session, "prompt_lengths", None)
         return prompt, int(lengths[0]) if lengths is not None and len(lengths) else 0
@@ -123,6 +127,12 @@ def _image_stats(request, index: int, stats, tokens) -> dict:
     if request.return_tokens:
         out["tokens"] = tokens.tolist()
     return out
+
+
+def _request_info(request) -> dict:
+    """What the answer says about the request as decoded: its class (a class model: ``class``,
+    ``class_index``) and ``notes`` (fields its method does not use, as ``csdgen generate`` notes them)."""
+    return {**request.label, "notes": list(request.notes)}
 
 
 def _usage(request, served, images: int) -> dict:
@@ -264,12 +274,13 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
             return _error_response(error)
         finally:
             listeners.discard(events)
-        data = [{"b64_json": base64.b64encode(images[i][0]).decode("ascii"), "revised_prompt": None,
+        data = [{"b64_json": base64.b64encode(images[i][0]).decode("ascii"), "revised_prompt": req.label.get("class"),
                  "csdgen": _image_stats(req, i, images[i][1], images[i][2])} for i in range(req.n)]
         count(200)
         return JSONResponse({"created": int(time.time()), "data": data, "background": "opaque", "output_format": "png",
                              "size": served.size_text, "usage": _usage(req, served, req.n),
-                             "csdgen": {"model": served.name, "seed": req.seed, "settings": _json_safe(req.settings)}})
+                             "csdgen": {"model": served.name, "seed": req.seed, "settings": _json_safe(req.settings),
+                                        **_request_info(req)}})
 
     def sse(event: str, payload: dict) -> bytes:
         return f"event: {event}\ndata: {json.dumps(payload)}\n\n".encode()
@@ -305,7 +316,8 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
                     _, index, png, stats, tokens = event
                     yield sse("image_generation.completed", {
                         "type": "image_generation.completed", "b64_json": base64.b64encode(png).decode("ascii"),
-                        **common, "usage": _usage(req, served, 1), "csdgen": _image_stats(req, index, stats, tokens)})
+                        **common, "usage": _usage(req, served, 1),
+                        "csdgen": {**_image_stats(req, index, stats, tokens), **_request_info(req)}})
                 elif kind in ("error", "shutdown"):
                     error = event[1] if kind == "error" else shutdown_error()
                     status["code"] = status["code"] or error.status

@@ -32,7 +32,8 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["APIError", "ServeDefaults", "ImageRequest", "parse_request", "error_body", "OPENAI_FIELDS", "CSDGEN_FIELDS"]
+__all__ = ["APIError", "ServeDefaults", "ImageRequest", "parse_request", "unused_fields", "error_body", "OPENAI_FIELDS",
+           "CSDGEN_FIELDS"]
 
 #: OpenAI fields this server honours or accepts
 OPENAI_FIELDS = ("prompt", "model", "n", "size", "response_format", "output_format", "background", "quality", "stream",
@@ -122,6 +123,9 @@ class ImageRequest:
         stream, partial_images, partial_every: streaming of partial images.
         return_tokens: add each image's tokens to the answer.
         input_tokens: prompt tokens of one image (for ``usage``).
+        notes: one line per field the request gave that its method does not use (as ``csdgen
+            generate`` notes them on stderr), reported back in the answer's ``csdgen`` block.
+        label: a class model's decoded class, ``{"class": name, "class_index": index}`` (else empty).
     """
 
     prompt: str
@@ -137,6 +141,8 @@ class ImageRequest:
     return_tokens: bool = False
     input_tokens: int = 0
     extra: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+    label: dict = field(default_factory=dict)
 
 
 def _is_int(value: Any) -> bool:
@@ -179,6 +185,30 @@ def _param_of(message: str, names: tuple[str, ...], default: str) -> str:
         if message.startswith(f"{name}=") or f" {name}=" in message:
             return name
     return default
+
+
+#: csdgen's request fields that only some methods use: field -> the methods using it ("speculative": every one but ar)
+METHOD_FIELDS = (("lam", ("csd",)), ("delta", ("csd",)), ("entropy_unit", ("csd",)), ("addition_c", ("addition",)),
+                 ("draft_init", "speculative"), ("refresh", "speculative"))
+
+
+def unused_fields(body: dict, method: str) -> list[str]:
+    """One note per field ``body`` gives (not null) that ``method`` does not use, worded as ``csdgen
+    generate``'s notes: ``"lam 0.9 does not apply to method sjd (only csd uses it); it is not used"``;
+    a ``window`` other than 1 with ``ar``: it decodes at window 1."""
+    notes = []
+    for name, users in METHOD_FIELDS:
+        value = body.get(name)
+        if value is None:
+            continue
+        used = method != "ar" if users == "speculative" else method in users
+        if not used:
+            what = "AR has no drafts" if users == "speculative" else f"only {', '.join(users)} uses it"
+            notes.append(f"{name} {value} does not apply to method {method} ({what}); it is not used")
+    window = body.get("window")
+    if method == "ar" and window not in (None, 1, "auto"):
+        notes.append(f"method ar decodes one token per forward: window {window} does not apply (window 1)")
+    return notes
 
 
 def parse_request(body: Any, served) -> ImageRequest:
@@ -315,6 +345,10 @@ def parse_request(body: Any, served) -> ImageRequest:
         raise _bad(param, message) from None
     refresh = settings["refresh"]
     condition, input_tokens = served.condition(prompt, sampling.guided)
+    label = {}
+    names = getattr(served.model, "class_names", None) if served.classes else None
+    if names:  # which class "100" or "Red Apple" decoded to (answered back: revised_prompt, csdgen.class)
+        label = {"class": names[condition], "class_index": int(condition)}
     key = (settings["method"], repr(rule_obj), window, draft_init, refresh, sampling.guidance_scale, sampling.temperature,
            sampling.top_k, sampling.top_p)
     batch_kwargs = {"method": rule_obj, "window": window, "sampling": sampling, "draft_init": draft_init,
@@ -323,4 +357,5 @@ def parse_request(body: Any, served) -> ImageRequest:
                         settings=settings, stream=stream, partial_images=partial_images,
                         partial_every=partial_every if partial_every is not None else
                         (None if partial_images is not None else d.partial_every),
-                        return_tokens=return_tokens, input_tokens=input_tokens)
+                        return_tokens=return_tokens, input_tokens=input_tokens,
+                        notes=unused_fields(body, settings["method"]), label=label)
