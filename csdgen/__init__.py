@@ -19,6 +19,7 @@ _LAZY = {
     "Decision": ".decoding",
     "METHODS": ".decoding",
     "SamplingConfig": ".sampling",
+    "UnguidedSamplingWarning": ".sampling",
     "AcceptanceRule": ".acceptance",
     "SJD": ".acceptance",
     "CSD": ".acceptance",

@@ -30,7 +30,8 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -41,11 +42,14 @@ __all__ = [
     "read_json",
     "write_json",
     "pil_images",
+    "MAX_SCALE",
+    "check_scale",
     "builtin_bytes_per_image",
     "builtin_batch_limit",
     "RunPlan",
     "RunSummary",
     "settings_difference",
+    "run_settings",
     "MethodRun",
     "MethodJob",
     "run_methods",
@@ -118,21 +122,40 @@ def write_json(obj: Any, path: str | os.PathLike) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2))
 
 
+#: the largest PNG upscaling (``scale``) of :func:`pil_images` / :func:`save_run`: 16 turns the built-in model's
+#: 64 x 64 images into 1024 x 1024 (a 1024-pixel checkpoint's into 16384 x 16384)
+MAX_SCALE = 16
+
+
+def check_scale(scale) -> int:
+    """``scale`` if it is an integer in ``1 .. MAX_SCALE``, else one ValueError line naming it.
+
+    Raises:
+        ValueError: ``"scale=0: allowed an integer in 1..16 (...)"``.
+    """
+    if isinstance(scale, bool) or not isinstance(scale, int) or not 1 <= scale <= MAX_SCALE:
+        raise ValueError(f"scale={scale!r}: allowed an integer in 1..{MAX_SCALE} (nearest-neighbour upscaling of the "
+                         f"images; {MAX_SCALE} turns 64 x 64 pixels into {64 * MAX_SCALE} x {64 * MAX_SCALE})")
+    return scale
+
+
 def pil_images(model, result_or_tokens, scale: int = 1, conditions=None) -> list:
     """Decoded images as ``PIL.Image.Image`` (RGB), one per image of a run.
 
     Args:
         model: the model that generated the tokens (its ``decode_images``).
         result_or_tokens: a :class:`csdgen.GenerationResult` or image tokens ``[B, N]`` int64.
-        scale: integer upscaling by nearest neighbour (the CLI saves the built-in model's
-            64 x 64 images at ``scale=2``, i.e. 128 x 128 pixels).
+        scale: integer upscaling by nearest neighbour, 1 .. :data:`MAX_SCALE` (16) (the CLI saves the
+            built-in model's 64 x 64 images at ``scale=2``, i.e. 128 x 128 pixels).
         conditions: the images' conditions, for a decoder that reads the prompt (GLM-Image's).
 
     Raises:
         TypeError: ``result_or_tokens`` is neither (e.g. None), naming what was given.
+        ValueError: ``scale`` not an integer in 1 .. :data:`MAX_SCALE` (checked before decoding).
     """
     import torch
 
+    check_scale(scale)
     tokens = getattr(result_or_tokens, "tokens", result_or_tokens)
     if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
         what = type(tokens).__name__ if not isinstance(tokens, torch.Tensor) else f"a tensor of shape {list(tokens.shape)}"
@@ -246,7 +269,8 @@ class RunPlan:
         conditions: one condition per image (what ``model.start`` takes).
         names: file stem per image (``NNNN_<label>``).
         labels: per image, what the record stores as its condition (``{"class": ...}`` / ``{"prompt": ...}``).
-        settings: everything that determines the images (compared on resume).
+        settings: everything that determines the images (compared on resume, resolved: :func:`run_settings`;
+            a ``preset`` name is kept for information, not compared).
         generate_kwargs: method, window, sampling, draft_init, refresh for :func:`csdgen.generate`.
         scale: PNG upscaling factor (nearest neighbour).
     """
@@ -334,6 +358,23 @@ def _check_record(record: dict, path: Path) -> None:
         bad("totals", totals, 'an object with "runs" an integer')
 
 
+#: settings a record keeps for information only, not compared on resume: the preset's name (what it set is
+#: compared, resolved: ``--preset paper`` and its settings spelt out are the same run)
+_NOT_COMPARED = ("preset",)
+
+
+def _comparable(settings: dict) -> dict:
+    """A record's settings as resuming compares them: without :data:`_NOT_COMPARED`, and a ``draft_init``
+    of null (records written before it was recorded resolved: the rule's own, else uniform) resolved."""
+    from csdgen.acceptance import RULES
+
+    settings = {k: v for k, v in settings.items() if k not in _NOT_COMPARED}
+    method = settings.get("method")
+    if "draft_init" in settings and settings["draft_init"] is None and method in ("ar", *RULES):
+        settings["draft_init"] = (RULES[method].draft_init if method in RULES else None) or "uniform"
+    return settings
+
+
 def _load_record(out: Path, plan: RunPlan) -> dict | None:
     """The earlier record in ``out`` if it belongs to the same run; ``None`` if there is none.
 
@@ -348,7 +389,7 @@ def _load_record(out: Path, plan: RunPlan) -> dict | None:
     if not isinstance(record.get("settings"), dict) or not isinstance(record.get("images"), dict):
         raise ValueError(f"{str(path)!r} is not a csdgen run record (no settings/images); use another --out")
     _check_record(record, path)
-    differ = settings_difference(record["settings"], plan.settings)
+    differ = settings_difference(_comparable(record["settings"]), _comparable(plan.settings))
     if differ:
         raise ValueError(f"{str(out)!r} holds a run with other settings ({'; '.join(differ)}); "
                          f"use another --out, or the earlier settings to resume")
@@ -402,7 +443,9 @@ def run_plan(plan: RunPlan, out: str | os.PathLike, *, batch_size: int, seed: in
     Images already in ``out`` (listed in its ``record.json`` with their PNG present, readable by
     PIL and of the size the other kept images have) are kept; the others are generated, in batches of ``batch_size`` (any batch size: it does not change
     the images). ``record.json`` is rewritten after every
-    batch, so an interrupted run loses at most the batch in progress.
+    batch, so an interrupted run loses at most the batch in progress. A call that fails before it
+    wrote anything (e.g. a value found bad in the first batch) leaves no folder it made
+    (:func:`csdgen.atomic.undo_new_folders`).
 
     Args:
         plan: model, conditions, file names and settings (see :class:`RunPlan`).
@@ -421,25 +464,31 @@ def run_plan(plan: RunPlan, out: str | os.PathLike, *, batch_size: int, seed: in
     Raises:
         ValueError: ``out`` holds a run with other settings or conditions, or a malformed record,
             or cannot be made (a file, naming the path), or is empty; ``batch_size`` is not an
-            integer >= 1; the plan has no conditions.
+            integer >= 1; ``maps`` not a bool; the plan has no conditions.
         csdgen.folder_lock.FolderBusy: another run is writing into ``out`` now (a ValueError).
     """
     from csdgen.folder_lock import folder_lock
 
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r}: allowed an integer >= 1 (images per csdgen.generate call)")
+    if not isinstance(maps, bool):  # maps="no" is truthy: it wrote maps
+        raise ValueError(f"maps={maps!r}: allowed True (write the acceptance maps) or False")
     if not plan.conditions:
         raise ValueError("conditions=[]: allowed one condition or more (one per image)")
     if not str(out).strip():
         raise ValueError(f"out={str(out)!r}: an empty output folder name; allowed: a folder path (new or existing)")
+    from csdgen.atomic import undo_new_folders
+    from csdgen.class_names import shown
+
     out = Path(out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(f"output folder {str(out)!r} cannot be made ({exc.strerror}); allowed: a folder path "
-                         f"(new or existing), not a file") from None
-    with folder_lock(out, "csdgen run (generate or save_run)"):
-        return _run_plan(plan, out, batch_size, seed, maps, callback, on_start, on_batch)
+    with undo_new_folders(out):  # refused before anything was written (a bad value found in the first batch): no folder
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"output folder {shown(out)!r} cannot be made ({exc.strerror}); allowed: a folder path "
+                             f"(new or existing), not a file") from None
+        with folder_lock(out, "csdgen run (generate or save_run)"):
+            return _run_plan(plan, out, batch_size, seed, maps, callback, on_start, on_batch)
 
 
 def _run_plan(plan: RunPlan, out: Path, batch_size: int, seed: int, maps: bool, callback, on_start, on_batch) -> RunSummary:
@@ -551,6 +600,18 @@ def slug(text: str, limit: int = 40, empty: str = "image") -> str:
     return kept or (words[0][:limit] if words else empty)
 
 
+def _draw_random(model, conditions: Sequence, seed: int) -> list:
+    """``conditions`` with every ``"random"`` item (any case; unless a class has that name) replaced by a
+    class drawn from ``seed``, as ``csdgen generate --class`` draws it
+    (:meth:`csdgen.class_names.ClassNames.assign`): ``save_run(model, ["random"] * n, out, seed=s)`` makes
+    the classes of ``csdgen generate --class random -n n --seed s``. A model without class names: as given."""
+    classes = getattr(model, "classes", None)
+    conditions = list(conditions)
+    if classes is None or not any(classes.is_random(c) for c in conditions):
+        return conditions
+    return classes.assign(conditions, len(conditions), seed=seed)
+
+
 def _label(model, condition) -> dict:
     names = getattr(model, "class_names", None)
     if names is not None and condition is not None:
@@ -567,15 +628,22 @@ def save_run(model, conditions: Sequence, out: str | os.PathLike, *, seed: int =
     Writes ``NNNN_<class or prompt>.png`` (upscaled ``scale`` times by nearest neighbour; the name
     part is the condition's words up to 40 characters, :func:`slug`), ``NNNN_<...>_map.png`` when ``maps``
     and ``record.json`` into ``out``, batch by batch; rerunning the same call resumes (see
-    :func:`run_plan`). Every argument is checked before ``out`` is made.
+    :func:`run_plan`). Every argument is checked before ``out`` is made. The record's settings are
+    the resolved ones (:func:`run_settings`), as ``csdgen generate`` records them: an argument given
+    at its default is the same run, and ``csdgen generate`` with the same settings resumes the folder
+    (and this call resumes the command's).
 
     Args:
-        model: an image-token model; conditions: one per image (class ids or names, prompts).
+        model: an image-token model; conditions: one per image (class ids or names, prompts); for a
+            class-conditional model, ``"random"`` is a class drawn from ``seed`` as ``csdgen generate
+            --class random`` draws it (``["random"] * 4``: four different classes, recorded by name).
         out: output folder (a ``str`` or path). seed, batch_size: as in :func:`run_plan`.
-        scale: integer >= 1; None (default): as ``csdgen generate`` saves, the model's
-            ``save_scale`` (the built-in model: 2, 128 x 128 pixels), else 1.
+        maps: write the acceptance maps (True or False).
+        scale: an integer in 1 .. :data:`MAX_SCALE` (16); None (default): as ``csdgen generate`` saves,
+            the model's ``save_scale`` (the built-in model: 2, 128 x 128 pixels), else 1.
         generate_kwargs: method, window, sampling, draft_init, refresh, preset, tree, engine,
-            compile of :func:`csdgen.generate` (left out: the model's defaults).
+            compile of :func:`csdgen.generate` (left out: the model's defaults; engine and compile
+            do not change the images and are not recorded).
 
     Returns:
         :class:`RunSummary`; the images as PIL: :func:`pil_images`, or the PNG files.
@@ -583,16 +651,16 @@ def save_run(model, conditions: Sequence, out: str | os.PathLike, *, seed: int =
     Raises:
         TypeError: an unknown keyword (naming it, with the allowed ones), or ``out`` not a str or path.
         ValueError: as :func:`csdgen.generate` and :func:`run_plan` (e.g. ``out`` is a file, or
-            ``conditions`` a bare string instead of a list), or ``scale`` not an integer >= 1.
+            ``conditions`` a bare string instead of a list), ``scale`` not an integer in 1 .. 16, or
+            ``maps`` not a bool.
 
     >>> summary = csdgen.save_run(model, ["red apple", "dog face"], "outputs", method="csd")  # doctest: +SKIP
     """
     import difflib
     import inspect
-    from dataclasses import asdict, is_dataclass
 
-    from csdgen.engine.generation import _check_engine, check_conditions, generate, resolve_arguments
-    from csdgen.trees import check_tree
+    from csdgen.engine.generation import _check_engine, check_conditions, generate
+    from csdgen.sampling import UnguidedSamplingWarning
 
     parameters = inspect.signature(generate).parameters
     allowed = [n for n in parameters
@@ -607,23 +675,73 @@ def save_run(model, conditions: Sequence, out: str | os.PathLike, *, seed: int =
         raise TypeError(f"save_run(out={out!r}): allowed a folder path (str or pathlib.Path), got {type(out).__name__}")
     if scale is None:
         scale = getattr(model, "save_scale", 1)
-    if isinstance(scale, bool) or not isinstance(scale, int) or scale < 1:
-        raise ValueError(f"scale={scale!r}: allowed an integer >= 1 (nearest-neighbour upscaling of the saved PNGs)")
+    check_scale(scale)
     check_conditions(conditions)
     given = {n: generate_kwargs.get(n, parameters[n].default) for n in ("method", "window", "sampling", "draft_init",
-                                                                          "refresh", "preset")}
-    resolve_arguments(model, given["method"], given["window"], given["sampling"], given["draft_init"], given["refresh"],
-                      seed, given["preset"])  # a bad value is refused before the folder is made
+                                                                          "refresh", "preset", "tree")}
+    settings = run_settings(model, seed=seed, **given)  # resolved; a bad value is refused before the folder is made
     _check_engine(generate_kwargs.get("engine", "auto"), generate_kwargs.get("compile"))
-    check_tree(generate_kwargs.get("tree"))
+    conditions = _draw_random(model, conditions, seed)  # "random" as csdgen generate --class draws it
     labels = [_label(model, c) for c in conditions]
     names = [f"{i:04d}_{slug(next(iter(label.values())) or 'image')}" for i, label in enumerate(labels)]
-    settings = {"model": type(model).__name__, "seed": seed}
-    for key, value in sorted(generate_kwargs.items()):
-        settings[key] = asdict(value) if is_dataclass(value) and not isinstance(value, type) else (
-            value if isinstance(value, (str, int, float, bool, type(None))) else repr(value))
     plan = RunPlan(model, list(conditions), names, labels, settings, dict(generate_kwargs), scale=scale)
-    return run_plan(plan, out, batch_size=batch_size, seed=seed, maps=maps, callback=callback)
+    with warnings.catch_warnings():  # run_settings warned once about an unguided SamplingConfig, not every batch
+        warnings.filterwarnings("ignore", category=UnguidedSamplingWarning)
+        return run_plan(plan, out, batch_size=batch_size, seed=seed, maps=maps, callback=callback)
+
+
+def _model_settings(model) -> dict:
+    """The model's part of a record's settings: the built-in model as ``csdgen generate`` records it
+    (``"builtin"`` and its weights, ``"shipped"`` or the folder), another model by its class name."""
+    from csdgen.models.builtin import BuiltinModel
+
+    if not isinstance(model, BuiltinModel):
+        return {"model": type(model).__name__}
+    from csdgen.builtin import DEFAULT_WEIGHTS_DIR
+
+    folder = getattr(model.components, "weights_dir", None)
+    shipped = folder is None or Path(folder).resolve() == DEFAULT_WEIGHTS_DIR
+    return {"model": "builtin", "weights": "shipped" if shipped else str(folder)}
+
+
+def run_settings(model, *, seed: int = 0, method="csd", window=None, sampling=None, draft_init=None, refresh=None,
+                 preset: str | None = None, tree=None) -> dict:
+    """What decides a run's images, resolved as :func:`csdgen.generate` resolves its arguments, in the
+    form ``record.json`` keeps them: what ``csdgen generate`` and :func:`save_run` record and compare
+    on resume, so an argument given at its default is no other setting, and either resumes the other.
+
+    Holds ``model`` (the built-in model: ``"builtin"`` and ``weights``; another model: its class
+    name, which ``csdgen generate --model`` replaces by the checkpoint's settings), ``method``,
+    ``rule`` (the rule's repr for csd and addition, else the method name quoted unless the rule
+    has other options than the name's), ``window``, ``seed``, ``draft_init``, ``refresh``,
+    ``sampling`` (every :class:`csdgen.SamplingConfig` field), ``tree`` when given and ``preset``
+    (the name, for information: the run is compared by its resolved settings, not by the name).
+
+    Args:
+        model: the image-token model; seed, method, window, sampling, draft_init, refresh, preset,
+            tree: as :func:`csdgen.generate` (None: the preset's, else the model's defaults).
+
+    Raises:
+        ValueError: as :func:`csdgen.generate` for a bad argument.
+    """
+    from csdgen.engine.generation import resolve_arguments
+    from csdgen.engine.methods import _resolve_method
+    from csdgen.trees import check_tree
+
+    rule, window, draft_init, sampling, resolved = resolve_arguments(model, method, window, sampling, draft_init,
+                                                                     refresh, seed, preset)
+    name = resolved["method"]
+    text = repr(rule)  # csd and addition: their options, as the CLI builds them
+    if name not in ("csd", "addition") and (isinstance(method, str) or repr(_resolve_method(name, model)[0]) == text):
+        text = repr(name)  # the rule the name makes
+    settings = {**_model_settings(model), "method": name, "rule": text, "window": window, "seed": resolved["seed"],
+                "draft_init": draft_init, "refresh": resolved["refresh"], "sampling": asdict(sampling)}
+    if preset is not None:
+        settings["preset"] = preset
+    tree = check_tree(tree)
+    if tree is not None:  # absent without a tree: records written before trees existed still resume
+        settings["tree"] = list(tree)
+    return settings
 
 
 @dataclass

@@ -24,6 +24,7 @@ from .guidance import GuidanceSchedule
 
 __all__ = [
     "SamplingConfig",
+    "UnguidedSamplingWarning",
     "apply_guidance",
     "apply_temperature",
     "apply_top_k",
@@ -41,9 +42,20 @@ __all__ = [
 ]
 
 
+class UnguidedSamplingWarning(UserWarning):
+    """:func:`csdgen.generate` was given a :class:`SamplingConfig` with ``guidance_scale`` 1.0 (no
+    guidance, the field's default) for a model whose default guidance is above 1. Give the changes
+    as a dict (``sampling={"temperature": 0.5}``: the model's defaults for the rest) to keep the
+    model's guidance. The CLI, whose options are explicit, does not show it."""
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """How logits become the target distribution ``q``.
+
+    Given to :func:`csdgen.generate` whole, it means exactly these settings: a field left out takes
+    the default below, not the model's (``guidance_scale`` 1.0 runs unguided); a dict of changes
+    (``sampling={"temperature": 0.5}``) keeps the model's defaults for the rest.
 
     Attributes:
         guidance_scale: classifier-free guidance scale ``s`` in ``l_u + s (l_c - l_u)``;
@@ -79,13 +91,18 @@ class SamplingConfig:
     top_n_sigma_centered: bool = True
 
     def __post_init__(self) -> None:
-        if not math.isfinite(self.guidance_scale) or self.guidance_scale < 0:
+        import numbers
+
+        def number(value) -> bool:  # bools and strings are not numbers (a bare TypeError named no field)
+            return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+        if not number(self.guidance_scale) or not math.isfinite(self.guidance_scale) or self.guidance_scale < 0:
             raise ValueError(f"guidance_scale={self.guidance_scale!r}: must be a finite number >= 0")
-        if not math.isfinite(self.temperature) or self.temperature < 0:
+        if not number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature={self.temperature!r}: must be a finite number >= 0 (0 = greedy)")
         if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1):
             raise ValueError(f"top_k={self.top_k!r}: must be None or an integer >= 1")
-        if self.top_p is not None and not (0.0 < self.top_p <= 1.0):
+        if self.top_p is not None and (not number(self.top_p) or not (0.0 < self.top_p <= 1.0)):
             raise ValueError(f"top_p={self.top_p!r}: must be None or in (0, 1]")
         if self.top_n_sigma is not None and (isinstance(self.top_n_sigma, bool) or not isinstance(self.top_n_sigma, (int, float))
                                              or not 0 < self.top_n_sigma < float("inf")):

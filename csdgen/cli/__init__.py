@@ -7,6 +7,8 @@ inside ``run``, so ``csdgen --help`` and usage errors return at once.
 
 Only this package prints. Errors a user can fix end the command with exit status 2 and one
 line naming the bad value and what is allowed; Ctrl-C ends it with status 130 and one line.
+A command that fails leaves no output folder it made and wrote nothing into
+(:func:`csdgen.atomic.undo_new_folders`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 
 from . import bench, compare, demo, generate, serve, sweep
 
@@ -79,7 +82,14 @@ def main(argv: list[str] | None = None) -> int:
         command = args.command
         if extra:  # named by the command's own parser, so the hint is `csdgen COMMAND --help`
             parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
-        return args.run(args)
+        from csdgen.atomic import undo_new_folders
+
+        # a command refused once its --out was made (a value the loaded model checks) leaves no empty folder
+        with warnings.catch_warnings(), undo_new_folders(getattr(args, "out", None)):
+            # the options are explicit: --guidance-scale 1 means unguided
+            # csdgen.sampling.UnguidedSamplingWarning, matched by its text: importing it would import torch
+            warnings.filterwarnings("ignore", message=r"sampling=SamplingConfig\(.*\) runs unguided")
+            return args.run(args)
     except ValueError as exc:
         _error(f"error: {exc}")
         return 2
@@ -92,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # "No space left on device while writing 'out/0003_x.png' (folder 'out')", no "[Errno 28]"
         message = exc.strerror or str(exc)
         if exc.filename is not None:
-            message += f": {str(exc.filename)!r}"
+            from ._common import shown_path
+
+            message += f": {shown_path(exc.filename)!r}"
         _error(f"error: {message}")
         return 2
     except KeyboardInterrupt:

@@ -10,7 +10,6 @@ images upscaled x2 by nearest neighbour to 128 x 128; checkpoints at their own s
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict
 from pathlib import Path
 
 from . import _options as opt
@@ -77,16 +76,15 @@ def _generate_kwargs(args, rule, sampling) -> dict:
     return {**kwargs, **opt.engine_kwargs(args)}
 
 
-def _run_settings(args, rule, sampling) -> dict:
-    """What determines the images (compared on resume). Not the batch size: image i draws from its own
-    random stream keyed by (seed, i), so a rerun with another --batch-size resumes the same images."""
-    settings = {"method": args.method, "rule": repr(rule), "window": args.window, "seed": args.seed,
-                "draft_init": args.draft_init, "refresh": args.refresh, "sampling": asdict(sampling)}
-    if args.preset is not None:  # absent without one: earlier records still resume
-        settings["preset"] = args.preset
-    if args.tree is not None:  # absent without a tree: records written before --tree existed still resume
-        settings["tree"] = list(args.tree)
-    return settings
+def _run_settings(args, model, rule, sampling) -> dict:
+    """What determines the images (compared on resume), resolved: :func:`csdgen.runs.run_settings`, the
+    same as :func:`csdgen.save_run` records, so each resumes the other's folder. Not the batch size: image i
+    draws from its own random stream keyed by (seed, i), so a rerun with another --batch-size resumes the
+    same images."""
+    from csdgen.runs import run_settings
+
+    return run_settings(model, seed=args.seed, method=rule, window=args.window, sampling=sampling,
+                        draft_init=args.draft_init, refresh=args.refresh, preset=args.preset, tree=args.tree)
 
 
 def _ar_window(args) -> None:
@@ -114,8 +112,7 @@ def builtin_job(args):
 
     widest = 1 if args.method == "ar" else AUTO_MAX_WINDOW if args.window == "auto" else args.window
     batch_size = cap_builtin_batch(args, model, widest, sampling.guided, len(classes))
-    weights = "shipped" if args.weights is None else str(args.weights)
-    settings = {"model": "builtin", "weights": weights, **_run_settings(args, rule, sampling)}
+    settings = _run_settings(args, model, rule, sampling)  # model "builtin", its weights "shipped" or the folder
     from csdgen.runs import slug
 
     labels = [{"class": model.class_names[c]} for c in classes]
@@ -167,10 +164,10 @@ def model_job(args):
     fill_defaults(args, model_defaults(model, family))  # no-op today: the model's own defaults where it carries them
     args.window = clamp_window(args.window, model.num_image_tokens)
     _ar_window(args)
-    settings = {"model": str(args.model), "checkpoint": str(folder), "family": family, "dtype": dtype, "device": device,
-                "grid": list(model.grid), "prompts": prompts, "negative_prompt": args.negative_prompt,
-                "positive_prompt": args.positive_prompt, "prompt_template": args.prompt_template,
-                **_run_settings(args, rule, sampling)}
+    settings = {**_run_settings(args, model, rule, sampling), "model": str(args.model), "checkpoint": str(folder),
+                "family": family, "dtype": dtype, "device": device, "grid": list(model.grid), "prompts": prompts,
+                "negative_prompt": args.negative_prompt, "positive_prompt": args.positive_prompt,
+                "prompt_template": args.prompt_template}
     labels = [{"prompt": p} for p in conditions]
     names = [f"{i:04d}_{slug(p, empty='prompt')}" for i, p in enumerate(conditions)]
     return RunPlan(model, conditions, names, labels, settings, _generate_kwargs(args, rule, sampling), scale=1), batch_size

@@ -3,7 +3,7 @@ run of the loop (or of the tree loop)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -15,7 +15,7 @@ from ..models.defaults import method_refresh
 from ..sampling import SamplingConfig, check_seed
 from ..trees import check_tree
 from .loop import _Loop
-from .methods import _check_model, _check_sampling, _check_window, _default_sampling, _preset, _resolve_method
+from .methods import _check_model, _check_sampling, _check_window, _preset, _resolve_method, _resolve_sampling
 from .results import GenerationResult, StepInfo
 from .tree_loop import _TreeLoop
 
@@ -58,7 +58,7 @@ def resolve_arguments(model: ImageTokenModel, method, window, sampling, draft_in
         window = 1
     draft_init = resolve_draft_init(draft_init, rule.draft_init, rule.name)
     check_drafting(draft_init, refresh)
-    sampling = sampling or _default_sampling(model)
+    sampling = _resolve_sampling(model, sampling)
     if sampling.top_k is not None and sampling.top_k > model.codebook_size:
         raise ValueError(f"top_k={sampling.top_k} exceeds the codebook size V={model.codebook_size}; allowed: 1..{model.codebook_size}")
     settings = {
@@ -92,7 +92,7 @@ def generate(
     window: int | str | None = None,
     seed: int = 0,
     image_indices: Sequence[int] | None = None,
-    sampling: SamplingConfig | None = None,
+    sampling: SamplingConfig | Mapping[str, Any] | None = None,
     draft_init: str | None = None,
     refresh: str | None = None,
     callback: Callable[[StepInfo], None] | None = None,
@@ -125,10 +125,15 @@ def generate(
         image_indices: the index of each image in the whole run (default ``0 .. B-1``); a
             caller splitting a run into batches passes the run-wide indices, so the batch size
             never changes an image (with a fixed window).
-        sampling: guidance scale and schedule, temperature (0 = greedy), top-k, top-nσ, top-p
-            (default: the model's, with its family's guidance schedule ``model.reference_guidance``
-            when it has one). A schedule (:mod:`csdgen.guidance`) gives every image position its
-            own scale, the same in every method: lossless methods stay exact.
+        sampling: guidance scale and schedule, temperature (0 = greedy), top-k, top-nσ, top-p.
+            None (default): the model's, with its family's guidance schedule
+            ``model.reference_guidance`` when it has one; a dict of changes to those, e.g.
+            ``{"temperature": 0.5}`` (keys: :class:`~csdgen.sampling.SamplingConfig`'s fields; the
+            model's guidance is kept); a :class:`~csdgen.sampling.SamplingConfig`: exactly these
+            settings, its own defaults for the fields it leaves out (``guidance_scale`` 1.0, no
+            guidance: a :class:`~csdgen.sampling.UnguidedSamplingWarning` says so when the
+            model's default is guided). A schedule (:mod:`csdgen.guidance`) gives every image
+            position its own scale, the same in every method: lossless methods stay exact.
         draft_init: ``"uniform"`` (CSD reference), ``"onehot"`` (SJD reference),
             ``"repeat-horizontal"`` or ``"repeat-vertical"``; None: what the rule needs
             (one-hot for GSD and LANTERN), else ``"uniform"``.
@@ -164,8 +169,9 @@ def generate(
         :class:`GenerationResult` with tokens ``[B, N]`` int64 and per-image statistics.
 
     Raises:
-        ValueError: not an image-token model, a seed outside ``0 .. 2**63 - 1``, sampling not a
-            :class:`~csdgen.sampling.SamplingConfig`, a rule's class instead of an instance,
+        ValueError: not an image-token model, a seed outside ``0 .. 2**63 - 1``, sampling neither
+            None, a dict nor a :class:`~csdgen.sampling.SamplingConfig` (or a dict with an unknown
+            key), a rule's class instead of an instance,
             bad window, unknown method, draft initialisation or refresh mode, a draft
             initialisation the rule cannot use, bad sampling settings (e.g. top-k > V),
             ``image_indices`` not one distinct non-negative int per image, conditions the model rejects

@@ -4,11 +4,13 @@ family's default sampling settings."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import fields, replace
 from typing import Any
 
 from ..acceptance import RULES, SJD, AcceptanceRule, make_rule
 from ..models.base import ImageTokenModel
-from ..sampling import SamplingConfig
+from ..sampling import SamplingConfig, UnguidedSamplingWarning
 
 __all__ = ["METHODS"]
 
@@ -45,9 +47,58 @@ def _short(value: Any) -> str:
 
 
 def _check_sampling(sampling: Any) -> None:
-    if sampling is not None and not isinstance(sampling, SamplingConfig):
-        raise ValueError(f"sampling={_short(sampling)}: allowed None (the model's defaults) or a csdgen.SamplingConfig, "
-                         f"e.g. csdgen.SamplingConfig(guidance_scale=3.0, temperature=1.0)")
+    if sampling is not None and not isinstance(sampling, (SamplingConfig, Mapping)):
+        raise ValueError(f"sampling={_short(sampling)}: allowed None (the model's defaults), a dict of changes to the "
+                         f"model's defaults such as {{'temperature': 0.5}}, or a csdgen.SamplingConfig (exactly these "
+                         f"settings), e.g. csdgen.SamplingConfig(guidance_scale=3.0, temperature=1.0)")
+
+
+def _resolve_sampling(model: ImageTokenModel, sampling: Any) -> SamplingConfig:
+    """``generate``'s ``sampling`` as a :class:`SamplingConfig`: None -> the model's defaults; a mapping ->
+    the model's defaults with those fields changed (unknown keys refused); a SamplingConfig -> itself,
+    with an :class:`UnguidedSamplingWarning` when it runs unguided (guidance_scale 1.0, SamplingConfig's own
+    default) while the model's default guidance is above 1.
+
+    Raises:
+        ValueError: another type, an unknown key (naming it and the allowed ones), or a value
+            SamplingConfig refuses.
+    """
+    _check_sampling(sampling)
+    default = _default_sampling(model)
+    if sampling is None:
+        return default
+    if isinstance(sampling, SamplingConfig):
+        if not sampling.guided and default.guidance_scale > 1:
+            _warn_unguided(sampling, default.guidance_scale)
+        return sampling
+    allowed = [f.name for f in fields(SamplingConfig)]
+    unknown = [key for key in sampling if key not in allowed]
+    if unknown:
+        raise ValueError(f"sampling={_short(dict(sampling))}: unknown key {unknown[0]!r}; allowed keys: "
+                         f"{', '.join(allowed)} (changes to the model's defaults)")
+    return replace(default, **sampling)  # SamplingConfig checks the values (one line naming the field)
+
+
+def _warn_unguided(sampling: SamplingConfig, model_scale: float) -> None:
+    """One line: this SamplingConfig runs unguided, the model's default is guided; both ways to keep its guidance."""
+    import sys
+    import warnings
+    from pathlib import Path
+
+    changed = {f.name: getattr(sampling, f.name) for f in fields(sampling) if getattr(sampling, f.name) != f.default}
+    given = ", ".join(f"{k}={v!r}" for k, v in changed.items())
+    keep = f"sampling={changed!r} (a dict: changes to the model's defaults)" if changed else "sampling=None"
+    unguided = {"guidance_scale": 1.0, **changed}
+    package = str(Path(__file__).resolve().parents[1])
+    level, frame = 1, sys._getframe(0)
+    while frame is not None and frame.f_code.co_filename.startswith(package):  # point at the caller's own line
+        if frame.f_code.co_filename.startswith((str(Path(package, "demo.py")), str(Path(package, "serve")))):
+            return  # the demo's and the server's guidance comes from their user, explicitly
+        frame, level = frame.f_back, level + 1
+    warnings.warn(f"sampling=SamplingConfig({given}) runs unguided (guidance_scale 1.0, SamplingConfig's default), "
+                  f"not with the model's guidance_scale {model_scale:g}: to keep it give {keep} or "
+                  f"SamplingConfig(guidance_scale={model_scale:g}{', ' + given if given else ''}); "
+                  f"sampling={unguided!r} runs unguided without this warning", UnguidedSamplingWarning, stacklevel=level)
 
 
 def _preset(name: str | None) -> dict:
