@@ -98,7 +98,8 @@ class _AutoWindow:
     reached and rejected per (depth bucket, age group) (:data:`DEPTH_EDGES`, :data:`AGE_GROUPS`;
     a cell's counts decay by :attr:`DECAY` at every forward that reaches it, so the estimate
     follows the image, while depths a narrow window does not reach keep what a wide one taught);
-    the pass rate of each cell is estimated from its counts, a thin cell taking the deepest
+    the pass rate of each cell is estimated from its counts (plus :attr:`PRIOR_WEIGHT` pseudo-drafts
+    passing at :attr:`PRIOR`: one forward's few drafts do not decide), a thin cell taking the deepest
     thinner-depth estimate of its age group, a depth that no draft has reached often enough at
     least :attr:`OPTIMISM` (acceptances run in long bursts where the image is flat, so a narrow
     window's shallow rates under-predict a wide one: on the built-in emoji model the chooser
@@ -157,6 +158,14 @@ class _AutoWindow:
     #: a fresh process on the built-in model started at width 4 and took ~20 iterations to reach 16)
     PRIOR = 0.8
     MIN_REACHED = 8.0  # counts a (depth, age) cell needs for its own estimate
+    #: pseudo-drafts at :attr:`PRIOR` added to every cell's counts (a Beta prior: the estimate is the
+    #: posterior mean). Without it one batch-8 forward at the images' top rows (age-2 drafts at depth
+    #: 0: 2 of 8 passed) set the rate every depth inherits, E(16) fell from 4.9 to 3.0 and then 2.0,
+    #: and the README's first command (CSD, 8 images, a fresh process, two threads) ran width 1 and 4
+    #: at 1.5-2.5x step compression: 4.85 s against window 16's 4.33 s over 11 runs; with 8: 4.19 s
+    #: against 4.10 (8 runs, interleaved). 16 over-predicted fresh drafts (width 4 by 12 % from
+    #: window-32 counts, tests/test_issue16_engine.py)
+    PRIOR_WEIGHT = 8.0
     TIME_WEIGHT = 0.3  # weight of a new time measurement
     EXPLORE_EVERY = 16  # try a neighbouring width this often, when it is predicted close to the best
     #: ... doubled after each turn that left the held width where it was, up to this: at batch 1
@@ -248,11 +257,12 @@ class _AutoWindow:
         for g in range(AGE_GROUPS):
             seen = reached[:, g] >= self.MIN_REACHED
             total = reached[:, g].sum()
-            pooled = 1 - rejected[:, g].sum() / total if total >= self.MIN_REACHED else self.PRIOR
+            a = self.PRIOR_WEIGHT
+            pooled = (total - rejected[:, g].sum() + a * self.PRIOR) / (total + a) if total >= self.MIN_REACHED else self.PRIOR
             last = None
             for b in range(len(DEPTH_EDGES)):
                 if seen[b]:
-                    last = 1 - rejected[b, g] / reached[b, g]
+                    last = (reached[b, g] - rejected[b, g] + a * self.PRIOR) / (reached[b, g] + a)
                 if b > deepest and last is not None:  # a depth no draft reached often enough: optimistic
                     rates[b, g] = max(last, self.OPTIMISM)
                 else:
