@@ -669,5 +669,12 @@ def serve(model_path: str | None = None, host: str = "127.0.0.1", port: int | No
                show_error=False, ssr_mode=False, footer_links=[], quiet=True, css=_CSS)
     print(f"csdgen demo: serving {name} on http://{host}:{app.server_port}/ (Ctrl-C stops it)", flush=True)
     if block:
-        app.block_thread()
+        # not app.block_thread(): it catches Ctrl-C itself, prints its own line and returns, so the
+        # command ended with status 0 instead of "csdgen demo: stopped" and 130 (csdgen.cli.main)
+        try:
+            while True:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            app.close()
+            raise
     return app

@@ -200,13 +200,15 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def demo_server(tmp_path):
-    """``csdgen demo --port N`` in a subprocess; yields its URL once the page answers."""
+def demo_server(tmp_path, request):
+    """``csdgen demo --port N`` in a subprocess; yields its URL once the page answers (the process:
+    ``request.node.demo_process``)."""
     port = _free_port()
     log = (tmp_path / "server.log").open("w")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "csdgen", "demo", "--port", str(port)], stdout=log,
                             stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    request.node.demo_process = proc
     url = f"http://127.0.0.1:{port}/"
     deadline = time.monotonic() + 180
     try:
@@ -220,7 +222,10 @@ def demo_server(tmp_path):
                 time.sleep(0.5)
         yield url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:  # stopped by the test
+            pass
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
@@ -319,3 +324,14 @@ def test_page_in_headless_chromium(demo_server, tmp_path):
     foreign = [u for u in requests if not u.startswith(demo_server) and not u.startswith("data:")]
     assert not foreign, f"the page fetched from outside the local server: {foreign[:5]}"
     assert (tmp_path / "demo.png").stat().st_size > 10_000
+
+
+def test_ctrl_c_on_a_running_demo_says_stopped_with_status_130(demo_server, tmp_path, request):
+    """Gradio's ``block_thread()`` caught Ctrl-C itself, printed "Keyboard interruption in main
+    thread... closing server." and returned, so ``csdgen demo`` ended with status 0 (a newcomer's
+    trial); now it ends as every command does after Ctrl-C: one line, status 130."""
+    demo = request.node.demo_process
+    demo.send_signal(signal.SIGINT)
+    assert demo.wait(timeout=30) == 130
+    log = (tmp_path / "server.log").read_text()
+    assert log.rstrip().endswith("csdgen demo: stopped") and "Keyboard interruption" not in log
