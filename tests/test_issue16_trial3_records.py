@@ -104,7 +104,7 @@ def test_sampling_given_as_a_dict_changes_only_those_fields_of_the_models_defaul
 
 
 @pytest.mark.parametrize("sampling, message", [
-    ({"temprature": 0.5}, "sampling={'temprature': 0.5}: unknown key 'temprature'; allowed keys: guidance_scale, "
+    ({"temprature": 0.5}, "sampling={'temprature': 0.5}: unknown key 'temprature' (did you mean 'temperature'?); allowed keys: guidance_scale, "
                           "temperature, top_k, top_p, guidance_schedule, top_n_sigma, top_n_sigma_centered"),
     ({"temperature": "0.5"}, "temperature='0.5': must be a finite number >= 0"),
     ({"top_k": 0}, "top_k=0: must be None or an integer >= 1"),
@@ -180,3 +180,14 @@ def test_the_demo_run_unguided_by_its_user_gives_no_unguided_sampling_warning(bu
         events = list(watch(builtin, settings_, csdgen.SamplingConfig(), threading.Event(), min_interval=0.0))
     assert events[-1][0] == "end"
     assert not [w for w in caught if issubclass(w.category, csdgen.UnguidedSamplingWarning)]
+
+
+def test_a_sampling_dict_with_several_misspelt_keys_names_each_with_the_close_one(builtin):
+    """A newcomer's trial: ``{"temprature": 0.5, "topk": 3}`` named only the first key and no correction."""
+    import csdgen
+
+    with pytest.raises(ValueError) as error:
+        csdgen.generate(builtin, [0], window=4, sampling={"temprature": 0.5, "topk": 3})
+    message = str(error.value)
+    assert "unknown keys 'temprature' (did you mean 'temperature'?), 'topk' (did you mean 'top_k'?)" in message
+    assert "\n" not in message

@@ -74,8 +74,13 @@ def _resolve_sampling(model: ImageTokenModel, sampling: Any) -> SamplingConfig:
     allowed = [f.name for f in fields(SamplingConfig)]
     unknown = [key for key in sampling if key not in allowed]
     if unknown:
-        raise ValueError(f"sampling={_short(dict(sampling))}: unknown key {unknown[0]!r}; allowed keys: "
-                         f"{', '.join(allowed)} (changes to the model's defaults)")
+        import difflib
+
+        named = ", ".join(repr(key) + "".join(f" (did you mean {close[0]!r}?)" for close in
+                                              [difflib.get_close_matches(str(key), allowed, n=1)] if close)
+                          for key in unknown)
+        raise ValueError(f"sampling={_short(dict(sampling))}: unknown key{'s' if len(unknown) > 1 else ''} {named}; "
+                         f"allowed keys: {', '.join(allowed)} (changes to the model's defaults)")
     return replace(default, **sampling)  # SamplingConfig checks the values (one line naming the field)
 
 
