@@ -110,30 +110,21 @@ def apply_preset(args) -> None:
         check_draft_init(args, [args.method], chosen=True, option="--method")
 
 
-#: options of ``csdgen generate`` and the methods that use them (``--window`` and ``ar``: ``_ar_window``)
-#: (``--tree`` with ar is refused by ``generate`` itself)
-_METHOD_OPTIONS = (("lam", "--lam", ("csd",)), ("delta", "--delta", ("csd",)),
-                   ("draft_init", "--draft-init", "speculative"), ("refresh", "--refresh", "speculative"))
-
-
 def note_unused(args) -> None:
     """A note on stderr per option given that ``--method`` does not use (``--lam`` with sjd, ``--refresh``
-    with ar), before defaults and presets fill them: it was dropped silently."""
+    with ar; :mod:`csdgen.method_options`), before defaults and presets fill them: it was dropped
+    silently. ``--addition-c`` and ``--entropy-unit`` have defaults of their own: noted when changed."""
+    from csdgen.method_options import unused_options
+
     method = getattr(args, "method", None)
     if not isinstance(method, str):
         return
-    for key, flag, users in _METHOD_OPTIONS:
-        value = getattr(args, key, None)
-        if value is None:
-            continue
-        used = method != "ar" if users == "speculative" else method in users
-        if not used:
-            what = "AR has no drafts" if users == "speculative" else f"only {', '.join(users)} uses it"
-            note(f"{flag} {value} does not apply to --method {method} ({what}); it is not used")
-    if method != "addition" and getattr(args, "addition_c", 0.2) != 0.2:
-        note(f"--addition-c {args.addition_c:g} does not apply to --method {method} (only addition uses it); it is not used")
-    if method != "csd" and getattr(args, "entropy_unit", "nats") != "nats":
-        note(f"--entropy-unit {args.entropy_unit} does not apply to --method {method} (only csd uses it); it is not used")
+    given = {key: getattr(args, key, None) for key in ("lam", "delta", "draft_init", "refresh")}
+    given["addition_c"] = args.addition_c if getattr(args, "addition_c", 0.2) != 0.2 else None
+    given["entropy_unit"] = args.entropy_unit if getattr(args, "entropy_unit", "nats") != "nats" else None
+    for key, value, why in unused_options(given, method):
+        shown_value = f"{value:g}" if key == "addition_c" else value
+        note(f"--{key.replace('_', '-')} {shown_value} does not apply to --method {method} ({why}); it is not used")
 
 
 def check_draft_init(args, names: list[str], chosen: bool, option: str = "--methods") -> None:

@@ -187,24 +187,15 @@ def _param_of(message: str, names: tuple[str, ...], default: str) -> str:
     return default
 
 
-#: csdgen's request fields that only some methods use: field -> the methods using it ("speculative": every one but ar)
-METHOD_FIELDS = (("lam", ("csd",)), ("delta", ("csd",)), ("entropy_unit", ("csd",)), ("addition_c", ("addition",)),
-                 ("draft_init", "speculative"), ("refresh", "speculative"))
-
-
 def unused_fields(body: dict, method: str) -> list[str]:
-    """One note per field ``body`` gives (not null) that ``method`` does not use, worded as ``csdgen
-    generate``'s notes: ``"lam 0.9 does not apply to method sjd (only csd uses it); it is not used"``;
-    a ``window`` other than 1 with ``ar``: it decodes at window 1."""
-    notes = []
-    for name, users in METHOD_FIELDS:
-        value = body.get(name)
-        if value is None:
-            continue
-        used = method != "ar" if users == "speculative" else method in users
-        if not used:
-            what = "AR has no drafts" if users == "speculative" else f"only {', '.join(users)} uses it"
-            notes.append(f"{name} {value} does not apply to method {method} ({what}); it is not used")
+    """One note per field ``body`` gives (not null) that ``method`` does not use
+    (:mod:`csdgen.method_options`, the table ``csdgen generate``'s notes use), worded as its notes:
+    ``"lam 0.9 does not apply to method sjd (only csd uses it); it is not used"``; a ``window``
+    other than 1 with ``ar``: it decodes at window 1."""
+    from csdgen.method_options import METHOD_OPTIONS, unused_options
+
+    notes = [f"{name} {value} does not apply to method {method} ({why}); it is not used"
+             for name, value, why in unused_options({name: body.get(name) for name in METHOD_OPTIONS}, method)]
     window = body.get("window")
     if method == "ar" and window not in (None, 1, "auto"):
         notes.append(f"method ar decodes one token per forward: window {window} does not apply (window 1)")
