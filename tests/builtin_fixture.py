@@ -4,6 +4,8 @@ names), for CLI tests."""
 
 from pathlib import Path
 
+import pytest
+
 import torch
 from safetensors.torch import save_file
 
@@ -50,3 +52,17 @@ def make_tiny_weights(folder: Path, classes: tuple[list, list, list] | None = No
     real = torch.rand(40, 3, 64, 64) * 2 - 1
     save_file(reference_feature_states(clf.eval(), real), str(folder / REFERENCE_FILE))
     return folder
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    """A test module's tiny weights folder (:func:`make_tiny_weights`); ``from builtin_fixture import weights``."""
+    return make_tiny_weights(tmp_path_factory.mktemp("weights"))
+
+
+@pytest.fixture(scope="module")
+def builtin(weights):
+    """The built-in model class loaded from the module's tiny weights; ``from builtin_fixture import builtin``."""
+    from csdgen.models.builtin import load_builtin_model
+
+    return load_builtin_model(weights)

@@ -16,7 +16,7 @@ from PIL import Image
 import csdgen
 from csdgen.serve import BackgroundServer, ServeDefaults, ServedModel, create_app
 
-from builtin_fixture import make_tiny_weights
+from builtin_fixture import builtin, weights  # noqa: F401 (fixtures)
 from cli_helpers import cli_error, run
 from cli_helpers import usage_error as _usage_error
 from serve_fixture import metric, slow_model, wait_for
@@ -26,18 +26,6 @@ TIMEOUT = 120
 
 def usage_error(capsys, *argv) -> str:
     return _usage_error(capsys, *argv, one_line=True)
-
-
-@pytest.fixture(scope="module")
-def weights(tmp_path_factory):
-    return make_tiny_weights(tmp_path_factory.mktemp("weights"))
-
-
-@pytest.fixture(scope="module")
-def builtin(weights):
-    from csdgen.models.builtin import load_builtin_model
-
-    return load_builtin_model(weights)
 
 
 def post(server, body, **kwargs) -> httpx.Response:

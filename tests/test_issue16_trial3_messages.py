@@ -10,20 +10,8 @@ import json
 
 import pytest
 
-from builtin_fixture import make_tiny_weights
+from builtin_fixture import builtin, weights  # noqa: F401 (fixtures)
 from cli_helpers import cli_error, run, usage_error
-
-
-@pytest.fixture(scope="module")
-def weights(tmp_path_factory):
-    return make_tiny_weights(tmp_path_factory.mktemp("weights"))
-
-
-@pytest.fixture(scope="module")
-def builtin(weights):
-    from csdgen.models.builtin import load_builtin_model
-
-    return load_builtin_model(weights)
 
 
 # ---- #2: a value refused once the model is loaded left an empty --out folder -----------------
