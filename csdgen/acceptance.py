@@ -28,7 +28,7 @@ from typing import ClassVar
 
 import torch
 
-from .sampling import entropy, total_variation
+from .sampling import entropy, is_number as _number, total_variation
 
 __all__ = [
     "AcceptanceRule",
@@ -44,11 +44,6 @@ __all__ = [
     "make_rule",
     "RULES",
 ]
-
-
-def _number(value) -> bool:
-    """A real number (int, float, numpy's), not a bool nor a string: rule parameters are checked with it."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def lossless_acceptance(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:

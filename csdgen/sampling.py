@@ -16,6 +16,7 @@ Temperature 0 means greedy decoding: the target distribution is one-hot on the a
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +26,7 @@ from .guidance import GuidanceSchedule
 __all__ = [
     "SamplingConfig",
     "UnguidedSamplingWarning",
+    "is_number",
     "apply_guidance",
     "apply_temperature",
     "apply_top_k",
@@ -40,6 +42,13 @@ __all__ = [
     "entropy",
     "total_variation",
 ]
+
+
+def is_number(value) -> bool:
+    """True for a real number (int, float, numpy's): not a bool and not a string. Sampling settings
+    and rule parameters are checked with it before any comparison, so a wrong type gets the
+    one-line error naming its argument, not a bare TypeError naming none."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 class UnguidedSamplingWarning(UserWarning):
@@ -91,18 +100,13 @@ class SamplingConfig:
     top_n_sigma_centered: bool = True
 
     def __post_init__(self) -> None:
-        import numbers
-
-        def number(value) -> bool:  # bools and strings are not numbers (a bare TypeError named no field)
-            return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-        if not number(self.guidance_scale) or not math.isfinite(self.guidance_scale) or self.guidance_scale < 0:
+        if not is_number(self.guidance_scale) or not math.isfinite(self.guidance_scale) or self.guidance_scale < 0:
             raise ValueError(f"guidance_scale={self.guidance_scale!r}: must be a finite number >= 0")
-        if not number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
+        if not is_number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature={self.temperature!r}: must be a finite number >= 0 (0 = greedy)")
         if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1):
             raise ValueError(f"top_k={self.top_k!r}: must be None or an integer >= 1")
-        if self.top_p is not None and (not number(self.top_p) or not (0.0 < self.top_p <= 1.0)):
+        if self.top_p is not None and (not is_number(self.top_p) or not (0.0 < self.top_p <= 1.0)):
             raise ValueError(f"top_p={self.top_p!r}: must be None or in (0, 1]")
         if self.top_n_sigma is not None and (isinstance(self.top_n_sigma, bool) or not isinstance(self.top_n_sigma, (int, float))
                                              or not 0 < self.top_n_sigma < float("inf")):
