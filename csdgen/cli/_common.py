@@ -52,11 +52,14 @@ def writable(folder: Path) -> Path:
     Raises:
         ValueError: naming the folder (:func:`shown_path`) and the reason, with "choose another with --out".
     """
+    def cannot_be_made(exc: OSError) -> ValueError:  # e.g. "File name too long": the path cannot even be looked at
+        return ValueError(f"output folder {shown_path(folder)!r} cannot be made ({exc.strerror}, {len(str(folder))} "
+                          f"characters); choose another with --out")
+
     try:
         blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
-    except OSError as exc:  # e.g. "File name too long": the path cannot even be looked at
-        raise ValueError(f"output folder {shown_path(folder)!r} cannot be made ({exc.strerror}, {len(str(folder))} "
-                         f"characters); choose another with --out") from None
+    except OSError as exc:
+        raise cannot_be_made(exc) from None
     if blocker is not None:  # mkdir would say "File exists", which reads as if the folder were there
         where = "is" if blocker == folder else f"is inside {shown_path(blocker)!r}, which is"
         raise ValueError(f"output folder {shown_path(folder)!r} {where} a file, not a folder; choose another with --out")
@@ -69,8 +72,7 @@ def writable(folder: Path) -> Path:
         import errno
 
         if exc.errno == errno.ENAMETOOLONG:
-            raise ValueError(f"output folder {shown_path(folder)!r} cannot be made ({exc.strerror}, {len(str(folder))} "
-                             f"characters); choose another with --out") from None
+            raise cannot_be_made(exc) from None
         raise ValueError(f"output folder {shown_path(folder)!r} is not writable ({exc.strerror}); choose another with "
                          f"--out") from None
     return folder
