@@ -209,6 +209,17 @@ def test_serve_notes_fields_the_method_does_not_use_as_the_cli_does(server):
     assert r.json()["csdgen"]["notes"] == []
 
 
+def test_serve_notes_and_class_reach_the_openai_client(server):
+    """The notes and the decoded class as a user of the ``openai`` package sees them (``model_extra``)."""
+    import openai
+
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    result = c.images.generate(prompt="alpha", n=1, extra_body={"method": "sjd", "lam": 0.9, "window": 4, "seed": 0})
+    info = result.model_extra["csdgen"]
+    assert info["notes"] == ["lam 0.9 does not apply to method sjd (only csd uses it); it is not used"]
+    assert info["class"] == result.data[0].revised_prompt and isinstance(info["class_index"], int)
+
+
 def test_serve_answers_which_class_a_prompt_decoded(server):
     from serve_fixture import CLASS_NAMES
 
