@@ -281,8 +281,11 @@ class JacobiMatch(AcceptanceRule):
 
 
 def _codebook(codebook: torch.Tensor | None, rule: str) -> torch.Tensor:
-    if codebook is None or codebook.dim() != 2:
-        raise ValueError(f"the {rule} rule needs the model's codebook embeddings [V, D]; this model provides none")
+    if codebook is None or not isinstance(codebook, torch.Tensor) or codebook.dim() != 2:
+        got = ("none" if codebook is None else f"shape {tuple(codebook.shape)}" if isinstance(codebook, torch.Tensor)
+               else type(codebook).__name__)
+        raise ValueError(f"the {rule} rule needs codebook embeddings [V, D] (a model's codebook_embeddings(), "
+                         f"e.g. make_rule({rule!r}, codebook=model.codebook_embeddings())); got {got}")
     return codebook.detach().float()
 
 

@@ -364,14 +364,22 @@ _NOT_COMPARED = ("preset",)
 
 
 def _comparable(settings: dict) -> dict:
-    """A record's settings as resuming compares them: without :data:`_NOT_COMPARED`, and a ``draft_init``
-    of null (records written before it was recorded resolved: the rule's own, else uniform) resolved."""
+    """A record's settings as resuming compares them: without :data:`_NOT_COMPARED`, AR's without
+    ``draft_init`` and ``refresh`` (it has no drafts), a ``draft_init`` of null (records written before
+    it was recorded resolved: the rule's own, else uniform) resolved, and a ``top_p`` of 1 as none
+    (:func:`csdgen.sampling.apply_top_p` keeps every token at 1: the same images)."""
     from csdgen.acceptance import RULES
 
     settings = {k: v for k, v in settings.items() if k not in _NOT_COMPARED}
     method = settings.get("method")
-    if "draft_init" in settings and settings["draft_init"] is None and method in ("ar", *RULES):
-        settings["draft_init"] = (RULES[method].draft_init if method in RULES else None) or "uniform"
+    if method == "ar":  # AR has no drafts: records written before run_settings left these out for it hold them
+        settings.pop("draft_init", None)
+        settings.pop("refresh", None)
+    if "draft_init" in settings and settings["draft_init"] is None and method in RULES:
+        settings["draft_init"] = RULES[method].draft_init or "uniform"
+    sampling = settings.get("sampling")
+    if isinstance(sampling, dict) and sampling.get("top_p") == 1:  # top-p 1 keeps every token: no top-p
+        settings["sampling"] = {**sampling, "top_p": None}
     return settings
 
 
@@ -713,7 +721,8 @@ def run_settings(model, *, seed: int = 0, method="csd", window=None, sampling=No
     Holds ``model`` (the built-in model: ``"builtin"`` and ``weights``; another model: its class
     name, which ``csdgen generate --model`` replaces by the checkpoint's settings), ``method``,
     ``rule`` (the rule's repr for csd and addition, else the method name quoted unless the rule
-    has other options than the name's), ``window``, ``seed``, ``draft_init``, ``refresh``,
+    has other options than the name's), ``window``, ``seed``, ``draft_init`` and ``refresh`` (not
+    for ``ar``: it has no drafts),
     ``sampling`` (every :class:`csdgen.SamplingConfig` field), ``tree`` when given and ``preset``
     (the name, for information: the run is compared by its resolved settings, not by the name).
 
@@ -736,6 +745,8 @@ def run_settings(model, *, seed: int = 0, method="csd", window=None, sampling=No
         text = repr(name)  # the rule the name makes
     settings = {**_model_settings(model), "method": name, "rule": text, "window": window, "seed": resolved["seed"],
                 "draft_init": draft_init, "refresh": resolved["refresh"], "sampling": asdict(sampling)}
+    if name == "ar":  # no drafts to initialise or refresh
+        del settings["draft_init"], settings["refresh"]
     if preset is not None:
         settings["preset"] = preset
     tree = check_tree(tree)

@@ -99,8 +99,11 @@ def test_neighbour_table_matches_brute_force_and_is_cached():
 
 
 def test_rules_need_a_codebook_and_generate_takes_it_from_the_model(cached_model):
-    with pytest.raises(ValueError, match="needs the model's codebook"):
+    # no model here: the message says what to give, not that "this model" has none
+    with pytest.raises(ValueError, match=r"needs codebook embeddings .*make_rule\('gsd', codebook=model.codebook_embeddings\(\)\)\); got none"):
         make_rule("gsd")
+    with pytest.raises(ValueError, match=r"got shape \(4,\)"):
+        make_rule("lantern", codebook=torch.zeros(4))
     with pytest.raises(ValueError, match="needs the model's codebook"):
         csdgen.generate(cached_model, [0], method="lantern")  # the random Llama has no tokenizer
 

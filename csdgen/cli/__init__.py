@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         if command in ("demo", "serve"):  # a server writes nothing to resume
             print(f"csdgen {command}: stopped", file=sys.stderr, flush=True)
         else:
-            _error("interrupted; what was written is kept (images, or compare's finished methods), "
+            # "anything already written": a Ctrl-C while the model loads has written nothing
+            _error("interrupted; anything already written is kept (images, or compare's finished methods): "
                    "rerun the same command to resume")
         return 130

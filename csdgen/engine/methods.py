@@ -4,6 +4,7 @@ family's default sampling settings."""
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 from dataclasses import fields, replace
 from typing import Any
@@ -23,8 +24,9 @@ def _check_window(window: Any, num_tokens: int | None = None) -> int | str:
     no iteration can use more slots, and the loop's buffers are sized by it."""
     if isinstance(window, str) and window == "auto":
         return "auto"
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
         raise ValueError(f"window={window!r}: must be an integer >= 1 (1 = AR) or 'auto'")
+    window = int(window)  # numpy's integers too (np.int64(8) from an array of widths)
     if num_tokens is not None:
         window = min(window, max(num_tokens, 1))
     return window
@@ -125,6 +127,8 @@ def _resolve_method(method: str | AcceptanceRule, model: ImageTokenModel,
     if not isinstance(method, (str, AcceptanceRule)):
         raise ValueError(f"method={_short(method)}: allowed a method name ({', '.join(METHODS)}) or an AcceptanceRule "
                          f"instance such as csdgen.CSD(lam=0.5)")
+    if isinstance(method, str) and method.lower() in METHODS:
+        method = method.lower()  # "CSD" as the paper spells it
     if isinstance(method, str) and method == "ar":
         return SJD(), "ar"
     if isinstance(method, str) and method not in METHODS:
@@ -137,7 +141,11 @@ def _resolve_method(method: str | AcceptanceRule, model: ImageTokenModel,
     elif method == "csd" and model.defaults is not None:
         options = {"lam": model.defaults.lam, "delta": model.defaults.delta}
     needs_codebook = getattr(RULES[method], "needs_codebook", False)
-    rule = make_rule(method, codebook=model.codebook_embeddings() if needs_codebook else None, **options)
+    codebook = model.codebook_embeddings() if needs_codebook else None
+    if needs_codebook and codebook is None:
+        raise ValueError(f"the {method} rule needs the model's codebook embeddings [V, D]; this model provides none "
+                         f"(its codebook_embeddings() returned None)")
+    rule = make_rule(method, codebook=codebook, **options)
     return rule, rule.name
 
 

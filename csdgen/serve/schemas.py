@@ -191,7 +191,8 @@ def unused_fields(body: dict, method: str) -> list[str]:
     """One note per field ``body`` gives (not null) that ``method`` does not use
     (:mod:`csdgen.method_options`, the table ``csdgen generate``'s notes use), worded as its notes:
     ``"lam 0.9 does not apply to method sjd (only csd uses it); it is not used"``; a ``window``
-    other than 1 with ``ar``: it decodes at window 1."""
+    other than 1 with ``ar``: it decodes at window 1; ``partial_images`` or ``partial_every``
+    without ``stream``: only a stream has partial images."""
     from csdgen.method_options import METHOD_OPTIONS, unused_options
 
     notes = [f"{name} {value} does not apply to method {method} ({why}); it is not used"
@@ -199,6 +200,9 @@ def unused_fields(body: dict, method: str) -> list[str]:
     window = body.get("window")
     if method == "ar" and window not in (None, 1, "auto"):
         notes.append(f"method ar decodes one token per forward: window {window} does not apply (window 1)")
+    if body.get("stream") is not True:  # partial images are events of a stream
+        notes += [f"{name} {body[name]} applies to streamed requests only (stream true); it is not used"
+                  for name in ("partial_images", "partial_every") if body.get(name) is not None]
     return notes
 
 

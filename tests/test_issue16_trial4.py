@@ -1,0 +1,77 @@
+"""Regression tests of the fourth newcomer trial's leftovers (issue 16, item 12): method names in
+capitals, numpy integer windows, partial images without a stream, the Ctrl-C message."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import csdgen
+from builtin_fixture import builtin, weights  # noqa: F401 (fixtures)
+from cli_helpers import run
+
+
+def test_method_names_in_capitals_are_the_same_method(builtin):
+    """``method="CSD"`` (the paper's spelling) was refused as an unknown method."""
+    lower = csdgen.generate(builtin, [0], method="csd", window=8, seed=3)
+    upper = csdgen.generate(builtin, [0], method="CSD", window=8, seed=3)
+    assert upper.settings["method"] == "csd"
+    assert upper.tokens.equal(lower.tokens)
+    assert csdgen.generate(builtin, [0], method="Ar", seed=3).settings["method"] == "ar"
+    with pytest.raises(ValueError, match="unknown method 'CSDX'; allowed: ar, sjd, csd"):
+        csdgen.generate(builtin, [0], method="CSDX")
+
+
+def test_a_numpy_integer_window_is_taken_and_recorded_as_an_int(builtin):
+    """``window=np.int64(8)`` (a width taken from an array) was refused while numpy floats were taken
+    for lambda."""
+    result = csdgen.generate(builtin, [0], method="sjd", window=np.int64(8), seed=1)
+    assert result.settings["window"] == 8 and type(result.settings["window"]) is int
+    assert result.tokens.equal(csdgen.generate(builtin, [0], method="sjd", window=8, seed=1).tokens)
+    for bad in (np.float64(8.0), np.bool_(True), True, 0):
+        with pytest.raises(ValueError, match="must be an integer >= 1"):
+            csdgen.generate(builtin, [0], window=bad)
+
+
+def test_the_server_notes_partial_images_asked_for_without_a_stream():
+    from csdgen.serve.schemas import unused_fields
+
+    assert unused_fields({"prompt": "a", "partial_every": 4}, "csd") == [
+        "partial_every 4 applies to streamed requests only (stream true); it is not used"]
+    assert unused_fields({"prompt": "a", "partial_images": 2, "stream": False}, "csd") == [
+        "partial_images 2 applies to streamed requests only (stream true); it is not used"]
+    assert unused_fields({"prompt": "a", "partial_images": 2, "partial_every": 4, "stream": True}, "csd") == []
+
+
+def test_ctrl_c_before_anything_is_written_does_not_say_something_was(monkeypatch, capsys, tmp_path):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("csdgen.cli.generate.builtin_job", interrupted)
+    assert run("generate", "--out", tmp_path / "o") == 130
+    err = capsys.readouterr().err
+    assert "anything already written is kept" in err and "what was written" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_ar_records_no_drafting_and_top_p_1_is_the_same_run_as_no_top_p(builtin, weights, tmp_path, capsys):
+    """AR's record listed a draft_init and refresh it does not use; ``--top-p 1`` (every token kept,
+    the same images) was refused as another run than no ``--top-p``."""
+    import json
+
+    from csdgen.runs import _comparable, run_settings
+
+    ar = run_settings(builtin, method="ar")
+    assert "draft_init" not in ar and "refresh" not in ar
+    older = {**ar, "draft_init": "uniform", "refresh": "coupled"}  # as records of AR were written before
+    assert _comparable(older) == _comparable(ar)
+    out = tmp_path / "o"
+    common = ("generate", "--weights", weights, "-n", "1", "--class", "0", "--out", out, "--method", "sjd",
+              "--window", "8", "--no-maps")
+    assert run(*common) == 0
+    first = (out / json.loads((out / "record.json").read_text())["images"]["0"]["file"]).read_bytes()
+    assert run(*common, "--top-p", "1", "-n", "2") == 0, capsys.readouterr().err  # resumes: one image more
+    images = json.loads((out / "record.json").read_text())["images"]
+    assert sorted(images) == ["0", "1"] and (out / images["0"]["file"]).read_bytes() == first
+    assert run(*common, "--top-p", "0.9", "-n", "3") == 2
+    assert "other settings" in capsys.readouterr().err
