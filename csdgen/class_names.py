@@ -60,6 +60,17 @@ def shown(text) -> str:
     return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "..."
 
 
+def shown_path(path) -> str:
+    """``path`` as an error line shows it: whole up to :data:`SHOWN_CHARS` characters, else its start
+    and end around ``...`` (a path's end names the file; a mistyped ``--out`` of thousands of
+    characters stays one line)."""
+    text = str(path)
+    if len(text) <= SHOWN_CHARS:
+        return text
+    head = SHOWN_CHARS // 2
+    return f"{text[:head]}...{text[len(text) - (SHOWN_CHARS - head - 3):]}"
+
+
 class ClassNames:
     """The class names of a model, with lookup by name (any case and spacing), alias or index.
 

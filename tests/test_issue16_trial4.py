@@ -75,3 +75,15 @@ def test_ar_records_no_drafting_and_top_p_1_is_the_same_run_as_no_top_p(builtin,
     assert sorted(images) == ["0", "1"] and (out / images["0"]["file"]).read_bytes() == first
     assert run(*common, "--top-p", "0.9", "-n", "3") == 2
     assert "other settings" in capsys.readouterr().err
+
+
+def test_save_run_shows_an_over_long_folder_by_its_start_and_end_as_the_cli_does(builtin, tmp_path):
+    """save_run cut an output folder it could not make after its first 80 characters, hiding the end
+    (where the mistyped part usually is); the CLI showed start and end. Both use shown_path now."""
+    from csdgen.class_names import SHOWN_CHARS, shown_path
+
+    out = tmp_path / ("x" * 300) / "the-end"  # a name over 255 bytes: it cannot be made
+    with pytest.raises(ValueError, match="cannot be made") as exc:
+        csdgen.save_run(builtin, [0], out, window=4)
+    assert repr(shown_path(out)) in str(exc.value) and "the-end" in str(exc.value)
+    assert len(shown_path(out)) == SHOWN_CHARS and shown_path("short") == "short"

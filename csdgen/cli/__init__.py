@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # "No space left on device while writing 'out/0003_x.png' (folder 'out')", no "[Errno 28]"
         message = exc.strerror or str(exc)
         if exc.filename is not None:
-            from ._common import shown_path
+            from ..class_names import shown_path
 
             message += f": {shown_path(exc.filename)!r}"
         _error(f"error: {message}")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ..class_names import shown_path
+
 SAMPLING_KEYS = ("guidance_scale", "temperature", "top_k", "top_p", "lam", "delta")
 
 
@@ -30,20 +32,6 @@ def compile_note(args, device) -> None:
     compile_ = getattr(args, "compile", None)
     if compile_ if compile_ is not None else torch.device(device).type == "cuda":
         note(COMPILE_NOTE)
-
-
-#: the most characters of a path an error line shows (:func:`shown_path`), as class names are cut
-SHOWN_PATH_CHARS = 80
-
-
-def shown_path(path) -> str:
-    """``path`` as an error line shows it: whole up to :data:`SHOWN_PATH_CHARS` characters, else its
-    start and end around ``...`` (a mistyped ``--out`` of thousands of characters stays one line)."""
-    text = str(path)
-    if len(text) <= SHOWN_PATH_CHARS:
-        return text
-    head = SHOWN_PATH_CHARS // 2
-    return f"{text[:head]}...{text[len(text) - (SHOWN_PATH_CHARS - head - 3):]}"
 
 
 def writable(folder: Path) -> Path:
