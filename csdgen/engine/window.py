@@ -113,8 +113,9 @@ class _AutoWindow:
     ignoring the correlation with depth) predicted 2.1 tokens for window 32 from window-32
     counts, against 4.9 measured.
 
-    The width maximising ``E(W) / t_A(W)`` wins (the width held keeps its place while within
-    :attr:`SWITCH_MARGIN` of it); every :attr:`EXPLORE_EVERY` iterations (every
+    The width maximising ``E(W) / t_A(W)`` wins, except that the better of width 1 and the widest
+    window is kept while within :attr:`HOME_MARGIN` of it, and then the width held while within
+    :attr:`SWITCH_MARGIN` of it; every :attr:`EXPLORE_EVERY` iterations (every
     :attr:`EXPLORE_EVERY_EARLY` while few drafts are counted; the interval doubles, up to
     :attr:`EXPLORE_EVERY_MAX`, after each turn that left the held width where it was, and falls
     back when the held width moves) a neighbouring width (x1.5 or
@@ -209,6 +210,14 @@ class _AutoWindow:
     #: (predictions a few percent apart are noise, and a wide window's last slots need a few
     #: forwards to hold refined drafts again)
     SWITCH_MARGIN = 0.05
+    #: the better (by predicted rate) of width 1 and the widest window the image allows, the fixed
+    #: choices a user would otherwise make, is kept while its predicted rate is within this fraction
+    #: of the best: a width between them must be predicted this much faster. The acceptance model's
+    #: error per width is of this order (SJD on the built-in model, batch 1, 8 images: from window-16
+    #: counts it predicted window 16 +7 % and 32 -3 % against the measured tokens per forward, from
+    #: window-32 counts +13 % and +4 %), so a predicted near-tie cannot tell the widths apart, and
+    #: taking the fixed choice there costs what that choice costs (issue 16 item 6 compares auto with them)
+    HOME_MARGIN = 0.05
     #: weight of the laggard's discount (:meth:`choose`'s ``lag``): 1 prices a batch as if it ran at
     #: its slowest image's pace to the end; 0 at its mean (at batch 16 on the built-in model SJD held
     #: width 8, predicted 2.30 tokens per image and forward, measured 2.27 on the mean, while its
@@ -384,7 +393,10 @@ class _AutoWindow:
         rate = tokens / seconds
         best = int(rate.argmax()) + 1
         held = self._held
-        if held is not None and held <= limit and rate[held - 1] >= (1 - self.SWITCH_MARGIN) * rate[best - 1]:
+        home = limit if rate[limit - 1] >= rate[0] else 1
+        if rate[home - 1] >= (1 - self.HOME_MARGIN) * rate[best - 1]:
+            best = home
+        elif held is not None and held <= limit and rate[held - 1] >= (1 - self.SWITCH_MARGIN) * rate[best - 1]:
             best = held
         self._held = choice = best
         thin = self.learned.counts.reached.sum() < self.THIN_COUNTS
