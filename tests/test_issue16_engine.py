@@ -1046,3 +1046,29 @@ def test_a_sampling_value_out_of_range_is_named_by_its_option(capsys, option, va
     with pytest.raises(ValueError) as raised:
         sampling_of(args)
     assert str(raised.value) == message
+
+
+def test_auto_window_behind_window_32_widths_are_priced_at_the_machines_present_pace():
+    """Issue 16 item 6: the 2-core CPU's speed moves by up to 25 % from one call to the next, and a
+    width tried in a slow moment was priced by that moment (auto's 32-wide iterations measured 48.9
+    ms where the fixed window 32 of the same run averaged 27 ms). The width held reads the pace; the
+    others' seconds are divided by it before they enter their times."""
+    auto = _chooser(BUILTIN_CSD_COUNTS[16], times={1: 0.010, 16: 0.020, 32: 0.030})
+    auto._rows, auto._held = 1, 16
+    for _ in range(30):
+        auto.observe(16, 0.030, None, None)  # the machine at two thirds of its speed
+    assert auto.learned.pace["factor"] == pytest.approx(1.5, rel=1e-3)
+    assert auto.learned.times[1][16] == 0.020  # the held width's time stays: the pace moved
+    auto.observe(32, 0.045, None, None)  # as dear as ever, relative to width 16
+    assert auto.learned.times[1][32] == pytest.approx(0.030, rel=1e-3)
+    auto.count = 1
+    width = auto.choose(255)
+    assert auto._pending[2] == pytest.approx(auto.learned.pace["factor"] * auto.cost(1)[width - 1])  # the log predicts seconds at the present pace
+
+    still = _chooser(BUILTIN_CSD_COUNTS[16], times={1: 0.010, 16: 0.020, 32: 0.030})  # control: no pace
+    still.PACE_WEIGHT = 0.0
+    still._rows, still._held = 1, 16
+    for _ in range(30):
+        still.observe(16, 0.030, None, None)
+    still.observe(32, 0.045, None, None)
+    assert still.learned.times[1][32] == pytest.approx(0.7 * 0.030 + 0.3 * 0.045)  # priced by the slow moment

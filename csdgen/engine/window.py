@@ -56,15 +56,19 @@ class _Learned:
         lag: batch size -> the laggard ratio the last batch of that size ended with (while all its
             images were decoding), the prior of the next one's (:meth:`_AutoWindow.laggard_ratio`);
             shared like ``every``.
+        pace: ``{"factor": f}``: the machine's present speed relative to the one ``times`` are kept
+            at (seconds measured = f * seconds kept; :attr:`_AutoWindow.PACE_WEIGHT`); shared like ``times``.
     """
 
     times: dict[int, dict[int, float]] = field(default_factory=dict)
     counts: _Counts = field(default_factory=_Counts)
     every: dict[int, int] = field(default_factory=dict)
     lag: dict[int, float] = field(default_factory=dict)
+    pace: dict[str, float] = field(default_factory=lambda: {"factor": 1.0})
 
 
-#: model -> {"times": {key: dict}, "counts": {key: _Counts}, "every": {key: dict}, "lag": {key: dict}}; an entry goes with its model
+#: model -> {"times": {key: dict}, "counts": {key: _Counts}, "every": {key: dict}, "lag": {key: dict},
+#: "pace": {key: dict}}; an entry goes with its model
 _STATES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
@@ -73,12 +77,13 @@ def _shared_state(model, time_key: tuple, count_key: tuple) -> _Learned:
     ``count_key`` (rule, drafting, sampling, tree); created on first use. A model that cannot be
     weakly referenced gets a fresh state every call."""
     try:
-        per_model = _STATES.setdefault(model, {"times": {}, "counts": {}, "every": {}, "lag": {}})
+        per_model = _STATES.setdefault(model, {"times": {}, "counts": {}, "every": {}, "lag": {}, "pace": {}})
     except TypeError:
         return _Learned()
     return _Learned(per_model["times"].setdefault(time_key, {}), per_model["counts"].setdefault(count_key, _Counts()),
                     per_model["every"].setdefault((time_key, count_key), {}),
-                    per_model["lag"].setdefault((time_key, count_key), {}))
+                    per_model["lag"].setdefault((time_key, count_key), {}),
+                    per_model["pace"].setdefault(time_key, {"factor": 1.0}))
 
 
 class _AutoWindow:
@@ -88,6 +93,8 @@ class _AutoWindow:
     with ``A`` images decoding, an exponential average per ``(A, W)``; a width not measured is
     interpolated linearly between measured ones, and beyond the widest with the last slope
     (>= 0); a batch size never measured takes the nearest measured one's times (a larger one first).
+    The machine's speed drifts: the width held keeps its time and its iterations read the pace
+    instead, and every other width's seconds enter its time divided by the pace (:attr:`PACE_WEIGHT`).
 
     **Tokens** ``E(W)``: a forward commits ``1 + R`` tokens per image, ``R`` the drafts accepted
     before the first rejection. Whether the draft at *depth* ``k`` (``k`` drafts already
@@ -168,6 +175,15 @@ class _AutoWindow:
     #: window-32 counts, tests/test_issue16_engine.py)
     PRIOR_WEIGHT = 8.0
     TIME_WEIGHT = 0.3  # weight of a new time measurement
+    #: weight of a new reading of the machine's pace (:attr:`_Learned.pace`). Each iteration of the
+    #: width held reads the pace (its seconds over its kept time) instead of changing its time; every
+    #: other width's seconds are divided by the pace before they enter its time. The core's speed
+    #: moves by up to 25 % from one call to the next on the 2-core CPU of docs/builtin.md (the same AR
+    #: call 8.5-10.7 s), and a width tried for a few iterations in a slow moment was priced by that
+    #: moment until tried again (SJD at batch 1: auto's 32-wide iterations measured 48.9 ms where the
+    #: fixed window 32 of the same run averaged 27 ms); divided by the pace, widths are compared as if
+    #: measured at one moment
+    PACE_WEIGHT = 0.3
     EXPLORE_EVERY = 16  # try a neighbouring width this often, when it is predicted close to the best
     #: ... doubled after each turn that left the held width where it was, up to this: at batch 1
     #: (SJD, built-in model, 10 images) turns every 16 iterations cost 3 % against the same
@@ -338,7 +354,8 @@ class _AutoWindow:
         return {**{w: t * scale for w, t in base.items()}, **own}
 
     def cost(self, rows: int) -> np.ndarray:
-        """``[max_width]`` float64 estimated seconds per iteration at W = 1 .. max_width with ``rows`` images."""
+        """``[max_width]`` float64 estimated seconds per iteration at W = 1 .. max_width with ``rows`` images,
+        at the pace the kept times are at (times the present :attr:`_Learned.pace` for seconds now)."""
         times = self._times(rows)
         widths = np.array([self.bucket(w) for w in range(1, self.max_width + 1)], dtype=np.float64)
         ws = sorted(times)
@@ -362,6 +379,7 @@ class _AutoWindow:
         batch's mean (:meth:`laggard_ratio`); a batch ends with its slowest image, so where
         ``rows > 1`` the drafts E(W) counts are discounted by it (:attr:`LAG_WEIGHT`)."""
         self.count += 1
+        pace = self.learned.pace["factor"]  # the log's predicted seconds are at the present pace
         limit = max(1, min(limit, self.max_width))
         self._rows = rows
         if not self.plan and self.count == 1 and len(self.learned.times.get(rows, {})) < 2:
@@ -378,7 +396,7 @@ class _AutoWindow:
                 self._warmed.append(self.bucket(width))
                 self._pending = None
             else:  # the rest of a wider neighbour's trial run is logged like any choice
-                self._pending = (width, float(self._expected()[width - 1]), float(self.cost(rows)[width - 1]))
+                self._pending = (width, float(self._expected()[width - 1]), float(self.cost(rows)[width - 1]) * pace)
             return width
         tokens, seconds = self._expected()[:limit], self.cost(rows)[:limit]
         if rows > 1 and lag < 1.0:
@@ -388,7 +406,7 @@ class _AutoWindow:
             # wider forwards before (the steady-state ages of E(W) would call them fresh: width 1
             # won there, and SJD at batch 1 ended its images with 2-4 width-1 iterations where
             # window 16 ended in one or two forwards), and a narrower forward costs no more
-            self._pending = (limit, float(tokens[limit - 1]), float(seconds[limit - 1]))
+            self._pending = (limit, float(tokens[limit - 1]), float(seconds[limit - 1]) * pace)
             return limit
         rate = tokens / seconds
         best = int(rate.argmax()) + 1
@@ -430,7 +448,7 @@ class _AutoWindow:
                     if seconds[other - 1] <= self.LONG_TRIAL_COST * seconds[best - 1]:
                         run = int(np.clip(np.ceil(other / tokens[best - 1]), self.EXPLORE_RUN, self.EXPLORE_RUN_MAX))
                     self.plan = [other] * (run - 1)
-        self._pending = (choice, float(tokens[choice - 1]), float(seconds[choice - 1]))
+        self._pending = (choice, float(tokens[choice - 1]), float(seconds[choice - 1]) * pace)
         return choice
 
     def laggard_ratio(self, committed: torch.Tensor, forwards: int) -> float:
@@ -514,11 +532,17 @@ class _AutoWindow:
         times = learned.times.setdefault(self._rows or 1, {})
         key = self.bucket(width)
         old = times.get(key)
+        pace = learned.pace
         if self._remeasure == key and old is not None:
-            times[key] = min(old, seconds)
+            times[key] = min(old, seconds / pace["factor"])
             self._remeasure = None
+        elif old is not None and self._held is not None and key == self.bucket(self._held):
+            # the width held: its time stays, the machine's pace moves (PACE_WEIGHT)
+            reading = min(seconds / old, self.SPIKE * pace["factor"])
+            pace["factor"] = (1 - self.PACE_WEIGHT) * pace["factor"] + self.PACE_WEIGHT * reading
         else:
-            times[key] = seconds if old is None else (1 - self.TIME_WEIGHT) * old + self.TIME_WEIGHT * min(seconds, self.SPIKE * old)
+            kept = seconds / pace["factor"]  # at the pace the kept times are at
+            times[key] = kept if old is None else (1 - self.TIME_WEIGHT) * old + self.TIME_WEIGHT * min(kept, self.SPIKE * old)
         if self._pending is not None and self._pending[0] == width and tokens is not None:
             entry = self.log.setdefault(width, {"iterations": 0, "predicted_tokens": 0.0, "measured_tokens": 0.0,
                                                 "predicted_seconds": 0.0, "measured_seconds": 0.0})
