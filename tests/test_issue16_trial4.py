@@ -87,3 +87,22 @@ def test_save_run_shows_an_over_long_folder_by_its_start_and_end_as_the_cli_does
         csdgen.save_run(builtin, [0], out, window=4)
     assert repr(shown_path(out)) in str(exc.value) and "the-end" in str(exc.value)
     assert len(shown_path(out)) == SHOWN_CHARS and shown_path("short") == "short"
+
+
+def test_method_and_auto_in_any_case_in_the_cli_the_server_and_the_library(builtin):
+    """The fifth trial: ``method="CSD"`` was taken by the library only (the CLI's ``--method CSD`` and
+    the server's ``"method": "CSD"`` were refused), and ``--window AUTO`` by the CLI only."""
+    from csdgen.cli import build_parser
+    from csdgen.serve import ServedModel
+    from csdgen.serve.schemas import parse_request
+
+    assert build_parser().parse_args(["generate", "--method", "CSD"]).method == "csd"
+    assert build_parser().parse_args(["serve", "--method", "Sjd"]).method == "sjd"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["generate", "--method", "CSDX"])
+    served = ServedModel(builtin, "builtin")
+    request = parse_request({"prompt": "red apple", "method": "CSD", "window": "AUTO"}, served)
+    assert isinstance(request.batch_kwargs["method"], csdgen.CSD) and request.batch_kwargs["window"] == "auto"
+    assert csdgen.generate(builtin, [0], method="sjd", window="AUTO", seed=2).settings["window"] == "auto"
+    with pytest.raises(ValueError, match="window='autos': must be an integer >= 1"):
+        csdgen.generate(builtin, [0], window="autos")

@@ -22,7 +22,7 @@ METHODS = ("ar", "sjd", "csd", "addition", "jacobi", "gsd", "lantern")
 def _check_window(window: Any, num_tokens: int | None = None) -> int | str:
     """``window`` checked (an integer >= 1 or ``"auto"``) and capped at the image length ``num_tokens``:
     no iteration can use more slots, and the loop's buffers are sized by it."""
-    if isinstance(window, str) and window == "auto":
+    if isinstance(window, str) and window.lower() == "auto":  # any case, as the CLI's --window takes it
         return "auto"
     if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
         raise ValueError(f"window={window!r}: must be an integer >= 1 (1 = AR) or 'auto'")

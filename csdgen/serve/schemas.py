@@ -276,11 +276,15 @@ def parse_request(body: Any, served) -> ImageRequest:
     if not isinstance(return_tokens, bool):
         raise _bad("return_tokens", f"return_tokens={return_tokens!r}: allowed true or false")
 
+    if isinstance(body.get("method"), str):  # any case, as the library and the CLI take it
+        body = {**body, "method": body["method"].lower()}
     method = _choice(body, "method", d.method, METHODS)
     window = body.get("window", d.window)
     N = served.model.num_image_tokens
     if window is None:
         window = d.window
+    if isinstance(window, str):
+        window = window.lower()
     if not (window == "auto" or (_is_int(window) and 1 <= window <= N)):
         raise _bad("window", f"window={window!r}: allowed an integer 1..{N} (tokens per image) or 'auto'")
     seed = body.get("seed")
