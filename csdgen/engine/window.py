@@ -398,7 +398,7 @@ class _AutoWindow:
             else:  # the rest of a wider neighbour's trial run is logged like any choice
                 self._pending = (width, float(self._expected()[width - 1]), float(self.cost(rows)[width - 1]) * pace)
             return width
-        tokens, seconds = self._expected()[:limit], self.cost(rows)[:limit]
+        tokens, seconds = self._expected()[:limit], self.cost(rows)[:limit] * pace  # seconds now
         if rows > 1 and lag < 1.0:
             tokens = 1.0 + (tokens - 1.0) * (1.0 - self.LAG_WEIGHT * (1.0 - max(lag, 0.0)))
         if self._held is not None and limit < self._held:
@@ -406,7 +406,7 @@ class _AutoWindow:
             # wider forwards before (the steady-state ages of E(W) would call them fresh: width 1
             # won there, and SJD at batch 1 ended its images with 2-4 width-1 iterations where
             # window 16 ended in one or two forwards), and a narrower forward costs no more
-            self._pending = (limit, float(tokens[limit - 1]), float(seconds[limit - 1]) * pace)
+            self._pending = (limit, float(tokens[limit - 1]), float(seconds[limit - 1]))
             return limit
         rate = tokens / seconds
         best = int(rate.argmax()) + 1
@@ -448,7 +448,7 @@ class _AutoWindow:
                     if seconds[other - 1] <= self.LONG_TRIAL_COST * seconds[best - 1]:
                         run = int(np.clip(np.ceil(other / tokens[best - 1]), self.EXPLORE_RUN, self.EXPLORE_RUN_MAX))
                     self.plan = [other] * (run - 1)
-        self._pending = (choice, float(tokens[choice - 1]), float(seconds[choice - 1]) * pace)
+        self._pending = (choice, float(tokens[choice - 1]), float(seconds[choice - 1]))
         return choice
 
     def laggard_ratio(self, committed: torch.Tensor, forwards: int) -> float:
