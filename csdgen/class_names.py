@@ -21,6 +21,7 @@ from __future__ import annotations
 import operator
 
 import difflib
+import errno
 import math
 import random as _random
 import re
@@ -69,6 +70,16 @@ def shown_path(path) -> str:
         return text
     head = SHOWN_CHARS // 2
     return f"{text[:head]}...{text[len(text) - (SHOWN_CHARS - head - 3):]}"
+
+
+def folder_error(path, exc: OSError) -> str:
+    """Why ``path`` could not be made, as an error line says it: ``exc``'s reason, and for a name too
+    long (ENAMETOOLONG) the length of the longest name in it, the one a file system limits (often 255
+    bytes), not the whole path's."""
+    if exc.errno == errno.ENAMETOOLONG:
+        longest = max((len(part.encode()) for part in str(path).split("/")), default=0)
+        return f"{exc.strerror}: its longest name has {longest} bytes, the path {len(str(path))} characters"
+    return exc.strerror or str(exc)
 
 
 class ClassNames:

@@ -486,14 +486,14 @@ def run_plan(plan: RunPlan, out: str | os.PathLike, *, batch_size: int, seed: in
     if not str(out).strip():
         raise ValueError(f"out={str(out)!r}: an empty output folder name; allowed: a folder path (new or existing)")
     from csdgen.atomic import undo_new_folders
-    from csdgen.class_names import shown_path
+    from csdgen.class_names import folder_error, shown_path
 
     out = Path(out)
     with undo_new_folders(out):  # refused before anything was written (a bad value found in the first batch): no folder
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise ValueError(f"output folder {shown_path(out)!r} cannot be made ({exc.strerror}); allowed: a folder path "
+            raise ValueError(f"output folder {shown_path(out)!r} cannot be made ({folder_error(out, exc)}); allowed: a folder path "
                              f"(new or existing), not a file") from None
         with folder_lock(out, "csdgen run (generate or save_run)"):
             return _run_plan(plan, out, batch_size, seed, maps, callback, on_start, on_batch)

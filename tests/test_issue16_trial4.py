@@ -87,6 +87,15 @@ def test_save_run_shows_an_over_long_folder_by_its_start_and_end_as_the_cli_does
         csdgen.save_run(builtin, [0], out, window=4)
     assert repr(shown_path(out)) in str(exc.value) and "the-end" in str(exc.value)
     assert len(shown_path(out)) == SHOWN_CHARS and shown_path("short") == "short"
+    # the limit is per name: the fifth trial read the path's 311 characters where the 300-byte name was the fault
+    assert "File name too long: its longest name has 300 bytes" in str(exc.value)
+
+
+def test_the_cli_names_the_over_long_name_not_only_the_paths_length(tmp_path, capsys):
+    out = tmp_path / ("x" * 300) / "y"
+    assert run("generate", "-n", "1", "--out", out) == 2
+    err = capsys.readouterr().err
+    assert "File name too long: its longest name has 300 bytes, the path" in err and "choose another with --out" in err
 
 
 def test_method_and_auto_in_any_case_in_the_cli_the_server_and_the_library(builtin):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..class_names import shown_path
+from ..class_names import folder_error, shown_path
 
 SAMPLING_KEYS = ("guidance_scale", "temperature", "top_k", "top_p", "lam", "delta")
 
@@ -41,8 +41,8 @@ def writable(folder: Path) -> Path:
         ValueError: naming the folder (:func:`shown_path`) and the reason, with "choose another with --out".
     """
     def cannot_be_made(exc: OSError) -> ValueError:  # e.g. "File name too long": the path cannot even be looked at
-        return ValueError(f"output folder {shown_path(folder)!r} cannot be made ({exc.strerror}, {len(str(folder))} "
-                          f"characters); choose another with --out")
+        return ValueError(f"output folder {shown_path(folder)!r} cannot be made ({folder_error(folder, exc)}); "
+                          f"choose another with --out")
 
     try:
         blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
