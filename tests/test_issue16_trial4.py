@@ -98,7 +98,7 @@ def test_the_cli_names_the_over_long_name_not_only_the_paths_length(tmp_path, ca
     assert "File name too long: its longest name has 300 bytes, the path" in err and "choose another with --out" in err
 
 
-def test_method_and_auto_in_any_case_in_the_cli_the_server_and_the_library(builtin):
+def test_method_and_auto_in_any_case_in_the_cli_the_server_and_the_library(builtin, capsys):
     """The fifth trial: ``method="CSD"`` was taken by the library only (the CLI's ``--method CSD`` and
     the server's ``"method": "CSD"`` were refused), and ``--window AUTO`` by the CLI only."""
     from csdgen.cli import build_parser
@@ -109,6 +109,7 @@ def test_method_and_auto_in_any_case_in_the_cli_the_server_and_the_library(built
     assert build_parser().parse_args(["serve", "--method", "Sjd"]).method == "sjd"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["generate", "--method", "CSDX"])
+    assert "unknown method 'CSDX'; allowed: ar, sjd, csd" in capsys.readouterr().err  # as given, not lower-cased
     served = ServedModel(builtin, "builtin")
     request = parse_request({"prompt": "red apple", "method": "CSD", "window": "AUTO"}, served)
     assert isinstance(request.batch_kwargs["method"], csdgen.CSD) and request.batch_kwargs["window"] == "auto"

@@ -232,6 +232,18 @@ def _repeated(values: list, text: str, what: str) -> None:
         raise argparse.ArgumentTypeError(f"{text!r}: {what} {repeated[0]!r} is given twice; allowed: distinct values")
 
 
+def one_of(allowed: tuple[str, ...], what: str):
+    """One name of ``allowed`` in any case (the library takes ``method="CSD"``); the error repeats the
+    name as given (argparse's ``choices`` after ``type=str.lower`` echoed it lower-cased)."""
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in allowed:
+            raise argparse.ArgumentTypeError(f"unknown {what} {text!r}; allowed: {', '.join(allowed)} (any case)")
+        return value
+    parse.__name__ = what.replace(" ", "_")
+    return parse
+
+
 def names_of(allowed: tuple[str, ...] | list[str], what: str, empty: bool = False):
     """Comma-separated names, each one of ``allowed``, none twice (``empty``: an empty string = none,
     else an empty list is refused)."""
