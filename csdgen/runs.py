@@ -493,8 +493,8 @@ def run_plan(plan: RunPlan, out: str | os.PathLike, *, batch_size: int, seed: in
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise ValueError(f"output folder {shown_path(out)!r} cannot be made ({folder_error(out, exc)}); allowed: a folder path "
-                             f"(new or existing), not a file") from None
+            raise ValueError(f"output folder {shown_path(out)!r} cannot be made ({folder_error(out, exc)}); "
+                             f"allowed: a folder path (new or existing), not a file") from None
         with folder_lock(out, "csdgen run (generate or save_run)"):
             return _run_plan(plan, out, batch_size, seed, maps, callback, on_start, on_batch)
 
