@@ -26,6 +26,7 @@ import math
 import random as _random
 import re
 import unicodedata
+from pathlib import PurePath
 from typing import Iterable, Mapping, Sequence
 
 __all__ = ["ClassNames", "name_key", "RANDOM"]
@@ -77,7 +78,7 @@ def folder_error(path, exc: OSError) -> str:
     long (ENAMETOOLONG) the length of the longest name in it, the one a file system limits (often 255
     bytes), not the whole path's."""
     if exc.errno == errno.ENAMETOOLONG:
-        longest = max((len(part.encode()) for part in str(path).split("/")), default=0)
+        longest = max((len(part.encode()) for part in PurePath(path).parts), default=0)
         return f"{exc.strerror}: its longest name has {longest} bytes, the path {len(str(path))} characters"
     return exc.strerror or str(exc)
 

@@ -244,6 +244,12 @@ def one_of(allowed: tuple[str, ...], what: str):
     return parse
 
 
+def add_method(p) -> None:
+    """``--method``: one of :data:`METHODS` in any case (:func:`one_of`), default csd; the help lists them."""
+    p.add_argument("--method", type=one_of(METHODS, "method"), metavar="{" + ",".join(METHODS) + "}", default="csd",
+                   help="decoding method (default csd)")
+
+
 def names_of(allowed: tuple[str, ...] | list[str], what: str, empty: bool = False):
     """Comma-separated names, each one of ``allowed``, none twice (``empty``: an empty string = none,
     else an empty list is refused)."""

@@ -29,7 +29,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                    "neighbour), NNNN_<class>_map.png and record.json into --out; rerun to resume.")
     opt.add_builtin_model(p, n_default="8; with --model one per prompt", batch_default=8, out_default="outputs",
                           checkpoints=True)
-    p.add_argument("--method", type=opt.one_of(opt.METHODS, "method"), metavar="{" + ",".join(opt.METHODS) + "}", default="csd", help="decoding method (default csd)")
+    opt.add_method(p)
     opt.add_method_options(p, family_note=True)
     p.add_argument("--refresh", choices=opt.REFRESH_MODES, default=None,
                    help=f"refresh of pending drafts after a rejection, both lossless: independent (SJD's) or coupled "

@@ -61,7 +61,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     opt.add_checkpoint_files(p)
     p.add_argument("--prompt-template", default=None, help="--model: template with {prompt}, {width}, {height}")
     g = p.add_argument_group("request defaults (a request's own fields win)")
-    g.add_argument("--method", type=opt.one_of(opt.METHODS, "method"), metavar="{" + ",".join(opt.METHODS) + "}", default="csd", help="decoding method (default csd)")
+    opt.add_method(g)
     opt.add_method_options(g, family_note=True)
     g.add_argument("--refresh", choices=opt.REFRESH_MODES, default=None,
                    help="refresh of pending drafts (default: the method's, as csdgen.generate: coupled for SJD and "
