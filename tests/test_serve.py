@@ -592,3 +592,13 @@ def test_an_integer_prompt_is_refused_with_a_message_that_says_how_to_write_an_i
         assert answer.status_code == 400
         message = answer.json()["error"]["message"]
         assert "prompt=5" in message and "written as a string" in message and "'0'" in message
+
+
+def test_the_openai_client_may_write_the_method_and_auto_in_any_case(server, model):
+    """Issue 16 (fifth trial): ``"method": "CSD"`` was a 400 while the library and the CLI took it."""
+    result = client(server).images.generate(model="tiny", prompt=model.class_names[0], n=1, response_format="b64_json",
+                                            extra_body={"seed": 1, "method": "SJD", "window": "AUTO"})
+    settings = result.model_extra["csdgen"]["settings"]
+    assert settings["method"] == "sjd" and settings["window"] == "auto"
+    with pytest.raises(openai.BadRequestError, match="method='SJDX'"):
+        client(server).images.generate(model="tiny", prompt=model.class_names[0], extra_body={"method": "SJDX"})

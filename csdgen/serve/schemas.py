@@ -276,8 +276,8 @@ def parse_request(body: Any, served) -> ImageRequest:
     if not isinstance(return_tokens, bool):
         raise _bad("return_tokens", f"return_tokens={return_tokens!r}: allowed true or false")
 
-    if isinstance(body.get("method"), str):  # any case, as the library and the CLI take it
-        body = {**body, "method": body["method"].lower()}
+    if isinstance(body.get("method"), str) and body["method"].lower() in METHODS:  # any case, as the library and
+        body = {**body, "method": body["method"].lower()}  # the CLI take it; a bad name is answered as given
     method = _choice(body, "method", d.method, METHODS)
     window = body.get("window", d.window)
     N = served.model.num_image_tokens
