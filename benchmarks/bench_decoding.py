@@ -16,9 +16,11 @@ Every cell runs once first on images of its own (the warm-up round, not in the t
 first timed round pays the process's first calls at its shapes, and ``auto`` starts the rounds
 with what it learns in a long run; its first call, where it learns the times per width and the
 method's acceptance, is printed on its own line against the fixed window's on the same images.
-Methods and batch sizes are interleaved (every repeat runs each (batch, method) pair once, in
-turn, every other repeat in reverse order), so a machine shared with other jobs slows all of them
-alike; the figures are means over repeats. ``--methods CSD`` runs AR and CSD only (a cell checked
+Every round decodes ``--images`` images (default 16) per cell at every batch size, in
+``ceil(images / batch)`` batches; the cells take turns batch by batch (every other turn in
+reverse order), so a machine shared with other jobs slows all of them alike and a cell's figure
+is not one image's content (with one batch per round, batch 1 timed three images per cell, and
+the paired gaps' intervals were +-24 %); seconds are per batch, means over rounds. ``--methods CSD`` runs AR and CSD only (a cell checked
 over many rounds costs a third less). The last columns time :func:`csdgen.engine.verify` as it runs inside the loop
 (``generate(profile=True)``, a separate run: profiling adds syncs): its share of an iteration.
 
@@ -185,6 +187,8 @@ def main() -> None:
                         help="how far auto may be behind the better of AR and the fixed window (default 0.03 = 3 %%)")
     parser.add_argument("--methods", type=_method_list, default=["SJD", "CSD"],
                         help="speculative methods to run at the fixed window and at auto (default SJD,CSD; AR always runs)")
+    parser.add_argument("--images", type=count(1), default=16,
+                        help="images each cell decodes per round, in ceil(images / batch) batches (default 16)")
     parser.add_argument("--timing-repeats", type=count(1), default=5)
     parser.add_argument("--no-profile", action="store_true", help="skip the verify-share runs")
     args = parser.parse_args()
@@ -195,13 +199,15 @@ def main() -> None:
     methods = args.methods
     runs = [("AR", 1)] + [(name, w) for name in methods for w in (args.window, "auto")]
     print(f"model: {description}; N={model.num_image_tokens}, V={model.codebook_size}; guidance {sampling.guidance_scale}; "
-          f"batches {batches}; {', '.join(methods)} at window {args.window} and auto; {args.repeats} interleaved "
-          f"round{'s' if args.repeats != 1 else ''} (every other round in reverse order); engine auto (the static session where the model has one; "
+          f"batches {batches}; {', '.join(methods)} at window {args.window} and auto; {args.repeats} "
+          f"round{'s' if args.repeats != 1 else ''} of {args.images} image{'s' if args.images != 1 else ''} per cell, the cells "
+          f"taking turns batch by batch (every other turn in reverse order); engine auto (the static session where the model has one; "
           f"widths below a bucket's top in the logs are windows cut by the image end); "
           f"torch threads {torch.get_num_threads()}; device {model.device}")
 
-    def classes(batch):
-        return [i % getattr(model, "num_classes", 1) for i in range(batch)]
+    def classes(batch, first=0):
+        """Image ``first + i``'s class: the same image index has the same class at every batch size."""
+        return [(first + i) % getattr(model, "num_classes", 1) for i in range(batch)]
 
     # a warm-up round, not timed in the table: every cell once on images of its own (index 10**6 + i),
     # so no cell's first round pays the process's first calls at its shapes, and window="auto" starts
@@ -213,43 +219,60 @@ def main() -> None:
             warm[(batch, name, window)] = csdgen.generate(
                 model, classes(batch), window=window, sampling=sampling, seed=0,
                 image_indices=[10**6 + i for i in range(batch)], **METHODS[name])
-    results: dict[tuple, list] = {}
+    # results[(batch, name, window)][round] = the round's calls (ceil(images / batch) batches of distinct images)
+    results: dict[tuple, list[list]] = {}
     cells = []
     verdicts: list[str] = []
     for round_ in range(args.repeats):
-        # every other round runs its cells in reverse order, so a drift within a round (the machine
-        # warming up or another job starting) does not always fall on the same method
+        # every round decodes the same number of images at every batch size (--images), so a cell's
+        # figure is not one image's content; the cells take turns batch by batch, every other turn in
+        # reverse order, so a drift of the machine's speed (up to 25 % between calls on a shared
+        # 2-core CPU) falls on every cell alike instead of on the one running at that moment
         order = [(batch, run) for batch in batches for run in runs]
-        for batch, (name, window) in order if round_ % 2 == 0 else reversed(order):
-            out = csdgen.generate(model, classes(batch), window=window, sampling=sampling, seed=round_,
-                                  image_indices=[round_ * 1000 + i for i in range(batch)], **METHODS[name])
-            results.setdefault((batch, name, window), []).append(out)
+        for run_ in order:
+            results.setdefault((run_[0], *run_[1]), []).append([])
+        turns = max(-(-args.images // batch) for batch in batches)
+        for turn in range(turns):
+            cells_now = [(b, r) for b, r in order if turn < -(-args.images // b)]
+            for batch, (name, window) in cells_now if (round_ + turn) % 2 == 0 else reversed(cells_now):
+                first = round_ * 1000 + turn * batch
+                out = csdgen.generate(model, classes(batch, first), window=window, sampling=sampling, seed=round_,
+                                      image_indices=[first + i for i in range(batch)], **METHODS[name])
+                results[(batch, name, window)][round_].append(out)
+
+    def per_batch(key, attr):
+        """Per round: the mean of ``attr`` over the round's batches (seconds: per batch)."""
+        return [statistics.mean(getattr(o, attr) for o in outs) for outs in results[key]]
+
+    def all_outs(key):
+        return [o for outs in results[key] for o in outs]
+
     for batch in batches:
         times = forward_times(model, batch, [1, args.window], sampling, args.timing_repeats)
         ratio = times[args.window] / times[1]
-        ar_seconds = statistics.mean(o.seconds for o in results[(batch, "AR", 1)])
+        ar_seconds = statistics.mean(per_batch((batch, "AR", 1), "seconds"))
         print(f"\nbatch {batch}: t(1) = {times[1] * 1e3:.2f} ms, t({args.window}) = {times[args.window] * 1e3:.2f} ms, "
               f"t({args.window})/t(1) = {ratio:.2f}")
         print(f"{'method':10} {'window':>6} {'steps':>7} {'step compr.':>11} {'s/batch':>8} {'speed-up':>9} "
               f"{'CPU limit':>9} {'mean W':>7}")
         for name, window in runs:
-            outs = results[(batch, name, window)]
+            outs = all_outs((batch, name, window))
             steps = statistics.mean(o.steps for o in outs)
             compression = statistics.mean(o.step_compression for o in outs)
-            seconds = statistics.mean(o.seconds for o in outs)
+            seconds = statistics.mean(per_batch((batch, name, window), "seconds"))
             limit = f"{compression / ratio:9.2f}" if window == args.window else f"{'':9}"
             widths = [w for o in outs for w in o.widths]
             mean_w = f"{statistics.mean(widths):7.1f}" if window == "auto" else f"{'':7}"
             print(f"{name:10} {str(window):>6} {steps:7.1f} {compression:11.2f} {seconds:8.2f} {ar_seconds / seconds:8.2f}x "
                   f"{limit} {mean_w}")
         for name in methods:
-            auto_s = statistics.mean(o.seconds for o in results[(batch, name, "auto")])
-            fixed_s = statistics.mean(o.seconds for o in results[(batch, name, args.window)])
+            auto_s = statistics.mean(per_batch((batch, name, "auto"), "seconds"))
+            fixed_s = statistics.mean(per_batch((batch, name, args.window), "seconds"))
             met, gap, best = goal(auto_s, ar_seconds, fixed_s, args.tolerance)
             cells.append(met)
             best_name = "AR" if best == "AR" else f"window {args.window}"
-            best_runs = results[(batch, "AR", 1)] if best == "AR" else results[(batch, name, args.window)]
-            mean, half = paired_gap([o.seconds for o in results[(batch, name, "auto")]], [o.seconds for o in best_runs])
+            best_key = (batch, "AR", 1) if best == "AR" else (batch, name, args.window)
+            mean, half = paired_gap(per_batch((batch, name, "auto"), "seconds"), per_batch(best_key, "seconds"))
             if half == float("inf"):
                 verdict, interval = "no interval", "paired gaps: one round, no interval"
             else:
@@ -275,7 +298,7 @@ def main() -> None:
           "forward, ms per iteration, tokens per second")
     for batch in batches:
         for name in methods:
-            log = merged_log(results[(batch, name, "auto")])
+            log = merged_log(all_outs((batch, name, "auto")))
             parts = []
             for width, e in log.items():
                 pred_rate = e["predicted_tokens"] / e["predicted_seconds"]
@@ -286,10 +309,10 @@ def main() -> None:
             print(f"  batch {batch:3} {name}: " + ("; ".join(parts) if parts else "(no choices logged)"))
     if 1 in batches and "CSD" in methods:
         print(f"\nCSD, window {args.window}: the images run alone at batch 1 (index r*1000, class 0) inside larger batches:")
-        alone_runs = results[(1, "CSD", args.window)]
+        alone_runs = [outs[0] for outs in results[(1, "CSD", args.window)]]
         alone = [o.images[0] for o in alone_runs]
         for batch in batches:
-            runs_b = results[(batch, "CSD", args.window)]
+            runs_b = [outs[0] for outs in results[(batch, "CSD", args.window)]]
             same = [o.images[0] for o in runs_b]
             agree = [float((a.tokens[0] == b.tokens[0]).float().mean()) for a, b in zip(alone_runs, runs_b)]
             print(f"  batch {batch:3}: forwards {[s.steps for s in same]} (alone {[a.steps for a in alone]}), "

@@ -42,7 +42,7 @@ def test_bench_decoding_pairs_rounds_and_says_when_three_percent_is_not_told_apa
 
 def test_bench_decoding_reduced_run_prints_the_goal_lines():
     run = subprocess.run(
-        [sys.executable, "benchmarks/bench_decoding.py", "--batches", "1", "--repeats", "2", "--timing-repeats", "1",
+        [sys.executable, "benchmarks/bench_decoding.py", "--batches", "1", "--repeats", "2", "--images", "2", "--timing-repeats", "1",
          "--no-profile", "--methods", "csd"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     goals = [line for line in run.stdout.splitlines() if line.startswith("goal ") and " batch 1:" in line]
