@@ -1072,3 +1072,35 @@ def test_auto_window_behind_window_32_widths_are_priced_at_the_machines_present_
         still.observe(16, 0.030, None, None)
     still.observe(32, 0.045, None, None)
     assert still.learned.times[1][32] == pytest.approx(0.7 * 0.030 + 0.3 * 0.045)  # priced by the slow moment
+
+
+def test_auto_window_behind_window_32_the_acceptance_model_is_calibrated_where_it_is_measured():
+    """Issue 16 item 6: from a width's own counts the acceptance model predicted that width 1-7 %
+    high (built-in model, 16 images, fixed windows 8..32), its steady-state draft ages being older
+    than the drafts' ages. Steady iterations of the width held scale every width's predicted drafts
+    by measured over predicted; the first iterations at a width (its window still holding drafts of
+    the width before) and widths tried in passing do not."""
+    import numpy as np
+
+    auto = _chooser(BUILTIN_CSD_COUNTS[16], times={1: 0.010, 16: 0.020, 32: 0.030})
+    auto._rows, auto._held = 1, 16
+    raw = auto.expected_tokens()
+    assert auto.calibration() == 1.0 and np.allclose(auto._expected(), raw)
+    measured = 1 + 0.8 * (raw[15] - 1)  # the held width commits 20 % fewer drafts than predicted
+    auto.observe(32, 0.03, None, None, tokens=1.0)  # a width tried in passing: not the one held
+    for _ in range(3):  # ceil(16 / E(16)) = 4 iterations in a row before the window holds this run's drafts
+        auto.observe(16, 0.02, None, None, tokens=measured)
+    assert auto.calibration() == 1.0
+    for _ in range(200):
+        auto.observe(16, 0.02, None, None, tokens=measured)
+    assert auto.calibration() == pytest.approx(0.8, abs=0.01)
+    expected = auto._expected()
+    assert expected[15] == pytest.approx(measured, rel=0.01)
+    assert np.allclose(expected - 1, (raw - 1) * auto.calibration())  # every width's drafts scaled alike
+    assert expected[0] == 1.0
+    auto.observe(32, 0.03, None, None, tokens=1.0)  # a trial of another width leaves it as it was
+    assert auto.calibration() == pytest.approx(0.8, abs=0.01)
+    # the factor is bounded: a run of images where nothing passes does not scale drafts to nothing
+    for _ in range(500):
+        auto.observe(16, 0.02, None, None, tokens=1.0)
+    assert auto.calibration() == auto.CALIBRATION_RANGE[0]

@@ -40,6 +40,11 @@ class _Counts:
     rejected: np.ndarray = field(default_factory=lambda: np.zeros((len(DEPTH_EDGES), AGE_GROUPS)))
     #: bumped whenever the counts change (a chooser recomputes E(W) only then: a width-1 forward reaches no draft)
     version: int = 0
+    #: decayed sums, over steady iterations of the width held, of the drafts accepted per image and
+    #: forward as measured and as the acceptance model predicted them (:meth:`_AutoWindow.calibration`)
+    #: (both start at :data:`CALIBRATION_PRIOR` drafts, which decay like any others)
+    measured_drafts: float = 16.0
+    predicted_drafts: float = 16.0
 
 
 @dataclass
@@ -241,6 +246,9 @@ class _AutoWindow:
     LAG_WEIGHT = 1.0
     LAG_PRIOR = 16.0  # drafts added to the laggard's and the mean's count (:meth:`laggard_ratio`)
     OPTIMISM = 0.9  # pass rate assumed at depths deeper than any seen (an untried wide window gets tried)
+    #: per steady iteration of the width held, the decay of the calibration's sums (:meth:`calibration`)
+    CALIBRATION_DECAY = 0.97
+    CALIBRATION_RANGE = (0.5, 1.5)  # the calibration factor is kept within these
     ITERATIONS = 12  # fixed-point iterations for E(W)
     REFRESH_EVERY = 4  # iterations between recomputations of E(W) while the counts change (it costs ~0.8 ms)
 
@@ -253,7 +261,6 @@ class _AutoWindow:
         self._pending: tuple[int, float, float] | None = None
         self._rows: int | None = None
         self.buckets: tuple[int, ...] | None = None
-        self._tokens: np.ndarray | None = None  # E(W), cached (:meth:`_expected`)
         self._held: int | None = None  # the width last chosen as the best (SWITCH_MARGIN)
         self._warm_left = 0  # warm-up iterations still planned
         self._tokens_at = (-1, 0)  # (counts version, iteration) it was computed at
@@ -264,6 +271,9 @@ class _AutoWindow:
         self._held_at_turn: int | None = None  # the width held at the last turn (EXPLORE_EVERY_MAX)
         self._batch: int | None = None  # images at the first laggard_ratio call (the batch's size)
         self._lag_full: float | None = None  # the last laggard ratio while all of them were decoding
+        self._run_width: int | None = None  # the width of the last iterations, and how many in a row
+        self._run = 0
+        self._raw: np.ndarray | None = None  # E(W) before calibration, cached (:meth:`_expected`)
 
     def bucket(self, width: int) -> int:
         """The width a window of ``width`` slots costs (itself without buckets)."""
@@ -311,16 +321,34 @@ class _AutoWindow:
         # and it has more of them); the fixed point of a wider one can land a hair lower: keep it monotone
         return np.maximum.accumulate(tokens[:, 0])
 
+    def calibration(self) -> float:
+        """The factor the acceptance model's drafts per forward (``E(W) - 1``) are multiplied by:
+        drafts accepted per image and forward as measured over as predicted, summed (decayed by
+        :attr:`CALIBRATION_DECAY`) over the iterations of the width held once its window holds only
+        drafts refined in the run (``ceil(W / E(W))`` iterations in a row at it), both sums starting
+        at 16 drafts (:class:`_Counts`: a ratio of a few forwards' drafts is noise, one forward accepts
+        anything from 0 to W - 1), kept within :attr:`CALIBRATION_RANGE`.
+
+        The model predicts the width its counts come from too high: on the built-in model (16 images,
+        fixed windows 8..32) by +1 to +7 % for SJD and 0 to +7 % for CSD, its steady-state draft ages
+        (``floor((W - 1 - k) / L)``) being older than the ages the drafts have. Scaled where it is
+        measured, its prediction for the other widths moved from 0-11 % (SJD) and 0-16 % (CSD) off
+        to the same spread around the right level (docs/builtin.md, issue 16 item 6)."""
+        counts = self.learned.counts
+        low, high = self.CALIBRATION_RANGE
+        return float(np.clip(counts.measured_drafts / max(counts.predicted_drafts, 1e-9), low, high))
+
     def _expected(self) -> np.ndarray:
-        """:meth:`expected_tokens`, recomputed only when the counts changed, and then at most every
-        :attr:`REFRESH_EVERY` iterations (the counts move by a few percent per iteration; the fixed
-        point costs about 0.8 ms, 5-7 % of a batch-1 iteration of the built-in model)."""
+        """``[max_width]`` float64: :meth:`expected_tokens` with its drafts scaled by :meth:`calibration`.
+        E(W) is recomputed only when the counts changed, and then at most every :attr:`REFRESH_EVERY`
+        iterations (the counts move by a few percent per iteration; the fixed point costs about 0.8 ms,
+        5-7 % of a batch-1 iteration of the built-in model)."""
         version = self.learned.counts.version
         at_version, at_count = self._tokens_at
-        if self._tokens is None or (version != at_version and self.count - at_count >= self.REFRESH_EVERY):
-            self._tokens = self.expected_tokens()
+        if self._raw is None or (version != at_version and self.count - at_count >= self.REFRESH_EVERY):
+            self._raw = self.expected_tokens()
             self._tokens_at = (version, self.count)
-        return self._tokens
+        return 1.0 + (self._raw - 1.0) * self.calibration()
 
     # -- the cost model ------------------------------------------------------------------------
 
@@ -543,6 +571,13 @@ class _AutoWindow:
         else:
             kept = seconds / pace["factor"]  # at the pace the kept times are at
             times[key] = kept if old is None else (1 - self.TIME_WEIGHT) * old + self.TIME_WEIGHT * min(kept, self.SPIKE * old)
+        self._run = self._run + 1 if width == self._run_width else 1
+        self._run_width = width
+        if (tokens is not None and width > 1 and width == self._held and self._raw is not None
+                and self._run >= np.ceil(width / self._expected()[width - 1])):
+            # a steady iteration of the width held: the calibration's sums (calibration)
+            counts.measured_drafts = self.CALIBRATION_DECAY * counts.measured_drafts + max(tokens - 1.0, 0.0)
+            counts.predicted_drafts = self.CALIBRATION_DECAY * counts.predicted_drafts + float(self._raw[width - 1]) - 1.0
         if self._pending is not None and self._pending[0] == width and tokens is not None:
             entry = self.log.setdefault(width, {"iterations": 0, "predicted_tokens": 0.0, "measured_tokens": 0.0,
                                                 "predicted_seconds": 0.0, "measured_seconds": 0.0})
