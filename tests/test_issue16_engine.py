@@ -1091,7 +1091,7 @@ def test_auto_window_behind_window_32_the_acceptance_model_is_calibrated_where_i
     for _ in range(3):  # ceil(16 / E(16)) = 4 iterations in a row before the window holds this run's drafts
         auto.observe(16, 0.02, None, None, tokens=measured)
     assert auto.calibration() == 1.0
-    for _ in range(200):
+    for _ in range(3000):
         auto.observe(16, 0.02, None, None, tokens=measured)
     assert auto.calibration() == pytest.approx(0.8, abs=0.01)
     expected = auto._expected()
@@ -1101,6 +1101,6 @@ def test_auto_window_behind_window_32_the_acceptance_model_is_calibrated_where_i
     auto.observe(32, 0.03, None, None, tokens=1.0)  # a trial of another width leaves it as it was
     assert auto.calibration() == pytest.approx(0.8, abs=0.01)
     # the factor is bounded: a run of images where nothing passes does not scale drafts to nothing
-    for _ in range(500):
+    for _ in range(3000):
         auto.observe(16, 0.02, None, None, tokens=1.0)
     assert auto.calibration() == auto.CALIBRATION_RANGE[0]
