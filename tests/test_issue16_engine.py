@@ -1104,3 +1104,26 @@ def test_auto_window_behind_window_32_the_acceptance_model_is_calibrated_where_i
     for _ in range(3000):
         auto.observe(16, 0.02, None, None, tokens=1.0)
     assert auto.calibration() == auto.CALIBRATION_RANGE[0]
+
+
+def test_auto_window_a_batch_of_2_with_one_image_behind_does_not_freeze_at_width_1():
+    """Issue 16 item 6: one image of a pair had accepted half the other's drafts (laggard ratio 0.48);
+    priced wholly at the laggard's pace every wide window fell below width 1, width 1 tests no draft
+    so the ratio froze there, and the next batches inherited it as their prior: CSD at batch 2 ran
+    width 1 for 2102 iterations, 8.4 % behind window 32. Half the laggard's discount keeps the wide
+    window (times per width as measured at batch 2 on the built-in model, one thread)."""
+    from csdgen.engine.window import _AutoWindow
+
+    times = {1: 0.0072, 4: 0.0098, 8: 0.0122, 16: 0.0179, 32: 0.0246}
+
+    def chooser(weight):
+        auto = _chooser(BUILTIN_CSD_COUNTS[16], times=times, rows=2)
+        raw = auto.expected_tokens()
+        level = 1 + (raw - 1) * (3.74 - 1) / (raw[15] - 1)  # width 16 at the 3.74 tokens predicted in that run
+        auto._expected = lambda: level
+        auto.LAG_WEIGHT, auto.count, auto._held = weight, 1, 1
+        return auto
+
+    # at ratio 0.4 (the run's pair was at 0.45-0.55 with its counts and calibration of the moment)
+    assert chooser(_AutoWindow.LAG_WEIGHT).choose(255, rows=2, lag=0.4) > 4
+    assert chooser(1.0).choose(255, rows=2, lag=0.4) == 1  # control: the whole discount
