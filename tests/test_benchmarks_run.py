@@ -2,6 +2,7 @@
 someone runs it for a figure is found here instead (bench_overhead broke at batch 16 when csdgen
 began refusing an image index given twice, and nobody saw it until a figure was owed)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -70,3 +71,17 @@ def test_bench_decoding_refuses_bad_arguments_in_one_line():
                              text=True, timeout=120)
         assert run.returncode == 2 and "Traceback" not in run.stderr, (args, run.stderr)
         assert says in run.stderr, (args, run.stderr)
+
+
+def test_acceptance_model_check_prints_raw_and_calibrated_errors_per_width():
+    run = subprocess.run([sys.executable, "benchmarks/acceptance_model_check.py", "--images", "1"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    for method in ("SJD", "CSD"):
+        assert f"\n{method} measured: W4 " in run.stdout, run.stdout
+    calibrated = [line for line in run.stdout.splitlines() if "counts, calibrated:" in line]
+    assert len(calibrated) == 8 and all(line.count(" %") == 5 for line in calibrated), run.stdout
+    # calibrated at its own width, a source width's error there is zero
+    for line in calibrated:
+        source = int(line.split("window")[1].split()[0])
+        assert f"W{source}   +0 %" in line or f"W{source}   -0 %" in line, line
