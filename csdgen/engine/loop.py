@@ -207,7 +207,7 @@ class _Loop:
 
     #: feed one extra probe slot in the first iteration (the tree loop checks its compaction instead)
     PROBE = True
-    #: ``window="auto"`` prices the batch at its slowest image's pace (:meth:`_AutoWindow.choose`'s
+    #: ``window="auto"`` prices the batch towards its slowest image's pace (:meth:`_AutoWindow.choose`'s
     #: ``lag``): the batch ends with it. Continuous batching sets it False (new images join, and its
     #: images started at different steps)
     paced_by_laggard = True

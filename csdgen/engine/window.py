@@ -42,7 +42,7 @@ class _Counts:
     version: int = 0
     #: decayed sums, over steady iterations of the width held, of the drafts accepted per image and
     #: forward as measured and as the acceptance model predicted them (:meth:`_AutoWindow.calibration`)
-    #: (both start at :data:`CALIBRATION_PRIOR` drafts, which decay like any others)
+    #: (both start at 16 drafts, which decay like any others)
     measured_drafts: float = 16.0
     predicted_drafts: float = 16.0
 
@@ -148,8 +148,8 @@ class _AutoWindow:
     seconds per iteration (:attr:`GenerationResult.auto_log`).
 
     Several images decoding together end with the slowest: where ``rows > 1`` the drafts E(W)
-    counts (``E(W) - 1``) are scaled by the laggard's accepted drafts per forward over the batch's
-    mean, each plus :attr:`LAG_PRIOR` drafts at the ratio the last batch of the same size ended
+    counts (``E(W) - 1``) are scaled by ``1 - LAG_WEIGHT * (1 - r)`` (:attr:`LAG_WEIGHT`), ``r`` the
+    laggard's accepted drafts per forward over the batch's mean, each plus :attr:`LAG_PRIOR` drafts at the ratio the last batch of the same size ended
     with (``lag``, :meth:`laggard_ratio`, from the committed lengths the loop already has on the
     host), so a width that raises the mean while the laggard keeps its pace is not chosen (SJD at
     batch 16 held width 8 on a mean-rate tie with width 1 and took 140 forwards where AR takes 256
@@ -343,8 +343,8 @@ class _AutoWindow:
         The model predicts the width its counts come from too high: on the built-in model (16 images,
         fixed windows 8..32) by +1 to +7 % for SJD and 0 to +7 % for CSD, its steady-state draft ages
         (``floor((W - 1 - k) / L)``) being older than the ages the drafts have. Scaled where it is
-        measured, its prediction for the other widths moved from 0-11 % (SJD) and 0-16 % (CSD) off
-        to the same spread around the right level (docs/builtin.md, issue 16 item 6)."""
+        measured, what is left of its error at another width is that of its ratio ``E(W) / E(held)``
+        (``benchmarks/acceptance_model_check.py``; docs/builtin.md, issue 16 item 6)."""
         counts = self.learned.counts
         low, high = self.CALIBRATION_RANGE
         return float(np.clip(counts.measured_drafts / max(counts.predicted_drafts, 1e-9), low, high))
