@@ -187,8 +187,8 @@ def main() -> None:
                         help="how far auto may be behind the better of AR and the fixed window (default 0.03 = 3 %%)")
     parser.add_argument("--methods", type=_method_list, default=["SJD", "CSD"],
                         help="speculative methods to run at the fixed window and at auto (default SJD,CSD; AR always runs)")
-    parser.add_argument("--images", type=count(1), default=16,
-                        help="images each cell decodes per round, in ceil(images / batch) batches (default 16)")
+    parser.add_argument("--images", type=count(1, maximum=1000), default=16,
+                        help="images each cell decodes per round, in ceil(images / batch) batches (default 16, at most 1000: a round's image indices are round * 1000 + i)")
     parser.add_argument("--timing-repeats", type=count(1), default=5)
     parser.add_argument("--no-profile", action="store_true", help="skip the verify-share runs")
     args = parser.parse_args()

@@ -64,6 +64,7 @@ def test_bench_decoding_refuses_bad_arguments_in_one_line():
                        (["--batches", "1,x"], "--batches: '1,x': 'x': expected an integer in 1.."),
                        (["--window", "0"], "--window: 0: must be an integer >= 2"),
                        (["--timing-repeats", "0"], "--timing-repeats: 0: must be an integer >= 1"),
+                       (["--images", "1001"], "--images: 1001: allowed at most 1000"),
                        (["--tolerance", "-1"], "--tolerance: '-1': allowed a fraction in [0, 1)"),
                        (["--methods", "ar"], "--methods: 'ar': allowed SJD, CSD, comma-separated, each once"),
                        (["--methods", "csd,CSD"], "--methods: 'csd,CSD': allowed SJD, CSD, comma-separated, each once")):
