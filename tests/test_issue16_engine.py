@@ -280,6 +280,10 @@ def _chooser(counts=None, times=None, rows=1):
         auto.learned.counts.rejected = np.array(counts[1], dtype=float)
     if times is not None:
         auto.learned.times[rows] = dict(times)
+    # mid-run: the last forward's drafts span the widest window, so the steady-state E(W) prices every
+    # width (a first choice after prefill, or one after narrow forwards, prices wider widths by their
+    # ramp: ramp_tokens)
+    auto._run_width = auto.max_width
     return auto
 
 
@@ -1120,10 +1124,45 @@ def test_auto_window_a_batch_of_2_with_one_image_behind_does_not_freeze_at_width
         auto = _chooser(BUILTIN_CSD_COUNTS[16], times=times, rows=2)
         raw = auto.expected_tokens()
         level = 1 + (raw - 1) * (3.74 - 1) / (raw[15] - 1)  # width 16 at the 3.74 tokens predicted in that run
-        auto._expected = lambda: level
+        auto._expected = lambda limit=None: level
         auto.LAG_WEIGHT, auto.count, auto._held = weight, 1, 1
         return auto
 
     # at ratio 0.4 (the run's pair was at 0.45-0.55 with its counts and calibration of the moment)
     assert chooser(_AutoWindow.LAG_WEIGHT).choose(255, rows=2, lag=0.4) > 4
     assert chooser(1.0).choose(255, rows=2, lag=0.4) == 1  # control: the whole discount
+
+
+def test_auto_window_behind_window_32_prices_a_wider_window_by_its_ramp_near_the_image_end():
+    """Issue 16 item 6: at batch 16 auto ran width 1 and then, 8 positions from the image end, widths
+    8, 7, 6, 5, 3: the steady state predicted 2.3 tokens per forward at width 8, but after width-1
+    forwards every draft of the wider window is fresh (1.2-1.4 measured), and each of those forwards
+    cost 2.3 width-1 iterations (times per width as measured at batch 16 on the built-in model, one
+    thread). Priced by its ramp (ramp_tokens), the wider window is not taken there."""
+    import numpy as np
+
+    times = {1: 0.0169, 2: 0.0190, 4: 0.0250, 8: 0.0389, 16: 0.0680, 32: 0.1257}
+
+    def chooser(last):
+        auto = _chooser(BUILTIN_CSD_COUNTS[16], times=times, rows=16)
+        auto.buckets = (1, 2, 4, 8, 16, 32, 64)
+        auto.count, auto._held, auto._run_width = 1, 1, last
+        return auto
+
+    assert chooser(32).choose(8, rows=16) == 8  # control: priced by the steady state, width 8 wins
+    assert chooser(1).choose(8, rows=16) < 8  # after width-1 forwards: its drafts would be fresh
+
+    auto = chooser(1)
+    steady = auto.expected_tokens()
+    auto._raw = steady
+    fresh = auto.pass_rates()[:, 0]  # every draft fresh: the first forward after width 1
+    depth = np.arange(31)
+    bucket = np.searchsorted(np.asarray((1, 2, 4, 8, 16, 32)), depth, side="right")
+    first = 1 + np.array([np.cumprod(fresh[bucket[: w - 1]]).sum() for w in range(1, 33)])
+    assert np.allclose(auto.ramp_tokens(1, 1), first)  # one forward left: the first forward's tokens
+    assert auto.ramp_tokens(1, 10**6) == pytest.approx(steady, rel=1e-3)  # a long run: the steady state
+    ramp = auto.ramp_tokens(8, 64)
+    assert np.array_equal(ramp[:8], steady[:8]) and np.all(ramp[8:] < steady[8:])  # only wider widths ramp
+    # drafts the last forward left shorten the ramp: from width 16, width 32 loses less than from width 1
+    assert auto.ramp_tokens(16, 64)[31] > auto.ramp_tokens(1, 64)[31]
+

@@ -128,6 +128,11 @@ class _AutoWindow:
     **Calibration**: the drafts per forward ``E(W) - 1`` are scaled by measured over predicted at
     the width held, in its steady iterations (:meth:`calibration`).
 
+    **Ramp**: a width wider than the last forward's starts from the drafts that forward left, its
+    other slots fresh, and reaches its steady state after two forwards; it is priced by its tokens
+    averaged over the forwards it has left before the image end (:meth:`ramp_tokens`), which near
+    the end is its first forward or two.
+
     The width maximising ``E(W) / t_A(W)`` wins, except that the better of width 1 and the widest
     window is kept while within :attr:`HOME_MARGIN` of it, and then the width held while within
     :attr:`SWITCH_MARGIN` of it; every :attr:`EXPLORE_EVERY` iterations (every
@@ -149,11 +154,11 @@ class _AutoWindow:
 
     Several images decoding together end with the slowest: where ``rows > 1`` the drafts E(W)
     counts (``E(W) - 1``) are scaled by ``1 - LAG_WEIGHT * (1 - r)`` (:attr:`LAG_WEIGHT`), ``r`` the
-    laggard's accepted drafts per forward over the batch's mean, each plus :attr:`LAG_PRIOR` drafts at the ratio the last batch of the same size ended
-    with (``lag``, :meth:`laggard_ratio`, from the committed lengths the loop already has on the
-    host), so a width that raises the mean while the laggard keeps its pace is not chosen (SJD at
-    batch 16 held width 8 on a mean-rate tie with width 1 and took 140 forwards where AR takes 256
-    and the mean image 113: 9.25 s against AR's 8.03).
+    laggard's accepted drafts per forward over the batch's mean, each plus :attr:`LAG_PRIOR` drafts
+    at the ratio the last batch of the same size ended with (``lag``, :meth:`laggard_ratio`, from
+    the committed lengths the loop already has on the host), so a width that raises the mean while
+    the laggard keeps its pace is not chosen (SJD at batch 16 held width 8 on a mean-rate tie with
+    width 1 and took 140 forwards where AR takes 256 and the mean image 113: 9.25 s against AR's 8.03).
 
     A batch's near ties are not given to width 1: a margin of 10 % for width 1 where ``rows > 1``
     (tried in 1aaa363) made the README's first command (CSD, 8 images in one batch, two threads)
@@ -285,6 +290,8 @@ class _AutoWindow:
         self._run_width: int | None = None  # the width of the last iterations, and how many in a row
         self._run = 0
         self._raw: np.ndarray | None = None  # E(W) before calibration, cached (:meth:`_expected`)
+        self._ramp: list[np.ndarray] = []  # ramp_tokens' first two forwards, for the key _ramp_at
+        self._ramp_at: tuple | None = None
 
     def bucket(self, width: int) -> int:
         """The width a window of ``width`` slots costs (itself without buckets)."""
@@ -315,22 +322,67 @@ class _AutoWindow:
                     rates[b, g] = last if last is not None else pooled
         return rates.clip(0.0, 1.0)
 
+    def _grid(self):
+        """``(widths [M, 1], depth [1, M - 1], drafts [M, M - 1] bool, bucket [1, M - 1])`` of E(W)'s
+        arrays: every width W = 1 .. M against every draft depth, whether W holds a draft at that depth,
+        and the depth's bucket (:data:`DEPTH_EDGES`)."""
+        M = self.max_width
+        if getattr(self, "_grid_of", None) != M:
+            widths = np.arange(1, M + 1, dtype=np.float64)[:, None]
+            depth = np.arange(max(M - 1, 1))[None]
+            bucket = np.searchsorted(np.asarray(DEPTH_EDGES[1:]), depth, side="right")
+            self._grid_arrays, self._grid_of = (widths, depth, depth <= widths - 2, bucket), M
+        return self._grid_arrays
+
+    def _one_forward(self, rates: np.ndarray, age: np.ndarray) -> np.ndarray:
+        """``[M]`` float64 tokens one forward commits per image at W = 1 .. M when the draft at depth
+        ``k`` has age group ``age[W - 1, k]`` (``[M, M - 1]`` int64): ``1 + sum_k prod_{s<=k} pass(s, age_s)``."""
+        _, _, drafts, bucket = self._grid()
+        passes = np.where(drafts, rates[bucket, age], 0.0)
+        return 1.0 + np.cumprod(passes, axis=1).sum(1)
+
+    def _steady_ages(self, tokens: np.ndarray) -> np.ndarray:
+        """``[M, M - 1]`` int64 age group of the draft at depth ``k`` in a steady run of width W committing
+        ``tokens[W - 1]`` (``[M]``) tokens per forward: ``floor((W - 1 - k) / L)`` (class docstring)."""
+        widths, depth, _, _ = self._grid()
+        return np.minimum(np.floor((widths - 1 - depth) / tokens[:, None]), AGE_GROUPS - 1).clip(0).astype(np.int64)
+
     def expected_tokens(self) -> np.ndarray:
         """``[max_width]`` float64: E(W), tokens committed per image and forward, for W = 1 .. max_width."""
-        M = self.max_width
         rates = self.pass_rates()
-        widths = np.arange(1, M + 1, dtype=np.float64)[:, None]  # [M, 1]
-        depth = np.arange(max(M - 1, 1))[None]  # [1, M-1]
-        drafts = depth <= widths - 2
-        bucket = np.searchsorted(np.asarray(DEPTH_EDGES[1:]), depth, side="right")  # [1, M-1]
-        tokens = np.ones((M, 1))
+        tokens = np.ones(self.max_width)
         for _ in range(self.ITERATIONS):
-            age = np.minimum(np.floor((widths - 1 - depth) / tokens), AGE_GROUPS - 1).clip(0).astype(np.int64)
-            passes = np.where(drafts, rates[bucket, age], 0.0)
-            tokens = 0.5 * tokens + 0.5 * (1 + np.cumprod(passes, axis=1).sum(1, keepdims=True))
+            tokens = 0.5 * tokens + 0.5 * self._one_forward(rates, self._steady_ages(tokens))
         # a wider window commits at least as many tokens (its drafts at every depth are as old or older,
         # and it has more of them); the fixed point of a wider one can land a hair lower: keep it monotone
-        return np.maximum.accumulate(tokens[:, 0])
+        return np.maximum.accumulate(tokens)
+
+    def ramp_tokens(self, last: int, limit: int) -> np.ndarray:
+        """``[max_width]`` float64: E(W) (uncalibrated, :meth:`expected_tokens`) averaged over the forwards
+        a switch from width ``last`` (the last forward's) to W has left before the image end, ``limit``
+        positions away: ``n = ceil(limit / E(W))`` forwards, the first two of which hold younger drafts.
+
+        The drafts a width-``last`` forward leaves have the ages of its steady run; a wider window's
+        other slots start fresh, and every forward refines every draft once, so forward ``j`` after the
+        switch (0, 1) sees at depth ``k`` the age ``min(steady_W(k), steady_last(k) + j)``, and from the
+        third on (:data:`AGE_GROUPS` = 3) the steady one: the mean is ``(E_0 + E_1 + (n - 2) E(W)) / n``
+        (``E_0`` where ``n`` is 1). Widths up to ``last`` keep E(W). Near the image end the steady state
+        never comes: batch 16 on the built-in model ran width 1, then at 8 positions from the end widths
+        8, 7, 6, 5, 3 (predicted 2.3 tokens per forward at width 8, 1.2-1.4 measured: every draft was
+        fresh), six iterations of the 8-wide bucket, 2.3 times a width-1 iteration each, about 3 % of the batch."""
+        steady = self._raw if self._raw is not None else self.expected_tokens()
+        key = (self._tokens_at, last)
+        if self._ramp_at != key:
+            rates = self.pass_rates()
+            ages = self._steady_ages(steady)
+            _, depth, _, _ = self._grid()
+            left = np.floor((last - 1 - depth) / steady[last - 1]).clip(0).astype(np.int64)  # [1, M - 1]
+            self._ramp = [self._one_forward(rates, np.minimum(ages, left + j)) for j in (0, 1)]
+            self._ramp_at = key
+        first, second = self._ramp
+        n = np.maximum(np.ceil(limit / steady), 1.0)
+        mean = np.where(n >= 2, (first + second + (n - 2) * steady) / n, first)
+        return np.where(np.arange(1, self.max_width + 1) > last, mean, steady)
 
     def calibration(self) -> float:
         """The factor the acceptance model's drafts per forward (``E(W) - 1``) are multiplied by:
@@ -349,8 +401,10 @@ class _AutoWindow:
         low, high = self.CALIBRATION_RANGE
         return float(np.clip(counts.measured_drafts / max(counts.predicted_drafts, 1e-9), low, high))
 
-    def _expected(self) -> np.ndarray:
-        """``[max_width]`` float64: :meth:`expected_tokens` with its drafts scaled by :meth:`calibration`.
+    def _expected(self, limit: int | None = None) -> np.ndarray:
+        """``[max_width]`` float64: :meth:`expected_tokens` with its drafts scaled by :meth:`calibration`;
+        given ``limit`` (positions left to the image end) and after a first forward, the widths wider
+        than the last forward's averaged over the forwards they have left (:meth:`ramp_tokens`).
         E(W) is recomputed only when the counts changed, and then at most every :attr:`REFRESH_EVERY`
         iterations (the counts move by a few percent per iteration; the fixed point costs about 0.8 ms,
         5-7 % of a batch-1 iteration of the built-in model)."""
@@ -359,7 +413,8 @@ class _AutoWindow:
         if self._raw is None or (version != at_version and self.count - at_count >= self.REFRESH_EVERY):
             self._raw = self.expected_tokens()
             self._tokens_at = (version, self.count)
-        return 1.0 + (self._raw - 1.0) * self.calibration()
+        raw = self._raw if limit is None else self.ramp_tokens(self._run_width or 1, limit)
+        return 1.0 + (raw - 1.0) * self.calibration()
 
     # -- the cost model ------------------------------------------------------------------------
 
@@ -437,7 +492,7 @@ class _AutoWindow:
             else:  # the rest of a wider neighbour's trial run is logged like any choice
                 self._pending = (width, float(self._expected()[width - 1]), float(self.cost(rows)[width - 1]) * pace)
             return width
-        tokens, seconds = self._expected()[:limit], self.cost(rows)[:limit] * pace  # seconds now
+        tokens, seconds = self._expected(limit)[:limit], self.cost(rows)[:limit] * pace  # seconds now
         if rows > 1 and lag < 1.0:
             tokens = 1.0 + (tokens - 1.0) * (1.0 - self.LAG_WEIGHT * (1.0 - max(lag, 0.0)))
         if self._held is not None and limit < self._held:
