@@ -292,6 +292,7 @@ class _AutoWindow:
         self._raw: np.ndarray | None = None  # E(W) before calibration, cached (:meth:`_expected`)
         self._ramp: list[np.ndarray] = []  # ramp_tokens' first two forwards, for the key _ramp_at
         self._ramp_at: tuple | None = None
+        self._cost_at: tuple | None = None  # (key, cost) of the last cost() (:meth:`cost`)
 
     def bucket(self, width: int) -> int:
         """The width a window of ``width`` slots costs (itself without buckets)."""
@@ -399,7 +400,7 @@ class _AutoWindow:
         (``benchmarks/acceptance_model_check.py``; docs/builtin.md, issue 16 item 6)."""
         counts = self.learned.counts
         low, high = self.CALIBRATION_RANGE
-        return float(np.clip(counts.measured_drafts / max(counts.predicted_drafts, 1e-9), low, high))
+        return min(max(counts.measured_drafts / max(counts.predicted_drafts, 1e-9), low), high)
 
     def _expected(self, limit: int | None = None) -> np.ndarray:
         """``[max_width]`` float64: :meth:`expected_tokens` with its drafts scaled by :meth:`calibration`;
@@ -449,20 +450,28 @@ class _AutoWindow:
 
     def cost(self, rows: int) -> np.ndarray:
         """``[max_width]`` float64 estimated seconds per iteration at W = 1 .. max_width with ``rows`` images,
-        at the pace the kept times are at (times the present :attr:`_Learned.pace` for seconds now)."""
+        at the pace the kept times are at (times the present :attr:`_Learned.pace` for seconds now).
+        Read-only: the last result is kept until a time or the buckets change (the width held changes
+        no time, only the pace: at batch 16 the chooser recomputed it at every width-1 iteration, 24 µs)."""
+        key = (rows, self.buckets, tuple((a, tuple(by_width.items())) for a, by_width in self.learned.times.items()))
+        if self._cost_at is not None and self._cost_at[0] == key:
+            return self._cost_at[1]
         times = self._times(rows)
         widths = np.array([self.bucket(w) for w in range(1, self.max_width + 1)], dtype=np.float64)
         ws = sorted(times)
         if not ws:
-            return np.ones_like(widths)
-        ts = np.array([times[w] for w in ws])
-        if len(ws) == 1:
-            return np.full_like(widths, ts[0])
-        xs = np.array(ws, dtype=np.float64)
-        t = np.interp(widths, xs, ts)
-        slope = max((ts[-1] - ts[-2]) / (xs[-1] - xs[-2]), 0.0)
-        t = np.where(widths > xs[-1], ts[-1] + slope * (widths - xs[-1]), t)
-        return np.maximum(t, 1e-9)
+            t = np.ones_like(widths)
+        elif len(ws) == 1:
+            t = np.full_like(widths, times[ws[0]])
+        else:
+            ts = np.array([times[w] for w in ws])
+            xs = np.array(ws, dtype=np.float64)
+            t = np.interp(widths, xs, ts)
+            slope = max((ts[-1] - ts[-2]) / (xs[-1] - xs[-2]), 0.0)
+            t = np.maximum(np.where(widths > xs[-1], ts[-1] + slope * (widths - xs[-1]), t), 1e-9)
+        t.flags.writeable = False
+        self._cost_at = (key, t)
+        return t
 
     # -- choosing and learning -----------------------------------------------------------------
 
