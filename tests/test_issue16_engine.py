@@ -1061,13 +1061,13 @@ def test_auto_window_behind_window_32_widths_are_priced_at_the_machines_present_
     auto._rows, auto._held = 1, 16
     for _ in range(30):
         auto.observe(16, 0.030, None, None)  # the machine at two thirds of its speed
-    assert auto.learned.pace["factor"] == pytest.approx(1.5, rel=1e-3)
+    assert auto.pace(1) == pytest.approx(1.5, rel=1e-3)
     assert auto.learned.times[1][16] == 0.020  # the held width's time stays: the pace moved
     auto.observe(32, 0.045, None, None)  # as dear as ever, relative to width 16
     assert auto.learned.times[1][32] == pytest.approx(0.030, rel=1e-3)
     auto.count = 1
     width = auto.choose(255)
-    assert auto._pending[2] == pytest.approx(auto.learned.pace["factor"] * auto.cost(1)[width - 1])  # the log predicts seconds at the present pace
+    assert auto._pending[2] == pytest.approx(auto.pace(1) * auto.cost(1)[width - 1])  # the log predicts seconds at the present pace
 
     still = _chooser(BUILTIN_CSD_COUNTS[16], times={1: 0.010, 16: 0.020, 32: 0.030})  # control: no pace
     still.PACE_WEIGHT = 0.0
@@ -1166,3 +1166,34 @@ def test_auto_window_behind_window_32_prices_a_wider_window_by_its_ramp_near_the
     # drafts the last forward left shorten the ramp: from width 16, width 32 loses less than from width 1
     assert auto.ramp_tokens(16, 64)[31] > auto.ramp_tokens(1, 64)[31]
 
+
+def test_auto_window_behind_window_32_reads_the_pace_per_batch_size():
+    """Issue 16 item 6: each batch size's times were learned at moments of their own; one pace for
+    all made batch 16 divide its 8-wide iterations (38 ms measured) by batch 2's reading (2.0): width
+    8 was kept at 19 ms against width 1's 10.5 (16 ms measured), and every batch of 16 started with
+    4-8 iterations of width 8. The pace is read per batch size; a size not read yet starts from the
+    last reading of any."""
+    auto = _chooser(BUILTIN_CSD_COUNTS[16], times={1: 0.005, 16: 0.010, 32: 0.0125}, rows=2)
+    auto.learned.times[16] = {1: 0.0105, 4: 0.0179, 8: 0.0250}
+    auto._rows, auto._held = 2, 16
+    for _ in range(40):
+        auto.observe(16, 0.020, None, None)  # batch 2's width 16 at twice its kept time
+    assert auto.pace(2) == pytest.approx(2.0, rel=1e-3)
+    assert auto.pace(16) == pytest.approx(2.0, rel=1e-3)  # batch 16 not read yet: the last reading
+    auto._rows, auto._held = 16, 1
+    for _ in range(40):
+        auto.observe(1, 0.016, None, None)  # batch 16's width 1
+    assert auto.pace(16) == pytest.approx(0.016 / 0.0105, rel=1e-3) and auto.pace(2) == pytest.approx(2.0, rel=1e-3)
+    auto.observe(8, 0.038, None, None)  # width 8 tried: priced at batch 16's own pace
+    assert auto.learned.times[16][8] == pytest.approx(0.7 * 0.0250 + 0.3 * 0.038 / (0.016 / 0.0105), rel=1e-3)
+    assert auto.cost(16)[7] / auto.cost(16)[0] > 2.3  # width 8 still dearer than 2.3 width-1 iterations
+
+    shared = _chooser(BUILTIN_CSD_COUNTS[16], times={1: 0.005, 16: 0.010, 32: 0.0125}, rows=2)  # control: one pace
+    shared.learned.times[16] = {1: 0.0105, 4: 0.0179, 8: 0.0250}
+    shared.pace = lambda rows: shared.learned.pace.get(0, 1.0)
+    shared._rows, shared._held = 2, 16
+    for _ in range(40):
+        shared.observe(16, 0.020, None, None)
+    shared._rows, shared._held = 16, 1
+    shared.observe(8, 0.038, None, None)  # divided by batch 2's 2.0
+    assert shared.learned.times[16][8] < 0.7 * 0.0250 + 0.3 * 0.038 / 1.9

@@ -61,15 +61,17 @@ class _Learned:
         lag: batch size -> the laggard ratio the last batch of that size ended with (while all its
             images were decoding), the prior of the next one's (:meth:`_AutoWindow.laggard_ratio`);
             shared like ``every``.
-        pace: ``{"factor": f}``: the machine's present speed relative to the one ``times`` are kept
-            at (seconds measured = f * seconds kept; :attr:`_AutoWindow.PACE_WEIGHT`); shared like ``times``.
+        pace: active images -> the machine's present speed relative to the one that batch size's
+            ``times`` are kept at (seconds measured = f * seconds kept; :attr:`_AutoWindow.PACE_WEIGHT`),
+            and 0 -> the last reading of any batch size (the start of a batch size not read yet);
+            shared like ``times``.
     """
 
     times: dict[int, dict[int, float]] = field(default_factory=dict)
     counts: _Counts = field(default_factory=_Counts)
     every: dict[int, int] = field(default_factory=dict)
     lag: dict[int, float] = field(default_factory=dict)
-    pace: dict[str, float] = field(default_factory=lambda: {"factor": 1.0})
+    pace: dict[int, float] = field(default_factory=dict)
 
 
 #: model -> {"times": {key: dict}, "counts": {key: _Counts}, "every": {key: dict}, "lag": {key: dict},
@@ -88,7 +90,7 @@ def _shared_state(model, time_key: tuple, count_key: tuple) -> _Learned:
     return _Learned(per_model["times"].setdefault(time_key, {}), per_model["counts"].setdefault(count_key, _Counts()),
                     per_model["every"].setdefault((time_key, count_key), {}),
                     per_model["lag"].setdefault((time_key, count_key), {}),
-                    per_model["pace"].setdefault(time_key, {"factor": 1.0}))
+                    per_model["pace"].setdefault(time_key, {}))
 
 
 class _AutoWindow:
@@ -195,7 +197,10 @@ class _AutoWindow:
     #: call 8.5-10.7 s), and a width tried for a few iterations in a slow moment was priced by that
     #: moment until tried again (SJD at batch 1: auto's 32-wide iterations measured 48.9 ms where the
     #: fixed window 32 of the same run averaged 27 ms); divided by the pace, widths are compared as if
-    #: measured at one moment
+    #: measured at one moment. Kept per batch size: each one's times were learned at moments of their
+    #: own, so one size's reading does not hold for another's times (read at batch 2, the pace priced
+    #: batch 16's 8-wide iterations at 19 ms where its width 1 was kept at 10.5 ms, 38 and 16 ms measured:
+    #: every batch of 16 started with 4-8 iterations of width 8)
     PACE_WEIGHT = 0.3
     EXPLORE_EVERY = 16  # try a neighbouring width this often, when it is predicted close to the best
     #: ... doubled after each turn that left the held width where it was, up to this: at batch 1
@@ -448,6 +453,12 @@ class _AutoWindow:
         scale = float(np.mean([own[w] / base[w] for w in shared])) if shared else 1.0
         return {**{w: t * scale for w, t in base.items()}, **own}
 
+    def pace(self, rows: int) -> float:
+        """The machine's present speed relative to the one ``rows`` images' times are kept at
+        (:attr:`_Learned.pace`): that batch size's own reading, else the last reading of any, else 1."""
+        pace = self.learned.pace
+        return pace.get(rows, pace.get(0, 1.0))
+
     def cost(self, rows: int) -> np.ndarray:
         """``[max_width]`` float64 estimated seconds per iteration at W = 1 .. max_width with ``rows`` images,
         at the pace the kept times are at (times the present :attr:`_Learned.pace` for seconds now).
@@ -482,7 +493,7 @@ class _AutoWindow:
         batch's mean (:meth:`laggard_ratio`); a batch ends with its slowest image, so where
         ``rows > 1`` the drafts E(W) counts are discounted by it (:attr:`LAG_WEIGHT`)."""
         self.count += 1
-        pace = self.learned.pace["factor"]  # the log's predicted seconds are at the present pace
+        pace = self.pace(rows)  # the log's predicted seconds are at the present pace
         limit = max(1, min(limit, self.max_width))
         self._rows = rows
         if not self.plan and self.count == 1 and len(self.learned.times.get(rows, {})) < 2:
@@ -635,16 +646,16 @@ class _AutoWindow:
         times = learned.times.setdefault(self._rows or 1, {})
         key = self.bucket(width)
         old = times.get(key)
-        pace = learned.pace
+        pace = self.pace(self._rows or 1)
         if self._remeasure == key and old is not None:
-            times[key] = min(old, seconds / pace["factor"])
+            times[key] = min(old, seconds / pace)
             self._remeasure = None
         elif old is not None and self._held is not None and key == self.bucket(self._held):
             # the width held: its time stays, the machine's pace moves (PACE_WEIGHT)
-            reading = min(seconds / old, self.SPIKE * pace["factor"])
-            pace["factor"] = (1 - self.PACE_WEIGHT) * pace["factor"] + self.PACE_WEIGHT * reading
+            reading = min(seconds / old, self.SPIKE * pace)
+            learned.pace[self._rows or 1] = learned.pace[0] = (1 - self.PACE_WEIGHT) * pace + self.PACE_WEIGHT * reading
         else:
-            kept = seconds / pace["factor"]  # at the pace the kept times are at
+            kept = seconds / pace  # at the pace the kept times are at
             times[key] = kept if old is None else (1 - self.TIME_WEIGHT) * old + self.TIME_WEIGHT * min(kept, self.SPIKE * old)
         self._run = self._run + 1 if width == self._run_width else 1
         self._run_width = width
