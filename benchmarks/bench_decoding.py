@@ -18,7 +18,8 @@ with what it learns in a long run; its first call, where it learns the times per
 method's acceptance, is printed on its own line against the fixed window's on the same images.
 Every round decodes ``--images`` images (default 16) per cell at every batch size, in
 ``ceil(images / batch)`` batches; the cells take turns batch by batch (every other turn in
-reverse order), so a machine shared with other jobs slows all of them alike and a cell's figure
+reverse order; within a turn every ``auto`` cell runs next to AR and to its fixed window), so a
+machine shared with other jobs slows all of them alike and a cell's figure
 is not one image's content (with one batch per round, batch 1 timed three images per cell, and
 the paired gaps' intervals were +-24 %); seconds are per batch, means over rounds. ``--methods CSD`` runs AR and CSD only (a cell checked
 over many rounds costs a third less). The last columns time :func:`csdgen.engine.verify` as it runs inside the loop
@@ -198,6 +199,13 @@ def main() -> None:
     sampling = SamplingConfig(guidance_scale=defaults.guidance_scale if defaults else 3.0)
     methods = args.methods
     runs = [("AR", 1)] + [(name, w) for name in methods for w in (args.window, "auto")]
+    # the order within a batch size's turn: every auto cell between its fixed window and AR (SJD 32, SJD
+    # auto, AR, CSD auto, CSD 32), so each is paired with the runs next to it in time whichever way a turn
+    # goes: at batch 16, where the better one is AR and a turn takes 30-40 s, AR then auto with a window-32
+    # call between them were 10-25 s apart, and the VM's speed moves by 10 % over that
+    half = (len(methods) + 1) // 2
+    turn_order = ([(name, w) for name in methods[:half] for w in (args.window, "auto")] + [("AR", 1)]
+                  + [(name, w) for name in methods[half:] for w in ("auto", args.window)])
     print(f"model: {description}; N={model.num_image_tokens}, V={model.codebook_size}; guidance {sampling.guidance_scale}; "
           f"batches {batches}; {', '.join(methods)} at window {args.window} and auto; {args.repeats} "
           f"round{'s' if args.repeats != 1 else ''} of {args.images} image{'s' if args.images != 1 else ''} per cell, the cells "
@@ -228,7 +236,7 @@ def main() -> None:
         # figure is not one image's content; the cells take turns batch by batch, every other turn in
         # reverse order, so a drift of the machine's speed (up to 25 % between calls on a shared
         # 2-core CPU) falls on every cell alike instead of on the one running at that moment
-        order = [(batch, run) for batch in batches for run in runs]
+        order = [(batch, run) for batch in batches for run in turn_order]
         for run_ in order:
             results.setdefault((run_[0], *run_[1]), []).append([])
         turns = max(-(-args.images // batch) for batch in batches)
