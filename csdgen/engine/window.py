@@ -298,6 +298,7 @@ class _AutoWindow:
         self._ramp: list[np.ndarray] = []  # ramp_tokens' first two forwards, for the key _ramp_at
         self._ramp_at: tuple | None = None
         self._cost_at: tuple | None = None  # (key, cost) of the last cost() (:meth:`cost`)
+        self._grid_arrays: tuple | None = None  # E(W)'s index arrays (:meth:`_grid`; max_width is fixed)
 
     def bucket(self, width: int) -> int:
         """The width a window of ``width`` slots costs (itself without buckets)."""
@@ -332,12 +333,12 @@ class _AutoWindow:
         """``(widths [M, 1], depth [1, M - 1], drafts [M, M - 1] bool, bucket [1, M - 1])`` of E(W)'s
         arrays: every width W = 1 .. M against every draft depth, whether W holds a draft at that depth,
         and the depth's bucket (:data:`DEPTH_EDGES`)."""
-        M = self.max_width
-        if getattr(self, "_grid_of", None) != M:
+        if self._grid_arrays is None:
+            M = self.max_width
             widths = np.arange(1, M + 1, dtype=np.float64)[:, None]
             depth = np.arange(max(M - 1, 1))[None]
             bucket = np.searchsorted(np.asarray(DEPTH_EDGES[1:]), depth, side="right")
-            self._grid_arrays, self._grid_of = (widths, depth, depth <= widths - 2, bucket), M
+            self._grid_arrays = (widths, depth, depth <= widths - 2, bucket)
         return self._grid_arrays
 
     def _one_forward(self, rates: np.ndarray, age: np.ndarray) -> np.ndarray:
@@ -409,8 +410,9 @@ class _AutoWindow:
 
     def _expected(self, limit: int | None = None) -> np.ndarray:
         """``[max_width]`` float64: :meth:`expected_tokens` with its drafts scaled by :meth:`calibration`;
-        given ``limit`` (positions left to the image end) and after a first forward, the widths wider
-        than the last forward's averaged over the forwards they have left (:meth:`ramp_tokens`).
+        given ``limit`` (positions left to the image end), the widths wider than the last forward's
+        (1 before the first: the prefill leaves no draft) averaged over the forwards they have left
+        (:meth:`ramp_tokens`).
         E(W) is recomputed only when the counts changed, and then at most every :attr:`REFRESH_EVERY`
         iterations (the counts move by a few percent per iteration; the fixed point costs about 0.8 ms,
         5-7 % of a batch-1 iteration of the built-in model)."""
