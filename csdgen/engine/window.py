@@ -381,10 +381,8 @@ class _AutoWindow:
         key = (self._tokens_at, last)
         if self._ramp_at != key:
             rates = self.pass_rates()
-            ages = self._steady_ages(steady)
-            _, depth, _, _ = self._grid()
-            left = np.floor((last - 1 - depth) / steady[last - 1]).clip(0).astype(np.int64)  # [1, M - 1]
-            self._ramp = [self._one_forward(rates, np.minimum(ages, left + j)) for j in (0, 1)]
+            ages = self._steady_ages(steady)  # row last - 1: the ages the last forward's drafts have
+            self._ramp = [self._one_forward(rates, np.minimum(ages, ages[last - 1] + j)) for j in (0, 1)]
             self._ramp_at = key
         first, second = self._ramp
         n = np.maximum(np.ceil(limit / steady), 1.0)
