@@ -88,8 +88,12 @@ def main() -> None:
             auto.learned.counts.reached = counts[source][0].reshape(shape)
             auto.learned.counts.rejected = counts[source][1].reshape(shape)
             raw = auto.expected_tokens()
-            factor = (measured[source] - 1) / (raw[source - 1] - 1)
-            calibrated = 1 + (raw - 1) * factor
+            # the chooser's calibration (its range included) with the source width's drafts as its sums
+            auto.learned.counts.measured_drafts = measured[source] - 1
+            auto.learned.counts.predicted_drafts = raw[source - 1] - 1
+            factor = auto.calibration()
+            auto._raw = raw
+            calibrated = auto._expected()
             row = lambda e: "  ".join(f"W{w} {100 * (e[w - 1] / measured[w] - 1):+4.0f} %" for w in WIDTHS)
             print(f"  from window {source:2} counts, raw:        {row(raw)}")
             print(f"  from window {source:2} counts, calibrated: {row(calibrated)}  (factor {factor:.2f})")
