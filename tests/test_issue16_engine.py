@@ -1023,6 +1023,52 @@ def test_auto_window_behind_window_32_a_batch_starts_at_the_laggard_ratio_the_la
     assert set(state.lag) <= {4}
 
 
+def test_auto_window_behind_window_32_keeps_the_laggard_ratio_through_a_width_1_iteration(cached_model, monkeypatch):
+    """A width-1 iteration commits one token per image in one forward, so no image's accepted drafts
+    move: the ratio is kept instead of recomputed (60 µs of a 17 ms batch-16 iteration). Kept only
+    through width 1 and the same images: a wider iteration or an image leaving recomputes it; in a
+    whole generate call every ratio equals a fresh computation's."""
+    from csdgen.engine.window import _AutoWindow
+
+    original = _AutoWindow.laggard_ratio
+
+    def fresh(auto, committed, forwards):  # the same batch and prior, nothing kept
+        again = _AutoWindow(32, auto.learned)
+        again._batch = auto._batch
+        return original(again, torch.tensor(committed), forwards)
+
+    auto = _AutoWindow(32)
+    first = auto.laggard_ratio(torch.tensor([10, 14, 18]), 6)
+    assert first == fresh(auto, [10, 14, 18], 6)
+    auto.observe(1, 0.01, None, None, tokens=1.0)
+    assert auto.laggard_ratio(torch.tensor([11, 15, 19]), 7) == first == fresh(auto, [11, 15, 19], 7)
+    auto.observe(1, 0.01, None, None, tokens=1.0)
+    # kept, not recomputed: an input no width-1 iteration can give still reads the kept ratio
+    assert auto.laggard_ratio(torch.tensor([40, 15, 20]), 8) == first != fresh(auto, [40, 15, 20], 8)
+    auto.observe(2, 0.01, None, None, tokens=1.5)  # a wider iteration: recomputed
+    assert auto.laggard_ratio(torch.tensor([12, 18, 20]), 9) == fresh(auto, [12, 18, 20], 9) != first
+    auto.observe(1, 0.01, None, None, tokens=1.0)
+    assert auto.laggard_ratio(torch.tensor([19, 21]), 10) == fresh(auto, [19, 21], 10)  # an image left
+
+    seen = []
+
+    def checked(self, committed, forwards):
+        ratio = original(self, committed, forwards)
+        seen.append((ratio, fresh(self, committed.tolist(), forwards), self._lag_pending is not None))
+        return ratio
+
+    monkeypatch.setattr(_AutoWindow, "laggard_ratio", checked)
+    def choose(self, limit, rows=1, lag=1.0):  # mostly width 1, every third iteration 2 wide
+        self.count += 1
+        return 2 if self.count % 3 == 0 else 1
+
+    monkeypatch.setattr(_AutoWindow, "choose", choose)
+    sampling = SamplingConfig(guidance_scale=2.0)
+    csdgen.generate(cached_model, [0, 1, 2, 3], method="sjd", window="auto", sampling=sampling, seed=0)
+    assert len(seen) > 10 and all(ratio == again for ratio, again, _ in seen)
+    assert len({ratio for ratio, _, _ in seen}) > 1  # the accepted drafts moved: not one ratio throughout
+
+
 def test_auto_window_behind_window_32_continuous_batching_is_not_priced_by_a_laggard(cached_model):
     """Continuous batching admits images at different steps, so its batch has no slowest image to
     end with; its loop does not pass a laggard ratio."""

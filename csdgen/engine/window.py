@@ -292,10 +292,13 @@ class _AutoWindow:
         self._held_at_turn: int | None = None  # the width held at the last turn (EXPLORE_EVERY_MAX)
         self._batch: int | None = None  # images at the first laggard_ratio call (the batch's size)
         self._lag_full: float | None = None  # the last laggard ratio while all of them were decoding
+        # (rows, ratio) of the last laggard_ratio call, kept by observe through a width-1 iteration
+        self._lag_pending: tuple[int, float] | None = None
+        self._lag_kept: tuple[int, float] | None = None
         self._run_width: int | None = None  # the width of the last iterations, and how many in a row
         self._run = 0
         self._raw: np.ndarray | None = None  # E(W) before calibration, cached (:meth:`_expected`)
-        self._ramp: list[np.ndarray] = []  # ramp_tokens' first two forwards, for the key _ramp_at
+        self._ramp: list[np.ndarray] = []  # ramp_tokens' first forward and the first two's gap, for the key _ramp_at
         self._ramp_at: tuple | None = None
         self._cost_at: tuple | None = None  # (key, cost) of the last cost() (:meth:`cost`)
         self._grid_arrays: tuple | None = None  # E(W)'s index arrays (:meth:`_grid`; max_width is fixed)
@@ -382,12 +385,16 @@ class _AutoWindow:
         if self._ramp_at != key:
             rates = self.pass_rates()
             ages = self._steady_ages(steady)  # row last - 1: the ages the last forward's drafts have
-            self._ramp = [self._one_forward(rates, np.minimum(ages, ages[last - 1] + j)) for j in (0, 1)]
+            first, second = (self._one_forward(rates, np.minimum(ages, ages[last - 1] + j)) for j in (0, 1))
+            wider = np.arange(1, self.max_width + 1) > last
+            # kept per key: the first forward's tokens, and what the first two forwards differ from two
+            # steady ones by (0 up to width last), so a call is five array operations (cold after a
+            # forward, each costs µs: this was half of choose's time at batch 16)
+            self._ramp = [np.where(wider, first, steady), np.where(wider, first + second - 2.0 * steady, 0.0)]
             self._ramp_at = key
-        first, second = self._ramp
+        first, gap = self._ramp
         n = np.maximum(np.ceil(limit / steady), 1.0)
-        mean = np.where(n >= 2, (first + second + (n - 2) * steady) / n, first)
-        return np.where(np.arange(1, self.max_width + 1) > last, mean, steady)
+        return np.where(n >= 2, steady + gap / n, first)  # (E_0 + E_1 + (n - 2) E(W)) / n
 
     def calibration(self) -> float:
         """The factor the acceptance model's drafts per forward (``E(W) - 1``) are multiplied by:
@@ -574,21 +581,31 @@ class _AutoWindow:
         (the one the last batch of this size ended with, :meth:`finish`; 1 for the first), so 1
         for the first batch where no draft has been accepted yet, and 1 where ``A < 2``. The first
         call fixes the batch's size; calls while all its images decode are remembered for :meth:`finish`."""
+        rows = committed.numel()
         if self._batch is None:
-            self._batch = committed.numel()
-        if committed.numel() < 2:
+            self._batch = rows
+        if rows < 2:
             return 1.0
+        kept, self._lag_kept = self._lag_kept, None
+        if kept is not None and kept[0] == rows:
+            # the iteration since the last call was 1 wide: every image committed one token in one
+            # forward, so no image's accepted drafts moved and neither did the ratio (taken at every
+            # width-1 iteration, the lists below cost 60 µs of a 17 ms iteration at batch 16: cold caches)
+            self._lag_pending = kept
+            return kept[1]
         prior = self.learned.lag.get(self._batch, 1.0) * self.LAG_PRIOR
-        accepted = np.maximum(committed.numpy().astype(np.float64) - forwards, 0.0)  # numpy: a few µs, not tens
+        # Python's own lists: 16 numbers, where numpy's calls cost tens of µs after a forward's cold caches
+        accepted = [max(c - forwards, 0) for c in committed.tolist()]
         # both counts get LAG_PRIOR drafts: a ratio of a few drafts is noise, and a ratio of 0 (one
         # image has accepted nothing yet) made width 1 win, after which no count moves (at batch 2
         # SJD then ran width 1 for 40 % of its iterations, 8 rounds: +2.6 % behind window 32, CSD +7.4 %);
         # at the ratio the last batch of this size ended with: a batch's first iterations are priced by
         # what such batches did, not as if its images kept pace (at batch 16, CSD's first 12 iterations
         # of a batch ran 8 wide at ratio 0.77-0.88 and cost 4 % of the batch; the last batch ended at 0.63)
-        ratio = (float(accepted.min()) + prior) / (float(accepted.mean()) + self.LAG_PRIOR)
-        if committed.numel() == self._batch:
+        ratio = (min(accepted) + prior) / (sum(accepted) / rows + self.LAG_PRIOR)
+        if rows == self._batch:
             self._lag_full = ratio
+        self._lag_pending = (rows, ratio)
         return ratio
 
     def finish(self) -> None:
@@ -657,6 +674,7 @@ class _AutoWindow:
         else:
             kept = seconds / pace  # at the pace the kept times are at
             times[key] = kept if old is None else (1 - self.TIME_WEIGHT) * old + self.TIME_WEIGHT * min(kept, self.SPIKE * old)
+        self._lag_kept, self._lag_pending = (self._lag_pending if width == 1 else None), None
         self._run = self._run + 1 if width == self._run_width else 1
         self._run_width = width
         if (tokens is not None and width > 1 and width == self._held and self._raw is not None
