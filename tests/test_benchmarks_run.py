@@ -86,3 +86,17 @@ def test_acceptance_model_check_prints_raw_and_calibrated_errors_per_width():
     for line in calibrated:
         source = int(line.split("window")[1].split()[0])
         assert f"W{source}   +0 %" in line or f"W{source}   -0 %" in line, line
+
+
+def test_auto_against_ar_prints_every_pair_and_the_parts_of_an_iteration():
+    run = subprocess.run([sys.executable, "benchmarks/auto_against_ar.py", "--batch", "2", "--pairs", "2"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.splitlines()
+    assert sum(line.startswith("round ") and " %; auto's widths {" in line for line in lines) == 2, run.stdout
+    assert any(line.startswith("auto against AR: mean of the pairs' gaps ") for line in lines), run.stdout
+    ar = next(line for line in lines if line.startswith("  AR per iteration: "))
+    auto = next(line for line in lines if line.startswith("auto per iteration: "))
+    assert "forward " in ar and "outside " in ar and "choose" not in ar, ar
+    for part in ("forward", "outside", "choose", "observe", "laggard_ratio"):
+        assert f"{part} " in auto, auto

@@ -388,8 +388,8 @@ class _AutoWindow:
             first, second = (self._one_forward(rates, np.minimum(ages, ages[last - 1] + j)) for j in (0, 1))
             wider = np.arange(1, self.max_width + 1) > last
             # kept per key: the first forward's tokens, and what the first two forwards differ from two
-            # steady ones by (0 up to width last), so a call is five array operations (cold after a
-            # forward, each costs µs: this was half of choose's time at batch 16)
+            # steady ones by (0 up to width last), so a call is seven array operations, not thirteen
+            # (cold after a forward, each costs µs: this was half of choose's time at batch 16)
             self._ramp = [np.where(wider, first, steady), np.where(wider, first + second - 2.0 * steady, 0.0)]
             self._ramp_at = key
         first, gap = self._ramp
