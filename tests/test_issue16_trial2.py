@@ -280,5 +280,8 @@ def test_list_classes_into_a_closed_pipe_stops_quietly():
 def test_a_bad_window_names_auto_as_allowed(capsys, tmp_path):
     from cli_helpers import usage_error
 
-    err = usage_error(capsys, "generate", "--window", "nan", "--out", tmp_path / "g", one_line=True)
-    assert "'nan': expected an integer in 1..1000000, or auto" in err, err
+    # one wording for every bad value (a newcomer's trial found two: "must be an integer >= 1, or auto"
+    # for 0 and -1, "expected an integer in 1..1000000, or auto" for 1.5 and nan)
+    for value in ("nan", "0", "-1", "1.5", "99999999"):
+        err = usage_error(capsys, "generate", "--window", value, "--out", tmp_path / "g", one_line=True)
+        assert f"argument --window: '{value}': allowed an integer in 1..1000000 or auto" in err, err

@@ -184,8 +184,8 @@ def window(text: str) -> int | str:
         return "auto"
     try:
         return count()(text)
-    except argparse.ArgumentTypeError as exc:  # the one other value allowed is named too
-        raise argparse.ArgumentTypeError(f"{exc}, or auto") from None
+    except argparse.ArgumentTypeError:  # one wording for every bad value, naming auto too
+        raise argparse.ArgumentTypeError(f"{text.strip()!r}: allowed an integer in 1..{MAX_IMAGES} or auto") from None
 
 
 def tree_shape(text: str) -> tuple[int, int]:
