@@ -30,18 +30,12 @@ import time
 import torch
 
 import csdgen
+from csdgen.cli._options import count
 from csdgen.engine import loop as engine_loop
 from csdgen.engine import window as engine_window
 from csdgen.models import _static
 from csdgen.models.builtin import load_builtin_model
 from csdgen.sampling import SamplingConfig
-
-
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text}: allowed an integer >= 1")
-    return value
 
 
 class _Timers:
@@ -94,9 +88,9 @@ class _Timers:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=_count, default=16, help="images per call (default 16)")
+    parser.add_argument("--batch", type=count(1), default=16, help="images per call (default 16)")
     parser.add_argument("--method", default="sjd", help="auto's method (default sjd)")
-    parser.add_argument("--pairs", type=_count, default=6, help="rounds of one AR and one auto call (default 6)")
+    parser.add_argument("--pairs", type=count(1), default=6, help="rounds of one AR and one auto call (default 6)")
     args = parser.parse_args()
     model = load_builtin_model()
     sampling = SamplingConfig(guidance_scale=model.defaults.guidance_scale)

@@ -1053,8 +1053,9 @@ def test_auto_window_behind_window_32_keeps_the_laggard_ratio_through_a_width_1_
     seen = []
 
     def checked(self, committed, forwards):
+        kept = self._lag_kept is not None and self._lag_kept[0] == committed.numel()  # the kept ratio is read
         ratio = original(self, committed, forwards)
-        seen.append((ratio, fresh(self, committed.tolist(), forwards), self._lag_pending is not None))
+        seen.append((ratio, fresh(self, committed.tolist(), forwards), kept))
         return ratio
 
     monkeypatch.setattr(_AutoWindow, "laggard_ratio", checked)
@@ -1066,6 +1067,7 @@ def test_auto_window_behind_window_32_keeps_the_laggard_ratio_through_a_width_1_
     sampling = SamplingConfig(guidance_scale=2.0)
     csdgen.generate(cached_model, [0, 1, 2, 3], method="sjd", window="auto", sampling=sampling, seed=0)
     assert len(seen) > 10 and all(ratio == again for ratio, again, _ in seen)
+    assert 0 < sum(kept for _, _, kept in seen) < len(seen)  # kept after width 1, recomputed after width 2
     assert len({ratio for ratio, _, _ in seen}) > 1  # the accepted drafts moved: not one ratio throughout
 
 
