@@ -1245,3 +1245,145 @@ def test_auto_window_behind_window_32_reads_the_pace_per_batch_size():
     shared._rows, shared._held = 16, 1
     shared.observe(8, 0.038, None, None)  # divided by batch 2's 2.0
     assert shared.learned.times[16][8] < 0.7 * 0.0250 + 0.3 * 0.038 / 1.9
+
+
+def test_auto_window_behind_window_32_holds_width_1_without_its_evaluation_and_decides_the_same(cached_model,
+                                                                                                 monkeypatch):
+    """Once width 1 is chosen as the best far from the image end, choose returns it without its
+    evaluation (86 µs of a 17 ms batch-16 iteration) until the batch size, the laggard ratio, the
+    counts or a time moves, a turn comes, or the image end nears. Every decision equals a twin's full
+    evaluation: where each of those inputs moves and makes the twin leave width 1, in a simulated
+    batch of 16 (trials bringing counts, an image leaving, the image end), and in whole generate
+    calls; and the hold did run."""
+    import copy
+
+    import numpy as np
+
+    from csdgen.engine.window import _STATES, AGE_GROUPS, DEPTH_EDGES, _AutoWindow
+
+    evaluations = {}
+    original_cost = _AutoWindow.cost
+
+    def counted(self, rows):  # cost() runs in every evaluation, never in the hold
+        evaluations[id(self)] = evaluations.get(id(self), 0) + 1
+        return original_cost(self, rows)
+
+    monkeypatch.setattr(_AutoWindow, "cost", counted)
+    original_choose = _AutoWindow.choose
+
+    def twin_choice(auto, limit, rows, lag):  # the full evaluation, on a copy
+        twin = copy.deepcopy(auto)
+        twin._one_held = None
+        return original_choose(twin, limit, rows, lag)
+
+    def checked(auto, limit, rows, lag):
+        """choose's width, asserted equal to the twin's; and whether it was held (no evaluation)."""
+        expected = twin_choice(auto, limit, rows, lag)
+        before = evaluations.get(id(auto), 0)
+        width = original_choose(auto, limit, rows, lag)
+        assert width == expected
+        return width, evaluations.get(id(auto), 0) == before
+
+    def set_counts(auto, p):  # every depth and age passing at p, thickly counted
+        counts = auto.learned.counts
+        counts.reached = np.full((len(DEPTH_EDGES), AGE_GROUPS), 400.0)
+        counts.rejected = counts.reached * (1 - p)
+        counts.version += 1
+
+    def chooser(p, rates, rows=16):
+        """A batch of ``rows`` whose times give width b the rate ``rates[b]`` (width 1's = 1) at pass rate p."""
+        auto = _AutoWindow(32)
+        auto.buckets = (1, 2, 4, 8, 16, 32, 64)  # the static session's (csdgen.models._static.WIDTH_BUCKETS)
+        set_counts(auto, p)
+        tokens = auto._expected()
+        auto.learned.times[rows] = {b: 0.017 * tokens[b - 1] / r for b, r in rates.items()}
+        auto.learned.every[rows] = 64
+        return auto
+
+    def hold_one(auto, limit=200, rows=16, lag=1.0, iterations=6):
+        for i in range(iterations):
+            assert checked(auto, limit - i, rows, lag)[0] == 1
+            auto.observe(1, 0.017, None, None, tokens=1.0)
+        assert checked(auto, limit - iterations, rows, lag) == (1, True)
+        auto.observe(1, 0.017, None, None, tokens=1.0)
+        return limit - iterations - 1
+
+    # the image end: width 4 is 3 % faster, within the home margin of width 1, until width 4 is the widest
+    auto = chooser(0.5, {1: 1.0, 2: 1.02, 4: 1.03, 8: 1.0, 16: 0.9, 32: 0.8})
+    hold_one(auto, limit=40)
+    assert [checked(auto, limit, 16, 1.0)[0] for limit in (33, 32, 31, 4)][-1] == 4
+    # the laggard ratio: width 4 wins at the batch's mean pace, width 1 with one image far behind
+    auto = chooser(0.5, {1: 1.0, 2: 1.0, 4: 1.12, 8: 1.0, 16: 0.9, 32: 0.8})
+    limit = hold_one(auto, lag=0.2)
+    assert checked(auto, limit, 16, 1.0) == (4, False)
+    # an image leaves: the 15 left have times of their own
+    auto = chooser(0.5, {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 16: 0.9, 32: 0.8})
+    auto.learned.times[15] = {b: t * (0.5 if b == 4 else 1.0) for b, t in auto.learned.times[16].items()}
+    limit = hold_one(auto)
+    assert checked(auto, limit, 15, 1.0) == (4, False)
+    # the counts move (as another call sharing them would move them) ...
+    auto = chooser(0.2, {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 16: 0.9, 32: 0.8})
+    limit = hold_one(auto)
+    set_counts(auto, 0.95)
+    width, was_held = checked(auto, limit, 16, 1.0)
+    assert width > 1 and not was_held
+    # ... or moved before width 1 was chosen, while E(W) waited for its refresh (REFRESH_EVERY): no hold
+    auto = chooser(0.2, {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 16: 0.9, 32: 0.8})
+    widths = []
+    for i in range(6):
+        widths.append(checked(auto, 200 - i, 16, 1.0))
+        auto.observe(widths[-1][0], 0.017, None, None, tokens=1.0)
+        if i == 0:
+            set_counts(auto, 0.95)
+    assert widths[1] == (1, False) and widths[-1][0] > 1
+    # a time moves
+    auto = chooser(0.5, {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 16: 0.9, 32: 0.8})
+    limit = hold_one(auto)
+    auto.observe(4, 0.017 * 0.5, None, None, tokens=1.0)
+    assert checked(auto, limit, 16, 1.0)[1] is False
+
+    # a simulated batch of 16 where width 1 wins: exploration turns, trials bringing counts, an image leaving
+    rng = np.random.default_rng(0)
+    auto = _AutoWindow(32)
+    auto.buckets = (1, 2, 4, 8, 16, 32, 64)
+    auto.learned.times[16] = {1: 0.017, 2: 0.020, 4: 0.033, 8: 0.045, 16: 0.07, 32: 0.13}
+    auto.learned.times[15] = dict(auto.learned.times[16])
+    cells = len(DEPTH_EDGES) * AGE_GROUPS
+    rows, lag, held = 16, 0.8, 0
+    for i in range(600):
+        if i == 400:
+            rows = 15  # an image left
+        width, was_held = checked(auto, max(1, 620 - i), rows, lag)
+        held += was_held
+        seconds = auto.learned.times[rows][auto.bucket(width)] * rng.uniform(0.9, 1.1)
+        if width == 1:
+            auto.observe(1, seconds, None, None, tokens=1.0)
+        else:
+            reached = rng.integers(0, 16, cells).astype(float)
+            rejected = reached - rng.binomial(reached.astype(int), 0.15)
+            auto.observe(width, seconds, reached.tolist(), rejected.tolist(), tokens=1.3)
+            lag = float(rng.uniform(0.6, 0.9))
+    assert held > 300  # most width-1 iterations were held
+
+    seen = []
+
+    def choose_checked(self, limit, rows=1, lag=1.0):
+        width, was_held = checked(self, limit, rows, lag)
+        seen.append(was_held)
+        return width
+
+    sampling = SamplingConfig(guidance_scale=2.0)
+    csdgen.generate(cached_model, [0, 1, 2, 3], method="sjd", window="auto", sampling=sampling, seed=9)  # times learned
+    states = _STATES[cached_model]["times"]
+    saved = copy.deepcopy(states)
+    try:
+        for by_rows in states.values():  # every wider width ten times dearer: width 1 wins, and is held
+            for by_width in by_rows.values():
+                by_width.update({w: 10 * t for w, t in by_width.items() if w > 1})
+        monkeypatch.setattr(_AutoWindow, "choose", choose_checked)
+        for seed in range(3):
+            csdgen.generate(cached_model, [0, 1, 2, 3], method="sjd", window="auto", sampling=sampling, seed=seed)
+    finally:
+        states.clear()
+        states.update(saved)  # the other tests' learned times
+    assert any(seen) and not all(seen)
