@@ -1284,18 +1284,19 @@ def test_auto_window_behind_window_32_holds_width_1_without_its_evaluation_and_d
         assert width == expected
         return width, evaluations.get(id(auto), 0) == before
 
-    def set_counts(auto, p):  # every depth and age passing at p, thickly counted
+    def set_counts(auto, p):  # drafts of age group g passing at p[g] at every depth, thickly counted
         counts = auto.learned.counts
         counts.reached = np.full((len(DEPTH_EDGES), AGE_GROUPS), 400.0)
-        counts.rejected = counts.reached * (1 - p)
+        counts.rejected = counts.reached * (1 - np.asarray(p))[None]
         counts.version += 1
 
-    def chooser(p, rates, rows=16):
-        """A batch of ``rows`` whose times give width b the rate ``rates[b]`` (width 1's = 1) at pass rate p."""
+    def chooser(p, rates, rows=16, limit=None):
+        """A batch of ``rows`` whose times give width b the rate ``rates[b]`` (width 1's = 1) at pass rates
+        p by age, at its steady tokens (at its tokens ``limit`` positions from the image end, given)."""
         auto = _AutoWindow(32)
         auto.buckets = (1, 2, 4, 8, 16, 32, 64)  # the static session's (csdgen.models._static.WIDTH_BUCKETS)
         set_counts(auto, p)
-        tokens = auto._expected()
+        tokens = auto._expected(limit)
         auto.learned.times[rows] = {b: 0.017 * tokens[b - 1] / r for b, r in rates.items()}
         auto.learned.every[rows] = 64
         return auto
@@ -1308,36 +1309,61 @@ def test_auto_window_behind_window_32_holds_width_1_without_its_evaluation_and_d
         auto.observe(1, 0.017, None, None, tokens=1.0)
         return limit - iterations - 1
 
-    # the image end: width 4 is 3 % faster, within the home margin of width 1, until width 4 is the widest
-    auto = chooser(0.5, {1: 1.0, 2: 1.02, 4: 1.03, 8: 1.0, 16: 0.9, 32: 0.8})
+    older = (0.45, 0.5, 0.55)  # refined drafts pass more often: a wider width's ramp only lowers its tokens
+    # the image end: fresh drafts pass more often, and 4 positions from it width 4's first forwards win
+    auto = chooser((0.8, 0.3, 0.3), {1: 1.0, 2: 0.95, 4: 0.96, 8: 0.9, 16: 0.85, 32: 0.8})
     hold_one(auto, limit=40)
     assert [checked(auto, limit, 16, 1.0)[0] for limit in (33, 32, 31, 4)][-1] == 4
+    # ... and where a wider width's ramp would win before the hold's nearest image end, no hold
+    auto = chooser((0.9, 0.3, 0.3), {1: 1.0, 2: 0.9, 4: 0.9, 8: 0.9, 16: 0.99, 32: 0.8}, limit=200)
+    decided = []
+    for limit in range(200, 31, -1):
+        decided.append(checked(auto, limit, 16, 1.0))
+        auto.observe(decided[-1][0], 0.017, None, None, tokens=1.0)
+        if decided[-1][0] != 1:
+            break
+    assert decided[0][0] == 1 and decided[-1][0] > 1 and not any(held for _, held in decided)
+    # ... nor where the widest window's would pass width 1's (choose's home rule then takes the widest)
+    auto = chooser((0.9, 0.3, 0.3), {1: 1.0, 2: 0.85, 4: 0.85, 8: 0.85, 16: 0.85, 32: 1.02}, limit=32)
+    decided = []
+    for limit in range(60, 31, -1):
+        decided.append(checked(auto, limit, 16, 1.0))
+        auto.observe(decided[-1][0], 0.017, None, None, tokens=1.0)
+        if decided[-1][0] != 1:
+            break
+    assert decided[0][0] == 1 and decided[-1][0] == 32 and not any(held for _, held in decided)
+    # ... nor right after a wider forward: the next one's ramp starts from width 1's (fresher) drafts
+    auto = chooser((0.9, 0.3, 0.3), {1: 1.0, 2: 0.85, 4: 0.85, 8: 0.85, 16: 1.06, 32: 0.8}, limit=40)
+    auto.observe(4, auto.learned.times[16][4], None, None, tokens=1.0)  # a 4-wide forward (its time kept)
+    assert checked(auto, 40, 16, 1.0) == (1, False)
+    auto.observe(1, 0.017, None, None, tokens=1.0)
+    assert checked(auto, 39, 16, 1.0) == (16, False)
     # the laggard ratio: width 4 wins at the batch's mean pace, width 1 with one image far behind
-    auto = chooser(0.5, {1: 1.0, 2: 1.0, 4: 1.12, 8: 1.0, 16: 0.9, 32: 0.8})
+    auto = chooser(older, {1: 1.0, 2: 0.9, 4: 1.12, 8: 0.9, 16: 0.8, 32: 0.7})
     limit = hold_one(auto, lag=0.2)
     assert checked(auto, limit, 16, 1.0) == (4, False)
     # an image leaves: the 15 left have times of their own
-    auto = chooser(0.5, {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 16: 0.9, 32: 0.8})
+    auto = chooser(older, {1: 1.0, 2: 0.9, 4: 0.9, 8: 0.9, 16: 0.8, 32: 0.7})
     auto.learned.times[15] = {b: t * (0.5 if b == 4 else 1.0) for b, t in auto.learned.times[16].items()}
     limit = hold_one(auto)
     assert checked(auto, limit, 15, 1.0) == (4, False)
     # the counts move (as another call sharing them would move them) ...
-    auto = chooser(0.2, {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 16: 0.9, 32: 0.8})
+    auto = chooser((0.15, 0.2, 0.25), {1: 1.0, 2: 0.9, 4: 0.9, 8: 0.9, 16: 0.8, 32: 0.7})
     limit = hold_one(auto)
-    set_counts(auto, 0.95)
+    set_counts(auto, (0.9, 0.95, 0.97))
     width, was_held = checked(auto, limit, 16, 1.0)
     assert width > 1 and not was_held
     # ... or moved before width 1 was chosen, while E(W) waited for its refresh (REFRESH_EVERY): no hold
-    auto = chooser(0.2, {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 16: 0.9, 32: 0.8})
+    auto = chooser((0.15, 0.2, 0.25), {1: 1.0, 2: 0.9, 4: 0.9, 8: 0.9, 16: 0.8, 32: 0.7})
     widths = []
     for i in range(6):
         widths.append(checked(auto, 200 - i, 16, 1.0))
         auto.observe(widths[-1][0], 0.017, None, None, tokens=1.0)
         if i == 0:
-            set_counts(auto, 0.95)
+            set_counts(auto, (0.9, 0.95, 0.97))
     assert widths[1] == (1, False) and widths[-1][0] > 1
     # a time moves
-    auto = chooser(0.5, {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 16: 0.9, 32: 0.8})
+    auto = chooser(older, {1: 1.0, 2: 0.9, 4: 0.9, 8: 0.9, 16: 0.8, 32: 0.7})
     limit = hold_one(auto)
     auto.observe(4, 0.017 * 0.5, None, None, tokens=1.0)
     assert checked(auto, limit, 16, 1.0)[1] is False
@@ -1349,12 +1375,12 @@ def test_auto_window_behind_window_32_holds_width_1_without_its_evaluation_and_d
     auto.learned.times[16] = {1: 0.017, 2: 0.020, 4: 0.033, 8: 0.045, 16: 0.07, 32: 0.13}
     auto.learned.times[15] = dict(auto.learned.times[16])
     cells = len(DEPTH_EDGES) * AGE_GROUPS
-    rows, lag, held = 16, 0.8, 0
+    rows, lag, held, ones = 16, 0.8, 0, 0
     for i in range(600):
         if i == 400:
             rows = 15  # an image left
         width, was_held = checked(auto, max(1, 620 - i), rows, lag)
-        held += was_held
+        held, ones = held + was_held, ones + (width == 1)
         seconds = auto.learned.times[rows][auto.bucket(width)] * rng.uniform(0.9, 1.1)
         if width == 1:
             auto.observe(1, seconds, None, None, tokens=1.0)
@@ -1363,7 +1389,7 @@ def test_auto_window_behind_window_32_holds_width_1_without_its_evaluation_and_d
             rejected = reached - rng.binomial(reached.astype(int), 0.15)
             auto.observe(width, seconds, reached.tolist(), rejected.tolist(), tokens=1.3)
             lag = float(rng.uniform(0.6, 0.9))
-    assert held > 300  # most width-1 iterations were held
+    assert held > 0.9 * ones  # width 1 was held at nearly every iteration it ran
 
     seen = []
 
@@ -1387,3 +1413,30 @@ def test_auto_window_behind_window_32_holds_width_1_without_its_evaluation_and_d
         states.clear()
         states.update(saved)  # the other tests' learned times
     assert any(seen) and not all(seen)
+
+
+def test_auto_window_behind_window_32_prices_a_wider_widths_ramp_over_the_forwards_to_the_image_end():
+    """A width wider than the last forward's starts from fresh drafts, and is priced by its tokens
+    averaged over the forwards it has left before the image end (ramp_tokens). choose passed the
+    image end capped at max_width (32 positions): far from the end a switch from width 1 to 16 was
+    priced as if nine forwards were left, two of them with fresh drafts, and width 1 kept winning."""
+    import numpy as np
+
+    from csdgen.engine.window import AGE_GROUPS, DEPTH_EDGES, _AutoWindow
+
+    def chooser():
+        auto = _AutoWindow(32)
+        auto.buckets = (1, 2, 4, 8, 16, 32, 64)
+        counts = auto.learned.counts  # fresh drafts pass at 0.1, refined once 0.6, more 0.8
+        counts.reached = np.full((len(DEPTH_EDGES), AGE_GROUPS), 400.0)
+        counts.rejected = counts.reached * (1 - np.array([0.1, 0.6, 0.8]))[None]
+        counts.version += 1
+        steady = auto._expected()
+        rates = {1: 1.0, 2: 0.8, 4: 0.8, 8: 0.8, 16: 1.10, 32: 0.8}  # at the steady tokens, width 1's = 1
+        auto.learned.times[16] = {b: 0.017 * steady[b - 1] / r for b, r in rates.items()}
+        return auto
+
+    far, capped, near = chooser()._expected(200), chooser()._expected(32), chooser()._expected(40)
+    assert capped[15] < 0.9 * far[15] and near[15] < far[15]  # the ramp weighs more near the end
+    assert chooser().choose(200, 16) == 16  # 200 positions from the end: window 16 pays its ramp back
+    assert chooser().choose(40, 16) == 1  # 40 from it: it does not

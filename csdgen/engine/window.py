@@ -505,17 +505,18 @@ class _AutoWindow:
         hold = self._one_held
         if (hold is not None and limit >= self.max_width and hold[0] == (rows, lag, self.learned.counts.version)
                 and self.count - self._last_turn < hold[1]):
-            # width 1 again without the evaluation below, which would choose it again: since width 1 was
-            # chosen there, no input of it moved. A width-1 forward reaches no draft (the counts, their
-            # version, E(W) and the calibration stay); the laggard ratio is kept through it; the times
-            # stay (observe drops the hold when one changes: the width held moves only the pace, which
-            # scales every width's seconds alike); the ramp's horizon is min(image end, max_width)
-            # positions; no trial is planned (a turn that plans one chooses a wider width); and a turn
-            # takes the evaluation. At batch 16 on the built-in model the evaluation cost 86 µs of a 17 ms
-            # width-1 iteration (numpy's calls, cold after a forward: the ramp 37, the cost 10)
+            # width 1 again without the evaluation below, which would choose it again. Since width 1 was
+            # chosen there, no input of it moved but the image end: a width-1 forward reaches no draft
+            # (the counts, their version, E(W) and the calibration stay); the laggard ratio is kept through
+            # it; the times stay (observe drops the hold when one changes: the width held moves only the
+            # pace, which scales every width's seconds alike); no trial is planned (a turn that plans one
+            # chooses a wider width), and a turn takes the evaluation. The image end moves the wider widths'
+            # ramps; while it is max_width or more positions away, width 1 still beats them (_hold_one).
+            # At batch 16 on the built-in model the evaluation cost 86 µs of a 17 ms width-1 iteration
+            # (numpy's calls, cold after a forward: the ramp 37, the cost 10)
             self._pending = (1, 1.0, hold[2] * pace)
             return 1
-        limit = max(1, min(limit, self.max_width))
+        image_end, limit = limit, max(1, min(limit, self.max_width))
         self._rows = rows
         if not self.plan and self.count == 1 and len(self.learned.times.get(rows, {})) < 2:
             # times for this batch size at a few widths (the cost is not linear in W: flat while a
@@ -533,9 +534,13 @@ class _AutoWindow:
             else:  # the rest of a wider neighbour's trial run is logged like any choice
                 self._pending = (width, float(self._expected()[width - 1]), float(self.cost(rows)[width - 1]) * pace)
             return width
-        tokens, seconds = self._expected(limit)[:limit], self.cost(rows)[:limit] * pace  # seconds now
-        if rows > 1 and lag < 1.0:
-            tokens = 1.0 + (tokens - 1.0) * (1.0 - self.LAG_WEIGHT * (1.0 - max(lag, 0.0)))
+        # a wider width's ramp is averaged over the forwards it has to the image end, not to max_width
+        # positions (until 2026-12-04 it was: a switch from width 1 to 16 far from the end was priced
+        # as if nine forwards were left, two of them with fresh drafts)
+        tokens, seconds = self._expected(image_end)[:limit], self.cost(rows)[:limit] * pace  # seconds now
+        discount = 1.0 - self.LAG_WEIGHT * (1.0 - max(lag, 0.0)) if rows > 1 and lag < 1.0 else 1.0
+        if discount != 1.0:
+            tokens = 1.0 + (tokens - 1.0) * discount
         if self._held is not None and limit < self._held:
             # the image end cuts the held window: take the whole rest. Its drafts were refined by the
             # wider forwards before (the steady-state ages of E(W) would call them fresh: width 1
@@ -584,14 +589,31 @@ class _AutoWindow:
                         run = int(np.clip(np.ceil(other / tokens[best - 1]), self.EXPLORE_RUN, self.EXPLORE_RUN_MAX))
                     self.plan = [other] * (run - 1)
         self._pending = (choice, float(tokens[choice - 1]), float(seconds[choice - 1]))
-        # width 1 chosen as the best, with E(W) of the present counts (one refreshed later, REFRESH_EVERY,
-        # could choose otherwise): what lets the next calls skip the evaluation above until one of its
-        # inputs moves (the hold at the top): (rows, lag, counts version), the turn interval, and width 1's
-        # seconds at the kept pace
-        version = self.learned.counts.version
-        self._one_held = (((rows, lag, version), every, float(seconds[0]) / pace)
-                          if choice == best == 1 and self._tokens_at[0] == version else None)
+        self._one_held = self._hold_one(choice, rows, lag, every, tokens, seconds, discount, pace)
         return choice
+
+    def _hold_one(self, choice, rows, lag, every, tokens, seconds, discount, pace) -> tuple | None:
+        """What lets the next calls of :meth:`choose` return width 1 without its evaluation (the hold at its
+        top), or None: ``((rows, lag, counts version), turn interval, width 1's seconds at the kept pace)``.
+
+        Only where width 1 was just chosen, after a width-1 forward, with E(W) of the present counts (one
+        refreshed later, :attr:`REFRESH_EVERY`, could choose otherwise), and where choose's home rule keeps
+        it at every image end the hold reaches (``max_width`` positions or more): the widest window's rate
+        below width 1's and every width's within :attr:`HOME_MARGIN` of it, each wider width taken at the
+        larger of its tokens now and at ``max_width`` positions from the end. A wider width's ramp
+        (:meth:`ramp_tokens`) is its steady tokens plus the first two forwards' gap over the forwards
+        left, so between two image ends its tokens lie between theirs."""
+        version = self.learned.counts.version
+        if choice != 1 or (self._run_width or 1) != 1 or self._tokens_at[0] != version or len(tokens) < self.max_width:
+            return None
+        near = self._expected(self.max_width)[: len(tokens)]
+        if discount != 1.0:
+            near = 1.0 + (near - 1.0) * discount
+        rate = np.maximum(tokens, near) / seconds
+        one = tokens[0] / seconds[0]
+        if rate[-1] >= one or one < (1 - self.HOME_MARGIN) * rate.max():
+            return None
+        return (rows, lag, version), every, float(seconds[0]) / pace
 
     def laggard_ratio(self, committed: torch.Tensor, forwards: int) -> float:
         """Drafts accepted per forward by the image furthest behind over the mean of the batch.
