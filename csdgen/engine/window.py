@@ -589,6 +589,8 @@ class _AutoWindow:
                         run = int(np.clip(np.ceil(other / tokens[best - 1]), self.EXPLORE_RUN, self.EXPLORE_RUN_MAX))
                     self.plan = [other] * (run - 1)
         self._pending = (choice, float(tokens[choice - 1]), float(seconds[choice - 1]))
+        # the next turn's interval: a turn above may have moved learned.every (the back-off)
+        every = self.EXPLORE_EVERY_EARLY if thin else self.learned.every.get(rows, self.EXPLORE_EVERY)
         self._one_held = self._hold_one(choice, rows, lag, every, tokens, seconds, discount, pace)
         return choice
 
