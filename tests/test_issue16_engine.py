@@ -1440,3 +1440,31 @@ def test_auto_window_behind_window_32_prices_a_wider_widths_ramp_over_the_forwar
     assert capped[15] < 0.9 * far[15] and near[15] < far[15]  # the ramp weighs more near the end
     assert chooser().choose(200, 16) == 16  # 200 positions from the end: window 16 pays its ramp back
     assert chooser().choose(40, 16) == 1  # 40 from it: it does not
+
+
+def test_auto_window_behind_window_32_a_switch_of_the_width_held_corrects_the_last_ones_kept_time():
+    """The width held reads the machine's pace instead of moving its own kept time, so a kept time taken
+    low once stays low while it is held (batch 16: window 8 at 20 % under its time, and batches began
+    with width 8). The machine's speed does not jump where the width held changes: a jump of the pace
+    there moves the last held width's time (SWITCH_WEIGHT), once it read the pace for SWITCH_SETTLED
+    iterations; a slower machine under a right time moves none."""
+    from csdgen.engine.window import _AutoWindow
+
+    def run(kept8, held8, machine=1.0):
+        auto = _AutoWindow(32)
+        auto.buckets = (1, 2, 4, 8, 16, 32, 64)
+        auto._rows = 16
+        auto.learned.times[16] = {1: 0.016, 8: kept8}
+        auto._held = 8
+        for _ in range(held8):
+            auto.observe(8, 0.038 * machine, None, None, tokens=1.2)
+        auto._held = 1
+        auto.observe(1, 0.016 * machine, None, None, tokens=1.0)
+        return auto.learned.times[16][8]
+
+    low = 0.038 * 0.8
+    corrected = run(low, held8=12)
+    assert 0.038 * 0.85 < corrected < 0.038  # half the jump's log: about 0.9 of the time
+    assert abs(corrected / low - (1 / 0.8) ** _AutoWindow.SWITCH_WEIGHT) < 0.02
+    assert run(low, held8=_AutoWindow.SWITCH_SETTLED - 1) == low  # a short hold's pace is not its own
+    assert abs(run(0.038, held8=12, machine=1.2) / 0.038 - 1) < 0.005  # the machine slowed: no jump at the switch
