@@ -1309,6 +1309,16 @@ def test_auto_window_behind_window_32_holds_width_1_without_its_evaluation_and_d
         auto.observe(1, 0.017, None, None, tokens=1.0)
         return limit - iterations - 1
 
+    def until_wider(auto, first):
+        """choose from ``first`` positions before the image end down to 32, until it leaves width 1."""
+        decided = []
+        for limit in range(first, 31, -1):
+            decided.append(checked(auto, limit, 16, 1.0))
+            auto.observe(decided[-1][0], 0.017, None, None, tokens=1.0)
+            if decided[-1][0] != 1:
+                break
+        return decided
+
     older = (0.45, 0.5, 0.55)  # refined drafts pass more often: a wider width's ramp only lowers its tokens
     # the image end: fresh drafts pass more often, and 4 positions from it width 4's first forwards win
     auto = chooser((0.8, 0.3, 0.3), {1: 1.0, 2: 0.95, 4: 0.96, 8: 0.9, 16: 0.85, 32: 0.8})
@@ -1316,21 +1326,11 @@ def test_auto_window_behind_window_32_holds_width_1_without_its_evaluation_and_d
     assert [checked(auto, limit, 16, 1.0)[0] for limit in (33, 32, 31, 4)][-1] == 4
     # ... and where a wider width's ramp would win before the hold's nearest image end, no hold
     auto = chooser((0.9, 0.3, 0.3), {1: 1.0, 2: 0.9, 4: 0.9, 8: 0.9, 16: 0.99, 32: 0.8}, limit=200)
-    decided = []
-    for limit in range(200, 31, -1):
-        decided.append(checked(auto, limit, 16, 1.0))
-        auto.observe(decided[-1][0], 0.017, None, None, tokens=1.0)
-        if decided[-1][0] != 1:
-            break
+    decided = until_wider(auto, 200)
     assert decided[0][0] == 1 and decided[-1][0] > 1 and not any(held for _, held in decided)
     # ... nor where the widest window's would pass width 1's (choose's home rule then takes the widest)
     auto = chooser((0.9, 0.3, 0.3), {1: 1.0, 2: 0.85, 4: 0.85, 8: 0.85, 16: 0.85, 32: 1.02}, limit=32)
-    decided = []
-    for limit in range(60, 31, -1):
-        decided.append(checked(auto, limit, 16, 1.0))
-        auto.observe(decided[-1][0], 0.017, None, None, tokens=1.0)
-        if decided[-1][0] != 1:
-            break
+    decided = until_wider(auto, 60)
     assert decided[0][0] == 1 and decided[-1][0] == 32 and not any(held for _, held in decided)
     # ... nor right after a wider forward: the next one's ramp starts from width 1's (fresher) drafts
     auto = chooser((0.9, 0.3, 0.3), {1: 1.0, 2: 0.85, 4: 0.85, 8: 0.85, 16: 1.06, 32: 0.8}, limit=40)
