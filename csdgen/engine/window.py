@@ -101,7 +101,8 @@ class _AutoWindow:
     interpolated linearly between measured ones, and beyond the widest with the last slope
     (>= 0); a batch size never measured takes the nearest measured one's times (a larger one first).
     The machine's speed drifts: the width held keeps its time and its iterations read the pace
-    instead, and every other width's seconds enter its time divided by the pace (:attr:`PACE_WEIGHT`).
+    instead, and every other width's seconds enter its time divided by the pace (:attr:`PACE_WEIGHT`);
+    where the width held changes, a jump of the pace moves the last held width's time (:attr:`SWITCH_WEIGHT`).
 
     **Tokens** ``E(W)``: a forward commits ``1 + R`` tokens per image, ``R`` the drafts accepted
     before the first rejection. Whether the draft at *depth* ``k`` (``k`` drafts already
