@@ -17,7 +17,9 @@ first timed round pays the process's first calls at its shapes, and ``auto`` sta
 with what it learns in a long run; its first call, where it learns the times per width and the
 method's acceptance, is printed on its own line against the fixed window's on the same images.
 Every round decodes ``--images`` images (default 16) per cell at every batch size, in
-``ceil(images / batch)`` batches; the cells take turns batch by batch (every other turn in
+``ceil(images / batch)`` batches, and at least ``--min-batches`` batches (default 4: at batch 16
+one call's time moves by about 5 % on the 2-core VM of docs/builtin.md, and with one batch per
+round three rounds could not tell auto's gap to AR within 3 %); the cells take turns batch by batch (every other turn in
 reverse order; within a turn every ``auto`` cell runs next to AR and to its fixed window), so a
 machine shared with other jobs slows all of them alike and a cell's figure
 is not one image's content (with one batch per round, batch 1 timed three images per cell, and
@@ -189,10 +191,18 @@ def main() -> None:
     parser.add_argument("--methods", type=_method_list, default=["SJD", "CSD"],
                         help="speculative methods to run at the fixed window and at auto (default SJD,CSD; AR always runs)")
     parser.add_argument("--images", type=count(1, maximum=1000), default=16,
-                        help="images each cell decodes per round, in ceil(images / batch) batches (default 16, at most 1000: a round's image indices are round * 1000 + i)")
+                        help="images each cell decodes per round, in ceil(images / batch) batches, at least --min-batches (default 16, at most 1000: a round's image indices are round * 1000 + i)")
+    parser.add_argument("--min-batches", type=count(1), default=4,
+                        help="fewest batches each cell decodes per round (default 4), at batch sizes where --images gives fewer")
     parser.add_argument("--timing-repeats", type=count(1), default=5)
     parser.add_argument("--no-profile", action="store_true", help="skip the verify-share runs")
     args = parser.parse_args()
+    per_round = {batch: max(-(-args.images // batch), args.min_batches) for batch in args.batches}
+    widest = max(args.batches, key=lambda b: per_round[b] * b)
+    if per_round[widest] * widest > 1000:
+        parser.error(f"--min-batches {args.min_batches} and --images {args.images} with batch size {widest}: "
+                     f"{per_round[widest]} batches, {per_round[widest] * widest} images per round; allowed at most 1000 "
+                     f"(a round's image indices are round * 1000 + i)")
     model, description = load_model(args.model)
     batches = args.batches
     defaults = model.defaults
@@ -208,7 +218,8 @@ def main() -> None:
                   + [(name, w) for name in methods[half:] for w in ("auto", args.window)])
     print(f"model: {description}; N={model.num_image_tokens}, V={model.codebook_size}; guidance {sampling.guidance_scale}; "
           f"batches {batches}; {', '.join(methods)} at window {args.window} and auto; {args.repeats} "
-          f"round{'s' if args.repeats != 1 else ''} of {args.images} image{'s' if args.images != 1 else ''} per cell, the cells "
+          f"round{'s' if args.repeats != 1 else ''}, each of {', '.join(f'{per_round[b]} batch(es) of {b}' for b in batches)} "
+          f"per cell, the cells "
           f"taking turns batch by batch (every other turn in reverse order); engine auto (the static session where the model has one; "
           f"widths below a bucket's top in the logs are windows cut by the image end); "
           f"torch threads {torch.get_num_threads()}; device {model.device}")
@@ -239,9 +250,8 @@ def main() -> None:
         order = [(batch, run) for batch in batches for run in turn_order]
         for run_ in order:
             results.setdefault((run_[0], *run_[1]), []).append([])
-        turns = max(-(-args.images // batch) for batch in batches)
-        for turn in range(turns):
-            cells_now = [(b, r) for b, r in order if turn < -(-args.images // b)]
+        for turn in range(max(per_round.values())):
+            cells_now = [(b, r) for b, r in order if turn < per_round[b]]
             for batch, (name, window) in cells_now if (round_ + turn) % 2 == 0 else reversed(cells_now):
                 first = round_ * 1000 + turn * batch
                 out = csdgen.generate(model, classes(batch, first), window=window, sampling=sampling, seed=round_,

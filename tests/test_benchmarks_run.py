@@ -43,8 +43,8 @@ def test_bench_decoding_pairs_rounds_and_says_when_three_percent_is_not_told_apa
 
 def test_bench_decoding_reduced_run_prints_the_goal_lines():
     run = subprocess.run(
-        [sys.executable, "benchmarks/bench_decoding.py", "--batches", "1", "--repeats", "2", "--images", "2", "--timing-repeats", "1",
-         "--no-profile", "--methods", "csd"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+        [sys.executable, "benchmarks/bench_decoding.py", "--batches", "1", "--repeats", "2", "--images", "2", "--min-batches", "1",
+         "--timing-repeats", "1", "--no-profile", "--methods", "csd"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     goals = [line for line in run.stdout.splitlines() if line.startswith("goal ") and " batch 1:" in line]
     # --methods csd: AR and CSD run, SJD does not
@@ -65,6 +65,9 @@ def test_bench_decoding_refuses_bad_arguments_in_one_line():
                        (["--window", "0"], "--window: 0: must be an integer >= 2"),
                        (["--timing-repeats", "0"], "--timing-repeats: 0: must be an integer >= 1"),
                        (["--images", "1001"], "--images: 1001: allowed at most 1000"),
+                       (["--min-batches", "0"], "--min-batches: 0: must be an integer >= 1"),
+                       (["--batches", "300", "--min-batches", "4"],
+                        "--min-batches 4 and --images 16 with batch size 300: 4 batches, 1200 images per round; allowed at most 1000"),
                        (["--tolerance", "-1"], "--tolerance: '-1': allowed a fraction in [0, 1)"),
                        (["--methods", "ar"], "--methods: 'ar': allowed SJD, CSD, comma-separated, each once"),
                        (["--methods", "csd,CSD"], "--methods: 'csd,CSD': allowed SJD, CSD, comma-separated, each once")):
