@@ -551,9 +551,7 @@ class _AutoWindow:
         # positions (until 2026-12-04 it was: a switch from width 1 to 16 far from the end was priced
         # as if nine forwards were left, two of them with fresh drafts)
         tokens, seconds = self._expected(image_end)[:limit], self.cost(rows)[:limit] * pace  # seconds now
-        discount = 1.0 - self.LAG_WEIGHT * (1.0 - max(lag, 0.0)) if rows > 1 and lag < 1.0 else 1.0
-        if discount != 1.0:
-            tokens = 1.0 + (tokens - 1.0) * discount
+        tokens = self._lagged(tokens, rows, lag)
         if self._held is not None and limit < self._held:
             # the image end cuts the held window: take the whole rest. Its drafts were refined by the
             # wider forwards before (the steady-state ages of E(W) would call them fresh: width 1
@@ -604,10 +602,18 @@ class _AutoWindow:
         self._pending = (choice, float(tokens[choice - 1]), float(seconds[choice - 1]))
         # the next turn's interval: a turn above may have moved learned.every (the back-off)
         every = self.EXPLORE_EVERY_EARLY if thin else self.learned.every.get(rows, self.EXPLORE_EVERY)
-        self._one_held = self._hold_one(choice, rows, lag, every, tokens, seconds, discount, pace)
+        self._one_held = self._hold_one(choice, rows, lag, every, tokens, seconds, pace)
         return choice
 
-    def _hold_one(self, choice, rows, lag, every, tokens, seconds, discount, pace) -> tuple | None:
+    def _lagged(self, tokens: np.ndarray, rows: int, lag: float) -> np.ndarray:
+        """``tokens`` (``[W]`` float64 tokens per image and forward) with their drafts (``tokens - 1``)
+        discounted by the laggard ratio ``lag`` where ``rows > 1``: ``1 - LAG_WEIGHT * (1 - lag)``
+        (:meth:`choose`, :attr:`LAG_WEIGHT`); unchanged for one image or ``lag >= 1``."""
+        if rows <= 1 or lag >= 1.0:
+            return tokens
+        return 1.0 + (tokens - 1.0) * (1.0 - self.LAG_WEIGHT * (1.0 - max(lag, 0.0)))
+
+    def _hold_one(self, choice, rows, lag, every, tokens, seconds, pace) -> tuple | None:
         """What lets the next calls of :meth:`choose` return width 1 without its evaluation (the hold at its
         top), or None: ``((rows, lag, counts version), turn interval, width 1's seconds at the kept pace)``.
 
@@ -621,9 +627,7 @@ class _AutoWindow:
         version = self.learned.counts.version
         if choice != 1 or (self._run_width or 1) != 1 or self._tokens_at[0] != version or len(tokens) < self.max_width:
             return None
-        near = self._expected(self.max_width)[: len(tokens)]
-        if discount != 1.0:
-            near = 1.0 + (near - 1.0) * discount
+        near = self._lagged(self._expected(self.max_width)[: len(tokens)], rows, lag)
         rate = np.maximum(tokens, near) / seconds
         one = tokens[0] / seconds[0]
         if rate[-1] >= one or one < (1 - self.HOME_MARGIN) * rate.max():
