@@ -7,34 +7,53 @@ eager transformers' host cost. :class:`StaticSession` holds the same per-row seq
 buffers allocated once (the layout of gpt-fast's static KV cache, generalised to rows at
 different lengths):
 
-* **cache**: per layer ``[R, heads, T, head_dim]`` keys and values with
-  ``T = P + region_length(N) + slack`` rounded up to a multiple of 64 (``P`` the padded prompt
-  width); row ``r``'s prompt sits in columns ``0 .. P - 1`` (left-padded, padding masked) and
-  its image region (image tokens and row ends) from column ``P`` on, region column ``k`` at
-  cache column ``P + k``. A forward writes its columns by index at each row's own offset
+* **buffers** (:class:`StaticBuffers`): per layer ``[R, heads, T, head_dim]`` keys and values,
+  the write columns, the cached ids and the prompt rows of ``R = capacity x rows per image``
+  physical rows. The prompt is left-padded to ``P = prompt_bucket(prompt width)`` columns
+  (:data:`PROMPT_STEP`; padding masked) and the cache is ``T = cache_width(P, image columns,
+  row-end columns)`` wide: the prompt in columns ``0 .. P - 1``, the image region (image tokens
+  and row ends) from column ``P`` on, room for the widest window bucket after it, rounded up
+  to 64. A forward writes its columns by index at each row's own offset
   (:class:`StaticRowCache`: a transformers ``Cache`` whose layers scatter instead of
   concatenate); a rollback is a length update; nothing is cropped or concatenated.
 * **masks and positions** are built on the device from per-row region lengths (an additive
-  ``[R, 1, S, T]`` mask: the row's visible prompt columns and its region up to the query's own
-  column; position ids ``prompt length + region offset``), the way a 2-D padding mask and
-  per-row lengths would be, so every row reads as the same sequence decoded alone (up to
-  floating-point summation order; tested against the ragged session and a fresh prefill).
+  ``[R, 1, S, T]`` mask in the dtype the model's attention computes in,
+  :func:`attention_dtype`: the row's visible prompt columns and its region up to the query's
+  own column; position ids ``prompt length + region offset``), so every row reads as the same
+  sequence decoded alone (up to floating-point summation order; tested against the ragged
+  session and a fresh prefill).
 * **buckets**: a window of ``W`` slots runs as ``width_bucket(W)`` slots
   (:data:`WIDTH_BUCKETS` = 1, 2, 4, ..., 64; the padding slots are masked, as image ends
-  already were), and the images as ``batch_bucket(A, capacity)`` batch slots (the capacity,
-  then powers of two as images finish), so one run visits a handful of static shapes
-  ``(batch slots, window bucket)``.
+  already were), the images as ``batch_bucket(A, capacity)`` batch slots (powers of two as
+  images finish), and a step attends over the columns in use rounded up to
+  :data:`VISIBLE_STEP` (:data:`COMPILED_VISIBLE_STEP` when compiled).
 * **batch slots**: image ``i`` of the session lives in a slot (with guidance its conditional and
   unconditional rows are physical rows ``2 * slot`` and ``2 * slot + 1``); finished images
   free their slot (:meth:`StaticSession.select_rows`), and only when the images left fit a
   smaller bucket are the live slots moved down (one gather per layer); images admitted into a
   running batch (:meth:`StaticSession.admit`, the server's continuous batching) take free slots,
   their prefilled keys and values copied in.
-* **compiled forwards** (``compile=True``): the window step (layout, mask, model forward,
-  head) of each shape (batch slots, window bucket, attended columns rounded up to
-  :data:`COMPILED_VISIBLE_STEP`) is ``torch.compile``\\ d on first use, cached across sessions of the
-  model (:data:`COMPILE_SECONDS` records the first call of each shape); on CUDA each shape is
-  then captured as a CUDA graph (:class:`_GraphedStep`) and replayed.
+
+**Compiled sessions** (``compile=True``, the default on CUDA) decode in buffers owned by the
+model, not by the session: the model's store (:func:`model_buffers`) keeps one buffer set per
+(guidance, image layout, prompt bucket, dtype, device), handed to one session at a time and
+reused by the next (every ``generate`` call, every batch of a server that drains to empty):
+a session takes a free set of at least its capacity (a power of two, :func:`slot_bucket`)
+and clears it, and gives it back when it ends (:meth:`StaticSession.release`, or when it is
+garbage collected). The window step of each shape is ``torch.compile``\\ d (one dynamo variant
+per :class:`StepShape`, under ``torch.no_grad``) and, on CUDA, captured as a CUDA graph
+(:class:`_GraphedStep`) the first time its buffer set runs it; the compiled or graphed steps
+live in their buffer set (:attr:`StaticBuffers.steps`) and are reused with it. A step records
+the buffers it was made with (:attr:`_CompiledStep.pointers`); a graph checks them before every
+replay. Growing a set (more batch slots than it has, a wider prompt joining a running batch, a
+tree window wider than the cache) copies it into a new set with no steps; the old set and
+every step bound to it are dropped. Uncompiled sessions allocate a set of their own (exactly
+their batch size; nothing to reuse).
+
+**The compiled shapes** of one buffer set are :func:`step_shapes`: batch slots
+``1, 2, 4, ..., capacity`` x the window buckets a run uses x the attended-column buckets
+``min(T, k * COMPILED_VISIBLE_STEP)``; a run visits one set per prompt bucket and guidance.
+:func:`warmup` (``csdgen serve --warmup``) compiles and captures them before the first request.
 
 The family adapter is unchanged: :func:`make_static` turns any
 :class:`~csdgen.models._ragged.RaggedSession` that overrides only ``__init__``, ``_logits`` and
@@ -47,9 +66,13 @@ and widths) to the device (from pinned memory on CUDA).
 
 from __future__ import annotations
 
+import gc
+import os
+import threading
 import time
+import warnings
 import weakref
-from typing import Any
+from typing import Any, NamedTuple, Sequence
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -59,11 +82,22 @@ from .base import WindowLogits, check_row_arguments, row_tensor
 
 __all__ = [
     "WIDTH_BUCKETS",
+    "PROMPT_STEP",
     "ENGINES",
     "width_bucket",
     "batch_bucket",
+    "slot_bucket",
+    "prompt_bucket",
+    "cache_width",
+    "StepShape",
+    "step_shapes",
+    "attention_dtype",
+    "StaticBuffers",
     "StaticRowCache",
     "StaticSession",
+    "model_buffers",
+    "WarmupReport",
+    "warmup",
     "static_refusal",
     "make_static",
     "open_engine",
@@ -73,18 +107,21 @@ __all__ = [
 
 #: window widths a static session runs (a window of W slots runs as the smallest bucket >= W)
 WIDTH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+#: prompts up to this many columns are padded to a power of two, longer ones to a multiple of it (:func:`prompt_bucket`)
+PROMPT_STEP = 64
 #: the values of ``generate(engine=...)``
 ENGINES = ("auto", "static", "eager")
-#: cache columns kept past the image region for the widest window (rounded up with the rest to 64)
-SLACK = 64
 #: uncompiled static steps attend over the columns in use rounded up to this many (StaticRowCache.visible)
 VISIBLE_STEP = 64
 #: compiled steps attend over the columns in use rounded up to this many (each rounding is one more
 #: compiled shape: a 256-token image at batch 1 visits 3; attending over the whole cache, 384
 #: columns, made a compiled 32-wide step at batch 1 slower than the eager one, 24.1 against 22.7 ms)
 COMPILED_VISIBLE_STEP = 128
-#: seconds of the first call of every compiled shape: ``{(model class, guided, rows, columns, attended columns, cache width): s}``
+#: seconds of the first call of every compiled shape in this process (compilation, warm-up and capture):
+#: ``{(model class, guided, rows, columns, attended columns, cache width, prompt width, rows of the buffers): s}``
 COMPILE_SECONDS: dict[tuple, float] = {}
+#: the ``torch.compile`` backend of the window step (``CSDGEN_COMPILE_BACKEND``, default inductor; tests use "eager")
+COMPILE_BACKEND = os.environ.get("CSDGEN_COMPILE_BACKEND", "inductor")
 
 _OWN_METHODS = ("prefill", "forward", "rollback", "select_rows", "forward_tree", "keep_path", "cache_lengths")
 
@@ -106,8 +143,123 @@ def batch_bucket(images: int, capacity: int) -> int:
     return min(capacity, 1 << max(images - 1, 0).bit_length())
 
 
+def slot_bucket(images: int) -> int:
+    """Batch slots a compiled session allocates for ``images`` images: the next power of two
+    (so a batch of 3 after a batch of 4 runs the same shapes)."""
+    if images < 1:
+        raise ValueError(f"images={images}: allowed >= 1")
+    return 1 << (images - 1).bit_length()
+
+
+def prompt_bucket(width: int) -> int:
+    """Columns a prompt of ``width`` columns is left-padded to: the next power of two up to
+    :data:`PROMPT_STEP`, beyond it the next multiple of :data:`PROMPT_STEP` (at most 63 masked
+    columns), so prompts of many lengths share a few cache layouts and compiled shapes."""
+    if width < 1:
+        raise ValueError(f"prompt width={width}: allowed >= 1")
+    if width <= PROMPT_STEP:
+        return 1 << (width - 1).bit_length()
+    return _round_up(width, PROMPT_STEP)
+
+
+def cache_width(prompt_width: int, image_columns: int, row_end_columns: int = 0) -> int:
+    """T, the cache columns of a row: the prompt bucket, the image region (``image_columns``: image
+    tokens and row ends), room for the widest window bucket (64 slots and ``row_end_columns`` row
+    ends) past the region's end, rounded up to 64."""
+    return _round_up(prompt_width + image_columns + WIDTH_BUCKETS[-1] + row_end_columns, 64)
+
+
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
+
+
+class StepShape(NamedTuple):
+    """One compiled window step: the static shapes a dynamo variant (and a CUDA graph) is made for.
+
+    Attributes:
+        guided: two physical rows per image (guidance) or one.
+        slots: batch slots of the buffer set (its capacity).
+        batch: batch slots the step runs (``batch_bucket``); rows = batch x rows per image.
+        width: window slots (``width_bucket``).
+        visible: cache columns attended over.
+        prompt: prompt columns (``prompt_bucket``).
+        columns: T, the cache width.
+    """
+
+    guided: bool
+    slots: int
+    batch: int
+    width: int
+    visible: int
+    prompt: int
+    columns: int
+
+
+def step_shapes(*, guided: bool, capacity: int, prompt_width: int, image_columns: int, row_end_columns: int = 0,
+                widths: Sequence[int] = WIDTH_BUCKETS, columns: int | None = None) -> list[StepShape]:
+    """Every compiled window step a buffer set can run: the documented bound of a run's compiles.
+
+    Args:
+        guided: guidance rows. capacity: batch slots of the set (a power of two for compiled sessions).
+        prompt_width: P, the (bucketed) prompt columns. image_columns: region columns of a whole
+            image (image tokens and row ends). row_end_columns: row ends a 64-slot window can hold.
+        widths: the window buckets the run uses (default every :data:`WIDTH_BUCKETS`).
+        columns: T (default :func:`cache_width`).
+
+    Returns:
+        the shapes, sorted: ``batch`` in 1, 2, 4, ... up to the capacity (and the capacity) x
+        ``widths`` x attended columns ``min(T, k * COMPILED_VISIBLE_STEP)`` for every ``k`` a
+        window can reach.
+
+    Raises:
+        ValueError: a capacity or prompt width < 1, a width not in :data:`WIDTH_BUCKETS`.
+    """
+    if capacity < 1 or prompt_width < 1:
+        raise ValueError(f"capacity={capacity}, prompt_width={prompt_width}: allowed >= 1")
+    bad = [w for w in widths if w not in WIDTH_BUCKETS]
+    if bad:
+        raise ValueError(f"widths {bad}: allowed window buckets {WIDTH_BUCKETS}")
+    T = columns or cache_width(prompt_width, image_columns, row_end_columns)
+    batches = sorted({batch_bucket(a, capacity) for a in range(1, capacity + 1)})
+    visible = sorted({min(T, _round_up(prompt_width + r, COMPILED_VISIBLE_STEP)) for r in range(1, T - prompt_width + 1)})
+    return sorted(StepShape(bool(guided), capacity, a, w, v, prompt_width, T) for a in batches for w in set(widths)
+                  for v in visible)
+
+
+def attention_dtype(owner: Any) -> torch.dtype:
+    """The float dtype a family adapter's transformer computes attention in (what its additive mask must be).
+
+    Looked up on ``owner`` (a family adapter, e.g. ``session.model``): its ``attention_dtype``
+    attribute if it has one; else the first parameter of the first decoder layer
+    (a module whose class name ends in ``DecoderLayer``) of its modules; else the dtype of its
+    input embeddings; else its first floating parameter; else float32. The first floating
+    parameter alone is not enough: a Janus checkpoint keeps its vision tower in float32 beside a
+    bfloat16 language model.
+    """
+    declared = getattr(owner, "attention_dtype", None)
+    if isinstance(declared, torch.dtype):
+        return declared
+    modules = [owner] if isinstance(owner, torch.nn.Module) else [
+        m for m in (getattr(owner, name, None) for name in ("backbone", "model")) if isinstance(m, torch.nn.Module)]
+    for module in modules:
+        for sub in module.modules():
+            if type(sub).__name__.endswith("DecoderLayer"):
+                for p in sub.parameters():
+                    if p.is_floating_point():
+                        return p.dtype
+    for module in modules:
+        embeddings = getattr(module, "get_input_embeddings", None)
+        try:
+            weight = embeddings().weight if embeddings is not None else None
+        except (NotImplementedError, AttributeError):
+            weight = None
+        if isinstance(weight, torch.Tensor) and weight.is_floating_point():
+            return weight.dtype
+    for module in modules:
+        for p in module.parameters():
+            if p.is_floating_point():
+                return p.dtype
+    return torch.float32
 
 
 # -- the cache ------------------------------------------------------------------------------------
@@ -135,6 +287,7 @@ class _RowLayer(CacheLayerMixin):
                                   device=device)
         self.device = device
         self.is_initialized = True
+        owner.allocated()
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -178,6 +331,11 @@ class StaticRowCache(Cache):
         self.rows, self.width = rows, width
         self.visible = width
         self.write = torch.zeros(rows, width, dtype=torch.long, device=device)
+        self.on_allocate = None  # called when a layer allocates its buffers (StaticBuffers forgets its pointers)
+
+    def allocated(self) -> None:
+        if self.on_allocate is not None:
+            self.on_allocate()
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         while len(self.layers) <= layer_idx:
@@ -208,62 +366,270 @@ class StaticRowCache(Cache):
             view.scatter_(2, target[:, None, :, None].expand(rows, H, target.shape[1], D), moved)
 
 
+# -- buffers: one set per session, or the model's, reused across sessions ----------------------------
+
+
+class StaticBuffers:
+    """The device tensors a static session decodes in, and the compiled steps made over them.
+
+    Args:
+        capacity: batch slots; per_slot: physical rows per image (2 with guidance).
+        width: T, cache columns per row; prompt_width: P, prompt columns (left-padded).
+        device: the model's device; filler: the id of padding columns.
+        key: the model store's key (None: the set belongs to one session).
+
+    Attributes:
+        cache: the :class:`StaticRowCache` (keys and values per layer, ``write`` ``[rows, T]`` int64).
+        ids: ``[rows, T]`` int64, the id cached at every column (for inspection).
+        prompt: ``[rows, 1 + T]`` int64: each row's visible prompt length, then 0/1 per column
+            (1: a visible prompt column).
+        prompt_ids: ``[rows, P]`` int64, the left-padded prompt ids (the prefill's input).
+        steps: ``{StepShape: compiled or graphed step}`` made over these tensors.
+    """
+
+    def __init__(self, capacity: int, per_slot: int, width: int, prompt_width: int, device: Any, filler: int,
+                 key: tuple | None = None):
+        self.capacity, self.per_slot = capacity, per_slot
+        self.rows = rows = capacity * per_slot
+        self.width, self.prompt_width, self.device, self.key = width, prompt_width, torch.device(device), key
+        self.cache = StaticRowCache(rows, width, device)
+        self.cache.on_allocate = self._forget_pointers
+        self.ids = torch.zeros(rows, width, dtype=torch.long, device=device)
+        self.prompt = torch.zeros(rows, 1 + width, dtype=torch.long, device=device)
+        self.prompt_ids = torch.full((rows, prompt_width), filler, dtype=torch.long, device=device)
+        self.steps: dict[StepShape, Any] = {}
+        self.graph_pool = None  # the CUDA graphs' memory pool (shared by this set's graphs)
+        self.holder: weakref.ref | None = None  # the session decoding in this set (model-owned sets)
+        self._pointers: tuple[int, ...] | None = None
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor a window step reads or writes: keys and values, write columns, ids, prompt rows."""
+        return [*self.cache.buffers(), self.cache.write, self.ids, self.prompt, self.prompt_ids]
+
+    def pointers(self) -> tuple[int, ...]:
+        """``data_ptr()`` of every tensor of :meth:`tensors` (what a CUDA graph bakes in)."""
+        if self._pointers is None:
+            self._pointers = tuple(t.data_ptr() for t in self.tensors())
+        return self._pointers
+
+    def _forget_pointers(self) -> None:
+        self._pointers = None
+
+    @property
+    def free(self) -> bool:
+        """No live session decodes in this set."""
+        return self.holder is None or self.holder() is None
+
+    def clear(self) -> None:
+        """Zero the keys and values (a new session: stale columns are masked, but must be finite)."""
+        for t in self.cache.buffers():
+            t.zero_()
+
+    def copy_from(self, old: "StaticBuffers", shift: int) -> None:
+        """Copy ``old``'s rows into this (at least as many rows and columns), their columns moved
+        right by ``shift`` (a wider prompt); the layers are allocated like ``old``'s."""
+        rows, T = old.rows, old.width
+        for layer in old.cache.layers:
+            mine = _RowLayer(self.cache)
+            if layer.is_initialized:
+                for name in ("keys", "values"):
+                    t = getattr(layer, name)
+                    wider = t.new_zeros(self.rows, t.shape[1], self.width, t.shape[3])
+                    wider[:rows, :, shift:shift + T] = t
+                    setattr(mine, name, wider)
+                mine.device, mine.is_initialized = layer.device, True
+            self.cache.layers.append(mine)
+        self.ids[:rows, shift:shift + T] = old.ids
+        self.prompt[:rows, 0] = old.prompt[:, 0]
+        self.prompt[:rows, 1 + shift:1 + shift + T] = old.prompt[:, 1:]
+        self.prompt_ids[:rows, shift:shift + old.prompt_width] = old.prompt_ids
+        self._forget_pointers()
+
+
+class _Store:
+    """A model's buffer sets: ``{key: [StaticBuffers]}``, each handed to one session at a time."""
+
+    def __init__(self):
+        self.sets: dict[tuple, list[StaticBuffers]] = {}
+        self.lock = threading.Lock()
+
+    def acquire(self, key: tuple, capacity: int, make) -> StaticBuffers:
+        """A free set of ``key`` with at least ``capacity`` slots (the smallest), or a new one from
+        ``make()`` (then the free sets of that key with fewer slots are dropped)."""
+        with self.lock:
+            for attempt in range(2):
+                sets = self.sets.setdefault(key, [])
+                fits = [s for s in sets if s.free and s.capacity >= capacity]
+                if fits:
+                    return min(fits, key=lambda s: s.capacity)
+                if attempt == 0 and any(not s.free and s.capacity >= capacity for s in sets):
+                    gc.collect()  # a finished session may still be held in a reference cycle
+                else:
+                    break
+            sets[:] = [s for s in sets if not (s.free and s.capacity < capacity)]
+            made = make()
+            sets.append(made)
+            return made
+
+    def replace(self, old: StaticBuffers, new: StaticBuffers) -> None:
+        """``new`` (a grown copy of ``old``, under its own key) takes ``old``'s place; ``old`` and its steps are dropped."""
+        with self.lock:
+            if old.key in self.sets:
+                self.sets[old.key] = [s for s in self.sets[old.key] if s is not old]
+            self.sets.setdefault(new.key, []).append(new)
+
+    def all(self) -> list[StaticBuffers]:
+        with self.lock:
+            return [s for sets in self.sets.values() for s in sets]
+
+
+_STORES: dict[int, _Store] = {}
+
+
+def _store(model: Any, create: bool = True) -> _Store | None:
+    """The buffer store of ``model`` (an adapter object), created on first use; None where ``model``
+    cannot be weakly referenced (its sessions then own their buffers)."""
+    if model is None:
+        return None
+    store = _STORES.get(id(model))
+    if store is None and create:
+        try:
+            weakref.finalize(model, _STORES.pop, id(model), None)
+        except TypeError:
+            return None
+        store = _STORES[id(model)] = _Store()
+    return store
+
+
+def model_buffers(model: Any) -> list[StaticBuffers]:
+    """The buffer sets (and their compiled steps, :attr:`StaticBuffers.steps`) compiled static
+    sessions of ``model`` (a family adapter) keep for the next session; empty if none."""
+    store = _store(model, create=False)
+    return store.all() if store is not None else []
+
+
 # -- compiled steps -------------------------------------------------------------------------------
 
 
 def _compile_backend_ok() -> None:
-    # every (batch slots, window bucket, guidance) shape is one more compiled variant of the same code
+    # every StepShape is one more compiled variant of the same code (a run visits a few dozen, a
+    # server several prompt buckets of them: step_shapes)
     import torch._dynamo
 
     config = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(config, name) and getattr(config, name) < 256:
-            setattr(config, name, 256)
-    if hasattr(config, "accumulated_recompile_limit") and config.accumulated_recompile_limit < 4096:
-        config.accumulated_recompile_limit = 4096
+        if hasattr(config, name) and getattr(config, name) < 1024:
+            setattr(config, name, 1024)
+    if hasattr(config, "accumulated_recompile_limit") and config.accumulated_recompile_limit < 16384:
+        config.accumulated_recompile_limit = 16384
 
 
-_COMPILED: dict[str, Any] = {}
+_COMPILED: dict[tuple, Any] = {}
 
 
 def _compiled(name: str, fn):
-    """``torch.compile(fn)``, one wrapper per step kind (dynamo keeps one variant per static shape)."""
-    if name not in _COMPILED:
+    """``torch.compile(fn)`` with :data:`COMPILE_BACKEND`, one wrapper per step kind and backend
+    (dynamo keeps one variant per static shape)."""
+    key = (name, COMPILE_BACKEND)
+    if key not in _COMPILED:
         _compile_backend_ok()
-        _COMPILED[name] = torch.compile(fn, dynamic=False)
-    return _COMPILED[name]
+        _COMPILED[key] = torch.compile(fn, dynamic=False, backend=COMPILE_BACKEND)
+    return _COMPILED[key]
 
 
-class _GraphedStep:
-    """A CUDA graph of one window step shape, captured on first use and replayed afterwards.
+def _window_step_fn(session: "StaticSession", tokens, start, widths):
+    return session._window_step(tokens, start, widths)
 
-    The step's inputs are copied into static buffers, the graph replays the recorded kernels
-    (the cache buffers it writes are the session's own, allocated once), and the output is
-    cloned out of the graph's memory pool. A capture that fails (an operation that cannot be
-    captured) raises; the session then runs that shape compiled without a graph.
+
+class _CompiledStep:
+    """The compiled window step of one :class:`StepShape`, made over one buffer set.
+
+    Attributes:
+        shape: its :class:`StepShape`. graphed: whether it replays a CUDA graph.
+        pointers: ``StaticBuffers.pointers()`` of the set it was made over.
+        tensors: weak references to that set's tensors (``StaticBuffers.tensors()``).
     """
 
-    def __init__(self, fn, example: tuple[torch.Tensor, ...], pool):
-        self.fn = fn
+    graphed = False
+
+    def __init__(self, shape: StepShape, buffers: StaticBuffers):
+        self.shape = shape
+        self.pointers = buffers.pointers()
+        self.tensors = [weakref.ref(t) for t in buffers.tensors()]
+
+    def bound_to(self, buffers: StaticBuffers) -> bool:
+        """Whether ``buffers``' tensors are the very ones this step was made over."""
+        now = buffers.tensors()
+        return len(now) == len(self.tensors) and all(r() is t for r, t in zip(self.tensors, now))
+
+    def __call__(self, session: "StaticSession", tokens, start, widths) -> torch.Tensor:
+        return _compiled("window", _window_step_fn)(session, tokens, start, widths)
+
+
+_CAPTURE_WARNED = False
+
+
+class _GraphedStep(_CompiledStep):
+    """A CUDA graph of one window step shape over one buffer set, captured once and replayed.
+
+    The step's inputs are copied into the graph's static input tensors and the graph replays the
+    recorded kernels over the set's buffers; before every replay it checks that the session's
+    buffers are the ones it captured (their ``data_ptr()``), raising RuntimeError otherwise. The
+    output lives in the graph's memory pool and is overwritten by the next replay: it is returned
+    as is (no clone), which is safe because :meth:`StaticSession._logical` copies the images' rows
+    out of it (``index_select``) before anything else runs.
+
+    Capture runs on a side stream with ``capture_error_mode="thread_local"`` (CUDA calls of other
+    threads, a server's or a demo's, do not break it); a capture that fails raises after the
+    stream is restored and synchronised, and the caller runs that shape compiled, without a graph.
+    """
+
+    graphed = True
+
+    def __init__(self, shape: StepShape, buffers: StaticBuffers, session: "StaticSession",
+                 example: tuple[torch.Tensor, ...]):
+        super().__init__(shape, buffers)
+        device = buffers.device
+        if buffers.graph_pool is None:
+            buffers.graph_pool = torch.cuda.graph_pool_handle()
         self.inputs = tuple(t.clone() for t in example)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
+        step = _compiled("window", _window_step_fn)
+        caller = torch.cuda.current_stream(device)
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(caller)
         with torch.cuda.stream(stream):  # warm-up outside the graph (same inputs: the cache writes repeat)
             for _ in range(2):
-                fn(*self.inputs)
-        torch.cuda.current_stream().wait_stream(stream)
+                step(session, *self.inputs)
+        stream.synchronize()
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.output = fn(*self.inputs)
+        try:
+            with torch.cuda.graph(self.graph, pool=buffers.graph_pool, stream=stream, capture_error_mode="thread_local"):
+                self.output = step(session, *self.inputs)
+        except BaseException:
+            # torch.cuda.graph leaves the side stream current when ending the capture raises
+            torch.cuda.set_stream(caller)
+            try:
+                self.graph.reset()
+            finally:
+                torch.cuda.synchronize(device)
+            raise
+        torch.cuda.synchronize(device)
 
-    def __call__(self, *args: torch.Tensor) -> torch.Tensor:
-        for static, value in zip(self.inputs, args):
+    def __call__(self, session: "StaticSession", tokens, start, widths) -> torch.Tensor:
+        if session.buffers.pointers() != self.pointers:
+            raise RuntimeError(f"the CUDA graph of {self.shape} was captured over other buffers than the session's")
+        for static, value in zip(self.inputs, (tokens, start, widths)):
             static.copy_(value)
         self.graph.replay()
-        return self.output.clone()
+        return self.output
 
 
-# -- the session ----------------------------------------------------------------------------------
+def _capture_failed(shape: StepShape, error: BaseException) -> None:
+    global _CAPTURE_WARNED
+    if not _CAPTURE_WARNED:
+        _CAPTURE_WARNED = True
+        warnings.warn(f"CUDA graph capture of the static window step {tuple(shape)} failed ({error}); such shapes run "
+                      "compiled without a graph (warned once)", RuntimeWarning, stacklevel=3)
 
 
 class StaticSession(RaggedSession):
@@ -277,9 +643,12 @@ class StaticSession(RaggedSession):
 
     Attributes:
         compile: whether the window steps are compiled (and, on CUDA, captured as graphs).
-        capacity: batch slots of the cache (the batch size it was opened with).
-        compile_seconds: ``{"rows x columns[/attended columns]": seconds}`` of the first call of every compiled
-            shape this session ran (compilation, warm-up and capture included).
+        capacity: batch slots of the cache (uncompiled: the batch size it was opened with;
+            compiled: at least its power of two, the model's buffer set it took).
+        buffers: the :class:`StaticBuffers` it decodes in (compiled: the model's, see :meth:`release`).
+        compile_seconds: ``{"rows x columns[/attended columns]": seconds}`` of every step this
+            session made (compilation, warm-up and capture included); steps its buffer set
+            already held from an earlier session cost nothing and are not listed.
         width_buckets: :data:`WIDTH_BUCKETS` (``window="auto"`` prices widths per bucket).
     """
 
@@ -305,7 +674,7 @@ class StaticSession(RaggedSession):
         self._check_admission(other)
         B, k = self.batch_size, other.batch_size
         if B + k > self.capacity:
-            self._grow_capacity(max(B + k, 2 * self.capacity))
+            self._grow_capacity(slot_bucket(B + k) if self.compile else max(B + k, 2 * self.capacity))
         if other._P > self._P:
             self._widen_prompt(other._P)
         shift = self._P - other._P
@@ -340,79 +709,122 @@ class StaticSession(RaggedSession):
         self._bucket = bucket
 
     def _grow_capacity(self, capacity: int) -> None:
-        """Make room for ``capacity`` batch slots (more than now): every per-row buffer is copied into
-        one with more rows (the images keep their slots)."""
+        """Make room for ``capacity`` batch slots (more than now): the buffers are copied into a set
+        with more rows (the images keep their slots)."""
         rows = capacity * self._per_slot
-        old = self.kv.cache.rows
-        cache = self.kv.cache
+        old = self.buffers.rows
 
         def more(t: torch.Tensor, fill=0) -> torch.Tensor:
             grown = torch.full((rows, *t.shape[1:]), fill, dtype=t.dtype, device=t.device)
             grown[:old] = t
             return grown
 
-        for layer in cache.layers:
-            if layer.is_initialized:
-                layer.keys, layer.values = more(layer.keys), more(layer.values)
-        cache.rows = rows
-        cache.write = more(cache.write)
-        self.kv.ids = more(self.kv.ids)
-        self._prompt_phys_ids = more(self._prompt_phys_ids, self.filler)
+        self._reallocate(capacity=capacity)
         self._prompt_valid_T = more(self._prompt_valid_T, False)
         self._prompt_len = more(self._prompt_len)
-        self._prompt_dev = more(self._prompt_dev)
         self._region = torch.cat([self._region, torch.zeros(capacity - self.capacity, dtype=torch.long)])
         self.capacity = capacity
 
     def _widen_prompt(self, P: int) -> None:
         """Make every row's prompt ``P`` columns wide (more than now): the cache, ids and prompt
-        buffers move right by the difference into a cache wide enough for the image after it
-        (positions are the rows' own, so nothing is recomputed); compiled steps are dropped."""
+        buffers move right by the difference into a set wide enough for the image after it
+        (positions are the rows' own, so nothing is recomputed)."""
         shift = P - self._P
-        T = _round_up(P + int(self.region_length(torch.tensor(self.num_image_tokens))) + SLACK, 64)
-        T = max(T, self.width + shift)
         old = self.width
-        self.kv.grow(T, shift)
+        T = max(self._cache_width(P), old + shift)
+        self._reallocate(width=T, prompt_width=P)
         valid = torch.zeros(self._prompt_valid_T.shape[0], T, dtype=torch.bool)
         valid[:, shift:shift + old] = self._prompt_valid_T
         self._prompt_valid_T = valid
-        self._prompt_dev = torch.cat([self._prompt_len[:, None], valid.long()], 1).to(self._dev)
-        phys = torch.full((self._prompt_phys_ids.shape[0], P), self.filler, dtype=torch.long, device=self._dev)
-        phys[:, shift:] = self._prompt_phys_ids
-        self._prompt_phys_ids = phys
         self._P = P
-        self._steps.clear()
 
-    def _init_static(self, compile: bool, capacity: int | None = None) -> None:
-        B, R = self.batch_size, self.prompt_ids.shape[0]
-        self.capacity = C = max(B, capacity or B)
+    def _reallocate(self, capacity: int | None = None, width: int | None = None, prompt_width: int | None = None) -> None:
+        """Copy the buffers into a new set with more slots, columns or prompt columns (old columns
+        moved right by the prompt's growth). The old set and every step made over it are dropped
+        (a model-owned set is replaced in the model's store): a step never runs over buffers that
+        are not the ones it was made for."""
+        old = self.buffers
+        capacity, width = capacity or old.capacity, width or old.width
+        prompt_width = prompt_width or old.prompt_width
+        key = None if old.key is None else self._buffer_key(prompt_width)
+        new = StaticBuffers(capacity, self._per_slot, width, prompt_width, self._dev, self.filler, key)
+        new.copy_from(old, prompt_width - old.prompt_width)
+        new.cache.visible = old.cache.visible
+        if old.key is not None:
+            new.holder = weakref.ref(self)
+            self._store.replace(old, new)
+        old.steps.clear()
+        old.holder = None
+        self.buffers = new
+
+    def release(self) -> None:
+        """Give a model-owned buffer set back to the model's store for the next session (the
+        session must not be used afterwards). Nothing to do for a session's own set. A session
+        that is garbage collected gives its set back too."""
+        if self.buffers.key is not None and self.buffers.holder is not None and self.buffers.holder() is self:
+            self.buffers.holder = None
+
+    def _buffer_key(self, prompt_width: int) -> tuple:
+        """The model store's key of a set for this session: guidance, image layout, prompt width, dtype, device."""
+        return (self.guided, self.num_image_tokens, self.cols, self.row_end, self.filler, prompt_width, self._float,
+                str(self._dev))
+
+    def _cache_width(self, prompt_width: int) -> int:
+        return cache_width(prompt_width, int(self.region_length(torch.tensor(self.num_image_tokens))),
+                           self._extra_columns(WIDTH_BUCKETS[-1]))
+
+    def _init_static(self, compile: bool, capacity: int | None = None, pooled: bool | None = None,
+                     prompt_width: int | None = None) -> None:
+        B = self.batch_size
         self.compile = bool(compile)
+        C = max(B, capacity or B)
+        if self.compile:
+            C = slot_bucket(C)
         self.compile_seconds: dict[str, float] = {}
         dev = self.prompt_ids.device
         self._dev = dev
         self._per_slot = 2 if self.guided else 1
+        self._float = attention_dtype(getattr(self, "model", None))
+        given = self.prompt_ids.shape[1]
+        P = self._P = prompt_bucket(max(given, prompt_width or 1))
+        T = self._cache_width(P)
+        store = _store(getattr(self, "model", None)) if (self.compile if pooled is None else pooled) else None
+        self._store = store
+        if store is None:
+            self.buffers = StaticBuffers(C, self._per_slot, T, P, dev, self.filler)
+        else:
+            key = self._buffer_key(P)
+            self.buffers = store.acquire(key, C, lambda: StaticBuffers(C, self._per_slot, T, P, dev, self.filler, key))
+            self.buffers.holder = weakref.ref(self)
+            self.buffers.clear()
+        self.kv = _StaticKV(self)
+        self.capacity = C = self.buffers.capacity
+        T = self.width
         rows = C * self._per_slot
-        P = self.prompt_ids.shape[1]
-        self._P = P
-        # physical prompt rows: slot i -> row i (unguided) or rows 2i (cond), 2i + 1 (uncond)
+        # physical prompt rows: slot i -> row i (unguided) or rows 2i (cond), 2i + 1 (uncond), left-padded to P
         phys = self._physical(torch.arange(B))  # [R] physical row of each logical row
         ids = torch.full((rows, P), self.filler, dtype=torch.long, device=dev)
-        ids[phys.to(dev)] = self.prompt_ids
+        ids[phys.to(dev), P - given:] = self.prompt_ids
         valid = torch.zeros(rows, P, dtype=torch.bool)
-        valid[phys] = self.prompt_valid
-        self._prompt_phys_ids = ids
+        valid[phys, P - given:] = self.prompt_valid
+        self.buffers.prompt_ids.copy_(ids)
         self._prompt_len = valid.sum(1)  # [rows] CPU
-        T = _round_up(P + int(self.region_length(torch.tensor(self.num_image_tokens))) + SLACK, 64)
-        self.kv = _StaticKV(self, rows, T)
         self._prompt_valid_T = torch.zeros(rows, T, dtype=torch.bool)
         self._prompt_valid_T[:, :P] = valid
-        self._prompt_dev = torch.cat([self._prompt_len[:, None], self._prompt_valid_T.long()], 1).to(dev)
+        self.buffers.prompt.copy_(torch.cat([self._prompt_len[:, None], self._prompt_valid_T.long()], 1).to(dev))
         self._slots = torch.arange(B)  # [B] CPU, the slot of every image (logical row)
         self._region = torch.zeros(C, dtype=torch.long)  # [C] CPU, region columns cached per slot
         self._bucket = batch_bucket(B, C)
-        self._steps: dict[tuple, Any] = {}  # compiled (or graphed) window step per shape
-        self._pool = None
-        self._float = self._model_dtype()
+
+    @property
+    def _prompt_dev(self) -> torch.Tensor:
+        """``[rows, 1 + T]`` int64 on the device: prompt lengths, then visible prompt columns (the buffers')."""
+        return self.buffers.prompt
+
+    @property
+    def _prompt_phys_ids(self) -> torch.Tensor:
+        """``[rows, P]`` int64 on the device: the left-padded prompt ids of every physical row (the buffers')."""
+        return self.buffers.prompt_ids
 
     # -- layout helpers ---------------------------------------------------------------------------
 
@@ -428,7 +840,7 @@ class StaticSession(RaggedSession):
     @property
     def width(self) -> int:
         """T, the cache columns per row."""
-        return self.kv.cache.width
+        return self.buffers.width
 
     def _extra_columns(self, width: int) -> int:
         """Row-end columns a window of ``width`` slots can hold at most."""
@@ -449,21 +861,10 @@ class StaticSession(RaggedSession):
         return self._logits(ids, mask, positions, out, prefill=prefill)
 
     def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
-        """``[R, S, T]`` bool -> the additive ``[R, 1, S, T]`` mask in the model's float dtype (0 or its minimum)."""
+        """``[R, S, T]`` bool -> the additive ``[R, 1, S, T]`` mask in the attention's dtype (0 or its minimum)."""
         dtype = self._float
         return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
             ~allowed, torch.finfo(dtype).min)[:, None]
-
-    def _model_dtype(self) -> torch.dtype:
-        """The float dtype of the adapter's transformer (its first floating parameter; float32 if none is found)."""
-        owner = getattr(self, "model", None)
-        for name in ("backbone", "model"):
-            module = getattr(owner, name, None)
-            if isinstance(module, torch.nn.Module):
-                for p in module.parameters():
-                    if p.is_floating_point():
-                        return p.dtype
-        return torch.float32
 
     def _window_step(self, tokens: torch.Tensor, start: torch.Tensor, widths: torch.Tensor) -> torch.Tensor:
         """One window over every batch slot of a bucket: ``[slots, W]`` codebook ids, ``[slots]`` starts
@@ -508,41 +909,50 @@ class StaticSession(RaggedSession):
         step = COMPILED_VISIBLE_STEP if self.compile else VISIBLE_STEP
         cache.visible = min(cache.width, _round_up(self._P + region_columns, step))
 
+    def _step_shape(self, tokens: torch.Tensor) -> StepShape:
+        A, W = tokens.shape
+        return StepShape(self.guided, self.capacity, A, W, self.kv.cache.visible, self._P, self.width)
+
+    def step_shapes(self, widths: Sequence[int] = WIDTH_BUCKETS) -> list[StepShape]:
+        """:func:`step_shapes` of this session's buffer set: every compiled step it can run with windows
+        in the buckets ``widths``."""
+        return step_shapes(guided=self.guided, capacity=self.capacity, prompt_width=self._P,
+                           image_columns=int(self.region_length(torch.tensor(self.num_image_tokens))),
+                           row_end_columns=self._extra_columns(WIDTH_BUCKETS[-1]), widths=widths, columns=self.width)
+
     def _call_window_step(self, tokens, start, widths):
-        """The window step, compiled per shape when ``compile`` (and replayed as a CUDA graph on CUDA)."""
-        if not self.compile:
-            return self._window_step(tokens, start, widths)
-        visible = self.kv.cache.visible
-        key = (*tokens.shape, visible)
-        runner = self._steps.get(key)
-        if runner is not None:
-            return runner(tokens, start, widths)
+        """The window step, compiled per shape when ``compile`` (and replayed as a CUDA graph on CUDA),
+        under ``torch.no_grad``."""
+        with torch.no_grad():
+            if not self.compile:
+                return self._window_step(tokens, start, widths)
+            shape = self._step_shape(tokens)
+            runner = self.buffers.steps.get(shape)
+            if runner is not None:
+                return runner(self, tokens, start, widths)
+            return self._make_step(shape, tokens, start, widths)
+
+    def _make_step(self, shape: StepShape, tokens, start, widths) -> torch.Tensor:
+        """Compile (and on CUDA capture) the step of ``shape`` over this session's buffers, run it once."""
         began = time.perf_counter()
-        step = _compiled("window", _window_step_fn)
-        session = weakref.ref(self)
-
-        def runner(*args):
-            return step(session(), *args)
-
+        runner = None
         if self._dev.type == "cuda":
             try:
-                if self._pool is None:
-                    self._pool = torch.cuda.graph_pool_handle()
-                runner = _GraphedStep(runner, (tokens, start, widths), self._pool)
+                runner = _GraphedStep(shape, self.buffers, self, (tokens, start, widths))
             except Exception as error:  # a shape that cannot be captured runs compiled, without a graph
-                import warnings
-
-                warnings.warn(f"CUDA graph capture of the static window step {key} failed ({error}); "
-                              "it runs compiled without a graph", RuntimeWarning, stacklevel=2)
-        logits = runner(tokens, start, widths)
+                _capture_failed(shape, error)
+        if runner is None:
+            runner = _CompiledStep(shape, self.buffers)
+        logits = runner(self, tokens, start, widths)
         if self._dev.type == "cuda":
             torch.cuda.synchronize(self._dev)
         seconds = time.perf_counter() - began
-        rows, width = self._rows_of_bucket(key[0]), key[1]
-        COMPILE_SECONDS.setdefault((type(self).__name__, self.guided, rows, width, visible, self.width), seconds)
+        rows, width, visible = self._rows_of_bucket(shape.batch), shape.width, shape.visible
+        COMPILE_SECONDS.setdefault((type(self).__name__, self.guided, rows, width, visible, self.width, self._P,
+                                    self.buffers.rows), seconds)
         # "rows x window columns", and "/ attended columns" where that is not the whole cache
         self.compile_seconds[f"{rows}x{width}" + (f"/{visible}" if visible < self.width else "")] = seconds
-        self._steps[key] = runner
+        self.buffers.steps[shape] = runner
         return logits
 
     # -- DecodingSession ----------------------------------------------------------------------------
@@ -559,8 +969,9 @@ class StaticSession(RaggedSession):
         allowed = (self._prompt_valid_T[:R, None, :] & (t[None, None] <= s[None, :, None])) | (t[None, None] == s[None, :, None])
         write = s.expand(R, P)
         out = torch.full((R, 1), P - 1, dtype=torch.long)
-        logits = self._run(self._prompt_phys_ids[:R], self._mask(allowed.to(dev)), positions.to(dev), write.to(dev),
-                           out.to(dev), prefill=True)
+        with torch.no_grad():
+            logits = self._run(self._prompt_phys_ids[:R], self._mask(allowed.to(dev)), positions.to(dev), write.to(dev),
+                               out.to(dev), prefill=True)
         self._lengths = torch.zeros(self.batch_size, dtype=torch.long)
         return self._logical(logits, 1, self._to_device(self._slots))
 
@@ -652,18 +1063,17 @@ class StaticSession(RaggedSession):
     # -- the cache width ----------------------------------------------------------------------------
 
     def _ensure_width(self, columns: int) -> None:
-        """Grow the cache (a copy, and new compiled shapes) when a forward of ``columns`` columns at
-        the widest region would not fit (wide tree windows)."""
+        """Grow the cache (a copy into a new buffer set, whose steps are made anew) when a forward of
+        ``columns`` columns at the widest region would not fit (tree windows wider than 64 slots)."""
         needed = self._P + int(self.region_length(torch.tensor(self.num_image_tokens))) + columns
         if needed <= self.width:
             return
         T = _round_up(needed, 64)
-        self.kv.grow(T)
+        old = self.width
+        self._reallocate(width=T)
         grown = torch.zeros(self._prompt_valid_T.shape[0], T, dtype=torch.bool)
-        grown[:, : self._prompt_valid_T.shape[1]] = self._prompt_valid_T
+        grown[:, :old] = self._prompt_valid_T
         self._prompt_valid_T = grown
-        self._prompt_dev = torch.cat([self._prompt_len[:, None], grown.long()], 1).to(self._dev)
-        self._steps.clear()
 
     # -- draft trees ---------------------------------------------------------------------------------
 
@@ -723,7 +1133,8 @@ class StaticSession(RaggedSession):
         past = prompt[:, 1:].bool() | ((t >= self._P) & (t < (self._P + region)[:, None]))
         allowed = past[:, None, :].expand(R, Sb, self.width).clone()
         allowed.scatter_(2, write[:, None, :].expand(R, Sb, Sb), sees_dev)
-        logits = self._run(ids, self._mask(allowed), positions, write, out)
+        with torch.no_grad():
+            logits = self._run(ids, self._mask(allowed), positions, write, out)
         self._tree = (start, col, end, S2)
         self._lengths = start + deepest + 1
         return self._logical(logits, S, slot_dev)
@@ -761,35 +1172,20 @@ class StaticSession(RaggedSession):
         self._tree = None
 
 
-def _window_step_fn(session: StaticSession, tokens, start, widths):
-    return session._window_step(tokens, start, widths)
-
-
 class _StaticKV:
-    """The static session's cache and its inspection helpers (the ragged session's ``kv`` counterpart)."""
+    """The static session's cache and its inspection helpers (the ragged session's ``kv`` counterpart):
+    ``cache`` and ``ids`` are the session's current buffer set's."""
 
-    def __init__(self, session: StaticSession, rows: int, width: int):
+    def __init__(self, session: StaticSession):
         self._session = weakref.ref(session)
-        self.cache = StaticRowCache(rows, width, session._dev)
-        self.ids = torch.zeros(rows, width, dtype=torch.long, device=session._dev)  # ids per column, for inspection
 
-    def grow(self, width: int, shift: int = 0) -> None:
-        """Widen every row to ``width`` columns (a copy into new buffers), its old columns moved
-        right by ``shift`` (a wider prompt, :meth:`StaticSession._widen_prompt`)."""
-        cache = self.cache
-        old = cache.width
-        for layer in cache.layers:
-            if layer.is_initialized:
-                for name in ("keys", "values"):
-                    t = getattr(layer, name)
-                    wider = t.new_zeros(t.shape[0], t.shape[1], width, t.shape[3])
-                    wider[:, :, shift:shift + old] = t
-                    setattr(layer, name, wider)
-        cache.width = width
-        cache.write = torch.zeros(cache.rows, width, dtype=torch.long, device=cache.write.device)
-        wider = self.ids.new_zeros(self.ids.shape[0], width)
-        wider[:, shift:shift + old] = self.ids
-        self.ids = wider
+    @property
+    def cache(self) -> StaticRowCache:
+        return self._session().buffers.cache
+
+    @property
+    def ids(self) -> torch.Tensor:
+        return self._session().buffers.ids
 
     def _columns(self, row: int) -> tuple[int, torch.Tensor]:
         s = self._session()
@@ -841,26 +1237,35 @@ def _static_class(cls: type) -> type:
     return _CLASSES[cls]
 
 
-def make_static(session: RaggedSession, *, compile: bool = False, capacity: int | None = None) -> StaticSession:
+def make_static(session: RaggedSession, *, compile: bool = False, capacity: int | None = None,
+                pooled: bool | None = None, prompt_width: int | None = None) -> StaticSession:
     """The static counterpart of a fresh (not prefilled) ragged session of a family adapter.
 
     Args:
         session: a :class:`~csdgen.models._ragged.RaggedSession` subclass instance that overrides
             only ``__init__``, ``_logits`` and ``_vocab_ids``, not yet prefilled.
-        compile: compile each window shape (and capture it as a CUDA graph on CUDA).
+        compile: compile each window shape (and capture it as a CUDA graph on CUDA); the capacity
+            is then rounded up to a power of two (:func:`slot_bucket`).
         capacity: batch slots to allocate (default: the session's batch size).
+        pooled: decode in a buffer set of the model's store, reused by later sessions (default:
+            ``compile``); False: a set of its own (a session opened only to be admitted into
+            another, :meth:`StaticSession.admit`).
+        prompt_width: pad the prompt to the bucket of at least this many columns (:func:`warmup`).
 
     Raises:
-        ValueError: a session the static path cannot take (:func:`static_refusal` says why).
+        ValueError: a session the static path cannot take (:func:`static_refusal` says why), or a
+            prompt_width < 1.
     """
     why = static_refusal(session)
     if why is not None:
         raise ValueError(f"engine='static' cannot be used: {why}; allowed: engine='eager' for this model")
+    if prompt_width is not None and prompt_width < 1:
+        raise ValueError(f"prompt_width={prompt_width}: allowed >= 1 (columns)")
     if isinstance(session, StaticSession):
         return session
     static = object.__new__(_static_class(type(session)))
     static.__dict__.update(session.__dict__)
-    static._init_static(compile, capacity)
+    static._init_static(compile, capacity, pooled, prompt_width)
     return static
 
 
