@@ -47,6 +47,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--batching", choices=BATCHING, default="continuous",
                    help="continuous (default: images join the running batch at every iteration) or static "
                         "(a batch filled, run to its end, then the next: for comparison)")
+    p.add_argument("--warmup", action="store_true",
+                   help="compile (and on cuda capture as CUDA graphs) the static engine's step shapes before serving, "
+                        "for the default request settings (the prompt bucket of a short prompt); prints how many and "
+                        "how long. Nothing to do where the engine runs uncompiled (cpu)")
     p.add_argument("--max-memory", type=_gib, default=None, metavar="GIB",
                    help="memory the batch may use, in GiB (default: half the free memory for the built-in model, "
                         "what the device has free for --model)")
@@ -142,6 +146,28 @@ def _served_name(text: str) -> str:
     return text
 
 
+def _warmup(model, request, capacity: int) -> None:
+    """``--warmup``: the static engine's compiled steps for batches up to ``capacity`` images, the
+    default request's guidance and window (every width bucket up to it; ``auto``: up to its widest)."""
+    from csdgen.engine.window import AUTO_MAX_WINDOW
+    from csdgen.models._static import static_refusal, warmup
+
+    kwargs = request.batch_kwargs
+    window = kwargs.get("window")
+    window = AUTO_MAX_WINDOW if window in (None, "auto") else int(window)
+    window = max(1, min(window, model.num_image_tokens - 1))
+    if static_refusal(model.start([request.condition], 1, kwargs["sampling"].guided)) is not None:
+        print("csdgen serve: warm-up: nothing to compile (this model runs on the eager engine)", flush=True)
+        return
+    report = warmup(model, [capacity], [window], guided=kwargs["sampling"].guided, conditions=[request.condition])
+    if not report.shapes:
+        print(f"csdgen serve: warm-up: nothing to compile (the static engine runs uncompiled on {model.device.type})",
+              flush=True)
+        return
+    print(f"csdgen serve: warm-up: {report.made} step shapes compiled ({report.held} already held) in "
+          f"{report.seconds:.1f} s", flush=True)
+
+
 def run(args) -> int:
     from csdgen.serve import ServeDefaults, ServedModel, create_app, run_server
     from csdgen.serve.app import bind_socket
@@ -164,9 +190,11 @@ def run(args) -> int:
                              max_images=args.max_images)
     served = ServedModel(model, args.served_name or name, aliases=aliases, defaults=defaults)
     try:  # the defaults are checked as a request would be: a bad --top-p fails here, not on every request
-        parse_request({"prompt": "0" if served.classes else "a test"}, served)
+        default_request = parse_request({"prompt": "0" if served.classes else "a test"}, served)
     except APIError as exc:
         raise ValueError(f"request defaults: {exc.message} (the --{exc.param.replace('_', '-')} option)") from None
+    if args.warmup:
+        _warmup(model, default_request, capacity)
     app = create_app(served, capacity=capacity, max_queue=args.max_queue, batching=args.batching)
     port = sock.getsockname()[1]
     host = f"[{args.host}]" if ":" in args.host else args.host

@@ -238,8 +238,8 @@ class ContinuousBatch:
         running = self._loop.session if self.size else None
         if running is None:
             return open_engine(session, self.engine, self.compile, capacity=self.capacity)
-        if isinstance(running, StaticSession):
-            return make_static(session, compile=running.compile)
+        if isinstance(running, StaticSession):  # only prefilled, then copied in: a buffer set of its own
+            return make_static(session, compile=running.compile, pooled=False)
         return session
 
     def step(self) -> list[FinishedImage]:
@@ -288,6 +288,9 @@ class ContinuousBatch:
             loop.session.select_rows(alive)
             loop._select(alive)
         else:
+            release = getattr(loop.session, "release", None)
+            if release is not None:  # a static session gives its buffers (and compiled steps) back to the model
+                release()
             loop.session = None
             loop.active_host = loop.active_host[:0]
             loop.active = loop.active[:0]

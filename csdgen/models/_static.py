@@ -426,57 +426,67 @@ class StaticBuffers:
             t.zero_()
 
     def copy_from(self, old: "StaticBuffers", shift: int) -> None:
-        """Copy ``old``'s rows into this (at least as many rows and columns), their columns moved
-        right by ``shift`` (a wider prompt); the layers are allocated like ``old``'s."""
+        """Copy ``old``'s rows into this set (at least as many rows and columns; everything else
+        cleared), their columns moved right by ``shift`` (a wider prompt). This set's tensors stay
+        the same objects (its steps stay valid); layers it has not allocated are allocated like ``old``'s."""
         rows, T = old.rows, old.width
-        for layer in old.cache.layers:
-            mine = _RowLayer(self.cache)
-            if layer.is_initialized:
-                for name in ("keys", "values"):
-                    t = getattr(layer, name)
-                    wider = t.new_zeros(self.rows, t.shape[1], self.width, t.shape[3])
-                    wider[:rows, :, shift:shift + T] = t
-                    setattr(mine, name, wider)
-                mine.device, mine.is_initialized = layer.device, True
-            self.cache.layers.append(mine)
-        self.ids[:rows, shift:shift + T] = old.ids
+        while len(self.cache.layers) < len(old.cache.layers):
+            self.cache.layers.append(_RowLayer(self.cache))
+        for layer, mine in zip(old.cache.layers, self.cache.layers):
+            if not layer.is_initialized:
+                continue
+            for name in ("keys", "values"):
+                t = getattr(layer, name)
+                if mine.is_initialized:
+                    target = getattr(mine, name)
+                    target.zero_()
+                else:
+                    target = t.new_zeros(self.rows, t.shape[1], self.width, t.shape[3])
+                    setattr(mine, name, target)
+                target[:rows, :, shift:shift + T] = t
+            mine.device, mine.is_initialized = layer.device, True
+        for mine, theirs, offset in ((self.ids, old.ids, 0), (self.prompt, old.prompt, 1)):
+            mine.zero_()
+            mine[:rows, offset + shift:offset + shift + T] = theirs[:, offset:]
         self.prompt[:rows, 0] = old.prompt[:, 0]
-        self.prompt[:rows, 1 + shift:1 + shift + T] = old.prompt[:, 1:]
         self.prompt_ids[:rows, shift:shift + old.prompt_width] = old.prompt_ids
         self._forget_pointers()
 
 
 class _Store:
-    """A model's buffer sets: ``{key: [StaticBuffers]}``, each handed to one session at a time."""
+    """A model's buffer sets: ``{key: [StaticBuffers]}``, each handed to one session at a time;
+    ``capacity``: the most batch slots of any set made (a new set gets at least as many, so that a
+    smaller batch, or a new prompt bucket, runs the shapes of the slots already compiled)."""
 
     def __init__(self):
         self.sets: dict[tuple, list[StaticBuffers]] = {}
+        self.capacity = 0
         self.lock = threading.Lock()
 
-    def acquire(self, key: tuple, capacity: int, make) -> StaticBuffers:
-        """A free set of ``key`` with at least ``capacity`` slots (the smallest), or a new one from
-        ``make()`` (then the free sets of that key with fewer slots are dropped)."""
+    def acquire(self, key: tuple, capacity: int, width: int, make) -> StaticBuffers:
+        """A free set of ``key`` with at least ``capacity`` slots and ``width`` columns (the smallest),
+        or a new one from ``make()`` (then the free sets of that key it supersedes are dropped)."""
         with self.lock:
             for attempt in range(2):
                 sets = self.sets.setdefault(key, [])
-                fits = [s for s in sets if s.free and s.capacity >= capacity]
+                fits = [s for s in sets if s.free and s.capacity >= capacity and s.width >= width]
                 if fits:
-                    return min(fits, key=lambda s: s.capacity)
-                if attempt == 0 and any(not s.free and s.capacity >= capacity for s in sets):
+                    return min(fits, key=lambda s: (s.capacity, s.width))
+                if attempt == 0 and any(not s.free and s.capacity >= capacity and s.width >= width for s in sets):
                     gc.collect()  # a finished session may still be held in a reference cycle
                 else:
                     break
-            sets[:] = [s for s in sets if not (s.free and s.capacity < capacity)]
+            sets[:] = [s for s in sets if not (s.free and s.capacity <= capacity and s.width <= width)]
             made = make()
             sets.append(made)
+            self.capacity = max(self.capacity, made.capacity)
             return made
 
-    def replace(self, old: StaticBuffers, new: StaticBuffers) -> None:
-        """``new`` (a grown copy of ``old``, under its own key) takes ``old``'s place; ``old`` and its steps are dropped."""
+    def drop(self, old: StaticBuffers) -> None:
+        """Forget ``old`` (superseded by a larger set of its key): it and its steps are freed with it."""
         with self.lock:
             if old.key in self.sets:
                 self.sets[old.key] = [s for s in self.sets[old.key] if s is not old]
-            self.sets.setdefault(new.key, []).append(new)
 
     def all(self) -> list[StaticBuffers]:
         with self.lock:
@@ -709,53 +719,54 @@ class StaticSession(RaggedSession):
         self._bucket = bucket
 
     def _grow_capacity(self, capacity: int) -> None:
-        """Make room for ``capacity`` batch slots (more than now): the buffers are copied into a set
-        with more rows (the images keep their slots)."""
-        rows = capacity * self._per_slot
-        old = self.buffers.rows
-
-        def more(t: torch.Tensor, fill=0) -> torch.Tensor:
-            grown = torch.full((rows, *t.shape[1:]), fill, dtype=t.dtype, device=t.device)
-            grown[:old] = t
-            return grown
-
+        """Make room for ``capacity`` batch slots (more than now): the images keep their slots in a set with more rows."""
         self._reallocate(capacity=capacity)
-        self._prompt_valid_T = more(self._prompt_valid_T, False)
-        self._prompt_len = more(self._prompt_len)
-        self._region = torch.cat([self._region, torch.zeros(capacity - self.capacity, dtype=torch.long)])
-        self.capacity = capacity
 
     def _widen_prompt(self, P: int) -> None:
-        """Make every row's prompt ``P`` columns wide (more than now): the cache, ids and prompt
-        buffers move right by the difference into a set wide enough for the image after it
-        (positions are the rows' own, so nothing is recomputed)."""
-        shift = P - self._P
-        old = self.width
-        T = max(self._cache_width(P), old + shift)
-        self._reallocate(width=T, prompt_width=P)
-        valid = torch.zeros(self._prompt_valid_T.shape[0], T, dtype=torch.bool)
-        valid[:, shift:shift + old] = self._prompt_valid_T
-        self._prompt_valid_T = valid
-        self._P = P
+        """Make every row's prompt ``P`` columns wide (more than now): the cache, ids and prompt rows
+        move right by the difference into a set of that prompt width (positions are the rows'
+        own, so nothing is recomputed)."""
+        self._reallocate(prompt_width=P)
 
     def _reallocate(self, capacity: int | None = None, width: int | None = None, prompt_width: int | None = None) -> None:
-        """Copy the buffers into a new set with more slots, columns or prompt columns (old columns
-        moved right by the prompt's growth). The old set and every step made over it are dropped
-        (a model-owned set is replaced in the model's store): a step never runs over buffers that
-        are not the ones it was made for."""
+        """Move the session into a buffer set with at least ``capacity`` slots, ``width`` columns and
+        ``prompt_width`` prompt columns (old columns moved right by the prompt's growth).
+
+        A set's tensors are never replaced, so a step made over a set stays valid for it: a
+        compiled session takes the new set from the model's store (a free one it already holds,
+        with its steps, or a new one) and gives the old one back, unless the new set supersedes
+        it (same key, more slots or columns: the old set and its steps are then dropped); a
+        session's own set is dropped with its steps."""
         old = self.buffers
-        capacity, width = capacity or old.capacity, width or old.width
-        prompt_width = prompt_width or old.prompt_width
-        key = None if old.key is None else self._buffer_key(prompt_width)
-        new = StaticBuffers(capacity, self._per_slot, width, prompt_width, self._dev, self.filler, key)
-        new.copy_from(old, prompt_width - old.prompt_width)
-        new.cache.visible = old.cache.visible
-        if old.key is not None:
+        P = prompt_width or old.prompt_width
+        shift = P - old.prompt_width
+        C = max(capacity or 0, old.capacity, self._store.capacity if old.key is not None else 0)
+        T = max(width or 0, self._cache_width(P), old.width + shift)
+        if old.key is None:
+            new = StaticBuffers(C, self._per_slot, T, P, self._dev, self.filler)
+        else:
+            key = self._buffer_key(P)
+            new = self._store.acquire(key, C, T, lambda: StaticBuffers(C, self._per_slot, T, P, self._dev, self.filler, key))
             new.holder = weakref.ref(self)
-            self._store.replace(old, new)
-        old.steps.clear()
-        old.holder = None
+        new.copy_from(old, shift)
+        new.cache.visible = old.cache.visible
         self.buffers = new
+        if old.key is not None and old.key != new.key:
+            old.holder = None  # another prompt width: still valid, kept for later sessions
+        else:
+            if old.key is not None:
+                self._store.drop(old)
+            old.steps.clear()
+            old.holder = None
+        rows = new.rows
+        valid = torch.zeros(rows, new.width, dtype=torch.bool)
+        valid[: old.rows, shift:shift + old.width] = self._prompt_valid_T
+        lengths = torch.zeros(rows, dtype=torch.long)
+        lengths[: old.rows] = self._prompt_len
+        region = torch.zeros(new.capacity, dtype=torch.long)
+        region[: old.capacity] = self._region
+        self._prompt_valid_T, self._prompt_len, self._region = valid, lengths, region
+        self.capacity, self._P = new.capacity, P
 
     def release(self) -> None:
         """Give a model-owned buffer set back to the model's store for the next session (the
@@ -794,7 +805,8 @@ class StaticSession(RaggedSession):
             self.buffers = StaticBuffers(C, self._per_slot, T, P, dev, self.filler)
         else:
             key = self._buffer_key(P)
-            self.buffers = store.acquire(key, C, lambda: StaticBuffers(C, self._per_slot, T, P, dev, self.filler, key))
+            C = max(C, store.capacity)
+            self.buffers = store.acquire(key, C, T, lambda: StaticBuffers(C, self._per_slot, T, P, dev, self.filler, key))
             self.buffers.holder = weakref.ref(self)
             self.buffers.clear()
         self.kv = _StaticKV(self)
@@ -1063,17 +1075,11 @@ class StaticSession(RaggedSession):
     # -- the cache width ----------------------------------------------------------------------------
 
     def _ensure_width(self, columns: int) -> None:
-        """Grow the cache (a copy into a new buffer set, whose steps are made anew) when a forward of
-        ``columns`` columns at the widest region would not fit (tree windows wider than 64 slots)."""
+        """Move into a wider buffer set when a forward of ``columns`` columns at the widest region
+        would not fit (tree windows wider than 64 slots)."""
         needed = self._P + int(self.region_length(torch.tensor(self.num_image_tokens))) + columns
-        if needed <= self.width:
-            return
-        T = _round_up(needed, 64)
-        old = self.width
-        self._reallocate(width=T)
-        grown = torch.zeros(self._prompt_valid_T.shape[0], T, dtype=torch.bool)
-        grown[:, :old] = self._prompt_valid_T
-        self._prompt_valid_T = grown
+        if needed > self.width:
+            self._reallocate(width=_round_up(needed, 64))
 
     # -- draft trees ---------------------------------------------------------------------------------
 
@@ -1303,3 +1309,101 @@ def open_engine(session: Any, engine: str, compile: bool | None, capacity: int |
     if compile is None:
         compile = device.type == "cuda"
     return make_static(session, compile=compile, capacity=capacity)
+
+
+# -- warm-up --------------------------------------------------------------------------------------
+
+
+class WarmupReport(NamedTuple):
+    """What :func:`warmup` did.
+
+    Attributes:
+        made: compiled steps made now (compiled, and on CUDA captured as graphs).
+        held: steps of the shapes warmed that the model's buffer sets already held.
+        seconds: wall-clock seconds of the warm-up (prefills included).
+        shapes: every :class:`StepShape` warmed (made or held).
+    """
+
+    made: int
+    held: int
+    seconds: float
+    shapes: tuple[StepShape, ...]
+
+
+def _default_condition(model: Any) -> Any:
+    return 0 if hasattr(model, "num_classes") else "a test"
+
+
+def warmup(model: Any, batch_sizes: Sequence[int], widths: Sequence[int] = WIDTH_BUCKETS, *, guided: bool = True,
+           conditions: Sequence[Any] | None = None, prompt_widths: Sequence[int] | None = None,
+           compile: bool | None = None) -> WarmupReport:
+    """Compile (and on CUDA capture) the static window steps later sessions of ``model`` will run,
+    before they run: every :class:`StepShape` of :func:`step_shapes` for the capacity
+    ``slot_bucket(max(batch_sizes))``, the window buckets of ``widths`` and each prompt bucket.
+    The steps stay in the model's buffer sets (:func:`model_buffers`), which sessions of at most
+    that many images reuse (``generate``, a server's :class:`~csdgen.engine.continuous.ContinuousBatch`
+    with that capacity).
+
+    Args:
+        model: a family adapter whose sessions take the static path (a RaggedSession family).
+        batch_sizes: batch sizes (>= 1) later runs use; the largest sets the capacity.
+        widths: window widths (>= 1) later runs use (each warmed as its bucket and every smaller
+            bucket: a window narrows at the image end); default every bucket.
+        guided: guidance rows (classifier-free guidance) or not.
+        conditions: conditions ``model.start`` takes, one session per distinct prompt bucket
+            (default: class 0 for a class-conditional model, else the prompt ``"a test"``).
+        prompt_widths: prompt widths (columns) to warm besides the conditions' own (each as its
+            :func:`prompt_bucket`): prompts of a server's requests land in one of them.
+        compile: compile; None: on CUDA only (as ``generate``). Uncompiled steps need no warm-up:
+            then nothing is done.
+
+    Returns:
+        a :class:`WarmupReport` (steps made, steps already held, seconds, shapes).
+
+    Raises:
+        ValueError: an empty ``batch_sizes``, a batch size, width or prompt width < 1, or a model
+            whose sessions cannot take the static path.
+    """
+    sizes = list(batch_sizes)
+    if not sizes or any(not isinstance(b, int) or b < 1 for b in sizes):
+        raise ValueError(f"batch_sizes={sizes!r}: allowed one or more integers >= 1")
+    if any(not isinstance(w, int) or w < 1 for w in widths):
+        raise ValueError(f"widths={list(widths)!r}: allowed integers >= 1 (window slots)")
+    extra = list(prompt_widths or [])
+    if any(not isinstance(p, int) or p < 1 for p in extra):
+        raise ValueError(f"prompt_widths={extra!r}: allowed integers >= 1 (prompt columns)")
+    device = getattr(model, "device", torch.device("cpu"))
+    if compile is None:
+        compile = torch.device(device).type == "cuda"
+    if not compile:
+        return WarmupReport(0, 0, 0.0, ())
+    began = time.perf_counter()
+    capacity = slot_bucket(max(sizes))
+    buckets = sorted({b for w in widths for b in WIDTH_BUCKETS if b <= width_bucket(min(w, WIDTH_BUCKETS[-1]))})
+    conditions = list(conditions) if conditions is not None else [_default_condition(model)]
+    plans = [(c, None) for c in conditions] + [(conditions[0], p) for p in extra]
+    made = held = 0
+    shapes: list[StepShape] = []
+    seen: set[tuple] = set()
+    for condition, width in plans:
+        session = make_static(model.start([condition], 1, guided), compile=True, capacity=capacity, prompt_width=width)
+        try:
+            if session._buffer_key(session._P) in seen:
+                continue
+            seen.add(session._buffer_key(session._P))
+            session.prefill()
+            dev = session._dev
+            for shape in session.step_shapes(buckets):
+                shapes.append(shape)
+                if shape in session.buffers.steps:
+                    held += 1
+                    continue
+                session.kv.cache.visible = shape.visible
+                # every slot empty (width 0); three distinct tensors, as a forward passes (dynamo guards on aliasing)
+                tokens, start, empty = (torch.zeros(*size, dtype=torch.long, device=dev)
+                                        for size in ((shape.batch, shape.width), (shape.batch,), (shape.batch,)))
+                session._call_window_step(tokens, start, empty)
+                made += 1
+        finally:
+            session.release()
+    return WarmupReport(made, held, time.perf_counter() - began, tuple(shapes))
