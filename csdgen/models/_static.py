@@ -463,21 +463,25 @@ class _Store:
         self.capacity = 0
         self.lock = threading.Lock()
 
-    def acquire(self, key: tuple, capacity: int, width: int, make) -> StaticBuffers:
+    def acquire(self, key: tuple, capacity: int, width: int, make, holder: Any) -> StaticBuffers:
         """A free set of ``key`` with at least ``capacity`` slots and ``width`` columns (the smallest),
-        or a new one from ``make()`` (then the free sets of that key it supersedes are dropped)."""
+        or a new one from ``make()`` (then the free sets of that key it supersedes are dropped),
+        handed to ``holder`` (a session; the set is free again once it is released or freed)."""
         with self.lock:
             for attempt in range(2):
                 sets = self.sets.setdefault(key, [])
                 fits = [s for s in sets if s.free and s.capacity >= capacity and s.width >= width]
                 if fits:
-                    return min(fits, key=lambda s: (s.capacity, s.width))
+                    chosen = min(fits, key=lambda s: (s.capacity, s.width))
+                    chosen.holder = weakref.ref(holder)
+                    return chosen
                 if attempt == 0 and any(not s.free and s.capacity >= capacity and s.width >= width for s in sets):
                     gc.collect()  # a finished session may still be held in a reference cycle
                 else:
                     break
             sets[:] = [s for s in sets if not (s.free and s.capacity <= capacity and s.width <= width)]
             made = make()
+            made.holder = weakref.ref(holder)
             sets.append(made)
             self.capacity = max(self.capacity, made.capacity)
             return made
@@ -746,8 +750,8 @@ class StaticSession(RaggedSession):
             new = StaticBuffers(C, self._per_slot, T, P, self._dev, self.filler)
         else:
             key = self._buffer_key(P)
-            new = self._store.acquire(key, C, T, lambda: StaticBuffers(C, self._per_slot, T, P, self._dev, self.filler, key))
-            new.holder = weakref.ref(self)
+            new = self._store.acquire(key, C, T, lambda: StaticBuffers(C, self._per_slot, T, P, self._dev, self.filler, key),
+                                      self)
         new.copy_from(old, shift)
         new.cache.visible = old.cache.visible
         self.buffers = new
@@ -806,8 +810,8 @@ class StaticSession(RaggedSession):
         else:
             key = self._buffer_key(P)
             C = max(C, store.capacity)
-            self.buffers = store.acquire(key, C, T, lambda: StaticBuffers(C, self._per_slot, T, P, dev, self.filler, key))
-            self.buffers.holder = weakref.ref(self)
+            self.buffers = store.acquire(key, C, T, lambda: StaticBuffers(C, self._per_slot, T, P, dev, self.filler, key),
+                                         self)
             self.buffers.clear()
         self.kv = _StaticKV(self)
         self.capacity = C = self.buffers.capacity
