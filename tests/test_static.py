@@ -45,6 +45,23 @@ def test_buckets():
         width_bucket(0)
 
 
+def test_prompt_and_slot_buckets_and_the_step_shapes_bound():
+    from csdgen.models._static import cache_width, prompt_bucket, slot_bucket, step_shapes
+
+    assert [prompt_bucket(p) for p in (1, 2, 3, 5, 33, 64, 65, 128, 129)] == [1, 2, 4, 8, 64, 64, 128, 128, 192]
+    assert [slot_bucket(b) for b in (1, 2, 3, 4, 5, 9, 16)] == [1, 2, 4, 4, 8, 16, 16]
+    assert cache_width(1, 256) == 384 and cache_width(64, 256, 4) == 448
+    shapes = step_shapes(guided=True, capacity=16, prompt_width=64, image_columns=576, widths=(1, 2, 4, 8, 16, 32))
+    assert len(shapes) == 5 * 6 * 6  # batch slots 1..16 x 6 window buckets x attended columns 128..640, 704
+    assert {s.visible for s in shapes} == {128, 256, 384, 512, 640, 704} and {s.columns for s in shapes} == {704}
+    with pytest.raises(ValueError, match="prompt width=0"):
+        prompt_bucket(0)
+    with pytest.raises(ValueError, match="images=0"):
+        slot_bucket(0)
+    with pytest.raises(ValueError, match=r"widths \[3\]: allowed window buckets"):
+        step_shapes(guided=False, capacity=4, prompt_width=1, image_columns=48, widths=(3,))
+
+
 # -- engine choice ------------------------------------------------------------------------------
 
 

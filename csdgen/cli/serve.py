@@ -159,7 +159,8 @@ def _warmup(model, request, capacity: int) -> None:
     if static_refusal(model.start([request.condition], 1, kwargs["sampling"].guided)) is not None:
         print("csdgen serve: warm-up: nothing to compile (this model runs on the eager engine)", flush=True)
         return
-    report = warmup(model, [capacity], [window], guided=kwargs["sampling"].guided, conditions=[request.condition])
+    report = warmup(model, [capacity], [window], guided=kwargs["sampling"].guided, conditions=[request.condition],
+                    capacity=capacity)
     if not report.shapes:
         print(f"csdgen serve: warm-up: nothing to compile (the static engine runs uncompiled on {model.device.type})",
               flush=True)

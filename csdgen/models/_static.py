@@ -38,17 +38,19 @@ different lengths):
 model, not by the session: the model's store (:func:`model_buffers`) keeps one buffer set per
 (guidance, image layout, prompt bucket, dtype, device), handed to one session at a time and
 reused by the next (every ``generate`` call, every batch of a server that drains to empty):
-a session takes a free set of at least its capacity (a power of two, :func:`slot_bucket`)
-and clears it, and gives it back when it ends (:meth:`StaticSession.release`, or when it is
-garbage collected). The window step of each shape is ``torch.compile``\\ d (one dynamo variant
+a session takes a free set of at least its capacity (its batch size rounded up to a power of
+two, :func:`slot_bucket`, or the capacity asked for; at least the most slots of the model's
+sets) and clears it, and gives it back when it ends (:meth:`StaticSession.release`, or when it
+is garbage collected). The window step of each shape is ``torch.compile``\\ d (one dynamo variant
 per :class:`StepShape`, under ``torch.no_grad``) and, on CUDA, captured as a CUDA graph
 (:class:`_GraphedStep`) the first time its buffer set runs it; the compiled or graphed steps
 live in their buffer set (:attr:`StaticBuffers.steps`) and are reused with it. A step records
 the buffers it was made with (:attr:`_CompiledStep.pointers`); a graph checks them before every
-replay. Growing a set (more batch slots than it has, a wider prompt joining a running batch, a
-tree window wider than the cache) copies it into a new set with no steps; the old set and
-every step bound to it are dropped. Uncompiled sessions allocate a set of their own (exactly
-their batch size; nothing to reuse).
+replay. A set's tensors are never replaced: a session that needs more (batch slots past its
+capacity, a wider prompt joining a running batch, a tree window wider than the cache) moves
+into another set (a copy, :meth:`StaticSession._reallocate`); a set of another prompt bucket
+stays in the store with its steps, a smaller set of the same kind is dropped with its steps.
+Uncompiled sessions allocate a set of their own (exactly their batch size; nothing to reuse).
 
 **The compiled shapes** of one buffer set are :func:`step_shapes`: batch slots
 ``1, 2, 4, ..., capacity`` x the window buckets a run uses x the attended-column buckets
@@ -793,7 +795,7 @@ class StaticSession(RaggedSession):
         B = self.batch_size
         self.compile = bool(compile)
         C = max(B, capacity or B)
-        if self.compile:
+        if self.compile and capacity is None:  # a capacity asked for (a server's --max-batch) is kept as it is
             C = slot_bucket(C)
         self.compile_seconds: dict[str, float] = {}
         dev = self.prompt_ids.device
@@ -1254,9 +1256,10 @@ def make_static(session: RaggedSession, *, compile: bool = False, capacity: int 
     Args:
         session: a :class:`~csdgen.models._ragged.RaggedSession` subclass instance that overrides
             only ``__init__``, ``_logits`` and ``_vocab_ids``, not yet prefilled.
-        compile: compile each window shape (and capture it as a CUDA graph on CUDA); the capacity
-            is then rounded up to a power of two (:func:`slot_bucket`).
-        capacity: batch slots to allocate (default: the session's batch size).
+        compile: compile each window shape (and capture it as a CUDA graph on CUDA); the default
+            capacity is then the batch size rounded up to a power of two (:func:`slot_bucket`).
+        capacity: batch slots to allocate (default: the session's batch size); a compiled session
+            takes at least the most slots of the model's buffer sets.
         pooled: decode in a buffer set of the model's store, reused by later sessions (default:
             ``compile``); False: a set of its own (a session opened only to be admitted into
             another, :meth:`StaticSession.admit`).
@@ -1340,10 +1343,11 @@ def _default_condition(model: Any) -> Any:
 
 def warmup(model: Any, batch_sizes: Sequence[int], widths: Sequence[int] = WIDTH_BUCKETS, *, guided: bool = True,
            conditions: Sequence[Any] | None = None, prompt_widths: Sequence[int] | None = None,
-           compile: bool | None = None) -> WarmupReport:
+           capacity: int | None = None, compile: bool | None = None) -> WarmupReport:
     """Compile (and on CUDA capture) the static window steps later sessions of ``model`` will run,
     before they run: every :class:`StepShape` of :func:`step_shapes` for the capacity
-    ``slot_bucket(max(batch_sizes))``, the window buckets of ``widths`` and each prompt bucket.
+    (``slot_bucket(max(batch_sizes))``, what ``generate`` at those batch sizes opens, or
+    ``capacity``, a server's ``--max-batch``), the window buckets of ``widths`` and each prompt bucket.
     The steps stay in the model's buffer sets (:func:`model_buffers`), which sessions of at most
     that many images reuse (``generate``, a server's :class:`~csdgen.engine.continuous.ContinuousBatch`
     with that capacity).
@@ -1358,6 +1362,7 @@ def warmup(model: Any, batch_sizes: Sequence[int], widths: Sequence[int] = WIDTH
             (default: class 0 for a class-conditional model, else the prompt ``"a test"``).
         prompt_widths: prompt widths (columns) to warm besides the conditions' own (each as its
             :func:`prompt_bucket`): prompts of a server's requests land in one of them.
+        capacity: batch slots, as a ``ContinuousBatch(capacity=...)`` opens them (default: see above).
         compile: compile; None: on CUDA only (as ``generate``). Uncompiled steps need no warm-up:
             then nothing is done.
 
@@ -1365,8 +1370,8 @@ def warmup(model: Any, batch_sizes: Sequence[int], widths: Sequence[int] = WIDTH
         a :class:`WarmupReport` (steps made, steps already held, seconds, shapes).
 
     Raises:
-        ValueError: an empty ``batch_sizes``, a batch size, width or prompt width < 1, or a model
-            whose sessions cannot take the static path.
+        ValueError: an empty ``batch_sizes``, a batch size, width, prompt width or capacity < 1, or
+            a model whose sessions cannot take the static path.
     """
     sizes = list(batch_sizes)
     if not sizes or any(not isinstance(b, int) or b < 1 for b in sizes):
@@ -1376,13 +1381,15 @@ def warmup(model: Any, batch_sizes: Sequence[int], widths: Sequence[int] = WIDTH
     extra = list(prompt_widths or [])
     if any(not isinstance(p, int) or p < 1 for p in extra):
         raise ValueError(f"prompt_widths={extra!r}: allowed integers >= 1 (prompt columns)")
+    if capacity is not None and (not isinstance(capacity, int) or capacity < 1):
+        raise ValueError(f"capacity={capacity!r}: allowed an integer >= 1 (batch slots)")
     device = getattr(model, "device", torch.device("cpu"))
     if compile is None:
         compile = torch.device(device).type == "cuda"
     if not compile:
         return WarmupReport(0, 0, 0.0, ())
     began = time.perf_counter()
-    capacity = slot_bucket(max(sizes))
+    capacity = max(capacity, max(sizes)) if capacity is not None else slot_bucket(max(sizes))
     buckets = sorted({b for w in widths for b in WIDTH_BUCKETS if b <= width_bucket(min(w, WIDTH_BUCKETS[-1]))})
     conditions = list(conditions) if conditions is not None else [_default_condition(model)]
     plans = [(c, None) for c in conditions] + [(conditions[0], p) for p in extra]
