@@ -90,8 +90,11 @@ class ContinuousBatch:
             slots, images joining into free slots) wherever ``generate`` would, ``"eager"`` the
             ragged one (a cache whose width follows the longest row).
         capacity: batch slots a static session is opened with (a server's ``--max-batch``: the
-            most images it admits); default: the first admission's image count. More images than
-            that may join: the cache then grows (a copy into one with more slots).
+            most images it admits); default: the first admission's image count (compiled: rounded
+            up to a power of two). More images than that may join: the cache then grows (a copy
+            into one with more slots). A compiled static session decodes in the model's buffers
+            and compiled steps (:mod:`csdgen.models._static`) and gives them back when the batch
+            drains to empty, for the next batch.
 
     Attributes:
         settings: the resolved settings (as :attr:`csdgen.GenerationResult.settings`, without seed).

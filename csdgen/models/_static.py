@@ -626,8 +626,9 @@ class _GraphedStep(_CompiledStep):
             torch.cuda.set_stream(caller)
             try:
                 self.graph.reset()
-            finally:
-                torch.cuda.synchronize(device)
+            except Exception:  # a graph whose capture failed may refuse a reset; it is dropped anyway
+                pass
+            torch.cuda.synchronize(device)
             raise
         torch.cuda.synchronize(device)
 
