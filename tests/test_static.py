@@ -599,3 +599,60 @@ def test_mask_dtype_is_the_decoder_layers_not_the_first_parameter(checkpoint):
     assert _static.attention_dtype(_tiny_model()) == torch.float32
     out = csdgen.generate(model, JANUS_PROMPTS, method="sjd", window=4, sampling=JANUS_GREEDY, engine="static")
     assert out.settings["engine"] == "static" and out.step_compression > 1
+
+
+def test_a_failed_capture_restores_the_callers_stream_and_warns_once(monkeypatch, traced):
+    """A CUDA graph capture that fails when it ends (an invalidated capture: torch.cuda.graph then
+    leaves its side stream current) restores the caller's stream, synchronises and raises; the
+    session then runs that shape compiled, with one warning per process. Checked with stand-ins for
+    torch.cuda's stream and graph objects (no GPU here): the order of the calls is what is tested."""
+    import contextlib
+    import warnings
+
+    calls = []
+
+    class Stream:
+        def wait_stream(self, other):
+            calls.append("wait")
+
+        def synchronize(self):
+            calls.append("stream sync")
+
+    side = Stream()
+
+    class Graph:
+        def reset(self):
+            calls.append("reset")
+
+    class Capture:
+        def __init__(self, graph, pool=None, stream=None, capture_error_mode="global"):
+            calls.append(("capture", pool, stream is side, capture_error_mode))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            raise RuntimeError("operation failed due to a previous error during capture")
+
+    for name, value in (("graph_pool_handle", lambda: "pool"), ("current_stream", lambda device=None: "caller"),
+                        ("Stream", lambda device=None: side), ("stream", lambda s: contextlib.nullcontext()),
+                        ("CUDAGraph", Graph), ("graph", Capture),
+                        ("set_stream", lambda s: calls.append(("set_stream", s))),
+                        ("synchronize", lambda device=None: calls.append("sync"))):
+        monkeypatch.setattr(torch.cuda, name, value)
+    model = _tiny_model()
+    session = open_engine(model.start([0, 1], None, False), "static", True)
+    session.prefill()
+    session._set_visible(4)
+    tokens, start, widths = torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, dtype=torch.long), torch.ones(2, dtype=torch.long)
+    shape = session._step_shape(tokens)
+    with pytest.raises(RuntimeError, match="during capture"):
+        _static._GraphedStep(shape, session.buffers, session, (tokens, start, widths))
+    assert calls == ["wait", "stream sync", ("capture", "pool", True, "thread_local"), ("set_stream", "caller"), "reset",
+                     "sync"]
+    monkeypatch.setattr(_static, "_CAPTURE_WARNED", False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            _static._capture_failed(shape, RuntimeError("capture failed"))
+    assert len(caught) == 1 and "run compiled without a graph" in str(caught[0].message)
