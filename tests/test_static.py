@@ -656,3 +656,54 @@ def test_a_failed_capture_restores_the_callers_stream_and_warns_once(monkeypatch
         for _ in range(2):
             _static._capture_failed(shape, RuntimeError("capture failed"))
     assert len(caught) == 1 and "run compiled without a graph" in str(caught[0].message)
+
+
+def test_a_graph_output_is_overwritten_by_the_next_replay_but_the_images_logits_are_copies(monkeypatch, traced):
+    """The replayed output is the graph's own memory (not cloned): the next replay overwrites it.
+    The images' logits the session returns are gathered out of it (index_select), so they keep
+    their values. A stand-in graph replays by running the compiled step into the same output."""
+    import contextlib
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+        def synchronize(self):
+            pass
+
+    recorded = {}
+
+    class Graph:
+        def replay(self):
+            recorded["output"].copy_(recorded["run"]())
+
+    class Capture:
+        def __init__(self, graph, pool=None, stream=None, capture_error_mode="global"):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    for name, value in (("graph_pool_handle", lambda: "pool"), ("current_stream", lambda device=None: "caller"),
+                        ("Stream", lambda device=None: Stream()), ("stream", lambda s: contextlib.nullcontext()),
+                        ("CUDAGraph", Graph), ("graph", Capture), ("synchronize", lambda device=None: None)):
+        monkeypatch.setattr(torch.cuda, name, value)
+    model = _tiny_model()
+    session = open_engine(model.start([0, 1], None, False), "static", True)
+    session.prefill()
+    session._set_visible(4)
+    tokens, start, widths = torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, dtype=torch.long), torch.full((2,), 4)
+    graphed = _static._GraphedStep(session._step_shape(tokens), session.buffers, session, (tokens, start, widths))
+    recorded["output"] = graphed.output
+    recorded["run"] = lambda: _static._CompiledStep(graphed.shape, session.buffers)(session, *graphed.inputs)
+    first = graphed(session, tokens + 3, start, widths)
+    images = session._logical(first, 4, torch.arange(2))
+    kept = images.cond.clone()
+    second = graphed(session, tokens + 7, start, widths)
+    assert second is first and not torch.equal(first[:, :4], kept)  # the graph's memory, overwritten
+    assert torch.equal(images.cond, kept)  # the copies the loop reads
+    direct = _static._CompiledStep(graphed.shape, session.buffers)(session, tokens + 7, start, widths)
+    torch.testing.assert_close(second, direct)
