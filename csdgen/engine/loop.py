@@ -12,6 +12,7 @@ from ..drafting import init_drafts
 from ..guidance import guidance_at, guidance_table
 from ..models._static import open_engine
 from ..sampling import MAX_SEED, entropy, invalid_logits, sample, stream_uniforms, target_probs
+from ..transfer import to_device
 from .results import Decision, GenerationResult, ImageStats, StepInfo
 from .streams import _INIT, _KINDS, _Y
 from .verification import Verdict, verify
@@ -233,7 +234,7 @@ class _Loop:
     def _select(self, alive: torch.Tensor) -> None:
         """Keep the session rows ``alive`` (CPU indices into the active rows)."""
         self.active_host = self.active_host[alive]
-        self.active = self.active[alive.to(self.device)]
+        self.active = self.active[to_device(alive, self.device)]
 
     def _sync(self, committed: torch.Tensor, bad: torch.Tensor, counts: torch.Tensor | None):
         """The one host sync per iteration: committed lengths, the non-finite flag, auto's counts."""
