@@ -40,6 +40,7 @@ __all__ = [
     "stream_uniforms",
     "sample",
     "entropy",
+    "ENTROPY_EPS",
     "total_variation",
 ]
 
@@ -399,6 +400,12 @@ def stream_uniforms(seed: int | torch.Tensor, image: torch.Tensor, step: torch.T
     high = _hash32(h ^ 0x1B873593) >> 6  # 26 bits
     low = _hash32(h ^ 0x5BD1E995) >> 5  # 27 bits
     return ((high << 27) | low).double() * (2.0**-53)
+
+
+#: the clamping floor of the CSD reference's entropy and TV distance; the decoding loop's entropy (its
+#: statistics, and CSD's relaxation, computed once per iteration) clamps at it too: ``V * 2.3e-9`` nats
+#: at most above the exact entropy (4e-5 nats for V = 16384)
+ENTROPY_EPS = 1e-10
 
 
 def entropy(probs: torch.Tensor, *, normalized: bool = False, eps: float = 0.0) -> torch.Tensor:
