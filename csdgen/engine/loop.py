@@ -405,16 +405,19 @@ class _Loop:
         self.steps_per_image[rows] += 1
 
     def _image_stats(self, slots: list[int] | None = None) -> list[ImageStats]:
-        """Statistics of the images at buffer rows ``slots`` (default: all)."""
+        """Statistics of the images at buffer rows ``slots`` (default: all), read in one device -> host copy."""
         slots = list(range(self.B)) if slots is None else slots
         N = self.model.num_image_tokens
-        pick = torch.tensor(slots, dtype=torch.long, device=self.device)
-        log, steps = self.log[pick].cpu(), self.steps_per_image[pick].cpu()  # log: -1 after an image's last step
-        decisions, entropies = self.decisions[pick, :N].cpu(), self.entropy[pick, :N].cpu()
+        pick = to_device(torch.tensor(slots, dtype=torch.long), self.device)
+        # one copy: steps, the log (-1 after an image's last step), decisions and entropies, all exact in float64
+        parts = [self.steps_per_image[pick][:, None], self.log[pick], self.decisions[pick, :N], self.entropy[pick, :N]]
+        host = torch.cat([part.double() for part in parts], 1).cpu()
+        steps, log, decisions, entropies = torch.split(host, [1, self.log.shape[1], N, N], 1)
+        log, decisions, entropies = log.long(), decisions.to(self.decisions.dtype), entropies.to(self.entropy.dtype)
         stats = []
         for b in range(len(slots)):
             row = log[b]
-            stats.append(ImageStats(steps=int(steps[b]), num_tokens=N, committed_per_step=row[row >= 0].tolist(),
+            stats.append(ImageStats(steps=int(steps[b, 0]), num_tokens=N, committed_per_step=row[row >= 0].tolist(),
                                     decisions=decisions[b], entropy=entropies[b]))
         return stats
 
