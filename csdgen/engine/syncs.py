@@ -47,8 +47,10 @@ finish) and ``"end"`` (the result's statistics). Usage::
     assert counter.per_iteration() == [1] * len(result.widths)
 
 Not thread-safe (the patches are process-wide while the counter is active), and not for compiled
-steps (``torch.compile`` traces under its own modes). A CPU run under the counter is several times
-slower than without it.
+steps (``torch.compile`` traces under its own modes: run the static engine with ``compile=False``
+under it). Every operation goes through Python while it is active: a run is slower. On CUDA it
+counts the same way (``torch.device("cpu")`` is then the host); ``torch.cuda.set_sync_debug_mode``
+reports the syncs themselves.
 """
 
 from __future__ import annotations
