@@ -95,7 +95,8 @@ class _TreeLoop(_Loop):
             _synchronize(dev)
             t1 = time.perf_counter()
         # the longest-run choice (the tests' control) reads the layout on the host
-        verdict = verify_tree(self.rule, self.refresh, on_device if self.PATH_CHOICE == "first" else layout, cand, alive, x, p, q, widths, tree_u, chain_u,
+        shown = on_device if self.PATH_CHOICE == "first" else layout
+        verdict = verify_tree(self.rule, self.refresh, shown, cand, alive, x, p, q, widths, tree_u, chain_u,
                               choice=self.PATH_CHOICE)
         if self.profile:
             _synchronize(dev)
