@@ -28,7 +28,7 @@ from typing import ClassVar
 
 import torch
 
-from .sampling import entropy, is_number as _number, total_variation
+from .sampling import ENTROPY_EPS, entropy, is_number as _number, total_variation
 
 __all__ = [
     "AcceptanceRule",
@@ -113,12 +113,16 @@ class AcceptanceRule(ABC):
             :data:`csdgen.drafting.DRAFT_INITS`), or None when any works. ``generate`` uses it
             when the caller gives none and refuses an incompatible one.
         needs_codebook: the constructor takes the model's codebook embeddings.
+        takes_target_entropy: :meth:`acceptance_probability` takes the keyword ``target_entropy``
+            (``[B, W]`` float32, ``entropy(q, eps=ENTROPY_EPS)`` in nats), which the decoding loop
+            computes once per iteration for its statistics, instead of computing it again.
     """
 
     name: ClassVar[str]
     lossless: ClassVar[bool] = False
     needs_codebook: ClassVar[bool] = False
     draft_init: ClassVar[str | None] = None
+    takes_target_entropy: ClassVar[bool] = False
 
     @abstractmethod
     def acceptance_probability(
@@ -206,7 +210,8 @@ class CSD(AcceptanceRule):
         delta: TV threshold in [0, 1] (default 0.65). 0 switches the relaxation off.
         entropy_unit: ``"nats"`` (reference) or ``"normalized"`` (H / ln V in [0, 1];
             csdgen's variant, not in the paper).
-        eps: clamping floor for entropy and TV (default 1e-10, the reference's).
+        eps: clamping floor for entropy and TV (default :data:`~csdgen.sampling.ENTROPY_EPS`, 1e-10,
+            the reference's).
 
     Raises:
         ValueError: ``lam`` not a finite number >= 0, ``delta`` not a number in [0, 1], an unknown
@@ -214,8 +219,9 @@ class CSD(AcceptanceRule):
     """
 
     name = "csd"
+    takes_target_entropy = True
 
-    def __init__(self, lam: float = 0.5, delta: float = 0.65, entropy_unit: str = "nats", eps: float = 1e-10):
+    def __init__(self, lam: float = 0.5, delta: float = 0.65, entropy_unit: str = "nats", eps: float = ENTROPY_EPS):
         if not _number(lam) or not math.isfinite(lam) or lam < 0:
             raise ValueError(f"lam={lam!r}: the CSD relaxation coefficient lambda must be a finite number >= 0")
         if not _number(delta) or not (0.0 <= delta <= 1.0):
@@ -226,10 +232,19 @@ class CSD(AcceptanceRule):
             raise ValueError(f"eps={eps!r}: the clamping floor must be a number >= 0")
         self.lam, self.delta, self.entropy_unit, self.eps = float(lam), float(delta), entropy_unit, float(eps)
 
-    def acceptance_probability(self, draft_tokens, draft_probs, target_probs, target_sample):
+    def acceptance_probability(self, draft_tokens, draft_probs, target_probs, target_sample, *,
+                               target_entropy: torch.Tensor | None = None):
+        """:meth:`AcceptanceRule.acceptance_probability`; ``target_entropy``: ``[B, W]`` float32, the
+        entropy of ``q`` in nats with ``q`` clamped at :data:`~csdgen.sampling.ENTROPY_EPS`
+        (``entropy(q, eps=ENTROPY_EPS)``) where the caller has it, used when this rule's ``eps`` is
+        that floor (the decoding loop passes the one it keeps for its statistics)."""
         # q = target_probs (model), p = draft_probs (previous Jacobi iterate or initialisation)
         exact = lossless_acceptance(draft_tokens, draft_probs, target_probs)
-        h = entropy(target_probs, normalized=self.entropy_unit == "normalized", eps=self.eps)
+        if target_entropy is not None and self.eps == ENTROPY_EPS:
+            h = target_entropy.float()
+            h = h / math.log(target_probs.shape[-1]) if self.entropy_unit == "normalized" else h
+        else:
+            h = entropy(target_probs, normalized=self.entropy_unit == "normalized", eps=self.eps)
         aligned = total_variation(draft_probs, target_probs, eps=self.eps) < self.delta
         relaxed = (exact + self.lam * h).clamp(max=1.0)
         return torch.where(aligned, relaxed, exact)

@@ -68,7 +68,9 @@ when complete or cancelled; an admitted image decodes as it would alone (same se
 index and fixed window: same tokens). ``csdgen serve``'s scheduler drives it.
 
 Host syncs: one per iteration (committed lengths, the non-finite flag and the acceptance
-counts of ``"auto"``, in one transfer). AR decoding is the loop with a window of 1.
+counts of ``"auto"``, in one transfer); what an iteration sends to the device travels in queued
+copies (:mod:`csdgen.transfer`), and :class:`csdgen.engine.syncs.HostSyncCounter` counts syncs on
+any device (tests/test_host_syncs.py). AR decoding is the loop with a window of 1.
 
 Files (one idea each): :mod:`~csdgen.engine.results` (:class:`Decision`, :class:`ImageStats`,
 :class:`StepInfo`, :class:`GenerationResult`), :mod:`~csdgen.engine.streams` (the kinds of
@@ -77,7 +79,8 @@ uniform streams an iteration draws), :mod:`~csdgen.engine.verification` (:func:`
 sampling), :mod:`~csdgen.engine.window` (``window="auto"``), :mod:`~csdgen.engine.loop` (the
 loop), :mod:`~csdgen.engine.tree_loop` (the loop with draft trees),
 :mod:`~csdgen.engine.generation` (the public :func:`generate`), :mod:`~csdgen.engine.continuous`
-(:class:`ContinuousBatch`). :mod:`csdgen.decoding` re-exports
+(:class:`ContinuousBatch`), :mod:`~csdgen.engine.syncs` (:class:`~csdgen.engine.syncs.HostSyncCounter`,
+counting host syncs). :mod:`csdgen.decoding` re-exports
 the public names.
 
 The public names below are imported on first use (PEP 562 ``__getattr__``), so a core module

@@ -11,7 +11,8 @@ import torch
 from ..drafting import init_drafts
 from ..guidance import guidance_at, guidance_table
 from ..models._static import open_engine
-from ..sampling import MAX_SEED, entropy, invalid_logits, sample, stream_uniforms, target_probs
+from ..sampling import ENTROPY_EPS, MAX_SEED, entropy, invalid_logits, sample, stream_uniforms, target_probs
+from ..transfer import to_device
 from .results import Decision, GenerationResult, ImageStats, StepInfo
 from .streams import _INIT, _KINDS, _Y
 from .verification import Verdict, verify
@@ -105,7 +106,7 @@ class _Loop:
                               guidance=self._scales(torch.zeros(len(slots), 1, dtype=torch.long, device=slots.device)))
         u = self._uniforms(slots, 1)
         self.tokens[slots, 0] = sample(q[:, 0], u[_Y, :, 0])
-        self.entropy[slots, 0] = entropy(q[:, 0]).to(self.entropy.dtype)
+        self.entropy[slots, 0] = entropy(q[:, 0], eps=ENTROPY_EPS).to(self.entropy.dtype)
         self.steps_per_image[slots] += 1
         self.log[slots, 0] = 1
         return bad
@@ -233,7 +234,7 @@ class _Loop:
     def _select(self, alive: torch.Tensor) -> None:
         """Keep the session rows ``alive`` (CPU indices into the active rows)."""
         self.active_host = self.active_host[alive]
-        self.active = self.active[alive.to(self.device)]
+        self.active = self.active[to_device(alive, self.device)]
 
     def _sync(self, committed: torch.Tensor, bad: torch.Tensor, counts: torch.Tensor | None):
         """The one host sync per iteration: committed lengths, the non-finite flag, auto's counts."""
@@ -334,13 +335,14 @@ class _Loop:
         if self.profile:
             _synchronize(dev)
             t1 = time.perf_counter()
-        verdict = verify(self.rule, self.refresh, x, p, q, widths, u)
+        h = entropy(q, eps=ENTROPY_EPS)  # [A, W] once: the statistics' and CSD's relaxation's
+        verdict = verify(self.rule, self.refresh, x, p, q, widths, u, target_entropy=h)
         if self.profile:
             _synchronize(dev)
             self.timings["forward"] += t1 - t0
             self.timings["verify"] += time.perf_counter() - t1
         r = verdict.accepted
-        self._commit(rows, c, verdict, q, widths)
+        self._commit(rows, c, verdict, q, widths, h)
         self._keep_drafts(rows, c, q, widths)
         return self._auto_counts(rows, r, widths, W)
 
@@ -383,7 +385,9 @@ class _Loop:
         counts[1].scatter_add_(0, cell.reshape(-1), rejected.reshape(-1).long())
         return counts
 
-    def _commit(self, rows, c, verdict: Verdict, q, widths) -> None:
+    def _commit(self, rows, c, verdict: Verdict, q, widths, h: torch.Tensor | None = None) -> None:
+        """Write the verdict into the image buffers: tokens, decisions, the entropy of ``q`` (``h``
+        ``[A, W]``, ``entropy(q, eps=ENTROPY_EPS)``; None: computed here) at the decided slots, lengths."""
         W = verdict.tokens.shape[1]
         slot = torch.arange(W, device=self.device)
         positions = c[:, None] + slot  # [A, W]; slots >= widths land in the slack columns or beyond the commit
@@ -393,23 +397,27 @@ class _Loop:
         old_codes = self.decisions[rows].gather(1, positions)
         self.decisions[rows] = self.decisions[rows].scatter(1, positions, torch.where(decided, verdict.decisions, old_codes))
         old_h = self.entropy[rows].gather(1, positions)
-        self.entropy[rows] = self.entropy[rows].scatter(1, positions, torch.where(decided, entropy(q).to(old_h.dtype), old_h))
+        h = entropy(q, eps=ENTROPY_EPS) if h is None else h
+        self.entropy[rows] = self.entropy[rows].scatter(1, positions, torch.where(decided, h.to(old_h.dtype), old_h))
         new_c = c + verdict.accepted + 1
         self.committed[rows] = new_c
         self.log[rows, self.steps_per_image[rows].clamp(max=self.log.shape[1] - 1)] = verdict.accepted + 1
         self.steps_per_image[rows] += 1
 
     def _image_stats(self, slots: list[int] | None = None) -> list[ImageStats]:
-        """Statistics of the images at buffer rows ``slots`` (default: all)."""
+        """Statistics of the images at buffer rows ``slots`` (default: all), read in one device -> host copy."""
         slots = list(range(self.B)) if slots is None else slots
         N = self.model.num_image_tokens
-        pick = torch.tensor(slots, dtype=torch.long, device=self.device)
-        log, steps = self.log[pick].cpu(), self.steps_per_image[pick].cpu()  # log: -1 after an image's last step
-        decisions, entropies = self.decisions[pick, :N].cpu(), self.entropy[pick, :N].cpu()
+        pick = to_device(torch.tensor(slots, dtype=torch.long), self.device)
+        # one copy: steps, the log (-1 after an image's last step), decisions and entropies, all exact in float64
+        parts = [self.steps_per_image[pick][:, None], self.log[pick], self.decisions[pick, :N], self.entropy[pick, :N]]
+        host = torch.cat([part.double() for part in parts], 1).cpu()
+        steps, log, decisions, entropies = torch.split(host, [1, self.log.shape[1], N, N], 1)
+        log, decisions, entropies = log.long(), decisions.to(self.decisions.dtype), entropies.to(self.entropy.dtype)
         stats = []
         for b in range(len(slots)):
             row = log[b]
-            stats.append(ImageStats(steps=int(steps[b]), num_tokens=N, committed_per_step=row[row >= 0].tolist(),
+            stats.append(ImageStats(steps=int(steps[b, 0]), num_tokens=N, committed_per_step=row[row >= 0].tolist(),
                                     decisions=decisions[b], entropy=entropies[b]))
         return stats
 

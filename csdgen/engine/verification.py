@@ -41,6 +41,7 @@ def verify(
     target_probs: torch.Tensor,
     widths: torch.Tensor,
     uniforms: torch.Tensor,
+    target_entropy: torch.Tensor | None = None,
 ) -> Verdict:
     """One verify step: acceptance probabilities, first rejection, residual, bonus, refresh.
 
@@ -63,6 +64,8 @@ def verify(
         widths: ``[B]`` int64 on the device, valid slots per image (``1 .. W``).
         uniforms: ``[6, B, W]`` float64 in [0, 1): target sample, acceptance, residual,
             (initialisation, unused here), coupled keep, coupled residual.
+        target_entropy: ``[B, W]`` float32, ``entropy(q, eps=ENTROPY_EPS)`` where the caller has it
+            (given to rules with ``takes_target_entropy``, so CSD does not compute it again), or None.
 
     Returns:
         a :class:`Verdict`.
@@ -78,16 +81,18 @@ def verify(
         # dearer than AR's at batch 16 on the built-in model, issue 16 item 6)
         return Verdict(torch.zeros(B, dtype=torch.long, device=x.device), y,
                        torch.full((B, 1), int(Decision.SAMPLED), dtype=torch.int8, device=x.device))
-    return _verify_window(rule, refresh, x, p, q, widths, uniforms, y)
+    return _verify_window(rule, refresh, x, p, q, widths, uniforms, y, target_entropy)
 
 
 def _verify_window(rule: AcceptanceRule, refresh: str, x: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
-                   widths: torch.Tensor, uniforms: torch.Tensor, y: torch.Tensor) -> Verdict:
+                   widths: torch.Tensor, uniforms: torch.Tensor, y: torch.Tensor,
+                   target_entropy: torch.Tensor | None = None) -> Verdict:
     """:func:`verify`'s general path, at any width (``y``: ``[B, W]`` int64, the target samples)."""
     B, W = x.shape
     slot = torch.arange(W, device=x.device)
     last = (widths - 1)[:, None]  # [B, 1] the bonus slot
-    b = rule.acceptance_probability(x, p, q, y)
+    given = {"target_entropy": target_entropy} if target_entropy is not None and rule.takes_target_entropy else {}
+    b = rule.acceptance_probability(x, p, q, y, **given)
     b_exact = rule.exact_probability(x, p, q, y, b)
     allowed = q.gather(-1, x[..., None]).squeeze(-1) > 0
     b = torch.where(allowed, b, torch.zeros_like(b))

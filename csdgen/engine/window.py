@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..transfer import to_device
+
 __all__ = ["AUTO_MAX_WINDOW"]
 
 #: the widest window ``window="auto"`` considers
@@ -26,9 +28,17 @@ DEPTH_EDGES = (0, 1, 2, 4, 8, 16, 32)
 AGE_GROUPS = 3
 
 
+#: device -> :data:`DEPTH_EDGES` (bucket starts after the first) on it, copied there once
+_EDGES: dict[torch.device, torch.Tensor] = {}
+
+
 def depth_bucket(depth: torch.Tensor) -> torch.Tensor:
-    """``[...]`` int64 bucket (0 .. len(DEPTH_EDGES) - 1) of int64 draft depths ``[...]`` (the last bucket is open)."""
-    edges = torch.tensor(DEPTH_EDGES[1:], device=depth.device)
+    """``[...]`` int64 bucket (0 .. len(DEPTH_EDGES) - 1) of int64 draft depths ``[...]`` (the last bucket is open).
+
+    No host sync: the bucket edges are copied to ``depth``'s device once (queued) and kept."""
+    edges = _EDGES.get(depth.device)
+    if edges is None:
+        edges = _EDGES[depth.device] = to_device(torch.tensor(DEPTH_EDGES[1:]), depth.device)
     return torch.bucketize(depth, edges, right=True)
 
 

@@ -31,7 +31,9 @@ rows of guidance after the conditional ones. An adapter supplies only its forwar
 
 Family-agnostic: a family adapter decides which of its sequence's tokens are valid; this
 module knows nothing of image positions. The bookkeeping lives on the host (the engine hands
-per-row lengths over from its one sync per iteration), so no call here waits for the device.
+per-row lengths over from its one sync per iteration), so no call here waits for the device: what
+a forward needs on the device (the window's layout, the attention mask, the position ids, row
+selections) travels in queued copies (:mod:`csdgen.transfer`), one per forward.
 """
 
 from __future__ import annotations
@@ -40,9 +42,33 @@ from typing import Any
 
 import torch
 
+from ..transfer import to_device, to_device_all
 from .base import DecodingSession, WindowLogits, check_row_arguments, row_tensor
 
-__all__ = ["RaggedCache", "RaggedSession", "split_guided", "window_columns"]
+__all__ = ["RaggedCache", "RaggedSession", "causal_mask", "split_guided", "window_columns", "window_layout"]
+
+
+def causal_mask(valid: torch.Tensor, new: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive 4-D attention mask of a forward appending ``new`` columns, built on ``valid``'s device.
+
+    Column ``s`` of the new ones (cache column ``T + s``) sees the valid cached and new columns up
+    to itself. transformers uses a 4-D mask as given, where from a 2-D one it decides whether
+    anything is masked by reading the mask back to the host (a host sync) for a 1-column forward.
+
+    Args:
+        valid: ``[R, T + S]`` int64 or bool, 1 where a cached or new column holds one of the row's tokens.
+        new: S, the new columns (the last ``S`` of ``valid``).
+        dtype: the model's float dtype (the mask holds 0 or its most negative value).
+
+    Returns:
+        ``[R, 1, S, T + S]`` ``dtype``.
+    """
+    R, width = valid.shape
+    column = torch.arange(width, device=valid.device)
+    query = torch.arange(width - new, width, device=valid.device)
+    allowed = valid.bool()[:, None, :] & (column[None, :] <= query[:, None])[None]
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=valid.device).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[:, None]
 
 
 def split_guided(logits: torch.Tensor, batch_size: int, guided: bool) -> WindowLogits:
@@ -77,6 +103,13 @@ class RaggedCache:
         self.ids = torch.zeros(rows, 0, dtype=torch.long, device=self.device)  # the ids in the cache, per column
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The float dtype of the cached keys (float32 before the first forward)."""
+        layers = getattr(self.cache, "layers", None) or []
+        keys = getattr(layers[0], "keys", None) if layers else None
+        return keys.dtype if isinstance(keys, torch.Tensor) and keys.is_floating_point() else torch.float32
+
+    @property
     def width(self) -> int:
         """T, the physical width of the cache (holes included)."""
         return self.valid.shape[1]
@@ -93,14 +126,22 @@ class RaggedCache:
 
         Returns:
             ``(attention_mask [R, T + S] int64 or None when nothing is masked, position_ids
-            [R, S] int64)`` on the device. The position of a valid column is the number of
-            valid columns before it in its row; a hole gets its row's last position (unused).
+            [R, S] int64)`` on the device, copied there in one queued copy
+            (:func:`csdgen.transfer.to_device_all`, no host sync). The position of a valid column is
+            the number of valid columns before it in its row; a hole gets its row's last position (unused).
         """
+        mask, positions = self.host_inputs(new_valid)
+        if mask is None:
+            return None, to_device(positions, self.device)
+        mask, positions = to_device_all([mask, positions], self.device)
+        return mask, positions
+
+    def host_inputs(self, new_valid: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """:meth:`inputs` on the host: ``(attention_mask [R, T + S] int64 CPU or None, position_ids [R, S] int64 CPU)``."""
         new_valid = new_valid.to(torch.bool).cpu()
         positions = (self.lengths[:, None] + new_valid.long().cumsum(1) - 1).clamp(min=0)
         mask = torch.cat([self.valid, new_valid], dim=1)
-        mask = None if bool(mask.all()) else mask.long().to(self.device)
-        return mask, positions.to(self.device)
+        return (None if bool(mask.all()) else mask.long()), positions
 
     def tree_inputs(self, new_valid: torch.Tensor, offsets: torch.Tensor, sees: torch.Tensor,
                     dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,10 +163,9 @@ class RaggedCache:
         R, S = new_valid.shape
         past = self.valid[:, None, :].expand(R, S, self.width)
         tree = (sees & new_valid[:, None, :]) | torch.eye(S, dtype=torch.bool)[None]  # a padding column sees itself
-        allowed = torch.cat([past, tree], dim=2).to(self.device)
+        allowed, positions = to_device_all([torch.cat([past, tree], dim=2), self.lengths[:, None] + offsets], self.device)
         mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill_(~allowed, torch.finfo(dtype).min)
-        positions = self.lengths[:, None] + offsets
-        return mask[:, None], positions.to(self.device)
+        return mask[:, None], positions
 
     def drop_new(self, keep: torch.Tensor) -> None:
         """Make the last ``S`` columns holes where ``keep`` (``[R, S]`` bool CPU) is False."""
@@ -171,7 +211,7 @@ class RaggedCache:
         if longest == self.width:
             return
         order = torch.sort(self.valid.to(torch.int8), dim=1, stable=True).indices[:, self.width - longest :]  # [R, L]
-        index = order.to(self.device)
+        index = to_device(order, self.device)
         row = torch.arange(self.rows, device=self.device)[:, None]
         for layer in self.cache.layers:
             if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
@@ -181,13 +221,15 @@ class RaggedCache:
         self.valid = self.valid.gather(1, order)
         self.ids = self.ids.gather(1, index)
 
-    def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep rows ``rows`` (``[R']`` int64 CPU) in that order; drop the others."""
+    def select_rows(self, rows: torch.Tensor, rows_on_device: torch.Tensor | None = None) -> None:
+        """Keep rows ``rows`` (``[R']`` int64 CPU) in that order; drop the others. ``rows_on_device``: the
+        same indices already on the device (None: copied there here, queued)."""
         rows = rows.to(torch.long).cpu()
-        self.cache.batch_select_indices(rows.to(self.device))
+        rows_dev = to_device(rows, self.device) if rows_on_device is None else rows_on_device
+        self.cache.batch_select_indices(rows_dev)
         self.valid = self.valid[rows]
         self.lengths = self.lengths[rows]
-        self.ids = self.ids[rows.to(self.device)]
+        self.ids = self.ids[rows_dev]
         used = self.valid.any(0).nonzero()
         self._crop(int(used[-1, 0]) + 1 if len(used) else 0)
 
@@ -282,27 +324,20 @@ def kept_tree_columns(path: torch.Tensor, kept: torch.Tensor, col: torch.Tensor,
     keep[rows[with_end], col[rows, nodes][with_end] + 1] = True
     return keep
 
-def window_columns(tokens: torch.Tensor, start: torch.Tensor, widths: torch.Tensor, cols: int, row_end: int | None,
-                   filler: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Lay a per-row window out as sequence columns, a row-end token after every image row's last token.
-
-    Row ``b``'s slot ``j`` holds image position ``start[b] + j``; when that position ends an image
-    row (``(start[b] + j + 1) % cols == 0``) and ``row_end`` is given, a row-end column follows it,
-    and the slot's output (the distribution of the next position) is read at the row-end column.
-    Rows end rows at different slots, so their windows have different lengths: shorter rows are
-    padded with hole columns (``filler``, not valid). Slots ``>= widths[b]`` are holes too.
+def window_layout(start: torch.Tensor, widths: torch.Tensor, W: int, cols: int, row_end: int | None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`window_columns`' layout on the host: where each slot's token and row end go.
 
     Args:
-        tokens: ``[B, W]`` int64 ids (the family's vocabulary ids), on the model's device.
-        start: ``[B]`` int64 CPU, image position of slot 0; widths: ``[B]`` int64 CPU, valid slots.
-        cols: image tokens per image row; row_end: the row-end id, or None (no row ends).
-        filler: id written into hole columns.
+        start: ``[B]`` int64 CPU, image position of slot 0; widths: ``[B]`` int64 CPU, valid slots;
+        W: slots per row; cols: image tokens per image row; row_end: the row-end id, or None.
 
     Returns:
-        ``(ids [B, S] on tokens' device, valid [B, S] bool CPU, out [B, W] int64 on tokens' device)``
-        with ``S = W + max_b(row ends of row b)``; ``out[b, j]`` is the column whose output is slot ``j``'s.
+        ``(token_col [B, W] int64, is_end [B, S] bool, valid [B, S] bool, out [B, W] int64)``, all CPU:
+        the column of each slot's token, the row-end columns, the columns a row uses, and the column
+        whose output is slot ``j``'s; ``S = W + max_b(row ends of row b)``.
     """
-    B, W = tokens.shape
+    B = start.shape[0]
     slot = torch.arange(W)
     live = slot[None] < widths[:, None]
     if row_end is None:
@@ -316,12 +351,44 @@ def window_columns(tokens: torch.Tensor, start: torch.Tensor, widths: torch.Tens
     is_end = torch.zeros(B, S + 1, dtype=torch.bool)
     is_end.scatter_(1, torch.where(ends.bool(), token_col + 1, S), True)
     is_end = is_end[:, :S]
-    valid = valid[:, :S] | is_end
-    dev = tokens.device
-    ids = torch.full((B, S), filler, dtype=torch.long, device=dev).scatter_(1, token_col.to(dev), tokens)
-    if row_end is not None:
-        ids = ids.masked_fill(is_end.to(dev), row_end)
-    return ids, valid, (token_col + ends).to(dev)
+    return token_col, is_end, valid[:, :S] | is_end, token_col + ends
+
+
+def _place_window(tokens: torch.Tensor, token_col: torch.Tensor, is_end: torch.Tensor, row_end: int | None,
+                  filler: int) -> torch.Tensor:
+    """``[B, S]`` ids on the tokens' device: each slot's token at its column, row ends, holes ``filler``
+    (``token_col``, ``is_end`` on the same device)."""
+    B, S = is_end.shape
+    ids = torch.full((B, S), filler, dtype=torch.long, device=tokens.device).scatter_(1, token_col, tokens)
+    return ids if row_end is None else ids.masked_fill(is_end, row_end)
+
+
+def window_columns(tokens: torch.Tensor, start: torch.Tensor, widths: torch.Tensor, cols: int, row_end: int | None,
+                   filler: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Lay a per-row window out as sequence columns, a row-end token after every image row's last token.
+
+    Row ``b``'s slot ``j`` holds image position ``start[b] + j``; when that position ends an image
+    row (``(start[b] + j + 1) % cols == 0``) and ``row_end`` is given, a row-end column follows it,
+    and the slot's output (the distribution of the next position) is read at the row-end column.
+    Rows end rows at different slots, so their windows have different lengths: shorter rows are
+    padded with hole columns (``filler``, not valid). Slots ``>= widths[b]`` are holes too.
+
+    The layout is computed on the host (:func:`window_layout`) and copied to the device in one
+    queued copy (:func:`csdgen.transfer.to_device_all`): no host sync.
+
+    Args:
+        tokens: ``[B, W]`` int64 ids (the family's vocabulary ids), on the model's device.
+        start: ``[B]`` int64 CPU, image position of slot 0; widths: ``[B]`` int64 CPU, valid slots.
+        cols: image tokens per image row; row_end: the row-end id, or None (no row ends).
+        filler: id written into hole columns.
+
+    Returns:
+        ``(ids [B, S] on tokens' device, valid [B, S] bool CPU, out [B, W] int64 on tokens' device)``
+        with ``S = W + max_b(row ends of row b)``; ``out[b, j]`` is the column whose output is slot ``j``'s.
+    """
+    token_col, is_end, valid, out = window_layout(start, widths, tokens.shape[1], cols, row_end)
+    token_col, is_end, out = to_device_all([token_col, is_end, out], tokens.device)
+    return _place_window(tokens, token_col, is_end, row_end, filler), valid, out
 
 
 class RaggedSession(DecodingSession):
@@ -349,7 +416,7 @@ class RaggedSession(DecodingSession):
     def __init__(self, *, batch_size: int, guided: bool, cache: Any, prompt_ids: torch.Tensor, prompt_valid: torch.Tensor,
                  num_image_tokens: int, device: Any, cols: int = 1, row_end: int | None = None, filler: int = 0):
         self.batch_size, self.guided = batch_size, guided
-        self.prompt_ids = prompt_ids.to(device)
+        self.prompt_ids = to_device(prompt_ids, device)
         self.prompt_valid = prompt_valid.to(torch.bool).cpu()
         self.prompt_lengths = self.prompt_valid.sum(1)  # [R] visible prompt tokens per row
         self.kv = RaggedCache(cache, prompt_ids.shape[0], device)
@@ -406,10 +473,18 @@ class RaggedSession(DecodingSession):
         widths = torch.full((B,), W, dtype=torch.long) if widths is None else row_tensor(widths, B)
         check_row_arguments("start", start, self.batch_size, self._lengths, self._lengths)
         check_row_arguments("widths", widths, self.batch_size, 0, torch.clamp(self.num_image_tokens - 1 - start, max=W))
-        vocab = self._vocab_ids(tokens.to(self.prompt_ids.device))
-        ids, valid, out = window_columns(vocab, start, widths, self.cols, self.row_end, self.filler)
-        ids, valid, out = self._rows(ids), self._rows(valid), self._rows(out)
-        mask, positions = self.kv.inputs(valid)
+        dev = self.prompt_ids.device
+        vocab = self._vocab_ids(tokens.to(dev))
+        # the window's layout, mask and positions on the host, then one queued copy to the device (no host sync)
+        token_col, is_end, valid, out = window_layout(start, widths, W, self.cols, self.row_end)
+        valid = self._rows(valid)
+        mask, positions = self.kv.host_inputs(valid)
+        host = [token_col, is_end, self._rows(out), positions] + ([] if mask is None else [mask])
+        token_col, is_end, out, positions, *mask = to_device_all(host, dev)
+        # a 2-D mask makes transformers read it back (is anything masked?) for a 1-column forward: a 4-D one
+        # is used as given
+        mask = causal_mask(mask[0], is_end.shape[1], self.kv.dtype) if mask else None
+        ids = self._rows(_place_window(vocab, token_col, is_end, self.row_end, self.filler))
         logits = self._logits(ids, mask, positions, out, prefill=False)
         self.kv.append(valid, ids)
         self._lengths = start + widths
@@ -426,8 +501,9 @@ class RaggedSession(DecodingSession):
     def select_rows(self, rows):
         rows = row_tensor(rows, len(torch.as_tensor(rows).reshape(-1)))
         every = torch.cat([rows, rows + self.batch_size]) if self.guided else rows
-        self.kv.select_rows(every)
-        self.prompt_ids = self.prompt_ids[every.to(self.prompt_ids.device)]
+        every_dev = to_device(every, self.prompt_ids.device)
+        self.kv.select_rows(every, every_dev)
+        self.prompt_ids = self.prompt_ids[every_dev]
         self.prompt_valid, self.prompt_lengths = self.prompt_valid[every], self.prompt_lengths[every]
         self._lengths = None if self._lengths is None else self._lengths[rows]
         self.batch_size = len(rows)
@@ -485,7 +561,7 @@ class RaggedSession(DecodingSession):
         valid = torch.cat([left(self.prompt_valid, False), left(other.prompt_valid, False)])
         lengths = torch.cat([self.prompt_lengths, other.prompt_lengths])
         if order is not None:
-            ids, valid, lengths = ids[order.to(ids.device)], valid[order], lengths[order]
+            ids, valid, lengths = ids[to_device(order, ids.device)], valid[order], lengths[order]
         self.prompt_ids, self.prompt_valid, self.prompt_lengths = ids, valid, lengths
 
     # -- draft trees (csdgen.trees) ---------------------------------------------------------------
@@ -558,14 +634,14 @@ class RaggedSession(DecodingSession):
         col, end, S2, valid2, offsets, sees = self._tree_columns(start, layout, valid)
         dev = self.prompt_ids.device
         vocab = self._vocab_ids(tokens.to(dev))
-        ids = torch.full((B, S2), self.filler, dtype=torch.long, device=dev).scatter_(1, col.to(dev), vocab)
+        ends = torch.zeros(B, S2 + 1, dtype=torch.bool).scatter_(1, torch.where(end, col + 1, S2), True)[:, :S2]
+        # a row-ending node's output is read at its row end
+        col_dev, ends, out = to_device_all([col, ends, torch.where(end, col + 1, col)], dev)
+        ids = torch.full((B, S2), self.filler, dtype=torch.long, device=dev).scatter_(1, col_dev, vocab)
         if self.row_end is not None:
-            ends = torch.zeros(B, S2 + 1, dtype=torch.bool).scatter_(1, torch.where(end, col + 1, S2), True)[:, :S2]
-            ids = ids.masked_fill(ends.to(dev), self.row_end)
-        out = torch.where(end, col + 1, col).to(dev)  # a row-ending node's output is read at its row end
+            ids = ids.masked_fill(ends, self.row_end)
         ids, valid2, out = self._rows(ids), self._rows(valid2), self._rows(out)
-        dtype = self.kv.cache.layers[0].keys.dtype
-        mask, positions = self.kv.tree_inputs(valid2, self._rows(offsets), self._rows(sees), dtype)
+        mask, positions = self.kv.tree_inputs(valid2, self._rows(offsets), self._rows(sees), self.kv.dtype)
         logits = self._logits(ids, mask, positions, out, prefill=False)
         self.kv.append(valid2, ids)
         self._tree_start, self._tree_columns_of = start, (col, end, S2)
