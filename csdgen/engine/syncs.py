@@ -372,7 +372,6 @@ class HostSyncCounter(TorchDispatchMode):
         self._replace(torch.nn.functional, "one_hot", make_one_hot)
 
     def _patch_engine(self) -> None:
-        from ..models._static import StaticSession
         from .loop import _Loop
 
         counter = self
@@ -392,15 +391,6 @@ class HostSyncCounter(TorchDispatchMode):
                 return method
             return wrap
 
-        def make_queued(original):
-            def to_device(session, host, *args, **kwargs):  # pinned + non_blocking on CUDA
-                out = counter._quietly(original, session, host, *args, **kwargs)
-                out = counter._quietly(host.clone) if out is host else out  # on the CPU .to() returns the host tensor
-                counter.queued.append((counter.phase, "StaticSession._to_device", _where()))
-                counter._mark(out, _DEVICE)
-                return out
-            return to_device
-
         classes = [_Loop]
         while classes:
             cls = classes.pop()
@@ -411,8 +401,6 @@ class HostSyncCounter(TorchDispatchMode):
                 self._replace(cls, "_image_stats", make_phase("end"))
             if "run" in vars(cls):
                 self._replace(cls, "run", make_phase("setup"))
-        if "_to_device" in vars(StaticSession):
-            self._replace(StaticSession, "_to_device", make_queued)
 
 
 def _tensors_of(root: Any) -> list[torch.Tensor]:

@@ -79,6 +79,7 @@ from typing import Any, NamedTuple, Sequence
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from ..transfer import to_device
 from ._ragged import RaggedSession, kept_tree_columns
 from .base import WindowLogits, check_row_arguments, row_tensor
 
@@ -866,9 +867,8 @@ class StaticSession(RaggedSession):
         return 0 if self.row_end is None else -(-width // self.cols)
 
     def _to_device(self, host: torch.Tensor) -> torch.Tensor:
-        if self._dev.type == "cuda":
-            return host.pin_memory().to(self._dev, non_blocking=True)
-        return host.to(self._dev)
+        """A queued copy of ``host`` to the session's device (pinned, non-blocking on CUDA: no host sync)."""
+        return to_device(host, self._dev)
 
     # -- the device steps (compiled per shape when ``compile``) -----------------------------------
 
