@@ -266,19 +266,30 @@ def test_an_image_does_not_depend_on_its_batch_float64(float64_model):
 
 
 def test_an_image_does_not_depend_on_its_batch_builtin_model():
-    """The built-in model (float32): >= 99 % of an image's tokens agree in batches of 1, 4 and 16."""
+    """The built-in model (float32): a batched kernel sums in another order than a single row's, so a
+    draw within rounding of its threshold can tip and the image goes its own way; tokens are the
+    wrong check. Fed the same tokens, the image's row in batches of 4 and 16 gives the logits of the
+    image alone within 1e-4; each batch draws from the same distribution as the images alone (step
+    compression within 10 % of the same images decoded one at a time)."""
+    from csdgen.evaluation.agreement import teacher_forced_logits
     from csdgen.models.builtin import load_builtin_model
 
     model = load_builtin_model()
     kwargs = dict(method="csd", window=16, seed=2)
     alone = csdgen.generate(model, [1], image_indices=[3], **kwargs)
-    four = csdgen.generate(model, [4, 1, 7, 9], image_indices=[0, 3, 8, 9], **kwargs)
-    sixteen = csdgen.generate(model, [(i * 3) % 20 if i != 6 else 1 for i in range(16)],
-                              image_indices=[40 + i if i != 6 else 3 for i in range(16)], **kwargs)
-    N = model.num_image_tokens
-    for batch, at in ((four, 1), (sixteen, 6)):
-        agree = int((batch.tokens[at] == alone.tokens[0]).sum())
-        assert agree >= 0.99 * N, agree
+    four_classes, four_indices = [4, 1, 7, 9], [0, 3, 8, 9]
+    four = csdgen.generate(model, four_classes, image_indices=four_indices, **kwargs)
+    sixteen_classes = [(i * 3) % 20 if i != 6 else 1 for i in range(16)]
+    fed = alone.tokens
+    ref = teacher_forced_logits(model, [1], fed, guided=True)
+    for classes, at in ((four_classes, 1), (sixteen_classes, 6)):
+        tokens = fed.expand(len(classes), -1)  # every row fed the image's tokens
+        for a, b in zip(teacher_forced_logits(model, classes, tokens, guided=True), ref):
+            torch.testing.assert_close(a[at], b[0], atol=1e-4, rtol=1e-4)
+    one_by_one = [csdgen.generate(model, [c], image_indices=[i], **kwargs).step_compression
+                  for c, i in zip(four_classes, four_indices)]
+    expected = sum(one_by_one) / len(one_by_one)
+    assert abs(four.step_compression - expected) <= 0.1 * expected, (four.step_compression, one_by_one)
 
 
 def test_model_defaults_fill_the_arguments_left_none(cached_model):

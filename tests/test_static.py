@@ -136,18 +136,27 @@ def test_static_equals_eager_token_for_token_float64(float64_model, kwargs):
         assert len({s.steps for s in static.images}) > 1  # images left the batch at different steps
 
 
-def test_static_equals_eager_on_the_builtin_model_float32():
-    """The built-in model (float32): >= 99 % of the tokens agree (summation order differs: the
-    static cache attends over its padded width with masked columns)."""
+def test_static_and_eager_agree_in_logits_and_distribution_on_the_builtin_model_float32():
+    """The built-in model (float32): the static cache sums attention over its padded width in another
+    order than the eager session, so a draw that falls within rounding of its threshold can tip and
+    the image goes its own way; tokens are the wrong check. Teacher-forced on the same tokens, their
+    logits agree within 1e-4; their runs draw from the same distribution: step compression within
+    10 % and token histograms closer than those of a run at another seed (the control)."""
+    from csdgen.evaluation.agreement import histogram_distance, teacher_forced_logits
     from csdgen.models.builtin import load_builtin_model
 
     model = load_builtin_model()
-    kwargs = dict(method="csd", window=16, seed=2, image_indices=[3, 0, 8, 9])
+    kwargs = dict(method="csd", window=16, image_indices=[3, 0, 8, 9])
     classes = [1, 4, 7, 9]
-    eager = csdgen.generate(model, classes, engine="eager", **kwargs)
-    static = csdgen.generate(model, classes, engine="static", **kwargs)
-    agree = int((static.tokens == eager.tokens).sum())
-    assert agree >= 0.99 * static.tokens.numel(), agree
+    eager = csdgen.generate(model, classes, engine="eager", seed=2, **kwargs)
+    static = csdgen.generate(model, classes, engine="static", seed=2, **kwargs)
+    other_seed = csdgen.generate(model, classes, engine="eager", seed=3, **kwargs)
+    for a, b in zip(teacher_forced_logits(model, classes, eager.tokens, guided=True, engine="eager"),
+                    teacher_forced_logits(model, classes, eager.tokens, guided=True, engine="static")):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    assert abs(static.step_compression - eager.step_compression) <= 0.1 * eager.step_compression
+    V = model.codebook_size
+    assert histogram_distance(static.tokens, eager.tokens, V) < histogram_distance(other_seed.tokens, eager.tokens, V)
 
 
 # -- greedy equals AR on every family --------------------------------------------------------------
