@@ -6,7 +6,6 @@ DynamicCache session or to an exact law. The family tests (tests/test_models_*.p
 static engine too, since ``engine="auto"`` picks it for every transformers family.
 """
 
-import copy
 import shutil
 
 import pytest
@@ -18,6 +17,7 @@ from csdgen.models import ClassConditionalLlama, FunctionModel
 from csdgen.models._static import (WIDTH_BUCKETS, StaticSession, batch_bucket, make_static, open_engine, static_refusal,
                                    width_bucket)
 from csdgen.sampling import target_probs
+from conftest import on_device
 from kv_check import assert_next_window_matches_alone, assert_rows_match_fresh
 from test_lossless import P_FAIL, P_PASS, chi_square_pvalue
 
@@ -26,10 +26,8 @@ SAMPLED = SamplingConfig(guidance_scale=3.0, temperature=1.0)
 
 
 @pytest.fixture(scope="module")
-def float64_model(cached_model):
-    model = copy.deepcopy(cached_model)
-    model.backbone.double()
-    return model
+def float64_model(cached_model, test_device):
+    return on_device(cached_model, test_device, torch.float64)
 
 
 # -- buckets ------------------------------------------------------------------------------------
@@ -57,12 +55,13 @@ def test_auto_picks_static_for_transformers_sessions_and_eager_for_the_rest(cach
     assert static_refusal(known_joint.model.start(None, 2, False)).startswith("its session (_FunctionSession)")
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("guided", [False, True])
-def test_static_session_admits_rows_that_read_as_a_fresh_session(cached_model, guided):
+def test_static_session_admits_rows_that_read_as_a_fresh_session(device_model, guided):
     """The server's admission (issue 18) on the static cache: rows at different lengths with holes,
     then new prefilled rows joined into free slots (past the capacity: the cache grows); every row's
     cache equals a fresh session fed its tokens, and the next forward's logits equal each row's own."""
-    model = cached_model
+    model = device_model
     torch.manual_seed(0)
     tokens = torch.randint(0, model.codebook_size, (3, model.num_image_tokens))
     old = open_engine(model.start([0, 1], None, guided), "static", False)
@@ -121,6 +120,7 @@ def test_static_refused_where_it_does_not_apply(known_joint, cached_model):
     dict(method="sjd", window=6, sampling=SAMPLED, tree=(2, 2)),
     dict(method="sjd", window=9, sampling=SamplingConfig(temperature=1.0), tree=(3, 1)),
 ])
+@pytest.mark.device
 def test_static_equals_eager_token_for_token_float64(float64_model, kwargs):
     """Five images finishing at different steps (batch slots 5 -> 4 -> 2 -> 1 with rows moved
     down), windows of every width up to the image end (padded to buckets): the same tokens,
@@ -246,7 +246,8 @@ def test_static_equals_eager_sampled_and_cache_equals_fresh_on_every_family(row_
     dict(method="ar"),
 ])
 @pytest.mark.parametrize("guided", [False, True])
-def test_cache_after_every_iteration_equals_fresh_prefill(cached_model, kwargs, guided):
+@pytest.mark.device
+def test_cache_after_every_iteration_equals_fresh_prefill(device_model, kwargs, guided):
     classes = [0, 3, 1, 4, 2]
     sampling = SAMPLED if guided else SamplingConfig(temperature=1.0)
     buckets = set()
@@ -254,13 +255,14 @@ def test_cache_after_every_iteration_equals_fresh_prefill(cached_model, kwargs, 
     def check(info):
         assert isinstance(info.session, StaticSession)
         buckets.add(info.session._bucket)
-        assert_rows_match_fresh(cached_model, classes, guided, info)
+        assert_rows_match_fresh(device_model, classes, guided, info)
 
-    out = csdgen.generate(cached_model, classes, seed=2, sampling=sampling, engine="static", callback=check, **kwargs)
+    out = csdgen.generate(device_model, classes, seed=2, sampling=sampling, engine="static", callback=check, **kwargs)
     if len({s.steps for s in out.images}) > 1:
         assert len(buckets) > 1 and max(buckets) == 5  # images left, the slots were compacted
 
 
+@pytest.mark.device
 def test_padded_window_at_the_image_end_is_masked_and_not_cached(float64_model):
     """A window of 5 slots runs as bucket 8 with per-row widths 5, 3 (the image end) and 0 (an
     idle row): its logits equal the eager session's, and each row caches only its valid slots."""
