@@ -606,10 +606,11 @@ _CSS = "#stats th { word-break: keep-all; overflow-wrap: normal; } #stats td { w
 
 
 def load_demo_model(model_path: str | None = None, weights: str | None = None, *, image_size: int | None = None,
-                    vqgan: str | None = None):
+                    vqgan: str | None = None, dtype: str | None = None):
     """The page's model: the built-in model (offline, default) or a checkpoint (``--model``, never downloaded).
 
-    ``image_size`` and ``vqgan`` go to :func:`csdgen.models.auto.load_model` (``--image-size``, ``--vqgan``).
+    ``image_size``, ``vqgan`` and ``dtype`` go to :func:`csdgen.models.auto.load_model` (``--image-size``,
+    ``--vqgan``, ``--dtype``; None: the family's default on the device); the built-in model is float32.
 
     Returns:
         ``(model, name, defaults)``.
@@ -625,7 +626,7 @@ def load_demo_model(model_path: str | None = None, weights: str | None = None, *
 
     folder = resolve_checkpoint(model_path)
     family = family_of(folder, None, model_path)
-    model = load_model(model_path, device=default_device(), batch_size=1, image_size=image_size, vqgan=vqgan)
+    model = load_model(model_path, device=default_device(), dtype=dtype, batch_size=1, image_size=image_size, vqgan=vqgan)
     require_decoder(model, model_path, folder)
     return model, f"{family} ({model_path})", getattr(model, "defaults", None) or FAMILY_DEFAULTS[family]
 
@@ -647,13 +648,13 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def serve(model_path: str | None = None, host: str = "127.0.0.1", port: int | None = None, *, weights: str | None = None,
-          block: bool = True, image_size: int | None = None, vqgan: str | None = None):
+          block: bool = True, image_size: int | None = None, vqgan: str | None = None, dtype: str | None = None):
     """Load the model, build the page and serve it on ``host:port`` (no share link, analytics off).
 
     Args:
         port: TCP port; None = Gradio's first free port from 7860; 0 = any free port (:func:`free_port`).
         block: wait until interrupted (the command) or return at once (tests).
-        image_size, vqgan: for a checkpoint, as :func:`load_demo_model` takes them.
+        image_size, vqgan, dtype: for a checkpoint, as :func:`load_demo_model` takes them.
 
     Returns:
         The launched ``gradio.Blocks`` (when ``block`` is False).
@@ -661,7 +662,7 @@ def serve(model_path: str | None = None, host: str = "127.0.0.1", port: int | No
     os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
     if port == 0:
         port = free_port(host)
-    model, name, defaults = load_demo_model(model_path, weights, image_size=image_size, vqgan=vqgan)
+    model, name, defaults = load_demo_model(model_path, weights, image_size=image_size, vqgan=vqgan, dtype=dtype)
     app = build_app(model, model_name=name, defaults=defaults)
     app.queue(default_concurrency_limit=1)
     # quiet: Gradio's own banner suggests share=True, which this page never uses

@@ -1,6 +1,15 @@
-"""Shared fixtures: the small cached transformer and a model with a known joint distribution."""
+"""Shared fixtures: the small cached transformer, a model with a known joint distribution, and the
+device the ``device``-marked tests build their models on.
 
+Device test mode: ``CSDGEN_TEST_DEVICE=cuda python -m pytest -m device`` runs the tests marked
+``device`` (engine, static, continuous, tree and family tests) with their models on that device
+(default ``cpu``); where the device is not available here they skip, saying why.
+"""
+
+import copy
 import itertools
+import os
+import re
 
 import pytest
 import torch
@@ -69,3 +78,53 @@ class KnownJoint:
 @pytest.fixture(scope="session")
 def known_joint():
     return KnownJoint(SamplingConfig(guidance_scale=2.0, temperature=1.0))
+
+
+#: the environment variable naming the device of the ``device``-marked tests
+TEST_DEVICE_VARIABLE = "CSDGEN_TEST_DEVICE"
+
+
+def device_unavailable(name: str) -> str | None:
+    """Why ``name`` (``cpu``, ``cuda`` or ``cuda:N``) cannot run tests here, or None when it can.
+
+    Raises:
+        ValueError: a name that is none of these (naming it and the allowed ones).
+    """
+    if name == "cpu":
+        return None
+    match = re.fullmatch(r"cuda(?::(\d+))?", name)
+    if match is None:
+        raise ValueError(f"{TEST_DEVICE_VARIABLE}={name!r}: allowed cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        return f"{TEST_DEVICE_VARIABLE}={name}: no CUDA device is visible here"
+    index = int(match.group(1) or 0)
+    if index >= torch.cuda.device_count():
+        return f"{TEST_DEVICE_VARIABLE}={name}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def test_device() -> torch.device:
+    """The device of the ``device``-marked tests: ``$CSDGEN_TEST_DEVICE`` (default ``cpu``); skips the
+    test, with the reason, when that device is not available here."""
+    name = os.environ.get(TEST_DEVICE_VARIABLE, "cpu").strip() or "cpu"
+    try:
+        reason = device_unavailable(name)
+    except ValueError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    if reason is not None:
+        pytest.skip(reason)
+    return torch.device(name)
+
+
+def on_device(model, device, dtype: torch.dtype | None = None):
+    """A copy of a :class:`~csdgen.models.ClassConditionalLlama` with its backbone on ``device`` (and in
+    ``dtype`` when given); ``model`` itself is not touched."""
+    backbone = copy.deepcopy(model.backbone).to(device=device, dtype=dtype)
+    return type(model)(backbone, model.codebook_size, model.num_classes, model.grid)
+
+
+@pytest.fixture(scope="session")
+def device_model(cached_model, test_device):
+    """:func:`cached_model` on the test device (float32)."""
+    return on_device(cached_model, test_device)

@@ -7,7 +7,6 @@ with ``window="auto"`` the same distribution (a chi-square test on a known joint
 control that must fail).
 """
 
-import copy
 
 import pytest
 import torch
@@ -24,10 +23,10 @@ PLAIN = SamplingConfig(guidance_scale=1.0, temperature=1.0)
 
 
 @pytest.fixture(scope="module")
-def float64_model(cached_model):
-    model = copy.deepcopy(cached_model)
-    model.backbone.double()
-    return model
+def float64_model(cached_model, test_device):
+    from conftest import on_device
+
+    return on_device(cached_model, test_device, torch.float64)
 
 
 def test_per_image_seeds_draw_the_numbers_of_the_int_seed():
@@ -42,6 +41,7 @@ def test_per_image_seeds_draw_the_numbers_of_the_int_seed():
     assert not torch.equal(mixed[:, 1], stream_uniforms(1, image, step, 6, 4)[:, 1])
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("guided", [False, True])
 def test_admitted_rows_hold_the_cache_of_a_fresh_session(float64_model, guided):
     """Rows at different lengths, then new prefilled rows joined: every row's cache equals a fresh
@@ -103,6 +103,7 @@ CLASS_OF = {(11, 0): 0, (11, 1): 3, (5, 0): 2, (7, 0): 4, (7, 1): 4, (7, 2): 1, 
 
 @pytest.mark.parametrize("method, window, sampling, waves", [("csd", 6, GUIDED, 8), ("sjd", 9, PLAIN, 8),
                                                              ("ar", 1, GUIDED, 4)])
+@pytest.mark.device
 def test_admitted_images_equal_offline_images_float64(float64_model, method, window, sampling, waves):
     """Images joining a running batch at iterations 0, 1, 3 and 7, with their own seeds and image
     indices (one request's images and another's), one cancelled halfway: every completed image has
@@ -212,6 +213,7 @@ def test_prompts_of_other_lengths_join_a_running_janus_batch(tmp_path):
         assert torch.equal(tokens, alone.tokens[0]), prompt
 
 
+@pytest.mark.device
 def test_a_continuous_batch_runs_the_static_session_and_grows_its_capacity(float64_model):
     """engine="auto" opens the static session (a preallocated cache of ``capacity`` slots); images
     joining beyond it grow the cache; every image equals generate alone, and the eager engine's

@@ -47,7 +47,9 @@ def test_greedy_speculation_saves_steps_somewhere(cached_model, ar_greedy, engin
 
 @pytest.mark.parametrize("draft_init", ["uniform", "onehot"])
 @pytest.mark.parametrize("refresh", ["independent", "coupled"])
-def test_csd_with_zero_relaxation_equals_sjd_sample_for_sample(cached_model, draft_init, refresh):
+@pytest.mark.device
+def test_csd_with_zero_relaxation_equals_sjd_sample_for_sample(device_model, draft_init, refresh):
+    cached_model = device_model  # the same forwards (shapes, rows) for every rule: identical on any device
     kwargs = dict(window=12, sampling=SAMPLED, draft_init=draft_init, refresh=refresh, seed=5)
     sjd = csdgen.generate(cached_model, [1, 3], method="sjd", **kwargs)
     for rule in (CSD(lam=0.0), CSD(lam=0.5, delta=0.0), csdgen.Addition(c=0.0)):
@@ -67,7 +69,9 @@ def test_csd_accepts_more_than_sjd_on_average(cached_model):
 @pytest.mark.parametrize("method, sampling, window", [("sjd", SAMPLED, 10), ("csd", SAMPLED, 10), ("ar", SAMPLED, 1),
                                                       ("sjd", GREEDY, 10), ("csd", SAMPLED, "auto")])
 @pytest.mark.parametrize("engine", ["static", "eager"])
-def test_kv_state_of_every_row_after_every_iteration_equals_fresh_prefill(cached_model, method, sampling, window, engine):
+@pytest.mark.device
+def test_kv_state_of_every_row_after_every_iteration_equals_fresh_prefill(device_model, method, sampling, window, engine):
+    cached_model = device_model
     classes = [2, 4, 1]
     checked = []
 
@@ -83,7 +87,9 @@ def test_kv_state_of_every_row_after_every_iteration_equals_fresh_prefill(cached
     assert len({tuple(lengths) for lengths in checked if len(lengths) == 3 and len(set(lengths)) > 1}) > 0 or method == "ar"
 
 
-def test_statistics_are_consistent_per_image(cached_model):
+@pytest.mark.device
+def test_statistics_are_consistent_per_image(device_model):
+    cached_model = device_model
     out = csdgen.generate(cached_model, [0, 1, 2, 3], method="csd", window=16, sampling=SAMPLED, seed=7)
     N = cached_model.num_image_tokens
     assert out.tokens.shape == (4, N) and out.tokens.dtype == torch.long
@@ -104,7 +110,9 @@ def test_statistics_are_consistent_per_image(cached_model):
     assert summary["settings"]["method"] == "csd" and summary["settings"]["rule"]["lam"] == 0.5
 
 
-def test_ar_takes_one_step_per_token(cached_model):
+@pytest.mark.device
+def test_ar_takes_one_step_per_token(device_model):
+    cached_model = device_model
     out = csdgen.generate(cached_model, [1], method="ar", window=16, sampling=SAMPLED)
     stats = out.images[0]
     assert out.steps == stats.steps == cached_model.num_image_tokens and stats.step_compression == 1.0
@@ -237,14 +245,13 @@ def test_jacobi_acceptances_are_labelled_exact(cached_model):
 
 
 @pytest.fixture(scope="module")
-def float64_model(cached_model):
-    import copy
+def float64_model(cached_model, test_device):
+    from conftest import on_device
 
-    model = copy.deepcopy(cached_model)
-    model.backbone.double()
-    return model
+    return on_device(cached_model, test_device, torch.float64)
 
 
+@pytest.mark.device
 def test_an_image_does_not_depend_on_its_batch_float64(float64_model):
     """Image 5 (class 3) alone, in a batch of 4 and in a batch of 16 with other images around it:
     the same tokens and the same number of forwards."""
@@ -266,19 +273,30 @@ def test_an_image_does_not_depend_on_its_batch_float64(float64_model):
 
 
 def test_an_image_does_not_depend_on_its_batch_builtin_model():
-    """The built-in model (float32): >= 99 % of an image's tokens agree in batches of 1, 4 and 16."""
+    """The built-in model (float32): a batched kernel sums in another order than a single row's, so a
+    draw within rounding of its threshold can tip and the image goes its own way; tokens are the
+    wrong check. Fed the same tokens, the image's row in batches of 4 and 16 gives the logits of the
+    image alone within 1e-4; each batch draws from the same distribution as the images alone (step
+    compression within 10 % of the same images decoded one at a time)."""
+    from csdgen.evaluation.agreement import teacher_forced_logits
     from csdgen.models.builtin import load_builtin_model
 
     model = load_builtin_model()
     kwargs = dict(method="csd", window=16, seed=2)
     alone = csdgen.generate(model, [1], image_indices=[3], **kwargs)
-    four = csdgen.generate(model, [4, 1, 7, 9], image_indices=[0, 3, 8, 9], **kwargs)
-    sixteen = csdgen.generate(model, [(i * 3) % 20 if i != 6 else 1 for i in range(16)],
-                              image_indices=[40 + i if i != 6 else 3 for i in range(16)], **kwargs)
-    N = model.num_image_tokens
-    for batch, at in ((four, 1), (sixteen, 6)):
-        agree = int((batch.tokens[at] == alone.tokens[0]).sum())
-        assert agree >= 0.99 * N, agree
+    four_classes, four_indices = [4, 1, 7, 9], [0, 3, 8, 9]
+    four = csdgen.generate(model, four_classes, image_indices=four_indices, **kwargs)
+    sixteen_classes = [(i * 3) % 20 if i != 6 else 1 for i in range(16)]
+    fed = alone.tokens
+    ref = teacher_forced_logits(model, [1], fed, guided=True)
+    for classes, at in ((four_classes, 1), (sixteen_classes, 6)):
+        tokens = fed.expand(len(classes), -1)  # every row fed the image's tokens
+        for a, b in zip(teacher_forced_logits(model, classes, tokens, guided=True), ref):
+            torch.testing.assert_close(a[at], b[0], atol=1e-4, rtol=1e-4)
+    one_by_one = [csdgen.generate(model, [c], image_indices=[i], **kwargs).step_compression
+                  for c, i in zip(four_classes, four_indices)]
+    expected = sum(one_by_one) / len(one_by_one)
+    assert abs(four.step_compression - expected) <= 0.1 * expected, (four.step_compression, one_by_one)
 
 
 def test_model_defaults_fill_the_arguments_left_none(cached_model):
@@ -341,9 +359,12 @@ def test_profile_times_forward_and_verify(cached_model):
     assert out.timings["forward"] > 0 and out.timings["verify"] > 0
 
 
-def test_runs_in_batches_give_the_same_images_at_any_batch_size(cached_model):
+@pytest.mark.device
+def test_runs_in_batches_give_the_same_images_at_any_batch_size(float64_model):
+    """Exact in float64 (in float32 a batched kernel's rounding can tip a draw: tests compare logits there)."""
     from csdgen.runs import generate_batches
 
+    cached_model = float64_model
     classes = [i % 5 for i in range(6)]
     kwargs = dict(method="csd", window=8, sampling=SAMPLED, seed=3)
     by_size = {}

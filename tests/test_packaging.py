@@ -77,3 +77,15 @@ def test_builtin_weights_stay_under_25_mb_and_ship_with_the_package():
     assert sum(p.stat().st_size for p in files) < 25_000_000, [(p.name, p.stat().st_size) for p in files]
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["csdgen.builtin"]
     assert {"weights/*.safetensors", "weights/*.json"} <= set(data)
+
+
+#: the GPU machine's image (Python 3.12, torch 2.11 with CUDA 13, transformers 5.17), where csdgen is installed
+#: with ``pip install --no-deps --no-build-isolation -e .``: its pins do not apply, its ranges must
+GPU_IMAGE = {"torch": "2.11.0+cu130", "transformers": "5.17.0", "python": "3.12"}
+
+
+def test_the_gpu_machine_image_versions_are_in_the_declared_ranges():
+    declared = {canonicalize_name(r.name): r.specifier for r in REQUIREMENTS}
+    for name in ("torch", "transformers"):
+        assert declared[name].contains(Version(GPU_IMAGE[name])), (name, declared[name], GPU_IMAGE[name])
+    assert SpecifierSet(PROJECT["requires-python"]).contains(GPU_IMAGE["python"])

@@ -6,7 +6,6 @@ DynamicCache session or to an exact law. The family tests (tests/test_models_*.p
 static engine too, since ``engine="auto"`` picks it for every transformers family.
 """
 
-import copy
 import shutil
 
 import pytest
@@ -18,6 +17,7 @@ from csdgen.models import ClassConditionalLlama, FunctionModel
 from csdgen.models._static import (WIDTH_BUCKETS, StaticSession, batch_bucket, make_static, open_engine, static_refusal,
                                    width_bucket)
 from csdgen.sampling import target_probs
+from conftest import on_device
 from kv_check import assert_next_window_matches_alone, assert_rows_match_fresh
 from test_lossless import P_FAIL, P_PASS, chi_square_pvalue
 
@@ -26,10 +26,8 @@ SAMPLED = SamplingConfig(guidance_scale=3.0, temperature=1.0)
 
 
 @pytest.fixture(scope="module")
-def float64_model(cached_model):
-    model = copy.deepcopy(cached_model)
-    model.backbone.double()
-    return model
+def float64_model(cached_model, test_device):
+    return on_device(cached_model, test_device, torch.float64)
 
 
 # -- buckets ------------------------------------------------------------------------------------
@@ -74,12 +72,13 @@ def test_auto_picks_static_for_transformers_sessions_and_eager_for_the_rest(cach
     assert static_refusal(known_joint.model.start(None, 2, False)).startswith("its session (_FunctionSession)")
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("guided", [False, True])
-def test_static_session_admits_rows_that_read_as_a_fresh_session(cached_model, guided):
+def test_static_session_admits_rows_that_read_as_a_fresh_session(device_model, guided):
     """The server's admission (issue 18) on the static cache: rows at different lengths with holes,
     then new prefilled rows joined into free slots (past the capacity: the cache grows); every row's
     cache equals a fresh session fed its tokens, and the next forward's logits equal each row's own."""
-    model = cached_model
+    model = device_model
     torch.manual_seed(0)
     tokens = torch.randint(0, model.codebook_size, (3, model.num_image_tokens))
     old = open_engine(model.start([0, 1], None, guided), "static", False)
@@ -138,6 +137,7 @@ def test_static_refused_where_it_does_not_apply(known_joint, cached_model):
     dict(method="sjd", window=6, sampling=SAMPLED, tree=(2, 2)),
     dict(method="sjd", window=9, sampling=SamplingConfig(temperature=1.0), tree=(3, 1)),
 ])
+@pytest.mark.device
 def test_static_equals_eager_token_for_token_float64(float64_model, kwargs):
     """Five images finishing at different steps (batch slots 5 -> 4 -> 2 -> 1 with rows moved
     down), windows of every width up to the image end (padded to buckets): the same tokens,
@@ -153,18 +153,27 @@ def test_static_equals_eager_token_for_token_float64(float64_model, kwargs):
         assert len({s.steps for s in static.images}) > 1  # images left the batch at different steps
 
 
-def test_static_equals_eager_on_the_builtin_model_float32():
-    """The built-in model (float32): >= 99 % of the tokens agree (summation order differs: the
-    static cache attends over its padded width with masked columns)."""
+def test_static_and_eager_agree_in_logits_and_distribution_on_the_builtin_model_float32():
+    """The built-in model (float32): the static cache sums attention over its padded width in another
+    order than the eager session, so a draw that falls within rounding of its threshold can tip and
+    the image goes its own way; tokens are the wrong check. Teacher-forced on the same tokens, their
+    logits agree within 1e-4; their runs draw from the same distribution: step compression within
+    10 % and token histograms closer than those of a run at another seed (the control)."""
+    from csdgen.evaluation.agreement import histogram_distance, teacher_forced_logits
     from csdgen.models.builtin import load_builtin_model
 
     model = load_builtin_model()
-    kwargs = dict(method="csd", window=16, seed=2, image_indices=[3, 0, 8, 9])
+    kwargs = dict(method="csd", window=16, image_indices=[3, 0, 8, 9])
     classes = [1, 4, 7, 9]
-    eager = csdgen.generate(model, classes, engine="eager", **kwargs)
-    static = csdgen.generate(model, classes, engine="static", **kwargs)
-    agree = int((static.tokens == eager.tokens).sum())
-    assert agree >= 0.99 * static.tokens.numel(), agree
+    eager = csdgen.generate(model, classes, engine="eager", seed=2, **kwargs)
+    static = csdgen.generate(model, classes, engine="static", seed=2, **kwargs)
+    other_seed = csdgen.generate(model, classes, engine="eager", seed=3, **kwargs)
+    for a, b in zip(teacher_forced_logits(model, classes, eager.tokens, guided=True, engine="eager"),
+                    teacher_forced_logits(model, classes, eager.tokens, guided=True, engine="static")):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    assert abs(static.step_compression - eager.step_compression) <= 0.1 * eager.step_compression
+    V = model.codebook_size
+    assert histogram_distance(static.tokens, eager.tokens, V) < histogram_distance(other_seed.tokens, eager.tokens, V)
 
 
 # -- greedy equals AR on every family --------------------------------------------------------------
@@ -227,9 +236,12 @@ def test_greedy_static_equals_ar_row_end_families(row_end_models, family):
 
 
 @pytest.mark.parametrize("family", ["janus", "emu3", "lumina", "anole"])
-def test_static_equals_eager_sampled_and_cache_equals_fresh_on_every_family(row_end_models, janus, family):
-    """Sampled (fixed window): the same tokens as the eager engine; after every iteration every
-    row of the static cache equals a fresh prefill of its committed tokens."""
+def test_static_equals_eager_in_logits_and_cache_equals_fresh_on_every_family(row_end_models, janus, family):
+    """Sampled (fixed window, and a draft tree): fed the eager run's tokens, the static engine gives the
+    eager logits within 1e-4 (float32: not token for token, a rounding can tip a draw); after every
+    iteration every row of the static cache equals a fresh prefill of its committed tokens."""
+    from csdgen.evaluation.agreement import teacher_forced_logits
+
     model, prompts = (janus, JANUS_PROMPTS) if family == "janus" else row_end_models[family]
     sampling = SamplingConfig(guidance_scale=3.0)
     for kwargs in (dict(window=7), dict(window=6, tree=(3, 2))):
@@ -241,7 +253,10 @@ def test_static_equals_eager_sampled_and_cache_equals_fresh_on_every_family(row_
 
         static = csdgen.generate(model, prompts, method="sjd", sampling=sampling, seed=4, engine="static", callback=check,
                                  **kwargs)
-        assert torch.equal(static.tokens, eager.tokens), kwargs
+        assert static.settings["engine"] == "static" and static.steps > 1
+        for a, b in zip(teacher_forced_logits(model, prompts, eager.tokens, guided=True, engine="eager", window=7),
+                        teacher_forced_logits(model, prompts, eager.tokens, guided=True, engine="static", window=7)):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
 # -- the cache: rollback, padding at image ends, images leaving -----------------------------------
@@ -254,7 +269,8 @@ def test_static_equals_eager_sampled_and_cache_equals_fresh_on_every_family(row_
     dict(method="ar"),
 ])
 @pytest.mark.parametrize("guided", [False, True])
-def test_cache_after_every_iteration_equals_fresh_prefill(cached_model, kwargs, guided):
+@pytest.mark.device
+def test_cache_after_every_iteration_equals_fresh_prefill(device_model, kwargs, guided):
     classes = [0, 3, 1, 4, 2]
     sampling = SAMPLED if guided else SamplingConfig(temperature=1.0)
     buckets = set()
@@ -262,13 +278,14 @@ def test_cache_after_every_iteration_equals_fresh_prefill(cached_model, kwargs, 
     def check(info):
         assert isinstance(info.session, StaticSession)
         buckets.add(info.session._bucket)
-        assert_rows_match_fresh(cached_model, classes, guided, info)
+        assert_rows_match_fresh(device_model, classes, guided, info)
 
-    out = csdgen.generate(cached_model, classes, seed=2, sampling=sampling, engine="static", callback=check, **kwargs)
+    out = csdgen.generate(device_model, classes, seed=2, sampling=sampling, engine="static", callback=check, **kwargs)
     if len({s.steps for s in out.images}) > 1:
         assert len(buckets) > 1 and max(buckets) == 5  # images left, the slots were compacted
 
 
+@pytest.mark.device
 def test_padded_window_at_the_image_end_is_masked_and_not_cached(float64_model):
     """A window of 5 slots runs as bucket 8 with per-row widths 5, 3 (the image end) and 0 (an
     idle row): its logits equal the eager session's, and each row caches only its valid slots."""

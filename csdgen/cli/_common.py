@@ -34,6 +34,38 @@ def compile_note(args, device) -> None:
         note(COMPILE_NOTE)
 
 
+def choose_dtype(args, family: str, device) -> str:
+    """The model's dtype name for ``--dtype`` (None / ``auto``: the family's default on ``device``,
+    :func:`csdgen.models.auto.resolve_dtype`), with the run's first line kept in ``args.run_line``
+    (:func:`print_run_line` prints it when decoding starts).
+
+    Raises:
+        ValueError: ``--dtype`` other than auto / float32 for the built-in model (it runs in float32 only).
+    """
+    import torch
+
+    from csdgen.models.auto import resolve_dtype
+
+    given = getattr(args, "dtype", None)
+    if family == "builtin" and given not in (None, "auto", "float32"):
+        raise ValueError(f"--dtype {given}: the built-in model runs in float32 only; allowed for it: auto, float32 "
+                         f"(bfloat16 and float16 need --model PATH, a checkpoint)")
+    dtype, reason = resolve_dtype(given, device, family)
+    name = str(dtype).removeprefix("torch.")
+    what = "the built-in model" if family == "builtin" else f"{family} ({getattr(args, 'model', '')})"
+    args.run_line = (f"csdgen {getattr(args, 'command', None) or 'run'}: {what} on {torch.device(device).type}, "
+                     f"{name} ({reason})")
+    return name
+
+
+def print_run_line(args, file=None) -> None:
+    """The run's first line (:func:`choose_dtype`), once, on stderr (or ``file``): what runs where in which dtype."""
+    line = getattr(args, "run_line", None)
+    if line:
+        print(line, file=file or sys.stderr, flush=True)
+        args.run_line = None
+
+
 def writable(folder: Path) -> Path:
     """Create ``folder`` and check that files can be written there.
 
@@ -249,6 +281,7 @@ def builtin_model(args, fixed_window: bool = False, spread: bool = False):
     device = args.device or "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is visible here; use --device cpu")
+    choose_dtype(args, "builtin", device)  # float32: refuses another --dtype
     if args.weights is not None:
         config = Path(args.weights) / "config.json"
         if config.exists():

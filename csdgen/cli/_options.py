@@ -22,6 +22,7 @@ REFRESH_MODES = ("independent", "coupled")
 ENTROPY_UNITS = ("nats", "normalized")
 GUIDANCE_SCHEDULES = ("family", "constant")
 DEVICES = ("cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # csdgen.models.auto.DTYPE_CHOICES (not imported: --help stays free of torch)
 ENGINES = ("auto", "static", "eager")  # csdgen.models._static.ENGINES (not imported: --help stays free of torch)
 #: method names of ``csdgen compare`` and ``csdgen bench --methods`` (``csdgen.evaluation.compare.method_presets``;
 #: gsd and lantern with a codebook)
@@ -405,6 +406,14 @@ def add_checkpoint_files(g) -> None:
                    help="Chameleon-format checkpoints: Chameleon's VQGAN, its tokenizer/ folder holding vqgan.yaml and "
                         "vqgan.ckpt (or the vqgan.ckpt file); default: found in the checkpoint folder or its tokenizer/. "
                         "Decodes images, and gives GSD/LANTERN the codebook Lumina-mGPT's files lack")
+
+
+def add_dtype(g) -> None:
+    """``--dtype``: one of :data:`DTYPES` in any case (default None = auto: :func:`csdgen.models.auto.resolve_dtype`)."""
+    g.add_argument("--dtype", type=one_of(DTYPES, "dtype"), metavar="{" + ",".join(DTYPES) + "}", default=None,
+                   help="the model's dtype (default auto: on cuda the family's reference dtype, bfloat16 for every "
+                        "released family; float32 on cpu; the built-in model float32 only); the acceptance "
+                        "arithmetic is float32 whatever the model's dtype")
 
 
 def add_engine(p: argparse.ArgumentParser) -> None:

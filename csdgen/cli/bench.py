@@ -17,7 +17,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from . import _options as opt
-from ._common import check_draft_init, clamp_window, fill_defaults, model_defaults, note, sampling_of, writable
+from ._common import (check_draft_init, choose_dtype, clamp_window, fill_defaults, model_defaults, note, print_run_line,
+                      sampling_of, writable)
 from ._options import COMPARE_METHODS
 
 #: the built-in model's default number of prompts (its classes spread over the categories)
@@ -72,8 +73,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="Emu3: text appended to every prompt (default BAAI's quality suffix; '' = none)")
     g.add_argument("--prompt-template", default=None,
                    help="a format string with {prompt} wrapping every prompt (default: the family's; '{prompt}' = none)")
-    g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                   help="default bfloat16 on cuda, float32 on cpu")
+    opt.add_dtype(g)
     p.add_argument("--device", choices=opt.DEVICES, default=None,
                    help="default cpu for the built-in model, else cuda when available (under torchrun: cuda:LOCAL_RANK)")
     p.add_argument("--out", type=opt.folder, default=Path("bench"), help="output folder (default ./bench)")
@@ -139,8 +139,8 @@ def _builtin_plan(args, device: str):
 
     from ._common import builtin_model
 
-    for option in ("layout", "height", "width", "image_size", "negative_prompt", "positive_prompt", "prompt_template", "dtype",
-                   "vqgan"):
+    for option in ("layout", "height", "width", "image_size", "negative_prompt", "positive_prompt", "prompt_template",
+                   "vqgan"):  # --dtype: builtin_model takes auto / float32 and refuses the others
         if getattr(args, option) is not None:
             raise ValueError(f"--{option.replace('_', '-')} needs --model PATH (a checkpoint); the built-in model has one size and dtype")
     args.classes, args.num_images, args.device = None, 1, device
@@ -156,7 +156,7 @@ def _builtin_plan(args, device: str):
 
 def _model_plan(args, device: str):
     from csdgen.bench import BenchPlan
-    from csdgen.models.auto import default_dtype, load_model
+    from csdgen.models.auto import load_model
     from csdgen.prompts import load_prompts
 
     from ._common import checkpoint_setup, require_decoder
@@ -164,7 +164,7 @@ def _model_plan(args, device: str):
     _fixed_window(args)
     prompts = _load(load_prompts, args.prompts or "coco", args)
     folder, family, sampling = checkpoint_setup(args, fixed_window=True)
-    dtype = args.dtype or str(default_dtype(device)).removeprefix("torch.")
+    dtype = choose_dtype(args, family, device)
     model = load_model(folder, dtype=dtype, device=device, layout=args.layout, height=args.height, width=args.width,
                        image_size=args.image_size, batch_size=1, window=args.window, guided=sampling.guided,
                        negative_prompt=args.negative_prompt, positive_prompt=args.positive_prompt,
@@ -381,6 +381,8 @@ def execute(args, adjust=None, title: str = "csdgen bench"):
         with tqdm(total=0, unit="img", desc=f"bench rank {rank}/{world}" if world > 1 else "bench",
                   disable=None if rank == 0 else True, leave=False) as bar:
             def start(todo: int) -> None:
+                if todo and rank == 0:
+                    print_run_line(args)  # the run's first line: model, device, dtype and why
                 bar.total = todo
                 bar.refresh()
 
@@ -419,6 +421,7 @@ def add_bench_source(p: argparse.ArgumentParser, command: str) -> None:
     g.add_argument("--offset", type=opt.count(0, maximum=opt.MAX_OFFSET), default=0, metavar="K",
                    help="index of the first prompt (default 0)")
     opt.add_checkpoint_files(g)
+    opt.add_dtype(g)
 
 
 def uses_bench(args) -> bool:
@@ -458,4 +461,5 @@ def bench_namespace(args, skip=(), **overrides) -> argparse.Namespace:
             setattr(out, name, value)
     for name, value in overrides.items():
         setattr(out, name, value)
+    out.command = getattr(args, "command", None) or "bench"  # the run's first line names the command typed
     return out

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 
 from . import _options as opt
-from ._common import builtin_model, check_draft_init, sampling_of, writable
+from ._common import builtin_model, check_draft_init, print_run_line, sampling_of, writable
 from ._options import COMPARE_METHODS
 
 
@@ -90,6 +90,7 @@ def run(args) -> int:
     scorer = QualityScorer(model)
     jobs = [MethodJob(n, {**presets[n], **opt.engine_kwargs(args)}, args.seed, args.window) for n in names]  # generate runs "ar" at window 1
     jobs.append(MethodJob("ar-seed2", {**presets["ar"], **opt.engine_kwargs(args)}, args.seed + 1, args.window))
+    print_run_line(args)  # the run's first line: model, device, dtype and why
     with folder_lock(out, "csdgen compare"), \
             tqdm(total=len(jobs) * len(classes), unit="img", desc="compare", disable=None) as bar:
         runs = run_methods(model, jobs, classes, batch_size=args.batch_size, sampling=sampling, out_dir=out,

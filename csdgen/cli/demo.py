@@ -8,6 +8,7 @@ free port from 7860; 0: any free port) until interrupted. gradio and torch are i
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -20,6 +21,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--model", type=opt.path_text, default=None, help="checkpoint folder or cached repo id (default: the built-in model)")
 
     opt.add_checkpoint_files(p)
+    opt.add_dtype(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=opt.port(0), default=None,
                    help="TCP port (default: the first free one from 7860; 0: any free port, as csdgen serve)")
@@ -30,10 +32,17 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args) -> int:
     from csdgen.demo import serve
 
-    from ._common import needs_model
+    from ._common import choose_dtype, needs_model, print_run_line
 
     if args.model is None and (args.image_size is not None or args.vqgan is not None):
         given = [flag for flag, value in (("--image-size", args.image_size), ("--vqgan", args.vqgan)) if value is not None]
         raise ValueError(f"{needs_model(given)} (a checkpoint); the built-in model has one size and its own VQ decoder")
-    serve(args.model, host=args.host, port=args.port, image_size=args.image_size, vqgan=args.vqgan)
+    if args.model is None:
+        dtype = choose_dtype(args, "builtin", "cpu")  # the built-in model runs where it loads
+    else:
+        from csdgen.models.auto import default_device, family_of, resolve_checkpoint
+
+        dtype = choose_dtype(args, family_of(resolve_checkpoint(args.model), None, args.model), default_device())
+    print_run_line(args, file=sys.stdout)  # the first line: model, device, dtype and why
+    serve(args.model, host=args.host, port=args.port, image_size=args.image_size, vqgan=args.vqgan, dtype=dtype)
     return 0

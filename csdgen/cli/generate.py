@@ -13,10 +13,10 @@ import argparse
 from pathlib import Path
 
 from . import _options as opt
-from ._common import (builtin_model, cap_builtin_batch, checkpoint_setup, clamp_window, fill_defaults, model_defaults,
-                      needs_model, note, require_decoder, sampling_of, writable)
+from ._common import (builtin_model, cap_builtin_batch, checkpoint_setup, choose_dtype, clamp_window, fill_defaults,
+                      model_defaults, needs_model, note, print_run_line, require_decoder, sampling_of, writable)
 
-#: options of ``--model`` only (the built-in model refuses them)
+#: options of ``--model`` only (the built-in model refuses them; ``--dtype`` auto / float32 it takes)
 MODEL_ONLY = ("prompts", "prompts_file", "layout", "height", "width", "image_size", "negative_prompt", "positive_prompt",
               "prompt_template", "dtype", "vqgan")
 
@@ -55,8 +55,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "'' = off)")
     g.add_argument("--prompt-template", default=None,
                    help="template for each prompt with {prompt}, {width}, {height} (default: the family's, docs/models.md)")
-    g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                   help="default bfloat16 on cuda, float32 on cpu")
+    opt.add_dtype(g)
     p.set_defaults(run=run)
     return p
 
@@ -100,7 +99,8 @@ def builtin_job(args):
     """The run plan of the built-in model (``--class``) and its batch size."""
     from csdgen.runs import RunPlan
 
-    given = ["--" + {"prompts": "prompt"}.get(k, k).replace("_", "-") for k in MODEL_ONLY if getattr(args, k) is not None]
+    given = ["--" + {"prompts": "prompt"}.get(k, k).replace("_", "-") for k in MODEL_ONLY
+             if getattr(args, k) is not None and not (k == "dtype" and args.dtype in ("auto", "float32"))]
     if given:
         raise ValueError(f"{needs_model(given)} (a checkpoint folder, docs/models.md); "
                          f"the built-in model takes --class")
@@ -142,7 +142,7 @@ def _read_prompts(args) -> list[str]:
 def model_job(args):
     """The run plan of a checkpoint (``--model``) and its batch size."""
     from csdgen.engine.window import AUTO_MAX_WINDOW
-    from csdgen.models.auto import default_device, default_dtype, load_model
+    from csdgen.models.auto import default_device, load_model
     from csdgen.runs import RunPlan, slug
 
     if args.classes:
@@ -153,7 +153,7 @@ def model_job(args):
     conditions = [prompts[i % len(prompts)] for i in range(args.num_images or len(prompts))]
     batch_size = min(args.batch_size, len(conditions))
     device = args.device or default_device()
-    dtype = args.dtype or str(default_dtype(device)).removeprefix("torch.")
+    dtype = choose_dtype(args, family, device)
     model = load_model(args.model, dtype=dtype, device=device, layout=args.layout, height=args.height,
                        width=args.width, image_size=args.image_size, batch_size=batch_size,
                        window=AUTO_MAX_WINDOW if args.window == "auto" else args.window, guided=sampling.guided,
@@ -194,6 +194,7 @@ def run(args) -> int:
     with ExitStack() as stack:
         def start(todo: int) -> None:  # the folder's record is checked: errors so far came before any bar
             if todo:
+                print_run_line(args)  # the run's first line: model, device, dtype and why
                 compile_note(args, plan.model.device)
             state["bar"] = stack.enter_context(tqdm(total=todo * N, unit="tok", desc=f"{args.method} W={args.window}",
                                                     leave=False, disable=None))

@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from . import _options as opt
+from ._common import choose_dtype
 
 BATCHING = ("continuous", "static")
 
@@ -57,8 +58,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--partial-every", type=opt.count(), default=8, metavar="F",
                    help="streamed requests without partial_images: a partial image every F forwards (default 8)")
     p.add_argument("--device", choices=opt.DEVICES, default=None, help="default cpu; with --model cuda when available")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                   help="--model only: default bfloat16 on cuda, float32 on cpu")
+    opt.add_dtype(p)
     p.add_argument("--layout", choices=["lumina", "anole"], default=None, help="--model Chameleon checkpoints")
     p.add_argument("--height", type=opt.count(), default=None, help="--model: image height in pixels")
     p.add_argument("--width", type=opt.count(), default=None, help="--model: image width in pixels")
@@ -85,7 +85,8 @@ def _load(args):
     budget = None if args.max_memory is None else int(args.max_memory * 2**30)
     if args.model is None:
         given = [f"--{k.replace('_', '-')}" for k in ("dtype", "layout", "height", "width", "image_size", "vqgan",
-                                                      "prompt_template") if getattr(args, k) is not None]
+                                                      "prompt_template") if getattr(args, k) is not None
+                 and not (k == "dtype" and args.dtype in ("auto", "float32"))]  # the built-in model's float32
         if given:
             from ._common import needs_model
 
@@ -97,6 +98,7 @@ def _load(args):
         device = args.device or "cpu"
         if device == "cuda" and not torch.cuda.is_available():
             raise ValueError("--device cuda: no CUDA device is visible here; use --device cpu")
+        choose_dtype(args, "builtin", device)
         model = load_builtin_model(args.weights)
         if torch.device(device) != torch.device(model.device):
             for module in (model.components.ar, model.components.vq, model.components.classifier):
@@ -112,14 +114,14 @@ def _load(args):
     from pathlib import Path
 
     from ._common import require_decoder
-    from csdgen.models.auto import (default_device, default_dtype, estimate_memory, family_of, load_model, read_config,
+    from csdgen.models.auto import (default_device, estimate_memory, family_of, load_model, read_config,
                                     resolve_checkpoint)
 
     folder = resolve_checkpoint(args.model)
     read_config(folder)
     family = family_of(folder, args.layout, args.model)
     device = args.device or default_device()
-    dtype = args.dtype or str(default_dtype(device)).removeprefix("torch.")
+    dtype = choose_dtype(args, family, device)
     model = load_model(args.model, dtype=dtype, device=device, layout=args.layout, height=args.height, width=args.width,
                        image_size=args.image_size, batch_size=1, window=AUTO_MAX_WINDOW, guided=True,
                        prompt_template=args.prompt_template, vqgan=args.vqgan, max_memory_bytes=budget)
@@ -174,10 +176,11 @@ def run(args) -> int:
     from csdgen.serve.app import bind_socket
     from csdgen.serve.schemas import APIError, parse_request
 
-    from ._common import note
+    from ._common import note, print_run_line
 
     sock = bind_socket(args.host, args.port)  # a taken port fails before the model loads
     model, name, aliases, limit = _load(args)
+    print_run_line(args, file=sys.stdout)  # the first line: model, device, dtype and why
     if limit < 1:
         raise ValueError(f"not even one image fits in the memory allowed ({args.max_memory} GiB with --max-memory, "
                          f"or what {model.device.type} has free); raise --max-memory or use another device")

@@ -18,7 +18,7 @@ import argparse
 from csdgen.evaluation.sweep import BASELINES, SweepGrid
 
 from . import _options as opt
-from ._common import builtin_model, sampling_of, writable
+from ._common import builtin_model, print_run_line, sampling_of, writable
 
 _GRIDS = (("csd_lam", float, "CSD lambda values"), ("csd_delta", float, "CSD delta values (one curve each)"),
           ("addition_c", float, "Addition c values"), ("gsd_radius", int, "GSD radii"),
@@ -155,6 +155,7 @@ def run(args) -> int:
     scorer = QualityScorer(model)
     rows = []
     jobs = [MethodJob(p.name, {**p.preset, **opt.engine_kwargs(args)}, args.seed, min(p.window, model.num_image_tokens)) for p in points]
+    print_run_line(args)  # the run's first line: model, device, dtype and why
     with folder_lock(out, "csdgen sweep"), \
             tqdm(total=len(points) * len(classes), unit="img", desc="sweep", disable=None) as bar:
         runs = run_methods(model, jobs, classes, batch_size=args.batch_size, sampling=sampling, out_dir=out,

@@ -64,6 +64,9 @@ __all__ = [
     "check_memory",
     "default_device",
     "default_dtype",
+    "resolve_dtype",
+    "DTYPE_CHOICES",
+    "FAMILY_GPU_DTYPES",
     "load_model",
     "family_defaults_table",
 ]
@@ -209,19 +212,66 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def default_dtype(device: str | torch.device) -> torch.dtype:
-    """bfloat16 on CUDA (the released checkpoints' dtype), float32 on CPU."""
-    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+#: what ``dtype`` / ``--dtype`` accepts: a name of ``DTYPES``, or ``auto`` (= None: :func:`resolve_dtype`'s default)
+DTYPE_CHOICES = ("auto", *_DTYPES)
+
+#: the dtype each family's reference code runs on a GPU (the released weights' dtype, what the authors'
+#: inference scripts load: Janus-Pro, Emu3, Lumina-mGPT 1.0 and 2.0, Anole / Chameleon, GLM-Image and
+#: Liquid all bfloat16); the built-in model was trained and is measured in float32. On a CPU every
+#: model runs float32 (:func:`resolve_dtype`).
+FAMILY_GPU_DTYPES = {"janus": torch.bfloat16, "emu3": torch.bfloat16, "lumina-mgpt": torch.bfloat16,
+                     "anole": torch.bfloat16, "lumina-mgpt-2": torch.bfloat16, "glm-image": torch.bfloat16,
+                     "liquid": torch.bfloat16, "builtin": torch.float32}
 
 
-def _dtype(dtype: torch.dtype | str | None, device: str | torch.device) -> torch.dtype:
-    if dtype is None:
-        return default_dtype(device)
+def default_dtype(device: str | torch.device, family: str | None = None) -> torch.dtype:
+    """The dtype a model runs in when none is given: :func:`resolve_dtype`'s, without the reason.
+
+    Args:
+        device: where it runs. family: a key of :data:`FAMILY_GPU_DTYPES` (None: a released checkpoint's,
+            bfloat16 on CUDA).
+    """
+    return resolve_dtype(None, device, family)[0]
+
+
+def resolve_dtype(dtype: torch.dtype | str | None, device: str | torch.device,
+                  family: str | None = None) -> tuple[torch.dtype, str]:
+    """The dtype a model runs in, and why, in words for a run's first line.
+
+    Given (a name of :data:`DTYPE_CHOICES` other than ``auto``, or a torch dtype of them): that one,
+    ``"as given"``. Else (None or ``"auto"``): on CUDA the family's :data:`FAMILY_GPU_DTYPES` entry
+    (``"the family's default on cuda"``; the built-in model: float32, ``"the built-in model's
+    dtype"``); on any other device float32 (``"the default on cpu"``).
+
+    Args:
+        dtype: ``"auto"``, ``"float32"``, ``"bfloat16"``, ``"float16"``, a torch dtype of these, or None.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ... or a torch.device.
+        family: a key of :data:`FAMILY_GPU_DTYPES`; None: a released checkpoint (bfloat16 on CUDA).
+
+    Returns:
+        ``(torch dtype, reason)``, e.g. ``(torch.bfloat16, "the family's default on cuda")``.
+
+    Raises:
+        ValueError: a dtype or family not allowed (one line naming the value and the allowed ones).
+    """
+    if family is not None and family not in FAMILY_GPU_DTYPES:
+        raise ValueError(f"family={family!r}: allowed {', '.join(FAMILY_GPU_DTYPES)}")
     if isinstance(dtype, str) and dtype in _DTYPES:
-        return _DTYPES[dtype]
-    if dtype in _DTYPES.values():
-        return dtype
-    raise ValueError(f"dtype={dtype!r}: allowed {', '.join(_DTYPES)}")
+        return _DTYPES[dtype], "as given"
+    if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
+        return dtype, "as given"
+    if dtype is not None and dtype != "auto":
+        raise ValueError(f"dtype={dtype!r}: allowed {', '.join(DTYPE_CHOICES)}")
+    kind = torch.device(device).type
+    if family == "builtin":
+        return torch.float32, "the built-in model's dtype"
+    if kind == "cuda":
+        return FAMILY_GPU_DTYPES[family or "janus"], "the family's default on cuda"
+    return torch.float32, f"the default on {kind}"
+
+
+def _dtype(dtype: torch.dtype | str | None, device: str | torch.device, family: str | None = None) -> torch.dtype:
+    return resolve_dtype(dtype, device, family)[0]
 
 
 def available_memory(device: str | torch.device) -> int:
@@ -386,7 +436,7 @@ def check_memory(path: str | os.PathLike, family: str, batch_size: int, window: 
             the available and usable memory, and the largest batch size that fits.
     """
     device = device or default_device()
-    dtype = _dtype(dtype, device)
+    dtype = _dtype(dtype, device, family if family in FAMILY_GPU_DTYPES else None)
     estimate = estimate_memory(path, family, window, dtype, height=height, width=width, image_size=image_size,
                                guided=guided, prompt_length=prompt_length, vqgan_dir=vqgan_dir)
     need = estimate.bytes(batch_size)
@@ -422,7 +472,8 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
             ``Emu3ForConditionalGeneration``, ``ChameleonForConditionalGeneration``), which goes to
             :func:`csdgen.models.loaded.from_model` with ``processor`` and the prompt and size
             options (no memory check: it is loaded; ``dtype`` / ``device`` do not apply).
-        dtype: float32 / bfloat16 / float16 (default :func:`default_dtype` of the device).
+        dtype: float32 / bfloat16 / float16, or None / ``"auto"``: the family's default on the device
+            (:func:`resolve_dtype`: bfloat16 on CUDA, float32 on CPU).
         device: default :func:`default_device`.
         layout: Chameleon only, ``"lumina"`` or ``"anole"`` (default :func:`guess_layout`).
         height, width / image_size: output size in pixels (default: the family's; Lumina-mGPT:
@@ -454,7 +505,7 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
     if not isinstance(path_or_id, (str, os.PathLike)):
         from .loaded import from_model
 
-        given = [name for name, value in (("dtype", dtype), ("device", device), ("max_memory_bytes", max_memory_bytes))
+        given = [name for name, value in (("dtype", None if dtype == "auto" else dtype), ("device", device), ("max_memory_bytes", max_memory_bytes))
                  if value is not None]
         if given:
             raise ValueError(f"{', '.join(given)}: apply when loading from a folder; an in-memory model is used as it is "
@@ -482,7 +533,7 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
         vqgan_dir = Path(vqgan).parent if Path(vqgan).is_file() else Path(vqgan)
     family = family_of(folder, layout, str(path_or_id))
     device = device or default_device()
-    dtype = _dtype(dtype, device)
+    dtype = _dtype(dtype, device, family)
     check_checkpoint(model_folder(folder), "Lumina-mGPT 2.0" if family == "lumina-mgpt-2"
                      else _CHECK_NAMES.get(model_type, model_type.capitalize()))
     if vqgan is not None and family == "lumina-mgpt-2":  # the folder of movqgan_270M.ckpt

@@ -1,0 +1,105 @@
+"""What holds across engines and batch sizes on the built-in model: identical images, equal tokens, logit gaps.
+
+Not a test. From the project root (one torch thread unless --threads):
+
+    python benchmarks/engine_agreement.py                         # CSD, window 16, seeds 0-3, 4 class sets of 8
+    python benchmarks/engine_agreement.py --dtype bfloat16 --seeds 0,1
+
+Per seed and class set (the classes of ``ClassNames.spread`` from offsets 0, 8, 16, ... and the
+set [0, 1, 955, 1910] padded with the next spread classes), three runs of ``csdgen.generate``
+with ``image_indices`` 0..7: eager engine at batch 8, static engine at batch 8, and the static
+engine at batch 1 (each image alone, its own image index). It prints one line per comparison
+(eager vs static at batch 8; static batch 1 vs batch 8): images identical, tokens equal, and the
+largest teacher-forced logit difference (:func:`csdgen.evaluation.agreement.teacher_forced_logits`:
+the batch-8 eager run's tokens fed to both sides, window 16, conditional and unconditional rows),
+then the totals and the step compression of each run kind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+import csdgen  # noqa: E402
+from csdgen.evaluation.agreement import teacher_forced_logits, token_agreement  # noqa: E402
+from csdgen.models.builtin import load_builtin_model  # noqa: E402
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", default="0,1,2,3")
+    p.add_argument("--sets", type=int, default=4, help="class sets from the spread order (default 4; plus the fixed set)")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--method", default="csd")
+    p.add_argument("--window", type=int, default=16)
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float64"], default="float32")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    model = load_builtin_model()
+    dtype = getattr(torch, args.dtype)
+    if dtype != torch.float32:
+        import copy
+
+        model = copy.copy(model)
+        model.backbone = copy.deepcopy(model.backbone).to(dtype)
+    B = args.batch
+    spread = model.classes.spread(B * (args.sets + 1))
+    sets = [spread[i * B:(i + 1) * B] for i in range(args.sets)]
+    fixed = [0, 1, 955, 1910]
+    sets.append(fixed + [c for c in spread if c not in fixed][: B - len(fixed)])
+    guided = model.defaults.guidance_scale != 1.0
+    totals = {"eager-static": [0, 0, 0.0, 0], "b1-b8": [0, 0, 0.0, 0]}
+    compression = {"eager b8": [], "static b8": [], "static b1": []}
+    began = time.perf_counter()
+    print(f"built-in model, {args.dtype}, {args.method} window {args.window}, batch {B}, {args.threads} torch thread(s), "
+          f"torch {torch.__version__}")
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        for classes in sets:
+            kwargs = dict(method=args.method, window=args.window, seed=seed)
+            eager = csdgen.generate(model, classes, engine="eager", image_indices=list(range(B)), **kwargs)
+            static = csdgen.generate(model, classes, engine="static", image_indices=list(range(B)), **kwargs)
+            alone = [csdgen.generate(model, [c], engine="static", image_indices=[i], **kwargs) for i, c in enumerate(classes)]
+            alone_tokens = torch.cat([a.tokens for a in alone])
+            compression["eager b8"].append(eager.step_compression)
+            compression["static b8"].append(static.step_compression)
+            compression["static b1"].append(sum(a.step_compression for a in alone) / B)
+            fed = eager.tokens
+            ref = teacher_forced_logits(model, classes, fed, guided=guided, engine="eager", window=args.window)
+            stat = teacher_forced_logits(model, classes, fed, guided=guided, engine="static", window=args.window)
+            single = [teacher_forced_logits(model, [c], fed[i:i + 1], guided=guided, engine="static", window=args.window)
+                      for i, c in enumerate(classes)]
+
+            def gap(a, b):
+                return max(float((x.float() - y.float()).abs().max()) for x, y in zip(a, b) if x is not None)
+
+            gaps = {"eager-static": gap(ref, stat),
+                    "b1-b8": max(gap(stat, (torch.cat([s[0] for s in single]),
+                                            None if not guided else torch.cat([s[1] for s in single]))), 0.0)}
+            for name, (a, b) in {"eager-static": (eager.tokens, static.tokens), "b1-b8": (alone_tokens, static.tokens)}.items():
+                images, tokens = token_agreement(a, b)
+                t = totals[name]
+                t[0] += round(images * B)
+                t[1] += B
+                t[2] = max(t[2], gaps[name])
+                t[3] += round(tokens * a.numel())
+                print(f"seed {seed} classes {classes}: {name}: {round(images * B)}/{B} images identical, "
+                      f"{100 * tokens:.1f} % tokens equal, max logit gap {gaps[name]:.2e}", flush=True)
+    N = model.num_image_tokens
+    for name, (same, count, worst, equal) in totals.items():
+        print(f"TOTAL {name}: {same}/{count} images identical ({100 * same / count:.1f} %), "
+              f"{100 * equal / (count * N):.1f} % tokens equal, max teacher-forced logit gap {worst:.2e}")
+    for name, values in compression.items():
+        print(f"step compression {name}: mean {sum(values) / len(values):.2f}x (range {min(values):.2f}-{max(values):.2f})")
+    print(f"{time.perf_counter() - began:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
