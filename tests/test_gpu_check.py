@@ -147,3 +147,16 @@ print(csdgen.generate(model, [0, 1], method="csd", window=2, seed=0).tokens.shap
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip() == "torch.Size([2, 4])"
+
+
+def test_bench_gpu_reduced_run_prints_the_forward_times_the_floor_and_a_method_row(tmp_path):
+    out = tmp_path / "gpu.json"
+    run = subprocess.run([sys.executable, "benchmarks/bench_gpu.py", "--device", "cpu", "--model", "random", "--batches", "1",
+                          "--repeats", "1", "--engines", "static-eager", "--methods", "csd", "--json", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600, env=ENV)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "bandwidth floor of one forward: " in run.stdout
+    assert "t(1) = " in run.stdout and "t(64) = " in run.stdout and "t(8)" not in run.stdout
+    assert any(line.split()[:2] == ["CSD", "32"] for line in run.stdout.splitlines()), run.stdout
+    record = json.loads(out.read_text())
+    assert record["floor_seconds"] > 0 and list(record["batches"]["1"]) == ["static-eager"]
