@@ -222,15 +222,15 @@ def janus7b_sized(device: torch.device, dtype: torch.dtype = torch.bfloat16):
 
 def streamed_weight_bytes(model) -> int:
     """Bytes of weights one decode forward reads: every parameter but the input embedding (a
-    gather of a few rows), the output layer's codebook rows only (``code_logits``)."""
+    gather of a few rows), of the output layer only its codebook rows (``code_logits``)."""
     backbone = model.backbone
-    total = sum(p.numel() * p.element_size() for p in backbone.parameters())
-    embed = backbone.get_input_embeddings().weight
-    head = backbone.lm_head.weight
+    total = sum(p.numel() * p.element_size() for p in backbone.parameters())  # a tied weight once
+    embed, head = backbone.get_input_embeddings().weight, backbone.lm_head.weight
+    codebook_rows = model.codebook_size * head.shape[1] * head.element_size()
     total -= embed.numel() * embed.element_size()
-    if head.data_ptr() != embed.data_ptr():
-        total -= (head.shape[0] - model.codebook_size) * head.shape[1] * head.element_size()
-    return total
+    if head is embed:  # tied: the head's codebook rows are read
+        return total + codebook_rows
+    return total - head.numel() * head.element_size() + codebook_rows
 
 
 def copy_bandwidth(device: torch.device, nbytes: int, repeats: int = 5) -> float:

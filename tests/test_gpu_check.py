@@ -160,3 +160,16 @@ def test_bench_gpu_reduced_run_prints_the_forward_times_the_floor_and_a_method_r
     assert any(line.split()[:2] == ["CSD", "32"] for line in run.stdout.splitlines()), run.stdout
     record = json.loads(out.read_text())
     assert record["floor_seconds"] > 0 and list(record["batches"]["1"]) == ["static-eager"]
+
+
+def test_the_floor_counts_the_weights_a_decode_forward_reads():
+    """Not the input embedding (a gather), of the output layer only the codebook rows, a tied weight once."""
+    from csdgen.models import ClassConditionalLlama
+
+    g = _gpu_check()
+    model = ClassConditionalLlama.random(codebook_size=32, num_classes=4, grid=(4, 4), hidden_size=16, num_layers=1)
+    backbone = model.backbone
+    layers = sum(p.numel() for p in backbone.model.layers.parameters()) + backbone.model.norm.weight.numel()
+    assert g.streamed_weight_bytes(model) == 4 * (layers + 32 * 16)
+    backbone.lm_head.weight = backbone.model.embed_tokens.weight  # tied
+    assert g.streamed_weight_bytes(model) == 4 * (layers + 32 * 16)
