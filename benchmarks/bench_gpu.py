@@ -2,11 +2,17 @@
 
 Not a test. On a machine with a CUDA GPU, from the project root:
 
-    python benchmarks/bench_gpu.py                                        # built-in model, batches 1, 16, 64
-    python benchmarks/bench_gpu.py --model janus7b --batches 1,16         # Janus-Pro-7B-sized random Llama, bf16
-    python benchmarks/bench_gpu.py --batches 1,16 --repeats 5 --json gpu.json
-    python benchmarks/bench_gpu.py --device cpu --model random --batches 1 --repeats 1 --engines eager,static-eager
-                                                                          # smoke test without a GPU
+    python benchmarks/bench_gpu.py                                        # built-in model, batches 1, 16
+    python benchmarks/bench_gpu.py --model janus7b --batches 1            # Janus-Pro-7B-sized random Llama, bf16
+    python benchmarks/bench_gpu.py --batches 1,16,64 --repeats 5 --json gpu.json
+    python benchmarks/bench_gpu.py --device cpu --model random --batches 1 --repeats 1 --engines static-eager \
+        --methods csd                                                     # smoke test without a GPU
+
+``benchmarks/gpu_check.py`` is the one command a short GPU loan runs (correctness, syncs,
+compiles, memory, the goal figures, within 8 minutes); this benchmark is the longer latency table
+behind its ``forward`` and ``speedup`` lines, for more batch sizes, methods and repeats. Its
+defaults (built-in model, batches 1 and 16, 3 repeats) take a few minutes on a GPU; the
+``janus7b`` model compiles each of its shapes (30 layers) on first use, which takes minutes more.
 
 Without CUDA it refuses (exit status 2, one line) unless ``--device cpu`` is given.
 
@@ -20,14 +26,16 @@ Engines (``--engines``, comma-separated):
   buffers it writes are the session's own);
 * ``static-eager``: ``generate(engine="static", compile=False)``.
 
-Models (``--model``): ``builtin`` (the shipped weights), ``random`` (a random Llama, 6 layers,
-hidden 256), ``janus7b`` (a random Llama with the language model of Janus-Pro-7B: 30 layers,
-hidden 4096, MLP 11008, 32 heads, a 16384-entry image codebook, 24 x 24 = 576 image tokens;
-bf16 by default; not the Janus adapter, whose vision encoder and prompt rows change nothing
-in a decode step).
+Models (``--model``): ``builtin`` (the shipped weights), ``random`` (a random Llama, 8 layers,
+hidden 256), ``janus7b`` (a random Llama with the language model of Janus-Pro-7B:
+:func:`gpu_check.janus7b_sized`, 30 layers, hidden 4096, MLP 11008, 32 heads, a 102400-entry
+vocabulary of which 16384 image codes, 24 x 24 = 576 image tokens; bf16 by default; not the
+Janus adapter, whose vision encoder and prompt rows change nothing in a decode step).
 
-Per batch size and engine it prints the forward time ``t(W)`` for W = 1, 8, 32, 64, then per
-method (AR, SJD and CSD at ``--window``, CSD at ``window="auto"``): latency per batch (median of
+Per batch size and engine it prints the forward time ``t(W)`` for W = 1, 16, 32, 64 (half the
+image cached, filled in windows of 64 so that no wider shape is compiled) and the bandwidth
+floor (:func:`gpu_check.streamed_weight_bytes` over the measured copy bandwidth), then per
+method (``--methods``: AR, SJD and CSD at ``--window``, CSD at ``window="auto"``): latency per batch (median of
 ``--repeats`` runs after one warm-up run, which also compiles and captures; device
 synchronised: ``GenerationResult.seconds``), ms per image, ms per step (latency / steps),
 step compression, speed-up over AR of the same engine and over eager AR, the ratio speed-up /
@@ -47,6 +55,7 @@ import time
 
 import torch
 
+import gpu_check  # benchmarks/, beside this file (its path puts csdgen's checkout first)
 import csdgen
 from csdgen.models._static import open_engine
 from csdgen.sampling import SamplingConfig
@@ -69,22 +78,7 @@ def load(kind: str, device: str, dtype: str):
                                                    num_layers=8, num_heads=8), "random Llama (8 layers, hidden 256, V 1024)"
         model.backbone.to(device=device, dtype=dtype)
     else:  # built on the device in its dtype: no 28 GB float32 copy on the host
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        from csdgen.models import ClassConditionalLlama
-
-        V, classes, grid = 16384, 20, (24, 24)
-        cfg = LlamaConfig(vocab_size=V + classes + 1, hidden_size=4096, intermediate_size=11008, num_hidden_layers=30,
-                          num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096)
-        torch.manual_seed(0)
-        previous = torch.get_default_dtype()
-        torch.set_default_dtype(dtype)
-        try:
-            with torch.device(device):
-                backbone = LlamaForCausalLM(cfg).eval()
-        finally:
-            torch.set_default_dtype(previous)
-        model, name = ClassConditionalLlama(backbone, V, classes, grid), "random Llama, Janus-Pro-7B language-model size"
+        model, name = gpu_check.janus7b_sized(torch.device(device), dtype), "random Llama, Janus-Pro-7B language-model size"
     model.device = torch.device(device)
     return model, name
 
@@ -100,19 +94,13 @@ def forward_time(model, batch: int, width: int, guided: bool, engine: dict, repe
     session = open_engine(session, engine["engine"], engine.get("compile"))
     session.prefill()
     half = model.num_image_tokens // 2
-    tokens = torch.randint(model.codebook_size, (batch, model.num_image_tokens), device=model.device)
-    session.forward(tokens[:, :half], torch.zeros(batch, dtype=torch.long))
-    width = min(width, model.num_image_tokens - 1 - half)
-    samples = []
-    for k in range(repeats + 2):
-        sync(model.device)
-        began = time.perf_counter()
-        session.forward(tokens[:, half : half + width], torch.full((batch,), half))
-        sync(model.device)
-        if k >= 2:
-            samples.append(time.perf_counter() - began)
-        session.rollback(torch.full((batch,), half))
-    return statistics.median(samples)
+    tokens = torch.randint(model.codebook_size, (batch, half), device=model.device)
+    gpu_check.fill(session, tokens)
+    return gpu_check.time_forward(model, session, half, min(width, model.num_image_tokens - 1 - half), repeats)
+
+
+METHODS = {"ar": ("AR", "ar", None), "sjd": ("SJD", "sjd", None), "csd": ("CSD", "csd", None),
+           "csd-auto": ("CSD", "csd", "auto")}
 
 
 def main(argv=None) -> int:
@@ -122,7 +110,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                         help="default bfloat16 for janus7b, else float32")
     parser.add_argument("--engines", default="eager,static", help=f"comma-separated, of {','.join(ENGINES)}")
-    parser.add_argument("--batches", default="1,16,64")
+    parser.add_argument("--batches", default="1,16")
+    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {','.join(METHODS)}")
     parser.add_argument("--window", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--guidance-scale", type=float, default=3.0)
@@ -132,6 +121,10 @@ def main(argv=None) -> int:
     bad = [e for e in engines if e not in ENGINES]
     if bad:
         parser.error(f"--engines {bad[0]!r}: allowed {', '.join(ENGINES)}")
+    methods = args.methods.split(",")
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        parser.error(f"--methods {bad[0]!r}: allowed {', '.join(METHODS)}")
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         print(f"bench_gpu: --device {args.device}: CUDA is not available on this machine (torch {torch.__version__}); "
               "run it where a GPU is, or give --device cpu for a smoke test", file=sys.stderr)
@@ -144,15 +137,20 @@ def main(argv=None) -> int:
     print(f"model {name}, {dtype}, on {args.device} ({device_name}), torch {torch.__version__}; "
           f"N={model.num_image_tokens}, guidance {args.guidance_scale}; latency = median of {args.repeats} runs after a "
           f"warm-up run (compiles and captures), device synchronised")
-    runs = [("AR", "ar", 1), ("SJD", "sjd", args.window), ("CSD", "csd", args.window), ("CSD", "csd", "auto")]
-    record = {"model": name, "device": device_name, "dtype": dtype, "window": args.window, "batches": {}}
+    runs = [(label, method, 1 if method == "ar" else window or args.window) for label, method, window in
+            (METHODS[m] for m in methods)]
+    floor = gpu_check.streamed_weight_bytes(model) / gpu_check.copy_bandwidth(
+        torch.device(args.device), (2 << 30) if cuda else (64 << 20))
+    print(f"bandwidth floor of one forward: {floor * 1e3:.2f} ms (weights streamed / device copy bandwidth)")
+    record = {"model": name, "device": device_name, "dtype": dtype, "window": args.window, "floor_seconds": floor,
+              "batches": {}}
     for batch in [int(b) for b in args.batches.split(",")]:
         classes = [i % model.num_classes for i in range(batch)]
         record["batches"][batch] = {}
         eager_ar = None
         for engine in engines:
             kwargs = ENGINES[engine]
-            times = {w: forward_time(model, batch, w, sampling.guided, kwargs) for w in (1, 8, 32, 64)}
+            times = {w: forward_time(model, batch, w, sampling.guided, kwargs) for w in (1, 16, 32, 64)}
             print(f"\nbatch {batch}, engine {engine}: " + ", ".join(f"t({w}) = {t * 1e3:.2f} ms" for w, t in times.items()))
             print(f"{'method':6} {'window':>6} {'latency s':>10} {'ms/image':>9} {'ms/step':>8} {'step compr.':>11} "
                   f"{'speed-up':>9} {'vs eager AR':>11} {'s-up/compr.':>11} compile s")

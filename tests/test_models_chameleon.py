@@ -603,6 +603,8 @@ def test_chameleon_metaspace_tokenizer_check(tmp_path, monkeypatch):
     assert Tokenizer.from_file(os.path.join(folder, "tokenizer.json")).encode("a red cat").ids == expected
     prompts = ChameleonPrompts.from_folder(folder, layout="anole", prompt_template="{prompt}")  # AutoTokenizer 5.24: fine
     assert prompts.prompt_ids(["a red cat"]) == [expected]
+    if not hasattr(TokenizersBackend, "_tokenizer_json_has_byte_level"):  # 5.16 has none (and loads it right, above)
+        pytest.skip("this transformers has no ByteLevel routing to switch off: the refusal cannot be provoked")
     monkeypatch.setattr(TokenizersBackend, "_tokenizer_json_has_byte_level", classmethod(lambda cls, *a, **k: False))
     for attempt in (lambda: ChameleonPrompts.from_folder(folder, layout="anole"),
                     lambda: ChameleonImageModel.from_pretrained(folder, layout="anole")):

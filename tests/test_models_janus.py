@@ -11,11 +11,14 @@ import json
 
 import pytest
 import torch
+import transformers
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import (
-    GenerationConfig, JanusConfig, JanusForConditionalGeneration, JanusImageProcessorPil, JanusProcessor,
-    PreTrainedTokenizerFast,
-)
+from transformers import GenerationConfig, JanusConfig, JanusForConditionalGeneration, JanusProcessor, PreTrainedTokenizerFast
+
+try:  # the PIL image processor's name since transformers 5.x; before, JanusImageProcessor was that one
+    from transformers import JanusImageProcessorPil
+except ImportError:
+    from transformers import JanusImageProcessor as JanusImageProcessorPil
 
 import csdgen
 from csdgen import SamplingConfig
@@ -103,7 +106,12 @@ def reference_inputs(janus, prompts):
 def test_ar_equals_transformers_generate_image_mode(janus, ar_tokens, scale):
     inputs = reference_inputs(janus, PROMPTS)
     assert inputs["attention_mask"].min() == 0  # the batch is left-padded
-    reference = janus.model.generate(**inputs, generation_mode="image", do_sample=False, guidance_scale=scale)
+    try:
+        reference = janus.model.generate(**inputs, generation_mode="image", do_sample=False, guidance_scale=scale)
+    except TypeError as error:  # transformers 5.16 and 5.17: _prepare_static_cache() missing an argument
+        if "_prepare_static_cache" not in str(error):
+            raise
+        pytest.skip(f"transformers {transformers.__version__}'s own Janus image generation fails ({error}): no reference")
     ours = ar_tokens[2] if scale == 3.0 else csdgen.generate(
         janus, PROMPTS, method="ar", sampling=SamplingConfig(temperature=0, guidance_scale=scale)).tokens
     assert reference.shape == ours.shape == (2, GRID * GRID)

@@ -72,3 +72,23 @@ def test_refusals_are_one_line_naming_the_value_and_what_is_allowed(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match="holds no weights"):
         check_checkpoint(tmp_path, "Emu3")
+
+
+def test_the_cache_goes_under_the_keyword_the_installed_transformers_forward_takes():
+    """transformers 5.24 renamed ``past_key_values`` to ``cache``; a name the forward does not take lands in
+    its ``**kwargs`` unseen and the model silently runs without the KV cache (wrong logits, no error)."""
+    import inspect
+
+    from transformers import LlamaModel
+
+    from csdgen.models._transformers import cache_kwargs
+
+    (keyword,) = cache_kwargs(None)
+    assert keyword in inspect.signature(LlamaModel.forward).parameters
+    from csdgen.models import ClassConditionalLlama
+
+    model = ClassConditionalLlama.random(codebook_size=16, num_classes=2, grid=(2, 2))
+    session = model.start([0], None, False)
+    session.prefill()
+    session.forward(torch.tensor([[3, 5]]), 0)
+    assert session.kv.cache.get_seq_length() == 3  # the prompt and the two image tokens were cached

@@ -319,6 +319,8 @@ def sample_ar(model, class_ids: torch.Tensor, null_id: int, guidance: float = 3.
     """
     from transformers import DynamicCache
 
+    from ..models._transformers import cache_kwargs
+
     gen = torch.Generator().manual_seed(seed)
     b = class_ids.shape[0]
     tokens = torch.cat([class_ids, torch.full_like(class_ids, null_id)])[:, None]
@@ -326,7 +328,7 @@ def sample_ar(model, class_ids: torch.Tensor, null_id: int, guidance: float = 3.
     out = []
     for pos in range(n_tokens):
         position_ids = torch.full((2 * b, tokens.shape[1]), pos, dtype=torch.long)
-        logits = model(input_ids=tokens, cache=cache, position_ids=position_ids,
+        logits = model(input_ids=tokens, **cache_kwargs(cache), position_ids=position_ids,
                        use_cache=True).logits[:, -1, :CODEBOOK_SIZE].float()
         cond, uncond = logits[:b], logits[b:]
         guided = (uncond + guidance * (cond - uncond)) / temperature

@@ -16,15 +16,19 @@ One place each for:
   sequence positions, and the window with the end-of-line tokens inserted);
 * memory: :class:`MemoryEstimate` (bytes, linear in the batch size, with :data:`HEADROOM`) and
   :func:`estimate_memory`;
-* sessions: the per-row session over a ``DynamicCache`` is :class:`csdgen.models._ragged.RaggedSession`.
+* sessions: the per-row session over a ``DynamicCache`` is :class:`csdgen.models._ragged.RaggedSession`;
+  :func:`cache_kwargs`, the keyword a model's forward takes that cache by in the installed
+  transformers.
 
-Only torch is imported here (no transformers model code).
+Only torch is imported here (no transformers model code; :func:`cache_kwargs` reads transformers'
+version).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -32,6 +36,7 @@ import torch
 
 
 __all__ = [
+    "cache_kwargs",
     "DTYPES",
     "WEIGHT_FILES",
     "TOKENIZER_FILES",
@@ -67,6 +72,24 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 #: fraction of the available memory the memory check keeps free: activations of one forward
 #: (not in the estimate), the CUDA context and allocator fragmentation
 HEADROOM = 0.10
+
+
+@lru_cache(maxsize=1)
+def _cache_keyword() -> str:
+    import re
+
+    import transformers
+
+    major, minor = (int(x) for x in re.match(r"(\d+)\.(\d+)", transformers.__version__).groups())
+    return "cache" if (major, minor) >= (5, 24) else "past_key_values"
+
+
+def cache_kwargs(cache: Any) -> dict[str, Any]:
+    """``{keyword: cache}`` for a transformers model's forward: ``cache`` since transformers 5.24,
+    ``past_key_values`` before it (5.24 renamed it and accepts the old name with a deprecation
+    warning). A name the forward does not know goes into its ``**kwargs`` unseen and the model
+    runs without the cache, so every adapter passes its cache through this."""
+    return {_cache_keyword(): cache}
 
 
 def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:

@@ -48,6 +48,7 @@ import torch
 from transformers import DynamicCache, Emu3Config, Emu3ForConditionalGeneration
 
 from ._transformers import (
+    cache_kwargs,
     MemoryEstimate, PaddedRows, check_checkpoint, check_sequence_length, check_token_ids,
     estimate_memory, format_prompt, load_tokenizer, meta_parameter_count, parameter_count, resolve_dtype, token_id,
 )
@@ -488,6 +489,6 @@ class _Emu3Session(RaggedSession):
     def _logits(self, ids, attention_mask, position_ids, out, prefill):
         with torch.no_grad():
             hidden = self.model.model.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
-                                            cache=self.kv.cache, use_cache=True).last_hidden_state
+                                            **cache_kwargs(self.kv.cache), use_cache=True).last_hidden_state
             hidden = hidden.gather(1, out[..., None].expand(-1, -1, hidden.shape[-1]))
             return self.model.visual_logits(hidden)

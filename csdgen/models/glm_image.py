@@ -60,6 +60,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache, GlmImageConfig, GlmImageForConditionalGeneration
 
 from ._transformers import (
+    cache_kwargs,
     TOKENIZER_FILES, MemoryEstimate, PaddedRows, check_checkpoint, check_sequence_length, check_token_ids,
     encode_each_once, estimate_memory, format_prompt, meta_parameter_count, parameter_count, resolve_dtype, token_id,
 )
@@ -601,6 +602,6 @@ class _GlmImageSession(RaggedSession):
         with torch.no_grad():
             hidden = self.model.backbone.model.language_model(
                 input_ids=ids, attention_mask=attention_mask, position_ids=self.mrope_positions(position_ids),
-                cache=self.kv.cache, use_cache=True).last_hidden_state
+                **cache_kwargs(self.kv.cache), use_cache=True).last_hidden_state
             hidden = hidden.gather(1, out[..., None].expand(-1, -1, hidden.shape[-1]))
             return F.linear(hidden, self.model.head).float()  # [R, W, V]

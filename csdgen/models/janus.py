@@ -37,6 +37,7 @@ import torch
 from transformers import DynamicCache, JanusConfig, JanusForConditionalGeneration
 
 from ._transformers import (
+    cache_kwargs,
     MemoryEstimate, PaddedRows, check_checkpoint, check_sequence_length, check_token_ids, estimate_memory,
     format_prompt, load_tokenizer, meta_parameter_count, parameter_count, resolve_dtype, token_id,
 )
@@ -376,7 +377,7 @@ class _JanusSession(RaggedSession):
             else:
                 embeds = self.model.model.prepare_embeddings_for_image_generation(ids)
             hidden = self.model.model.model.language_model(
-                inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids, cache=self.kv.cache, use_cache=True,
+                inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids, **cache_kwargs(self.kv.cache), use_cache=True,
             ).last_hidden_state
             hidden = hidden.gather(1, out[..., None].expand(-1, -1, hidden.shape[-1]))
             return self.model.model.model.generation_head(hidden).float()

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache, GemmaConfig, GemmaForCausalLM
 
 from ._transformers import (
+    cache_kwargs,
     MemoryEstimate, PaddedRows, check_checkpoint, check_sequence_length, check_token_ids, encode_each_once,
     estimate_memory, format_prompt, load_tokenizer, meta_parameter_count, parameter_count, resolve_dtype,
 )
@@ -286,6 +287,6 @@ class _LiquidSession(RaggedSession):
     def _logits(self, ids, attention_mask, position_ids, out, prefill):
         with torch.no_grad():
             hidden = self.model.backbone.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
-                                               cache=self.kv.cache, use_cache=True).last_hidden_state
+                                               **cache_kwargs(self.kv.cache), use_cache=True).last_hidden_state
             hidden = hidden.gather(1, out[..., None].expand(-1, -1, hidden.shape[-1]))
             return F.linear(hidden, self.model.head).float()  # [rows, W, V]

@@ -17,6 +17,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from ..class_names import ClassNames
 from ._ragged import RaggedSession
+from ._transformers import cache_kwargs
 from .base import ImageTokenModel
 
 __all__ = ["ClassConditionalLlama"]
@@ -186,6 +187,6 @@ class _LlamaSession(RaggedSession):
     def _logits(self, ids, attention_mask, position_ids, out, prefill):
         with torch.no_grad():
             hidden = self.model.backbone.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
-                                               cache=self.kv.cache, use_cache=True).last_hidden_state
+                                               **cache_kwargs(self.kv.cache), use_cache=True).last_hidden_state
             hidden = hidden.gather(1, out[..., None].expand(-1, -1, hidden.shape[-1]))
             return self.model.code_logits(hidden)
