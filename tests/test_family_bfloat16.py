@@ -106,9 +106,9 @@ def test_acceptance_arithmetic_is_float32_for_a_bfloat16_model(bf16_models, cach
     seen = []
     verify = loop.verify
 
-    def recording(rule, refresh, draft_tokens, draft_probs, target_probs, widths, uniforms):
+    def recording(rule, refresh, draft_tokens, draft_probs, target_probs, widths, uniforms, **kwargs):
         seen.append((draft_probs.dtype, target_probs.dtype))
-        return verify(rule, refresh, draft_tokens, draft_probs, target_probs, widths, uniforms)
+        return verify(rule, refresh, draft_tokens, draft_probs, target_probs, widths, uniforms, **kwargs)
 
     monkeypatch.setattr(loop, "verify", recording)
     if family == "llama":
