@@ -323,38 +323,19 @@ def reference_tokens(model, classes, seed: int = 0) -> torch.Tensor:
 
 # -- host syncs ----------------------------------------------------------------------------------------
 
-#: aten ops that read a device value on the host (a sync on CUDA)
-HOST_READ_OPS = frozenset({"_local_scalar_dense", "nonzero", "equal", "is_nonzero", "masked_select", "unique",
-                           "_unique2", "repeat_interleave_tensor"})
+def _counted_host_syncs(run_fn: Callable[[], Any], model) -> tuple[Any, Counter, int]:
+    """Run ``run_fn`` under :class:`csdgen.engine.syncs.HostSyncCounter` (what would be host syncs on a
+    GPU, told apart on the CPU by which tensors derive from the model's): ``(result, where, iterations)``
+    with the syncs of the decoding iterations only (setup and the end's statistics counted apart)."""
+    from csdgen.engine.syncs import HostSyncCounter
 
-
-def _dispatch_host_reads(run_fn: Callable[[], Any]) -> tuple[Any, Counter]:
-    """Run ``run_fn`` under a dispatch mode counting the ops that would sync on a GPU: host reads
-    (:data:`HOST_READ_OPS`) and blocking copies between devices."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class HostReads(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops: Counter = Counter()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            name = func.overloadpacket.__name__
-            if name in HOST_READ_OPS:
-                self.ops[name] += 1
-            elif name in ("_to_copy", "copy_") and not kwargs.get("non_blocking", False):
-                devices = {a.device for a in args if isinstance(a, torch.Tensor)}
-                if "device" in kwargs and kwargs["device"] is not None:
-                    devices.add(torch.device(kwargs["device"]))
-                if len(devices) > 1:
-                    self.ops["blocking copy"] += 1
-            return func(*args, **kwargs)
-
-    mode = HostReads()
-    with mode:
+    with HostSyncCounter(model) as counter:
         result = run_fn()
-    return result, mode.ops
+    where = Counter()
+    for event in counter.events:
+        if isinstance(event.phase, int):
+            where[f"{event.kind} {event.what} at {event.where.split(' <- ')[0]}"] += 1
+    return result, where, counter.iterations
 
 
 def _cuda_sync_warnings(run_fn: Callable[[], Any]) -> tuple[Any, Counter]:
@@ -376,13 +357,19 @@ def _cuda_sync_warnings(run_fn: Callable[[], Any]) -> tuple[Any, Counter]:
     return result, ops
 
 
-def count_syncs(run_fn: Callable[[], Any], device: torch.device) -> tuple[Any, int, Counter]:
-    """``(run_fn(), syncs, where)``: the host syncs ``run_fn`` made on ``device``. CUDA: the sync
-    debug mode's warnings (``where``: file:line of each); CPU: the ops that would sync on a GPU
-    (``where``: op names). The one function to swap for another counter."""
-    counter = _cuda_sync_warnings if device.type == "cuda" else _dispatch_host_reads
-    result, where = counter(run_fn)
-    return result, sum(where.values()), where
+def count_syncs(run_fn: Callable[[], Any], device: torch.device, model=None) -> tuple[Any, int, Counter, int | None]:
+    """``(run_fn(), syncs, where, iterations)``: the host syncs ``run_fn`` made on ``device``.
+
+    CUDA: the sync debug mode's warnings over the whole run (``where``: file:line of each;
+    ``iterations`` None: the caller divides by the run's forwards). Elsewhere:
+    :class:`csdgen.engine.syncs.HostSyncCounter` over ``model``'s tensors, the decoding
+    iterations only (``where``: kind, operation and line; ``iterations``: the iterations counted).
+    """
+    if device.type == "cuda":
+        result, where = _cuda_sync_warnings(run_fn)
+        return result, sum(where.values()), where, None
+    result, where, iterations = _counted_host_syncs(run_fn, model)
+    return result, sum(where.values()), where, iterations
 
 
 # -- the checks ----------------------------------------------------------------------------------------
@@ -541,15 +528,17 @@ def check_syncs(ctx: Context) -> Outcome:
     for label, kwargs in runs:
         if ctx.cuda:  # compile and capture first: only the steady state is counted
             csdgen.generate(model, classes, method="csd", seed=1, **kwargs)
-        result, syncs, where = count_syncs(lambda: csdgen.generate(model, classes, method="csd", seed=0, **kwargs),
-                                           ctx.device)
-        per = syncs / max(result.steps, 1)
+        run_kwargs = kwargs if ctx.cuda else {**kwargs, "compile": False}  # the CPU counter does not trace compiled code
+        result, syncs, where, iterations = count_syncs(
+            lambda: csdgen.generate(model, classes, method="csd", seed=0, **run_kwargs), ctx.device, model)
+        iterations = result.steps if iterations is None else iterations
+        per = syncs / max(iterations, 1)
         worst = max(worst, per)
-        ctx.record(**{label: {"syncs": syncs, "iterations": result.steps, "per_iteration": per,
+        ctx.record(**{label: {"syncs": syncs, "iterations": iterations, "per_iteration": per,
                               "where": dict(where.most_common(8))}})
-        parts.append(f"{label} {per:.2f} ({syncs} in {result.steps})")
-    how = ("sync debug mode warnings" if ctx.cuda else
-           "CPU proxy: every host read a dispatch mode sees, of host tensors too, so an upper bound")
+        parts.append(f"{label} {per:.2f} ({syncs} in {iterations})")
+    how = ("sync debug mode warnings over the whole run (prefill included)" if ctx.cuda else
+           "csdgen.engine.syncs.HostSyncCounter, decoding iterations")
     met = "met" if worst <= GOAL_SYNCS + 0.05 else "not met"
     return Outcome("INFO", f"syncs per iteration, {model_name(model)} CSD batch 2, {how}: " + ", ".join(parts),
                    f"<= {GOAL_SYNCS:g} per iteration: {met}")
@@ -662,26 +651,50 @@ def check_compile(ctx: Context) -> Outcome:
     """Shapes compiled and compile seconds of runs at batch 4, 3, then 4 again."""
     import csdgen
 
-    model = decoding_model(ctx)
-    parts = []
-    for k, batch in enumerate((4, 3, 4)):
-        before = compiled_shape_count()
-        result = csdgen.generate(model, classes_of(model, batch), method="csd", window="auto", seed=k, engine="static",
-                                 compile=ctx.compile)
-        seconds = sum(result.compile_seconds.values())
-        new = compiled_shape_count() - before
-        ctx.record(**{f"run{k + 1}_batch{batch}": {"shapes_first_called": len(result.compile_seconds), "new_shapes": new,
-                                                   "compile_seconds": seconds, "run_seconds": result.seconds,
-                                                   "widths": sorted(set(result.widths))}})
-        parts.append(f"batch {batch}: {new} new shapes, {len(result.compile_seconds)} first calls, {seconds:.1f} s of "
-                     f"{result.seconds:.1f} s")
     from csdgen.models import _static
 
-    documented = getattr(_static, "MAX_COMPILED_SHAPES", None)
-    total = compiled_shape_count()
-    goal = None if documented is None else f"at most {documented} shapes: {'met' if total <= documented else 'not met'}"
-    return Outcome("INFO", f"{model_name(model)}, compile {'on' if ctx.compile else 'off'}, CSD auto: " + "; ".join(parts)
-                   + f"; {total} shapes in all", goal)
+    model = decoding_model(ctx)
+    parts = []
+    backend = _static.COMPILE_BACKEND
+    if not ctx.compile:  # trace the same shapes with dynamo's eager backend: the count, in seconds not minutes
+        _static.COMPILE_BACKEND = "eager"
+    try:
+        for k, batch in enumerate((4, 3, 4)):
+            before = compiled_shape_count()
+            result = csdgen.generate(model, classes_of(model, batch), method="csd", window="auto", seed=k,
+                                     engine="static", compile=True)
+            seconds = sum(result.compile_seconds.values())
+            new = compiled_shape_count() - before
+            ctx.record(**{f"run{k + 1}_batch{batch}": {"shapes_first_called": len(result.compile_seconds),
+                                                       "new_shapes": new, "compile_seconds": seconds,
+                                                       "run_seconds": result.seconds, "widths": sorted(set(result.widths))}})
+            parts.append(f"batch {batch}: {new} new shapes, {len(result.compile_seconds)} first calls, {seconds:.1f} s of "
+                         f"{result.seconds:.1f} s")
+    finally:
+        _static.COMPILE_BACKEND = backend
+    visited, bound = compiled_shape_bound(model)
+    ctx.record(visited_shapes=visited, documented_bound=bound)
+    goal = None
+    if bound:
+        goal = f"compiled shapes within step_shapes' bound: {visited} of {bound} ({'met' if visited <= bound else 'not met'})"
+    how = f"compiled ({backend})" if ctx.compile else "traced with dynamo's eager backend"
+    return Outcome("INFO", f"{model_name(model)}, {how}, CSD auto: " + "; ".join(parts)
+                   + f"; {compiled_shape_count()} shapes in all", goal)
+
+
+def compiled_shape_bound(model) -> tuple[int, int]:
+    """``(visited, bound)``: the compiled steps ``model``'s buffer sets hold and the documented bound
+    for those sets (:func:`csdgen.models._static.step_shapes` of each set's capacity, prompt bucket
+    and cache width, every window bucket); ``(0, 0)`` where nothing was compiled."""
+    from csdgen.models._static import model_buffers, step_shapes
+
+    visited, bound = set(), set()
+    for buffers in model_buffers(model):
+        for shape in buffers.steps:
+            visited.add(shape)
+            bound.update(step_shapes(guided=shape.guided, capacity=shape.slots, prompt_width=shape.prompt,
+                                     image_columns=0, columns=shape.columns))
+    return len(visited), len(bound)
 
 
 def check_dtype(ctx: Context) -> Outcome:
