@@ -610,3 +610,27 @@ def test_the_openai_client_may_write_the_method_and_auto_in_any_case(server, mod
     assert settings["method"] == "sjd" and settings["window"] == "auto"
     with pytest.raises(openai.BadRequestError, match="method='SJDX'"):
         client(server).images.generate(model="tiny", prompt=model.class_names[0], extra_body={"method": "SJDX"})
+
+
+def test_serve_warmup_compiles_the_served_shapes_once_and_reports_them(cached_model, monkeypatch, capsys):
+    """``csdgen serve --warmup``: uncompiled (the CPU default) it says there is nothing to compile;
+    compiled (traced here with dynamo's eager backend) it makes the steps of the default request's
+    shapes, and a second warm-up finds them all held."""
+    import functools
+
+    from csdgen.cli.serve import _warmup
+    from csdgen.models import _static
+    from csdgen.serve.schemas import parse_request
+
+    model = tiny_model(cached_model)  # a copy of its own: its compiled steps stay with it
+    request = parse_request({"prompt": "0", "window": 4}, ServedModel(model, "tiny"))
+    _warmup(model, request, 2)
+    assert "nothing to compile (the static engine runs uncompiled on cpu)" in capsys.readouterr().out
+    monkeypatch.setattr(_static, "COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(_static, "warmup", functools.partial(_static.warmup, compile=True))
+    _warmup(model, request, 2)
+    first = capsys.readouterr().out
+    made = int(first.split("warm-up: ")[1].split()[0])
+    assert made > 0 and "(0 already held)" in first, first
+    _warmup(model, request, 2)
+    assert f"0 step shapes compiled ({made} already held)" in capsys.readouterr().out

@@ -158,11 +158,14 @@ def generate(
             ``"eager"``: the model's own session (for the transformers families a
             ``DynamicCache`` per row); ``"auto"`` (default): static wherever it applies (every
             RaggedSession family: built-in / Llama, Janus, Emu3, Chameleon), else eager. The
-            engines give the same tokens up to floating-point summation order (tested; see
-            docs/engine.md). ``result.settings["engine"]`` says which one ran.
-        compile: static engine only: ``torch.compile`` every forward shape on first use (cached
-            for later calls on the model; on CUDA each shape is also captured as a CUDA graph);
-            the first call of each shape is reported in :attr:`GenerationResult.compile_seconds`.
+            engines compute the same logits up to floating-point summation order, so a float64
+            model gives the same tokens and a float32 or bfloat16 one the same distribution
+            (tested; see docs/engine.md). ``result.settings["engine"]`` says which one ran.
+        compile: static engine only: ``torch.compile`` every forward shape on first use, on CUDA
+            also captured as a CUDA graph; the compiled steps and their buffers belong to the model
+            and are reused by its later calls (``csdgen.models._static.warmup`` makes them ahead of
+            time). The shapes this call compiled are reported, with their seconds, in
+            :attr:`GenerationResult.compile_seconds` (empty when every shape was already compiled).
             None (default): on CUDA only.
 
     Returns:
