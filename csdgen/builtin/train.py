@@ -576,10 +576,9 @@ def main(argv=None) -> None:
         f"ar {tuple(xtr.shape)} heldout {tuple(xho.shape)}")
     done = set(stages.get("done", []))
 
-    if args.vq is not None:
+    if args.vq is not None and "vq" not in done:  # a resumed run keeps its own copy
         vq = _load_module(VQTokenizer(VQConfig(**VQ_CONFIG)), args.vq)
-        if "vq" not in done:
-            save_safetensors(vq.state_dict(), args.out / "vq.safetensors", dtype=torch.float16)
+        save_safetensors(vq.state_dict(), args.out / "vq.safetensors", dtype=torch.float16)
         log(f"vq: from {args.vq}")
     elif "vq" in done:
         vq = _load_module(VQTokenizer(VQConfig(**VQ_CONFIG)), args.out / "vq.safetensors")
@@ -617,8 +616,12 @@ def main(argv=None) -> None:
         finish("ar")
 
     clf_cfg = {"num_classes": NUM_CLASSES, "width": args.cls_width, "feature_dim": args.cls_features}
-    if args.classifier is not None:
+    if "cls" in done and "classifier_config" in stages:  # a resumed run keeps its own copy
+        clf_cfg = stages["classifier_config"]
+        clf = _load_module(CropClassifier(**clf_cfg), args.out / "classifier.safetensors")
+    elif args.classifier is not None:
         clf, clf_cfg = restricted_classifier(args.classifier, data.names, all_names)
+        stages["classifier_config"] = clf_cfg
         if "cls" not in done:
             save_safetensors(clf.state_dict(), args.out / "classifier.safetensors", dtype=torch.float16)
             recon_ho = decode_u8(vq, cho)
