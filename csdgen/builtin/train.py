@@ -602,6 +602,27 @@ def main(argv=None) -> None:
         finish("vq")
 
     llama_cfg = llama_config_dict(NUM_CLASSES, args.ar_layers, args.ar_hidden, args.ar_intermediate, args.ar_heads)
+    clf = None
+    clf_cfg = {"num_classes": NUM_CLASSES, "width": args.cls_width, "feature_dim": args.cls_features}
+    if "cls" in done and "classifier_config" in stages:  # a resumed run keeps its own copy
+        clf_cfg = stages["classifier_config"]
+        clf = _load_module(CropClassifier(**clf_cfg), args.out / "classifier.safetensors")
+    elif args.classifier is not None:  # no classifier stage: written before the AR stage
+        clf, clf_cfg = restricted_classifier(args.classifier, data.names, all_names)
+        stages["classifier_config"] = clf_cfg
+        if "cls" not in done:
+            save_safetensors(clf.state_dict(), args.out / "classifier.safetensors", dtype=torch.float16)
+            recon_ho = decode_u8(vq, cho)
+            metrics["classifier"] = {
+                "source": f"{args.classifier}'s classifier, its logits of these {NUM_CLASSES} classes",
+                "heldout_accuracy": float((classify(clf, xho) == yho).float().mean()),
+                "heldout_accuracy_vq_reconstructions": float((classify(clf, recon_ho) == yho).float().mean()),
+                "n_heldout": len(yho)}
+            log(f"classifier metrics {metrics['classifier']}")
+            finish("cls")
+    if clf is not None:  # config.json before the AR stage: its checkpoints can be measured meanwhile
+        write_config(args.out, args, llama_cfg, vq, clf_cfg, data.names, data.categories, data.short_names)
+
     if "ar" in done:
         ar = _load_module(build_ar_model(llama_cfg), args.out / "ar.safetensors")
         log("ar: reused")
@@ -615,26 +636,9 @@ def main(argv=None) -> None:
         log(f"ar metrics {metrics['ar']}")
         finish("ar")
 
-    clf_cfg = {"num_classes": NUM_CLASSES, "width": args.cls_width, "feature_dim": args.cls_features}
-    if "cls" in done and "classifier_config" in stages:  # a resumed run keeps its own copy
-        clf_cfg = stages["classifier_config"]
+    if clf is None and "cls" in done:
         clf = _load_module(CropClassifier(**clf_cfg), args.out / "classifier.safetensors")
-    elif args.classifier is not None:
-        clf, clf_cfg = restricted_classifier(args.classifier, data.names, all_names)
-        stages["classifier_config"] = clf_cfg
-        if "cls" not in done:
-            save_safetensors(clf.state_dict(), args.out / "classifier.safetensors", dtype=torch.float16)
-            recon_ho = decode_u8(vq, cho)
-            metrics["classifier"] = {
-                "source": f"{args.classifier}'s classifier, its logits of these {NUM_CLASSES} classes",
-                "heldout_accuracy": float((classify(clf, xho) == yho).float().mean()),
-                "heldout_accuracy_vq_reconstructions": float((classify(clf, recon_ho) == yho).float().mean()),
-                "n_heldout": len(yho)}
-            log(f"classifier metrics {metrics['classifier']}")
-            finish("cls")
-    elif "cls" in done:
-        clf = _load_module(CropClassifier(**clf_cfg), args.out / "classifier.safetensors")
-    else:
+    elif clf is None:
         # real views plus their VQ reconstructions, so the classifier judges shapes, not VQ blur
         t = time.time()
         n_rec = min(len(ctr), NUM_CLASSES * args.cls_recon_views)
