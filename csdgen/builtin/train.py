@@ -566,7 +566,10 @@ def main(argv=None) -> None:
     data = load_emoji()
     all_names = list(data.names)
     if args.class_list is not None:
-        data = select_classes(data, args.class_list)
+        try:
+            data = select_classes(data, args.class_list)
+        except ValueError as exc:  # one line naming the file and the closest names, no traceback
+            raise SystemExit(f"--classes {args.classes}: {exc}") from None
     NUM_CLASSES = len(data.names)
     xvq = make_views(data, args.vq_views, TRAIN_SEED + 1, uint8=True)[0] if args.vq is None else None
     xtr, ytr = make_views(data, args.ar_views, TRAIN_SEED, uint8=True)
