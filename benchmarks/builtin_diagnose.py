@@ -118,6 +118,9 @@ def from_checkpoint(folder: Path, checkpoint: Path) -> BuiltinComponents:
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--weights", type=Path, default=None, help="weights folder (default: the shipped weights)")
+    p.add_argument("--judge", type=Path, default=None,
+                   help="judge with this weights folder's classifier, on its classes (e.g. a subset model's, "
+                        "to measure the 1,911-class weights on the subset's classes)")
     p.add_argument("--ar-checkpoint", type=Path, default=None,
                    help="measure this AR checkpoint of a running train.py (its ar.ckpt.pt; --weights: the run's --out)")
     p.add_argument("--classes", type=int, default=64, help="classes measured (spread order)")
@@ -138,20 +141,30 @@ def main(argv=None) -> dict:
     names = comp.class_names
     codebook, null_id = comp.codebook_size, comp.null_class_id
     cols = vq.grid[1]
+    judged = names  # the classes the classifier chooses among, in its order
+    if args.judge is not None:  # another model's (restricted) classifier and its classes
+        jconf = json.loads((args.judge / "config.json").read_text())
+        judged = list(jconf["class_names"])
+        clf = CropClassifier(**jconf["classifier"])
+        clf.load_state_dict({k: v.float() for k, v in load_file(str(args.judge / "classifier.safetensors")).items()})
+        clf.eval()
+        missing = [n for n in judged if n not in names]
+        if missing:
+            raise SystemExit(f"--judge {args.judge}: classes the model does not have: {missing[:5]}")
     data = load_emoji()
     xho, yho = make_views(data, max(2, args.per_class), HELDOUT_SEED)
-    pick = ClassNames(names).spread(min(args.classes, len(names)))
+    pick = [names.index(judged[j]) for j in ClassNames(judged).spread(min(args.classes, len(judged)))]
     views, labels = [], []
     for c in pick:
         full = data.names.index(names[c])
         views.append(xho[(yho == full).nonzero().flatten()[:args.per_class]])
         labels += [c] * args.per_class
     x = torch.cat(views)
-    y = torch.tensor(labels)
-    cls_tokens = y + codebook
+    cls_tokens = torch.tensor(labels) + codebook
+    y = torch.tensor([judged.index(names[c]) for c in labels])  # the classifier's labels
     codes = vq.encode(x).flatten(1)
 
-    print(f"weights {comp.weights_dir}; {len(pick)} classes x {args.per_class} (of {len(names)} classes){', AR ' + str(args.ar_checkpoint) if args.ar_checkpoint else ''}, "
+    print(f"weights {comp.weights_dir}; {len(pick)} classes x {args.per_class} (of {len(names)} classes){', judged by ' + str(args.judge) if args.judge else ''}{', AR ' + str(args.ar_checkpoint) if args.ar_checkpoint else ''}, "
           f"{args.threads} thread(s)\n| measure | top-1 | top-5 | mean p(class) | s |\n|---|---|---|---|---|", flush=True)
     rows: dict[str, dict] = {}
 
