@@ -2,7 +2,8 @@
 
     python -m csdgen.builtin.train --out csdgen/builtin/weights --docs docs
 
-Stages: fetch the emoji (``npm pack``, :mod:`csdgen.builtin.emoji`) -> augmented views ->
+Stages: fetch the emoji (``npm pack``, :mod:`csdgen.builtin.emoji`; ``--classes FILE`` keeps
+a subset, e.g. ``csdgen/builtin/classes.json``) -> augmented views ->
 train the VQ tokenizer (L1 + edge loss) -> encode views to codes -> train the
 class-conditional LlamaForCausalLM on [class, code_0..code_255] -> train the emoji
 classifier (on real views and their VQ reconstructions) -> evaluate -> write weights
@@ -10,6 +11,19 @@ classifier (on real views and their VQ reconstructions) -> evaluate -> write wei
 (``reference_features.safetensors``, for the Frechet distance). Each stage ends at its step
 count or its wall-clock budget, whichever comes first; finished stages are kept in ``--out``
 and reused by a rerun with ``--resume`` (a crash late in training loses only that stage).
+
+``--vq FILE`` reuses a trained tokenizer (no VQ stage); ``--classifier DIR`` takes the classifier
+of another model (DIR's config.json and classifier.safetensors) restricted to this model's
+classes (its logits of those classes only; no classifier stage). The AR stage checkpoints every
+``--ckpt-every`` steps or ``--ckpt-minutes``, whichever comes first, and ``--resume`` continues
+it from ``ar.ckpt.pt`` with its optimiser, schedule and batch order.
+
+A subset run on the shipped tokenizer and classifier:
+
+    python -m csdgen.builtin.train --out /work/builtin-train/run --resume \
+        --classes csdgen/builtin/classes.json --vq csdgen/builtin/weights/vq.safetensors \
+        --classifier csdgen/builtin/weights --ar-views 400 --ar-layers 10 --ar-steps 6000 \
+        --max-minutes-ar 150
 """
 
 from __future__ import annotations
@@ -29,7 +43,7 @@ from safetensors.torch import save_file
 
 from . import build_ar_model
 from .classifier import CropClassifier
-from .emoji import HELDOUT_SEED, TRAIN_SEED, load_emoji, make_views
+from .emoji import HELDOUT_SEED, TRAIN_SEED, load_emoji, make_views, read_class_list, select_classes
 from .vq import VQConfig, VQTokenizer
 from ..evaluation.quality import REFERENCE_FILE, reference_feature_states
 
@@ -217,11 +231,18 @@ def eval_vq(vq: VQTokenizer, images: torch.Tensor, train_codes: torch.Tensor) ->
 # ----------------------------------------------------------------------------- AR
 
 
-def llama_config_dict(num_classes: int, layers: int = 8) -> dict:
-    """LlamaConfig fields of the AR model (vocab = codes + classes + null)."""
+def llama_config_dict(num_classes: int, layers: int = 8, hidden: int = 256, intermediate: int = 768,
+                      heads: int = 8) -> dict:
+    """LlamaConfig fields of the AR model (vocab = codes + classes + null).
+
+    Raises:
+        ValueError: ``hidden`` is not a multiple of ``heads``.
+    """
+    if hidden % heads:
+        raise ValueError(f"--ar-hidden {hidden} must be a multiple of --ar-heads {heads}")
     return dict(
-        vocab_size=CODEBOOK_SIZE + num_classes + 1, hidden_size=256, intermediate_size=768,
-        num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=8,
+        vocab_size=CODEBOOK_SIZE + num_classes + 1, hidden_size=hidden, intermediate_size=intermediate,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
         max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=10000.0,
         tie_word_embeddings=False, attention_dropout=0.0, initializer_range=0.02,
         bos_token_id=None, eos_token_id=None, pad_token_id=None, use_cache=True,
@@ -262,6 +283,9 @@ def train_ar(codes: torch.Tensor, labels: torch.Tensor, llama_cfg: dict, args):
     idx_iter = batch_indices(len(codes), args.ar_batch, args.ar_steps, args.seed + 3)
     clock = StageClock("ar", args.ar_steps, args.max_minutes_ar, args.threads)
     ckpt_file, first = args.out / "ar.ckpt.pt", 0
+    if args.ar_init is not None and not (args.resume and ckpt_file.is_file()):
+        _load_module(model, args.ar_init).train()  # warm start: a finished run's weights, a new schedule
+        log(f"ar: initialised from {args.ar_init}")
     if args.resume and ckpt_file.is_file():  # mid-stage checkpoint: model, optimiser, clock
         ckpt = torch.load(ckpt_file)
         model.load_state_dict(ckpt["model"])
@@ -269,16 +293,20 @@ def train_ar(codes: torch.Tensor, labels: torch.Tensor, llama_cfg: dict, args):
         gen.set_state(ckpt["gen"])
         first, clock.start = ckpt["step"], time.time() - ckpt["elapsed_s"]
         log(f"ar: resumed at step {first} ({ckpt['elapsed_s']:.0f} s already spent)")
+    last_ckpt = time.time()
     for step, idx in enumerate(idx_iter):
         if step < first:
             continue  # the index stream is replayed so the resumed run sees the same batches
         if clock.progress(step) >= 1.0:
             break
-        if step > first and step % args.ckpt_every == 0:
+        due = time.time() - last_ckpt >= 60 * args.ckpt_minutes if args.ckpt_minutes > 0 else False
+        if step > first and (step % args.ckpt_every == 0 or due):
             tmp = ckpt_file.with_suffix(".tmp")
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
                         "step": step, "elapsed_s": time.time() - clock.start}, tmp)
             os.replace(tmp, ckpt_file)
+            last_ckpt = time.time()
+            log(f"ar: checkpoint at step {step}")
         clock.tick(step)
         args.done_steps["ar"] = step + 1
         set_lr(opt, cosine_lr(clock.progress(step), args.ar_lr, warmup=0.06))
@@ -411,6 +439,14 @@ def parse_args(argv=None):
     p.add_argument("--docs", type=Path, default=None, help="folder for sample/reconstruction PNGs")
     p.add_argument("--resume", action="store_true", help="reuse finished stages found in --out")
     p.add_argument("--ckpt-every", type=int, default=100, help="AR steps between mid-stage checkpoints")
+    p.add_argument("--ckpt-minutes", type=float, default=5.0, help="also checkpoint the AR stage this often (0 = only by steps)")
+    p.add_argument("--classes", type=Path, default=None,
+                   help="JSON list of class names to train on (or an object with one under \"classes\"); default all emoji")
+    p.add_argument("--vq", type=Path, default=None, help="reuse this trained vq.safetensors (no VQ stage)")
+    p.add_argument("--classifier", type=Path, default=None,
+                   help="weights folder whose classifier, restricted to this model's classes, is used (no classifier stage)")
+    p.add_argument("--ar-init", type=Path, default=None,
+                   help="start the AR stage from these ar.safetensors (same shape), with a fresh schedule")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--vq-views", type=int, default=10, help="augmented views per class for the VQ")
     p.add_argument("--ar-views", type=int, default=24, help="augmented views per class for the AR model")
@@ -419,6 +455,9 @@ def parse_args(argv=None):
     p.add_argument("--vq-batch", type=int, default=32)
     p.add_argument("--vq-lr", type=float, default=1e-3)
     p.add_argument("--ar-layers", type=int, default=8)
+    p.add_argument("--ar-hidden", type=int, default=256)
+    p.add_argument("--ar-intermediate", type=int, default=768)
+    p.add_argument("--ar-heads", type=int, default=8)
     p.add_argument("--ar-steps", type=int, default=3000)
     p.add_argument("--ar-batch", type=int, default=32)
     p.add_argument("--ar-lr", type=float, default=1.5e-3)
@@ -436,6 +475,19 @@ def parse_args(argv=None):
     p.add_argument("--max-minutes-ar", type=float, default=150.0, help="wall budget (0 = none)")
     p.add_argument("--max-minutes-cls", type=float, default=20.0, help="wall budget (0 = none)")
     args = p.parse_args(argv)
+    for name in ("vq", "ar_init"):
+        path = getattr(args, name)
+        if path is not None and not path.is_file():
+            p.error(f"--{name.replace('_', '-')} {path}: no such file")
+    if args.classifier is not None and not (args.classifier / "classifier.safetensors").is_file():
+        p.error(f"--classifier {args.classifier}: no classifier.safetensors there")
+    if args.classes is not None:
+        try:
+            args.class_list = read_class_list(args.classes)
+        except ValueError as exc:
+            p.error(str(exc))
+    else:
+        args.class_list = None
     args.done_steps = {}
     return args
 
@@ -453,10 +505,42 @@ def write_config(out: Path, args, llama_cfg: dict, vq: VQTokenizer, clf_cfg: dic
         "vq": vq.config.to_dict(), "llama": llama_cfg, "classifier": clf_cfg,
         "ar_dtype_on_disk": "float16",
         "training": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                     if k not in ("out", "docs", "resume")}
+                     if k not in ("out", "docs", "resume", "class_list")}
         | {"data_seeds": {"train": TRAIN_SEED, "heldout": HELDOUT_SEED}, "cond_dropout": 0.1},
     }
+    if getattr(args, "class_list", None) is not None:
+        how = json.loads(Path(args.classes).read_text())
+        config["class_set"] = {"file": Path(args.classes).name,
+                               "how": how.get("how", "") if isinstance(how, dict) else ""}
     save_json(config, out / "config.json")
+
+
+def restricted_classifier(folder: Path, names: list[str], all_names: list[str]) -> tuple[CropClassifier, dict]:
+    """The classifier of the weights in ``folder`` restricted to the classes ``names``: the same
+    trunk, the head's rows of those classes only (so its argmax is the full classifier's argmax
+    among them). Source class names: ``folder``'s config.json ``class_names``, else ``all_names``.
+
+    Returns (classifier float32 eval, its config dict). Raises ValueError: a name is not one of
+    the source classifier's classes.
+    """
+    from safetensors.torch import load_file
+
+    cfg_file = folder / "config.json"
+    src = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+    src_names = src.get("class_names", all_names)
+    src_cfg = src.get("classifier", {"num_classes": len(src_names), "width": 48, "feature_dim": 256})
+    missing = [n for n in names if n not in src_names]
+    if missing:
+        raise ValueError(f"--classifier {folder}: classes not in its classifier: {missing[:5]}")
+    state = {k: v.float() for k, v in load_file(str(folder / "classifier.safetensors")).items()}
+    rows = torch.tensor([src_names.index(n) for n in names])
+    head = [k for k in state if k.startswith("head.") and state[k].shape[0] == len(src_names)]
+    for k in head:
+        state[k] = state[k][rows].contiguous()
+    cfg = dict(src_cfg, num_classes=len(names))
+    clf = CropClassifier(**cfg)
+    clf.load_state_dict(state)
+    return clf.eval(), cfg
 
 
 def _load_module(module: torch.nn.Module, path: Path) -> torch.nn.Module:
@@ -482,18 +566,26 @@ def main(argv=None) -> None:
 
     t = time.time()
     data = load_emoji()
+    all_names = list(data.names)
+    if args.class_list is not None:
+        try:
+            data = select_classes(data, args.class_list)
+        except ValueError as exc:  # one line naming the file and the closest names, no traceback
+            raise SystemExit(f"--classes {args.classes}: {exc}") from None
     NUM_CLASSES = len(data.names)
-    to_u8 = lambda x: x.add(1).mul(127.5).round().to(torch.uint8)
-    xvq, _ = make_views(data, args.vq_views, TRAIN_SEED + 1)
-    xtr, ytr = make_views(data, args.ar_views, TRAIN_SEED)
-    xho, yho = make_views(data, args.heldout_views, HELDOUT_SEED)
-    xvq, xtr, xho = to_u8(xvq), to_u8(xtr), to_u8(xho)
+    xvq = make_views(data, args.vq_views, TRAIN_SEED + 1, uint8=True)[0] if args.vq is None else None
+    xtr, ytr = make_views(data, args.ar_views, TRAIN_SEED, uint8=True)
+    xho, yho = make_views(data, args.heldout_views, HELDOUT_SEED, uint8=True)
     times["data_s"] = time.time() - t
-    log(f"data: {NUM_CLASSES} classes, {len(data.images)} images; vq {tuple(xvq.shape)} "
+    log(f"data: {NUM_CLASSES} classes, {len(data.images)} images; vq {None if xvq is None else tuple(xvq.shape)} "
         f"ar {tuple(xtr.shape)} heldout {tuple(xho.shape)}")
     done = set(stages.get("done", []))
 
-    if "vq" in done:
+    if args.vq is not None and "vq" not in done:  # a resumed run keeps its own copy
+        vq = _load_module(VQTokenizer(VQConfig(**VQ_CONFIG)), args.vq)
+        save_safetensors(vq.state_dict(), args.out / "vq.safetensors", dtype=torch.float16)
+        log(f"vq: from {args.vq}")
+    elif "vq" in done:
         vq = _load_module(VQTokenizer(VQConfig(**VQ_CONFIG)), args.out / "vq.safetensors")
         log("vq: reused")
     else:
@@ -514,7 +606,28 @@ def main(argv=None) -> None:
         log(f"vq metrics {metrics['vq']}")
         finish("vq")
 
-    llama_cfg = llama_config_dict(NUM_CLASSES, args.ar_layers)
+    llama_cfg = llama_config_dict(NUM_CLASSES, args.ar_layers, args.ar_hidden, args.ar_intermediate, args.ar_heads)
+    clf = None
+    clf_cfg = {"num_classes": NUM_CLASSES, "width": args.cls_width, "feature_dim": args.cls_features}
+    if "cls" in done and "classifier_config" in stages:  # a resumed run keeps its own copy
+        clf_cfg = stages["classifier_config"]
+        clf = _load_module(CropClassifier(**clf_cfg), args.out / "classifier.safetensors")
+    elif args.classifier is not None:  # no classifier stage: written before the AR stage
+        clf, clf_cfg = restricted_classifier(args.classifier, data.names, all_names)
+        stages["classifier_config"] = clf_cfg
+        if "cls" not in done:
+            save_safetensors(clf.state_dict(), args.out / "classifier.safetensors", dtype=torch.float16)
+            recon_ho = decode_u8(vq, cho)
+            metrics["classifier"] = {
+                "source": f"{args.classifier}'s classifier, its logits of these {NUM_CLASSES} classes",
+                "heldout_accuracy": float((classify(clf, xho) == yho).float().mean()),
+                "heldout_accuracy_vq_reconstructions": float((classify(clf, recon_ho) == yho).float().mean()),
+                "n_heldout": len(yho)}
+            log(f"classifier metrics {metrics['classifier']}")
+            finish("cls")
+    if clf is not None:  # config.json before the AR stage: its checkpoints can be measured meanwhile
+        write_config(args.out, args, llama_cfg, vq, clf_cfg, data.names, data.categories, data.short_names)
+
     if "ar" in done:
         ar = _load_module(build_ar_model(llama_cfg), args.out / "ar.safetensors")
         log("ar: reused")
@@ -528,10 +641,9 @@ def main(argv=None) -> None:
         log(f"ar metrics {metrics['ar']}")
         finish("ar")
 
-    clf_cfg = {"num_classes": NUM_CLASSES, "width": args.cls_width, "feature_dim": args.cls_features}
-    if "cls" in done:
+    if clf is None and "cls" in done:
         clf = _load_module(CropClassifier(**clf_cfg), args.out / "classifier.safetensors")
-    else:
+    elif clf is None:
         # real views plus their VQ reconstructions, so the classifier judges shapes, not VQ blur
         t = time.time()
         n_rec = min(len(ctr), NUM_CLASSES * args.cls_recon_views)
@@ -554,7 +666,8 @@ def main(argv=None) -> None:
     t = time.time()
     null_id = CODEBOOK_SIZE + NUM_CLASSES
     gen = torch.Generator().manual_seed(args.seed + 8)
-    pick = torch.randperm(NUM_CLASSES, generator=gen)[:args.agreement_samples]
+    rounds = -(-args.agreement_samples // NUM_CLASSES)  # every class, as evenly as the count allows
+    pick = torch.randperm(NUM_CLASSES, generator=gen).repeat(rounds)[:args.agreement_samples]
     preds = []
     for i in range(0, len(pick), 64):
         codes = sample_ar(ar, pick[i:i + 64] + CODEBOOK_SIZE, null_id, guidance=args.guidance,
@@ -563,7 +676,7 @@ def main(argv=None) -> None:
     metrics["samples"] = {"n": len(pick), "guidance": args.guidance, "temperature": 1.0,
                           "classifier_agreement": float((torch.cat(preds) == pick).float().mean())}
     if args.docs is not None:
-        show = torch.tensor([data.names.index(n) for n in SHOWCASE if n in data.names])
+        show = torch.tensor([data.names.index(n) for n in SHOWCASE if n in data.names] or list(range(min(20, NUM_CLASSES))))
         real = [xho[(yho == c).nonzero()[0, 0]] for c in show]
         codes = sample_ar(ar, show.repeat(3) + CODEBOOK_SIZE, null_id, guidance=args.guidance,
                           seed=args.seed + 9)
@@ -576,6 +689,9 @@ def main(argv=None) -> None:
     metrics["wall_times_s"] = times
     metrics["steps_done"] = dict(args.done_steps)
     metrics["sizes_bytes"] = {p.name: p.stat().st_size for p in sorted(args.out.glob("*.safetensors"))}
+    total = sum(metrics["sizes_bytes"].values())
+    if total > 25e6:
+        log(f"warning: the weights take {total / 1e6:.1f} MB, over the 25 MB budget")
     save_json(metrics, args.out / "metrics.json")
     log(f"done: {json.dumps(metrics)}")
 
