@@ -316,8 +316,11 @@ def test_missing_repo_names_the_real_cache_folder(tmp_path, capsys, monkeypatch)
 def test_model_only_option_grammar(tmp_path, capsys):
     assert run("generate", "--prompt", "a dog", "--out", tmp_path / "o") == 2
     assert "--prompt needs --model" in capsys.readouterr().err
-    assert run("generate", "--prompt", "a dog", "--dtype", "bfloat16", "--out", tmp_path / "o") == 2
-    assert "--prompt, --dtype need --model" in capsys.readouterr().err  # the built-in model runs float32 only
+    assert run("generate", "--prompt", "a dog", "--layout", "anole", "--out", tmp_path / "o") == 2
+    assert "--prompt, --layout need --model" in capsys.readouterr().err
+    # --dtype is no checkpoint-only option: the built-in model says which dtypes it takes
+    assert run("generate", "--dtype", "bfloat16", "--out", tmp_path / "o") == 2
+    assert "--dtype bfloat16: the built-in model runs in float32 only; allowed for it: auto, float32" in capsys.readouterr().err
 
 
 def test_class_names_any_case_and_the_help_says_how_to_list_them(weights, tmp_path, capsys):

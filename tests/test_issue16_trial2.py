@@ -246,8 +246,10 @@ def test_serve_top_p_error_says_null_not_none(server):
 def test_one_option_needing_model_says_needs(capsys, tmp_path):
     err = cli_error(capsys, "demo", "--vqgan", tmp_path)
     assert "--vqgan needs --model" in err, err
+    err = cli_error(capsys, "serve", "--layout", "anole")
+    assert "--layout needs --model" in err, err
     err = cli_error(capsys, "serve", "--dtype", "bfloat16")  # float32 is the built-in model's own
-    assert "--dtype needs --model" in err, err
+    assert "--dtype bfloat16: the built-in model runs in float32 only; allowed for it: auto, float32" in err, err
 
 
 # ---- the third trial (this stop), #4: digits are an index, not a short name -------------------

@@ -616,8 +616,6 @@ def test_serve_warmup_compiles_the_served_shapes_once_and_reports_them(cached_mo
     """``csdgen serve --warmup``: uncompiled (the CPU default) it says there is nothing to compile;
     compiled (traced here with dynamo's eager backend) it makes the steps of the default request's
     shapes, and a second warm-up finds them all held."""
-    import functools
-
     from csdgen.cli.serve import _warmup
     from csdgen.models import _static
     from csdgen.serve.schemas import parse_request
@@ -627,10 +625,29 @@ def test_serve_warmup_compiles_the_served_shapes_once_and_reports_them(cached_mo
     _warmup(model, request, 2)
     assert "nothing to compile (the static engine runs uncompiled on cpu)" in capsys.readouterr().out
     monkeypatch.setattr(_static, "COMPILE_BACKEND", "eager")
-    monkeypatch.setattr(_static, "warmup", functools.partial(_static.warmup, compile=True))
-    _warmup(model, request, 2)
+    _warmup(model, request, 2, {"engine": "auto", "compile": True})  # csdgen serve --compile --warmup
     first = capsys.readouterr().out
     made = int(first.split("warm-up: ")[1].split()[0])
     assert made > 0 and "(0 already held)" in first, first
-    _warmup(model, request, 2)
+    _warmup(model, request, 2, {"engine": "auto", "compile": True})
     assert f"0 step shapes compiled ({made} already held)" in capsys.readouterr().out
+    _warmup(model, request, 2, {"engine": "eager", "compile": None})
+    assert "nothing to compile (this model runs on the eager engine)" in capsys.readouterr().out
+
+
+def test_served_batches_run_the_engine_and_compile_the_server_was_started_with(cached_model, monkeypatch):
+    from csdgen.engine import continuous
+
+    made = []
+    real = continuous.ContinuousBatch
+
+    def recording(*args, **kwargs):
+        made.append((kwargs.get("engine"), kwargs.get("compile")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(continuous, "ContinuousBatch", recording)  # the scheduler imports it when it opens a batch
+    app = create_app(ServedModel(tiny_model(cached_model), "tiny", engine="eager", compile=False), capacity=2, max_queue=4)
+    with BackgroundServer(app) as running:
+        answer = post(running, {"prompt": "0", "window": 4, "seed": 1})
+    assert answer.status_code == 200, answer.text
+    assert made == [("eager", False)]

@@ -100,7 +100,7 @@ def builtin_job(args):
     from csdgen.runs import RunPlan
 
     given = ["--" + {"prompts": "prompt"}.get(k, k).replace("_", "-") for k in MODEL_ONLY
-             if getattr(args, k) is not None and not (k == "dtype" and args.dtype in ("auto", "float32"))]
+             if getattr(args, k) is not None and k != "dtype"]  # --dtype: builtin_model's choose_dtype says what it takes
     if given:
         raise ValueError(f"{needs_model(given)} (a checkpoint folder, docs/models.md); "
                          f"the built-in model takes --class")

@@ -51,7 +51,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--warmup", action="store_true",
                    help="compile (and on cuda capture as CUDA graphs) the static engine's step shapes before serving, "
                         "for the default request settings (the prompt bucket of a short prompt); prints how many and "
-                        "how long. Nothing to do where the engine runs uncompiled (cpu)")
+                        "how long. Nothing to do where the engine runs uncompiled (the default on cpu; --compile compiles there too)")
     p.add_argument("--max-memory", type=_gib, default=None, metavar="GIB",
                    help="memory the batch may use, in GiB (default: half the free memory for the built-in model, "
                         "what the device has free for --model)")
@@ -84,9 +84,9 @@ def _load(args):
 
     budget = None if args.max_memory is None else int(args.max_memory * 2**30)
     if args.model is None:
-        given = [f"--{k.replace('_', '-')}" for k in ("dtype", "layout", "height", "width", "image_size", "vqgan",
-                                                      "prompt_template") if getattr(args, k) is not None
-                 and not (k == "dtype" and args.dtype in ("auto", "float32"))]  # the built-in model's float32
+        given = [f"--{k.replace('_', '-')}" for k in ("layout", "height", "width", "image_size", "vqgan",
+                                                      "prompt_template") if getattr(args, k) is not None]
+        # --dtype: choose_dtype below says what the built-in model takes
         if given:
             from ._common import needs_model
 
@@ -148,7 +148,7 @@ def _served_name(text: str) -> str:
     return text
 
 
-def _warmup(model, request, capacity: int) -> None:
+def _warmup(model, request, capacity: int, engine_kwargs: dict | None = None) -> None:
     """``--warmup``: the static engine's compiled steps for batches up to ``capacity`` images, the
     default request's guidance and window (every width bucket up to it; ``auto``: up to its widest)."""
     from csdgen.engine.window import AUTO_MAX_WINDOW
@@ -158,11 +158,13 @@ def _warmup(model, request, capacity: int) -> None:
     window = kwargs.get("window")
     window = AUTO_MAX_WINDOW if window in (None, "auto") else int(window)
     window = max(1, min(window, model.num_image_tokens - 1))
-    if static_refusal(model.start([request.condition], 1, kwargs["sampling"].guided)) is not None:
+    engine_kwargs = engine_kwargs or {}
+    if engine_kwargs.get("engine") == "eager" or \
+            static_refusal(model.start([request.condition], 1, kwargs["sampling"].guided)) is not None:
         print("csdgen serve: warm-up: nothing to compile (this model runs on the eager engine)", flush=True)
         return
     report = warmup(model, [capacity], [window], guided=kwargs["sampling"].guided, conditions=[request.condition],
-                    capacity=capacity)
+                    capacity=capacity, compile=engine_kwargs.get("compile"))  # --compile / --no-compile, else the device's default
     if not report.shapes:
         print(f"csdgen serve: warm-up: nothing to compile (the static engine runs uncompiled on {model.device.type})",
               flush=True)
@@ -192,13 +194,14 @@ def run(args) -> int:
                              delta=args.delta, entropy_unit=args.entropy_unit, addition_c=args.addition_c,
                              draft_init=args.draft_init, refresh=args.refresh, partial_every=args.partial_every,
                              max_images=args.max_images)
-    served = ServedModel(model, args.served_name or name, aliases=aliases, defaults=defaults)
+    served = ServedModel(model, args.served_name or name, aliases=aliases, defaults=defaults,
+                         engine=getattr(args, "engine", "auto"), compile=getattr(args, "compile", None))
     try:  # the defaults are checked as a request would be: a bad --top-p fails here, not on every request
         default_request = parse_request({"prompt": "0" if served.classes else "a test"}, served)
     except APIError as exc:
         raise ValueError(f"request defaults: {exc.message} (the --{exc.param.replace('_', '-')} option)") from None
     if args.warmup:
-        _warmup(model, default_request, capacity)
+        _warmup(model, default_request, capacity, served.engine_kwargs)
     app = create_app(served, capacity=capacity, max_queue=args.max_queue, batching=args.batching)
     port = sock.getsockname()[1]
     host = f"[{args.host}]" if ":" in args.host else args.host

@@ -59,17 +59,21 @@ class ServedModel:
         name: the name requests give as ``model`` (and ``GET /v1/models`` lists).
         aliases: other names accepted as ``model``.
         defaults: the server's :class:`~csdgen.serve.schemas.ServeDefaults`.
+        engine, compile: the decoding engine of every batch (``ContinuousBatch``'s ``engine`` and
+            ``compile``; ``csdgen serve --engine`` / ``--compile``); default: ``"auto"``, compiled on CUDA only.
 
     Raises:
         ValueError: the model has no image decoder.
     """
 
-    def __init__(self, model, name: str, *, aliases: tuple[str, ...] = (), defaults: ServeDefaults | None = None):
+    def __init__(self, model, name: str, *, aliases: tuple[str, ...] = (), defaults: ServeDefaults | None = None,
+                 engine: str = "auto", compile: bool | None = None):
         from csdgen.engine.methods import _default_sampling
 
         from .images import image_size
 
         self.model, self.name = model, name
+        self.engine_kwargs = {"engine": engine, "compile": compile}
         self.names = [name, *[a for a in aliases if a and a != name]]
         self.size = image_size(model)
         self.size_text = f"{self.size[0]}x{self.size[1]}"

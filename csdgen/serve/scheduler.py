@@ -225,7 +225,8 @@ class Scheduler:
         batch = self._batches.pop(key, None)
         if batch is None:
             # a static session preallocated for the most images the batch holds (--max-batch)
-            batch = ContinuousBatch(self.served.model, capacity=self.capacity, **request.batch_kwargs)
+            batch = ContinuousBatch(self.served.model, capacity=self.capacity, **request.batch_kwargs,
+                                    **getattr(self.served, "engine_kwargs", {}))
         self._batches[key] = batch
         while len(self._batches) > self.KEEP_BATCHES:
             self._batches.popitem(last=False)
