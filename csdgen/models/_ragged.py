@@ -45,7 +45,14 @@ import torch
 from ..transfer import to_device, to_device_all
 from .base import DecodingSession, WindowLogits, check_row_arguments, row_tensor
 
-__all__ = ["RaggedCache", "RaggedSession", "causal_mask", "split_guided", "window_columns", "window_layout"]
+__all__ = ["RaggedCache", "RaggedSession", "additive_mask", "causal_mask", "split_guided", "window_columns", "window_layout"]
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[R, S, T]`` bool (True: the query may attend the column) -> the additive ``[R, 1, S, T]`` mask
+    in ``dtype`` (0 where allowed, else its most negative value), on ``allowed``'s device."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+        ~allowed, torch.finfo(dtype).min)[:, None]
 
 
 def causal_mask(valid: torch.Tensor, new: int, dtype: torch.dtype) -> torch.Tensor:
@@ -66,9 +73,7 @@ def causal_mask(valid: torch.Tensor, new: int, dtype: torch.dtype) -> torch.Tens
     R, width = valid.shape
     column = torch.arange(width, device=valid.device)
     query = torch.arange(width - new, width, device=valid.device)
-    allowed = valid.bool()[:, None, :] & (column[None, :] <= query[:, None])[None]
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=valid.device).masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[:, None]
+    return additive_mask(valid.bool()[:, None, :] & (column[None, :] <= query[:, None])[None], dtype)
 
 
 def split_guided(logits: torch.Tensor, batch_size: int, guided: bool) -> WindowLogits:
@@ -164,8 +169,7 @@ class RaggedCache:
         past = self.valid[:, None, :].expand(R, S, self.width)
         tree = (sees & new_valid[:, None, :]) | torch.eye(S, dtype=torch.bool)[None]  # a padding column sees itself
         allowed, positions = to_device_all([torch.cat([past, tree], dim=2), self.lengths[:, None] + offsets], self.device)
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill_(~allowed, torch.finfo(dtype).min)
-        return mask[:, None], positions
+        return additive_mask(allowed, dtype), positions
 
     def drop_new(self, keep: torch.Tensor) -> None:
         """Make the last ``S`` columns holes where ``keep`` (``[R, S]`` bool CPU) is False."""

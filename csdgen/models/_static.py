@@ -80,7 +80,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ..transfer import to_device
-from ._ragged import RaggedSession, kept_tree_columns
+from ._ragged import RaggedSession, additive_mask, kept_tree_columns
 from .base import WindowLogits, check_row_arguments, row_tensor
 
 __all__ = [
@@ -881,9 +881,7 @@ class StaticSession(RaggedSession):
 
     def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
         """``[R, S, T]`` bool -> the additive ``[R, 1, S, T]`` mask in the attention's dtype (0 or its minimum)."""
-        dtype = self._float
-        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
-            ~allowed, torch.finfo(dtype).min)[:, None]
+        return additive_mask(allowed, self._float)
 
     def _window_step(self, tokens: torch.Tensor, start: torch.Tensor, widths: torch.Tensor) -> torch.Tensor:
         """One window over every batch slot of a bucket: ``[slots, W]`` codebook ids, ``[slots]`` starts
