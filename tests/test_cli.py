@@ -102,6 +102,29 @@ def test_output_path_that_is_a_file_is_refused(weights, tmp_path, capsys):
     assert "is a file, not a folder" in err and "File exists" not in err
 
 
+def test_output_folder_check_holds_when_many_processes_check_it_at_once(tmp_path):
+    """Ranks under torchrun check the same --out together: no check may see another's probe file vanish."""
+    import threading
+
+    from csdgen.cli._common import writable
+
+    folder, errors = tmp_path / "shared", []
+
+    def check():
+        for _ in range(200):
+            try:
+                writable(folder)
+            except ValueError as exc:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=check) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and list(folder.iterdir()) == []
+
+
 def test_missing_weights_folder_is_a_clear_error(tmp_path, capsys):
     assert run("generate", "--weights", tmp_path / "nowhere", "--out", tmp_path / "o") == 2
     assert "no built-in weights" in capsys.readouterr().err

@@ -6,7 +6,9 @@ pays for them.
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 from ..class_names import folder_error, shown_path
@@ -85,9 +87,11 @@ def writable(folder: Path) -> Path:
         raise ValueError(f"output folder {shown_path(folder)!r} {where} a file, not a folder; choose another with --out")
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / ".csdgen-write-test"
-        probe.write_text("")
-        probe.unlink()
+        # a probe name of its own: ranks under torchrun check the same folder at once, and a shared name let
+        # one rank's unlink race another's
+        handle, probe = tempfile.mkstemp(dir=folder, prefix=".csdgen-write-test-")
+        os.close(handle)
+        os.unlink(probe)
     except OSError as exc:
         import errno
 
