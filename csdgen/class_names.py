@@ -34,12 +34,19 @@ __all__ = ["ClassNames", "name_key", "RANDOM"]
 #: the ``--class`` word for "a class drawn from the seed" (one per image)
 RANDOM = "random"
 
-_APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "`": "'", "_": " "})
+_APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "`": "'", "_": " ",
+                              # emoji presentation selectors and the five skin-tone modifiers (U+1F3FB..U+1F3FF):
+                              # "\U0001F44D\U0001F3FD" (thumbs up, medium skin tone) is the thumbs-up emoji
+                              "\ufe0e": None, "\ufe0f": None, **{0x1F3FB + k: None for k in range(5)}})
+#: a skin tone named after an emoji's name, as CLDR names the variants ("waving hand: medium-dark skin tone",
+#: two for pairs), in :func:`name_key` form: a name that is not found is looked up again without it
+_SKIN_TONE = re.compile(r"(?:[:,](?:light|medium-light|medium|medium-dark|dark) skin tone)+$")
 
 
 def name_key(text: str) -> str:
     """The form two names are compared in: casefolded, no accents, ``'`` for curly apostrophes,
-    ``_`` read as a space, runs of spaces as one, none around ``,`` and ``:``, none at the ends.
+    ``_`` read as a space, runs of spaces as one, none around ``,`` and ``:``, none at the ends;
+    emoji variation selectors (U+FE0E, U+FE0F) and skin-tone modifiers (U+1F3FB..U+1F3FF) dropped.
 
     >>> name_key("  Family:  Man,Boy , BOY ")
     'family:man,boy,boy'
@@ -92,14 +99,20 @@ class ClassNames:
         aliases: optional extra names per class: a sequence (one list of aliases per class) or a
             mapping alias -> class index. An alias that equals a class name, or that two classes
             share, is ignored.
+        elsewhere: optional names the model knows of but does not draw (and their aliases), each
+            mapped to the indices of the classes nearest to it, best first: such a name is still an
+            unknown class, and its error names those classes (:meth:`unknown`). A key that is a
+            class name or alias is ignored.
 
     Raises:
         ValueError: two names that are the same after :func:`name_key`, an empty name, or
-            ``categories`` / ``aliases`` of another length than ``names``.
+            ``categories`` / ``aliases`` of another length than ``names``; an ``elsewhere`` index
+            outside ``0 .. len(names) - 1``.
     """
 
     def __init__(self, names: Sequence[str], categories: Sequence[str] | None = None,
-                 aliases: Sequence[Sequence[str]] | Mapping[str, int] | None = None):
+                 aliases: Sequence[Sequence[str]] | Mapping[str, int] | None = None,
+                 elsewhere: Mapping[str, Sequence[int]] | None = None):
         self.names = [str(n) for n in names]
         if categories is not None and len(categories) != len(self.names):
             raise ValueError(f"{len(categories)} categories for {len(self.names)} class names")
@@ -137,6 +150,55 @@ class ClassNames:
             self._aliases_by_class.setdefault(i, []).append(key)
         # the longest name in commas: no run of more pieces than this can form a name
         self._max_pieces = 1 + max((k.count(",") for k in [*self._index, *self._alias]), default=0)
+        self._elsewhere: dict[str, list[int]] = {}
+        for name, nearest in (elsewhere or {}).items():
+            key = name_key(name)
+            near = [int(i) for i in nearest]
+            bad = [i for i in near if not 0 <= i < len(self.names)]
+            if bad:
+                raise ValueError(f"elsewhere[{name!r}]: class index {bad[0]} outside 0..{len(self.names) - 1}")
+            if key and key not in self._index and key not in self._alias:
+                self._elsewhere.setdefault(key, near)
+        #: how many things the model knows of without drawing them (``elsewhere``'s names with their
+        #: aliases; :meth:`from_config` counts the things)
+        self.num_elsewhere = len(self._elsewhere)
+
+    @classmethod
+    def from_config(cls, config: Mapping) -> "ClassNames":
+        """The class names a model's ``config.json`` describes (the built-in model's layout).
+
+        Keys read: ``class_names`` (required), ``class_categories``, ``class_short_names`` and
+        ``class_emoji`` (aliases per class: short names, and the emoji's own characters), and
+        ``other_classes``: ``{"names": [...], "aliases": [[...], ...], "nearest": [[class index, ...], ...]}``,
+        names the model knows of but does not draw (see ``elsewhere`` above).
+
+        Raises:
+            ValueError: a list of another length than ``class_names`` (naming the key).
+        """
+        names = list(config["class_names"])
+        aliases = [[] for _ in names]
+        for key in ("class_short_names", "class_emoji"):
+            extra = config.get(key)
+            if extra is None:
+                continue
+            if len(extra) != len(names):
+                raise ValueError(f"config {key}: {len(extra)} lists for {len(names)} class names")
+            for group, more in zip(aliases, extra):
+                group.extend(more or ())
+        elsewhere: dict[str, list[int]] = {}
+        other = config.get("other_classes") or {}
+        other_names, nearest = list(other.get("names", [])), list(other.get("nearest", []))
+        other_aliases = list(other.get("aliases", [[] for _ in other_names]))
+        if not len(other_names) == len(nearest) == len(other_aliases):
+            raise ValueError(f"config other_classes: {len(other_names)} names, {len(nearest)} nearest lists and "
+                             f"{len(other_aliases)} alias lists; allowed: one of each per name")
+        for name, more, near in zip(other_names, other_aliases, nearest):
+            for key in (name, *more):
+                elsewhere.setdefault(key, near)
+        out = cls(names, config.get("class_categories"), aliases, elsewhere or None)
+        out.num_elsewhere = len(other_names)
+        return out
+
 
     def __len__(self) -> int:
         return len(self.names)
@@ -149,7 +211,20 @@ class ClassNames:
         """Class index of a name or alias (any case and spacing), else ``None``. Indices are not read."""
         key = name_key(text)
         found = self._index.get(key)
-        return found if found is not None else self._alias.get(key)
+        if found is None:
+            found = self._alias.get(key)
+        if found is None and _SKIN_TONE.search(key):  # "thumbs up sign: medium skin tone": the emoji's class
+            return self.find(_SKIN_TONE.sub("", key))
+        return found
+
+    def nearest_drawn(self, text: str) -> list[int] | None:
+        """For a name the model knows of but does not draw (``elsewhere``), the nearest classes it
+        draws, best first; else ``None``."""
+        key = name_key(text)
+        near = self._elsewhere.get(key)
+        if near is None and _SKIN_TONE.search(key):
+            near = self._elsewhere.get(_SKIN_TONE.sub("", key))
+        return None if near is None else list(near)
 
     def suggest(self, text: str, n: int = 3) -> list[str]:
         """Up to ``n`` class names close to ``text`` (``difflib``; names and aliases), best first."""
@@ -175,6 +250,11 @@ class ClassNames:
             return ValueError(f"class {str(text)!r}: here a class name or index is needed (random draws classes only in "
                               f"csdgen generate --class and csdgen.save_run); draw them with "
                               f"model.classes.assign([{str(text)!r}], n, seed=...) and pass the indices it returns")
+        near = self.nearest_drawn(text) if len(str(text)) <= 1000 else None
+        if near is not None:
+            shown_near = ", ".join(repr(self.names[i]) for i in near[:3])
+            return ValueError(f"class {shown(text)!r} is not one of the {len(self.names)} classes this model draws; "
+                              f"the nearest it draws: {shown_near} (list them: csdgen generate --list-classes)")
         hint = self.suggest(text) if len(str(text)) <= 1000 else []
         close = f"; did you mean {' or '.join(repr(h) for h in hint)}?" if hint else ""
         return ValueError(f"unknown class {shown(text)!r}{close} (any of the {len(self.names)} class names in any "

@@ -30,9 +30,10 @@ def shipped_classes() -> tuple[list, list, list]:
     return config["class_names"], config["class_categories"], config["class_short_names"]
 
 
-def make_tiny_weights(folder: Path, classes: tuple[list, list, list] | None = None) -> Path:
+def make_tiny_weights(folder: Path, classes: tuple[list, list, list] | None = None, extra: dict | None = None) -> Path:
     """Tiny random weights in ``folder``; ``classes``: (names, categories, short names), default the
-    three above (``shipped_classes()`` gives the shipped model's 1,911)."""
+    three above (``shipped_classes()`` gives the shipped model's); ``extra``: more config.json keys
+    (``class_emoji``, ``default_classes``, ``other_classes``)."""
     names, categories, short_names = classes or (CLASS_NAMES, CATEGORIES, SHORT_NAMES)
     torch.manual_seed(0)
     folder.mkdir(parents=True, exist_ok=True)
@@ -48,7 +49,7 @@ def make_tiny_weights(folder: Path, classes: tuple[list, list, list] | None = No
     write_json({"class_names": names, "class_categories": categories, "class_short_names": short_names,
                 "num_classes": len(names), "codebook_size": CODEBOOK, "grid": [16, 16], "image_size": 64,
                 "class_token_offset": CODEBOOK, "null_class_id": CODEBOOK + len(names), "vq": vq_cfg.to_dict(),
-                "llama": llama, "classifier": clf_cfg}, folder / "config.json")
+                "llama": llama, "classifier": clf_cfg} | (extra or {}), folder / "config.json")
     real = torch.rand(40, 3, 64, 64) * 2 - 1
     save_file(reference_feature_states(clf.eval(), real), str(folder / REFERENCE_FILE))
     return folder

@@ -137,3 +137,63 @@ def test_spread_visits_every_class_once_and_any_stretch_covers_the_categories():
     assert max(counts.values()) <= 9  # about 6.4 per category, none crowded out
     assert emoji_like.assign(None, 4, default="spread") == order[:4]
     assert ClassNames(["a"]).spread(3) == [0, 0, 0] and sorted(ClassNames(list("abcd")).spread(4)) == [0, 1, 2, 3]
+
+
+# ---- a model that draws some emoji and knows the others (config.json's class_emoji and other_classes) ----
+
+OFFERED_CONFIG = {
+    "class_names": ["red apple", "dog face", "thumbs up sign"],
+    "class_categories": ["Food & Drink", "Animals & Nature", "People & Body"],
+    "class_short_names": [["apple"], ["dog"], ["+1", "thumbsup"]],
+    "class_emoji": [["\U0001F34E"], ["\U0001F436"], ["\U0001F44D"]],
+    "other_classes": {"names": ["green apple", "cat face", "waving hand sign"],
+                      "aliases": [["green_apple", "\U0001F34F"], ["cat"], ["wave", "\U0001F44B"]],
+                      "nearest": [[0, 2], [1, 0], [2, 1]]},
+}
+
+
+@pytest.mark.parametrize("typed, index", [
+    ("\U0001F34E", 0),                      # the emoji itself
+    ("\U0001F436\ufe0f", 1),                # with the emoji presentation selector
+    ("\U0001F44D\U0001F3FD", 2),            # thumbs up, medium skin tone: the class of the base emoji
+    ("thumbs up sign: medium-dark skin tone", 2),  # CLDR's name of the variant
+    ("Thumbs Up Sign, light skin tone", 2),
+    ("thumbsup", 2),
+])
+def test_emoji_characters_and_skin_tones_find_their_class(typed, index):
+    assert ClassNames.from_config(OFFERED_CONFIG).index(typed) == index
+
+
+@pytest.mark.parametrize("typed, nearest", [
+    ("green apple", "'red apple', 'thumbs up sign'"), ("\U0001F34F", "'red apple', 'thumbs up sign'"),
+    ("CAT", "'dog face', 'red apple'"), ("waving hand sign: dark skin tone", "'thumbs up sign', 'dog face'"),
+])
+def test_a_known_emoji_not_drawn_names_the_nearest_classes_drawn(typed, nearest):
+    classes = ClassNames.from_config(OFFERED_CONFIG)
+    with pytest.raises(ValueError) as exc:
+        classes.index(typed)
+    message = str(exc.value)
+    assert "is not one of the 3 classes this model draws" in message and f"the nearest it draws: {nearest}" in message
+    assert "\n" not in message
+
+
+def test_a_name_nobody_knows_still_gets_close_matches_not_nearest_classes():
+    with pytest.raises(ValueError, match=r"unknown class 'red aple'; did you mean 'red apple'"):
+        ClassNames.from_config(OFFERED_CONFIG).index("red aple")
+
+
+def test_from_config_refuses_lists_of_the_wrong_length():
+    bad = dict(OFFERED_CONFIG, class_emoji=[["\U0001F34E"]])
+    with pytest.raises(ValueError, match="class_emoji: 1 lists for 3 class names"):
+        ClassNames.from_config(bad)
+    bad = dict(OFFERED_CONFIG, other_classes=dict(OFFERED_CONFIG["other_classes"], nearest=[[0]]))
+    with pytest.raises(ValueError, match="other_classes: 3 names, 1 nearest lists"):
+        ClassNames.from_config(bad)
+    bad = dict(OFFERED_CONFIG, other_classes=dict(OFFERED_CONFIG["other_classes"], nearest=[[0], [1], [7]]))
+    with pytest.raises(ValueError, match="class index 7 outside 0..2"):
+        ClassNames.from_config(bad)
+
+
+def test_skin_tone_text_is_not_stripped_from_a_class_that_is_named_with_it():
+    classes = ClassNames(["hand: medium skin tone", "hand"])
+    assert classes.index("hand: medium skin tone") == 0 and classes.index("hand: dark skin tone") == 1

@@ -11,7 +11,7 @@ from csdgen.cli._options import engine_kwargs
 from csdgen.models.builtin import load_builtin_model
 
 from builtin_fixture import CLASS_NAMES, CODEBOOK, make_tiny_weights
-from cli_helpers import run
+from cli_helpers import cli_error, run
 
 
 @pytest.fixture(scope="module")
@@ -215,3 +215,39 @@ def test_engine_option_reaches_generate_and_bad_values_are_refused(weights, tmp_
     for command in ("compare", "bench", "sweep"):
         args = parser.parse_args([command, "--engine", "eager", "--no-compile"])
         assert engine_kwargs(args) == {"engine": "eager", "compile": False}
+
+
+EMOJI_CONFIG = {"class_emoji": [["\U0001F436"], ["\U0001F468\u200D\U0001F466\u200D\U0001F466"], ["\U0001F34E"]],
+                "default_classes": ["red apple", "dog face"],
+                "other_classes": {"names": ["green apple"], "aliases": [["\U0001F34F"]], "nearest": [[2, 0, 1]]}}
+
+
+@pytest.fixture(scope="module")
+def emoji_weights(tmp_path_factory):
+    return make_tiny_weights(tmp_path_factory.mktemp("emoji_weights"), extra=EMOJI_CONFIG)
+
+
+def test_generate_without_class_draws_the_weights_default_classes_in_turn(emoji_weights, tmp_path):
+    out = tmp_path / "out"
+    assert run("generate", "--weights", emoji_weights, "-n", 3, "--out", out, "--window", 4) == 0
+    record = json.loads((out / "record.json").read_text())
+    assert [record["images"][k]["class"] for k in "012"] == ["red apple", "dog face", "red apple"]
+
+
+def test_generate_takes_the_emoji_itself_and_its_skin_tones(emoji_weights, tmp_path):
+    out = tmp_path / "out"
+    assert run("generate", "--weights", emoji_weights, "-n", 2, "--out", out, "--window", 4,
+               "--class", "\U0001F34E,\U0001F436\U0001F3FF") == 0
+    assert sorted(p.name for p in out.glob("*.png") if "_map" not in p.name) == ["0000_red-apple.png", "0001_dog-face.png"]
+
+
+def test_generate_answers_an_emoji_it_does_not_draw_with_the_nearest_it_draws(emoji_weights, tmp_path, capsys):
+    err = cli_error(capsys, "generate", "--weights", emoji_weights, "--out", tmp_path / "o", "--class", "green apple")
+    assert "'green apple' is not one of the 3 classes this model draws; the nearest it draws: 'red apple', " \
+           "'dog face', 'family: man, boy, boy'" in err
+
+
+def test_list_classes_shows_the_emoji_and_counts_the_names_known_but_not_drawn(emoji_weights, capsys):
+    assert run("generate", "--weights", emoji_weights, "--list-classes") == 0
+    out = capsys.readouterr().out
+    assert "red apple  (also: apple, \U0001F34E)" in out and "1 other emoji names are known but not drawn" in out

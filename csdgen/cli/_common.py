@@ -251,6 +251,9 @@ def list_classes(args) -> int:
     classes = _options.class_lookup(args.weights)
     print(classes.listing(args.list_classes or None))
     print(f"{len(classes)} classes in all; give names (any case), indices or random to --class")
+    if classes.num_elsewhere:
+        print(f"{classes.num_elsewhere:,} other emoji names are known but not drawn: each is answered with the "
+              f"classes nearest to it")
     return 0
 
 
@@ -266,7 +269,8 @@ def builtin_model(args, fixed_window: bool = False, spread: bool = False):
 
     Returns:
         ``(model, classes)``: the model and one class index per image (``-n`` images, default 8,
-        taking ``--class`` in turn, ``random`` drawn from ``--seed``, or else every class in turn;
+        taking ``--class`` in turn, ``random`` drawn from ``--seed``, or else the model's
+        ``default_classes`` in turn, or every class in turn where it has none;
         with ``spread`` the classes of :meth:`csdgen.class_names.ClassNames.spread`, for measurements).
 
     Raises:
@@ -306,6 +310,8 @@ def builtin_model(args, fixed_window: bool = False, spread: bool = False):
         raise ValueError(f"--class {shown!r}: no class given; allowed: class names (any case), indices or random, "
                          f"comma-separated (leave --class out for the default classes; --list-classes lists them)")
     count = args.num_images or 8
+    if items is None and not spread and getattr(model, "default_classes", None):
+        items = model.default_classes  # the weights' own choice: different classes it draws well
     ids = model.classes.assign(items, count, seed=getattr(args, "seed", 0),
                                default="spread" if spread else "turn")  # raises on an unknown class
     args.window = clamp_window(args.window, model.num_image_tokens)

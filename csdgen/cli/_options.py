@@ -57,7 +57,10 @@ def class_lookup(weights: Path | None = None):
     config = read_json(path, what="the built-in model's config")
     if not isinstance(config.get("class_names"), list):
         raise ValueError(f"{str(path)!r} has no class_names list")
-    return ClassNames(config["class_names"], config.get("class_categories"), config.get("class_short_names"))
+    try:
+        return ClassNames.from_config(config)
+    except ValueError as exc:
+        raise ValueError(f"{str(path)!r}: {exc}") from None
 
 
 def _defaults_module():
@@ -321,10 +324,10 @@ def add_builtin_model(p: argparse.ArgumentParser, *, n_default: str, batch_defau
     example = next((n for n in ("red apple", "dog face") if n in classes), classes[0] if classes else "")
     shipped = (f"the {len(classes):,} classes of the shipped model, e.g. {example!r}; " if classes else "")
     default = ("classes spread over all the categories, in a fixed order" if spread
-               else "every class in turn")
+               else "the model's default classes, different ones it draws well")
     p.add_argument("--weights", type=path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
     p.add_argument("--class", dest="classes", action="append", default=None, metavar="NAMES",
-                   help=f"built-in class names ({shipped}any case and spacing, or an emoji's short name), "
+                   help=f"built-in class names ({shipped}any case and spacing, an emoji's short name or the emoji itself), "
                         f"indices, or random (a class drawn from --seed per image); comma-separated (a name "
                         f"holding commas, 'family: man, boy, boy', stays whole: the longest name wins) or "
                         f"repeated, taken in turn (default: {default}). List them: --list-classes")

@@ -14,6 +14,7 @@ from functools import lru_cache
 
 import torch
 
+from ..class_names import ClassNames
 from .defaults import FAMILY_DEFAULTS
 from .llama import ClassConditionalLlama
 
@@ -46,6 +47,12 @@ class BuiltinModel(ClassConditionalLlama):
             raise ValueError(f"{exc} in {components.weights_dir}/config.json; for emoji weights: "
                              f"python -m csdgen.builtin.emoji --update-config {components.weights_dir}") from None
         self.components = components
+        # the emoji's own characters and the emoji it knows of without drawing them (config.json)
+        self.classes = ClassNames.from_config(config)
+        #: the classes ``csdgen generate`` draws when no ``--class`` is given (config ``default_classes``),
+        #: as indices; ``None``: every class in turn
+        self.default_classes = (self.classes.resolve(config["default_classes"])
+                                if config.get("default_classes") else None)
 
     def decode_images(self, tokens: torch.Tensor) -> torch.Tensor:
         """Image tokens ``[B, N]`` int64 -> images ``[B, 3, 64, 64]`` float32 in [-1, 1].

@@ -1,0 +1,201 @@
+"""Make a finished training run into the shipped weights: the classes offered, and every other emoji.
+
+Training-time only (never imported at run time). Needs the emoji package (``npm pack``, see
+:mod:`csdgen.builtin.emoji`) and a class-agreement measurement of the run
+(``benchmarks/builtin_class_agreement.py --json``):
+
+    python -m csdgen.builtin.ship --run RUN --agreement RUN/classes.json --guidance 3 \\
+        --min-agreement 0.5 --source-classifier SRC --out csdgen/builtin/weights
+
+What it writes into ``--out`` (atomically, file by file; ``--out`` may not be ``--run``):
+
+- the classes offered: those of the run whose AR samples at ``--guidance`` the run's classifier
+  judged the asked class at least ``--min-agreement`` of the time. The AR model's class-token rows
+  (embedding and output head) are cut to those classes, so the token layout stays
+  ``[codes, classes offered, null]`` (``csdgen.builtin``); the classifier's head likewise
+  (``train.restricted_classifier``); the Frechet reference statistics are recomputed on them.
+- ``config.json``: the run's, with the classes offered, their emoji characters (``class_emoji``:
+  ``--class "🍎"``), the eight ``default_classes`` (the best-drawn class of eight different
+  categories), and ``other_classes``: every other emoji of the package with its short names,
+  characters and the three offered classes that look most like it (cosine similarity of the
+  ``--source-classifier``'s features of the emoji images; :meth:`csdgen.class_names.ClassNames.from_config`
+  reads it, so ``--class "green apple"`` names the nearest classes offered);
+- ``metrics.json``: the run's, with the class set (how it was chosen, the agreement file's
+  figures) and the classifier's accuracy on held-out real views of the offered classes and on
+  their VQ reconstructions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from . import load_components
+from .emoji import HELDOUT_SEED, base_entries, class_names, fetch_package, load_emoji, make_views, select_classes
+from .train import (classify, decode_u8, encode_all, restricted_classifier, save_json, save_safetensors, to_float)
+
+#: default classes shown: one per category, this many
+DEFAULT_COUNT = 8
+
+
+def emoji_chars(entry: dict) -> list[str]:
+    """The characters of an emoji.json entry: its unified and non-qualified code point sequences."""
+    out = []
+    for key in ("unified", "non_qualified"):
+        code = entry.get(key)
+        if code:
+            out.append("".join(chr(int(h, 16)) for h in code.split("-")))
+    return list(dict.fromkeys(out))
+
+
+def offered_classes(agreement: dict, guidance: str, minimum: float, names: list[str]) -> list[str]:
+    """Names (in ``names``' order) whose agreement at ``guidance`` is at least ``minimum``.
+
+    Raises:
+        ValueError: the agreement file has no such guidance scale, or misses a class."""
+    by = agreement["by_guidance"]
+    if guidance not in by:
+        raise ValueError(f"--guidance {guidance}: the agreement file has {sorted(by)}")
+    per = by[guidance]["classes"]
+    missing = [n for n in names if n not in per]
+    if missing:
+        raise ValueError(f"the agreement file lacks classes of the run: {missing[:5]}")
+    return [n for n in names if per[n]["hits"] / per[n]["n"] >= minimum]
+
+
+def default_classes(agreement: dict, guidance: str, kept: list[str], categories: dict[str, str],
+                    count: int = DEFAULT_COUNT) -> list[str]:
+    """``count`` classes of ``kept``: the best-drawn (hits, then mean probability) class of each category,
+    categories ordered by their best class; where there are fewer categories, the next best classes."""
+    per = agreement["by_guidance"][guidance]["classes"]
+    ranked = sorted(kept, key=lambda n: (-per[n]["hits"] / per[n]["n"], -per[n]["p_class"], n))
+    chosen: list[str] = []
+    for n in ranked:
+        if categories[n] not in {categories[c] for c in chosen}:
+            chosen.append(n)
+    chosen = chosen[:count]
+    chosen += [n for n in ranked if n not in chosen][:count - len(chosen)]
+    return chosen
+
+
+def cut_ar(state: dict[str, torch.Tensor], codebook: int, rows: list[int], old_classes: int) -> dict:
+    """The AR model's state with its class-token rows cut to ``rows`` (class indices of the run):
+    every tensor whose first dimension is the vocabulary (``codebook + old_classes + 1``) keeps rows
+    ``[0, codebook)``, ``codebook + rows`` and the null row."""
+    vocab = codebook + old_classes + 1
+    keep = torch.tensor(list(range(codebook)) + [codebook + r for r in rows] + [vocab - 1])
+    return {k: (v[keep].contiguous() if v.shape and v.shape[0] == vocab else v) for k, v in state.items()}
+
+
+@torch.no_grad()
+def nearest_offered(source: Path, all_names: list[str], images: torch.Tensor, kept: list[str], k: int = 3) -> list[list[int]]:
+    """For every class of ``all_names`` (one real image each, ``images`` float [C, 3, 64, 64] in [-1, 1]),
+    the indices in ``kept`` of the ``k`` offered classes whose images look most like it (cosine
+    similarity of the ``source`` classifier's features)."""
+    clf, _ = restricted_classifier(source, all_names, all_names)
+    feats = torch.cat([clf.features(images[i:i + 256]) for i in range(0, len(images), 256)])
+    feats = F.normalize(feats.float(), dim=-1)
+    kept_rows = torch.tensor([all_names.index(n) for n in kept])
+    sims = feats @ feats[kept_rows].T
+    return sims.topk(min(k, len(kept)), dim=-1).indices.tolist()
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", type=Path, required=True, help="the finished run (train.py's --out)")
+    p.add_argument("--agreement", type=Path, required=True, help="builtin_class_agreement.py's --json of the run")
+    p.add_argument("--guidance", default="3", help="the guidance scale of the agreement to choose by")
+    p.add_argument("--min-agreement", type=float, default=0.5)
+    p.add_argument("--source-classifier", type=Path, required=True,
+                   help="a weights folder whose classifier knows every emoji (the nearest-class table)")
+    p.add_argument("--heldout-views", type=int, default=4)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.out.resolve() == args.run.resolve():
+        raise SystemExit("--out must not be --run (the run's files are read while --out is written)")
+    run = load_components(args.run)
+    config = dict(run.config)
+    names = run.class_names
+    agreement = json.loads(args.agreement.read_text())
+    kept = offered_classes(agreement, args.guidance, args.min_agreement, names)
+    if len(kept) < 2:
+        raise SystemExit(f"only {len(kept)} classes reach agreement {args.min_agreement}; lower --min-agreement")
+    rows = [names.index(n) for n in kept]
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    # the AR model and its config
+    codebook = run.codebook_size
+    state = cut_ar(load_file(str(args.run / "ar.safetensors")), codebook, rows, len(names))
+    llama = dict(config["llama"], vocab_size=codebook + len(kept) + 1)
+    save_safetensors(state, args.out / "ar.safetensors", dtype=torch.float16)
+    shutil.copyfile(args.run / "vq.safetensors", args.out / "vq.safetensors.tmp")
+    (args.out / "vq.safetensors.tmp").replace(args.out / "vq.safetensors")
+
+    # the classifier, cut to the offered classes, and its accuracy on them
+    clf, clf_cfg = restricted_classifier(args.run, kept, names)
+    save_safetensors(clf.state_dict(), args.out / "classifier.safetensors", dtype=torch.float16)
+    data = load_emoji()
+    sub = select_classes(data, kept)
+    xho, yho = make_views(sub, args.heldout_views, HELDOUT_SEED, uint8=True)
+    recon = decode_u8(run.vq, encode_all(run.vq, xho))
+    from csdgen.evaluation.quality import REFERENCE_FILE, reference_feature_states
+
+    save_safetensors(reference_feature_states(clf, to_float(xho)), args.out / REFERENCE_FILE)
+
+    # every emoji: characters, and the offered classes nearest to those not offered
+    entries = base_entries(fetch_package())
+    all_names = class_names(entries)
+    by_name = dict(zip(all_names, entries))
+    first_image = torch.stack([torch.from_numpy(data.images[(data.labels == c).nonzero()[0][0]]) for c in
+                               range(len(data.names))]).permute(0, 3, 1, 2)
+    nearest = nearest_offered(args.source_classifier, data.names, to_float(first_image), kept)
+    short = {n: s for n, s in zip(data.names, data.short_names)}
+    others = [c for c, n in enumerate(data.names) if n not in kept]
+    categories = dict(zip(names, config["class_categories"]))
+    config.update(
+        class_names=kept, class_categories=[categories[n] for n in kept],
+        class_short_names=[list(config["class_short_names"][names.index(n)]) for n in kept],
+        class_emoji=[emoji_chars(by_name[n]) for n in kept],
+        num_classes=len(kept), null_class_id=codebook + len(kept), llama=llama, classifier=clf_cfg,
+        default_classes=default_classes(agreement, args.guidance, kept, categories),
+        other_classes={"how": f"every other emoji of the package, with the {len(nearest[0])} offered classes whose "
+                              f"images look most like it (cosine similarity of a {len(data.names)}-class emoji "
+                              f"classifier's features)",
+                       "names": [data.names[c] for c in others],
+                       "aliases": [list(short[data.names[c]]) + emoji_chars(by_name[data.names[c]]) for c in others],
+                       "nearest": [nearest[c] for c in others]})
+    per = agreement["by_guidance"][args.guidance]
+    config["class_set"] = dict(config.get("class_set", {}),
+                               offered=f"the {len(kept)} of the run's {len(names)} classes whose AR samples at "
+                                       f"guidance {args.guidance} were judged their class at least "
+                                       f"{args.min_agreement:g} of the time ({per['classes'][kept[0]]['n']} samples "
+                                       f"per class, benchmarks/builtin_class_agreement.py)")
+    save_json(config, args.out / "config.json")
+
+    metrics = json.loads((args.run / "metrics.json").read_text()) if (args.run / "metrics.json").is_file() else {}
+    metrics["classes"] = {"offered": len(kept), "trained": len(names), "min_agreement": args.min_agreement,
+                          "guidance": float(args.guidance), "samples_per_class": per["classes"][kept[0]]["n"],
+                          "agreement_all_trained": per["agreement"],
+                          "agreement_offered": sum(per["classes"][n]["hits"] for n in kept)
+                          / sum(per["classes"][n]["n"] for n in kept)}
+    metrics["classifier"] = {"source": "the run's classifier, its logits of the offered classes",
+                             "heldout_accuracy": float((classify(clf, xho) == yho).float().mean()),
+                             "heldout_accuracy_vq_reconstructions": float((classify(clf, recon) == yho).float().mean()),
+                             "n_heldout": len(yho)}
+    metrics.pop("samples", None)  # the run's figure was over all its classes; builtin_report measures the offered
+    save_json(metrics, args.out / "metrics.json")
+    print(f"{len(kept)} of {len(names)} classes offered -> {args.out}; defaults {config['default_classes']}; "
+          f"classifier {metrics['classifier']['heldout_accuracy']:.3f} real, "
+          f"{metrics['classifier']['heldout_accuracy_vq_reconstructions']:.3f} VQ reconstructions")
+
+
+if __name__ == "__main__":
+    main()
