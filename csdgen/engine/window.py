@@ -97,10 +97,41 @@ def _shared_state(model, time_key: tuple, count_key: tuple) -> _Learned:
         per_model = _STATES.setdefault(model, {"times": {}, "counts": {}, "every": {}, "lag": {}, "pace": {}})
     except TypeError:
         return _Learned()
-    return _Learned(per_model["times"].setdefault(time_key, {}), per_model["counts"].setdefault(count_key, _Counts()),
+    if count_key not in per_model["counts"]:
+        per_model["counts"][count_key] = prior_counts(model, f"{count_key[0]}/{count_key[3]}")
+    return _Learned(per_model["times"].setdefault(time_key, {}), per_model["counts"][count_key],
                     per_model["every"].setdefault((time_key, count_key), {}),
                     per_model["lag"].setdefault((time_key, count_key), {}),
                     per_model["pace"].setdefault(time_key, {}))
+
+
+def prior_counts(model, method: str) -> _Counts:
+    """The acceptance counts a fresh process starts from for ``method`` (``"RULE/REFRESH"``, a rule's
+    name and the refresh of its drafts: ``"csd/coupled"``): the model's ``auto_window_prior[method]``
+    where it ships one, else none (:class:`_Counts`' empty arrays).
+
+    A prior is ``{"reached": [[...]], "rejected": [[...]]}``, float draft counts ``[len(DEPTH_EDGES),
+    AGE_GROUPS]`` (depth bucket x age group) as :class:`_AutoWindow` keeps them, recorded from this
+    model's own runs (``benchmarks/builtin_auto_prior.py`` for the built-in model). The counts decay
+    like the process's own (:attr:`_AutoWindow.DECAY` per iteration), so within a few dozen
+    iterations the process's own measurements outweigh them; without a prior the first forwards
+    decide alone, and a fresh process could settle at width 1 before testing a draft.
+
+    Raises:
+        ValueError: a prior of another shape (naming the model's attribute and the shape allowed).
+    """
+    prior = (getattr(model, "auto_window_prior", None) or {}).get(method)
+    counts = _Counts()
+    if prior is None:
+        return counts
+    shape = counts.reached.shape
+    reached, rejected = (np.asarray(prior[k], dtype=np.float64) for k in ("reached", "rejected"))
+    if reached.shape != shape or rejected.shape != shape or (rejected > reached + 1e-9).any() or (rejected < 0).any():
+        raise ValueError(f"auto_window_prior[{method!r}]: reached and rejected must be counts of shape {list(shape)} "
+                         f"with 0 <= rejected <= reached; got {list(reached.shape)} and {list(rejected.shape)}")
+    counts.reached, counts.rejected = reached.copy(), rejected.copy()
+    counts.version = 1
+    return counts
 
 
 class _AutoWindow:

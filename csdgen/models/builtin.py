@@ -53,6 +53,9 @@ class BuiltinModel(ClassConditionalLlama):
         #: as indices; ``None``: every class in turn
         self.default_classes = (self.classes.resolve(config["default_classes"])
                                 if config.get("default_classes") else None)
+        #: what ``window="auto"`` starts from in a fresh process: acceptance counts per ``"rule/refresh"``
+        #: recorded on these weights (config ``auto_window_prior``; :func:`csdgen.engine.window.prior_counts`)
+        self.auto_window_prior = {k: v for k, v in (config.get("auto_window_prior") or {}).items() if k != "how"}
 
     def decode_images(self, tokens: torch.Tensor) -> torch.Tensor:
         """Image tokens ``[B, N]`` int64 -> images ``[B, 3, 64, 64]`` float32 in [-1, 1].
