@@ -318,6 +318,32 @@ def test_the_queue_limit_gives_429_with_retry_after(cached_model):
         assert post(server, {"prompt": "2", "seed": 3}).status_code == 200
 
 
+def test_retry_after_of_a_full_queue_is_the_queues_expected_wait(cached_model):
+    """Images take about 48 forwards x 0.05 s in the batch (measured on a first request): with 2
+    images decoding (capacity 2) and 2 waiting, a 429's Retry-After is about that time x 2 waiting /
+    capacity 2, rounded up (not the constant 1): at least 48 x 0.05 s, at most the first request's latency."""
+    import math
+    import time
+
+    delay = 0.05
+    model, running = _slow_server(cached_model, delay=delay, capacity=2, max_queue=2)
+    with running as server:
+        began = time.perf_counter()
+        assert post(server, {"prompt": "0", "n": 2, "seed": 1}).status_code == 200
+        latency = time.perf_counter() - began
+        decoding = _raw_request(server, {"prompt": "0", "n": 2, "seed": 2})
+        wait_for(lambda: metric(server.url, "csdgen_batch_occupancy") == 2)
+        waiting = _raw_request(server, {"prompt": "1", "n": 2, "seed": 3})
+        wait_for(lambda: metric(server.url, "csdgen_queue_depth") == 2)
+        full = post(server, {"prompt": "2", "seed": 4})
+        assert full.status_code == 429 and full.json()["error"]["code"] == "queue_full"
+        retry_after = int(full.headers["retry-after"])
+        assert math.ceil((model.num_image_tokens - 1) * delay * 2 / 2) <= retry_after <= math.ceil(latency * 2 / 2), \
+            (retry_after, latency)
+        decoding.close()
+        waiting.close()
+
+
 def test_an_exception_inside_the_model_ends_its_batch_with_500_and_the_server_goes_on(cached_model):
     model, running = _slow_server(cached_model, capacity=4)
     model.poison = 4
