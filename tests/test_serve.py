@@ -499,8 +499,8 @@ def test_serve_lowers_max_batch_to_what_max_memory_allows(capsys, tiny_weights, 
 
     seen = {}
 
-    def fake_run_server(app, sock, on_ready=None):  # what the command would serve, without serving it
-        seen["capacity"] = app.state.scheduler.capacity
+    def fake_run_server(app, sock, on_ready=None, log_level=None):  # what the command would serve, without serving it
+        seen["capacity"], seen["log_level"] = app.state.scheduler.capacity, log_level
         on_ready()
         sock.close()
 
@@ -511,6 +511,7 @@ def test_serve_lowers_max_batch_to_what_max_memory_allows(capsys, tiny_weights, 
                      "--max-memory", repr(gib)]) == 0
     out, err = capsys.readouterr()
     assert seen["capacity"] == 3 and "max batch 3," in out
+    assert seen["log_level"] == "info"  # --log-level's default reaches uvicorn
     assert err.count("\n") == 1 and "--max-batch 16" in err and "about 3 images fit" in err
     assert cli.main(["serve", "--weights", str(tiny_weights), "--port", "0", "--max-batch", "2",
                      "--max-memory", repr(gib)]) == 0

@@ -42,7 +42,6 @@ import collections
 import math
 import threading
 import time
-import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -408,8 +407,10 @@ class Scheduler:
 
     def _fail_batch(self, exc: Exception) -> None:
         """An exception inside the model: the requests with images in the batch get a 500; the batch is dropped."""
+        from .logs import log
+
         detail = f"{type(exc).__name__}: {exc}"
-        traceback.print_exc()
+        log.error("a batch failed; its requests get 500 and the server goes on: %s", detail, exc_info=exc)
         error = APIError(500, f"the model failed while decoding this request's images ({detail}); "
                               f"the server goes on serving other requests", code="model_error")
         jobs = {id(im.job): im.job for im in self._rows.values()}

@@ -144,6 +144,6 @@ class ImageWorker:
         try:
             callback(value)
         except Exception:  # a callback's bug must not stop the images of every other request
-            import traceback
+            from .logs import log
 
-            traceback.print_exc()
+            log.exception("the image worker's callback failed")
