@@ -404,7 +404,8 @@ def _spawn(*argv: str):
                             stderr=subprocess.STDOUT, text=True, env=env,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout] + [lines.put(None)],  # None: the end
+                     daemon=True).start()
     return proc, lines
 
 
@@ -421,11 +422,27 @@ def _address(proc, lines, timeout: float = 300) -> str:
             seen.append(lines.get(timeout=0.5))
         except queue.Empty:
             continue
+        if seen[-1] is None:  # its output ended
+            seen.pop()
+            break
         found = re.fullmatch(r"csdgen serve: serving csdgen-builtin on (http://127\.0\.0\.1:\d+)/v1 .*\n", seen[-1])
         if found:
             return found.group(1)
     proc.kill()
     raise AssertionError(f"csdgen serve did not start: {''.join(seen)}")
+
+
+def _rest(lines, timeout: float = 10) -> list[str]:
+    """The output lines of a stopped server not read yet (until its output ends, at most ``timeout`` s)."""
+    import queue
+
+    rest: list[str] = []
+    try:
+        while (line := lines.get(timeout=timeout)) is not None:
+            rest.append(line.rstrip("\n"))
+    except queue.Empty:
+        pass
+    return rest
 
 
 @pytest.fixture(scope="module")
@@ -462,6 +479,14 @@ def test_two_replicas_on_two_ports_give_the_same_image(tiny_weights):
                 proc.send_signal(signal.SIGINT)
         codes = [proc.wait(120) for proc in (a, b)]
     assert codes == [130, 130]  # Ctrl-C: stopped, one line
+    # the log (--log-level info, the default): an access line per image request, then the shutdown lines
+    import re
+
+    said = _rest(out_a)
+    assert any(re.search(r'INFO: +127\.0\.0\.1:\d+ - "POST /v1/images/generations" 200 method=csd images=2/2 '
+                         r'forwards=\d+ step_compression=[\d.]+ seconds=[\d.]+$', line) for line in said), said
+    assert any("shutting down: 0 image requests still waiting get 503" in line for line in said), said
+    assert any(re.search(r"stopped after \d+ s: 1 image requests answered, 2 images sent$", line) for line in said), said
 
 
 def test_serve_usage_errors_are_one_line(capsys, tiny_weights):
