@@ -81,11 +81,14 @@ class ImageWorker:
             return len(self._items) + (self._current is not None)
 
     def submit(self, work: Work) -> None:
-        """Queue one image (returns at once).
+        """Queue one image (returns at once). Tokens still on a device are copied to the host here,
+        in the caller's thread (``[N]`` int64: a small copy), so the worker never reads a tensor
+        the batch may still write.
 
         Raises:
             RuntimeError: the worker was closed.
         """
+        work.tokens = work.tokens.cpu()  # the same tensor when it is on the host already
         with self._cond:
             if self._closing:
                 raise RuntimeError("the image worker is closed")
