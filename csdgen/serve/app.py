@@ -242,7 +242,7 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
 
     @app.post("/v1/images/generations")
     async def generations(request: Request):
-        line = AccessLine(request.client, served.model.num_image_tokens)
+        line = AccessLine(getattr(request, "client", None), served.model.num_image_tokens)
         try:
             return await _generations(request, line)
         except APIError as exc:
