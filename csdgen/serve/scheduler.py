@@ -31,8 +31,8 @@ the requests of those it could not finish get 503 too).
 A full queue's 429 carries ``Retry-After``: :meth:`Scheduler.expected_wait` rounded up, at least 1.
 
 Events reach a request's asyncio queue (from this thread or the worker's; a request's state
-changes under one lock, so an image never follows its request's error) through its event loop's ``call_soon_threadsafe``:
-``("partial", image_index, png, committed, forwards, partial_index)``, ``("image",
+changes under one lock, so an image never follows its request's error) through its event
+loop's ``call_soon_threadsafe``: ``("partial", image_index, png, committed, forwards, partial_index)``, ``("image",
 image_index, png, stats, tokens)``, ``("error", APIError)``, ``("done",)``.
 """
 
