@@ -318,6 +318,32 @@ def test_the_queue_limit_gives_429_with_retry_after(cached_model):
         assert post(server, {"prompt": "2", "seed": 3}).status_code == 200
 
 
+def test_retry_after_of_a_full_queue_is_the_queues_expected_wait(cached_model):
+    """Images take about 48 forwards x 0.05 s in the batch (measured on a first request): with 2
+    images decoding (capacity 2) and 2 waiting, a 429's Retry-After is about that time x 2 waiting /
+    capacity 2, rounded up (not the constant 1): at least 48 x 0.05 s, at most the first request's latency."""
+    import math
+    import time
+
+    delay = 0.05
+    model, running = _slow_server(cached_model, delay=delay, capacity=2, max_queue=2)
+    with running as server:
+        began = time.perf_counter()
+        assert post(server, {"prompt": "0", "n": 2, "seed": 1}).status_code == 200
+        latency = time.perf_counter() - began
+        decoding = _raw_request(server, {"prompt": "0", "n": 2, "seed": 2})
+        wait_for(lambda: metric(server.url, "csdgen_batch_occupancy") == 2)
+        waiting = _raw_request(server, {"prompt": "1", "n": 2, "seed": 3})
+        wait_for(lambda: metric(server.url, "csdgen_queue_depth") == 2)
+        full = post(server, {"prompt": "2", "seed": 4})
+        assert full.status_code == 429 and full.json()["error"]["code"] == "queue_full"
+        retry_after = int(full.headers["retry-after"])
+        assert math.ceil((model.num_image_tokens - 1) * delay * 2 / 2) <= retry_after <= math.ceil(latency * 2 / 2), \
+            (retry_after, latency)
+        decoding.close()
+        waiting.close()
+
+
 def test_an_exception_inside_the_model_ends_its_batch_with_500_and_the_server_goes_on(cached_model):
     model, running = _slow_server(cached_model, capacity=4)
     model.poison = 4
@@ -378,7 +404,8 @@ def _spawn(*argv: str):
                             stderr=subprocess.STDOUT, text=True, env=env,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout] + [lines.put(None)],  # None: the end
+                     daemon=True).start()
     return proc, lines
 
 
@@ -395,11 +422,27 @@ def _address(proc, lines, timeout: float = 300) -> str:
             seen.append(lines.get(timeout=0.5))
         except queue.Empty:
             continue
+        if seen[-1] is None:  # its output ended
+            seen.pop()
+            break
         found = re.fullmatch(r"csdgen serve: serving csdgen-builtin on (http://127\.0\.0\.1:\d+)/v1 .*\n", seen[-1])
         if found:
             return found.group(1)
     proc.kill()
     raise AssertionError(f"csdgen serve did not start: {''.join(seen)}")
+
+
+def _rest(lines, timeout: float = 10) -> list[str]:
+    """The output lines of a stopped server not read yet (until its output ends, at most ``timeout`` s)."""
+    import queue
+
+    rest: list[str] = []
+    try:
+        while (line := lines.get(timeout=timeout)) is not None:
+            rest.append(line.rstrip("\n"))
+    except queue.Empty:
+        pass
+    return rest
 
 
 @pytest.fixture(scope="module")
@@ -436,6 +479,14 @@ def test_two_replicas_on_two_ports_give_the_same_image(tiny_weights):
                 proc.send_signal(signal.SIGINT)
         codes = [proc.wait(120) for proc in (a, b)]
     assert codes == [130, 130]  # Ctrl-C: stopped, one line
+    # the log (--log-level info, the default): an access line per image request, then the shutdown lines
+    import re
+
+    said = _rest(out_a)
+    assert any(re.search(r'INFO: +127\.0\.0\.1:\d+ - "POST /v1/images/generations" 200 method=csd images=2/2 '
+                         r'forwards=\d+ step_compression=[\d.]+ seconds=[\d.]+$', line) for line in said), said
+    assert any("shutting down: 0 image requests still waiting get 503" in line for line in said), said
+    assert any(re.search(r"stopped after \d+ s: 1 image requests answered, 2 images sent$", line) for line in said), said
 
 
 def test_serve_usage_errors_are_one_line(capsys, tiny_weights):
@@ -473,8 +524,8 @@ def test_serve_lowers_max_batch_to_what_max_memory_allows(capsys, tiny_weights, 
 
     seen = {}
 
-    def fake_run_server(app, sock, on_ready=None):  # what the command would serve, without serving it
-        seen["capacity"] = app.state.scheduler.capacity
+    def fake_run_server(app, sock, on_ready=None, log_level=None):  # what the command would serve, without serving it
+        seen["capacity"], seen["log_level"] = app.state.scheduler.capacity, log_level
         on_ready()
         sock.close()
 
@@ -485,6 +536,7 @@ def test_serve_lowers_max_batch_to_what_max_memory_allows(capsys, tiny_weights, 
                      "--max-memory", repr(gib)]) == 0
     out, err = capsys.readouterr()
     assert seen["capacity"] == 3 and "max batch 3," in out
+    assert seen["log_level"] == "info"  # --log-level's default reaches uvicorn
     assert err.count("\n") == 1 and "--max-batch 16" in err and "about 3 images fit" in err
     assert cli.main(["serve", "--weights", str(tiny_weights), "--port", "0", "--max-batch", "2",
                      "--max-memory", repr(gib)]) == 0

@@ -15,6 +15,7 @@ from . import _options as opt
 from ._common import choose_dtype
 
 BATCHING = ("continuous", "static")
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's (csdgen.serve.logs.LOG_LEVELS)
 
 
 def _gib(text: str) -> float:
@@ -58,6 +59,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--partial-every", type=opt.count(), default=8, metavar="F",
                    help="streamed requests without partial_images: a partial image every F forwards (default 8)")
     p.add_argument("--device", choices=opt.DEVICES, default=None, help="default cpu; with --model cuda when available")
+    p.add_argument("--log-level", choices=LOG_LEVELS, default="info",
+                   help="of csdgen's log lines and uvicorn's (default info: a start-up line, an access line per image "
+                        "request on stdout, shutdown lines; warning: errors and warnings only)")
     opt.add_dtype(p)
     p.add_argument("--layout", choices=["lumina", "anole"], default=None, help="--model Chameleon checkpoints")
     p.add_argument("--height", type=opt.count(), default=None, help="--model: image height in pixels")
@@ -211,7 +215,7 @@ def run(args) -> int:
               f"{capacity}, {args.batching} batching; Ctrl-C stops it)", flush=True)
 
     try:
-        run_server(app, sock, on_ready=ready)
+        run_server(app, sock, on_ready=ready, log_level=args.log_level)
     except KeyboardInterrupt:
         print("csdgen serve: stopped", file=sys.stderr, flush=True)
         return 130

@@ -7,8 +7,10 @@ it, so requests share forwards and no row idles while its batch's slowest image 
 
 Modules (one idea each): :mod:`~csdgen.serve.schemas` (the request fields, their checks, the
 OpenAI error shape), :mod:`~csdgen.serve.scheduler` (admission, iterations, cancellation,
-faults), :mod:`~csdgen.serve.images` (tokens -> PNG, partial images), :mod:`~csdgen.serve.metrics`
-(Prometheus), :mod:`~csdgen.serve.app` (the FastAPI routes and uvicorn). docs/serve.md says how
+faults), :mod:`~csdgen.serve.worker` (decoding and PNG encoding off the scheduler thread),
+:mod:`~csdgen.serve.images` (tokens -> PNG, partial images), :mod:`~csdgen.serve.metrics`
+(Prometheus), :mod:`~csdgen.serve.logs` (access, start-up and shutdown lines),
+:mod:`~csdgen.serve.app` (the FastAPI routes and uvicorn). docs/serve.md says how
 to run it, one server per GPU behind a load balancer, and what it measured.
 """
 

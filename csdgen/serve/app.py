@@ -19,6 +19,9 @@ A client that disconnects cancels its images at the next iteration (non-streamin
 watched while they wait; a stream notices when it cannot send, or at the next poll). When the
 server stops (Ctrl-C), every request still waiting gets 503 ``server shutting down`` in the same
 shape (a stream: an ``error`` event) and its images are cancelled.
+
+Every image request is answered with an access line, and the server logs its start and its stop
+(:mod:`csdgen.serve.logs`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from .logs import AccessLine, log, log_config
 from .metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from .scheduler import Scheduler
 from .schemas import APIError, ServeDefaults, error_body, parse_request
@@ -163,14 +167,20 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
     metrics = metrics or ServeMetrics()
     scheduler = Scheduler(served, capacity=capacity, max_queue=max_queue, batching=batching, metrics=metrics)
     started = int(time.time())
+    totals = {"requests": 0, "images": 0}  # answered image requests and the images they got (the stop line)
 
     @asynccontextmanager
     async def lifespan(app):
         scheduler.start()
+        began = time.perf_counter()
+        log.info("serving %s on %s: max batch %d, %s batching, at most %d images waiting, engine %s", served.name,
+                 served.model.device, scheduler.capacity, batching, max_queue, served.engine_kwargs["engine"])
         try:
             yield
         finally:
             await run_in_threadpool(scheduler.stop)
+            log.info("stopped after %.0f s: %d image requests answered, %d images sent", time.perf_counter() - began,
+                     totals["requests"], totals["images"])
 
     app = FastAPI(title="csdgen serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.served, app.state.scheduler, app.state.metrics = served, scheduler, metrics
@@ -204,12 +214,21 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
     def count(status: int) -> None:
         metrics.requests.labels(str(status)).inc()
 
+    def answered(line: AccessLine, status: int) -> None:
+        """An image request's answer: the request counter and its access line."""
+        count(status)
+        if not line.written:
+            totals["requests"] += 1
+            totals["images"] += line.images
+        line.write(status)
+
     listeners: set[asyncio.Queue] = set()  # event queues of the requests waiting for images
     closing = {"now": False}
 
     def shutting_down() -> None:
         """Called in the event loop when the server begins to stop: every waiting request gets 503."""
         closing["now"] = True
+        log.info("shutting down: %d image requests still waiting get 503", len(listeners))
         for queue in list(listeners):
             queue.put_nowait(("shutdown",))
 
@@ -223,17 +242,18 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
 
     @app.post("/v1/images/generations")
     async def generations(request: Request):
+        line = AccessLine(getattr(request, "client", None), served.model.num_image_tokens)
         try:
-            return await _generations(request)
+            return await _generations(request, line)
         except APIError as exc:
-            count(exc.status)
+            answered(line, exc.status)
             return _error_response(exc)
 
-    async def _generations(request: Request):
+    async def _generations(request: Request, line: AccessLine):
         try:
             raw = await request.body()
         except ClientDisconnect:  # the client went away before its body arrived: nothing to answer
-            count(499)
+            answered(line, 499)
             return Response(status_code=499)
         try:
             body = json.loads(raw)
@@ -241,6 +261,7 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
             raise APIError(400, f"the request body is not valid JSON ({exc}); allowed: a JSON object with a prompt",
                            code="invalid_json") from None
         req = await run_in_threadpool(parse_request, body, served)
+        line.request(req)
         if closing["now"]:
             raise shutdown_error()
         loop = asyncio.get_running_loop()
@@ -248,7 +269,7 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
         job = scheduler.submit(req, loop, events)
         listeners.add(events)
         if req.stream:  # counted when it ends (_stream)
-            return StreamingResponse(_stream(request, job, events), media_type="text/event-stream",
+            return StreamingResponse(_stream(request, job, events, line), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         images: dict[int, tuple] = {}
         try:
@@ -258,12 +279,13 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
                 except asyncio.TimeoutError:
                     if await request.is_disconnected():
                         scheduler.cancel(job)
-                        count(499)
+                        answered(line, 499)
                         return Response(status_code=499)
                     continue
                 if event[0] == "image":
                     _, index, png, stats, tokens = event
                     images[index] = (png, stats, tokens)
+                    line.image(stats)
                 elif event[0] == "error":
                     raise event[1]
                 elif event[0] == "shutdown":
@@ -274,13 +296,13 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
         except asyncio.CancelledError:  # cancelled by uvicorn past its graceful shutdown: answer, no traceback
             scheduler.cancel(job)
             error = shutdown_error()
-            count(error.status)
+            answered(line, error.status)
             return _error_response(error)
         finally:
             listeners.discard(events)
         data = [{"b64_json": base64.b64encode(images[i][0]).decode("ascii"), "revised_prompt": req.label.get("class"),
                  "csdgen": _image_stats(req, i, images[i][1], images[i][2])} for i in range(req.n)]
-        count(200)
+        answered(line, 200)
         return JSONResponse({"created": int(time.time()), "data": data, "background": "opaque", "output_format": "png",
                              "size": served.size_text, "usage": _usage(req, served, req.n),
                              "csdgen": {"model": served.name, "seed": req.seed, "settings": _json_safe(req.settings),
@@ -289,7 +311,7 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
     def sse(event: str, payload: dict) -> bytes:
         return f"event: {event}\ndata: {json.dumps(payload)}\n\n".encode()
 
-    async def _stream(request: Request, job, events: asyncio.Queue):
+    async def _stream(request: Request, job, events: asyncio.Queue, line: AccessLine):
         req = job.request
         # the status the request counter gets when the stream ends: 200 once every image was sent,
         # 499 when the client went away first (as for a non-streaming request), else the error's
@@ -318,6 +340,7 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
                                    "tokens": served.model.num_image_tokens, "forwards": forwards}})
                 elif kind == "image":
                     _, index, png, stats, tokens = event
+                    line.image(stats)
                     yield sse("image_generation.completed", {
                         "type": "image_generation.completed", "b64_json": base64.b64encode(png).decode("ascii"),
                         **common, "usage": _usage(req, served, 1),
@@ -331,7 +354,7 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
                     status["code"] = status["code"] or 200
                     return
         finally:
-            count(status["code"] or 499)  # closed before its end: the client left while an event was sent
+            answered(line, status["code"] or 499)  # closed before its end: the client left while an event was sent
             listeners.discard(events)
             watcher.cancel()
             scheduler.cancel(job)  # no-op once the job finished
@@ -388,7 +411,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _server(app, on_ready: Callable[[], None] | None):
+def _server(app, on_ready: Callable[[], None] | None, log_level: str = "warning"):
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -403,13 +426,25 @@ def _server(app, on_ready: Callable[[], None] | None):
                 notify()
             await super().shutdown(sockets=sockets)
 
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=3)
+    # uvicorn's access lines are off: the image requests get csdgen's own (csdgen.serve.logs), and a
+    # line per /health or /metrics poll would bury them
+    config = uvicorn.Config(app, log_level=log_level, log_config=log_config(log_level), access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=3)
     return Server(config)
 
 
-def run_server(app, sock: socket.socket, on_ready: Callable[[], None] | None = None) -> None:
-    """Serve ``app`` on the listening socket ``sock`` until interrupted (uvicorn; Ctrl-C stops it)."""
-    _server(app, on_ready).run(sockets=[sock])
+def run_server(app, sock: socket.socket, on_ready: Callable[[], None] | None = None, log_level: str = "info") -> None:
+    """Serve ``app`` on the listening socket ``sock`` until interrupted (uvicorn; Ctrl-C stops it).
+
+    Args:
+        on_ready: called once the server accepts requests.
+        log_level: of uvicorn's loggers and csdgen's (:data:`csdgen.serve.logs.LOG_LEVELS`); ``info``
+            writes an access line per image request.
+
+    Raises:
+        ValueError: a ``log_level`` not in :data:`~csdgen.serve.logs.LOG_LEVELS`.
+    """
+    _server(app, on_ready, log_level).run(sockets=[sock])
 
 
 class BackgroundServer:
@@ -418,14 +453,15 @@ class BackgroundServer:
 
     Args:
         app: the ASGI app; host: address to bind (default 127.0.0.1); port: 0 = a free one.
+        log_level: as :func:`run_server`'s; default ``warning`` (no access lines).
     """
 
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
         self.app, self.sock = app, bind_socket(host, port)
         self.port = self.sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
         self._ready = threading.Event()
-        self._server = _server(app, self._ready.set)
+        self._server = _server(app, self._ready.set, log_level)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self) -> "BackgroundServer":

@@ -12,8 +12,10 @@ scheduler thread loops:
    for all); when the oldest waiting image has other settings, admission stops and the batch
    drains, then the batch of those settings runs. ``batching="static"`` admits only into an
    empty batch (a batch filled, run to its end, then the next: the benchmark's baseline);
-3. **one iteration** (:meth:`~csdgen.engine.ContinuousBatch.step`); completed images are
-   decoded to PNG and sent to their requests; streaming requests get partial images.
+3. **one iteration** (:meth:`~csdgen.engine.ContinuousBatch.step`); the tokens of completed
+   images, and of the partial images streaming requests get, go to the image worker
+   (:class:`csdgen.serve.worker.ImageWorker`), whose thread decodes them to PNG and sends them to
+   their requests while this thread runs the next iteration.
 
 Image ``i`` of a request seeded ``s`` is admitted with ``seeds=[s]``, ``image_indices=[i]``:
 with a fixed window its tokens are those of ``csdgen.generate(..., seed=s, image_indices=[i])``
@@ -21,19 +23,25 @@ whatever else shares its batch (:mod:`csdgen.engine.continuous`).
 
 Faults stay local: an admission the model rejects fails the requests admitted with it; an
 exception inside the model during an iteration ends the requests with images in that batch
-(500, naming the exception) and the batch is dropped; the thread goes on serving.
+(500, naming the exception) and the batch is dropped; the thread goes on serving. An image the
+worker cannot decode ends its request (500). When the scheduler stops, the requests still waiting
+or decoding get 503, and the worker finishes the images it holds (for at most ``DRAIN_SECONDS``;
+the requests of those it could not finish get 503 too).
 
-Events reach a request's asyncio queue through its event loop's ``call_soon_threadsafe``:
-``("partial", image_index, png, committed, forwards, partial_index)``, ``("image",
+A full queue's 429 carries ``Retry-After``: :meth:`Scheduler.expected_wait` rounded up, at least 1.
+
+Events reach a request's asyncio queue (from this thread or the worker's; a request's state
+changes under one lock, so an image never follows its request's error) through its event
+loop's ``call_soon_threadsafe``: ``("partial", image_index, png, committed, forwards, partial_index)``, ``("image",
 image_index, png, stats, tokens)``, ``("error", APIError)``, ``("done",)``.
 """
 
 from __future__ import annotations
 
 import collections
+import math
 import threading
 import time
-import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +75,7 @@ class _Image:
     index: int
     forwards: int = 0  #: iterations this image has been through in the batch
     partials: int = 0  #: partial images sent
+    admitted: float = 0.0  #: perf_counter when it joined the batch
 
 
 class Scheduler:
@@ -82,6 +91,8 @@ class Scheduler:
     """
 
     KEEP_BATCHES = 8  #: idle batches kept per settings (their window="auto" measurements)
+    DRAIN_SECONDS = 10.0  #: at stop, the most seconds the image worker may take to finish the images it holds
+    PACE_IMAGES = 32  #: finished images whose seconds in the batch Retry-After averages
 
     def __init__(self, served, *, capacity: int, max_queue: int, batching: str = "continuous", metrics=None):
         if batching not in ("continuous", "static"):
@@ -97,7 +108,12 @@ class Scheduler:
         self._key = None
         self._rows: dict[int, _Image] = {}  # handle -> image of the running batch
         self._admitting: list[Job] = []  # jobs of an admission that raised (they fail with the batch)
-        self._done_times: collections.deque[float] = collections.deque(maxlen=64)
+        self._jobs = threading.Lock()  # a request's state (remaining, finished) and its events, from both threads
+        self._worker = None  # the ImageWorker, made by start()
+        # the pace Retry-After uses (written by this thread under _cond): seconds finished images spent
+        # in the batch, and the seconds of the last iteration
+        self._in_batch: collections.deque[float] = collections.deque(maxlen=self.PACE_IMAGES)
+        self._iteration_seconds: float | None = None
         self._thread = threading.Thread(target=self._run, name="csdgen-scheduler", daemon=True)
         if metrics is not None:
             metrics.capacity.set(self.capacity)
@@ -105,6 +121,9 @@ class Scheduler:
     # -- the request side (event-loop threads) ---------------------------------------------------
 
     def start(self) -> None:
+        from .worker import ImageWorker
+
+        self._worker = ImageWorker(self.served.model)
         self._thread.start()
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -128,13 +147,28 @@ class Scheduler:
         batch = self._batch
         return 0 if batch is None else batch.size
 
+    def expected_wait(self) -> float | None:
+        """Seconds until the images waiting now have all joined the batch (call it under the lock).
+
+        The seconds an image spends in the batch (the mean over the last ``PACE_IMAGES`` finished
+        ones; before the first finishes, the last iteration's seconds times the image's tokens,
+        the most forwards an image takes) times the images waiting, divided by the batch capacity
+        (that many images decode together, so a row frees every ``seconds / capacity``).
+        ``None`` before any iteration was measured.
+        """
+        if self._in_batch:
+            per_image = sum(self._in_batch) / len(self._in_batch)
+        elif self._iteration_seconds is not None:
+            per_image = self._iteration_seconds * self.served.model.num_image_tokens
+        else:
+            return None
+        return per_image * len(self._queue) / max(self.capacity, 1)
+
     def retry_after(self) -> int:
-        """Seconds after which the queue has likely room again (1 .. 60), from recent throughput."""
-        times = list(self._done_times)
-        if len(times) < 2 or times[-1] <= times[0]:
-            return 1
-        rate = (len(times) - 1) / (times[-1] - times[0])
-        return int(min(60, max(1, round(len(self._queue) / max(rate, 1e-9) / 2))))
+        """``Retry-After`` of a full queue's 429, in whole seconds: :meth:`expected_wait` rounded up,
+        at least 1 (1 before anything was measured). Called under the lock."""
+        wait = self.expected_wait()
+        return 1 if wait is None else max(1, math.ceil(wait))
 
     def submit(self, request: ImageRequest, loop, events) -> Job:
         """Queue a request's images.
@@ -214,8 +248,9 @@ class Scheduler:
                 for h in handles:
                     del self._rows[h]
                 count += len(handles)
-        for job in cancels:
-            job.finished = True
+        with self._jobs:
+            for job in cancels:
+                job.finished = True
         if count and self.metrics is not None:
             self.metrics.cancelled.inc(count)
 
@@ -271,49 +306,64 @@ class Scheduler:
         except Exception:
             self._admitting = [im.job for im in take]  # they fail with the batch (_fail_batch)
             raise
+        now = time.perf_counter()
         for h, im in zip(handles, take):
             self._rows[h] = im
+            im.admitted = now
         if self.metrics is not None:
             self.metrics.forwards.inc()
 
     def _step(self) -> None:
         batch = self._batch
         size = batch.size
+        began = time.perf_counter()
         finished = batch.step()
+        now = time.perf_counter()
         if self.metrics is not None:
             self.metrics.forwards.inc()
             self.metrics.iterations.inc()
             self.metrics.rows.inc(size)
-        for image in finished:
-            im = self._rows.pop(image.handle)
+        gone = [(self._rows.pop(image.handle), image) for image in finished]
+        with self._cond:  # the pace Retry-After reads (under this lock, in the request's thread)
+            self._iteration_seconds = now - began
+            self._in_batch.extend(now - im.admitted for im, _ in gone)
+        for im, image in gone:
             self._deliver(im, image)
         for im in self._rows.values():
             im.forwards += 1
         self._partials()
 
     def _deliver(self, im: _Image, image) -> None:
-        from .images import png_bytes
+        """Hand a finished image to the worker; its PNG goes to the request from the worker's thread."""
+        from .worker import Work
 
         job = im.job
         if job.cancelled or job.finished:
             return
-        try:
-            png = png_bytes(self.served.model, image.tokens)
-        except Exception as exc:
+
+        def failed(exc: Exception) -> None:
             self._fail(job, APIError(500, f"the model failed to decode an image: {type(exc).__name__}: {exc}",
                                      code="model_error"))
-            return
-        self._done_times.append(time.perf_counter())
-        if self.metrics is not None:
-            self.metrics.images.inc()
-            self.metrics.step_compression.observe(image.stats.step_compression)
-        job.post(("image", im.index, png, image.stats, image.tokens))
-        job.remaining -= 1
-        if job.remaining == 0:
-            job.finished = True
+
+        # image.tokens: [N] int64 on the host (ContinuousBatch copies them after the iteration)
+        self._worker.submit(Work(image.tokens, None, lambda png: self._image_done(im, image, png), failed, job))
+
+    def _image_done(self, im: _Image, image, png: bytes) -> None:
+        """The worker encoded a finished image: it goes to its request (the last one: ``done``)."""
+        job = im.job
+        with self._jobs:
+            if job.cancelled or job.finished:
+                return
             if self.metrics is not None:
-                self.metrics.latency.observe(time.perf_counter() - job.created)
-            job.post(("done",))
+                self.metrics.images.inc()
+                self.metrics.step_compression.observe(image.stats.step_compression)
+            job.post(("image", im.index, png, image.stats, image.tokens))
+            job.remaining -= 1
+            if job.remaining == 0:
+                job.finished = True
+                if self.metrics is not None:
+                    self.metrics.latency.observe(time.perf_counter() - job.created)
+                job.post(("done",))
 
     def _partials(self) -> None:
         """Partial images for streaming requests: every ``partial_every`` forwards of the image, or
@@ -331,23 +381,36 @@ class Scheduler:
                     due.append((im, c, t))
             elif r.partial_images and im.partials < r.partial_images and c >= (im.partials + 1) * N / (r.partial_images + 1):
                 due.append((im, c, t))
-        from .images import partial_png
+        from .worker import Work
 
         for im, c, t in due:
-            png = partial_png(self.served.model, t, c)
-            im.job.post(("partial", im.index, png, c, im.forwards, im.partials))
+            event = ("partial", im.index, None, c, im.forwards, im.partials)
+            self._worker.submit(Work(t, c, lambda png, job=im.job, event=event: self._partial_done(job, event, png),
+                                     lambda exc, job=im.job: self._partial_failed(job, exc), im.job))
             im.partials += 1
 
+    def _partial_done(self, job: Job, event: tuple, png: bytes) -> None:
+        with self._jobs:
+            if not (job.cancelled or job.finished):
+                job.post(event[:2] + (png,) + event[3:])
+
+    def _partial_failed(self, job: Job, exc: Exception) -> None:
+        self._fail(job, APIError(500, f"the model failed to decode a partial image: {type(exc).__name__}: {exc}",
+                                 code="model_error"))
+
     def _fail(self, job: Job, error: APIError) -> None:
-        if job.finished:
-            return
-        job.finished = True
-        job.post(("error", error))
+        with self._jobs:
+            if job.finished:
+                return
+            job.finished = True
+            job.post(("error", error))
 
     def _fail_batch(self, exc: Exception) -> None:
         """An exception inside the model: the requests with images in the batch get a 500; the batch is dropped."""
+        from .logs import log
+
         detail = f"{type(exc).__name__}: {exc}"
-        traceback.print_exc()
+        log.error("a batch failed; its requests get 500 and the server goes on: %s", detail, exc_info=exc)
         error = APIError(500, f"the model failed while decoding this request's images ({detail}); "
                               f"the server goes on serving other requests", code="model_error")
         jobs = {id(im.job): im.job for im in self._rows.values()}
@@ -370,4 +433,8 @@ class Scheduler:
         for job in jobs.values():
             self._fail(job, error)
         self._rows.clear()
-        self._queue.clear()
+        with self._cond:
+            self._queue.clear()
+        if self._worker is not None:  # the images it holds reach their requests, or those get the 503
+            for work in self._worker.close(self.DRAIN_SECONDS):
+                self._fail(work.owner, error)

@@ -1,0 +1,112 @@
+"""The server's log (:mod:`csdgen.serve.logs`): an access line per image request with its method,
+images, forwards, step compression, seconds and status; start-up and shutdown lines; the log
+level (``csdgen serve --log-level``) set on csdgen's loggers and uvicorn's. A loopback server of
+the tiny float64 model (tests/serve_fixture.py), in this process; every wait is bounded."""
+
+import logging
+
+import httpx
+import pytest
+
+from csdgen.serve import BackgroundServer, ServedModel, create_app
+from csdgen.serve.logs import LOG_LEVELS, access_log, log, log_config
+
+from serve_fixture import tiny_model, wait_for
+
+TIMEOUT = 60
+
+
+class Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.fixture
+def records():
+    """A handler of the test's own for csdgen.serve and csdgen.serve.access: ``attach()`` it once the
+    server is made (uvicorn's log configuration, applied then, replaces those loggers' handlers);
+    its ``records`` list what they logged."""
+    handler = Records()
+
+    def attach():
+        for logger in (log, access_log):
+            logger.addHandler(handler)
+
+    handler.attach = attach
+    try:
+        yield handler
+    finally:
+        for logger in (log, access_log):
+            logger.removeHandler(handler)
+
+
+def _post(server, body: dict) -> httpx.Response:
+    return httpx.post(server.url + "/v1/images/generations", json=body, timeout=TIMEOUT)
+
+
+def test_every_image_request_gets_one_access_line_and_the_server_logs_its_start_and_stop(cached_model, records):
+    model = tiny_model(cached_model)
+    N = model.num_image_tokens
+    server = BackgroundServer(create_app(ServedModel(model, "tiny"), capacity=4, max_queue=8), log_level="info")
+    records.attach()
+    records = records.records
+    with server:
+        ok = _post(server, {"prompt": "1", "n": 2, "seed": 3, "method": "sjd", "window": 4})
+        bad = _post(server, {"prompt": "1", "n": 0})
+        with httpx.stream("POST", server.url + "/v1/images/generations", timeout=TIMEOUT,
+                          json={"prompt": "2", "seed": 1, "stream": True, "method": "ar"}) as streamed:
+            assert streamed.status_code == 200
+            list(streamed.iter_lines())
+        wait_for(lambda: len([r for r in records if r.name == access_log.name]) == 3, timeout=TIMEOUT)
+    assert ok.status_code == 200 and bad.status_code == 400
+    lines = [r for r in records if r.name == access_log.name]
+    assert [r.status_code for r in lines] == [200, 400, 200]
+    first = lines[0]
+    forwards = sum(item["csdgen"]["forwards"] for item in ok.json()["data"])
+    assert (first.method, first.images, first.images_asked, first.forwards) == ("sjd", 2, 2, forwards)
+    assert first.step_compression == pytest.approx(2 * N / forwards) and 0 < first.seconds < TIMEOUT
+    assert first.levelno == logging.INFO
+    text = first.getMessage()
+    assert text.startswith("127.0.0.1:") and '- "POST /v1/images/generations" 200 method=sjd images=2/2 ' in text
+    assert f"forwards={forwards} step_compression={2 * N / forwards:.2f} seconds=" in text
+    assert lines[1].getMessage().split('" ')[1].startswith("400 method=- images=0/- forwards=- step_compression=- ")
+    assert (lines[2].method, lines[2].forwards, lines[2].step_compression) == ("ar", N, 1.0)  # AR: one token per forward
+    said = [r.getMessage() for r in records if r.name == log.name]
+    assert said[0].startswith("serving tiny on cpu: max batch 4, continuous batching, at most 8 images waiting")
+    assert said[-2] == "shutting down: 0 image requests still waiting get 503"
+    assert said[-1].startswith("stopped after ") and said[-1].endswith(": 3 image requests answered, 3 images sent")
+
+
+def test_the_log_level_is_csdgens_and_uvicorns(cached_model, records):
+    """Level warning (BackgroundServer's default): no access line, uvicorn's loggers at warning too;
+    the configuration refuses a level it does not know, naming the allowed ones."""
+    server = BackgroundServer(create_app(ServedModel(tiny_model(cached_model), "tiny"), capacity=2))
+    records.attach()
+    records = records.records
+    with server:
+        assert _post(server, {"prompt": "0", "seed": 1, "window": 4}).status_code == 200
+    assert not [r for r in records if r.name == access_log.name]
+    for name in ("uvicorn.error", log.name, access_log.name):
+        assert logging.getLogger(name).level == logging.WARNING, name
+    config = log_config("debug")
+    assert {config["loggers"][name]["level"] for name in ("uvicorn", log.name, access_log.name)} == {logging.DEBUG}
+    assert config["handlers"]["csdgen_access"]["stream"] == "ext://sys.stdout"  # access lines: stdout, as uvicorn's
+    assert log_config("trace")["loggers"][log.name]["level"] == 5
+    with pytest.raises(ValueError, match="'loud': allowed critical, error, warning, info, debug, trace"):
+        log_config("loud")
+
+
+def test_serve_log_level_option_offers_the_levels_of_the_log_configuration():
+    import argparse
+
+    from csdgen.cli import serve as serve_cli
+
+    assert serve_cli.LOG_LEVELS == LOG_LEVELS
+    parser = argparse.ArgumentParser()
+    serve_cli.add_parser(parser.add_subparsers())
+    assert parser.parse_args(["serve"]).log_level == "info"
+    assert parser.parse_args(["serve", "--log-level", "debug"]).log_level == "debug"
