@@ -314,7 +314,7 @@ def sample(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     levels: a block of :data:`SAMPLE_BLOCK` tokens by the float64 cumsum of the blocks' float32
     masses, then a token inside it by the float64 cumsum of the block alone: one float32 pass over
     ``V`` instead of a float64 copy and cumsum (``[16, 32, 16384]`` float32 targets, one thread of
-    the 2-core CPU of docs/builtin.md: 0.40-0.51 s in float64, 0.022 s in two levels).
+    the 2-core CPU of benchmarks/results/builtin_1911_classes.md: 0.40-0.51 s in float64, 0.022 s in two levels).
 
     Args:
         probs: ``[..., V]`` non-negative weights (need not be normalised; a row must have

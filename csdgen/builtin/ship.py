@@ -93,17 +93,39 @@ def cut_ar(state: dict[str, torch.Tensor], codebook: int, rows: list[int], old_c
     return {k: (v[keep].contiguous() if v.shape and v.shape[0] == vocab else v) for k, v in state.items()}
 
 
+#: words two emoji names may share without being alike ("dog face" and "grinning face")
+STOP_WORDS = frozenset("a an and of the with in on at for face sign symbol".split())
+
+
+def content_words(name: str) -> set[str]:
+    """The words of an emoji name that say what it is: lower case, split at spaces and punctuation,
+    :data:`STOP_WORDS` left out."""
+    return {w for w in "".join(ch if ch.isalnum() else " " for ch in name.lower()).split() if w not in STOP_WORDS}
+
+
 @torch.no_grad()
-def nearest_offered(source: Path, all_names: list[str], images: torch.Tensor, kept: list[str], k: int = 3) -> list[list[int]]:
+def nearest_offered(source: Path, all_names: list[str], images: torch.Tensor, kept: list[str],
+                    groups: dict[str, tuple[str, str]], k: int = 3) -> list[list[int]]:
     """For every class of ``all_names`` (one real image each, ``images`` float [C, 3, 64, 64] in [-1, 1]),
-    the indices in ``kept`` of the ``k`` offered classes whose images look most like it (cosine
-    similarity of the ``source`` classifier's features)."""
+    the indices in ``kept`` of the ``k`` offered classes nearest to it, best first.
+
+    Score of an offered class: 2 if the names share a content word (:func:`content_words`: "green apple"
+    and "red apple"), plus 1 in the same subcategory of the emoji data ("food-prepared"), plus 0.5 in
+    the same category, plus the cosine similarity of the ``source`` classifier's features of the two
+    emoji's images (their look, in [0, 1]: the features are >= 0). ``groups``: name -> (category,
+    subcategory)."""
     clf, _ = restricted_classifier(source, all_names, all_names)
     feats = torch.cat([clf.features(images[i:i + 256]) for i in range(0, len(images), 256)])
     feats = F.normalize(feats.float(), dim=-1)
     kept_rows = torch.tensor([all_names.index(n) for n in kept])
-    sims = feats @ feats[kept_rows].T
-    return sims.topk(min(k, len(kept)), dim=-1).indices.tolist()
+    score = feats @ feats[kept_rows].T
+    kept_words = [content_words(n) for n in kept]
+    for c, name in enumerate(all_names):
+        words, (category, sub) = content_words(name), groups[name]
+        for j, other in enumerate(kept):
+            score[c, j] += (2.0 * bool(words & kept_words[j]) + 1.0 * (groups[other][1] == sub)
+                            + 0.5 * (groups[other][0] == category))
+    return score.topk(min(k, len(kept)), dim=-1).indices.tolist()
 
 
 def main(argv=None) -> None:
@@ -114,6 +136,9 @@ def main(argv=None) -> None:
     p.add_argument("--min-agreement", type=float, default=0.5)
     p.add_argument("--source-classifier", type=Path, required=True,
                    help="a weights folder whose classifier knows every emoji (the nearest-class table)")
+    p.add_argument("--default-classes", default=None,
+                   help="comma-separated names of the eight default classes (each must be offered); default: the "
+                        "best-drawn class of each category")
     p.add_argument("--heldout-views", type=int, default=4)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--threads", type=int, default=2)
@@ -156,19 +181,26 @@ def main(argv=None) -> None:
     by_name = dict(zip(all_names, entries))
     first_image = torch.stack([torch.from_numpy(data.images[(data.labels == c).nonzero()[0][0]]) for c in
                                range(len(data.names))]).permute(0, 3, 1, 2)
-    nearest = nearest_offered(args.source_classifier, data.names, to_float(first_image), kept)
+    groups = {n: (by_name[n].get("category", ""), by_name[n].get("subcategory", "")) for n in data.names}
+    nearest = nearest_offered(args.source_classifier, data.names, to_float(first_image), kept, groups)
     short = {n: s for n, s in zip(data.names, data.short_names)}
     others = [c for c, n in enumerate(data.names) if n not in kept]
     categories = dict(zip(names, config["class_categories"]))
+    chosen_defaults = default_classes(agreement, args.guidance, kept, categories)
+    if args.default_classes:
+        chosen_defaults = [n.strip() for n in args.default_classes.split(",") if n.strip()]
+        not_offered = [n for n in chosen_defaults if n not in kept]
+        if not_offered:
+            raise SystemExit(f"--default-classes: not offered: {not_offered}")
     config.update(
         class_names=kept, class_categories=[categories[n] for n in kept],
         class_short_names=[list(config["class_short_names"][names.index(n)]) for n in kept],
         class_emoji=[emoji_chars(by_name[n]) for n in kept],
         num_classes=len(kept), null_class_id=codebook + len(kept), llama=llama, classifier=clf_cfg,
-        default_classes=default_classes(agreement, args.guidance, kept, categories),
-        other_classes={"how": f"every other emoji of the package, with the {len(nearest[0])} offered classes whose "
-                              f"images look most like it (cosine similarity of a {len(data.names)}-class emoji "
-                              f"classifier's features)",
+        default_classes=chosen_defaults,
+        other_classes={"how": f"every other emoji of the package, with the {len(nearest[0])} offered classes nearest "
+                              f"to it: a shared word in the names, the same subcategory and category, then the "
+                              f"look (cosine similarity of a {len(data.names)}-class emoji classifier's features)",
                        "names": [data.names[c] for c in others],
                        "aliases": [list(short[data.names[c]]) + emoji_chars(by_name[data.names[c]]) for c in others],
                        "nearest": [nearest[c] for c in others]})

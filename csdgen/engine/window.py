@@ -207,7 +207,7 @@ class _AutoWindow:
     A batch's near ties are not given to width 1: a margin of 10 % for width 1 where ``rows > 1``
     (tried in 1aaa363) made the README's first command (CSD, 8 images in one batch, two threads)
     run width 1 for most iterations, at 1.06-1.29x step compression and 5.3-6.2 s against
-    5.0-5.6 s without it and 3.9-4.5 s at window 16 (docs/builtin.md, issue 16 item 6).
+    5.0-5.6 s without it and 3.9-4.5 s at window 16 (benchmarks/results/builtin_1911_classes.md, issue 16 item 6).
 
     Where the image end cuts the held width, the window takes the whole rest of the image (its
     drafts were refined by the wider forwards before; E(W)'s steady-state ages would call them fresh).
@@ -235,7 +235,7 @@ class _AutoWindow:
     #: weight of a new reading of the machine's pace (:attr:`_Learned.pace`). Each iteration of the
     #: width held reads the pace (its seconds over its kept time) instead of changing its time; every
     #: other width's seconds are divided by the pace before they enter its time. The core's speed
-    #: moves by up to 25 % from one call to the next on the 2-core CPU of docs/builtin.md (the same AR
+    #: moves by up to 25 % from one call to the next on the 2-core CPU of benchmarks/results/builtin_1911_classes.md (the same AR
     #: call 8.5-10.7 s), and a width tried for a few iterations in a slow moment was priced by that
     #: moment until tried again (SJD at batch 1: auto's 32-wide iterations measured 48.9 ms where the
     #: fixed window 32 of the same run averaged 27 ms); divided by the pace, widths are compared as if
@@ -463,7 +463,7 @@ class _AutoWindow:
         fixed windows 8..32) by +1 to +7 % for SJD and 0 to +7 % for CSD, its steady-state draft ages
         (``floor((W - 1 - k) / L)``) being older than the ages the drafts have. Scaled where it is
         measured, what is left of its error at another width is that of its ratio ``E(W) / E(held)``
-        (``benchmarks/acceptance_model_check.py``; docs/builtin.md, issue 16 item 6)."""
+        (``benchmarks/acceptance_model_check.py``; benchmarks/results/builtin_1911_classes.md, issue 16 item 6)."""
         counts = self.learned.counts
         low, high = self.CALIBRATION_RANGE
         return min(max(counts.measured_drafts / max(counts.predicted_drafts, 1e-9), low), high)

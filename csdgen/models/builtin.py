@@ -26,7 +26,7 @@ class BuiltinModel(ClassConditionalLlama):
 
     Attributes:
         components: the loaded :class:`csdgen.builtin.BuiltinComponents` (vq, ar, classifier, config).
-        defaults: ``FAMILY_DEFAULTS["builtin"]``, the measured defaults (docs/builtin.md) that
+        defaults: ``FAMILY_DEFAULTS["builtin"]``, the measured defaults (benchmarks/results/builtin_1911_classes.md) that
             :func:`csdgen.generate` uses for every argument left None.
         save_scale: the nearest-neighbour upscaling its PNGs are saved at (2: 128 x 128 pixels),
             by ``csdgen generate`` and by :func:`csdgen.save_run` unless told otherwise.

@@ -74,7 +74,7 @@ FAMILY_DEFAULTS: dict[str, FamilyDefaults] = {
     ),
     "builtin": FamilyDefaults(
         3.0, 1.0, None, 32, 0.5, 0.65,
-        sources="measured on the built-in model, 64 images per setting (docs/builtin.md)",
+        sources="measured on the built-in model, 64 images per setting (benchmarks/results/builtin_1911_classes.md)",
     ),
 }
 
@@ -95,7 +95,7 @@ def family_defaults(family: str) -> FamilyDefaults:
 #: SJD the one with the higher step compression wins: coupled (built-in model, window 32, batch 1:
 #: 5.16x against 2.86x; docs/frontier.md). For CSD coupled too: on the built-in model it committed
 #: more tokens per forward (3.87x against 2.81x, window 32, batch 16) with a lower Frechet distance
-#: and NLL, class consistency 0.027 lower (docs/builtin.md, "Default refresh"). The other rules keep the
+#: and NLL, class consistency 0.027 lower (benchmarks/results/builtin_1911_classes.md, "Default refresh"). The other rules keep the
 #: independent refresh of their references (not measured against coupled; AR has no drafts).
 METHOD_REFRESH: dict[str, str] = {
     "ar": "independent",
