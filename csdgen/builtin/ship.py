@@ -139,6 +139,7 @@ def main(argv=None) -> None:
     p.add_argument("--default-classes", default=None,
                    help="comma-separated names of the eight default classes (each must be offered); default: the "
                         "best-drawn class of each category")
+    p.add_argument("--training", default="", help="how the run was trained (steps, batch, time, machine), for metrics.json")
     p.add_argument("--heldout-views", type=int, default=4)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--threads", type=int, default=2)
@@ -223,6 +224,11 @@ def main(argv=None) -> None:
                              "heldout_accuracy_vq_reconstructions": float((classify(clf, recon) == yho).float().mean()),
                              "n_heldout": len(yho)}
     metrics.pop("samples", None)  # the run's figure was over all its classes; builtin_report measures the offered
+    for key in ("wall_times_s", "steps_done"):  # a resumed run's last leg: not the training's
+        metrics.pop(key, None)
+    if args.training:
+        metrics["training"] = args.training
+    metrics["sizes_bytes"] = {f.name: f.stat().st_size for f in sorted(args.out.glob("*.safetensors"))}
     save_json(metrics, args.out / "metrics.json")
     print(f"{len(kept)} of {len(names)} classes offered -> {args.out}; defaults {config['default_classes']}; "
           f"classifier {metrics['classifier']['heldout_accuracy']:.3f} real, "
