@@ -51,6 +51,30 @@ def test_application_options_are_csdgen_serve_options_checked_by_its_parser():
         parse_options({"replicas": "two"})
 
 
+def test_replica_usage_errors_are_one_line_before_ray_starts(capsys):
+    import socket
+
+    from csdgen import cli
+
+    for argv, words in ((["--max-replicas", "3"], ["--max-replicas 3 needs --replicas N"]),
+                        (["--replicas", "2", "--max-replicas", "1"], ["--max-replicas 1", "at least --replicas (2)"])):
+        assert cli.main(["serve", "--port", "0", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and all(w in err for w in words), err
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--replicas", "0"])
+    assert "--replicas" in capsys.readouterr().err
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:
+        assert cli.main(["serve", "--replicas", "2", "--port", str(taken.getsockname()[1])]) == 2
+    finally:
+        taken.close()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot listen on 127.0.0.1:" in err
+
+
 def test_deployment_options_fix_the_replicas_or_autoscale_by_ongoing_requests():
     args = argparse.Namespace(max_batch=16, device=None)
     fixed = deployment_options(args, replicas=3, num_gpus=0)

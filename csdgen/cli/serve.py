@@ -227,6 +227,9 @@ def run(args) -> int:
 
     if args.replicas is not None:
         return _run_replicas(args)
+    if args.max_replicas is not None:
+        raise ValueError(f"--max-replicas {args.max_replicas} needs --replicas N (the fewest replicas; Ray Serve "
+                         f"autoscales between the two)")
     sock = bind_socket(args.host, args.port)  # a taken port fails before the model loads
     served, capacity, _ = served_model(args)
     app = create_app(served, capacity=capacity, max_queue=args.max_queue, batching=args.batching)

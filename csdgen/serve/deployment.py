@@ -220,7 +220,9 @@ def deployment_options(args, *, replicas: int = 1, max_replicas: int | None = No
     target = float(target_ongoing_requests or args.max_batch)
     options = {"max_ongoing_requests": int(max_ongoing_requests or args.max_batch),
                "ray_actor_options": {"num_cpus": float(num_cpus), "num_gpus": num_gpus},
-               "health_check_period_s": 5, "health_check_timeout_s": 30, "graceful_shutdown_timeout_s": 10}
+               "health_check_period_s": 5, "health_check_timeout_s": 30,
+               # a replica stopped (scaled down, redeployed) takes no new request and finishes those it holds
+               "graceful_shutdown_timeout_s": 60}
     if max_replicas is None:
         options["num_replicas"] = int(replicas)
     else:
