@@ -147,11 +147,12 @@ def test_the_proxy_answers_a_request_whose_replica_died_with_a_502_naming_it():
 # ---- a local Ray Serve deployment of 2 replicas ----------------------------------------------------------
 
 def _spawn(*argv: str):
-    """``csdgen serve ... --port 0`` in a subprocess (one torch thread), its output lines in a queue."""
+    """``csdgen serve ... --port 0`` in a subprocess (one torch thread), its output lines in a queue.
+    It starts with SIGINT ignored, as a command started with ``&`` does: Ctrl-C must stop it all the same."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0"}
     proc = subprocess.Popen([sys.executable, "-m", "csdgen", "serve", "--port", "0", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     lines: queue.Queue = queue.Queue()
     seen: list[str] = []
 

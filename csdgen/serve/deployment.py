@@ -268,7 +268,8 @@ def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[], 
         local = "RAY_ADDRESS" not in os.environ
         ray.init(num_cpus=max(os.cpu_count() or 1, cpus) if local else None, include_dashboard=False,
                  log_to_driver=True)
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    # Ctrl-C and SIGTERM stop it, also where SIGINT came ignored (a command started with `&`)
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         serve.start(http_options={"host": host, "port": port})
         serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
@@ -280,7 +281,8 @@ def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[], 
         print("csdgen serve: stopping the replicas", file=sys.stderr, flush=True)
         return 130
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         try:
             serve.shutdown()
         finally:
