@@ -134,6 +134,7 @@ class CsdgenReplica:
 
         self.pid = os.getpid()
         self.replica_id = _replica_id()
+        threads = _use_assigned_cpus()
         served, capacity, _ = load(args)
         self.served, self.capacity = served, capacity
         app = create_app(served, capacity=capacity, max_queue=args.max_queue, batching=args.batching)
@@ -141,7 +142,7 @@ class CsdgenReplica:
                                                      (PID_HEADER.encode(), str(self.pid).encode())])
         self._app = app
         print(f"csdgen serve: replica {self.replica_id} (pid {self.pid}) serves {served.name} on "
-              f"{served.model.device}, max batch {capacity}", flush=True)
+              f"{served.model.device}, max batch {capacity}, torch threads {threads}", flush=True)
 
     def __serve_build_asgi_app__(self):
         return self._app
@@ -160,6 +161,23 @@ class CsdgenReplica:
         if answer.status_code != 200:
             raise RuntimeError(f"replica {self.replica_id} (pid {self.pid}): GET /health answered "
                                f"{answer.status_code} {answer.text}")
+
+
+def _use_assigned_cpus() -> int:
+    """Torch threads = the CPUs Ray assigned this replica (``--replica-cpus``; Ray leaves
+    ``OMP_NUM_THREADS`` as the driver's environment had it); outside Ray, unchanged. Returns the count."""
+    import torch
+
+    ray = sys.modules.get("ray")
+    cpus = None
+    if ray is not None and ray.is_initialized():
+        try:
+            cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+        except Exception:  # a driver, not a worker: nothing assigned
+            cpus = None
+    if cpus:
+        torch.set_num_threads(max(1, int(cpus)))
+    return torch.get_num_threads()
 
 
 def _replica_id() -> str:
