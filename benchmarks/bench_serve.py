@@ -27,6 +27,9 @@ After the load, a check phase per server: ``--check`` concurrent requests with a
 image_indices=[i])`` offline (token agreement: float32 batching lets a few tokens differ; the
 goal is >= 99 %).
 
+``--url URL`` loads a server already running instead (one ``csdgen serve``, or ``csdgen serve
+--replicas N`` on Ray Serve), for every method and client count, without the offline check.
+
 The table (Markdown) and every figure (``--json``) are printed / written at the end, with the
 command, the machine (CPU count, load average at the start and end) and the batch sizes.
 """
@@ -187,7 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None, help="write every figure here")
     p.add_argument("--note", default="", help="a line about the machine's state (e.g. 'under load')")
+    p.add_argument("--url", default=None, help="load this running server instead of starting servers (any csdgen "
+                   "serve: one process, or Ray Serve replicas); --modes is then its label in the table (default url)")
     args, extra = p.parse_known_args(argv)
+    if args.url:
+        return load_url(args, argv)
     clients = [int(c) for c in args.clients.split(",")]
     methods = args.methods.split(",")
     modes = args.modes.split(",")
@@ -242,6 +249,28 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {c['method']} | {c['mode']} | {c['images']} | {c['exact']} | {c['min_agreement']:.3f} | {c['errors']} |")
     if args.json:
         args.json.write_text(json.dumps({"command": command, "machine": machine, "rows": rows, "checks": checks}, indent=2))
+    return 0
+
+
+def load_url(args, argv) -> int:
+    """``--url``: every method and client count against the running server at ``args.url`` (no
+    offline check; mean occupancy from its /metrics, which behind Ray Serve's proxy is one replica's
+    at a time, so not reported there)."""
+    label = args.modes if args.modes != ",".join(MODES) else "url"
+    url, rows = args.url.rstrip("/").removesuffix("/v1"), []
+    for method in args.methods.split(","):
+        httpx.post(url + "/v1/images/generations", json={"prompt": "0", "method": method, "seed": 0}, timeout=3600)
+        for count in [int(c) for c in args.clients.split(",")]:
+            cell = run_clients(url, count, args.duration, method, _num_classes(), args.seed)
+            cell.update(method=method, mode=label, clients=count, max_batch=args.max_batch, occupancy=float("nan"))
+            rows.append(cell)
+            print(json.dumps(cell), flush=True)
+    command = "python benchmarks/bench_serve.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(f"\n{command}\n{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load average "
+          f"{os.getloadavg()[0]:.1f} at end{'; ' + args.note if args.note else ''}\n")
+    print(table(rows))
+    if args.json:
+        args.json.write_text(json.dumps({"command": command, "rows": rows}, indent=2))
     return 0
 
 

@@ -68,6 +68,16 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--width", type=opt.count(), default=None, help="--model: image width in pixels")
     opt.add_checkpoint_files(p)
     p.add_argument("--prompt-template", default=None, help="--model: template with {prompt}, {width}, {height}")
+    r = p.add_argument_group("replicas on Ray Serve (pip install \"csdgen[ray]\"; docs/serve.md)")
+    r.add_argument("--replicas", type=opt.count(maximum=1024), default=None, metavar="N",
+                   help="start a local Ray and serve N replicas behind Ray Serve's HTTP proxy on --host/--port, each "
+                        "one scheduler owning one model and one device (a GPU each where Ray sees GPUs); Ray places, "
+                        "routes, health-checks (GET /health) and restarts them. Default: one server in this process")
+    r.add_argument("--max-replicas", type=opt.count(maximum=1024), default=None, metavar="M",
+                   help="with --replicas N: Ray Serve autoscales between N and M replicas by ongoing requests per "
+                        "replica (target: --max-batch)")
+    r.add_argument("--replica-cpus", type=opt.count(maximum=1024), default=1, metavar="C",
+                   help="CPUs Ray reserves for each replica (default 1; its torch threads)")
     g = p.add_argument_group("request defaults (a request's own fields win)")
     opt.add_method(g)
     opt.add_method_options(g, family_note=True)
@@ -177,14 +187,20 @@ def _warmup(model, request, capacity: int, engine_kwargs: dict | None = None) ->
           f"{report.seconds:.1f} s", flush=True)
 
 
-def run(args) -> int:
-    from csdgen.serve import ServeDefaults, ServedModel, create_app, run_server
-    from csdgen.serve.app import bind_socket
+def served_model(args):
+    """``(ServedModel, capacity, default request)`` of parsed ``csdgen serve`` options: the model
+    loaded, the batch capacity (``--max-batch`` capped by memory) and the request defaults checked
+    as a request would be. Prints the run line (model, device, dtype). One server runs it in
+    :func:`run`; every Ray Serve replica runs it in its own process (:mod:`csdgen.serve.deployment`).
+
+    Raises:
+        ValueError: one line naming the option and what is allowed.
+    """
+    from csdgen.serve import ServeDefaults, ServedModel
     from csdgen.serve.schemas import APIError, parse_request
 
     from ._common import note, print_run_line
 
-    sock = bind_socket(args.host, args.port)  # a taken port fails before the model loads
     model, name, aliases, limit = _load(args)
     print_run_line(args, file=sys.stdout)  # the first line: model, device, dtype and why
     if limit < 1:
@@ -206,6 +222,20 @@ def run(args) -> int:
         raise ValueError(f"request defaults: {exc.message} (the --{exc.param.replace('_', '-')} option)") from None
     if args.warmup:
         _warmup(model, default_request, capacity, served.engine_kwargs)
+    return served, capacity, default_request
+
+
+def run(args) -> int:
+    from csdgen.serve import create_app, run_server
+    from csdgen.serve.app import bind_socket
+
+    if args.replicas is not None:
+        return _run_replicas(args)
+    if args.max_replicas is not None:
+        raise ValueError(f"--max-replicas {args.max_replicas} needs --replicas N (the fewest replicas; Ray Serve "
+                         f"autoscales between the two)")
+    sock = bind_socket(args.host, args.port)  # a taken port fails before the model loads
+    served, capacity, _ = served_model(args)
     app = create_app(served, capacity=capacity, max_queue=args.max_queue, batching=args.batching)
     port = sock.getsockname()[1]
     host = f"[{args.host}]" if ":" in args.host else args.host
@@ -220,3 +250,26 @@ def run(args) -> int:
         print("csdgen serve: stopped", file=sys.stderr, flush=True)
         return 130
     return 0
+
+
+def _run_replicas(args) -> int:
+    """``csdgen serve --replicas N``: a local Ray and Serve with N replicas on --host/--port."""
+    from csdgen.serve.app import bind_socket
+    from csdgen.serve.deployment import application, run_local
+
+    if args.max_replicas is not None and args.max_replicas < args.replicas:
+        raise ValueError(f"--max-replicas {args.max_replicas}: allowed at least --replicas ({args.replicas})")
+    sock = bind_socket(args.host, args.port)  # a taken port fails before Ray starts; 0: a free one for Ray's proxy
+    port = sock.getsockname()[1]
+    sock.close()
+    app = application(served_model, args, replicas=args.replicas, max_replicas=args.max_replicas,
+                      num_cpus=args.replica_cpus)
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    count = args.replicas if args.max_replicas is None else f"{args.replicas}..{args.max_replicas}"
+
+    def ready() -> None:
+        print(f"csdgen serve: serving {args.served_name or ('csdgen-builtin' if args.model is None else args.model)} "
+              f"on http://{host}:{port}/v1 (POST /v1/images/generations; {count} replicas on Ray Serve, max batch "
+              f"{args.max_batch} each, {args.batching} batching; Ctrl-C stops it)", flush=True)
+
+    return run_local(app, args.host, port, cpus=args.replica_cpus * (args.max_replicas or args.replicas), on_ready=ready)

@@ -10,8 +10,10 @@ OpenAI error shape), :mod:`~csdgen.serve.scheduler` (admission, iterations, canc
 faults), :mod:`~csdgen.serve.worker` (decoding and PNG encoding off the scheduler thread),
 :mod:`~csdgen.serve.images` (tokens -> PNG, partial images), :mod:`~csdgen.serve.metrics`
 (Prometheus), :mod:`~csdgen.serve.logs` (access, start-up and shutdown lines),
-:mod:`~csdgen.serve.app` (the FastAPI routes and uvicorn). docs/serve.md says how
-to run it, one server per GPU behind a load balancer, and what it measured.
+:mod:`~csdgen.serve.app` (the FastAPI routes and uvicorn), :mod:`~csdgen.serve.deployment` (a Ray
+Serve replica: one scheduler, one model, one device) and :mod:`~csdgen.serve.replicas` (the Ray
+Serve application ``serve run`` and a cluster's config deploy; Ray is imported by these two only).
+docs/serve.md says how to run it, replicas on Ray Serve, and what it measured.
 """
 
 from .app import BackgroundServer, ServedModel, create_app, run_server

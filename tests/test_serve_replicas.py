@@ -1,0 +1,291 @@
+"""``csdgen serve`` replicas on Ray Serve (:mod:`csdgen.serve.deployment`, :mod:`csdgen.serve.replicas`).
+
+The first tests need no Ray: the application's options, the deployment's options, the health
+check on the app's own ``/health``, the proxy's answer for a replica that died. The last ones
+start ``csdgen serve --replicas 2`` (a local Ray on this machine, loopback only, the built-in
+model's layout with tiny random weights) and drive it with the real ``openai`` client: the same
+image as one server, both replicas serving, a replica killed by its PID restarted by Ray while
+every request ends (200, or a 5xx naming the cause). Skipped where Ray is not installed. Every
+wait is bounded.
+"""
+
+import argparse
+import asyncio
+import base64
+import importlib.util
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from csdgen.serve.deployment import PID_HEADER, REPLICA_HEADER, CsdgenReplica, ReplicaFailure, deployment_options
+from csdgen.serve.replicas import parse_options
+
+TIMEOUT = 60  #: seconds any one request may take
+needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                               reason="replicas on Ray Serve need Ray, not installed here: pip install \"csdgen[ray]\"")
+
+
+# ---- no Ray needed ----------------------------------------------------------------------------------
+
+def test_application_options_are_csdgen_serve_options_checked_by_its_parser():
+    args, replica = parse_options({"weights": "/w", "max-batch": 8, "method": "csd", "warmup": True,
+                                   "replicas": "2", "max_replicas": 4, "num_gpus": 0})
+    assert (args.weights, args.max_batch, args.method, args.warmup) == ("/w", 8, "csd", True)
+    assert replica == {"replicas": 2, "max_replicas": 4, "num_gpus": 0}
+    assert parse_options({"warmup": "false"})[0].warmup is False
+    with pytest.raises(ValueError, match=r"max-batch.*0.*>= 1"):
+        parse_options({"max_batch": 0})
+    with pytest.raises(ValueError, match="windw"):
+        parse_options({"windw": 8})
+    with pytest.raises(ValueError, match=r"port=8000: the address is Ray Serve's"):
+        parse_options({"port": 8000})
+    with pytest.raises(ValueError, match=r"replicas='two': allowed a number"):
+        parse_options({"replicas": "two"})
+
+
+def test_replica_usage_errors_are_one_line_before_ray_starts(capsys):
+    import socket
+
+    from csdgen import cli
+
+    for argv, words in ((["--max-replicas", "3"], ["--max-replicas 3 needs --replicas N"]),
+                        (["--replicas", "2", "--max-replicas", "1"], ["--max-replicas 1", "at least --replicas (2)"])):
+        assert cli.main(["serve", "--port", "0", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and all(w in err for w in words), err
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--replicas", "0"])
+    assert "--replicas" in capsys.readouterr().err
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:
+        assert cli.main(["serve", "--replicas", "2", "--port", str(taken.getsockname()[1])]) == 2
+    finally:
+        taken.close()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot listen on 127.0.0.1:" in err
+
+
+def test_deployment_options_fix_the_replicas_or_autoscale_by_ongoing_requests():
+    args = argparse.Namespace(max_batch=16, device=None)
+    fixed = deployment_options(args, replicas=3, num_gpus=0)
+    assert fixed["num_replicas"] == 3 and "autoscaling_config" not in fixed
+    assert fixed["max_ongoing_requests"] == 16 and fixed["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 0}
+    scaled = deployment_options(args, replicas=2, max_replicas=5, num_gpus=1, num_cpus=4)
+    assert "num_replicas" not in scaled and scaled["ray_actor_options"]["num_gpus"] == 1
+    assert scaled["autoscaling_config"] == {"min_replicas": 2, "initial_replicas": 2, "max_replicas": 5,
+                                            "target_ongoing_requests": 16.0}
+    cuda = deployment_options(argparse.Namespace(max_batch=4, device="cuda"))
+    assert cuda["ray_actor_options"]["num_gpus"] == 1
+    for bad, match in (({"replicas": 0}, "replicas=0"), ({"replicas": 3, "max_replicas": 2}, "max_replicas=2"),
+                       ({"num_gpus": 2}, "num_gpus=2: allowed 0 or 1")):
+        with pytest.raises(ValueError, match=match):
+            deployment_options(args, **{"num_gpus": 0, **bad})
+
+
+def test_the_replica_health_check_asks_the_apps_own_health_route(cached_model):
+    from serve_fixture import tiny_model
+
+    from csdgen.serve import ServedModel
+
+    args = argparse.Namespace(max_queue=8, batching="continuous")
+    replica = CsdgenReplica(lambda _: (ServedModel(tiny_model(cached_model), "tiny"), 2, None), args)
+    scheduler = replica._app.state.scheduler
+    with pytest.raises(RuntimeError, match=r"GET /health answered 503 .*unavailable"):  # not started yet
+        asyncio.run(replica.check_health())
+    scheduler.start()
+    try:
+        asyncio.run(replica.check_health())  # 200: no error
+    finally:
+        scheduler.stop()
+    with pytest.raises(RuntimeError, match=rf"pid {os.getpid()}\): GET /health answered 503"):
+        asyncio.run(replica.check_health())
+
+
+def _asgi_call(app) -> list[dict]:
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(app({"type": "http", "method": "POST", "path": "/v1/images/generations", "headers": []}, receive, send))
+    return sent
+
+
+def test_the_proxy_answers_a_request_whose_replica_died_with_a_502_naming_it():
+    async def silent(scope, receive, send):  # Ray's proxy after a replica died: nothing sent
+        return None
+
+    async def raising(scope, receive, send):
+        raise RuntimeError("boom")
+
+    async def answering(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    for inner, cause in ((silent, "see the proxy's log"), (raising, "RuntimeError: boom")):
+        start, body = _asgi_call(ReplicaFailure(inner))
+        assert start["status"] == 502 and (b"retry-after", b"1") in start["headers"]
+        error = json.loads(body["body"])["error"]
+        assert error["code"] == "replica_failed" and error["type"] == "server_error"
+        assert "the replica serving this request stopped before answering" in error["message"] and cause in error["message"]
+    assert [m.get("status", m.get("body")) for m in _asgi_call(ReplicaFailure(answering))] == [200, b"ok"]
+
+
+# ---- a local Ray Serve deployment of 2 replicas ----------------------------------------------------------
+
+def _spawn(*argv: str):
+    """``csdgen serve ... --port 0`` in a subprocess (one torch thread), its output lines in a queue.
+    It starts with SIGINT ignored, as a command started with ``&`` does: Ctrl-C must stop it all the same."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "csdgen", "serve", "--port", "0", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    lines: queue.Queue = queue.Queue()
+    seen: list[str] = []
+
+    def read():
+        for line in proc.stdout:
+            seen.append(line)
+            lines.put(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    return proc, lines, seen
+
+
+def _address(proc, lines, seen, timeout: float = 180) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            line = lines.get(timeout=0.5)
+        except queue.Empty:
+            continue
+        found = re.fullmatch(r"csdgen serve: serving csdgen-builtin on (http://127\.0\.0\.1:\d+)/v1 .*\n", line)
+        if found:
+            return found.group(1)
+    proc.kill()
+    raise AssertionError(f"csdgen serve did not start within {timeout} s: {''.join(seen)[-4000:]}")
+
+
+def _stop(proc, seen) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    try:
+        return proc.wait(90)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"csdgen serve did not stop within 90 s of Ctrl-C: {''.join(seen)[-2000:]}")
+
+
+@pytest.fixture(scope="module")
+def tiny_weights(tmp_path_factory):
+    from builtin_fixture import make_tiny_weights
+
+    return make_tiny_weights(tmp_path_factory.mktemp("weights"))
+
+
+@pytest.fixture(scope="module")
+def ray_replicas(tiny_weights):
+    """``csdgen serve --replicas 2`` (max batch 4 each): its base URL; Ctrl-C stops it (status 130)."""
+    proc, lines, seen = _spawn("--replicas", "2", "--weights", str(tiny_weights), "--max-batch", "4")
+    try:
+        url = _address(proc, lines, seen)
+    except AssertionError:
+        _stop(proc, seen)
+        raise
+    yield url
+    assert _stop(proc, seen) == 130, "".join(seen)[-2000:]
+
+
+def _client(url: str):
+    import openai
+
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=TIMEOUT)
+
+
+def _generate(url: str, **body):
+    """``(images as base64, replica id, replica pid)`` of one request through the openai client."""
+    raw = _client(url).images.with_raw_response.generate(model="csdgen-builtin", prompt=body.pop("prompt", "0"),
+                                                         n=body.pop("n", 1), extra_body=body)
+    pid = raw.headers.get(PID_HEADER)  # a single server has none
+    return [item.b64_json for item in raw.parse().data], raw.headers.get(REPLICA_HEADER), pid and int(pid)
+
+
+@needs_ray
+@pytest.mark.slow
+def test_ray_replicas_give_the_image_one_server_gives(ray_replicas, tiny_weights):
+    body = {"prompt": "1", "n": 2, "seed": 12, "window": 8, "method": "csd"}
+    proc, lines, seen = _spawn("--weights", str(tiny_weights), "--max-batch", "4")
+    try:
+        single = _generate(_address(proc, lines, seen), **body)[0]
+    finally:
+        _stop(proc, seen)
+    replicated = _generate(ray_replicas, **body)[0]
+    assert replicated == single and single[0] != single[1]
+    assert base64.b64decode(single[0])[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _concurrently(url: str, count: int, **body) -> list:
+    """``count`` requests at once: each ``(images, replica, pid)`` or the exception it raised."""
+    out: list = [None] * count
+
+    def one(i):
+        try:
+            out[i] = _generate(url, seed=i, **body)
+        except Exception as exc:  # noqa: BLE001 - the test looks at each
+            out[i] = exc
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT + 30)
+    assert not any(t.is_alive() for t in threads), "a request hung past its timeout"
+    return out
+
+
+@needs_ray
+@pytest.mark.slow
+def test_both_ray_replicas_serve_and_a_killed_one_is_restarted_while_every_request_ends(ray_replicas):
+    import openai
+
+    answers = _concurrently(ray_replicas, 8, n=2, window=8)
+    assert all(isinstance(a, tuple) for a in answers), answers
+    pids = {replica: pid for _, replica, pid in answers}
+    assert len(pids) == 2, f"8 concurrent requests went to {sorted(pids)} only"  # each answered at least one
+
+    victim = sorted(pids.values())[0]
+    results: list = []
+    load = threading.Thread(target=lambda: results.extend(_concurrently(ray_replicas, 8, n=8, method="ar")))
+    load.start()
+    time.sleep(1.5)  # 8 requests of 8 images: each replica holds 4, batches of 4 (seconds of work)
+    os.kill(victim, signal.SIGKILL)
+    load.join(2 * TIMEOUT)
+    assert not load.is_alive() and len(results) == 8
+    failed = [r for r in results if not isinstance(r, tuple)]
+    for error in failed:  # a 5xx in OpenAI's shape naming the cause, never a timeout or a bare 500
+        assert isinstance(error, openai.APIStatusError) and error.status_code == 502, repr(error)
+        assert "the replica serving this request stopped before answering" in str(error), str(error)
+    assert failed, "the killed replica had no request in flight: the test did not kill it mid-load"
+    assert all(pid != victim for _, _, pid in (r for r in results if isinstance(r, tuple)))
+
+    # Ray starts a new replica in its place: within a bounded time a request is answered by a new process
+    deadline = time.monotonic() + 120
+    seen: set[int] = set()
+    while time.monotonic() < deadline and not seen - set(pids.values()):
+        answers = _concurrently(ray_replicas, 8, window=8)
+        seen |= {a[2] for a in answers if isinstance(a, tuple)}
+    assert seen - set(pids.values()), f"no restarted replica answered within 120 s (pids seen {sorted(seen)})"
+    assert victim not in seen
