@@ -88,3 +88,22 @@ def test_a_continuous_batch_with_auto_prices_the_batch_it_runs(cached_model, mon
         assert rows == loop.session.batch_slots == 4  # three images in the session's 4 slots: timed as 4
         assert lag == 1.0  # no laggard discount: images join and leave
         assert remaining == [N - c for c in committed]
+
+
+def test_a_served_batch_priced_row_by_row_keeps_one_host_sync_per_iteration(cached_model):
+    from csdgen.engine.syncs import HostSyncCounter
+
+    with HostSyncCounter(cached_model) as counter:
+        batch = ContinuousBatch(cached_model, method="csd", window="auto", engine="static", compile=False, capacity=4)
+        batch.admit([0, 1, 2], [5, 6, 7], [0, 0, 0])
+        seed = 8
+        while batch.iterations < 16:
+            batch.step()
+            if batch.size < 3:  # images join a running batch
+                batch.admit([seed % 5], [seed], [0])
+                seed += 1
+    assert counter.iterations == 16 and max(batch.widths) > 1 and seed > 9
+    per = counter.per_iteration()
+    # the verify results' read, and nothing else; a few iterations also count the reads of images
+    # finishing (their tokens) and joining (their prefill's flag)
+    assert min(per) == 1 and per.count(1) >= 12, counter.summary()
