@@ -221,7 +221,8 @@ class _AutoWindow:
     different places of their images), and its seconds those of the batch slots the forward runs
     (the static session's batch bucket, :attr:`csdgen.models._static.StaticSession.batch_slots`), one
     time table per bucket: images joining and leaving within one bucket leave the forward's cost
-    where it was, and every iteration of the bucket measures it. Where the forward's time grows
+    where it was, and every iteration of the bucket measures it. A bucket met with fewer than two
+    widths measured gets its own warm-up (:attr:`WARM_PLAN`), not only the first one. Where the forward's time grows
     with batch x width (a full batch on a CPU) the choice is then width 1, and wider as the batch
     thins. Admissions are not priced: a joining image costs one prefill whatever the width
     (on the built-in model, 2-core CPU under load, one thread: 33 ms for one image joining
@@ -360,6 +361,7 @@ class _AutoWindow:
         self._warm_left = 0  # warm-up iterations still planned
         self._tokens_at = (-1, 0)  # (counts version, iteration) it was computed at
         self._warmed: list[int] = []  # the buckets the warm-up measured, in order (:meth:`_warm_stops`)
+        self._warmed_rows: frozenset[int] = frozenset()  # the batch sizes (slots) a warm-up began at
         self._remeasure: int | None = None  # a bucket measured again: its smaller time is kept
         #: (rows, bucket) whose held iterations last read the pace, and how many in a row (:attr:`SWITCH_WEIGHT`)
         self._pace_reader: tuple[int, int] | None = None
@@ -602,11 +604,16 @@ class _AutoWindow:
             return 1
         image_end, limit = limit, max(1, min(limit, self.max_width))
         self._rows = rows
-        if not self.plan and self.count == 1 and len(self.learned.times.get(rows, {})) < 2:
+        # a served batch warms up at every slot count it meets unmeasured: it begins with a request's
+        # few images, and a full batch's widths priced by the times of 1 slot scaled (the nearest
+        # measured size, _times) look nearly free, where on a CPU they cost several narrow iterations
+        first = self.count == 1 or (remaining is not None and rows not in self._warmed_rows)
+        if not self.plan and first and len(self.learned.times.get(rows, {})) < 2:
             # times for this batch size at a few widths (the cost is not linear in W: flat while a
             # forward is launch-bound, then steep), narrow to wide (WARM_PLAN)
             self.plan = sorted({min(w, self.max_width) for w in self.WARM_PLAN + (self.max_width,)})
             self._warm_left = len(self.plan)
+            self._warmed, self._warmed_rows = [], self._warmed_rows | {rows}
         if self._warm_left and self._warm_stops(rows):
             self.plan, self._warm_left = [], 0
         if self.plan:
