@@ -124,3 +124,16 @@ def test_a_served_batch_warms_up_at_each_slot_count_it_meets_unmeasured():
     assert widths == [1, 4, 4, 1]
     assert auto.choose(255, 16, remaining=far) == 1  # measured: width 1 for the full batch
     assert auto.choose(255, 1, remaining=far[:1]) > 1 and not auto.plan  # no second warm-up at 1 slot
+
+
+def test_a_served_batch_calibrates_against_the_tokens_its_rows_could_commit():
+    """Rows near their image ends commit fewer tokens than the width: the calibration compares the
+    measured tokens with a prediction capped the same way, or it would learn the ends as misses."""
+    auto = _served_chooser({4: np.full(32, 0.01)})
+    auto.learned.counts.rejected[:] = 0.0  # every draft passes: E(W) = W
+    auto.choose(255, 4, remaining=np.array([3, 3, 3, 100]))
+    auto._held = auto._run_width = 8
+    auto._run = 10  # a steady iteration of the held width
+    for _ in range(50):
+        auto.observe(8, 0.01, None, None, tokens=(3 + 3 + 3 + 8) / 4)  # all it could: 3 each, 8 for the far row
+    assert auto.calibration() == pytest.approx(1.0, abs=0.01)  # uncapped: 17 drafts measured per 4 rows, 28 predicted

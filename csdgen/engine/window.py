@@ -362,6 +362,7 @@ class _AutoWindow:
         self._tokens_at = (-1, 0)  # (counts version, iteration) it was computed at
         self._warmed: list[int] = []  # the buckets the warm-up measured, in order (:meth:`_warm_stops`)
         self._warmed_rows: frozenset[int] = frozenset()  # the batch sizes (slots) a warm-up began at
+        self._left: np.ndarray | None = None  # a served batch: each row's positions left at the last choose
         self._remeasure: int | None = None  # a bucket measured again: its smaller time is kept
         #: (rows, bucket) whose held iterations last read the pace, and how many in a row (:attr:`SWITCH_WEIGHT`)
         self._pace_reader: tuple[int, int] | None = None
@@ -587,6 +588,9 @@ class _AutoWindow:
         ``rows`` at W, ``rows`` then being the batch slots the forward runs (the static session's
         batch bucket), which is what its time depends on."""
         self.count += 1
+        if remaining is not None:  # a served batch's rows: positions left (observe's calibration)
+            self._left = np.maximum(np.asarray(remaining, dtype=np.int64).reshape(-1), 1)
+            self._left = self._left if self._left.size else None
         pace = self.pace(rows)  # the log's predicted seconds are at the present pace
         hold = self._one_held
         if (hold is not None and limit >= self.max_width and hold[0] == (rows, lag, self.learned.counts.version)
@@ -630,10 +634,9 @@ class _AutoWindow:
         # as if nine forwards were left, two of them with fresh drafts)
         tokens, seconds = self._expected(image_end)[:limit], self.cost(rows)[:limit] * pace  # seconds now
         tokens = self._lagged(tokens, rows, lag)
-        if remaining is not None:  # a served batch: each row capped by its own image end (batch_tokens)
-            left = np.minimum(np.asarray(remaining, dtype=np.int64).reshape(-1), limit)
-            if left.size:
-                tokens = batch_tokens(tokens, left) / left.size
+        if self._left is not None and remaining is not None:  # a served batch: each row capped by its own image end
+            left = np.minimum(self._left, limit)
+            tokens = batch_tokens(tokens, left) / left.size
         if self._held is not None and limit < self._held:
             # the image end cuts the held window: take the whole rest. Its drafts were refined by the
             # wider forwards before (the steady-state ages of E(W) would call them fresh: width 1
@@ -838,7 +841,10 @@ class _AutoWindow:
                 and self._run >= np.ceil(width / self._expected()[width - 1])):
             # a steady iteration of the width held: the calibration's sums (calibration)
             counts.measured_drafts = self.CALIBRATION_DECAY * counts.measured_drafts + max(tokens - 1.0, 0.0)
-            counts.predicted_drafts = self.CALIBRATION_DECAY * counts.predicted_drafts + float(self._raw[width - 1]) - 1.0
+            # (a served batch: predicted as measured, each row capped by its own image end)
+            raw = (float(self._raw[width - 1]) if self._left is None
+                   else float(batch_tokens(self._raw[:width], np.minimum(self._left, width))[-1]) / self._left.size)
+            counts.predicted_drafts = self.CALIBRATION_DECAY * counts.predicted_drafts + raw - 1.0
         if self._pending is not None and self._pending[0] == width and tokens is not None:
             entry = self.log.setdefault(width, {"iterations": 0, "predicted_tokens": 0.0, "measured_tokens": 0.0,
                                                 "predicted_seconds": 0.0, "measured_seconds": 0.0})
