@@ -222,11 +222,12 @@ class _AutoWindow:
     (the static session's batch bucket, :attr:`csdgen.models._static.StaticSession.batch_slots`), one
     time table per bucket: images joining and leaving within one bucket leave the forward's cost
     where it was, and every iteration of the bucket measures it. A bucket met with fewer than two
-    widths measured gets its own warm-up (:attr:`WARM_PLAN`), not only the first one. Where the forward's time grows
-    with batch x width (a full batch on a CPU) the choice is then width 1, and wider as the batch
-    thins. Admissions are not priced: a joining image costs one prefill whatever the width
-    (on the built-in model, 2-core CPU under load, one thread: 33 ms for one image joining
-    a running static batch of 15, whose iterations took 25-45 ms), a cost per image, so per token the same at every width, which moves no choice.
+    widths measured gets its own warm-up (:attr:`WARM_PLAN`), not only the first one. Where the
+    forward's time grows with batch x width (a full batch on a CPU) the choice is then width 1, and
+    wider as the batch thins. Admissions are not priced: a joining image costs one prefill whatever
+    the width (on the built-in model, 2-core CPU under load, one thread: 21-33 ms for one image
+    joining a running static batch of 15, whose iterations took 25-45 ms), a cost per image, so per
+    token the same at every width, which moves no choice.
 
     A batch's near ties are not given to width 1: a margin of 10 % for width 1 where ``rows > 1``
     (tried in 1aaa363) made the README's first command (CSD, 8 images in one batch, two threads)
