@@ -32,6 +32,26 @@ goal is >= 99 %).
 
 The table (Markdown) and every figure (``--json``) are printed / written at the end, with the
 command, the machine (CPU count, load average at the start and end) and the batch sizes.
+
+**Open loop** (``--arrivals poisson``): the clients above adapt the load to the server (each waits
+for its answer); users do not. Here requests arrive independently, a Poisson process, whatever the
+server is doing:
+
+    python benchmarks/bench_serve.py --arrivals poisson --rate 0.3,0.6,0.9 --methods csd --modes continuous,static
+
+* the **capacity** of each method (images per second) is measured first: a one-at-a-time server
+  (``--max-batch 1``) loaded by one closed-loop client for ``--capacity-seconds``, times
+  ``--max-batch``; or given (``--capacity``, images per second, the same for every method);
+* every ``--rate`` (fractions of the capacity) is an arrival rate of images: requests of n = 1..4
+  images (uniform, mean 2.5) arrive at ``rate x capacity / 2.5`` per second, exponential gaps, a
+  random class and seed each (all seeded by ``--seed``, the same arrivals for every batching),
+  for at most ``--requests`` requests and ``--duration`` seconds; then the open requests are waited
+  for up to ``--drain`` seconds, and those still open then are **lost** (the client gives up);
+* per cell: requests, lost, errors (non-200 answers and failed connections), images answered,
+  images per second (images answered / seconds from the first arrival to the last answer), p50 /
+  p95 / p99 latency per answered request, the mean **queue wait** per image (Little's law: the
+  server's queue depth, read from /metrics every ``--sample`` seconds, integrated over the cell
+  and divided by the images that arrived) and the mean batch occupancy.
 """
 
 from __future__ import annotations
@@ -53,6 +73,8 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("continuous", "one-at-a-time", "static")
+ARRIVALS = ("closed", "poisson")
+MEAN_IMAGES = 2.5  # images per request: n uniform in 1..4
 
 
 def start_server(mode: str, method: str, max_batch: int, threads: int, extra: list[str]) -> tuple[subprocess.Popen, str]:
@@ -143,6 +165,170 @@ def run_clients(url: str, clients: int, duration: float, method: str, num_classe
             "p50": quantile(0.5), "p95": quantile(0.95), "errors": len(results) - len(ok)}
 
 
+def poisson_arrivals(rate: float, requests: int, duration: float, num_classes: int, seed: int) -> list[dict]:
+    """Open-loop arrivals: ``rate`` images per second (> 0) as requests of n = 1..4 images at exponential
+    gaps (mean ``MEAN_IMAGES / rate`` seconds), at most ``requests`` of them and none after ``duration``
+    seconds. Returns one dict per request, in order: ``at`` (seconds from the start), ``n``, ``prompt``
+    (a class id as text) and ``seed``; the same for the same arguments.
+
+    Raises:
+        ValueError: a rate, duration or request count <= 0, or fewer than one class."""
+    if not rate > 0 or not duration > 0 or requests < 1 or num_classes < 1:
+        raise ValueError(f"rate={rate!r}, duration={duration!r}, requests={requests!r}, num_classes={num_classes!r}: "
+                         f"allowed rate > 0 images/s, duration > 0 s, requests >= 1, num_classes >= 1")
+    rng = random.Random(seed)
+    out, at = [], 0.0
+    while len(out) < requests:
+        at += rng.expovariate(rate / MEAN_IMAGES)
+        if at > duration:
+            break
+        out.append({"at": at, "n": rng.randint(1, 4), "prompt": str(rng.randrange(num_classes)),
+                    "seed": rng.randrange(2**31)})
+    return out
+
+
+def run_open_loop(url: str, arrivals: list[dict], method: str, drain: float, sample: float) -> dict:
+    """Send every request of ``arrivals`` at its time (each on its own thread: nobody waits for an answer
+    to send the next), wait for the answers up to ``drain`` seconds after the last arrival, and sample the
+    server's queue depth every ``sample`` seconds meanwhile (module docstring)."""
+    results: list[tuple[float, float, str, int]] = []  # (sent, answered, outcome: ok / error / lost, images)
+    lock = threading.Lock()
+    depth: list[tuple[float, float]] = []  # (seconds, images waiting)
+    last = arrivals[-1]["at"] if arrivals else 0.0
+    began = time.perf_counter()
+    give_up = began + last + drain
+
+    def send(http: httpx.Client, item: dict) -> None:
+        body = {"prompt": item["prompt"], "n": item["n"], "seed": item["seed"], "method": method, "window": "auto"}
+        sent = time.perf_counter()
+        try:
+            status = http.post(url + "/v1/images/generations", json=body,
+                               timeout=max(give_up - sent, 1.0)).status_code
+            outcome = "ok" if status == 200 else "error"
+        except httpx.TimeoutException:
+            outcome = "lost"
+        except httpx.HTTPError:
+            outcome = "error"
+        with lock:
+            results.append((sent, time.perf_counter(), outcome, item["n"] if outcome == "ok" else 0))
+
+    done = threading.Event()
+
+    def sampler() -> None:
+        with httpx.Client(timeout=30) as http:
+            while not done.is_set():
+                try:
+                    text = http.get(url + "/metrics").text
+                    value = next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                                 if line.startswith("csdgen_queue_depth "))
+                    depth.append((time.perf_counter() - began, value))
+                except (httpx.HTTPError, StopIteration, ValueError):
+                    pass
+                done.wait(sample)
+
+    watcher = threading.Thread(target=sampler, daemon=True)
+    watcher.start()
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    with httpx.Client(limits=limits) as http:
+        threads = []
+        for item in arrivals:
+            time.sleep(max(0.0, began + item["at"] - time.perf_counter()))
+            t = threading.Thread(target=send, args=(http, item))
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join()
+    done.set()
+    watcher.join()
+    ok = [r for r in results if r[2] == "ok"]
+    latencies = sorted(r[1] - r[0] for r in ok)
+    end = max((r[1] for r in ok), default=began)
+    images = sum(r[3] for r in ok)
+    # Little's law: the queue's time integral (images x seconds) over the images that arrived
+    area = sum(v * (t1 - t0) for (t0, v), (t1, _) in zip(depth, depth[1:]))
+    arrived = sum(item["n"] for item in arrivals)
+
+    def quantile(q: float) -> float:
+        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] if latencies else float("nan")
+
+    return {"requests": len(arrivals), "answered": len(ok), "lost": sum(r[2] == "lost" for r in results),
+            "errors": sum(r[2] == "error" for r in results), "images": images, "seconds": end - began,
+            "offered_images_per_second": arrived / last if last > 0 else float("nan"),
+            "images_per_second": images / (end - began) if end > began else 0.0,
+            "p50": quantile(0.5), "p95": quantile(0.95), "p99": quantile(0.99),
+            "queue_wait": area / arrived if arrived else float("nan")}
+
+
+def measure_capacity(method: str, args, extra: list[str], num_classes: int) -> dict:
+    """Images per second the open loop's rates are fractions of: one-at-a-time throughput (one
+    closed-loop client for ``--capacity-seconds``) times ``--max-batch``."""
+    proc, url = start_server("one-at-a-time", method, 1, args.threads, extra)
+    try:
+        httpx.post(url + "/v1/images/generations", json={"prompt": "0", "method": method, "seed": 0}, timeout=3600)
+        cell = run_clients(url, 1, args.capacity_seconds, method, num_classes, args.seed)
+    finally:
+        stop_server(proc)
+    one = cell["images_per_second"]
+    return {"method": method, "one_at_a_time": one, "max_batch": args.max_batch, "capacity": one * args.max_batch}
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def open_loop(args, extra: list[str], methods: list[str], modes: list[str], rates: list[float],
+              num_classes: int) -> tuple[list[dict], list[dict]]:
+    """Every method x batching x rate (module docstring); returns the cells and the capacities."""
+    rows, capacities = [], []
+    for method in methods:
+        if args.capacity is not None:
+            capacity = {"method": method, "one_at_a_time": None, "max_batch": args.max_batch, "capacity": args.capacity}
+        else:
+            capacity = measure_capacity(method, args, extra, num_classes)
+        capacities.append(capacity)
+        print(json.dumps({"capacity": capacity}), flush=True)
+        for mode in modes:
+            proc, url = start_server(mode, method, args.max_batch, args.threads, extra)
+            try:
+                httpx.post(url + "/v1/images/generations", json={"prompt": "0", "method": method, "seed": 0},
+                           timeout=3600)  # warm-up
+                for k, rate in enumerate(rates):
+                    arrivals = poisson_arrivals(rate * capacity["capacity"], args.requests, args.duration, num_classes,
+                                                args.seed * 1000 + k)
+                    before = metrics(url)
+                    cell = run_open_loop(url, arrivals, method, args.drain, args.sample)
+                    after = metrics(url)
+                    iterations = after["csdgen_batch_iterations_total"] - before["csdgen_batch_iterations_total"]
+                    rows_fed = after["csdgen_batch_rows_total"] - before["csdgen_batch_rows_total"]
+                    cell.update(method=method, mode=mode, rate=rate, capacity=capacity["capacity"],
+                                max_batch=1 if mode == "one-at-a-time" else args.max_batch,
+                                occupancy=rows_fed / iterations if iterations else 0.0)
+                    rows.append(cell)
+                    print(json.dumps(cell), flush=True)
+            finally:
+                stop_server(proc)
+    return rows, capacities
+
+
+def open_table(rows: list[dict]) -> str:
+    """Markdown: one row per (method, batching, rate), with continuous's p95 latency over this one's."""
+    lines = ["| method | batching | max batch | rate x capacity | offered images/s | requests | lost | errors | images | "
+             "images/s | p50 s | p95 s | p99 s | queue wait s | mean occupancy | continuous p95 / this |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    index = {(r["method"], r["mode"], r["rate"]): r for r in rows}
+    for r in rows:
+        cont = index.get((r["method"], "continuous", r["rate"]))
+        ratio = f"{cont['p95'] / r['p95']:.2f}x" if cont and r["p95"] == r["p95"] and r["p95"] > 0 else "-"
+        lines.append(f"| {r['method']} | {r['mode']} | {r['max_batch']} | {r['rate']:g} | {r['offered_images_per_second']:.2f} | "
+                     f"{r['requests']} | {r['lost']} | {r['errors']} | {r['images']} | {r['images_per_second']:.2f} | "
+                     f"{r['p50']:.1f} | {r['p95']:.1f} | {r['p99']:.1f} | {r['queue_wait']:.1f} | {r['occupancy']:.1f} | {ratio} |")
+    return "\n".join(lines)
+
+
 def check_offline(url: str, model, method: str, requests: int, seed: int) -> dict:
     """Fixed-window (16) requests sent together; each image against generate(seed, image_indices=[i])."""
     import csdgen
@@ -192,7 +378,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--note", default="", help="a line about the machine's state (e.g. 'under load')")
     p.add_argument("--url", default=None, help="load this running server instead of starting servers (any csdgen "
                    "serve: one process, or Ray Serve replicas); --modes is then its label in the table (default url)")
+    p.add_argument("--weights", type=Path, default=None,
+                   help="built-in model weights folder, for the servers and the check (default: shipped with csdgen)")
+    g = p.add_argument_group("open loop (--arrivals poisson; module docstring)")
+    g.add_argument("--arrivals", choices=ARRIVALS, default="closed",
+                   help="closed: --clients send back to back (default); poisson: requests arrive at --rate")
+    g.add_argument("--rate", type=_fractions, default=[0.3, 0.6, 0.9],
+                   help="arrival rates, fractions of the capacity (images/s), comma-separated (default 0.3,0.6,0.9)")
+    g.add_argument("--capacity", type=_positive, default=None,
+                   help="images per second the rates are fractions of (default: measured per method, one-at-a-time "
+                        "throughput x --max-batch)")
+    g.add_argument("--capacity-seconds", type=_positive, default=30.0,
+                   help="seconds of the one-at-a-time load that measures the capacity (default 30)")
+    g.add_argument("--requests", type=_count, default=200, help="most requests per cell (default 200; --duration bounds them too)")
+    g.add_argument("--drain", type=_positive, default=600.0,
+                   help="seconds after the last arrival the open requests are waited for; later ones are lost (default 600)")
+    g.add_argument("--sample", type=_positive, default=0.5, help="seconds between reads of the queue depth (default 0.5)")
     args, extra = p.parse_known_args(argv)
+    if args.weights is not None:
+        extra += ["--weights", str(args.weights)]
     if args.url:
         return load_url(args, argv)
     clients = [int(c) for c in args.clients.split(",")]
@@ -200,15 +404,32 @@ def main(argv: list[str] | None = None) -> int:
     modes = args.modes.split(",")
     load_start = os.getloadavg()
     model = None
-    if args.check:
+    if args.check and args.arrivals == "closed":
         import torch
 
         from csdgen.models.builtin import load_builtin_model
 
         torch.set_num_threads(args.threads)
-        model = load_builtin_model()
-    num_classes = model.num_classes if model is not None else _num_classes()
+        model = load_builtin_model(args.weights) if args.weights is not None else load_builtin_model()
+    num_classes = model.num_classes if model is not None else _num_classes(args.weights)
     rows, checks = [], []
+    if args.arrivals == "poisson":
+        open_rows, capacities = open_loop(args, extra, methods, modes, args.rate, num_classes)
+        load_end = os.getloadavg()
+        machine = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, server threads {args.threads}, "
+                   f"load average {load_start[0]:.1f} at start, {load_end[0]:.1f} at end{'; ' + args.note if args.note else ''}")
+        command = "python benchmarks/bench_serve.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        print(f"\n{command}\n{machine}\n")
+        for c in capacities:
+            measured = (f"one at a time {c['one_at_a_time']:.3f} images/s x max batch {c['max_batch']}"
+                        if c["one_at_a_time"] is not None else "given")
+            print(f"capacity {c['method']}: {c['capacity']:.3f} images/s ({measured})")
+        print()
+        print(open_table(open_rows))
+        if args.json:
+            args.json.write_text(json.dumps({"command": command, "machine": machine, "capacities": capacities,
+                                             "rows": open_rows}, indent=2))
+        return 0
     for method in methods:
         for mode in modes:
             proc, url = start_server(mode, method, args.max_batch, args.threads, extra)
@@ -274,9 +495,41 @@ def load_url(args, argv) -> int:
     return 0
 
 
-def _num_classes() -> int:
-    config = json.loads((ROOT / "csdgen" / "builtin" / "weights" / "config.json").read_text())
+def _num_classes(weights: Path | None = None) -> int:
+    folder = weights if weights is not None else ROOT / "csdgen" / "builtin" / "weights"
+    config = json.loads((folder / "config.json").read_text())
     return int(config["num_classes"])
+
+
+def _fractions(text: str) -> list[float]:
+    """``--rate``: comma-separated fractions > 0 of the capacity."""
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or not all(v > 0 and v == v and v != float("inf") for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed fractions > 0 of the capacity, comma-separated (e.g. 0.3,0.6,0.9)")
+    return values
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed a number > 0")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed an integer >= 1")
+    return value
 
 
 def table(rows: list[dict]) -> str:

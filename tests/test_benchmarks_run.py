@@ -105,3 +105,50 @@ def test_auto_against_ar_prints_every_pair_and_the_parts_of_an_iteration():
     assert "forward " in ar and "outside " in ar and "choose" not in ar, ar
     for part in ("forward", "outside", "choose", "observe", "laggard_ratio"):
         assert f"{part} " in auto, auto
+
+
+def _bench_serve():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_serve", ROOT / "benchmarks" / "bench_serve.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_bench_serve_poisson_arrivals_are_seeded_and_bounded_in_count_and_time():
+    import pytest
+
+    bench = _bench_serve()
+    arrivals = bench.poisson_arrivals(5.0, 1000, 60.0, 7, seed=3)
+    assert arrivals == bench.poisson_arrivals(5.0, 1000, 60.0, 7, seed=3)  # the same traffic for every batching
+    assert arrivals != bench.poisson_arrivals(5.0, 1000, 60.0, 7, seed=4)
+    times = [a["at"] for a in arrivals]
+    assert times == sorted(times) and times[-1] <= 60.0
+    # 5 images/s in requests of 2.5 images on average: about 2 requests/s for 60 s (Poisson: 120 +- 11)
+    assert 85 < len(arrivals) < 155 and {a["n"] for a in arrivals} == {1, 2, 3, 4}
+    assert 4.0 < sum(a["n"] for a in arrivals) / times[-1] < 6.0
+    assert len(bench.poisson_arrivals(5.0, 10, 60.0, 7, seed=3)) == 10  # bounded by the count
+    with pytest.raises(ValueError, match="rate=0"):
+        bench.poisson_arrivals(0, 10, 60.0, 7, seed=3)
+
+
+def test_bench_serve_open_loop_reduced_run_reports_latency_and_queue_wait(tmp_path):
+    from builtin_fixture import make_tiny_weights
+
+    weights = make_tiny_weights(tmp_path / "weights")
+    out = tmp_path / "open.json"
+    run = subprocess.run(
+        [sys.executable, "benchmarks/bench_serve.py", "--arrivals", "poisson", "--rate", "1", "--capacity", "4",
+         "--requests", "4", "--duration", "3", "--drain", "120", "--methods", "csd", "--modes", "continuous",
+         "--threads", "1", "--weights", str(weights), "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-2000:] + run.stdout[-2000:]
+    assert "| csd | continuous | 16 | 1 | " in run.stdout and "p99 s | queue wait s" in run.stdout, run.stdout
+    assert "capacity csd: 4.000 images/s (given)" in run.stdout
+    import json
+
+    cell = json.loads(out.read_text())["rows"][0]
+    assert cell["requests"] >= 1 and cell["answered"] == cell["requests"] and cell["lost"] == cell["errors"] == 0
+    assert cell["images"] >= cell["requests"] and cell["p50"] <= cell["p95"] <= cell["p99"] and cell["queue_wait"] >= 0
+    assert cell["occupancy"] >= 1.0

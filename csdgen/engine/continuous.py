@@ -23,7 +23,10 @@ gets the tokens of ``csdgen.generate(model, [condition], seed=s, image_indices=[
 whatever else is in the batch, and whenever it joined (up to the floating-point summation order
 of batched kernels; exact on a float64 model, tested). With ``window="auto"`` the width of each
 iteration is chosen for the whole batch from measured times, so images keep their
-distribution (the rules are exact for any width), not their tokens.
+distribution (the rules are exact for any width), not their tokens. The choice is priced for the
+batch it runs: the tokens its rows are expected to commit, each capped by its own image end, per
+second of an iteration of the batch slots it fills (:mod:`csdgen.engine.window`, a served batch):
+where a full batch is compute-bound (a CPU) that is width 1, as AR, and wider as the batch thins.
 
 Every image of one batch shares the method, window, drafting and sampling settings (one
 forward, one rule); a server keeps one batch per setting and runs the one whose turn it is
@@ -130,6 +133,7 @@ class ContinuousBatch:
         loop.widths = []
         loop.steps = 0
         loop.paced_by_laggard = False  # images join at different steps; no batch ends with its slowest
+        loop.batch_priced = True  # window="auto" priced for the batch it runs (_AutoWindow.choose's remaining)
         loop._probe = self.N >= 3 and loop.PROBE
         loop._checked = False
         self._handles: list[int] = []  # the handle of each buffer row

@@ -171,8 +171,13 @@ class _Loop:
         c_host = self.committed_host[self.active_host]
         limit = int((N - c_host).max())
         if self.auto is not None:
-            lag = self.auto.laggard_ratio(c_host, self.steps) if self.paced_by_laggard else 1.0
-            width = min(self.auto.choose(limit, len(self.active_host), lag), limit)
+            if self.batch_priced:  # a served batch: priced row by row, timed by the slots the forward runs
+                A = len(self.active_host)
+                slots = getattr(session, "batch_slots", A)
+                width = min(self.auto.choose(limit, slots, 1.0, remaining=(N - c_host).numpy()), limit)
+            else:
+                lag = self.auto.laggard_ratio(c_host, self.steps) if self.paced_by_laggard else 1.0
+                width = min(self.auto.choose(limit, len(self.active_host), lag), limit)
         else:
             width = min(self.window, limit)
         probe = self._probe
@@ -213,6 +218,11 @@ class _Loop:
     #: ``lag``): the batch ends with it. Continuous batching sets it False (new images join, and its
     #: images started at different steps)
     paced_by_laggard = True
+    #: ``window="auto"`` prices the batch it runs row by row (:meth:`_AutoWindow.choose`'s ``remaining``),
+    #: its times kept per batch slots the forward runs (``session.batch_slots`` where the session has
+    #: them, else the images): continuous batching sets it True (its rows are at different places of
+    #: their images, and the images in a bucket of the static session change while its cost does not)
+    batch_priced = False
 
     def _opened(self, session) -> None:
         """Hook: the session was just opened (the tree loop checks that it can evaluate trees)."""

@@ -17,7 +17,7 @@ import torch
 
 from ..transfer import to_device
 
-__all__ = ["AUTO_MAX_WINDOW"]
+__all__ = ["AUTO_MAX_WINDOW", "batch_tokens", "batch_width"]
 
 #: the widest window ``window="auto"`` considers
 AUTO_MAX_WINDOW = 32
@@ -40,6 +40,47 @@ def depth_bucket(depth: torch.Tensor) -> torch.Tensor:
     if edges is None:
         edges = _EDGES[depth.device] = to_device(torch.tensor(DEPTH_EDGES[1:]), depth.device)
     return torch.bucketize(depth, edges, right=True)
+
+
+def batch_tokens(tokens: np.ndarray, remaining) -> np.ndarray:
+    """``[M]`` float64 tokens a whole batch commits in one forward of width W = 1 .. M.
+
+    ``tokens``: ``[M]`` float64 tokens one image commits per forward at W = 1 .. M (E(W),
+    :meth:`_AutoWindow.expected_tokens`, non-decreasing); ``remaining``: ``[A]`` integers >= 1, the
+    image positions each row still has to commit. A window of W slots covers ``min(W, r)`` positions
+    of a row ``r`` positions from its end, so the row commits ``tokens[min(W, r) - 1]``: the sum over
+    rows. In a served batch the rows are at different places of their images (they joined at
+    different iterations), so a row near its end gains nothing from a width past it.
+
+    Raises:
+        ValueError: ``tokens`` empty or not 1-D, or a remaining count < 1 (the value is named)."""
+    tokens = np.asarray(tokens, dtype=np.float64)
+    if tokens.ndim != 1 or tokens.size == 0:
+        raise ValueError(f"tokens of shape {tuple(tokens.shape)}: allowed a non-empty 1-D array (one per width)")
+    remaining = np.asarray(remaining, dtype=np.int64).reshape(-1)
+    if remaining.size and int(remaining.min()) < 1:
+        raise ValueError(f"remaining={remaining.tolist()}: allowed integers >= 1 (positions a row still has to commit)")
+    widths = np.arange(1, tokens.size + 1)
+    return tokens[np.minimum(widths[None, :], remaining[:, None]) - 1].sum(0)
+
+
+def batch_width(tokens: np.ndarray, remaining, seconds: np.ndarray) -> int:
+    """The width W (1 .. M) whose forward commits the most tokens per second for the whole batch:
+    :func:`batch_tokens` over ``seconds`` (``[M]`` float64 > 0, the measured or predicted seconds of
+    one iteration of this batch at W = 1 .. M); the narrowest of equals.
+
+    Where a forward's time grows with batch x width (a compute-bound batch, a full one on a CPU)
+    this is width 1 for a full batch and a wider window as the batch thins; where it is flat in the
+    width (a launch- or memory-bound batch), the widest window that still gains tokens.
+
+    Raises:
+        ValueError: as :func:`batch_tokens`, or ``seconds`` of another length than ``tokens`` or not > 0."""
+    seconds = np.asarray(seconds, dtype=np.float64)
+    total = batch_tokens(tokens, remaining)
+    if seconds.shape != total.shape or not (seconds > 0).all():
+        raise ValueError(f"seconds of shape {tuple(seconds.shape)} (min {float(seconds.min()) if seconds.size else None}): "
+                         f"allowed one time > 0 per width ({total.size} widths)")
+    return int((total / seconds).argmax()) + 1
 
 
 @dataclass
@@ -204,6 +245,21 @@ class _AutoWindow:
     the laggard keeps its pace is not chosen (SJD at batch 16 held width 8 on a mean-rate tie with
     width 1 and took 140 forwards where AR takes 256 and the mean image 113: 9.25 s against AR's 8.03).
 
+    A served batch (:class:`csdgen.engine.continuous.ContinuousBatch`: images join and leave between
+    iterations, so no batch ends with its slowest image and there is no laggard discount) is priced
+    for the batch it runs (:meth:`choose`'s ``remaining``): its tokens per forward at W are the sum over
+    its rows of E(min(W, r)), ``r`` a row's positions left (:func:`batch_tokens`; its rows are at
+    different places of their images), and its seconds those of the batch slots the forward runs
+    (the static session's batch bucket, :attr:`csdgen.models._static.StaticSession.batch_slots`), one
+    time table per bucket: images joining and leaving within one bucket leave the forward's cost
+    where it was, and every iteration of the bucket measures it. A bucket met with fewer than two
+    widths measured gets its own warm-up (:attr:`WARM_PLAN`), not only the first one. Where the
+    forward's time grows with batch x width (a full batch on a CPU) the choice is then width 1, and
+    wider as the batch thins. Admissions are not priced: a joining image costs one prefill whatever
+    the width (on the built-in model, 2-core CPU under load, one thread: 21-33 ms for one image
+    joining a running static batch of 15, whose iterations took 25-45 ms), a cost per image, so per
+    token the same at every width, which moves no choice.
+
     A batch's near ties are not given to width 1: a margin of 10 % for width 1 where ``rows > 1``
     (tried in 1aaa363) made the README's first command (CSD, 8 images in one batch, two threads)
     run width 1 for most iterations, at 1.06-1.29x step compression and 5.3-6.2 s against
@@ -337,6 +393,8 @@ class _AutoWindow:
         self._warm_left = 0  # warm-up iterations still planned
         self._tokens_at = (-1, 0)  # (counts version, iteration) it was computed at
         self._warmed: list[int] = []  # the buckets the warm-up measured, in order (:meth:`_warm_stops`)
+        self._warmed_rows: frozenset[int] = frozenset()  # the batch sizes (slots) a warm-up began at
+        self._left: np.ndarray | None = None  # a served batch: each row's positions left at the last choose
         self._remeasure: int | None = None  # a bucket measured again: its smaller time is kept
         #: (rows, bucket) whose held iterations last read the pace, and how many in a row (:attr:`SWITCH_WEIGHT`)
         self._pace_reader: tuple[int, int] | None = None
@@ -548,13 +606,23 @@ class _AutoWindow:
 
     # -- choosing and learning -----------------------------------------------------------------
 
-    def choose(self, limit: int, rows: int = 1, lag: float = 1.0) -> int:
+    def choose(self, limit: int, rows: int = 1, lag: float = 1.0, remaining=None) -> int:
         """The next width (``<= limit``, the widest window any image can still use) for ``rows`` images.
 
         ``lag`` (0 .. 1): drafts accepted per forward so far by the image furthest behind, over the
         batch's mean (:meth:`laggard_ratio`); a batch ends with its slowest image, so where
-        ``rows > 1`` the drafts E(W) counts are discounted by it (:attr:`LAG_WEIGHT`)."""
+        ``rows > 1`` the drafts E(W) counts are discounted by it (:attr:`LAG_WEIGHT`).
+
+        ``remaining`` (a served batch, :class:`csdgen.engine.continuous.ContinuousBatch`): ``[A]``
+        integers >= 1, the positions each row still has to commit. The batch is then priced row by
+        row: its tokens per forward at W are :func:`batch_tokens` (each row capped by its own image
+        end; averaged per row here, which moves no choice), over the seconds of an iteration of
+        ``rows`` at W, ``rows`` then being the batch slots the forward runs (the static session's
+        batch bucket), which is what its time depends on."""
         self.count += 1
+        if remaining is not None:  # a served batch's rows: positions left (observe's calibration)
+            self._left = np.maximum(np.asarray(remaining, dtype=np.int64).reshape(-1), 1)
+            self._left = self._left if self._left.size else None
         pace = self.pace(rows)  # the log's predicted seconds are at the present pace
         hold = self._one_held
         if (hold is not None and limit >= self.max_width and hold[0] == (rows, lag, self.learned.counts.version)
@@ -572,11 +640,16 @@ class _AutoWindow:
             return 1
         image_end, limit = limit, max(1, min(limit, self.max_width))
         self._rows = rows
-        if not self.plan and self.count == 1 and len(self.learned.times.get(rows, {})) < 2:
+        # a served batch warms up at every slot count it meets unmeasured: it begins with a request's
+        # few images, and a full batch's widths priced by the times of 1 slot scaled (the nearest
+        # measured size, _times) look nearly free, where on a CPU they cost several narrow iterations
+        first = self.count == 1 or (remaining is not None and rows not in self._warmed_rows)
+        if not self.plan and first and len(self.learned.times.get(rows, {})) < 2:
             # times for this batch size at a few widths (the cost is not linear in W: flat while a
             # forward is launch-bound, then steep), narrow to wide (WARM_PLAN)
             self.plan = sorted({min(w, self.max_width) for w in self.WARM_PLAN + (self.max_width,)})
             self._warm_left = len(self.plan)
+            self._warmed, self._warmed_rows = [], self._warmed_rows | {rows}
         if self._warm_left and self._warm_stops(rows):
             self.plan, self._warm_left = [], 0
         if self.plan:
@@ -593,6 +666,9 @@ class _AutoWindow:
         # as if nine forwards were left, two of them with fresh drafts)
         tokens, seconds = self._expected(image_end)[:limit], self.cost(rows)[:limit] * pace  # seconds now
         tokens = self._lagged(tokens, rows, lag)
+        if self._left is not None and remaining is not None:  # a served batch: each row capped by its own image end
+            left = np.minimum(self._left, limit)
+            tokens = batch_tokens(tokens, left) / left.size
         if self._held is not None and limit < self._held:
             # the image end cuts the held window: take the whole rest. Its drafts were refined by the
             # wider forwards before (the steady-state ages of E(W) would call them fresh: width 1
@@ -797,7 +873,10 @@ class _AutoWindow:
                 and self._run >= np.ceil(width / self._expected()[width - 1])):
             # a steady iteration of the width held: the calibration's sums (calibration)
             counts.measured_drafts = self.CALIBRATION_DECAY * counts.measured_drafts + max(tokens - 1.0, 0.0)
-            counts.predicted_drafts = self.CALIBRATION_DECAY * counts.predicted_drafts + float(self._raw[width - 1]) - 1.0
+            # (a served batch: predicted as measured, each row capped by its own image end)
+            raw = (float(self._raw[width - 1]) if self._left is None
+                   else float(batch_tokens(self._raw[:width], np.minimum(self._left, width))[-1]) / self._left.size)
+            counts.predicted_drafts = self.CALIBRATION_DECAY * counts.predicted_drafts + raw - 1.0
         if self._pending is not None and self._pending[0] == width and tokens is not None:
             entry = self.log.setdefault(width, {"iterations": 0, "predicted_tokens": 0.0, "measured_tokens": 0.0,
                                                 "predicted_seconds": 0.0, "measured_seconds": 0.0})

@@ -776,6 +776,13 @@ class StaticSession(RaggedSession):
         self._prompt_valid_T, self._prompt_len, self._region = valid, lengths, region
         self.capacity, self._P = new.capacity, P
 
+    @property
+    def batch_slots(self) -> int:
+        """Batch slots the next forward runs (the batch bucket, :func:`batch_bucket`): what an
+        iteration's time depends on, whatever number of images fills them (``window="auto"`` in a
+        served batch keeps its times per bucket)."""
+        return self._bucket
+
     def release(self) -> None:
         """Give a model-owned buffer set back to the model's store for the next session (the
         session must not be used afterwards). Nothing to do for a session's own set. A session
