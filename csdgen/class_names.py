@@ -159,6 +159,7 @@ class ClassNames:
                 raise ValueError(f"elsewhere[{name!r}]: class index {bad[0]} outside 0..{len(self.names) - 1}")
             if key and key not in self._index and key not in self._alias:
                 self._elsewhere.setdefault(key, near)
+        self._max_pieces = max(self._max_pieces, 1 + max((k.count(",") for k in self._elsewhere), default=0))
         #: how many things the model knows of without drawing them (``elsewhere``'s names with their
         #: aliases; :meth:`from_config` counts the things)
         self.num_elsewhere = len(self._elsewhere)
@@ -291,7 +292,8 @@ class ClassNames:
         """A comma-separated list of names -> its items (names, aliases, indices, ``random``).
 
         The text is cut at every comma; at each position the longest run of consecutive pieces
-        that forms a class name or alias is taken as one item, else the single piece. Empty
+        that forms a class name or alias (or a name known but not drawn, ``elsewhere``) is taken as
+        one item, else the single piece. Empty
         pieces are dropped. Items are returned stripped, not resolved (see :meth:`index`).
 
         >>> ClassNames(["boy", "family: man, boy", "family: man, boy, boy"]).split("family: man, boy, boy,boy")
@@ -302,7 +304,7 @@ class ClassNames:
         while i < len(pieces):
             for j in range(min(len(pieces), i + self._max_pieces), i, -1):
                 joined = ",".join(pieces[i:j])
-                if j == i + 1 or self.find(joined) is not None:
+                if j == i + 1 or self.find(joined) is not None or self.nearest_drawn(joined) is not None:
                     if joined.strip():
                         out.append(joined.strip())
                     i = j

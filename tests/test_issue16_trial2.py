@@ -263,8 +263,10 @@ def test_class_given_as_digits_is_that_index_even_where_a_short_name_is_those_di
     assert classes.index("hundred points symbol") == 3
     from csdgen.models.builtin import load_builtin_model
 
-    model = load_builtin_model()  # the shipped emoji model: short names "100" and "1234"
-    assert model.class_ids(["100", "1234", 100]) == [100, 1234, 100]
+    model = load_builtin_model()  # the shipped emoji model knows the short names "100" and "1234" (emoji it does not draw)
+    assert model.class_ids(["10", 10]) == [10, 10]
+    with pytest.raises(ValueError, match=r"class index 100: allowed 0\.\."):  # an index, not the emoji "100"
+        model.class_ids(["100"])
 
 
 # ---- the third trial, #1 and #3 ---------------------------------------------------------------
