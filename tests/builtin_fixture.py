@@ -30,6 +30,15 @@ def shipped_classes() -> tuple[list, list, list]:
     return config["class_names"], config["class_categories"], config["class_short_names"]
 
 
+def shipped_extra() -> dict:
+    """The shipped config's other class keys: emoji characters, default classes, the emoji not drawn."""
+    from csdgen.builtin import DEFAULT_WEIGHTS_DIR
+    from csdgen.runs import read_json
+
+    config = read_json(DEFAULT_WEIGHTS_DIR / "config.json")
+    return {k: config[k] for k in ("class_emoji", "default_classes", "other_classes") if k in config}
+
+
 def make_tiny_weights(folder: Path, classes: tuple[list, list, list] | None = None, extra: dict | None = None) -> Path:
     """Tiny random weights in ``folder``; ``classes``: (names, categories, short names), default the
     three above (``shipped_classes()`` gives the shipped model's); ``extra``: more config.json keys

@@ -15,7 +15,7 @@ import pytest
 
 from csdgen import cli
 
-from builtin_fixture import make_tiny_weights, shipped_classes
+from builtin_fixture import make_tiny_weights, shipped_classes, shipped_extra
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -46,7 +46,7 @@ def small(argv: list[str], weights: Path) -> list[str]:
 
 
 def test_readme_commands_run_in_order_in_a_fresh_folder(tmp_path, monkeypatch, capsys):
-    weights = make_tiny_weights(tmp_path / "weights", shipped_classes())
+    weights = make_tiny_weights(tmp_path / "weights", shipped_classes(), shipped_extra())
     work = tmp_path / "clone"
     work.mkdir()
     monkeypatch.chdir(work)
@@ -55,13 +55,13 @@ def test_readme_commands_run_in_order_in_a_fresh_folder(tmp_path, monkeypatch, c
     for argv in commands:
         assert cli.main(small(argv, weights)) == 0, (argv, capsys.readouterr().err)
     printed = capsys.readouterr().out
-    assert "Food & Drink (" in printed and "red apple  (also: apple)" in printed  # --list-classes food
+    assert "Food & Drink (" in printed and "red apple  (also: apple, \U0001F34E)" in printed  # --list-classes food
     # what the README says each command writes
-    assert (work / "outputs" / "record.json").is_file() and (work / "outputs" / "0000_grinning-face_map.png").is_file()
+    assert (work / "outputs" / "record.json").is_file() and (work / "outputs" / "0000_red-apple_map.png").is_file()
     assert sorted(p.name for p in (work / "emoji").glob("*.png")) == [
-        "0000_red-apple.png", "0000_red-apple_map.png", "0001_dog-face.png", "0001_dog-face_map.png"]
+        "0000_red-apple.png", "0000_red-apple_map.png", "0001_panda-face.png", "0001_panda-face_map.png"]
     assert sorted(p.name for p in (work / "csd-w16").glob("*.png")) == [
-        "0000_red-apple.png", "0000_red-apple_map.png", "0001_dog-face.png", "0001_dog-face_map.png"]
+        "0000_red-apple.png", "0000_red-apple_map.png", "0001_panda-face.png", "0001_panda-face_map.png"]
     for name in ("compare.md", "compare.csv", "compare.png", "run_csd.json", "run_csd.safetensors"):
         assert (work / "compare" / name).is_file(), name
     for name in ("sweep.md", "sweep.csv", "sweep.json", "frontier.png"):
@@ -81,7 +81,7 @@ def test_readme_checkpoint_commands_parse():
 
 
 def test_readme_library_example_runs(tmp_path, monkeypatch):
-    weights = make_tiny_weights(tmp_path / "weights", shipped_classes())
+    weights = make_tiny_weights(tmp_path / "weights", shipped_classes(), shipped_extra())
     monkeypatch.chdir(tmp_path)
     (code,) = [block for lang, block in BLOCKS if lang == "python" and "csdgen.generate(" in block]
     assert "load_builtin_model()" in code
@@ -90,7 +90,8 @@ def test_readme_library_example_runs(tmp_path, monkeypatch):
          namespace)
     assert namespace["images"].shape == (2, 3, 64, 64) and len(namespace["pictures"]) == 2
     assert (tmp_path / "api-run" / "record.json").is_file() and (tmp_path / "api-run" / "0000_red-apple.png").is_file()
-    assert namespace["names"] == ["family: man, boy, boy", "dog face"] and len(set(namespace["classes"])) == 4
+    names = namespace["model"].class_names
+    assert [names[i] for i in namespace["ids"]] == ["red apple", "panda face"] and len(set(namespace["classes"])) == 4
 
 
 @pytest.mark.parametrize("command", ["generate", "compare", "sweep"])
