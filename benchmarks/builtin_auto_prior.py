@@ -8,7 +8,10 @@ in one process; then the acceptance counts the auto window kept for that method
 (:func:`csdgen.engine.window.prior_counts` reads them back), scaled to ``--total`` reached drafts.
 Prints them; with ``--write`` stores them as ``auto_window_prior`` in the folder's config.json
 (atomically), with the command and settings, so a fresh process's auto window starts from them.
-Seconds per width are not stored: they belong to the machine, and each process measures its own.
+It also stores CSD's seconds per iteration at fixed windows (``--widths``) for a few batch sizes
+(``--batches``): their ratios are where a fresh process's auto window starts
+(:func:`csdgen.engine.window.prior_times`); the process corrects their scale, and each width's
+time, from its own iterations. Record them on a quiet machine.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import json
 import platform
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -44,6 +48,24 @@ def record(model, method: str, refresh: str, images: int, batch: int, seed: int)
     return {"reached": counts[0].reached, "rejected": counts[0].rejected}
 
 
+def record_times(model, batches: tuple[int, ...], widths: tuple[int, ...], seed: int) -> dict:
+    """Seconds per iteration (wall time of a whole ``generate`` call over its iterations, model loaded
+    and warmed) of CSD at each fixed window in ``widths`` for each batch size in ``batches``, guided
+    (the model's defaults): ``{images: {width: seconds}}``."""
+    classes = model.default_classes or list(range(model.num_classes))
+    csdgen.generate(model, classes[:1], method="csd", window=4, seed=seed)  # warm caches and allocator
+    out: dict[int, dict[int, float]] = {}
+    for rows in batches:
+        for width in widths:
+            t = time.perf_counter()
+            result = csdgen.generate(model, [classes[i % len(classes)] for i in range(rows)], method="csd",
+                                     window=width, seed=seed)
+            out.setdefault(rows, {})[width] = (time.perf_counter() - t) / max(len(result.widths), 1)
+        print(f"times at {rows} images: " + ", ".join(f"{w}: {1000 * s:.1f} ms" for w, s in out[rows].items()),
+              flush=True)
+    return out
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--weights", type=Path, required=True)
@@ -52,12 +74,15 @@ def main(argv=None) -> dict:
     p.add_argument("--total", type=float, default=256.0, help="reached drafts the stored counts are scaled to")
     p.add_argument("--seed", type=int, default=1000, help="run seed (not the seeds users start from)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batches", default="1,8", help="batch sizes whose seconds per iteration are recorded")
+    p.add_argument("--widths", default="1,4,16,32", help="windows whose seconds per iteration are recorded")
     p.add_argument("--write", action="store_true")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     model = load_builtin_model(args.weights)
     model.auto_window_prior = None  # record from the process's own runs only
-    prior = {}
+    prior = {"times": {"guided": record_times(model, tuple(int(b) for b in args.batches.split(",")),
+                                              tuple(int(w) for w in args.widths.split(",")), args.seed)}}
     for method, refresh in METHODS:
         got = record(model, method, refresh, args.images, args.batch, args.seed)
         scale = args.total / max(got["reached"].sum(), 1e-9)
@@ -66,7 +91,8 @@ def main(argv=None) -> dict:
                                         "rejected": (got["rejected"] * scale).round(3).tolist()}
         print(f"{method}/{refresh}: pass rate over the kept counts {rate:.3f}", flush=True)
     command = "python benchmarks/builtin_auto_prior.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    how = (f"acceptance counts window='auto' kept after {args.images} images per method (batches of {args.batch}, "
+    how = (f"seconds per iteration of CSD at fixed windows {args.widths} for {args.batches} images; "
+           f"acceptance counts window='auto' kept after {args.images} images per method (batches of {args.batch}, "
            f"seed {args.seed}, the model's defaults), scaled to {args.total:g} reached drafts; {command}; "
            f"{platform.machine()}, {args.threads} threads, torch {torch.__version__}")
     print(how)

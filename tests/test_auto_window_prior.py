@@ -62,3 +62,24 @@ def test_a_fresh_process_follows_its_prior_from_the_first_choice(tmp_path, monke
     after = 8  # the warm-up measures each width's time once or twice, whatever the counts say
     assert np.mean(rejecting[after:]) <= 1.5, rejecting
     assert np.mean(passing[after:]) >= 8, passing
+
+
+def test_shipped_times_set_the_widths_ratios_and_skip_the_warm_up(tmp_path):
+    """With seconds per width shipped for the batch size, a fresh process starts from them: no warm-up
+    iteration at each width (a busy moment in one of them priced wide windows several times too dear)."""
+    times = {"guided": {"2": {"1": 0.010, "4": 0.011, "16": 0.012, "32": 0.013}}}
+    model = model_with(tmp_path, "t", {"csd/coupled": prior(0.9, 256.0), "times": times})
+    assert window.prior_times(model, guided=True) == {2: {1: 0.010, 4: 0.011, 16: 0.012, 32: 0.013}}
+    assert window.prior_times(model, guided=False) == {}
+    window._STATES.pop(model, None)
+    widths = csdgen.generate(model, [0, 2], method="csd", window="auto", seed=0).widths
+    assert widths[:4] != [1, 4, 16, 32] and widths[0] >= 16, widths[:8]  # wide from the first iteration
+    bare = model_with(tmp_path, "n", {"csd/coupled": prior(0.9, 256.0)})
+    window._STATES.pop(bare, None)
+    assert csdgen.generate(bare, [0, 2], method="csd", window="auto", seed=0).widths[:4] == [1, 4, 16, 32]
+
+
+def test_a_shipped_time_that_is_not_a_positive_number_is_refused(tmp_path):
+    model = model_with(tmp_path, "b", {"times": {"guided": {"2": {"1": -1.0}}}})
+    with pytest.raises(ValueError, match=r"times\[2\]\[1\] = -1.0: allowed a number of seconds > 0"):
+        window.prior_times(model, guided=True)

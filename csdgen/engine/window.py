@@ -140,6 +140,8 @@ def _shared_state(model, time_key: tuple, count_key: tuple) -> _Learned:
         return _Learned()
     if count_key not in per_model["counts"]:
         per_model["counts"][count_key] = prior_counts(model, f"{count_key[0]}/{count_key[3]}")
+    if time_key not in per_model["times"] and time_key[1] is None:  # a tree's forwards cost otherwise
+        per_model["times"][time_key] = prior_times(model, guided=bool(time_key[0]))
     return _Learned(per_model["times"].setdefault(time_key, {}), per_model["counts"][count_key],
                     per_model["every"].setdefault((time_key, count_key), {}),
                     per_model["lag"].setdefault((time_key, count_key), {}),
@@ -173,6 +175,32 @@ def prior_counts(model, method: str) -> _Counts:
     counts.reached, counts.rejected = reached.copy(), rejected.copy()
     counts.version = 1
     return counts
+
+
+def prior_times(model, guided: bool) -> dict[int, dict[int, float]]:
+    """The seconds per iteration a fresh process starts from: the model's ``auto_window_prior["times"]``
+    (``{"guided" | "unguided": {images: {width: seconds}}}``, seconds per iteration of each width at
+    each batch size, recorded on the machine that shipped them) where it ships them, else none.
+
+    They set the ratios of the widths' times; their scale is corrected by the process's first
+    iterations (:attr:`_Learned.pace`), each width's own iterations move its time as usual, and a
+    batch size with two or more widths known skips the warm-up. One warm-up iteration taken while the
+    machine is busy elsewhere priced the wide windows several times too dear, and fresh processes ran
+    width 1 at a third of window 16's speed.
+
+    Raises:
+        ValueError: a time that is not a positive number (naming it).
+    """
+    shipped = ((getattr(model, "auto_window_prior", None) or {}).get("times") or {}).get(
+        "guided" if guided else "unguided") or {}
+    out: dict[int, dict[int, float]] = {}
+    for rows, by_width in shipped.items():
+        for width, seconds in by_width.items():
+            if not (isinstance(seconds, (int, float)) and seconds > 0):
+                raise ValueError(f"auto_window_prior times[{rows}][{width}] = {seconds!r}: allowed a number of "
+                                 f"seconds > 0")
+            out.setdefault(int(rows), {})[int(width)] = float(seconds)
+    return out
 
 
 class _AutoWindow:

@@ -56,6 +56,7 @@ class BuiltinModel(ClassConditionalLlama):
         #: what ``window="auto"`` starts from in a fresh process: acceptance counts per ``"rule/refresh"``
         #: recorded on these weights (config ``auto_window_prior``; :func:`csdgen.engine.window.prior_counts`)
         self.auto_window_prior = {k: v for k, v in (config.get("auto_window_prior") or {}).items() if k != "how"}
+        #: (its ``"times"``: seconds per iteration by batch size and width, csdgen.engine.window.prior_times)
 
     def decode_images(self, tokens: torch.Tensor) -> torch.Tensor:
         """Image tokens ``[B, N]`` int64 -> images ``[B, 3, 64, 64]`` float32 in [-1, 1].
