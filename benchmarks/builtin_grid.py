@@ -35,10 +35,11 @@ def real_images(model, classes: list[int]) -> np.ndarray:
     from csdgen.builtin.emoji import load_emoji
 
     data = load_emoji(variants=False)
-    if data.names != model.class_names:
-        raise ValueError("the emoji package's class names differ from the model's; run "
+    missing = [n for n in model.class_names if n not in data.names]
+    if missing:  # the model's classes are the package's emoji, or a subset of them
+        raise ValueError(f"classes of the model that are not emoji of the package: {missing[:3]}; run "
                          "python -m csdgen.builtin.emoji --update-config on the weights")
-    return data.images[classes]
+    return data.images[[data.names.index(model.class_names[c]) for c in classes]]
 
 
 def grid(rows: list[tuple[str, np.ndarray]], names: list[str]) -> Image.Image:
