@@ -378,10 +378,6 @@ class _AutoWindow:
     #: window-32 counts +13 % and +4 %), so a predicted near-tie cannot tell the widths apart, and
     #: taking the fixed choice there costs what that choice costs (issue 16 item 6 compares auto with them)
     HOME_MARGIN = 0.05
-    #: the chosen width is the widest one predicted within this fraction of the best rate (tokens per
-    #: second): at the README's first command on a quiet 2-core CPU (8 images, CSD) width 4 led width 8
-    #: by a few percent of predicted rate, and took 2.25x step compression where window 16 took 3.36x
-    WIDE_MARGIN = 0.08
     #: weight of the laggard's discount (:meth:`choose`'s ``lag``): 1 prices a batch as if it ran at
     #: its slowest image's pace to the end; 0 at its mean (at batch 16 on the built-in model SJD held
     #: width 8, predicted 2.30 tokens per image and forward, measured 2.27 on the mean, while its
@@ -710,11 +706,6 @@ class _AutoWindow:
             return limit
         rate = tokens / seconds
         best = int(rate.argmax()) + 1
-        # the widest width predicted within WIDE_MARGIN of the best rate: as fast within the model's
-        # error, and more tokens per forward (the step compression a user sees; on a GPU, where a wider
-        # window costs next to nothing, the best rate is the widest anyway)
-        wider = np.nonzero(rate[best - 1:] >= (1 - self.WIDE_MARGIN) * rate[best - 1])[0]
-        best += int(wider[-1])
         held = self._held
         home = limit if rate[limit - 1] >= rate[0] else 1
         if rate[home - 1] >= (1 - self.HOME_MARGIN) * rate[best - 1]:
