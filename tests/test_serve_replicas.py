@@ -279,7 +279,6 @@ def test_both_ray_replicas_serve_and_a_killed_one_is_restarted_while_every_reque
         assert isinstance(error, openai.APIStatusError) and error.status_code == 502, repr(error)
         assert "the replica serving this request stopped before answering" in str(error), str(error)
     assert failed, "the killed replica had no request in flight: the test did not kill it mid-load"
-    assert all(pid != victim for _, _, pid in (r for r in results if isinstance(r, tuple)))
 
     # Ray starts a new replica in its place: within a bounded time a request is answered by a new process
     deadline = time.monotonic() + 120
@@ -288,4 +287,5 @@ def test_both_ray_replicas_serve_and_a_killed_one_is_restarted_while_every_reque
         answers = _concurrently(ray_replicas, 8, window=8)
         seen |= {a[2] for a in answers if isinstance(a, tuple)}
     assert seen - set(pids.values()), f"no restarted replica answered within 120 s (pids seen {sorted(seen)})"
+    assert victim not in seen  # the killed process never answers again (requests it finished before the kill may)
     assert victim not in seen
