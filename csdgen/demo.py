@@ -33,6 +33,7 @@ import math
 import os
 import queue
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -63,6 +64,8 @@ DEFAULT_METHODS = ["ar", "csd"]
 PENDING = (245, 245, 245)  #: colour of token cells not committed yet
 COMMITTED = (150, 150, 150)  #: committed token whose decision the live view does not know yet
 _DISPLAY = 256  #: images narrower than this are upscaled (nearest neighbour) to about this width
+#: seconds Ctrl-C waits for the page server to close before the command ends anyway
+CLOSE_SECONDS = 5.0
 
 
 class DemoCancelled(Exception):
@@ -676,6 +679,14 @@ def serve(model_path: str | None = None, host: str = "127.0.0.1", port: int | No
             while True:
                 time.sleep(0.5)
         except KeyboardInterrupt:
-            app.close()
+            # Gradio's close waits for its server thread to finish; bounded, so Ctrl-C always ends
+            # the command (on a busy machine it waited past 30 s), and the process exit ends the rest
+            closer = threading.Thread(target=app.close, daemon=True)
+            closer.start()
+            closer.join(CLOSE_SECONDS)
+            if closer.is_alive():  # the server's threads would keep the interpreter from exiting
+                print("csdgen demo: stopped", file=sys.stderr, flush=True)
+                sys.stdout.flush()
+                os._exit(130)
             raise
     return app

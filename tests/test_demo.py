@@ -335,3 +335,39 @@ def test_ctrl_c_on_a_running_demo_says_stopped_with_status_130(demo_server, tmp_
     assert demo.wait(timeout=30) == 130
     log = (tmp_path / "server.log").read_text()
     assert log.rstrip().endswith("csdgen demo: stopped") and "Keyboard interruption" not in log
+
+
+def test_ctrl_c_ends_the_demo_even_where_the_page_server_does_not_close(monkeypatch, capsys):
+    """Gradio's close waits for its server thread; where it does not return, Ctrl-C still ends the
+    command within CLOSE_SECONDS, saying it stopped, with status 130."""
+    import threading
+    import types
+
+    import csdgen.demo as demo
+
+    class Hanging:
+        server_port = 1
+
+        def queue(self, **kwargs):
+            pass
+
+        def launch(self, **kwargs):
+            pass
+
+        def close(self):
+            threading.Event().wait(60)
+
+    def interrupted(seconds):
+        raise KeyboardInterrupt
+
+    def exit_now(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(demo, "load_demo_model", lambda *a, **k: (None, "a model", {}))
+    monkeypatch.setattr(demo, "build_app", lambda *a, **k: Hanging())
+    monkeypatch.setattr(demo, "CLOSE_SECONDS", 0.2)
+    monkeypatch.setattr(demo, "time", types.SimpleNamespace(sleep=interrupted))  # Ctrl-C in the wait loop
+    monkeypatch.setattr(demo.os, "_exit", exit_now)
+    with pytest.raises(SystemExit) as exc:
+        demo.serve(port=7)
+    assert exc.value.code == 130 and "csdgen demo: stopped" in capsys.readouterr().err
