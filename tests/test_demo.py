@@ -206,8 +206,11 @@ def demo_server(tmp_path, request):
     port = _free_port()
     log = (tmp_path / "server.log").open("w")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    # SIGINT as from a terminal: a harness that runs the suite in the background ignores it, and an
+    # ignored SIGINT is inherited (Python then installs no Ctrl-C handler)
     proc = subprocess.Popen([sys.executable, "-m", "csdgen", "demo", "--port", str(port)], stdout=log,
-                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                            stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     request.node.demo_process = proc
     url = f"http://127.0.0.1:{port}/"
     deadline = time.monotonic() + 180
