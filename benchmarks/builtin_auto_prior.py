@@ -76,6 +76,9 @@ def main(argv=None) -> dict:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--batches", default="1,8", help="batch sizes whose seconds per iteration are recorded")
     p.add_argument("--widths", default="1,4,16,32", help="windows whose seconds per iteration are recorded")
+    p.add_argument("--wide-margin", type=float, default=0.15,
+                   help="share of predicted speed traded for step compression in near ties (csdgen.engine.window."
+                        "prior_wide_margin), written with the prior")
     p.add_argument("--write", action="store_true")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -99,7 +102,7 @@ def main(argv=None) -> dict:
     if args.write:
         path = args.weights / "config.json"
         config = read_json(path)
-        config["auto_window_prior"] = {"how": how, **prior}
+        config["auto_window_prior"] = {"how": how, "wide_margin": args.wide_margin, **prior}
         write_json(config, path)
         print(f"wrote auto_window_prior into {path}")
     return prior

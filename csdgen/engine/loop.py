@@ -16,7 +16,7 @@ from ..transfer import to_device
 from .results import Decision, GenerationResult, ImageStats, StepInfo
 from .streams import _INIT, _KINDS, _Y
 from .verification import Verdict, verify
-from .window import AGE_GROUPS, AUTO_MAX_WINDOW, DEPTH_EDGES, _AutoWindow, _shared_state, depth_bucket
+from .window import AGE_GROUPS, AUTO_MAX_WINDOW, DEPTH_EDGES, _AutoWindow, _shared_state, depth_bucket, prior_wide_margin
 
 
 def _synchronize(device: torch.device) -> None:
@@ -52,7 +52,8 @@ class _Loop:
             learned = _shared_state(model, (sampling.guided, tree_key, engine, compile),
                                     (rule.name, repr(sorted(rule.options().items())), draft_init, refresh,
                                      repr(sampling), tree_key))
-            self.auto = _AutoWindow(min(self.max_width, max(model.num_image_tokens - 1, 1)), learned)
+            self.auto = _AutoWindow(min(self.max_width, max(model.num_image_tokens - 1, 1)), learned,
+                                    prior_wide_margin(model))
         self.timings = {"forward": 0.0, "verify": 0.0} if profile else {}
         # [N] guidance scale per image position (a schedule, csdgen.guidance), or None: the constant scale
         self.guidance = guidance_table(sampling.guidance_schedule if sampling.guided else None, sampling.guidance_scale,

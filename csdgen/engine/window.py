@@ -203,6 +203,19 @@ def prior_times(model, guided: bool) -> dict[int, dict[int, float]]:
     return out
 
 
+def prior_wide_margin(model) -> float:
+    """The model's wide margin (:attr:`_AutoWindow.wide_margin`): ``auto_window_prior["wide_margin"]``, a
+    float in ``[0, 0.5]``, where it ships one, else 0 (the best predicted rate wins).
+
+    Raises:
+        ValueError: a margin outside ``[0, 0.5]`` or not a number (naming it).
+    """
+    margin = (getattr(model, "auto_window_prior", None) or {}).get("wide_margin", 0.0)
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0.0 <= margin <= 0.5:
+        raise ValueError(f"auto_window_prior['wide_margin'] = {margin!r}: allowed a number in [0, 0.5]")
+    return float(margin)
+
+
 class _AutoWindow:
     """Chooses each iteration's width from measured times and the acceptance seen so far (:mod:`csdgen.engine`).
 
@@ -378,6 +391,9 @@ class _AutoWindow:
     #: window-32 counts +13 % and +4 %), so a predicted near-tie cannot tell the widths apart, and
     #: taking the fixed choice there costs what that choice costs (issue 16 item 6 compares auto with them)
     HOME_MARGIN = 0.05
+    #: the width held is kept while within the wide margin (:attr:`wide_margin`, :meth:`_widest_tie`) and
+    #: at least the widest width within it over this (a switch up refills the new slots with fresh drafts)
+    HOLD_SPAN = 1.5
     #: weight of the laggard's discount (:meth:`choose`'s ``lag``): 1 prices a batch as if it ran at
     #: its slowest image's pace to the end; 0 at its mean (at batch 16 on the built-in model SJD held
     #: width 8, predicted 2.30 tokens per image and forward, measured 2.27 on the mean, while its
@@ -408,8 +424,13 @@ class _AutoWindow:
     ITERATIONS = 12  # fixed-point iterations for E(W)
     REFRESH_EVERY = 4  # iterations between recomputations of E(W) while the counts change (it costs ~0.8 ms)
 
-    def __init__(self, max_width: int, learned: _Learned | None = None):
+    def __init__(self, max_width: int, learned: _Learned | None = None, wide_margin: float = 0.0):
         self.max_width = max_width
+        #: outside a served batch, the share of predicted speed traded for tokens per forward (step
+        #: compression): the widest width predicted within it of the best rate is chosen (:meth:`_widest_tie`);
+        #: 0 (default): the best rate, with the home and switch margins. A model sets it with its prior
+        #: (:func:`prior_wide_margin`)
+        self.wide_margin = wide_margin
         self.learned = learned if learned is not None else _Learned()
         self.plan: list[int] = []
         self.count = 0
@@ -707,11 +728,14 @@ class _AutoWindow:
         rate = tokens / seconds
         best = int(rate.argmax()) + 1
         held = self._held
-        home = limit if rate[limit - 1] >= rate[0] else 1
-        if rate[home - 1] >= (1 - self.HOME_MARGIN) * rate[best - 1]:
-            best = home
-        elif held is not None and held <= limit and rate[held - 1] >= (1 - self.SWITCH_MARGIN) * rate[best - 1]:
-            best = held
+        if remaining is None and self.wide_margin > 0:
+            best = self._widest_tie(rate, held)
+        else:
+            home = limit if rate[limit - 1] >= rate[0] else 1
+            if rate[home - 1] >= (1 - self.HOME_MARGIN) * rate[best - 1]:
+                best = home
+            elif held is not None and held <= limit and rate[held - 1] >= (1 - self.SWITCH_MARGIN) * rate[best - 1]:
+                best = held
         self._held = choice = best
         thin = self.learned.counts.reached.sum() < self.THIN_COUNTS
         every = self.EXPLORE_EVERY_EARLY if thin else self.learned.every.get(rows, self.EXPLORE_EVERY)
@@ -747,8 +771,29 @@ class _AutoWindow:
         self._pending = (choice, float(tokens[choice - 1]), float(seconds[choice - 1]))
         # the next turn's interval: a turn above may have moved learned.every (the back-off)
         every = self.EXPLORE_EVERY_EARLY if thin else self.learned.every.get(rows, self.EXPLORE_EVERY)
-        self._one_held = self._hold_one(choice, rows, lag, every, tokens, seconds, pace)
+        self._one_held = self._hold_one(choice, rows, lag, every, tokens, seconds, pace,
+                                        remaining is None and self.wide_margin > 0)
         return choice
+
+    def _widest_tie(self, rate: np.ndarray, held: int | None) -> int:
+        """The width chosen from ``rate`` (``[limit]`` float64 predicted tokens per second at W = 1 .. limit)
+        outside a served batch where :attr:`wide_margin` > 0: the widest width predicted within that share
+        of the best rate,
+        or the width held where it is within that margin too and at least ``1 / HOLD_SPAN`` of that widest
+        one (a switch up refills the new slots with fresh drafts; predictions a few percent apart are noise).
+
+        The acceptance model's error per width is about 10 % (:attr:`HOME_MARGIN`) and a CPU's time per
+        iteration moves by as much from one run to the next, so widths inside a margin of that order are
+        as fast as far as the chooser can tell, and of those the widest commits the most tokens per
+        forward: the step compression a user reads. Width 1 is chosen only where every wider width is
+        predicted slower by more than the margin. On the built-in model (CSD, 8 images in one batch,
+        2-core CPU) the best-rate rule held width 4-8 at 2.1-2.4x step compression where window 16 took
+        3.36x in the same wall time within the machine's noise."""
+        near = np.flatnonzero(rate >= (1.0 - self.wide_margin) * rate.max()) + 1
+        widest = int(near[-1])
+        if held is not None and held in near and held * self.HOLD_SPAN >= widest:
+            return held
+        return widest
 
     def _lagged(self, tokens: np.ndarray, rows: int, lag: float) -> np.ndarray:
         """``tokens`` (``[W]`` float64 tokens per image and forward) with their drafts (``tokens - 1``)
@@ -758,14 +803,16 @@ class _AutoWindow:
             return tokens
         return 1.0 + (tokens - 1.0) * (1.0 - self.LAG_WEIGHT * (1.0 - max(lag, 0.0)))
 
-    def _hold_one(self, choice, rows, lag, every, tokens, seconds, pace) -> tuple | None:
+    def _hold_one(self, choice, rows, lag, every, tokens, seconds, pace, wide: bool = False) -> tuple | None:
         """What lets the next calls of :meth:`choose` return width 1 without its evaluation (the hold at its
         top), or None: ``((rows, lag, counts version), turn interval, width 1's seconds at the kept pace)``.
 
         Only where width 1 was just chosen, after a width-1 forward, with E(W) of the present counts (one
         refreshed later, :attr:`REFRESH_EVERY`, could choose otherwise), and where choose's home rule keeps
-        it at every image end the hold reaches (``max_width`` positions or more): the widest window's rate
-        below width 1's and every width's within :attr:`HOME_MARGIN` of it, each wider width taken at the
+        it at every image end the hold reaches (``max_width`` positions or more): outside a served batch
+        with a wide margin (``wide`` True, :meth:`_widest_tie`) every wider width's rate below width 1's by
+        more than :attr:`wide_margin`; else the widest window's rate below width 1's and every width's
+        within :attr:`HOME_MARGIN` of it; each wider width taken at the
         larger of its tokens now and at ``max_width`` positions from the end. A wider width's ramp
         (:meth:`ramp_tokens`) is its steady tokens plus the first two forwards' gap over the forwards
         left, so between two image ends its tokens lie between theirs."""
@@ -775,7 +822,10 @@ class _AutoWindow:
         near = self._lagged(self._expected(self.max_width)[: len(tokens)], rows, lag)
         rate = np.maximum(tokens, near) / seconds
         one = tokens[0] / seconds[0]
-        if rate[-1] >= one or one < (1 - self.HOME_MARGIN) * rate.max():
+        if wide:  # _widest_tie: width 1 only while every wider width is below the margin
+            if (rate[1:] >= (1 - self.wide_margin) * one).any():
+                return None
+        elif rate[-1] >= one or one < (1 - self.HOME_MARGIN) * rate.max():
             return None
         return (rows, lag, version), every, float(seconds[0]) / pace
 
