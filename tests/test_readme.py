@@ -168,3 +168,31 @@ def test_commands_in_the_docs_parse():
             parser.parse_args(words)
             found += 1
     assert found >= 2
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a markdown heading: lower case, punctuation dropped, spaces to '-'."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _prose(path: Path) -> str:
+    return re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+
+
+def test_links_in_the_readme_docs_and_results_lead_to_files_and_headings():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "benchmarks" / "results").glob("*.md"))]
+    broken, checked = [], 0
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", _prose(page)):
+            if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            checked += 1
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in {
+                    _slug(h) for h in re.findall(r"^#+ (.*)$", _prose(dest), re.M)}:
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, broken
+    assert checked >= 30
