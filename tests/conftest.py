@@ -168,6 +168,7 @@ SMOKE_TESTS = frozenset({
     # the README
     "test_readme_commands_run_in_order_in_a_fresh_folder",
     "test_readme_library_example_runs",
+    "test_readme_first_command_on_the_shipped_weights_prints_what_the_readme_says",
     "test_readme_code_blocks_that_run_offline_run",
     # the server
     "test_openai_client_gets_n_pngs_of_the_model_size_with_statistics",

@@ -196,3 +196,20 @@ def test_links_in_the_readme_docs_and_results_lead_to_files_and_headings():
                 broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
     assert not broken, broken
     assert checked >= 30
+
+
+def test_readme_first_command_on_the_shipped_weights_prints_what_the_readme_says(tmp_path, monkeypatch, capsys):
+    """The README's first command, on the weights that ship (one image instead of eight): it prints
+    the model and device, then one summary line, and writes the image, its map and record.json."""
+    (first,) = [c for c in csdgen_commands()[:1]]
+    assert first == ["generate", "--out", "outputs"]
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(first + ["-n", "1"]) == 0
+    printed = capsys.readouterr()
+    (model_line,) = [line for line in printed.err.splitlines() if line.strip()]  # a note: on stderr
+    (summary,) = [line for line in printed.out.splitlines() if line.strip()]
+    assert model_line.startswith("csdgen generate: the built-in model on cpu"), model_line
+    assert summary.startswith("1 image, 256 tokens") and "step compression" in summary and "decoding" in summary
+    assert summary.endswith("-> outputs/"), summary
+    assert sorted(p.name for p in (tmp_path / "outputs").iterdir()) == [
+        "0000_red-apple.png", "0000_red-apple_map.png", "record.json"]
