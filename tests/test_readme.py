@@ -1,10 +1,11 @@
-"""The README's commands run as written, in order, in a fresh folder (the long ones with small -n).
+"""The README's code blocks run as written, offline, in a fresh folder (the long ones with small -n).
 
 Regression: the README's `generate` examples, run in order after the first command, were refused
 ("'outputs' holds a run with other settings"). The built-in model is replaced by the tiny random
-stand-in (`--weights`, with the shipped model's 1,911 class names, so the README's names are
-checked) and `-n` by 2, nothing else; `--model` examples need real checkpoints, so only their
-options are parsed.
+stand-in (`--weights`, with the shipped model's class names, so the README's names are checked)
+and `-n` by 2, nothing else; `--model` examples need real checkpoints, so only their options are
+parsed. A block that cannot run offline says so in an HTML comment just above it
+(``<!-- not run offline: REASON -->``); every other block is run here.
 """
 
 import re
@@ -19,7 +20,12 @@ from builtin_fixture import make_tiny_weights, shipped_classes, shipped_extra
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+LIBRARY = (ROOT / "docs" / "library.md").read_text()
+CLI_DOC = (ROOT / "docs" / "cli.md").read_text()
 BLOCKS = re.findall(r"```(bash|python)\n(.*?)```", README, re.S)
+#: every fenced block of the README: (its "not run offline" reason or None, language, code)
+FENCED = [(m.group(1), m.group(2), m.group(3))
+          for m in re.finditer(r"(?:<!-- not run offline: (.*?) -->\n)?```(\w+)\n(.*?)```", README, re.S)]
 
 
 def csdgen_commands(kind: str = "bash") -> list[list[str]]:
@@ -80,23 +86,72 @@ def test_readme_checkpoint_commands_parse():
         assert args.model and args.command == "generate"
 
 
-def test_readme_library_example_runs(tmp_path, monkeypatch):
-    weights = make_tiny_weights(tmp_path / "weights", shipped_classes(), shipped_extra())
-    monkeypatch.chdir(tmp_path)
-    (code,) = [block for lang, block in BLOCKS if lang == "python" and "csdgen.generate(" in block]
+def _run_python_block(code: str, weights: Path, name: str) -> dict:
     assert "load_builtin_model()" in code
     namespace: dict = {}
-    exec(compile(code.replace("load_builtin_model()", f"load_builtin_model({str(weights)!r})"), "README.md", "exec"),
-         namespace)
+    exec(compile(code.replace("load_builtin_model()", f"load_builtin_model({str(weights)!r})"), name, "exec"), namespace)
+    return namespace
+
+
+def test_readme_library_example_runs(tmp_path, monkeypatch):
+    """The README's five lines and docs/library.md's full example, on the tiny stand-in."""
+    weights = make_tiny_weights(tmp_path / "weights", shipped_classes(), shipped_extra())
+    monkeypatch.chdir(tmp_path)
+    (short,) = [block for lang, block in BLOCKS if lang == "python" and "csdgen.generate(" in block]
+    assert len(short.strip().splitlines()) <= 6
+    namespace = _run_python_block(short, weights, "README.md")
+    assert len(namespace["pictures"]) == 2 and namespace["result"].tokens.shape[0] == 2
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", LIBRARY, re.S) if "csdgen.generate(" in b]
+    namespace = _run_python_block(code, weights, "docs/library.md")
     assert namespace["images"].shape == (2, 3, 64, 64) and len(namespace["pictures"]) == 2
     assert (tmp_path / "api-run" / "record.json").is_file() and (tmp_path / "api-run" / "0000_red-apple.png").is_file()
     names = namespace["model"].class_names
     assert [names[i] for i in namespace["ids"]] == ["red apple", "panda face"] and len(set(namespace["classes"])) == 4
 
 
+def test_readme_code_blocks_that_run_offline_run(tmp_path, monkeypatch):
+    """Every README block not marked "not run offline" is run: its csdgen commands (generate,
+    compare and sweep by the in-order test above, bench here with --limit 2, demo and serve parsed:
+    they serve until stopped) and its library block (above). A new block of another kind fails here
+    until it is run or marked."""
+    weights = make_tiny_weights(tmp_path / "weights", shipped_classes(), shipped_extra())
+    work = tmp_path / "clone"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    parser = cli.build_parser()
+    ran = {"python": 0, "bench": 0, "server": 0}
+    for reason, lang, code in FENCED:
+        if reason is not None:
+            assert len(reason.split()) >= 3, f"say why a block cannot run offline: {reason!r}"
+            continue
+        if lang == "python":
+            assert "csdgen.generate(" in code, f"a python block that no test runs:\n{code}"
+            ran["python"] += 1  # run by test_readme_library_example_runs
+            continue
+        assert lang in ("bash", "sh"), f"a {lang} block that no test runs:\n{code}"
+        for line in code.splitlines():
+            for part in line.split("&&"):
+                words = shlex.split(part, comments=True)
+                if not words:
+                    continue
+                assert words[0] == "csdgen", f"mark it or make it a csdgen command: {part!r}"
+                args = parser.parse_args(words[1:])
+                if args.command in ("demo", "serve"):
+                    ran["server"] += 1
+                elif args.command == "bench":
+                    argv = list(words[1:])
+                    argv[argv.index("--limit") + 1] = "2"
+                    assert cli.main(argv + ["--weights", str(weights)]) == 0, argv
+                    assert (work / args.out / "report.md").is_file()
+                    ran["bench"] += 1
+                else:
+                    assert args.command in ("generate", "compare", "sweep")  # run in order by the test above
+    assert ran == {"python": 1, "bench": 1, "server": 2}
+
+
 @pytest.mark.parametrize("command", ["generate", "compare", "sweep"])
 def test_readme_lists_what_each_command_writes(command):
-    assert f"- **`csdgen {command}`**" in README
+    assert f"- **`csdgen {command}`**" in README and f"## `csdgen {command}`" in CLI_DOC
 
 
 def test_commands_in_the_docs_parse():
@@ -113,3 +168,48 @@ def test_commands_in_the_docs_parse():
             parser.parse_args(words)
             found += 1
     assert found >= 2
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a markdown heading: lower case, punctuation dropped, spaces to '-'."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _prose(path: Path) -> str:
+    return re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+
+
+def test_links_in_the_readme_docs_and_results_lead_to_files_and_headings():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "benchmarks" / "results").glob("*.md"))]
+    broken, checked = [], 0
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", _prose(page)):
+            if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            checked += 1
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in {
+                    _slug(h) for h in re.findall(r"^#+ (.*)$", _prose(dest), re.M)}:
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, broken
+    assert checked >= 30
+
+
+def test_readme_first_command_on_the_shipped_weights_prints_what_the_readme_says(tmp_path, monkeypatch, capsys):
+    """The README's first command, on the weights that ship (one image instead of eight): it prints
+    the model and device, then one summary line, and writes the image, its map and record.json."""
+    (first,) = [c for c in csdgen_commands()[:1]]
+    assert first == ["generate", "--out", "outputs"]
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(first + ["-n", "1"]) == 0
+    printed = capsys.readouterr()
+    (model_line,) = [line for line in printed.err.splitlines() if line.strip()]  # a note: on stderr
+    (summary,) = [line for line in printed.out.splitlines() if line.strip()]
+    assert model_line.startswith("csdgen generate: the built-in model on cpu"), model_line
+    assert summary.startswith("1 image, 256 tokens") and "step compression" in summary and "decoding" in summary
+    assert summary.endswith("-> outputs/"), summary
+    assert sorted(p.name for p in (tmp_path / "outputs").iterdir()) == [
+        "0000_red-apple.png", "0000_red-apple_map.png", "record.json"]
