@@ -79,13 +79,33 @@ def main(argv=None) -> dict:
     p.add_argument("--wide-margin", type=float, default=0.15,
                    help="share of predicted speed traded for step compression in near ties (csdgen.engine.window."
                         "prior_wide_margin), written with the prior")
+    p.add_argument("--times-only", action="store_true",
+                   help="record the seconds per iteration of --batches only and add them to the shipped prior "
+                        "(its acceptance counts and other batch sizes kept)")
     p.add_argument("--write", action="store_true")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     model = load_builtin_model(args.weights)
+    shipped = model.auto_window_prior or {}
     model.auto_window_prior = None  # record from the process's own runs only
-    prior = {"times": {"guided": record_times(model, tuple(int(b) for b in args.batches.split(",")),
-                                              tuple(int(w) for w in args.widths.split(",")), args.seed)}}
+    times = record_times(model, tuple(int(b) for b in args.batches.split(",")),
+                         tuple(int(w) for w in args.widths.split(",")), args.seed)
+    command = "python benchmarks/builtin_auto_prior.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.times_only:
+        guided = {**(shipped.get("times") or {}).get("guided", {}), **{str(r): {str(w): s for w, s in by.items()}
+                                                                     for r, by in times.items()}}
+        path = args.weights / "config.json"
+        config = read_json(path)
+        old = config.get("auto_window_prior") or {}
+        how = (f"{old.get('how', '')}; seconds per iteration for {args.batches} images added by {command} "
+               f"({platform.machine()}, {args.threads} threads, torch {torch.__version__})")
+        print(how)
+        if args.write:
+            config["auto_window_prior"] = {**old, "how": how, "times": {**(old.get("times") or {}), "guided": guided}}
+            write_json(config, path)
+            print(f"wrote the times into {path}")
+        return config.get("auto_window_prior")
+    prior = {"times": {"guided": times}}
     for method, refresh in METHODS:
         got = record(model, method, refresh, args.images, args.batch, args.seed)
         scale = args.total / max(got["reached"].sum(), 1e-9)
@@ -93,7 +113,6 @@ def main(argv=None) -> dict:
         prior[f"{method}/{refresh}"] = {"reached": (got["reached"] * scale).round(3).tolist(),
                                         "rejected": (got["rejected"] * scale).round(3).tolist()}
         print(f"{method}/{refresh}: pass rate over the kept counts {rate:.3f}", flush=True)
-    command = "python benchmarks/builtin_auto_prior.py " + " ".join(sys.argv[1:] if argv is None else argv)
     how = (f"seconds per iteration of CSD at fixed windows {args.widths} for {args.batches} images; "
            f"acceptance counts window='auto' kept after {args.images} images per method (batches of {args.batch}, "
            f"seed {args.seed}, the model's defaults), scaled to {args.total:g} reached drafts; {command}; "

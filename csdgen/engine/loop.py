@@ -16,7 +16,8 @@ from ..transfer import to_device
 from .results import Decision, GenerationResult, ImageStats, StepInfo
 from .streams import _INIT, _KINDS, _Y
 from .verification import Verdict, verify
-from .window import AGE_GROUPS, AUTO_MAX_WINDOW, DEPTH_EDGES, _AutoWindow, _shared_state, depth_bucket, prior_wide_margin
+from .window import _AutoWindow
+from .window_state import AGE_GROUPS, AUTO_MAX_WINDOW, DEPTH_EDGES, _shared_state, depth_bucket, prior_wide_margin
 
 
 def _synchronize(device: torch.device) -> None:

@@ -1,267 +1,35 @@
 """``window="auto"``: each iteration's width chosen from measured times and from the acceptance
 seen so far (:class:`_AutoWindow`; the algorithm in :mod:`csdgen.engine`).
 
-What it learns outlives one ``generate`` call: the times per width are a property of the model,
-the machine and the number of images decoding together, and the acceptance a property of the
-method and the model, so a later call on the same model (a benchmark's next image, the next
-batch of a run) starts from them instead of from a warm-up (:func:`_shared_state`).
+The chooser here; its acceptance model in :mod:`csdgen.engine.acceptance_model`, its cost model in
+:mod:`csdgen.engine.cost_model`, what it keeps between calls and the priors a model ships in
+:mod:`csdgen.engine.window_state`.
 """
 
 from __future__ import annotations
 
-import weakref
-from dataclasses import dataclass, field
-
 import numpy as np
 import torch
 
-from ..transfer import to_device
+from .acceptance_model import _AcceptanceModel
+from .cost_model import _CostModel, batch_tokens, batch_width
+# the state and the priors are read through this module too (the loop, tests, benchmarks)
+from .window_state import (AGE_GROUPS, AUTO_MAX_WINDOW, DEPTH_EDGES, _STATES, _Counts, _Learned,  # noqa: F401
+                           _shared_state, depth_bucket, prior_counts, prior_times, prior_wide_margin)
 
 __all__ = ["AUTO_MAX_WINDOW", "batch_tokens", "batch_width"]
 
-#: the widest window ``window="auto"`` considers
-AUTO_MAX_WINDOW = 32
 
-#: draft depths (slot in the window = drafts accepted before it in the same forward) pooled into buckets
-DEPTH_EDGES = (0, 1, 2, 4, 8, 16, 32)
-#: draft age groups: 0 = fresh (initialised for this forward), 1 = refined once, 2 = refined twice or more
-AGE_GROUPS = 3
-
-
-#: device -> :data:`DEPTH_EDGES` (bucket starts after the first) on it, copied there once
-_EDGES: dict[torch.device, torch.Tensor] = {}
-
-
-def depth_bucket(depth: torch.Tensor) -> torch.Tensor:
-    """``[...]`` int64 bucket (0 .. len(DEPTH_EDGES) - 1) of int64 draft depths ``[...]`` (the last bucket is open).
-
-    No host sync: the bucket edges are copied to ``depth``'s device once (queued) and kept."""
-    edges = _EDGES.get(depth.device)
-    if edges is None:
-        edges = _EDGES[depth.device] = to_device(torch.tensor(DEPTH_EDGES[1:]), depth.device)
-    return torch.bucketize(depth, edges, right=True)
-
-
-def batch_tokens(tokens: np.ndarray, remaining) -> np.ndarray:
-    """``[M]`` float64 tokens a whole batch commits in one forward of width W = 1 .. M.
-
-    ``tokens``: ``[M]`` float64 tokens one image commits per forward at W = 1 .. M (E(W),
-    :meth:`_AutoWindow.expected_tokens`, non-decreasing); ``remaining``: ``[A]`` integers >= 1, the
-    image positions each row still has to commit. A window of W slots covers ``min(W, r)`` positions
-    of a row ``r`` positions from its end, so the row commits ``tokens[min(W, r) - 1]``: the sum over
-    rows. In a served batch the rows are at different places of their images (they joined at
-    different iterations), so a row near its end gains nothing from a width past it.
-
-    Raises:
-        ValueError: ``tokens`` empty or not 1-D, or a remaining count < 1 (the value is named)."""
-    tokens = np.asarray(tokens, dtype=np.float64)
-    if tokens.ndim != 1 or tokens.size == 0:
-        raise ValueError(f"tokens of shape {tuple(tokens.shape)}: allowed a non-empty 1-D array (one per width)")
-    remaining = np.asarray(remaining, dtype=np.int64).reshape(-1)
-    if remaining.size and int(remaining.min()) < 1:
-        raise ValueError(f"remaining={remaining.tolist()}: allowed integers >= 1 (positions a row still has to commit)")
-    widths = np.arange(1, tokens.size + 1)
-    return tokens[np.minimum(widths[None, :], remaining[:, None]) - 1].sum(0)
-
-
-def batch_width(tokens: np.ndarray, remaining, seconds: np.ndarray) -> int:
-    """The width W (1 .. M) whose forward commits the most tokens per second for the whole batch:
-    :func:`batch_tokens` over ``seconds`` (``[M]`` float64 > 0, the measured or predicted seconds of
-    one iteration of this batch at W = 1 .. M); the narrowest of equals.
-
-    Where a forward's time grows with batch x width (a compute-bound batch, a full one on a CPU)
-    this is width 1 for a full batch and a wider window as the batch thins; where it is flat in the
-    width (a launch- or memory-bound batch), the widest window that still gains tokens.
-
-    Raises:
-        ValueError: as :func:`batch_tokens`, or ``seconds`` of another length than ``tokens`` or not > 0."""
-    seconds = np.asarray(seconds, dtype=np.float64)
-    total = batch_tokens(tokens, remaining)
-    if seconds.shape != total.shape or not (seconds > 0).all():
-        raise ValueError(f"seconds of shape {tuple(seconds.shape)} (min {float(seconds.min()) if seconds.size else None}): "
-                         f"allowed one time > 0 per width ({total.size} widths)")
-    return int((total / seconds).argmax()) + 1
-
-
-@dataclass
-class _Counts:
-    """Decayed draft counts ``[buckets, AGE_GROUPS]`` float64 by depth bucket and age group."""
-
-    reached: np.ndarray = field(default_factory=lambda: np.zeros((len(DEPTH_EDGES), AGE_GROUPS)))
-    rejected: np.ndarray = field(default_factory=lambda: np.zeros((len(DEPTH_EDGES), AGE_GROUPS)))
-    #: bumped whenever the counts change (a chooser recomputes E(W) only then: a width-1 forward reaches no draft)
-    version: int = 0
-    #: decayed sums, over steady iterations of the width held, of the drafts accepted per image and
-    #: forward as measured and as the acceptance model predicted them (:meth:`_AutoWindow.calibration`)
-    #: (both start at 16 drafts, which decay like any others)
-    measured_drafts: float = 16.0
-    predicted_drafts: float = 16.0
-
-
-@dataclass
-class _Learned:
-    """What ``window="auto"`` keeps between calls (:func:`_shared_state`).
-
-    Attributes:
-        times: active images -> width -> seconds per iteration (exponential average); shared by
-            every method on the same model, guidance and tree shape.
-        counts: the acceptance counts; shared by calls of the same rule, drafting and sampling.
-        every: active images -> iterations between exploration turns (:attr:`_AutoWindow.EXPLORE_EVERY`
-            doubled after every turn that left the held width where it was, up to
-            :attr:`_AutoWindow.EXPLORE_EVERY_MAX`); shared like the counts and the times together.
-        lag: batch size -> the laggard ratio the last batch of that size ended with (while all its
-            images were decoding), the prior of the next one's (:meth:`_AutoWindow.laggard_ratio`);
-            shared like ``every``.
-        pace: active images -> the machine's present speed relative to the one that batch size's
-            ``times`` are kept at (seconds measured = f * seconds kept; :attr:`_AutoWindow.PACE_WEIGHT`),
-            and 0 -> the last reading of any batch size (the start of a batch size not read yet);
-            shared like ``times``.
-    """
-
-    times: dict[int, dict[int, float]] = field(default_factory=dict)
-    counts: _Counts = field(default_factory=_Counts)
-    every: dict[int, int] = field(default_factory=dict)
-    lag: dict[int, float] = field(default_factory=dict)
-    pace: dict[int, float] = field(default_factory=dict)
-
-
-#: model -> {"times": {key: dict}, "counts": {key: _Counts}, "every": {key: dict}, "lag": {key: dict},
-#: "pace": {key: dict}}; an entry goes with its model
-_STATES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def _shared_state(model, time_key: tuple, count_key: tuple) -> _Learned:
-    """The learned state of ``model``: times for ``time_key`` (guidance, tree), acceptance counts for
-    ``count_key`` (rule, drafting, sampling, tree); created on first use. A model that cannot be
-    weakly referenced gets a fresh state every call."""
-    try:
-        per_model = _STATES.setdefault(model, {"times": {}, "counts": {}, "every": {}, "lag": {}, "pace": {}})
-    except TypeError:
-        return _Learned()
-    if count_key not in per_model["counts"]:
-        per_model["counts"][count_key] = prior_counts(model, f"{count_key[0]}/{count_key[3]}")
-    if time_key not in per_model["times"] and time_key[1] is None:  # a tree's forwards cost otherwise
-        per_model["times"][time_key] = prior_times(model, guided=bool(time_key[0]))
-    return _Learned(per_model["times"].setdefault(time_key, {}), per_model["counts"][count_key],
-                    per_model["every"].setdefault((time_key, count_key), {}),
-                    per_model["lag"].setdefault((time_key, count_key), {}),
-                    per_model["pace"].setdefault(time_key, {}))
-
-
-def prior_counts(model, method: str) -> _Counts:
-    """The acceptance counts a fresh process starts from for ``method`` (``"RULE/REFRESH"``, a rule's
-    name and the refresh of its drafts: ``"csd/coupled"``): the model's ``auto_window_prior[method]``
-    where it ships one, else none (:class:`_Counts`' empty arrays).
-
-    A prior is ``{"reached": [[...]], "rejected": [[...]]}``, float draft counts ``[len(DEPTH_EDGES),
-    AGE_GROUPS]`` (depth bucket x age group) as :class:`_AutoWindow` keeps them, recorded from this
-    model's own runs (``benchmarks/builtin_auto_prior.py`` for the built-in model). The counts decay
-    like the process's own (:attr:`_AutoWindow.DECAY` per iteration), so within a few dozen
-    iterations the process's own measurements outweigh them; without a prior the first forwards
-    decide alone, and a fresh process could settle at width 1 before testing a draft.
-
-    Raises:
-        ValueError: a prior of another shape (naming the model's attribute and the shape allowed).
-    """
-    prior = (getattr(model, "auto_window_prior", None) or {}).get(method)
-    counts = _Counts()
-    if prior is None:
-        return counts
-    shape = counts.reached.shape
-    reached, rejected = (np.asarray(prior[k], dtype=np.float64) for k in ("reached", "rejected"))
-    if reached.shape != shape or rejected.shape != shape or (rejected > reached + 1e-9).any() or (rejected < 0).any():
-        raise ValueError(f"auto_window_prior[{method!r}]: reached and rejected must be counts of shape {list(shape)} "
-                         f"with 0 <= rejected <= reached; got {list(reached.shape)} and {list(rejected.shape)}")
-    counts.reached, counts.rejected = reached.copy(), rejected.copy()
-    counts.version = 1
-    return counts
-
-
-def prior_times(model, guided: bool) -> dict[int, dict[int, float]]:
-    """The seconds per iteration a fresh process starts from: the model's ``auto_window_prior["times"]``
-    (``{"guided" | "unguided": {images: {width: seconds}}}``, seconds per iteration of each width at
-    each batch size, recorded on the machine that shipped them) where it ships them, else none.
-
-    They set the ratios of the widths' times; their scale is corrected by the process's first
-    iterations (:attr:`_Learned.pace`), each width's own iterations move its time as usual, and a
-    batch size with two or more widths known skips the warm-up. One warm-up iteration taken while the
-    machine is busy elsewhere priced the wide windows several times too dear, and fresh processes ran
-    width 1 at a third of window 16's speed.
-
-    Raises:
-        ValueError: a time that is not a positive number (naming it).
-    """
-    shipped = ((getattr(model, "auto_window_prior", None) or {}).get("times") or {}).get(
-        "guided" if guided else "unguided") or {}
-    out: dict[int, dict[int, float]] = {}
-    for rows, by_width in shipped.items():
-        for width, seconds in by_width.items():
-            if not (isinstance(seconds, (int, float)) and seconds > 0):
-                raise ValueError(f"auto_window_prior times[{rows}][{width}] = {seconds!r}: allowed a number of "
-                                 f"seconds > 0")
-            out.setdefault(int(rows), {})[int(width)] = float(seconds)
-    return out
-
-
-def prior_wide_margin(model) -> float:
-    """The model's wide margin (:attr:`_AutoWindow.wide_margin`): ``auto_window_prior["wide_margin"]``, a
-    float in ``[0, 0.5]``, where it ships one, else 0 (the best predicted rate wins).
-
-    Raises:
-        ValueError: a margin outside ``[0, 0.5]`` or not a number (naming it).
-    """
-    margin = (getattr(model, "auto_window_prior", None) or {}).get("wide_margin", 0.0)
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0.0 <= margin <= 0.5:
-        raise ValueError(f"auto_window_prior['wide_margin'] = {margin!r}: allowed a number in [0, 0.5]")
-    return float(margin)
-
-
-class _AutoWindow:
+class _AutoWindow(_AcceptanceModel, _CostModel):
     """Chooses each iteration's width from measured times and the acceptance seen so far (:mod:`csdgen.engine`).
 
-    **Time** ``t_A(W)``: seconds per iteration (forward, verify and bookkeeping, sync to sync)
-    with ``A`` images decoding, an exponential average per ``(A, W)``; a width not measured is
-    interpolated linearly between measured ones, and beyond the widest with the last slope
-    (>= 0); a batch size never measured takes the nearest measured one's times (a larger one first).
-    The machine's speed drifts: the width held keeps its time and its iterations read the pace
-    instead, and every other width's seconds enter its time divided by the pace (:attr:`PACE_WEIGHT`);
-    where the width held changes, a jump of the pace moves the last held width's time (:attr:`SWITCH_WEIGHT`).
-
-    **Tokens** ``E(W)``: a forward commits ``1 + R`` tokens per image, ``R`` the drafts accepted
-    before the first rejection. Whether the draft at *depth* ``k`` (``k`` drafts already
-    accepted in this forward) passes depends on where the image is (a long run of acceptances
-    means a flat region, where the next draft passes too: acceptances are strongly correlated)
-    and on the draft's *age*: a fresh draft is a guess (it almost never passes), one refined by
-    one forward often does, one refined twice or more more often still. The loop counts drafts
-    reached and rejected per (depth bucket, age group) (:data:`DEPTH_EDGES`, :data:`AGE_GROUPS`;
-    a cell's counts decay by :attr:`DECAY` at every forward that reaches it, so the estimate
-    follows the image, while depths a narrow window does not reach keep what a wide one taught);
-    the pass rate of each cell is estimated from its counts (plus :attr:`PRIOR_WEIGHT` pseudo-drafts
-    passing at :attr:`PRIOR`: one forward's few drafts do not decide), a thin cell taking the deepest
-    thinner-depth estimate of its age group, a depth that no draft has reached often enough at
-    least :attr:`OPTIMISM` (acceptances run in long bursts where the image is flat, so a narrow
-    window's shallow rates under-predict a wide one: on the built-in emoji model the chooser
-    settled at width 4, 1.8 tokens per forward, where window 32 committed 4.7; optimism gets the
-    wide window tried and then measured), a group never seen :attr:`PRIOR`. In a steady
-    state at width ``W`` committing ``L`` tokens per forward the draft at depth ``k`` has age
-    ``floor((W - 1 - k) / L)``, and ``L = 1 + sum_k prod_{s<=k} pass(s, age_s)`` is solved by a
-    damped fixed-point iteration for every W at once. On the built-in model (CSD, batch 1, 8
-    images per width) this predicts the measured tokens per forward at widths 4..32 within 11 %
-    from counts gathered at any one of them; the model before it (acceptance by age alone,
-    ignoring the correlation with depth) predicted 2.1 tokens for window 32 from window-32
-    counts, against 4.9 measured.
-
-    **Calibration**: the drafts per forward ``E(W) - 1`` are scaled by measured over predicted at
-    the width held, in its steady iterations (:meth:`calibration`).
-
-    **Ramp**: a width wider than the last forward's starts from the drafts that forward left, its
-    other slots fresh, and reaches its steady state after two forwards; it is priced by its tokens
-    averaged over the forwards it has left before the image end (:meth:`ramp_tokens`), which near
-    the end is its first forward or two.
+    The acceptance model (**Tokens**, **Calibration**, **Ramp**): :class:`~csdgen.engine.acceptance_model._AcceptanceModel`;
+    the cost model (**Time**): :class:`~csdgen.engine.cost_model._CostModel`.
 
     The width maximising ``E(W) / t_A(W)`` wins, except that the better of width 1 and the widest
     window is kept while within :attr:`HOME_MARGIN` of it, and then the width held while within
-    :attr:`SWITCH_MARGIN` of it; every :attr:`EXPLORE_EVERY` iterations (every
+    :attr:`SWITCH_MARGIN` of it (with a wide margin, :attr:`wide_margin` > 0 from the model's prior,
+    outside a served batch: the widest width predicted within it of the best, :meth:`_widest_tie`); every :attr:`EXPLORE_EVERY` iterations (every
     :attr:`EXPLORE_EVERY_EARLY` while few drafts are counted; the interval doubles, up to
     :attr:`EXPLORE_EVERY_MAX`, after each turn that left the held width where it was, and falls
     back when the held width moves) a neighbouring width (x1.5 or
@@ -314,33 +82,6 @@ class _AutoWindow:
     is a step function; among the widths of one bucket the widest (most tokens) wins unless the
     image end caps it.
     """
-
-    DECAY = 0.97  # draft counts, per iteration
-    #: pass rate assumed for an age group not seen (optimistic: an untried width gets tried; at 0.5
-    #: a fresh process on the built-in model started at width 4 and took ~20 iterations to reach 16)
-    PRIOR = 0.8
-    MIN_REACHED = 8.0  # counts a (depth, age) cell needs for its own estimate
-    #: pseudo-drafts at :attr:`PRIOR` added to every cell's counts (a Beta prior: the estimate is the
-    #: posterior mean). Without it one batch-8 forward at the images' top rows (age-2 drafts at depth
-    #: 0: 2 of 8 passed) set the rate every depth inherits, E(16) fell from 4.9 to 3.0 and then 2.0,
-    #: and the README's first command (CSD, 8 images, a fresh process, two threads) ran width 1 and 4
-    #: at 1.5-2.5x step compression: 4.85 s against window 16's 4.33 s over 11 runs; with 8: 4.19 s
-    #: against 4.10 (8 runs, interleaved). 16 over-predicted fresh drafts (width 4 by 12 % from
-    #: window-32 counts, tests/test_issue16_engine.py)
-    PRIOR_WEIGHT = 8.0
-    TIME_WEIGHT = 0.3  # weight of a new time measurement
-    #: weight of a new reading of the machine's pace (:attr:`_Learned.pace`). Each iteration of the
-    #: width held reads the pace (its seconds over its kept time) instead of changing its time; every
-    #: other width's seconds are divided by the pace before they enter its time. The core's speed
-    #: moves by up to 25 % from one call to the next on the 2-core CPU of benchmarks/results/builtin_1911_classes.md (the same AR
-    #: call 8.5-10.7 s), and a width tried for a few iterations in a slow moment was priced by that
-    #: moment until tried again (SJD at batch 1: auto's 32-wide iterations measured 48.9 ms where the
-    #: fixed window 32 of the same run averaged 27 ms); divided by the pace, widths are compared as if
-    #: measured at one moment. Kept per batch size: each one's times were learned at moments of their
-    #: own, so one size's reading does not hold for another's times (read at batch 2, the pace priced
-    #: batch 16's 8-wide iterations at 19 ms where its width 1 was kept at 10.5 ms, 38 and 16 ms measured:
-    #: every batch of 16 started with 4-8 iterations of width 8)
-    PACE_WEIGHT = 0.3
     EXPLORE_EVERY = 16  # try a neighbouring width this often, when it is predicted close to the best
     #: ... doubled after each turn that left the held width where it was, up to this: at batch 1
     #: (SJD, built-in model, 10 images) turns every 16 iterations cost 3 % against the same
@@ -376,9 +117,6 @@ class _AutoWindow:
     #: iteration left its time 40 % high, and auto ran width 4, 20 % behind AR, never measuring
     #: width 1 again); one width-1 iteration in 64 costs under 1 % at batch 1
     ONE_EVERY = 2
-    #: a time measured above this many times the estimate counts as this many (one iteration the
-    #: machine took away from the process must not make a width look dear for the rest of the run)
-    SPIKE = 1.5
     #: the width held is kept while its predicted rate is within this fraction of the best one
     #: (predictions a few percent apart are noise, and a wide window's last slots need a few
     #: forwards to hold refined drafts again)
@@ -405,24 +143,6 @@ class _AutoWindow:
     #: prior: CSD at batch 2 ran width 1 for 2102 of its iterations, 8.4 % behind window 32
     LAG_WEIGHT = 0.5
     LAG_PRIOR = 16.0  # drafts added to the laggard's and the mean's count (:meth:`laggard_ratio`)
-    OPTIMISM = 0.9  # pass rate assumed at depths deeper than any seen (an untried wide window gets tried)
-    #: per steady iteration of the width held, the decay of the calibration's sums (:meth:`calibration`):
-    #: slow, a memory of about 500 iterations (five images at batch 1), because the counts already
-    #: follow the image (:attr:`DECAY`); at 0.97 the factor followed it too, swung from 0.5 to 1.2
-    #: within one image, and SJD at batch 1 ran width 4 for 54 of an image's 139 forwards
-    CALIBRATION_DECAY = 0.998
-    CALIBRATION_RANGE = (0.7, 1.3)  # the calibration factor is kept within these
-    #: at a switch of the width held (same batch size), the weight of the pace's jump in the last held
-    #: width's kept time, where that width read the pace for at least :attr:`SWITCH_SETTLED` iterations
-    #: in a row (the pace then is its reading, not the one before). The machine's speed does not jump at
-    #: a switch, so a jump is that width's kept time being off, which its own iterations never correct
-    #: (they move the pace). At batch 16 on the built-in model window 8's time, taken in a warm-up, stayed
-    #: 20 % low (23.1 ms at the kept pace, against 28 that width 1's 12.2 and their measured 38.4 / 16.4
-    #: give): batches of 16 began with 8-11 iterations of width 8 at SJD's 1.16 tokens per forward
-    SWITCH_WEIGHT = 0.5
-    SWITCH_SETTLED = 5
-    ITERATIONS = 12  # fixed-point iterations for E(W)
-    REFRESH_EVERY = 4  # iterations between recomputations of E(W) while the counts change (it costs ~0.8 ms)
 
     def __init__(self, max_width: int, learned: _Learned | None = None, wide_margin: float = 0.0):
         self.max_width = max_width
@@ -470,188 +190,6 @@ class _AutoWindow:
         if self.buckets is None:
             return width
         return next((b for b in self.buckets if b >= width), width)
-
-    # -- the acceptance model ------------------------------------------------------------------
-
-    def pass_rates(self) -> np.ndarray:
-        """``[buckets, AGE_GROUPS]`` float64 estimated chance that a reached draft passes (class docstring)."""
-        reached, rejected = self.learned.counts.reached, self.learned.counts.rejected
-        rates = np.empty_like(reached)
-        any_seen = np.flatnonzero(reached.sum(1) >= self.MIN_REACHED)
-        deepest = int(any_seen[-1]) if any_seen.size else len(DEPTH_EDGES)  # nothing seen: PRIOR everywhere
-        for g in range(AGE_GROUPS):
-            seen = reached[:, g] >= self.MIN_REACHED
-            total = reached[:, g].sum()
-            a = self.PRIOR_WEIGHT
-            pooled = (total - rejected[:, g].sum() + a * self.PRIOR) / (total + a) if total >= self.MIN_REACHED else self.PRIOR
-            last = None
-            for b in range(len(DEPTH_EDGES)):
-                if seen[b]:
-                    last = (reached[b, g] - rejected[b, g] + a * self.PRIOR) / (reached[b, g] + a)
-                if b > deepest and last is not None:  # a depth no draft reached often enough: optimistic
-                    rates[b, g] = max(last, self.OPTIMISM)
-                else:
-                    rates[b, g] = last if last is not None else pooled
-        return rates.clip(0.0, 1.0)
-
-    def _grid(self):
-        """``(widths [M, 1], depth [1, M - 1], drafts [M, M - 1] bool, bucket [1, M - 1])`` of E(W)'s
-        arrays: every width W = 1 .. M against every draft depth, whether W holds a draft at that depth,
-        and the depth's bucket (:data:`DEPTH_EDGES`)."""
-        if self._grid_arrays is None:
-            M = self.max_width
-            widths = np.arange(1, M + 1, dtype=np.float64)[:, None]
-            depth = np.arange(max(M - 1, 1))[None]
-            bucket = np.searchsorted(np.asarray(DEPTH_EDGES[1:]), depth, side="right")
-            self._grid_arrays = (widths, depth, depth <= widths - 2, bucket)
-        return self._grid_arrays
-
-    def _one_forward(self, rates: np.ndarray, age: np.ndarray) -> np.ndarray:
-        """``[M]`` float64 tokens one forward commits per image at W = 1 .. M when the draft at depth
-        ``k`` has age group ``age[W - 1, k]`` (``[M, M - 1]`` int64): ``1 + sum_k prod_{s<=k} pass(s, age_s)``."""
-        _, _, drafts, bucket = self._grid()
-        passes = np.where(drafts, rates[bucket, age], 0.0)
-        return 1.0 + np.cumprod(passes, axis=1).sum(1)
-
-    def _steady_ages(self, tokens: np.ndarray) -> np.ndarray:
-        """``[M, M - 1]`` int64 age group of the draft at depth ``k`` in a steady run of width W committing
-        ``tokens[W - 1]`` (``[M]``) tokens per forward: ``floor((W - 1 - k) / L)`` (class docstring)."""
-        widths, depth, _, _ = self._grid()
-        return np.minimum(np.floor((widths - 1 - depth) / tokens[:, None]), AGE_GROUPS - 1).clip(0).astype(np.int64)
-
-    def expected_tokens(self) -> np.ndarray:
-        """``[max_width]`` float64: E(W), tokens committed per image and forward, for W = 1 .. max_width."""
-        rates = self.pass_rates()
-        tokens = np.ones(self.max_width)
-        for _ in range(self.ITERATIONS):
-            tokens = 0.5 * tokens + 0.5 * self._one_forward(rates, self._steady_ages(tokens))
-        # a wider window commits at least as many tokens (its drafts at every depth are as old or older,
-        # and it has more of them); the fixed point of a wider one can land a hair lower: keep it monotone
-        return np.maximum.accumulate(tokens)
-
-    def ramp_tokens(self, last: int, limit: int) -> np.ndarray:
-        """``[max_width]`` float64: E(W) (uncalibrated, :meth:`expected_tokens`) averaged over the forwards
-        a switch from width ``last`` (the last forward's) to W has left before the image end, ``limit``
-        positions away: ``n = ceil(limit / E(W))`` forwards, the first two of which hold younger drafts.
-
-        The drafts a width-``last`` forward leaves have the ages of its steady run; a wider window's
-        other slots start fresh, and every forward refines every draft once, so forward ``j`` after the
-        switch (0, 1) sees at depth ``k`` the age ``min(steady_W(k), steady_last(k) + j)``, and from the
-        third on (:data:`AGE_GROUPS` = 3) the steady one: the mean is ``(E_0 + E_1 + (n - 2) E(W)) / n``
-        (``E_0`` where ``n`` is 1). Widths up to ``last`` keep E(W). Near the image end the steady state
-        never comes: batch 16 on the built-in model ran width 1, then at 8 positions from the end widths
-        8, 7, 6, 5, 3 (predicted 2.3 tokens per forward at width 8, 1.2-1.4 measured: every draft was
-        fresh), six iterations of the 8-wide bucket, 2.3 times a width-1 iteration each, about 3 % of the batch."""
-        steady = self._raw if self._raw is not None else self.expected_tokens()
-        key = (self._tokens_at, last)
-        if self._ramp_at != key:
-            rates = self.pass_rates()
-            ages = self._steady_ages(steady)  # row last - 1: the ages the last forward's drafts have
-            first, second = (self._one_forward(rates, np.minimum(ages, ages[last - 1] + j)) for j in (0, 1))
-            wider = np.arange(1, self.max_width + 1) > last
-            # kept per key: the first forward's tokens, and what the first two forwards differ from two
-            # steady ones by (0 up to width last), so a call is seven array operations, not thirteen
-            # (cold after a forward, each costs µs: this was half of choose's time at batch 16)
-            self._ramp = [np.where(wider, first, steady), np.where(wider, first + second - 2.0 * steady, 0.0)]
-            self._ramp_at = key
-        first, gap = self._ramp
-        n = np.maximum(np.ceil(limit / steady), 1.0)
-        return np.where(n >= 2, steady + gap / n, first)  # (E_0 + E_1 + (n - 2) E(W)) / n
-
-    def calibration(self) -> float:
-        """The factor the acceptance model's drafts per forward (``E(W) - 1``) are multiplied by:
-        drafts accepted per image and forward as measured over as predicted, summed (decayed by
-        :attr:`CALIBRATION_DECAY`) over the iterations of the width held once its window holds only
-        drafts refined in the run (``ceil(W / E(W))`` iterations in a row at it), both sums starting
-        at 16 drafts (:class:`_Counts`: a ratio of a few forwards' drafts is noise, one forward accepts
-        anything from 0 to W - 1), kept within :attr:`CALIBRATION_RANGE`.
-
-        The model predicts the width its counts come from too high: on the built-in model (16 images,
-        fixed windows 8..32) by +1 to +7 % for SJD and 0 to +7 % for CSD, its steady-state draft ages
-        (``floor((W - 1 - k) / L)``) being older than the ages the drafts have. Scaled where it is
-        measured, what is left of its error at another width is that of its ratio ``E(W) / E(held)``
-        (``benchmarks/acceptance_model_check.py``; benchmarks/results/builtin_1911_classes.md, issue 16 item 6)."""
-        counts = self.learned.counts
-        low, high = self.CALIBRATION_RANGE
-        return min(max(counts.measured_drafts / max(counts.predicted_drafts, 1e-9), low), high)
-
-    def _expected(self, limit: int | None = None) -> np.ndarray:
-        """``[max_width]`` float64: :meth:`expected_tokens` with its drafts scaled by :meth:`calibration`;
-        given ``limit`` (positions left to the image end), the widths wider than the last forward's
-        (1 before the first: the prefill leaves no draft) averaged over the forwards they have left
-        (:meth:`ramp_tokens`).
-        E(W) is recomputed only when the counts changed, and then at most every :attr:`REFRESH_EVERY`
-        iterations (the counts move by a few percent per iteration; the fixed point costs about 0.8 ms,
-        5-7 % of a batch-1 iteration of the built-in model)."""
-        version = self.learned.counts.version
-        at_version, at_count = self._tokens_at
-        if self._raw is None or (version != at_version and self.count - at_count >= self.REFRESH_EVERY):
-            self._raw = self.expected_tokens()
-            self._tokens_at = (version, self.count)
-        raw = self._raw if limit is None else self.ramp_tokens(self._run_width or 1, limit)
-        return 1.0 + (raw - 1.0) * self.calibration()
-
-    # -- the cost model ------------------------------------------------------------------------
-
-    def _times(self, rows: int) -> dict[int, float]:
-        """Seconds per iteration by width for ``rows`` images: this batch size's own measurements,
-        the widths it lacks taken from the nearest larger batch size measured at two or more widths
-        (else the largest smaller one), scaled by their ratio on the widths both have (a batch
-        shrinking as images finish meets batch sizes measured at one or two widths only; alone,
-        they would make every width cost the same, or every width below the narrowest measured
-        one cost what that one costs: at 15 images measured at widths 4 and 8, width 1 looked as
-        dear as width 4)."""
-        times = self.learned.times
-        def nearest(sizes):
-            # the nearest batch size, the larger one first: a shrinking batch came from it, and its
-            # curve (wide windows dear) is the safer guess than a small batch's (wide windows nearly free)
-            larger = [a for a in sizes if a >= rows]
-            return times[min(larger) if larger else max(sizes)]
-
-        own = times.get(rows, {})
-        known = [a for a in times if a != rows and len(times[a]) >= 2]
-        if not known:
-            if own:
-                return own
-            measured = [a for a in times if times[a]]
-            return nearest(measured) if measured else {}
-        base = nearest(known)
-        if own and all(w in own for w in base):
-            return own
-        shared = [w for w in own if w in base]
-        scale = float(np.mean([own[w] / base[w] for w in shared])) if shared else 1.0
-        return {**{w: t * scale for w, t in base.items()}, **own}
-
-    def pace(self, rows: int) -> float:
-        """The machine's present speed relative to the one ``rows`` images' times are kept at
-        (:attr:`_Learned.pace`): that batch size's own reading, else the last reading of any, else 1."""
-        pace = self.learned.pace
-        return pace.get(rows, pace.get(0, 1.0))
-
-    def cost(self, rows: int) -> np.ndarray:
-        """``[max_width]`` float64 estimated seconds per iteration at W = 1 .. max_width with ``rows`` images,
-        at the pace the kept times are at (times the present :attr:`_Learned.pace` for seconds now).
-        Read-only: the last result is kept until a time or the buckets change (the width held changes
-        no time, only the pace: at batch 16 the chooser recomputed it at every width-1 iteration, 24 µs)."""
-        key = (rows, self.buckets, tuple((a, tuple(by_width.items())) for a, by_width in self.learned.times.items()))
-        if self._cost_at is not None and self._cost_at[0] == key:
-            return self._cost_at[1]
-        times = self._times(rows)
-        widths = np.array([self.bucket(w) for w in range(1, self.max_width + 1)], dtype=np.float64)
-        ws = sorted(times)
-        if not ws:
-            t = np.ones_like(widths)
-        elif len(ws) == 1:
-            t = np.full_like(widths, times[ws[0]])
-        else:
-            ts = np.array([times[w] for w in ws])
-            xs = np.array(ws, dtype=np.float64)
-            t = np.interp(widths, xs, ts)
-            slope = max((ts[-1] - ts[-2]) / (xs[-1] - xs[-2]), 0.0)
-            t = np.maximum(np.where(widths > xs[-1], ts[-1] + slope * (widths - xs[-1]), t), 1e-9)
-        t.flags.writeable = False
-        self._cost_at = (key, t)
-        return t
 
     # -- choosing and learning -----------------------------------------------------------------
 
