@@ -10,7 +10,10 @@ tokens included):
   fp8: ``out * in`` + a float32 scale per row; nf4: ``out * in / 2`` + a float32 absmax per block
   of 64; bnb8: ``out * in`` + a float32 scale per row. Read from the model built on the
   ``meta`` device (nothing allocated) or from the loaded model's tensors;
-* **KV cache**: ``layers * 2 * kv_heads * head_dim * S * rows * B * element_size``;
+* **KV cache**: ``layers * 2 * kv_heads * head_dim * T * rows * B * element_size``, ``T`` the cache
+  positions the engine allocates per row (the static engine's preallocated width: the prompt's
+  bucket, the image columns and room for the widest window, rounded up to 64;
+  :func:`csdgen.models.plan.engine_cache_positions`);
 * **window buffers**: the family's float32 logits and distributions of a window
   (:class:`~csdgen.models._transformers.MemoryEstimate`'s per-image bytes beyond the cache);
 * **activations** of the widest forward (the window's, or the prefill's ``P`` prompt tokens):

@@ -24,6 +24,16 @@ def free_memory(device: str | torch.device) -> int:
     return available_memory(device)
 
 
+def engine_cache_positions(prompt_width: int, image_columns: int) -> int:
+    """Cache positions per row the decoding engine allocates: the static engine's preallocated width
+    (:func:`csdgen.models._static.cache_width`: the prompt's bucket, the image columns and room for the widest
+    window, rounded up to 64). The eager engine's cache grows to about the same (its holes are compacted once
+    they take a quarter of every row), so the plan counts this width for both."""
+    from ._static import cache_width, prompt_bucket
+
+    return cache_width(prompt_bucket(max(int(prompt_width), 1)), int(image_columns))
+
+
 def _window_activations(text_config: Any, rows: int, window: int, prompt: int, sequence: int, vocab: int,
                         element_size: int) -> int:
     """The larger of a window step's (``window + 1`` tokens) and the prefill's (``prompt`` tokens, logits of one) activations."""
@@ -55,7 +65,7 @@ def builtin_plan(model, *, batch_size: int, window: int, guided: bool = True, qu
     if components is not None:
         weights += module_bytes(components.vq) + module_bytes(components.classifier)
     rows = 2 if guided else 1
-    sequence = 1 + model.num_image_tokens
+    sequence = engine_cache_positions(1, model.num_image_tokens)  # the class token, then the image
     kv = kv_cache_bytes(cfg, rows, sequence, 4)
     buffers = (rows + 3) * (window + 1) * model.codebook_size * 4
     activations = _window_activations(cfg, rows, window, 1, sequence, cfg.vocab_size, 4)
@@ -87,11 +97,12 @@ def checkpoint_plan(path: str | os.PathLike, family: str, *, batch_size: int, wi
     weights = quantized_weight_bytes(path, family, dtype, quantize) + max(extra, 0)
     buffers = estimate.per_image - estimate.kv_per_image
     prompt = DEFAULT_PROMPT_LENGTH if prompt_length is None else int(prompt_length)
+    positions = engine_cache_positions(prompt, estimate.sequence_length - prompt)
+    kv = estimate.kv_per_image * positions // max(estimate.sequence_length, 1)
     text = estimate.text_config
     vocab = text.vocab_size
-    activations = _window_activations(text, estimate.rows, window, prompt, estimate.sequence_length, vocab,
-                                      estimate.element_size)
+    activations = _window_activations(text, estimate.rows, window, prompt, positions, vocab, estimate.element_size)
     what = f"{family} ({path})"
     return MemoryPlan(what, torch.device(device).type, str(dtype).removeprefix("torch."), quantize, batch_size, window,
-                      estimate.rows, weights, estimate.kv_per_image, buffers, activations,
+                      estimate.rows, weights, kv, buffers, activations,
                       free_memory(device) if free is None else free)
