@@ -4,8 +4,8 @@
 
 Two models: the built-in model (its shipped weights, 256 tokens per image, its defaults) and a random
 Llama-shaped class-conditional model of about 100 M parameters built here (hidden 896, 12 layers, 8 x 8
-tokens over a codebook of 1024; random weights: near-uniform targets, so drafts are rarely accepted
-and it measures the forward's cost, not acceptance). For each model and dtype, AR, SJD and CSD decode the
+tokens over a codebook of 1024; random weights: its acceptance says nothing about a trained model, its
+rows measure the forward's cost and memory at that size). For each model and dtype, AR, SJD and CSD decode the
 same classes and seeds; per method: step compression (image tokens / forwards per image, AR = 1),
 wall speed-up over AR in the same dtype, and for the built-in model the class agreement (how many of
 the images its classifier judges the class asked for). Memory: the weights' bytes as held (torchao's
