@@ -109,3 +109,15 @@ def test_bad_device_maps_are_refused_in_one_line(value, says):
         parse_device_map(value)
     message = str(info.value)
     assert says in message and "\n" not in message and message.startswith(f"--device-map {value}")
+
+
+def test_offloading_the_whole_decoder_to_disk_is_refused_in_one_line(janus_folder, tmp_path):
+    """The adapters call the decoder's embed_tokens and layers one by one, past an offloaded parent's hook."""
+    from csdgen.models.auto import load_model
+
+    placed = {"model.vision_model": "cpu", "model.aligner": "cpu", "model.vqmodel": "cpu",
+              "model.generation_embeddings": "cpu", "model.generation_aligner": "cpu", "model.generation_head": "cpu",
+              "model.language_model": "disk", "lm_head": "cpu"}
+    with pytest.raises(ValueError, match=r"'model.language_model' -> disk .* offload decoder layers "
+                                         r"\('model.language_model.layers.N'\) instead"):
+        load_model(janus_folder, device="cpu", batch_size=None, device_map=placed, offload_folder=tmp_path / "o")

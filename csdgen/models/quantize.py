@@ -255,12 +255,30 @@ def load_pretrained(model_class: Any, folder: str | os.PathLike, *, dtype: torch
             skeleton = model_class._from_config(config) if hasattr(model_class, "_from_config") else model_class(config)
         extra["quantization_config"] = quantization_config(options.quantize, skipped_modules(skeleton), dtype)
     device_map = options.device_map
+    if isinstance(device_map, dict) and "disk" in device_map.values():
+        _check_offload(model_class, folder, device_map)
     if device_map is None:
         device_map = {"": str(torch.device(device))}
     extra["device_map"] = device_map
     if _offloads(device_map):
         extra["offload_folder"] = options.offload_folder or tempfile.mkdtemp(prefix="csdgen-offload-")
     return model_class.from_pretrained(folder, dtype=dtype, **kwargs, **extra)
+
+
+def _check_offload(model_class: Any, folder: str | os.PathLike, device_map: dict) -> None:
+    """Refuse a map offloading to disk a module that holds the decoder layers: the adapters call the decoder's
+    ``embed_tokens`` and ``layers`` themselves, past the offloaded parent's hook (its weights would stay on 'meta')."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(folder)
+    with torch.device("meta"):
+        skeleton = model_class._from_config(config) if hasattr(model_class, "_from_config") else model_class(config)
+    layers = decoder_layers_prefix(skeleton)
+    decoder = layers.rpartition(".")[0]
+    for name, place in device_map.items():
+        if place == "disk" and (name == "" or decoder == name or decoder.startswith(name + ".") or layers == name):
+            raise ValueError(f"--device-map: {name!r} -> disk offloads the language model's decoder whole; csdgen calls its "
+                             f"embed_tokens and layers one by one: offload decoder layers ('{layers}.N') instead")
 
 
 def _offloads(device_map: Any) -> bool:
