@@ -612,8 +612,10 @@ def quantize_bnb_nf4(model) -> None:
         parent_name, _, child = name.rpartition(".")
         parent, old = backbone.get_submodule(parent_name), backbone.get_submodule(name)
         new = bnb.nn.Linear4bit(old.in_features, old.out_features, bias=old.bias is not None,
-                                compute_dtype=old.weight.dtype, quant_type="nf4", device="cpu")
-        new.weight = bnb.nn.Params4bit(old.weight.data.to("cpu"), requires_grad=False, quant_type="nf4")
+                                compute_dtype=old.weight.dtype, quant_type="nf4", device="meta")
+        new.weight = bnb.nn.Params4bit(old.weight.data, requires_grad=False, quant_type="nf4")  # quantised by .to()
+        if old.bias is not None:
+            new.bias = torch.nn.Parameter(old.bias.data, requires_grad=False)
         setattr(parent, child, new.to(model.device))
         del old
 
