@@ -93,7 +93,6 @@ def test_the_quantised_target_differs_from_the_float_one(tmp_path_factory):
 
 
 def test_the_builtin_model_quantises_its_decoder_layers_with_torchao():
-    from builtin_fixture import make_tiny_weights  # noqa: F401 (the fixture module is importable)
     from csdgen.models.builtin import load_builtin_model
     from csdgen.models.memory import module_bytes, planned_weight_bytes
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from ._transformers import HEADROOM, kv_cache_bytes
+from ._transformers import HEADROOM
 from .quantize import INT4_GROUP, NF4_BLOCK, decoder_layers_prefix
 
 __all__ = ["MemoryPlan", "linear_bytes", "tensor_bytes", "module_bytes", "planned_weight_bytes",

@@ -38,7 +38,6 @@ import logging
 import os
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterator
 
 import torch
