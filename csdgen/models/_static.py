@@ -1245,8 +1245,9 @@ def static_refusal(session: Any) -> str | None:
     if getattr(session, "_lengths", None) is not None:
         return "its session is already prefilled"
     if split_model(session):
-        return ("its model is split across devices (device_map): the static engine's one preallocated cache "
-                "cannot follow its layers; the eager engine keeps each layer's cache with its layer")
+        return ("its model is split across devices (device_map; modules offloaded to the CPU or disk count): the "
+                "static engine's one preallocated cache and compiled steps do not follow layers that live, or are "
+                "loaded, elsewhere; the eager engine keeps each layer's cache with its layer")
     return None
 
 
