@@ -41,6 +41,10 @@ Every check prints one line ``check NAME STATUS figures [goal: ...] (seconds, pe
   >= 0.8x float32's, NLL at most 0.25 nats/token above).
 * ``serve`` (figure): ``benchmarks/bench_serve.py`` at 16 clients, continuous, static and
   one-at-a-time batching (SKIP when fastapi or uvicorn cannot be imported).
+* ``quant`` (figure): ms per forward (widths 1 and 32, eager engine, batch 1 guided, half the image
+  cached) and weight bytes of the Janus-Pro-7B-sized random Llama in bfloat16, torchao int8
+  weight-only (:func:`csdgen.models.quantize.quantize_module`) and bitsandbytes nf4 (CUDA, when
+  bitsandbytes is installed); ``--quick``: the tiny Llama, float32 and int8 on the CPU.
 
 The peak device memory of every check is on its line and in the JSON (CUDA:
 ``torch.cuda.max_memory_allocated``; CPU: the process's peak resident set, which never goes down).
@@ -594,6 +598,73 @@ def check_forward(ctx: Context) -> Outcome:
                    f"{'met' if ratio <= GOAL_FLOOR_RATIO else 'not met'}")
 
 
+def quantize_bnb_nf4(model) -> None:
+    """Replace the decoder layers' linear layers by bitsandbytes' nf4 ``Linear4bit`` (quantised when moved to CUDA):
+    what ``BitsAndBytesConfig(load_in_4bit=True)`` does while reading a checkpoint, for a model built in memory."""
+    import bitsandbytes as bnb
+
+    from csdgen.models.quantize import decoder_layers_prefix
+
+    backbone = model.backbone
+    prefix = decoder_layers_prefix(backbone) + "."
+    names = [n for n, m in backbone.named_modules() if isinstance(m, torch.nn.Linear) and n.startswith(prefix)]
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent, old = backbone.get_submodule(parent_name), backbone.get_submodule(name)
+        new = bnb.nn.Linear4bit(old.in_features, old.out_features, bias=old.bias is not None,
+                                compute_dtype=old.weight.dtype, quant_type="nf4", device="meta")
+        new.weight = bnb.nn.Params4bit(old.weight.data, requires_grad=False, quant_type="nf4")  # quantised by .to()
+        if old.bias is not None:
+            new.bias = torch.nn.Parameter(old.bias.data, requires_grad=False)
+        setattr(parent, child, new.to(model.device))
+        del old
+
+
+def check_quant(ctx: Context) -> Outcome:
+    """ms per forward and weight memory of a Janus-Pro-7B-sized Llama, bfloat16 against torchao int8 weight-only and
+    bitsandbytes nf4 (each where it runs; eager engine, batch 1 guided, half the image cached)."""
+    import importlib.util
+
+    from csdgen.models.memory import format_bytes, module_bytes
+    from csdgen.models.quantize import check_quantize, quantize_module
+
+    dtype = torch.float32 if ctx.quick and not ctx.cuda else torch.bfloat16
+    build = (lambda: tiny_llama(ctx.device, dtype)) if ctx.quick else (lambda: janus7b_sized(ctx.device))
+    name = "tiny random Llama" if ctx.quick else "random Llama of Janus-Pro-7B's size"
+    repeats = 3 if ctx.quick else 10
+    parts, skipped = [], []
+    for kind in ("none", "int8", "nf4"):
+        try:
+            if kind == "int8":
+                check_quantize("int8", ctx.device)
+            if kind == "nf4" and (importlib.util.find_spec("bitsandbytes") is None or not ctx.cuda):
+                raise ValueError("nf4: bitsandbytes not installed" if ctx.cuda else "nf4: CUDA only in this check")
+        except ValueError as exc:
+            skipped.append(str(exc))
+            continue
+        model = build()
+        if kind == "int8":
+            quantize_module(model.backbone, "int8", ctx.device)
+        elif kind == "nf4":
+            quantize_bnb_nf4(model)
+        sync(ctx.device)
+        weights = module_bytes(model.backbone)
+        half = model.num_image_tokens // 2
+        session, _ = open_session(model, [0], "eager", False)
+        fill(session, torch.randint(model.codebook_size, (1, half), device=ctx.device))
+        ms = {w: 1e3 * time_forward(model, session, half, w, repeats) for w in (1, 32)}
+        label = "bfloat16" if kind == "none" and dtype == torch.bfloat16 else ("float32" if kind == "none" else kind)
+        ctx.record(**{f"{label}_ms_per_forward": ms, f"{label}_weight_bytes": weights})
+        parts.append(f"{label} W1 {ms[1]:.2f} ms, W32 {ms[32]:.2f} ms, weights {format_bytes(weights)}")
+        del session, model
+        if ctx.cuda:
+            torch.cuda.empty_cache()
+    line = f"{name}, eager, batch 1 guided: " + "; ".join(parts)
+    if skipped:
+        line += " (not run: " + "; ".join(skipped) + ")"
+    return Outcome("INFO", line)
+
+
 def fill(session, prefix: torch.Tensor) -> None:
     """Cache ``prefix`` ``[B, n]`` from image position 0 in windows of 64 (the static engine's widest
     bucket: the cache is never widened), through the uncompiled step (a compiled session compiles
@@ -772,6 +843,7 @@ CHECKS: dict[str, Check] = {
     "dtype": Check(check_dtype, 40, True),
     "compile": Check(check_compile, 45, False),
     "serve": Check(check_serve, 90, False),
+    "quant": Check(check_quant, 150, False),  # three 7B-sized models in turn (bf16, int8, nf4)
 }
 
 

@@ -8,9 +8,16 @@ The public names are imported on first use (PEP 562 ``__getattr__``): ``import c
 ``csdgen --help`` do not pay for importing torch.
 """
 
+import logging
 from importlib import import_module
 
 __version__ = "0.1.0"
+
+# transformers imports torchao (when installed, csdgen[quant]) with its model code; torchao then reports the
+# CUDA-only kernel libraries it cannot load on a CPU machine and torch warns about its enum registrations:
+# noise on every run's console, none of it about csdgen's use (int8 / fp8 weight-only need neither)
+logging.getLogger("torchao").setLevel(logging.ERROR)
+logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
 
 _LAZY = {
     "generate": ".decoding",

@@ -46,7 +46,8 @@ def test_the_first_line_of_a_run_says_the_model_device_and_dtype_and_why(tmp_pat
     weights = make_tiny_weights(tmp_path / "w")
     assert run("generate", "--weights", weights, "-n", 1, "--window", 4, "--no-maps", "--out", tmp_path / "o") == 0
     err = capsys.readouterr().err
-    assert err.splitlines()[0] == "csdgen generate: the built-in model on cpu, float32 (the built-in model's dtype)", err
+    assert err.splitlines()[0].startswith(  # then the memory plan (tests/test_memory_plan.py)
+        "csdgen generate: the built-in model on cpu, float32 (the built-in model's dtype); memory plan: "), err
     assert run("generate", "--weights", weights, "-n", 1, "--window", 4, "--no-maps", "--dtype", "float32",
                "--out", tmp_path / "o") == 0
     assert "float32" not in capsys.readouterr().err  # the same run (float32 given) resumed: nothing decodes, no line

@@ -27,7 +27,7 @@ def _gpu_check():
 
 
 def test_quick_run_on_the_cpu_prints_one_line_per_check_and_writes_the_json(tmp_path):
-    checks = "logits,grow,continuous,syncs,forward,speedup,dtype,compile"  # serve: its own test below
+    checks = "logits,grow,continuous,syncs,forward,speedup,dtype,compile,quant"  # serve: its own test below
     run = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--device", "cpu", "--quick", "--out", str(tmp_path),
                           "--only", checks], cwd=ROOT, capture_output=True, text=True, timeout=600, env=ENV)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -35,7 +35,7 @@ def test_quick_run_on_the_cpu_prints_one_line_per_check_and_writes_the_json(tmp_
     assert [line.split()[1] for line in lines] == checks.split(","), run.stdout
     status = {line.split()[1]: line.split()[2] for line in lines}
     assert all(status[name] == "PASS" for name in ("logits", "grow", "continuous", "dtype")), run.stdout
-    assert all(status[name] == "INFO" for name in ("syncs", "forward", "speedup", "compile")), run.stdout
+    assert all(status[name] == "INFO" for name in ("syncs", "forward", "speedup", "compile", "quant")), run.stdout
     assert "every correctness check passed" in run.stdout.splitlines()[-1]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert list(report["checks"]) == checks.split(",") and report["device"] == "cpu"
@@ -45,6 +45,9 @@ def test_quick_run_on_the_cpu_prints_one_line_per_check_and_writes_the_json(tmp_
     assert report["checks"]["continuous"]["details"]["most_in_batch"] > 2
     assert set(report["checks"]["forward"]["details"]["ms_per_forward"]["eager"]) == {"1", "16", "32", "64"}
     assert all(r["peak_memory_bytes"] > 0 for r in report["checks"].values())
+    if importlib.util.find_spec("torchao"):  # int8 beside float32: fewer weight bytes (the quick check's tiny Llama)
+        quant = report["checks"]["quant"]["details"]
+        assert quant["int8_weight_bytes"] < 0.6 * quant["float32_weight_bytes"], quant
 
 
 def test_an_isolated_check_runs_in_its_own_process_and_reports_back(tmp_path):

@@ -1,6 +1,6 @@
 """The ``csdgen`` command: a package of thin commands over :mod:`csdgen.runs`.
 
-One module per command (``generate``, ``compare``, ``sweep``, ``bench``, ``demo``, ``serve``), each with ``add_parser(sub)``
+One module per command (``generate``, ``compare``, ``sweep``, ``bench``, ``demo``, ``serve``, ``plan``), each with ``add_parser(sub)``
 (its own options and defaults) and ``run(args)``; shared options in :mod:`._options`, shared
 start-up steps in :mod:`._common`. Heavy modules (torch, transformers, the models) are imported
 inside ``run``, so ``csdgen --help`` and usage errors return at once.
@@ -18,12 +18,13 @@ import os
 import sys
 import warnings
 
-from . import bench, compare, demo, generate, serve, sweep
+from . import bench, compare, demo, generate, plan, serve, sweep
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 #: command name -> module with ``add_parser`` and ``run``
-COMMANDS = {"generate": generate, "compare": compare, "sweep": sweep, "bench": bench, "demo": demo, "serve": serve}
+COMMANDS = {"generate": generate, "compare": compare, "sweep": sweep, "bench": bench, "demo": demo, "serve": serve,
+            "plan": plan}
 
 
 class _Parser(argparse.ArgumentParser):

@@ -57,7 +57,32 @@ def choose_dtype(args, family: str, device) -> str:
     what = "the built-in model" if family == "builtin" else f"{family} ({getattr(args, 'model', '')})"
     args.run_line = (f"csdgen {getattr(args, 'command', None) or 'run'}: {what} on {torch.device(device).type}, "
                      f"{name} ({reason})")
+    if getattr(args, "quantize", None):
+        args.run_line += f", decoder layers {args.quantize}"
+    if getattr(args, "device_map", None) is not None:
+        args.run_line += ", split by --device-map"
     return name
+
+
+def add_plan(args, plan) -> None:
+    """Append the memory plan's summary (:meth:`csdgen.models.memory.MemoryPlan.summary`) to the run's first line."""
+    if getattr(args, "run_line", None):
+        args.run_line += f"; {plan.summary()}"
+
+
+def split_note(args, model) -> None:
+    """With ``--device-map`` splitting the model and ``--engine auto``: one note that it runs on the eager engine."""
+    if getattr(model, "device_map", None) and len({str(v) for v in model.device_map.values()}) > 1 \
+            and getattr(args, "engine", "auto") == "auto":
+        note("--device-map: the model is split across devices; the static engine cannot follow its layers, "
+             "so it runs on the eager engine (each layer's KV cache stays with its layer)")
+
+
+def quantize_setup(args, device) -> None:
+    """Refuse ``--quantize`` the device or installed packages cannot run, before any weight is read (one line)."""
+    from csdgen.models.quantize import check_quantize
+
+    check_quantize(getattr(args, "quantize", None), device)
 
 
 def print_run_line(args, file=None) -> None:
@@ -290,17 +315,15 @@ def builtin_model(args, fixed_window: bool = False, spread: bool = False):
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is visible here; use --device cpu")
     choose_dtype(args, "builtin", device)  # float32: refuses another --dtype
+    refuse_builtin_device_map(args)
+    quantize_setup(args, device)
     if args.weights is not None:
         config = Path(args.weights) / "config.json"
         if config.exists():
             from csdgen.runs import read_json
 
             read_json(config, what="the built-in model's config")  # a clear line for a malformed file
-    model = load_builtin_model(args.weights)
-    if torch.device(device) != torch.device(model.device):
-        for module in (model.components.ar, model.components.vq, model.components.classifier):
-            module.to(device)
-        model.device = torch.device(device)
+    model = load_builtin_model(args.weights, quantize=getattr(args, "quantize", None), device=device)
     defaults = model_defaults(model, "builtin")
     fill_defaults(args, defaults)
     default_window(args, defaults, fixed_window)
@@ -316,6 +339,13 @@ def builtin_model(args, fixed_window: bool = False, spread: bool = False):
                                default="spread" if spread else "turn")  # raises on an unknown class
     args.window = clamp_window(args.window, model.num_image_tokens)
     return model, ids
+
+
+def refuse_builtin_device_map(args) -> None:
+    """``--device-map`` with the built-in model: one line (it is not read by from_pretrained; it fits one device)."""
+    if getattr(args, "device_map", None) is not None:
+        raise ValueError("--device-map needs --model (a checkpoint folder); the built-in model (about 40 MB) runs on "
+                         "one device: use --device")
 
 
 def cap_builtin_batch(args, model, window: int, guided: bool, num_images: int) -> int:

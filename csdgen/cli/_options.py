@@ -419,6 +419,34 @@ def add_dtype(g) -> None:
                         "arithmetic is float32 whatever the model's dtype")
 
 
+#: ``--quantize`` values (csdgen.models.quantize.QUANTIZE_CHOICES; a test keeps the two the same, this
+#: module imports no torch)
+QUANTIZE = ("int8", "int4", "fp8", "nf4", "bnb8")
+
+
+def device_map(text: str):
+    """``--device-map``: auto, balanced, balanced_low_0, sequential or a JSON object module -> device."""
+    from csdgen.models.quantize import parse_device_map
+
+    try:
+        return parse_device_map(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--device-map {text}: ")) from None
+
+
+def add_quantize(g) -> None:
+    """``--quantize`` and ``--device-map`` (:mod:`csdgen.models.quantize`)."""
+    g.add_argument("--quantize", type=one_of(QUANTIZE, "quantisation"), metavar="{" + ",".join(QUANTIZE) + "}",
+                   default=None,
+                   help="quantise the language model's decoder layers while loading: int8 / int4 / fp8 weight-only "
+                        "(torchao; int4 on cuda only, fp8 on cpu and cuda 8.9+), nf4 / bnb8 (bitsandbytes); the VQ "
+                        "decoder and vision tower keep --dtype. Needs pip install 'csdgen[quant]'. Speculative "
+                        "decoding stays exact for the quantised model (docs/models.md)")
+    g.add_argument("--device-map", type=device_map, default=None, metavar="MAP",
+                   help="--model: split the model across devices with accelerate: auto, balanced, sequential or a JSON "
+                        "object of module -> device (\"cpu\", \"cuda:1\", \"disk\"); runs on the eager engine")
+
+
 def add_engine(p: argparse.ArgumentParser) -> None:
     """The decoding engine (``generate(engine=..., compile=...)``)."""
     p.add_argument("--engine", choices=ENGINES, default="auto",

@@ -74,6 +74,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--prompt-template", default=None,
                    help="a format string with {prompt} wrapping every prompt (default: the family's; '{prompt}' = none)")
     opt.add_dtype(g)
+    opt.add_quantize(g)
     p.add_argument("--device", choices=opt.DEVICES, default=None,
                    help="default cpu for the built-in model, else cuda when available (under torchrun: cuda:LOCAL_RANK)")
     p.add_argument("--out", type=opt.folder, default=Path("bench"), help="output folder (default ./bench)")
@@ -149,7 +150,8 @@ def _builtin_plan(args, device: str):
     prompts, indices = _builtin_prompts(args, model.classes)
     sampling = sampling_of(args)
     settings = {"model": "builtin", "weights": "shipped" if args.weights is None else str(args.weights),
-                "device": device.split(":")[0], "prompts": _prompts_setting(args, "classes spread over the categories"), **_method_settings(args, sampling)}
+                "device": device.split(":")[0], "prompts": _prompts_setting(args, "classes spread over the categories"), **_method_settings(args, sampling),
+                **_quantize_setting(args)}
     return BenchPlan(model, prompts, indices, [model.class_ids([p.text])[0] for p in prompts], _methods(args, model),
                      args.seeds, _floor(args), args.window, sampling, settings, class_names=list(model.class_names))
 
@@ -165,20 +167,30 @@ def _model_plan(args, device: str):
     prompts = _load(load_prompts, args.prompts or "coco", args)
     folder, family, sampling = checkpoint_setup(args, fixed_window=True)
     dtype = choose_dtype(args, family, device)
+    from ._common import quantize_setup, split_note
+
+    quantize_setup(args, device)
     model = load_model(folder, dtype=dtype, device=device, layout=args.layout, height=args.height, width=args.width,
                        image_size=args.image_size, batch_size=1, window=args.window, guided=sampling.guided,
                        negative_prompt=args.negative_prompt, positive_prompt=args.positive_prompt,
-                       prompts=[p.text for p in prompts], prompt_template=args.prompt_template, vqgan=args.vqgan)
+                       prompts=[p.text for p in prompts], prompt_template=args.prompt_template, vqgan=args.vqgan,
+                       quantize=args.quantize, device_map=args.device_map)
     require_decoder(model, str(args.model), folder)
+    split_note(args, model)
     fill_defaults(args, model_defaults(model, family))
     args.window = clamp_window(args.window, model.num_image_tokens)
     settings = {"model": str(args.model), "checkpoint": str(folder), "family": family, "dtype": dtype,
                 "device": device.split(":")[0], "grid": list(model.grid), "prompts": _prompts_setting(args, "coco"),
                 "negative_prompt": args.negative_prompt, "positive_prompt": args.positive_prompt,
                 "prompt_template": args.prompt_template,
-                **_method_settings(args, sampling)}
+                **_method_settings(args, sampling), **_quantize_setting(args)}
     return BenchPlan(model, prompts, list(range(args.offset, args.offset + len(prompts))), [p.text for p in prompts],
                      _methods(args, model), args.seeds, _floor(args), args.window, sampling, settings)
+
+
+def _quantize_setting(args) -> dict:
+    """``{"quantize": name}`` when ``--quantize`` is given (another target; records without it stay as they were)."""
+    return {"quantize": args.quantize} if getattr(args, "quantize", None) else {}
 
 
 def _prompts_setting(args, default: str) -> str:

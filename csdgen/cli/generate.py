@@ -13,8 +13,9 @@ import argparse
 from pathlib import Path
 
 from . import _options as opt
-from ._common import (builtin_model, cap_builtin_batch, checkpoint_setup, choose_dtype, clamp_window, fill_defaults,
-                      model_defaults, needs_model, note, print_run_line, require_decoder, sampling_of, writable)
+from ._common import (add_plan, builtin_model, cap_builtin_batch, checkpoint_setup, choose_dtype, clamp_window,
+                      fill_defaults, model_defaults, needs_model, note, print_run_line, quantize_setup,
+                      require_decoder, sampling_of, split_note, writable)
 
 #: options of ``--model`` only (the built-in model refuses them; ``--dtype`` auto / float32 it takes)
 MODEL_ONLY = ("prompts", "prompts_file", "layout", "height", "width", "image_size", "negative_prompt", "positive_prompt",
@@ -56,6 +57,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--prompt-template", default=None,
                    help="template for each prompt with {prompt}, {width}, {height} (default: the family's, docs/models.md)")
     opt.add_dtype(g)
+    opt.add_quantize(g)
     p.set_defaults(run=run)
     return p
 
@@ -82,8 +84,11 @@ def _run_settings(args, model, rule, sampling) -> dict:
     same images."""
     from csdgen.runs import run_settings
 
-    return run_settings(model, seed=args.seed, method=rule, window=args.window, sampling=sampling,
-                        draft_init=args.draft_init, refresh=args.refresh, preset=args.preset, tree=args.tree)
+    settings = run_settings(model, seed=args.seed, method=rule, window=args.window, sampling=sampling,
+                            draft_init=args.draft_init, refresh=args.refresh, preset=args.preset, tree=args.tree)
+    if getattr(args, "quantize", None):  # another target: its images differ (recorded only when given)
+        settings["quantize"] = args.quantize
+    return settings
 
 
 def _ar_window(args) -> None:
@@ -112,6 +117,10 @@ def builtin_job(args):
 
     widest = 1 if args.method == "ar" else AUTO_MAX_WINDOW if args.window == "auto" else args.window
     batch_size = cap_builtin_batch(args, model, widest, sampling.guided, len(classes))
+    from csdgen.models.plan import builtin_plan
+
+    add_plan(args, builtin_plan(model, batch_size=batch_size, window=widest, guided=sampling.guided,
+                                quantize=args.quantize, device=model.device))
     settings = _run_settings(args, model, rule, sampling)  # model "builtin", its weights "shipped" or the folder
     from csdgen.runs import slug
 
@@ -154,13 +163,23 @@ def model_job(args):
     batch_size = min(args.batch_size, len(conditions))
     device = args.device or default_device()
     dtype = choose_dtype(args, family, device)
+    quantize_setup(args, device)
+    widest = AUTO_MAX_WINDOW if args.window == "auto" else args.window
     model = load_model(args.model, dtype=dtype, device=device, layout=args.layout, height=args.height,
                        width=args.width, image_size=args.image_size, batch_size=batch_size,
-                       window=AUTO_MAX_WINDOW if args.window == "auto" else args.window, guided=sampling.guided,
+                       window=widest, guided=sampling.guided,
                        negative_prompt=args.negative_prompt,
                        positive_prompt=args.positive_prompt, prompts=prompts, vqgan=args.vqgan,
-                       prompt_template=args.prompt_template)  # sizes, prompt lengths and memory checked first
+                       prompt_template=args.prompt_template, quantize=args.quantize,
+                       device_map=args.device_map)  # sizes, prompt lengths and memory checked first
     require_decoder(model, str(args.model), folder)  # a Chameleon checkpoint without Chameleon's VQGAN files
+    from csdgen.models.plan import checkpoint_plan
+
+    add_plan(args, checkpoint_plan(folder, family, batch_size=batch_size, window=min(widest, model.num_image_tokens - 1),
+                                   dtype=dtype, quantize=args.quantize, guided=sampling.guided, device=device,
+                                   prompt_length=model.prompt_length(prompts), height=args.height, width=args.width,
+                                   image_size=args.image_size))
+    split_note(args, model)
     fill_defaults(args, model_defaults(model, family))  # no-op today: the model's own defaults where it carries them
     args.window = clamp_window(args.window, model.num_image_tokens)
     _ar_window(args)

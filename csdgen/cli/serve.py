@@ -40,8 +40,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="the model name requests give (default: csdgen-builtin, or the --model value)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=opt.port(0), default=8000, help="TCP port (default 8000; 0: any free port)")
-    p.add_argument("--max-batch", type=opt.count(), default=16, metavar="B",
-                   help="most images decoding together (default 16; lowered to what memory allows)")
+    p.add_argument("--max-batch", type=opt.count(), default=None, metavar="B",
+                   help=f"most images decoding together (default: on cuda the largest batch the memory plan fits, "
+                        f"csdgen plan; on cpu {CPU_MAX_BATCH}; lowered to what memory allows)")
     p.add_argument("--max-queue", type=opt.count(), default=256, metavar="Q",
                    help="most images waiting; requests beyond get 429 with Retry-After (default 256)")
     p.add_argument("--max-images", type=opt.count(), default=10, metavar="N",
@@ -63,6 +64,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="of csdgen's log lines and uvicorn's (default info: a start-up line, an access line per image "
                         "request on stdout, shutdown lines; warning: errors and warnings only)")
     opt.add_dtype(p)
+    opt.add_quantize(p)
     p.add_argument("--layout", choices=["lumina", "anole"], default=None, help="--model Chameleon checkpoints")
     p.add_argument("--height", type=opt.count(), default=None, help="--model: image height in pixels")
     p.add_argument("--width", type=opt.count(), default=None, help="--model: image width in pixels")
@@ -89,8 +91,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+#: ``--max-batch`` on a CPU when none is given (on CUDA: the memory plan's largest batch)
+CPU_MAX_BATCH = 16
+#: the most a memory plan sets ``--max-batch`` to on its own
+PLAN_MAX_BATCH = 256
+
+
 def _load(args):
-    """``(model, name, aliases, memory_limit)``: the model and how many images its memory holds."""
+    """``(model, name, aliases, memory_limit, plan)``: the model, how many images its memory holds, its memory plan."""
     import torch
 
     from csdgen.engine.window import AUTO_MAX_WINDOW
@@ -113,16 +121,19 @@ def _load(args):
         if device == "cuda" and not torch.cuda.is_available():
             raise ValueError("--device cuda: no CUDA device is visible here; use --device cpu")
         choose_dtype(args, "builtin", device)
-        model = load_builtin_model(args.weights)
-        if torch.device(device) != torch.device(model.device):
-            for module in (model.components.ar, model.components.vq, model.components.classifier):
-                module.to(device)
-            model.device = torch.device(device)
+        from ._common import quantize_setup, refuse_builtin_device_map
+        from csdgen.models.plan import builtin_plan
+
+        refuse_builtin_device_map(args)
+        quantize_setup(args, device)
+        model = load_builtin_model(args.weights, quantize=args.quantize, device=device)
         if budget is None:
             limit = builtin_batch_limit(model, AUTO_MAX_WINDOW, True, available_memory(model.device))
         else:
             limit = max(0, budget // _builtin_bytes(model))
-        return model, "csdgen-builtin", ("builtin",), limit
+        plan = builtin_plan(model, batch_size=args.max_batch or CPU_MAX_BATCH, window=AUTO_MAX_WINDOW, guided=True,
+                            quantize=args.quantize, device=model.device, free=budget)
+        return model, "csdgen-builtin", ("builtin",), limit, plan
     if args.weights is not None:
         raise ValueError("--weights is for the built-in model; with --model the checkpoint folder holds the weights")
     from pathlib import Path
@@ -136,15 +147,26 @@ def _load(args):
     family = family_of(folder, args.layout, args.model)
     device = args.device or default_device()
     dtype = choose_dtype(args, family, device)
+    from ._common import quantize_setup, split_note
+    from csdgen.models.plan import checkpoint_plan
+
+    quantize_setup(args, device)
     model = load_model(args.model, dtype=dtype, device=device, layout=args.layout, height=args.height, width=args.width,
                        image_size=args.image_size, batch_size=1, window=AUTO_MAX_WINDOW, guided=True,
-                       prompt_template=args.prompt_template, vqgan=args.vqgan, max_memory_bytes=budget)
+                       prompt_template=args.prompt_template, vqgan=args.vqgan, max_memory_bytes=budget,
+                       quantize=args.quantize, device_map=args.device_map)
     require_decoder(model, str(args.model), folder)  # a Chameleon checkpoint without Chameleon's VQGAN files
+    split_note(args, model)
+    guided = family != "glm-image"
     estimate = estimate_memory(folder, family, AUTO_MAX_WINDOW, dtype, height=args.height, width=args.width,
-                               image_size=args.image_size, guided=True)
-    have = available_memory(device) if budget is None else max(0, budget - estimate.fixed)
+                               image_size=args.image_size, guided=guided)
+    plan = checkpoint_plan(folder, family, batch_size=args.max_batch or CPU_MAX_BATCH,
+                           window=min(AUTO_MAX_WINDOW, model.num_image_tokens - 1), dtype=dtype, quantize=args.quantize,
+                           guided=guided, device=device, free=budget, height=args.height, width=args.width,
+                           image_size=args.image_size)
+    have = available_memory(device) if budget is None else max(0, budget - plan.weights)
     limit = estimate.usable(have) // max(estimate.per_image, 1)
-    return model, str(args.model), (Path(str(args.model)).name,), limit
+    return model, str(args.model), (Path(str(args.model)).name,), limit, plan
 
 
 def _builtin_bytes(model) -> int:
@@ -199,10 +221,16 @@ def served_model(args):
     from csdgen.serve import ServeDefaults, ServedModel
     from csdgen.serve.schemas import APIError, parse_request
 
-    from ._common import note, print_run_line
+    from ._common import add_plan, note, print_run_line
 
-    model, name, aliases, limit = _load(args)
-    print_run_line(args, file=sys.stdout)  # the first line: model, device, dtype and why
+    model, name, aliases, limit, plan = _load(args)
+    if args.max_batch is None:  # on cuda the plan's largest batch; on cpu CPU_MAX_BATCH (both capped by memory below)
+        largest = plan.largest_batch()
+        args.max_batch = max(1, min(largest, PLAN_MAX_BATCH)) if model.device.type == "cuda" and largest else CPU_MAX_BATCH
+    from dataclasses import replace
+
+    add_plan(args, replace(plan, batch_size=args.max_batch))
+    print_run_line(args, file=sys.stdout)  # the first line: model, device, dtype and why, the memory plan
     if limit < 1:
         raise ValueError(f"not even one image fits in the memory allowed ({args.max_memory} GiB with --max-memory, "
                          f"or what {model.device.type} has free); raise --max-memory or use another device")
@@ -257,6 +285,7 @@ def _run_replicas(args) -> int:
     from csdgen.serve.app import bind_socket
     from csdgen.serve.deployment import application, run_local
 
+    args.max_batch = args.max_batch or CPU_MAX_BATCH  # each replica's target and admission limit
     if args.max_replicas is not None and args.max_replicas < args.replicas:
         raise ValueError(f"--max-replicas {args.max_replicas}: allowed at least --replicas ({args.replicas})")
     sock = bind_socket(args.host, args.port)  # a taken port fails before Ray starts; 0: a free one for Ray's proxy

@@ -102,6 +102,7 @@ __all__ = [
     "WarmupReport",
     "warmup",
     "static_refusal",
+    "split_model",
     "make_static",
     "open_engine",
     "check_engine",
@@ -1243,7 +1244,21 @@ def static_refusal(session: Any) -> str | None:
             return f"its session ({type(session).__name__}) overrides {name}"
     if getattr(session, "_lengths", None) is not None:
         return "its session is already prefilled"
+    if split_model(session):
+        return ("its model is split across devices (device_map; modules offloaded to the CPU or disk count): the "
+                "static engine's one preallocated cache and compiled steps do not follow layers that live, or are "
+                "loaded, elsewhere; the eager engine keeps each layer's cache with its layer")
     return None
+
+
+def split_model(session: Any) -> bool:
+    """Whether the model a session drives is placed on more than one device (accelerate's device map;
+    ``"disk"`` offload counts as a place)."""
+    for value in vars(session).values():
+        for placed in (getattr(value, "device_map", None), getattr(value, "hf_device_map", None)):
+            if isinstance(placed, dict) and len({str(v) for v in placed.values()}) > 1:
+                return True
+    return False
 
 
 _CLASSES: dict[type, type] = {}

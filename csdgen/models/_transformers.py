@@ -27,7 +27,7 @@ version).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
@@ -418,6 +418,15 @@ class MemoryEstimate:
     fixed: int
     per_image: int
     headroom: float = HEADROOM
+    #: what the memory plan (:mod:`csdgen.models.memory`) splits the figures by: the KV-cache bytes of one
+    #: image, the longest row's positions, the rows per image, the parameters counted in ``fixed``, the
+    #: element size, and the decoder's config (None where an estimate was made without them)
+    kv_per_image: int = 0
+    sequence_length: int = 0
+    rows: int = 1
+    parameters: int = 0
+    element_size: int = 0
+    text_config: Any = field(default=None, compare=False, repr=False)
 
     def bytes(self, batch_size: int) -> int:
         """Estimated bytes for ``batch_size`` images."""
@@ -453,5 +462,7 @@ def estimate_memory(parameters: int, element_size: int, text_config: Any, sequen
         counted: :data:`HEADROOM` covers them.
     """
     rows = 2 if guided else 1
-    per_image = kv_cache_bytes(text_config, rows, sequence_length, element_size) + (rows + 3) * (window + 1) * codebook_size * 4
-    return MemoryEstimate(parameters * element_size + extra_fixed, per_image)
+    kv = kv_cache_bytes(text_config, rows, sequence_length, element_size)
+    per_image = kv + (rows + 3) * (window + 1) * codebook_size * 4
+    return MemoryEstimate(parameters * element_size + extra_fixed, per_image, kv_per_image=kv, sequence_length=sequence_length,
+                          rows=rows, parameters=parameters, element_size=element_size, text_config=text_config)

@@ -69,6 +69,9 @@ __all__ = [
     "FAMILY_GPU_DTYPES",
     "load_model",
     "family_defaults_table",
+    "MODEL_CLASSES",
+    "model_skeleton",
+    "quantized_weight_bytes",
 ]
 
 #: config.json ``model_type`` -> the adapter that drives it
@@ -414,6 +417,43 @@ def estimate_memory(path: str | os.PathLike, family: str, window: int, dtype: to
     raise ValueError(f"family={family!r}; allowed: {', '.join(FAMILIES)}")
 
 
+#: family -> the transformers class its checkpoints load as
+MODEL_CLASSES = {"janus": "JanusForConditionalGeneration", "emu3": "Emu3ForConditionalGeneration",
+                 "lumina-mgpt": "ChameleonForConditionalGeneration", "anole": "ChameleonForConditionalGeneration",
+                 "lumina-mgpt-2": "ChameleonForConditionalGeneration", "glm-image": "GlmImageForConditionalGeneration",
+                 "liquid": "GemmaForCausalLM"}
+
+
+def model_skeleton(path: str | os.PathLike, family: str, dtype: torch.dtype) -> torch.nn.Module:
+    """The family's transformers model of the folder's config built on the ``meta`` device (nothing allocated).
+
+    Raises:
+        ValueError: an unknown family.
+    """
+    import transformers
+    from transformers import AutoConfig
+
+    if family not in MODEL_CLASSES:
+        raise ValueError(f"family={family!r}; allowed: {', '.join(MODEL_CLASSES)}")
+    config = AutoConfig.from_pretrained(model_folder(Path(path)))
+    with torch.device("meta"):
+        return getattr(transformers, MODEL_CLASSES[family])._from_config(config, dtype=dtype)
+
+
+def quantized_weight_bytes(path: str | os.PathLike, family: str, dtype: torch.dtype | str, quantize: str | None) -> int:
+    """Bytes of a checkpoint's weights in ``dtype`` with its decoder layers quantised as ``quantize``
+    (:func:`csdgen.models.memory.planned_weight_bytes` of :func:`model_skeleton`; no weight is read)."""
+    from .memory import planned_weight_bytes
+
+    dtype = _dtype(dtype, "cpu")
+    skeleton = model_skeleton(path, family, dtype)
+    total = planned_weight_bytes(skeleton, dtype, quantize)
+    vq = getattr(getattr(skeleton, "model", skeleton), "vqmodel", None)
+    if family == "lumina-mgpt-2" and vq is not None:  # the release holds no vqmodel: dropped on load
+        total -= planned_weight_bytes(vq, dtype)
+    return total
+
+
 def estimate_memory_bytes(path: str | os.PathLike, family: str, batch_size: int, window: int, dtype: torch.dtype | str,
                           **kwargs) -> int:
     """:func:`estimate_memory` for ``batch_size`` images, in bytes (keyword arguments as there)."""
@@ -423,13 +463,17 @@ def estimate_memory_bytes(path: str | os.PathLike, family: str, batch_size: int,
 def check_memory(path: str | os.PathLike, family: str, batch_size: int, window: int, dtype: torch.dtype | str | None,
                  *, device: str | torch.device | None = None, height: int | None = None, width: int | None = None,
                  image_size: int | None = None, guided: bool = True, max_memory_bytes: int | None = None,
-                 prompt_length: int | None = None, vqgan_dir: str | None = None) -> int:
+                 prompt_length: int | None = None, vqgan_dir: str | None = None, quantize: str | None = None,
+                 split: bool = False) -> int:
     """Refuse a batch that cannot fit, before any weight is read; return the estimate in bytes.
 
     The estimate (:func:`estimate_memory`) is computed once; it is linear in the batch size,
     which gives the largest batch that fits directly. Available memory: ``max_memory_bytes``
     when given, else :func:`available_memory` of ``device`` (default :func:`default_device`);
     the estimate may use all but :data:`~csdgen.models._transformers.HEADROOM` of it.
+
+    With ``quantize``, the weights count at their quantised size (:mod:`csdgen.models.memory`); with
+    ``split`` (a device map: accelerate places what does not fit elsewhere) nothing is refused.
 
     Raises:
         ValueError: one line naming the batch size, window, dtype, prompt length, the estimate,
@@ -439,6 +483,13 @@ def check_memory(path: str | os.PathLike, family: str, batch_size: int, window: 
     dtype = _dtype(dtype, device, family if family in FAMILY_GPU_DTYPES else None)
     estimate = estimate_memory(path, family, window, dtype, height=height, width=width, image_size=image_size,
                                guided=guided, prompt_length=prompt_length, vqgan_dir=vqgan_dir)
+    if quantize is not None:
+        from dataclasses import replace
+
+        extra = estimate.fixed - estimate.parameters * estimate.element_size
+        estimate = replace(estimate, fixed=quantized_weight_bytes(path, family, dtype, quantize) + max(extra, 0))
+    if split:
+        return estimate.bytes(batch_size)
     need = estimate.bytes(batch_size)
     have = available_memory(device) if max_memory_bytes is None else int(max_memory_bytes)
     if need <= estimate.usable(have):
@@ -458,7 +509,8 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
                max_memory_bytes: int | None = None, batch_size: int | None = 1, window: int | None = None,
                guided: bool = True, negative_prompt: str | None = None, vqgan: Any = None,
                prompts: list[str] | None = None, prompt_template: str | None = None,
-               positive_prompt: str | None = None, processor: Any = None) -> ImageTokenModel:
+               positive_prompt: str | None = None, processor: Any = None, quantize: str | None = None,
+               device_map: Any = None, offload_folder: str | os.PathLike | None = None) -> ImageTokenModel:
     """Load a Janus, Emu3, Chameleon-format (Lumina-mGPT / Anole), Lumina-mGPT 2.0, GLM-Image or Liquid checkpoint as an image-token model.
 
     Before any weight is read: the family, the image size, the prompt template and special
@@ -494,6 +546,14 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
             (default: the family's, see docs/models.md).
         processor: with an in-memory model only: its processor or tokenizer (default: loaded
             from the folder the model came from, when that is here).
+        quantize: None, or ``int8`` / ``int4`` / ``fp8`` (torchao weight-only) / ``nf4`` / ``bnb8``
+            (bitsandbytes): the language model's decoder layers quantised while the weights are read;
+            the vision tower, VQ decoder and heads keep ``dtype`` (:mod:`csdgen.models.quantize`).
+            Speculative decoding stays exact for the quantised model (it is the target).
+        device_map: None, ``"auto"``, ``"balanced"``, ``"sequential"`` or a dict / JSON object of module
+            -> device (``"cpu"``, ``"cuda:1"``, ``"disk"``): accelerate splits the model across devices
+            (each layer's KV cache stays with its layer). ``offload_folder``: where ``"disk"`` modules go
+            (default: a temporary folder).
 
     Raises:
         FileNotFoundError: no such folder nor cached repo, or no config/weights.
@@ -505,8 +565,8 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
     if not isinstance(path_or_id, (str, os.PathLike)):
         from .loaded import from_model
 
-        given = [name for name, value in (("dtype", None if dtype == "auto" else dtype), ("device", device), ("max_memory_bytes", max_memory_bytes))
-                 if value is not None]
+        given = [name for name, value in (("dtype", None if dtype == "auto" else dtype), ("device", device), ("max_memory_bytes", max_memory_bytes),
+                                          ("quantize", quantize), ("device_map", device_map)) if value is not None]
         if given:
             raise ValueError(f"{', '.join(given)}: apply when loading from a folder; an in-memory model is used as it is "
                              f"(move or cast it first, e.g. model.to('cuda', torch.bfloat16))")
@@ -534,6 +594,10 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
     family = family_of(folder, layout, str(path_or_id))
     device = device or default_device()
     dtype = _dtype(dtype, device, family)
+    from .quantize import check_quantize, load_options, parse_device_map
+
+    check_quantize(quantize, device)  # before any weight is read
+    device_map = parse_device_map(device_map)
     check_checkpoint(model_folder(folder), "Lumina-mGPT 2.0" if family == "lumina-mgpt-2"
                      else _CHECK_NAMES.get(model_type, model_type.capitalize()))
     if vqgan is not None and family == "lumina-mgpt-2":  # the folder of movqgan_270M.ckpt
@@ -554,8 +618,21 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
 
         check_memory(folder, family, batch_size, window or FAMILY_DEFAULTS[family].window, dtype, device=device,
                      height=height, width=width, image_size=image_size, guided=guided, max_memory_bytes=max_memory_bytes,
-                     prompt_length=prompt_length, vqgan_dir=vqgan_dir)
+                     prompt_length=prompt_length, vqgan_dir=vqgan_dir, quantize=quantize,
+                     split=device_map is not None)
     height, width = _size(height, width, image_size)
+    with load_options(quantize, device_map, offload_folder):
+        model = _load_family(family, folder, dtype, device, height, width, layout, vqgan, vqgan_dir, prompt_template,
+                             negative_prompt, positive_prompt)
+    model.quantize = quantize  # what csdgen generate's first line and csdgen plan report
+    model.device_map = next((m.hf_device_map for m in vars(model).values() if getattr(m, "hf_device_map", None)),
+                            None) if device_map is not None else None
+    return model
+
+
+def _load_family(family, folder, dtype, device, height, width, layout, vqgan, vqgan_dir, prompt_template,
+                 negative_prompt, positive_prompt) -> ImageTokenModel:
+    """The family's adapter ``from_pretrained`` (after :func:`load_model`'s checks)."""
     template = {} if prompt_template is None else {"prompt_template": prompt_template}
     if family == "janus":
         from .janus import JanusImageModel

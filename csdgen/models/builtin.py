@@ -87,18 +87,41 @@ def _load(weights_dir: str | None) -> BuiltinModel:
     return BuiltinModel(load_components(weights_dir))
 
 
-def load_builtin_model(weights_dir: str | os.PathLike | None = None) -> BuiltinModel:
-    """Load the built-in model offline (cached per process).
+def load_builtin_model(weights_dir: str | os.PathLike | None = None, *, quantize: str | None = None,
+                       device: str | torch.device | None = None) -> BuiltinModel:
+    """Load the built-in model offline (cached per process unless ``quantize`` is given).
 
     Args:
         weights_dir: folder holding ``config.json`` and the ``*.safetensors`` files; default:
             the weights shipped in the package.
+        quantize: None, or ``int8`` (``int4`` / ``fp8`` where the device runs them): a fresh copy whose
+            AR model's decoder layers are quantised by torchao (:func:`csdgen.models.quantize.quantize_module`);
+            the VQ decoder and classifier stay float32.
+        device: where the model goes (default: where it was loaded, the CPU).
 
     Raises:
         FileNotFoundError: if the weights are not there.
-        ValueError: an empty path (``""``: ``Path("")`` would be the current folder).
+        ValueError: an empty path (``""``: ``Path("")`` would be the current folder); a ``quantize`` the
+            device or the installed packages cannot run (one line).
     """
     if isinstance(weights_dir, str) and not weights_dir.strip():
         raise ValueError(f"weights_dir={weights_dir!r}: an empty path; allowed: a folder of the built-in model's "
                          f"weights, or None for the shipped ones")
-    return _load(None if weights_dir is None else str(weights_dir))
+    key = None if weights_dir is None else str(weights_dir)
+    if quantize is None:
+        model = _load(key)
+    else:
+        from csdgen.builtin import load_components
+
+        from .quantize import check_quantize, quantize_module
+
+        check_quantize(quantize, device or "cpu")  # before the weights are read
+        model = BuiltinModel(load_components(key))
+    if device is not None and torch.device(device) != torch.device(model.device):
+        for module in (model.components.ar, model.components.vq, model.components.classifier):
+            module.to(device)
+        model.device = torch.device(device)
+    if quantize is not None:
+        quantize_module(model.backbone, quantize, model.device)
+    model.quantize = quantize
+    return model

@@ -93,6 +93,7 @@ from ._ragged import RaggedSession
 from .base import CodebookUnavailable, ImageTokenModel
 from .chameleon_vqgan import ChameleonVQGANDecoder, load_vqgan_decoder, vqgan_files
 from .defaults import FAMILY_DEFAULTS
+from .quantize import load_pretrained
 
 __all__ = [
     "ChameleonLayout", "ChameleonImageModel", "ChameleonPrompts", "LAYOUTS", "LUMINA_PROMPT_TEMPLATE", "ANOLE_PROMPT_TEMPLATE",
@@ -412,18 +413,19 @@ def load_backbone(folder: str | os.PathLike, dtype: torch.dtype = torch.float32,
     config = ChameleonConfig.from_pretrained(folder)
     shared = shared_norm_shapes(folder, config)
     if not shared:
-        return ChameleonForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(device)
+        return load_pretrained(ChameleonForConditionalGeneration, folder, dtype=dtype, device=device)
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the mismatch report is expected: those tensors are set below
     try:
-        model = ChameleonForConditionalGeneration.from_pretrained(folder, dtype=dtype, ignore_mismatched_sizes=True)
+        model = load_pretrained(ChameleonForConditionalGeneration, folder, dtype=dtype, device=device,
+                                ignore_mismatched_sizes=True)
     finally:
         hf_logging.set_verbosity(level)
     with torch.no_grad():
         for name, tensor in _read_tensors(folder, shared.__contains__).items():
             param = model.get_parameter(name)
             param.copy_(tensor.to(param.dtype).repeat_interleave(param.shape[0] // tensor.shape[0], dim=0))
-    return model.to(device)
+    return model if getattr(model, "hf_device_map", None) else model.to(device)  # placed by its device map
 
 
 class ChameleonPrompts:

@@ -55,6 +55,7 @@ from ._transformers import (
 from ._ragged import RaggedSession
 from .base import ImageTokenModel
 from .defaults import FAMILY_DEFAULTS
+from .quantize import load_pretrained
 
 __all__ = [
     "Emu3ImageModel",
@@ -364,7 +365,7 @@ class Emu3ImageModel(Emu3Prompts, ImageTokenModel):
         folder = check_checkpoint(path, "Emu3")
         dtype = resolve_dtype(dtype)
         image_grid(Emu3Config.from_pretrained(folder), height, width)
-        model = Emu3ForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(device)
+        model = load_pretrained(Emu3ForConditionalGeneration, folder, dtype=dtype, device=device)
         return cls(model, load_tokenizer(folder), height, width, negative_prompt, positive_prompt, prompt_template)
 
     def image_sequence(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -67,6 +67,7 @@ from ._transformers import (
 from ._ragged import RaggedSession
 from .base import ImageTokenModel
 from .defaults import FAMILY_DEFAULTS
+from .quantize import load_pretrained
 
 __all__ = [
     "GlmImageFolders", "GlmImageLayout", "GlmImagePrompts", "GlmImageModel", "glm_image_memory", "decoder_parameters",
@@ -466,7 +467,7 @@ class GlmImageModel(GlmImagePrompts, ImageTokenModel):
         processor = load_processor(parts.processor)
         GlmImagePrompts(GlmImageConfig.from_pretrained(folder), processor, height, width, kwargs.get("preview"),
                         prompt_template)  # sizes and special tokens before the weights
-        backbone = GlmImageForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(device)
+        backbone = load_pretrained(GlmImageForConditionalGeneration, folder, dtype=dtype, device=device)
         return cls(backbone, processor, height, width, prompt_template=prompt_template, pipeline=parts.pipeline, **kwargs)
 
     # -- the engine's interface ------------------------------------------------------------

@@ -44,6 +44,7 @@ from ._transformers import (
 from ._ragged import RaggedSession
 from .base import ImageTokenModel
 from .defaults import FAMILY_DEFAULTS
+from .quantize import load_pretrained
 
 __all__ = ["JanusImageModel", "JanusPrompts", "special_ids", "PAD_TOKEN", "janus_memory", "janus_memory_estimate", "estimate_memory_from_pretrained", "image_size_of",
            "check_image_size"]
@@ -241,7 +242,7 @@ class JanusImageModel(JanusPrompts, ImageTokenModel):
         check_image_size(JanusConfig.from_pretrained(folder), image_size)
         processor = _load_processor(folder)
         ids = special_ids(folder, processor)
-        model = JanusForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(device)
+        model = load_pretrained(JanusForConditionalGeneration, folder, dtype=dtype, device=device)
         return cls(model, *ids, processor=processor, use_chat_template=use_chat_template, prompt_template=prompt_template)
 
     def check_image_size(self, image_size: int | None) -> None:

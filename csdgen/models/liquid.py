@@ -43,6 +43,7 @@ from ._ragged import RaggedSession
 from .base import ImageTokenModel
 from .chameleon_vqgan import ChameleonVQGANDecoder, VQGANConfig, load_vqgan_decoder
 from .defaults import FAMILY_DEFAULTS
+from .quantize import load_pretrained
 
 __all__ = ["LiquidImageModel", "LiquidPrompts", "liquid_memory", "find_vqgan", "SUFFIX", "UNCONDITIONAL", "CODEBOOK_SIZE",
            "RESOLUTION"]
@@ -229,7 +230,7 @@ class LiquidImageModel(LiquidPrompts, ImageTokenModel):
         tokenizer = load_tokenizer(folder)
         files = find_vqgan(folder, vqgan_dir)
         LiquidPrompts(GemmaConfig.from_pretrained(folder), tokenizer, _vqgan_config(files), image_size, prompt_template)
-        backbone = GemmaForCausalLM.from_pretrained(folder, dtype=dtype).to(device)
+        backbone = load_pretrained(GemmaForCausalLM, folder, dtype=dtype, device=device)
         vqgan = None if files is None else load_vqgan_decoder(str(files[0]), str(files[1]), device=device)
         return cls(backbone, tokenizer, vqgan, image_size, prompt_template)
 

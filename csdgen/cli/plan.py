@@ -1,0 +1,86 @@
+"""``csdgen plan``: the memory a run needs, before any weight is read (:mod:`csdgen.models.memory`).
+
+Prints the weights (quantised as ``--quantize`` says), the KV cache, the window buffers, one
+forward's activations and their sum (the peak) for ``--batch-size`` images at ``--window``,
+against the device's free memory, and the largest batch that fits. A checkpoint's config is read,
+not its weights (the model is built on the ``meta`` device); the built-in model is loaded (40 MB).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from . import _options as opt
+
+#: the window the plan assumes when none is given: the widest ``window="auto"`` runs
+DEFAULT_NOTE = "default: the widest window='auto' runs"
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("plan", allow_abbrev=False, help="the memory a run needs, before the first forward",
+                       description="Plan a run's memory before any weight is read: weights (after --quantize), KV "
+                                   "cache, window buffers, one forward's activations, their peak, against the device's "
+                                   "free memory, and the largest batch that fits.")
+    p.add_argument("--model", type=opt.path_text, default="builtin",
+                   help="checkpoint folder, cached repo id, or builtin (default)")
+    p.add_argument("--batch-size", type=opt.count(), default=8, metavar="B", help="images decoding together (default 8)")
+    p.add_argument("--window", type=opt.count(maximum=1024), default=None, metavar="W",
+                   help=f"window width ({DEFAULT_NOTE}, 64; 1 for AR)")
+    p.add_argument("--guidance-scale", type=opt.number, default=None,
+                   help="1 plans one row per image (no classifier-free guidance); default: guided, two rows")
+    p.add_argument("--prompt-length", type=opt.count(), default=None, metavar="P",
+                   help="--model: tokens of the longest prompt row (default 128)")
+    p.add_argument("--device", choices=opt.DEVICES, default=None, help="default cuda when available, else cpu")
+    p.add_argument("--layout", choices=["lumina", "anole"], default=None, help="--model Chameleon checkpoints")
+    p.add_argument("--height", type=opt.count(), default=None, help="--model: image height in pixels")
+    p.add_argument("--width", type=opt.count(), default=None, help="--model: image width in pixels")
+    p.add_argument("--image-size", type=opt.count(), default=None, help="--model: square image side in pixels")
+    opt.add_dtype(p)
+    p.add_argument("--quantize", type=opt.one_of(opt.QUANTIZE, "quantisation"), default=None,
+                   metavar="{" + ",".join(opt.QUANTIZE) + "}", help="plan the decoder layers quantised so")
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args) -> int:
+    from csdgen.engine.window import AUTO_MAX_WINDOW
+    from csdgen.models.auto import default_device
+
+    device = args.device or default_device()
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device is visible here; use --device cpu")
+    window = args.window or AUTO_MAX_WINDOW
+    guided = args.guidance_scale is None or args.guidance_scale != 1
+    from csdgen.models.quantize import check_quantize
+
+    check_quantize(args.quantize, device)
+    if args.model == "builtin":
+        given = [f"--{k.replace('_', '-')}" for k in ("layout", "height", "width", "image_size", "prompt_length")
+                 if getattr(args, k) is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: for --model PATH (a checkpoint); the built-in model has one size")
+        if args.dtype not in (None, "auto", "float32"):
+            raise ValueError(f"--dtype {args.dtype}: the built-in model runs in float32 only; allowed for it: auto, float32")
+        from csdgen.models.builtin import load_builtin_model
+        from csdgen.models.plan import builtin_plan
+
+        model = load_builtin_model()
+        plan = builtin_plan(model, batch_size=args.batch_size, window=min(window, model.num_image_tokens - 1),
+                            guided=guided, quantize=args.quantize, device=device)
+    else:
+        from csdgen.models.auto import family_of, read_config, resolve_checkpoint, resolve_dtype
+        from csdgen.models.plan import checkpoint_plan
+
+        folder = resolve_checkpoint(args.model)
+        read_config(folder)
+        family = family_of(folder, args.layout, args.model)
+        dtype = resolve_dtype(args.dtype, device, family)[0]
+        plan = checkpoint_plan(folder, family, batch_size=args.batch_size, window=window, dtype=dtype,
+                               quantize=args.quantize, guided=guided and family != "glm-image", device=device,
+                               prompt_length=args.prompt_length, height=args.height, width=args.width,
+                               image_size=args.image_size)
+    print(plan.table())
+    return 0

@@ -1,0 +1,108 @@
+"""Memory plans of the built-in model and of checkpoint folders (the arithmetic is :mod:`csdgen.models.memory`).
+
+:func:`builtin_plan` reads the built-in model's configuration (its weights are small and in
+memory already); :func:`checkpoint_plan` reads a checkpoint folder's config only: the model is
+built on the ``meta`` device for its parameters, no weight is read.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from .memory import MemoryPlan, activation_bytes, module_bytes, planned_weight_bytes
+
+__all__ = ["builtin_plan", "checkpoint_plan", "free_memory"]
+
+
+def free_memory(device: str | torch.device) -> int:
+    """Free bytes of ``device`` (:func:`csdgen.models.auto.available_memory`)."""
+    from .auto import available_memory
+
+    return available_memory(device)
+
+
+def engine_cache_positions(prompt_width: int, image_columns: int) -> int:
+    """Cache positions per row the decoding engine allocates: the static engine's preallocated width
+    (:func:`csdgen.models._static.cache_width`: the prompt's bucket, the image columns and room for the widest
+    window, rounded up to 64). The eager engine's cache grows to about the same (its holes are compacted once
+    they take a quarter of every row), so the plan counts this width for both."""
+    from ._static import cache_width, prompt_bucket
+
+    return cache_width(prompt_bucket(max(int(prompt_width), 1)), int(image_columns))
+
+
+def _window_activations(text_config: Any, rows: int, window: int, prompt: int, sequence: int, vocab: int,
+                        element_size: int) -> int:
+    """The larger of a window step's (``window + 1`` tokens) and the prefill's (``prompt`` tokens, logits of one) activations."""
+    step = activation_bytes(text_config, rows, window + 1, sequence, window + 1, vocab, element_size)
+    prefill = activation_bytes(text_config, rows, prompt, prompt, prompt, vocab, element_size)
+    return max(step, prefill)
+
+
+def builtin_plan(model, *, batch_size: int, window: int, guided: bool = True, quantize: str | None = None,
+                 device: str | torch.device = "cpu", free: int | None = None) -> MemoryPlan:
+    """The memory plan of the built-in model (or any :class:`~csdgen.models.llama.ClassConditionalLlama`).
+
+    Weights: the AR model's parameters at float32 with its decoder layers quantised as ``quantize``
+    (:func:`~csdgen.models.memory.planned_weight_bytes`; an AR model already quantised counts as it
+    is), plus the VQ decoder and classifier as loaded. Sequence: the class token and the ``N``
+    image positions. Window buffers: the engine's float32 logits and target, draft and residual
+    distributions over the codebook, ``(rows + 3) * (W + 1) * V * 4``.
+
+    Args:
+        free: the device's free bytes (default :func:`free_memory` of ``device``).
+    """
+    from ._transformers import kv_cache_bytes
+
+    backbone = model.backbone
+    cfg = backbone.config
+    quantized = any(type(p) not in (torch.Tensor, torch.nn.Parameter) for p in backbone.parameters())
+    weights = module_bytes(backbone) if quantized else planned_weight_bytes(backbone, torch.float32, quantize)
+    components = getattr(model, "components", None)
+    if components is not None:
+        weights += module_bytes(components.vq) + module_bytes(components.classifier)
+    rows = 2 if guided else 1
+    sequence = engine_cache_positions(1, model.num_image_tokens)  # the class token, then the image
+    kv = kv_cache_bytes(cfg, rows, sequence, 4)
+    buffers = (rows + 3) * (window + 1) * model.codebook_size * 4
+    activations = _window_activations(cfg, rows, window, 1, sequence, cfg.vocab_size, 4)
+    what = "the built-in model" if components is not None else type(model).__name__
+    return MemoryPlan(what, torch.device(device).type, "float32", quantize, batch_size, window, rows, weights, kv, buffers,
+                      activations, free_memory(device) if free is None else free)
+
+
+def checkpoint_plan(path: str | os.PathLike, family: str, *, batch_size: int, window: int, dtype: torch.dtype | str,
+                    quantize: str | None = None, guided: bool = True, device: str | torch.device = "cpu",
+                    free: int | None = None, prompt_length: int | None = None, **sizes) -> MemoryPlan:
+    """The memory plan of a checkpoint folder (config only; no weight is read).
+
+    The KV cache and window buffers are the family's estimate (:func:`csdgen.models.auto.estimate_memory`);
+    the weights are the model built on ``meta`` with its decoder layers quantised as ``quantize``,
+    plus the family's further fixed bytes (e.g. Chameleon's copy of the image rows of ``lm_head``).
+
+    Args:
+        sizes: ``height``, ``width``, ``image_size``, ``vqgan_dir`` as :func:`~csdgen.models.auto.estimate_memory` takes.
+
+    Raises:
+        ValueError / FileNotFoundError: as :func:`~csdgen.models.auto.estimate_memory`.
+    """
+    from .auto import DEFAULT_PROMPT_LENGTH, estimate_memory, quantized_weight_bytes, resolve_dtype
+
+    dtype = resolve_dtype(dtype, device)[0]
+    estimate = estimate_memory(path, family, window, dtype, guided=guided, prompt_length=prompt_length, **sizes)
+    extra = estimate.fixed - estimate.parameters * estimate.element_size
+    weights = quantized_weight_bytes(path, family, dtype, quantize) + max(extra, 0)
+    buffers = estimate.per_image - estimate.kv_per_image
+    prompt = DEFAULT_PROMPT_LENGTH if prompt_length is None else int(prompt_length)
+    positions = engine_cache_positions(prompt, estimate.sequence_length - prompt)
+    kv = estimate.kv_per_image * positions // max(estimate.sequence_length, 1)
+    text = estimate.text_config
+    vocab = text.vocab_size
+    activations = _window_activations(text, estimate.rows, window, prompt, positions, vocab, estimate.element_size)
+    what = f"{family} ({path})"
+    return MemoryPlan(what, torch.device(device).type, str(dtype).removeprefix("torch."), quantize, batch_size, window,
+                      estimate.rows, weights, kv, buffers, activations,
+                      free_memory(device) if free is None else free)

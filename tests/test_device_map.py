@@ -1,0 +1,123 @@
+"""Models split across devices by accelerate's device map (transformers' from_pretrained device_map): a tiny
+checkpoint with its last decoder layer offloaded to disk (the rest on the CPU) decodes the same tokens as the
+undivided model, on the eager engine (the static engine cannot follow a split model: refused with its reason),
+and each layer's KV cache stays with its layer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import csdgen
+
+pytest.importorskip("accelerate", reason="accelerate is not installed (pip install 'csdgen[quant]')")
+
+
+def split_map(model: torch.nn.Module, offloaded: str = "disk") -> dict[str, str]:
+    """Every module beside the path to the decoder layers on the CPU, each decoder layer too, the last one on ``offloaded``."""
+    from csdgen.models.quantize import decoder_layers_prefix
+
+    path = decoder_layers_prefix(model).split(".")
+    placed, module, here = {}, model, []
+    for part in path:
+        for name, _ in module.named_children():
+            if name != part:
+                placed[".".join([*here, name])] = "cpu"
+        module, here = getattr(module, part), [*here, part]
+    count = len(module)
+    for i in range(count):
+        placed[".".join([*here, str(i)])] = offloaded if i == count - 1 else "cpu"
+    return placed
+
+
+@pytest.fixture(scope="module")
+def liquid_folder(tmp_path_factory):
+    from test_models_liquid import build_checkpoint
+
+    return str(build_checkpoint(tmp_path_factory.mktemp("Liquid_V1_tiny")))
+
+
+@pytest.fixture(scope="module")
+def janus_folder(tmp_path_factory):
+    from test_models_janus import build_checkpoint
+
+    return str(build_checkpoint(tmp_path_factory.mktemp("janus")))
+
+
+@pytest.mark.parametrize("which", ["liquid_folder", "janus_folder"])
+def test_a_model_with_a_layer_offloaded_to_disk_decodes_the_same_tokens(which, request, tmp_path):
+    from csdgen.models.auto import family_of, load_model, model_skeleton
+
+    folder = request.getfixturevalue(which)
+    whole = load_model(folder, device="cpu", batch_size=None)
+    placed = split_map(model_skeleton(folder, family_of(folder), torch.float32))
+    split = load_model(folder, device="cpu", batch_size=None, device_map=placed, offload_folder=tmp_path / "offload")
+    inner = next(v for v in vars(split).values() if isinstance(v, torch.nn.Module) and hasattr(v, "hf_device_map"))
+    assert "disk" in split.device_map.values()
+    assert any(p.device.type == "meta" for p in inner.parameters())  # really offloaded: loaded per forward
+    for method in ("ar", "sjd", "csd"):
+        a = csdgen.generate(whole, ["a red dog", "a cat"], method=method, window=4, seed=5, engine="eager")
+        b = csdgen.generate(split, ["a red dog", "a cat"], method=method, window=4, seed=5)  # auto: eager for a split model
+        assert torch.equal(a.tokens, b.tokens), method
+
+
+def test_the_static_engine_refuses_a_split_model_with_its_reason(liquid_folder, tmp_path):
+    from csdgen.models._static import static_refusal
+    from csdgen.models.auto import load_model, model_skeleton
+
+    placed = split_map(model_skeleton(liquid_folder, "liquid", torch.float32))
+    split = load_model(liquid_folder, device="cpu", batch_size=None, device_map=placed, offload_folder=tmp_path / "o")
+    assert "split across devices" in static_refusal(split.start(["a"], 1, True))
+    with pytest.raises(ValueError, match="split across devices"):
+        csdgen.generate(split, ["a"], method="sjd", window=4, engine="static")
+    whole = load_model(liquid_folder, device="cpu", batch_size=None, device_map={"": "cpu"})  # one place: not split
+    assert static_refusal(whole.start(["a"], 1, True)) is None
+
+
+def test_each_layers_cache_stays_with_its_layer(liquid_folder, tmp_path):
+    """The KV cache of the disk-offloaded layer lives on its execution device (the CPU), not on 'meta' or disk."""
+    from csdgen.models.auto import load_model, model_skeleton
+
+    placed = split_map(model_skeleton(liquid_folder, "liquid", torch.float32))
+    split = load_model(liquid_folder, device="cpu", batch_size=None, device_map=placed, offload_folder=tmp_path / "o")
+    session = split.start(["a red dog"], 1, True)
+    session.prefill()
+    layers = session.kv.cache.layers
+    assert len(layers) == len(split.backbone.model.layers)
+    assert {layer.keys.device.type for layer in layers} == {"cpu"}
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("auto", "auto"), ("balanced", "balanced"),
+    ('{"model.layers.0": "cpu", "model.layers.1": "disk"}', {"model.layers.0": "cpu", "model.layers.1": "disk"}),
+    ('{"lm_head": 0}', {"lm_head": 0}),
+])
+def test_device_map_values(value, expected):
+    from csdgen.models.quantize import parse_device_map
+
+    assert parse_device_map(value) == expected
+
+
+@pytest.mark.parametrize("value, says", [
+    ("everywhere", "allowed auto, balanced"), ("{not json", "not valid JSON"), ("{}", "empty"),
+    ('{"lm_head": -1}', "'lm_head': -1"), ('{"lm_head": true}', "'lm_head': True"),
+])
+def test_bad_device_maps_are_refused_in_one_line(value, says):
+    from csdgen.models.quantize import parse_device_map
+
+    with pytest.raises(ValueError) as info:
+        parse_device_map(value)
+    message = str(info.value)
+    assert says in message and "\n" not in message and message.startswith(f"--device-map {value}")
+
+
+def test_offloading_the_whole_decoder_to_disk_is_refused_in_one_line(janus_folder, tmp_path):
+    """The adapters call the decoder's embed_tokens and layers one by one, past an offloaded parent's hook."""
+    from csdgen.models.auto import load_model
+
+    placed = {"model.vision_model": "cpu", "model.aligner": "cpu", "model.vqmodel": "cpu",
+              "model.generation_embeddings": "cpu", "model.generation_aligner": "cpu", "model.generation_head": "cpu",
+              "model.language_model": "disk", "lm_head": "cpu"}
+    with pytest.raises(ValueError, match=r"'model.language_model' -> disk .* offload decoder layers "
+                                         r"\('model.language_model.layers.N'\) instead"):
+        load_model(janus_folder, device="cpu", batch_size=None, device_map=placed, offload_folder=tmp_path / "o")

@@ -1,0 +1,114 @@
+"""The memory plan (csdgen.models.memory / plan, csdgen plan): its arithmetic, and its peak against the peak measured
+by the tensor-storage meter (bytes held at once by live tensors: weights, caches, buffers, each forward's
+activations) on the built-in model and a tiny checkpoint, within 15 %."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import csdgen
+from cli_helpers import run
+
+TOLERANCE = 0.15
+
+
+def test_the_meter_counts_live_storages_and_their_peak():
+    from csdgen.models.memory_meter import TensorMemoryMeter
+
+    with TensorMemoryMeter() as meter:
+        a = torch.zeros(1000, 1000)  # 4 MB
+        b = a + 1  # 8 MB live
+        view = a[:10]  # no new memory
+        del b
+        assert meter.live == 4_000_000
+        del a, view
+    assert meter.peak == 8_000_000 and meter.live == 0
+
+
+def test_int8_weight_bytes_follow_the_formula():
+    from csdgen.models.memory import linear_bytes
+
+    assert linear_bytes(256, 512, None, 4) == 256 * 512 * 4
+    assert linear_bytes(256, 512, "int8", 4) == 256 * 512 + 256 * 5  # data, a float32 scale and an int8 zero per row
+    assert linear_bytes(256, 512, "nf4", 2) == 256 * 512 // 2 + 256 * 512 // 64 * 4
+    assert linear_bytes(256, 512, "int4", 2) == 256 * 256 + 2 * 256 * 4 * 2
+    with pytest.raises(ValueError, match="quantize='int3'.*int8, int4"):
+        linear_bytes(1, 1, "int3", 4)
+
+
+def test_builtin_plan_is_within_15_percent_of_measured_peak():
+    from csdgen.models._transformers import kv_cache_bytes
+    from csdgen.models.builtin import load_builtin_model
+    from csdgen.models.memory_meter import TensorMemoryMeter
+    from csdgen.models.plan import builtin_plan
+
+    model = load_builtin_model(quantize="int8")
+    B, W = 2, 16
+    plan = builtin_plan(model, batch_size=B, window=W, guided=True, quantize="int8", free=2**40)
+    parts = model.components
+    with TensorMemoryMeter(parts.ar, parts.vq, parts.classifier) as meter:
+        csdgen.generate(model, list(range(B)), method="csd", window=W, seed=0)
+    assert meter.base == plan.weights  # the weights as planned are the weights held
+    assert abs(plan.peak() - meter.peak) <= TOLERANCE * meter.peak, (plan.peak(), meter.peak)
+    grown, planned = meter.peak - meter.base, plan.peak() - plan.weights  # the part that grows with the batch
+    assert abs(planned - grown) <= TOLERANCE * grown, (planned, grown)
+    cfg = model.backbone.config  # the cache: layers x 2 x kv heads x head dim x positions (the engine's 384) x rows x 4 B
+    assert plan.kv_per_image == kv_cache_bytes(cfg, 2, 384, 4) == cfg.num_hidden_layers * 2 * 8 * 32 * 384 * 2 * 4
+
+
+@pytest.fixture(scope="module")
+def janus_folder(tmp_path_factory):
+    from test_models_janus import build_checkpoint
+
+    return str(build_checkpoint(tmp_path_factory.mktemp("janus")))
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_checkpoint_plan_is_within_15_percent_of_measured_peak(janus_folder, quantize):
+    if quantize:
+        pytest.importorskip("torchao", reason="torchao is not installed (pip install 'csdgen[quant]')")
+    from csdgen.models.auto import load_model
+    from csdgen.models.memory import module_bytes
+    from csdgen.models.memory_meter import TensorMemoryMeter
+    from csdgen.models.plan import checkpoint_plan
+
+    model = load_model(janus_folder, device="cpu", batch_size=None, quantize=quantize)
+    B, W, prompts = 8, 16, ["a red dog"] * 8
+    plan = checkpoint_plan(janus_folder, "janus", batch_size=B, window=W, dtype=torch.float32, quantize=quantize,
+                           prompt_length=model.prompt_length(prompts), free=2**40)
+    assert plan.weights == module_bytes(model.model)  # arithmetic on the meta model == the loaded tensors
+    with TensorMemoryMeter(model.model) as meter:
+        csdgen.generate(model, prompts, method="sjd", window=W, seed=0)
+    assert abs(plan.peak() - meter.peak) <= TOLERANCE * meter.peak, (plan.peak(), meter.peak)
+
+
+def test_the_largest_batch_is_the_last_that_fits():
+    from csdgen.models.memory import MemoryPlan
+
+    plan = MemoryPlan("m", "cpu", "float32", None, 8, 16, 2, weights=1000, kv_per_image=100, buffers_per_image=20,
+                      activations_per_image=30, free=10_000)
+    largest = plan.largest_batch()
+    assert plan.peak(largest) <= 9_000 < plan.peak(largest + 1) and largest == 53 and plan.fits()
+    assert "largest batch 53" in plan.summary() and "weights 1000" not in plan.summary()
+
+
+def test_csdgen_plan_prints_the_plan_of_the_builtin_model_and_of_a_checkpoint(janus_folder, capsys):
+    assert run("plan", "--batch-size", 4, "--window", 16) == 0
+    out = capsys.readouterr().out
+    for row in ("weights", "KV cache", "window buffers", "activations", "peak", "free", "largest batch"):
+        assert f"\n{row} " in out, out
+    assert run("plan", "--model", janus_folder, "--quantize", "int8", "--device", "cpu") == 0
+    out = capsys.readouterr().out
+    assert "janus (" in out and "decoder layers int8" in out and "largest batch" in out
+
+
+def test_generate_says_the_plan_in_its_first_line(tmp_path, capsys):
+    from builtin_fixture import make_tiny_weights
+
+    weights = make_tiny_weights(tmp_path / "w")
+    assert run("generate", "--weights", weights, "-n", 1, "--window", 4, "--no-maps", "--out", tmp_path / "o") == 0
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.startswith("csdgen generate: the built-in model on cpu, float32 (the built-in model's dtype); "
+                            "memory plan: weights "), first
+    assert "KV cache" in first and "peak" in first and "largest batch" in first
