@@ -417,7 +417,7 @@ def test_string_prompts_give_the_reference_rows(lumina, anole, checkpoint):
     assert torch.equal(out.tokens, csdgen.generate(lumina, PROMPTS[:1], method="ar", sampling=GUIDED).tokens)
 
 
-# (8) issue 16: what the released checkpoints say (size, VQ weights) and how their tokenizers load
+# (8) what the released checkpoints say (size, VQ weights) and how their tokenizers load
 
 
 SIZE_TOKENS = [f"<reserved{8800 + n:05d}>" for n in (16, 24, 32)]  # 512, 768, 1024 px in 32 px units

@@ -373,7 +373,7 @@ def test_cond_and_uncond_rows_equal_the_hand_written_sequence(emu3, checkpoint):
     assert emu3.prompt_rows([[7, 8]])[0] == [[bos, 7, 8, *image]]  # token ids: no template, no positive prompt
 
 
-# issue 16 item 4: prompt tokens as BAAI's tokenizer makes them (Qwen's pre-tokenization)
+# prompt tokens as BAAI's tokenizer makes them (Qwen's pre-tokenization)
 
 QWEN_TEXT = "A close-up photo of a red-haired girl, high-quality."
 #: QWEN_TEXT split by BAAI's Emu3 tokenizer's rule (PAT_STR, Qwen's): an optional non-letter joins the letters

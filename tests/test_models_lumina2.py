@@ -191,11 +191,11 @@ def ar_tokens(lumina2):
             for cfg in (1.0, 4.0, 12.0) for batch in (1, 2)}
 
 
-# the released layout loads; detection (issue 16 item 3)
+# the released layout loads; detection
 
 
 def test_lumina_mgpt_2_folders_are_recognised_and_never_loaded_as_1_0(checkpoint, tmp_path):
-    """A 2.0 folder says chameleon / ChameleonXLLMX like 1.0; its <MOVQGAN...> vocabulary decides (issue 16, item 3)."""
+    """A 2.0 folder says chameleon / ChameleonXLLMX like 1.0; its <MOVQGAN...> vocabulary decides."""
     config = json.loads(open(os.path.join(checkpoint, "config.json")).read())
     assert config["model_type"] == "chameleon" and config["architectures"] == ["ChameleonXLLMXForConditionalGeneration"]
     assert auto.family_of(checkpoint) == "lumina-mgpt-2"

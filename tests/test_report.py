@@ -133,3 +133,14 @@ def test_accepted_length_histogram_counts_steps_by_tokens_committed():
     assert sum(histogram) == len(committed) and sum(L * c for L, c in enumerate(histogram)) == sum(committed)
     with pytest.raises(ValueError, match="must be >= 0, got -1"):
         accepted_length_histogram([1, -1])
+
+
+def test_the_reports_sampling_line_is_words():
+    """bench's report header printed ``sampling {'guidance_scale': 3.0, 'temperature': 1.0, ...}``."""
+    from csdgen.cli.bench import sampling_text
+    from csdgen.sampling import SamplingConfig
+
+    assert sampling_text(SamplingConfig(guidance_scale=3.0, top_k=None)) == \
+        "guidance scale 3, temperature 1, top-k none, top-p none"
+    assert sampling_text(SamplingConfig(top_k=100, top_p=0.9, top_n_sigma=2.0)) == \
+        "guidance scale 1, temperature 1, top-k 100, top-p 0.9, top n sigma 2"

@@ -655,7 +655,7 @@ def test_an_integer_prompt_is_refused_with_a_message_that_says_how_to_write_an_i
 
 
 def test_the_openai_client_may_write_the_method_and_auto_in_any_case(server, model):
-    """Issue 16 (fifth trial): ``"method": "CSD"`` was a 400 while the library and the CLI took it."""
+    """``"method": "CSD"`` was a 400 while the library and the CLI took it."""
     result = client(server).images.generate(model="tiny", prompt=model.class_names[0], n=1, response_format="b64_json",
                                             extra_body={"seed": 1, "method": "SJD", "window": "AUTO"})
     settings = result.model_extra["csdgen"]["settings"]

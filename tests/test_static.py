@@ -75,7 +75,7 @@ def test_auto_picks_static_for_transformers_sessions_and_eager_for_the_rest(cach
 @pytest.mark.device
 @pytest.mark.parametrize("guided", [False, True])
 def test_static_session_admits_rows_that_read_as_a_fresh_session(device_model, guided):
-    """The server's admission (issue 18) on the static cache: rows at different lengths with holes,
+    """The server's admission on the static cache: rows at different lengths with holes,
     then new prefilled rows joined into free slots (past the capacity: the cache grows); every row's
     cache equals a fresh session fed its tokens, and the next forward's logits equal each row's own."""
     model = device_model
