@@ -55,7 +55,8 @@ from typing import Any, Callable, Sequence
 
 from csdgen.evaluation.report import SCHEMA, accepted_length_histogram
 from csdgen.prompts import Prompt
-from csdgen.runs import pil_images, read_json, settings_difference, write_json
+from csdgen.jsonio import read_json, write_json
+from csdgen.runs import pil_images, settings_difference
 
 __all__ = ["TIMING_FIELDS", "BenchPlan", "shard", "jobs", "target_nll", "read_jsonl", "repair_tail",
            "append_jsonl", "existing_records", "load_tensors", "check_settings", "run_shard", "merge_records", "Scorers", "finish",
@@ -345,7 +346,7 @@ def device_name(device) -> str:
 
 
 def _generate(plan: BenchPlan, method: str, seed: int, position: int):
-    from csdgen.engine.generation import generate
+    from csdgen.engine import generate
 
     kwargs = dict(plan.methods[method])
     window = kwargs.pop("window", plan.window)  # a sweep's setting may carry its own window

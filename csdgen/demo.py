@@ -46,7 +46,8 @@ import torch
 from PIL import Image
 
 import csdgen
-from csdgen.engine.results import Decision, StepInfo
+from csdgen.decisions import Decision
+from csdgen.engine import StepInfo
 from csdgen.evaluation.compare import method_presets, to_csv
 from csdgen.evaluation.maps import COLOURS, save_png, to_uint8
 from csdgen.models.defaults import FAMILY_DEFAULTS, FamilyDefaults

@@ -15,8 +15,8 @@ The one module that ``csdgen generate`` / ``compare`` / ``sweep`` and the API's
 * :func:`run_methods`: several methods over the same images, interleaved batch by batch after
   an untimed warm-up, each cached in the output folder (``run_<name>.json`` + ``.safetensors``,
   rewritten after every batch; other settings refused): what ``compare`` and ``sweep`` run.
-* :func:`read_json` / :func:`write_json`: JSON files read with errors that name the file,
-  written atomically.
+* :func:`read_json` / :func:`write_json` (from :mod:`csdgen.jsonio`, re-exported here): JSON files
+  read with errors that name the file, written atomically.
 
 ``record.json`` holds: ``csdgen_version``; ``created`` and ``updated`` (UTC, ISO 8601);
 ``settings``; ``totals`` (images, tokens, steps summed over images, mean step compression,
@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
+
+from .jsonio import read_json, write_json
 
 __all__ = [
     "batches",
@@ -79,47 +81,12 @@ def generate_batches(model, conditions: Sequence, *, batch_size: int, seed: int,
         callback: passed to :func:`csdgen.generate`.
         generate_kwargs: method, window, sampling, draft_init, refresh.
     """
-    from csdgen.engine.generation import generate
+    from csdgen.engine import generate
 
     for batch in batches(len(conditions) if indices is None else indices, batch_size):
         result = generate(model, [conditions[i] for i in batch], seed=seed, image_indices=batch, callback=callback,
                           **generate_kwargs)
         yield batch, result
-
-
-def read_json(path: str | os.PathLike, *, expect: type = dict, what: str = "") -> Any:
-    """Read a JSON file; every failure is one ``ValueError`` line naming the file.
-
-    Args:
-        path: the file.
-        expect: the type the top level must have (``dict`` for an object, ``list``; ``object``: any).
-        what: what the file should be, for the message (e.g. ``"a transformers config"``).
-
-    Raises:
-        FileNotFoundError: no such file. ValueError: not JSON (with line and column), or the
-        top level is not ``expect``.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{str(path)!r} does not exist")
-    try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise ValueError(f"{str(path)!r} is not a text file{' (expected ' + what + ')' if what else ''}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{str(path)!r} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
-                         f"{'; expected ' + what if what else ''}") from None
-    if expect is not object and not isinstance(obj, expect):
-        kind = {dict: "a JSON object {...}", list: "a JSON list [...]"}.get(expect, expect.__name__)
-        raise ValueError(f"{str(path)!r} holds a {type(obj).__name__}, expected {kind}{' (' + what + ')' if what else ''}")
-    return obj
-
-
-def write_json(obj: Any, path: str | os.PathLike) -> None:
-    """Write JSON atomically (temporary file, then rename): a killed run never leaves half a file."""
-    from csdgen.atomic import write_text_atomic
-
-    write_text_atomic(path, json.dumps(obj, indent=2))
 
 
 #: the largest PNG upscaling (``scale``) of :func:`pil_images` / :func:`save_run`: 16 turns the built-in model's
@@ -667,7 +634,7 @@ def save_run(model, conditions: Sequence, out: str | os.PathLike, *, seed: int =
     import difflib
     import inspect
 
-    from csdgen.engine.generation import _check_engine, check_conditions, generate
+    from csdgen.engine import check_conditions, check_engine, generate
     from csdgen.sampling import UnguidedSamplingWarning
 
     parameters = inspect.signature(generate).parameters
@@ -688,7 +655,7 @@ def save_run(model, conditions: Sequence, out: str | os.PathLike, *, seed: int =
     given = {n: generate_kwargs.get(n, parameters[n].default) for n in ("method", "window", "sampling", "draft_init",
                                                                           "refresh", "preset", "tree")}
     settings = run_settings(model, seed=seed, **given)  # resolved; a bad value is refused before the folder is made
-    _check_engine(generate_kwargs.get("engine", "auto"), generate_kwargs.get("compile"))
+    check_engine(generate_kwargs.get("engine", "auto"), generate_kwargs.get("compile"))
     conditions = _draw_random(model, conditions, seed)  # "random" as csdgen generate --class draws it
     labels = [_label(model, c) for c in conditions]
     names = [f"{i:04d}_{slug(next(iter(label.values())) or 'image')}" for i, label in enumerate(labels)]
@@ -733,15 +700,15 @@ def run_settings(model, *, seed: int = 0, method="csd", window=None, sampling=No
     Raises:
         ValueError: as :func:`csdgen.generate` for a bad argument.
     """
-    from csdgen.engine.generation import resolve_arguments
-    from csdgen.engine.methods import _resolve_method
+    from csdgen.engine import resolve_arguments
+    from csdgen.engine import resolve_method
     from csdgen.trees import check_tree
 
     rule, window, draft_init, sampling, resolved = resolve_arguments(model, method, window, sampling, draft_init,
                                                                      refresh, seed, preset)
     name = resolved["method"]
     text = repr(rule)  # csd and addition: their options, as the CLI builds them
-    if name not in ("csd", "addition") and (isinstance(method, str) or repr(_resolve_method(name, model)[0]) == text):
+    if name not in ("csd", "addition") and (isinstance(method, str) or repr(resolve_method(name, model)[0]) == text):
         text = repr(name)  # the rule the name makes
     settings = {**_model_settings(model), "method": name, "rule": text, "window": window, "seed": resolved["seed"],
                 "draft_init": draft_init, "refresh": resolved["refresh"], "sampling": asdict(sampling)}
@@ -913,7 +880,7 @@ def run_methods(model, jobs: Sequence[MethodJob], conditions: list, *, batch_siz
     Raises:
         ValueError: a cache with other settings or conditions, or a malformed cache (naming the file).
     """
-    from csdgen.engine.generation import generate
+    from csdgen.engine import generate
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -293,7 +293,7 @@ def builtin_model(args, fixed_window: bool = False, spread: bool = False):
     if args.weights is not None:
         config = Path(args.weights) / "config.json"
         if config.exists():
-            from csdgen.runs import read_json
+            from csdgen.jsonio import read_json
 
             read_json(config, what="the built-in model's config")  # a clear line for a malformed file
     model = load_builtin_model(args.weights)

@@ -48,7 +48,7 @@ def class_lookup(weights: Path | None = None):
         FileNotFoundError: no config.json there. ValueError: a malformed config (naming the file).
     """
     from csdgen.class_names import ClassNames
-    from csdgen.runs import read_json
+    from csdgen.jsonio import read_json
 
     path = (BUILTIN_CONFIG if weights is None else Path(weights) / "config.json")
     if weights is not None and not path.is_file():

@@ -189,7 +189,7 @@ def _prompts_setting(args, default: str) -> str:
     import hashlib
 
     from csdgen.bench import MANIFEST
-    from csdgen.runs import read_json
+    from csdgen.jsonio import read_json
 
     def content(path: Path) -> str:
         return f"file sha256:{hashlib.sha256(path.read_bytes()).hexdigest()}"
@@ -336,7 +336,7 @@ def _check_methods(plan) -> None:
     Raises:
         ValueError: as :func:`csdgen.generate` (e.g. ``top_k`` above the codebook size).
     """
-    from csdgen.engine.generation import resolve_arguments
+    from csdgen.engine import resolve_arguments
 
     for kwargs in plan.methods.values():
         resolve_arguments(plan.model, kwargs.get("method", "csd"), kwargs.get("window", plan.window), plan.sampling,

@@ -108,7 +108,7 @@ def builtin_job(args):
     _ar_window(args)
     sampling = sampling_of(args)
     rule = _rule(args)
-    from csdgen.engine.window import AUTO_MAX_WINDOW
+    from csdgen.engine import AUTO_MAX_WINDOW
 
     widest = 1 if args.method == "ar" else AUTO_MAX_WINDOW if args.window == "auto" else args.window
     batch_size = cap_builtin_batch(args, model, widest, sampling.guided, len(classes))
@@ -141,7 +141,7 @@ def _read_prompts(args) -> list[str]:
 
 def model_job(args):
     """The run plan of a checkpoint (``--model``) and its batch size."""
-    from csdgen.engine.window import AUTO_MAX_WINDOW
+    from csdgen.engine import AUTO_MAX_WINDOW
     from csdgen.models.auto import default_device, load_model
     from csdgen.runs import RunPlan, slug
 

@@ -81,7 +81,7 @@ def _run_bench(args) -> int:
 
     from csdgen.evaluation.compare import to_csv, to_markdown
     from csdgen.evaluation.sweep import frontier_plot, settings
-    from csdgen.runs import write_json
+    from csdgen.jsonio import write_json
 
     from . import bench as bench_cli
 
@@ -131,7 +131,8 @@ def run(args) -> int:
     from csdgen.evaluation.quality import QualityScorer
     from csdgen.evaluation.sweep import frontier_plot, settings
     from csdgen.folder_lock import folder_lock
-    from csdgen.runs import MethodJob, run_methods, write_json
+    from csdgen.jsonio import write_json
+    from csdgen.runs import MethodJob, run_methods
 
     from ._common import list_classes
     from .bench import refuse_bench_only, uses_bench

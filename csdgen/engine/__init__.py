@@ -81,7 +81,9 @@ loop), :mod:`~csdgen.engine.tree_loop` (the loop with draft trees),
 :mod:`~csdgen.engine.generation` (the public :func:`generate`), :mod:`~csdgen.engine.continuous`
 (:class:`ContinuousBatch`), :mod:`~csdgen.engine.syncs` (:class:`~csdgen.engine.syncs.HostSyncCounter`,
 counting host syncs). :mod:`csdgen.decoding` re-exports
-the public names.
+the public names. Modules outside the engine import only these public names, from
+:mod:`csdgen.engine` itself (tests/test_layout.py). :class:`Decision` and the stream kinds are
+defined below the engine, in :mod:`csdgen.decisions`.
 
 The public names below are imported on first use (PEP 562 ``__getattr__``), so a core module
 such as :mod:`csdgen.trees` can import :mod:`csdgen.engine.results` without running the loop's
@@ -102,6 +104,11 @@ _LAZY = {
     "AUTO_MAX_WINDOW": ".window",
     "ContinuousBatch": ".continuous",
     "FinishedImage": ".continuous",
+    "resolve_arguments": ".generation",
+    "check_conditions": ".generation",
+    "check_engine": ".generation",
+    "resolve_method": ".methods",
+    "default_sampling": ".methods",
 }
 
 __all__ = list(_LAZY)

@@ -66,7 +66,7 @@ def _resolve_sampling(model: ImageTokenModel, sampling: Any) -> SamplingConfig:
             SamplingConfig refuses.
     """
     _check_sampling(sampling)
-    default = _default_sampling(model)
+    default = default_sampling(model)
     if sampling is None:
         return default
     if isinstance(sampling, SamplingConfig):
@@ -119,8 +119,11 @@ def _preset(name: str | None) -> dict:
     return PRESETS[name]
 
 
-def _resolve_method(method: str | AcceptanceRule, model: ImageTokenModel,
-                    preset: dict | None = None) -> tuple[AcceptanceRule, str]:
+def resolve_method(method: str | AcceptanceRule, model: ImageTokenModel,
+                   preset: dict | None = None) -> tuple[AcceptanceRule, str]:
+    """``(rule, method name)`` of a method name (any case; ``"ar"``: SJD at window 1) or an
+    :class:`AcceptanceRule` instance; CSD takes ``lam``/``delta`` from ``preset``, else the model's
+    defaults. Raises ``ValueError`` naming the bad method and the allowed names."""
     if isinstance(method, type) and issubclass(method, AcceptanceRule):
         raise ValueError(f"method={method.__name__} is the rule's class; allowed: an instance such as "
                          f"{method.__name__}() (the rule's default options) or a method name ({', '.join(METHODS)})")
@@ -149,7 +152,9 @@ def _resolve_method(method: str | AcceptanceRule, model: ImageTokenModel,
     return rule, rule.name
 
 
-def _default_sampling(model: ImageTokenModel) -> SamplingConfig:
+def default_sampling(model: ImageTokenModel) -> SamplingConfig:
+    """The model's default :class:`SamplingConfig` (its family's guidance, temperature, top-k/top-p;
+    a top-k at or above the codebook size dropped); ``SamplingConfig()`` for a model without defaults."""
     d = model.defaults
     if d is None:
         return SamplingConfig()
