@@ -152,6 +152,19 @@ def test_ar_greedy_equals_transformers_generate(liquid, ar_tokens, scale):
     assert len(set(tokens[0].tolist())) > 10  # not a constant image
 
 
+@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0, guidance_scale=0.5), {"guidance_scale": 0.5,
+                                                                                          "temperature": 0}])
+def test_a_guidance_scale_at_or_below_1_runs_unguided_as_the_reference(liquid, ar_tokens, monkeypatch, sampling):
+    """The reference guides only when ``cfg_scale > 1``: at 0.5 it samples the cond rows alone. csdgen
+    opens an unguided session (no unconditional rows) and decodes the scale-1 tokens."""
+    opened = []
+    start = type(liquid).start
+    monkeypatch.setattr(type(liquid), "start", lambda self, c, b, guided: opened.append(guided) or start(self, c, b, guided))
+    result = csdgen.generate(liquid, PROMPTS, method="ar", sampling=sampling)
+    assert opened == [False]
+    assert torch.equal(result.tokens, ar_tokens[(1.0, 2)])
+
+
 @pytest.mark.parametrize("batch, windows", [(1, (9,)), (2, (3, 64))])
 def test_greedy_sjd_equals_ar(liquid, ar_tokens, batch, windows):
     accepted = 0

@@ -68,11 +68,11 @@ def _resolve_sampling(model: ImageTokenModel, sampling: Any) -> SamplingConfig:
     _check_sampling(sampling)
     default = default_sampling(model)
     if sampling is None:
-        return default
+        return _unguided_at_most_1(model, default)
     if isinstance(sampling, SamplingConfig):
         if not sampling.guided and default.guidance_scale > 1:
             _warn_unguided(sampling, default.guidance_scale)
-        return sampling
+        return _unguided_at_most_1(model, sampling)
     allowed = [f.name for f in fields(SamplingConfig)]
     unknown = [key for key in sampling if key not in allowed]
     if unknown:
@@ -83,7 +83,15 @@ def _resolve_sampling(model: ImageTokenModel, sampling: Any) -> SamplingConfig:
                           for key in unknown)
         raise ValueError(f"sampling={_short(dict(sampling))}: unknown key{'s' if len(unknown) > 1 else ''} {named}; "
                          f"allowed keys: {', '.join(allowed)} (changes to the model's defaults)")
-    return replace(default, **sampling)  # SamplingConfig checks the values (one line naming the field)
+    return _unguided_at_most_1(model, replace(default, **sampling))  # SamplingConfig checks the values
+
+
+def _unguided_at_most_1(model: ImageTokenModel, sampling: SamplingConfig) -> SamplingConfig:
+    """A model whose reference guides only above scale 1 (``model.guides_above_1_only``, Liquid) runs a
+    scale below 1 unguided, as its reference does: the scale becomes 1.0 (no unconditional rows)."""
+    if getattr(model, "guides_above_1_only", False) and sampling.guidance_scale < 1.0:
+        return replace(sampling, guidance_scale=1.0)
+    return sampling
 
 
 def _warn_unguided(sampling: SamplingConfig, model_scale: float) -> None:
