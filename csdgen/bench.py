@@ -15,7 +15,9 @@ reported by :func:`finish` in the first one:
   the papers' latency setting.
 * **Latency**: ``GenerationResult.seconds`` of that call (prefill to last forward, device
   synchronised by the engine), after one untimed warm-up call per (method, seed) in every
-  process. **Peak memory**: ``torch.cuda.max_memory_allocated`` after
+  process. Methods are interleaved prompt by prompt (:func:`prompt_order`: for each prompt AR,
+  then every other method, then AR at the floor seed), so a drift of the machine's speed
+  lands on every method alike, and the two AR rows give the speed's noise floor. **Peak memory**: ``torch.cuda.max_memory_allocated`` after
   ``reset_peak_memory_stats`` around the call (null on a CPU).
 * **Files**, under ``out``: ``images/<method>-seed<S>/<prompt id>.png`` (decoded, native
   size) and ``.safetensors`` (``tokens`` ``[N]`` int64, ``decisions`` ``[N]`` int8,
@@ -58,7 +60,7 @@ from csdgen.prompts import Prompt
 from csdgen.jsonio import read_json, write_json
 from csdgen.runs import pil_images, settings_difference
 
-__all__ = ["TIMING_FIELDS", "BenchPlan", "shard", "jobs", "target_nll", "read_jsonl", "repair_tail",
+__all__ = ["TIMING_FIELDS", "BenchPlan", "shard", "jobs", "prompt_order", "target_nll", "read_jsonl", "repair_tail",
            "append_jsonl", "existing_records", "load_tensors", "check_settings", "run_shard", "merge_records", "Scorers", "finish",
            "distributed", "barrier", "leave"]
 
@@ -138,11 +140,21 @@ class BenchPlan:
 
 
 def jobs(plan: BenchPlan) -> list[tuple[str, int]]:
-    """(method, seed) pairs in run order: every method at every seed, then AR at the floor seed."""
+    """(method, seed) pairs, the rows of the report in order: every method at every seed, then AR at the floor seed."""
     out = [(m, s) for s in plan.seeds for m in plan.methods]
     if plan.floor_seed is not None and ("ar", plan.floor_seed) not in out:
         out.append(("ar", plan.floor_seed))
     return out
+
+
+def prompt_order(plan: BenchPlan) -> list[tuple[str, int]]:
+    """The (method, seed) pairs in the order one prompt runs them: at each seed AR first, then the
+    other methods; AR at the floor seed last. Every prompt runs all of them before the next prompt
+    starts, so a drift of the machine's speed over the run lands on every method alike."""
+    order = [(m, s) for s in plan.seeds for m in sorted(plan.methods, key=lambda m: m != "ar")]
+    if plan.floor_seed is not None and ("ar", plan.floor_seed) not in order:
+        order.append(("ar", plan.floor_seed))
+    return order
 
 
 def image_dir(method: str, seed: int) -> str:
@@ -410,48 +422,50 @@ def _run_shard(plan: BenchPlan, out: Path, rank: int, world: int, on_record, on_
     own = out / RECORDS_DIR / f"rank{rank}.jsonl"
     repair_tail(own)
     mine = shard(len(plan.prompts), rank, world)
-    todo = {job: [p for p in mine if (*job, plan.prompts[p].id) not in done] for job in jobs(plan)}
+    todo = [(position, method, seed) for position in mine for method, seed in prompt_order(plan)
+            if (method, seed, plan.prompts[position].id) not in done]
     if on_start is not None:
-        on_start(sum(len(v) for v in todo.values()))
+        on_start(len(todo))
     device = torch.device(plan.model.device)
     cuda = device.type == "cuda"
     name = device_name(device)
+    warmed: set[tuple[str, int]] = set()
+    for position, method, seed in todo:  # one untimed warm-up per (method, seed): kernels, allocator, caches
+        if (method, seed) not in warmed:
+            warmed.add((method, seed))
+            _generate(plan, method, seed, position)
     written = 0
-    for (method, seed), positions in todo.items():
-        if not positions:
-            continue
-        _generate(plan, method, seed, positions[0])  # warm-up: kernels, allocator, caches; not timed
+    for position, method, seed in todo:  # prompt by prompt, every (method, seed) of a prompt in turn
         folder = out / image_dir(method, seed)
         folder.mkdir(parents=True, exist_ok=True)
-        for position in positions:
-            prompt, index = plan.prompts[position], plan.indices[position]
-            if cuda:
-                torch.cuda.reset_peak_memory_stats(device)
-            result = _generate(plan, method, seed, position)
-            peak = int(torch.cuda.max_memory_allocated(device)) if cuda else None
-            stats = result.images[0]
-            save_png(pil_images(plan.model, result.tokens, conditions=[plan.conditions[position]])[0], folder / f"{prompt.id}.png")
-            _save_tensors({"tokens": result.tokens[0], "decisions": stats.decisions, "entropy": stats.entropy},
-                          folder / f"{prompt.id}.safetensors")
-            settings = {k: v for k, v in result.settings.items() if k != "seed"}
-            record = {
-                "schema": SCHEMA, "method": method, "seed": seed, "prompt_id": prompt.id, "prompt_index": index,
-                "prompt": prompt.text, "image": f"{image_dir(method, seed)}/{prompt.id}.png",
-                "tensors": f"{image_dir(method, seed)}/{prompt.id}.safetensors",
-                "settings": settings, "num_tokens": stats.num_tokens, "steps": stats.steps,
-                "step_compression": stats.step_compression, "mean_accepted_length": stats.mean_accepted_length,
-                "accepted_length_histogram": accepted_length_histogram(stats.committed_per_step),
-                "decision_counts": stats.counts(), "mean_entropy_nats": float(stats.entropy.float().mean()),
-                "nll": float(target_nll(plan.model, [plan.conditions[position]], result.tokens)[0]),
-                "latency_s": result.seconds, "batch_size": 1, "peak_memory_bytes": peak, "device": name, "rank": rank,
-                "torch_threads": torch.get_num_threads(),
-            }
-            if plan.class_names is not None:
-                record["class_consistency"] = _class_consistency(plan, position, result.tokens)
-            append_jsonl(own, record)
-            written += 1
-            if on_record is not None:
-                on_record(record)
+        prompt, index = plan.prompts[position], plan.indices[position]
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        result = _generate(plan, method, seed, position)
+        peak = int(torch.cuda.max_memory_allocated(device)) if cuda else None
+        stats = result.images[0]
+        save_png(pil_images(plan.model, result.tokens, conditions=[plan.conditions[position]])[0], folder / f"{prompt.id}.png")
+        _save_tensors({"tokens": result.tokens[0], "decisions": stats.decisions, "entropy": stats.entropy},
+                      folder / f"{prompt.id}.safetensors")
+        settings = {k: v for k, v in result.settings.items() if k != "seed"}
+        record = {
+            "schema": SCHEMA, "method": method, "seed": seed, "prompt_id": prompt.id, "prompt_index": index,
+            "prompt": prompt.text, "image": f"{image_dir(method, seed)}/{prompt.id}.png",
+            "tensors": f"{image_dir(method, seed)}/{prompt.id}.safetensors",
+            "settings": settings, "num_tokens": stats.num_tokens, "steps": stats.steps,
+            "step_compression": stats.step_compression, "mean_accepted_length": stats.mean_accepted_length,
+            "accepted_length_histogram": accepted_length_histogram(stats.committed_per_step),
+            "decision_counts": stats.counts(), "mean_entropy_nats": float(stats.entropy.float().mean()),
+            "nll": float(target_nll(plan.model, [plan.conditions[position]], result.tokens)[0]),
+            "latency_s": result.seconds, "batch_size": 1, "peak_memory_bytes": peak, "device": name, "rank": rank,
+            "torch_threads": torch.get_num_threads(),
+        }
+        if plan.class_names is not None:
+            record["class_consistency"] = _class_consistency(plan, position, result.tokens)
+        append_jsonl(own, record)
+        written += 1
+        if on_record is not None:
+            on_record(record)
     return written
 
 
@@ -592,7 +606,24 @@ def finish(plan: BenchPlan, out: str | os.PathLike, scorers: Scorers | None = No
     notes = [*notes, *scorers.notes]
     if any(len(g) < 2 for g in rows.values()) and (scorers.fid is not None or scorers.builtin is not None):
         notes.append("FID / Frechet distance need at least 2 images per row: left out")
-    return write_report(records, out, scores=scores, texture=texture, title=title, notes=notes)
+    return write_report(records, out, scores=scores, texture=texture, title=title, notes=notes,
+                        min_images=min_images(scorers))
+
+
+#: the images a row needs for FID to mean anything: the Inception pool features are 2048-d, and with fewer
+#: images than dimensions the generated images' covariance is singular (rank < 2048), so the trace term of
+#: FID measures the sample size more than the images (FID's bias grows as 1 / images; papers use 5000+)
+FID_MIN_IMAGES = 2048
+
+
+def min_images(scorers: Scorers) -> dict[str, int]:
+    """Per score, the images a row needs for it to mean anything: FID :data:`FID_MIN_IMAGES`; the built-in
+    model's Frechet distance as many as its classifier's feature dimensions (the same singular-covariance
+    reason; 256 for the shipped weights)."""
+    needed = {"fid": FID_MIN_IMAGES}
+    if scorers.builtin is not None:
+        needed["frechet_distance"] = int(scorers.builtin.classifier.feature_dim)
+    return needed
 
 
 # ---- processes ----

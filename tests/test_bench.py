@@ -116,8 +116,9 @@ def test_interrupted_run_resumes_to_the_same_records(builtin_weights, reference,
     monkeypatch.setattr(bench, "_save_tensors", lambda t, p, save=bench._save_tensors: (written.append(p), save(t, p)))
     monkeypatch.setattr(bench, "_generate", lambda *a, gen=bench._generate: (calls.append(a[1:]), gen(*a))[1])
     assert _bench(builtin_weights, out) == 0
-    assert len(written) == 6 - 3  # only the missing images were generated: csd's three (ar's are done)
-    assert calls == [("csd", 0, 0)] * 2 + [("csd", 0, 1), ("csd", 0, 2)]  # one untimed warm-up, then each image
+    assert len(written) == 6 - 3  # only the missing images were generated (prompt by prompt: ar, csd, ar, csd, ...)
+    # one untimed warm-up per (method, seed), then each missing image in the interleaved order
+    assert calls == [("csd", 0, 1), ("ar", 0, 2)] + [("csd", 0, 1), ("ar", 0, 2), ("csd", 0, 2)]
     _same_outputs(reference, out)
     lines = (out / "records" / "rank0.jsonl").read_text().splitlines()
     assert len(lines) == 6 and all(json.loads(line) for line in lines)  # the torn line was cut off
@@ -323,3 +324,24 @@ def test_bench_help_says_window_auto_is_refused(capsys):
     with pytest.raises(SystemExit):
         cli.main(["compare", "--help"])
     assert "or auto" in " ".join(capsys.readouterr().out.split())
+
+
+def test_methods_run_interleaved_prompt_by_prompt_with_the_speed_noise_floor_and_a_few_images_caveat(builtin_weights,
+                                                                                                      tmp_path):
+    """Each prompt runs AR, then every other method, then AR at the floor seed, before the next prompt
+    (a drift of the machine's speed lands on every method alike); the report prints AR's latency at
+    the floor seed over its latency at seed 0, and says the Frechet distance of 2 images means nothing."""
+    out = tmp_path / "bench"
+    assert cli.main(["bench", "--weights", str(builtin_weights), "--out", str(out), "--limit", "2", "--methods", "csd",
+                     "--window", "16"]) == 0
+    lines = [json.loads(line) for line in (out / "records" / "rank0.jsonl").read_text().splitlines()]
+    prompts = sorted({r["prompt_id"] for r in lines}, key=lambda p: [r["prompt_id"] for r in lines].index(p))
+    assert [(r["method"], r["seed"], r["prompt_id"]) for r in lines] == [
+        (m, s, p) for p in prompts for m, s in (("ar", 0), ("csd", 0), ("ar", 1))]
+    latency = {}
+    for r in lines:
+        latency.setdefault((r["method"], r["seed"]), []).append(r["latency_s"])
+    ratio = (sum(latency[("ar", 1)]) / 2) / (sum(latency[("ar", 0)]) / 2)
+    md = (out / "report.md").read_text()
+    assert f"- Speed noise floor: latency ar@seed1 / ar = {ratio:.3f} " in md
+    assert "Frechet distance (classifier features) rests on too few images to mean anything: 2 per row" in md
