@@ -57,7 +57,7 @@ from typing import Any, Callable, Sequence
 
 from csdgen.evaluation.report import SCHEMA, accepted_length_histogram
 from csdgen.prompts import Prompt
-from csdgen.jsonio import read_json, write_json
+from csdgen.jsonio import json_lines, read_json, write_json
 from csdgen.runs import pil_images, settings_difference
 
 __all__ = ["TIMING_FIELDS", "BenchPlan", "shard", "jobs", "prompt_order", "target_nll", "read_jsonl", "repair_tail",
@@ -241,18 +241,7 @@ def _numbered_jsonl(path: str | os.PathLike) -> list[tuple[int, dict]]:
             raise ValueError(f"{path}:{line}: not UTF-8 text (byte {error.start}); {_FIX_LINE}") from None
         text = data[: data.rfind(b"\n") + 1].decode("utf-8")
     lines = text.split("\n")[:-1]  # the part after the last newline is incomplete (or empty)
-    out = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{number}: not JSON ({error.msg}); {_FIX_LINE}") from None
-        if not isinstance(obj, dict):
-            raise ValueError(f"{path}:{number}: expected a JSON object, got {type(obj).__name__}; {_FIX_LINE}")
-        out.append((number, obj))
-    return out
+    return list(json_lines(lines, str(path), advice=_FIX_LINE))
 
 
 #: what a damaged record line's error advises: that line only (moving the file away, as it said

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["read_json", "write_json"]
+__all__ = ["read_json", "write_json", "json_lines"]
 
 
 def read_json(path: str | os.PathLike, *, expect: type = dict, what: str = "") -> Any:
@@ -47,3 +47,28 @@ def write_json(obj: Any, path: str | os.PathLike) -> None:
     from csdgen.atomic import write_text_atomic
 
     write_text_atomic(path, json.dumps(obj, indent=2))
+
+
+def json_lines(lines, source: str, *, objects: bool = True, advice: str = "", not_json: str = "not JSON"):
+    """``(line number, value)`` of every non-blank line of a JSON-lines text (numbers from 1).
+
+    Args:
+        lines: the lines (``text.splitlines()``); source: the file's name for messages.
+        objects: refuse a line whose value is not a JSON object.
+        advice: appended to a message after ``"; "`` (what to do about the line).
+        not_json: how a message calls a line that does not parse.
+
+    Raises:
+        ValueError: one line ``"SOURCE:N: not JSON (reason)"`` or ``"SOURCE:N: expected a JSON object, got list"``.
+    """
+    tail = f"; {advice}" if advice else ""
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{source}:{number}: {not_json} ({error.msg}){tail}") from None
+        if objects and not isinstance(value, dict):
+            raise ValueError(f"{source}:{number}: expected a JSON object, got {type(value).__name__}{tail}")
+        yield number, value

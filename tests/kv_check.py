@@ -62,3 +62,19 @@ def assert_next_window_matches_alone(model, session, tokens, guided, tol):
         torch.testing.assert_close(out.cond[row, :width], ref.cond[0, :width], atol=tol, rtol=tol)
         if guided:
             torch.testing.assert_close(out.uncond[row, :width], ref.uncond[0, :width], atol=tol, rtol=tol)
+
+
+def generate_checking_every_iteration(model, conditions, **generate_kwargs):
+    """``csdgen.generate(model, conditions, **generate_kwargs)`` whose callback checks, after every
+    iteration, each row's cache against a fresh prefill (:func:`assert_rows_match_fresh`, guided as
+    ``generate_kwargs["sampling"]``). Returns ``(result, cache lengths per iteration)``."""
+    import csdgen
+
+    guided = generate_kwargs["sampling"].guided
+    checked = []
+
+    def check(info):
+        assert_rows_match_fresh(model, conditions, guided, info)
+        checked.append(info.session.cache_lengths.tolist())
+
+    return csdgen.generate(model, conditions, callback=check, **generate_kwargs), checked

@@ -317,3 +317,20 @@ def test_empty_paths_are_refused_not_read_as_the_current_folder(capsys, argv):
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip()
     assert f"argument {argv[1]}: {argv[2]!r}: an empty path" in err and "\n" not in err
+
+
+def test_a_real_option_refuses_values_outside_its_interval_naming_what_is_allowed():
+    """``_options.real`` (the benchmarks' --tolerance, --capacity, ...): open and closed bounds, no
+    infinity or NaN, and the message names what is allowed."""
+    from csdgen.cli._options import real
+
+    fraction = real(0.0, 1.0)
+    assert fraction("0") == 0.0 and fraction("0.5") == 0.5
+    for bad in ("1", "-0.1", "nan", "x"):
+        with pytest.raises(argparse.ArgumentTypeError, match=r"allowed a number in \[0, 1\)"):
+            fraction(bad)
+    positive = real(0.0, low_open=True, allowed="a number > 0")
+    assert positive("2.5") == 2.5
+    for bad in ("0", "inf", "-3"):
+        with pytest.raises(argparse.ArgumentTypeError, match="allowed a number > 0"):
+            positive(bad)

@@ -22,7 +22,8 @@ def test_compare_times_ar_after_a_warm_up_so_ar_and_ar_seed2_agree(weights, tmp_
     """A one-time start-up cost (100 s of a virtual clock on the model's first session; every later
     session costs 1 s) lands in the untimed warm-up, not in ``ar``'s time, and the methods take turns
     batch by batch. The engine's clock is replaced, so the figures do not depend on the machine."""
-    from csdgen.engine import generation, loop
+    import csdgen.engine as engine  # its public names are what the commands import
+    from csdgen.engine import loop
     from csdgen.models import llama
 
     clock = {"now": 0.0, "sessions": 0}
@@ -40,7 +41,7 @@ def test_compare_times_ar_after_a_warm_up_so_ar_and_ar_seed2_agree(weights, tmp_
         return start(self, *args, **kwargs)
 
     calls = []
-    generate = generation.generate
+    generate = engine.generate
 
     def spy(model, conditions, **kwargs):
         calls.append((kwargs["seed"], getattr(kwargs["method"], "name", kwargs["method"]), tuple(kwargs["image_indices"])))
@@ -48,7 +49,7 @@ def test_compare_times_ar_after_a_warm_up_so_ar_and_ar_seed2_agree(weights, tmp_
 
     monkeypatch.setattr(loop, "time", VirtualTime)
     monkeypatch.setattr(llama.ClassConditionalLlama, "start", start_with_costs)
-    monkeypatch.setattr(generation, "generate", spy)
+    monkeypatch.setattr(engine, "generate", spy)
     out = tmp_path / "compare"
     assert run("compare", "--weights", weights, "-n", 4, "--batch-size", 2, "--methods", "sjd", "--window", 8,
                "--out", out) == 0

@@ -141,6 +141,25 @@ def count(minimum: int = 1, what: str = "", maximum: int = MAX_IMAGES):
     return integer
 
 
+def real(low: float = 0.0, high: float = float("inf"), *, low_open: bool = False, high_open: bool = True,
+         allowed: str = ""):
+    """A finite number in ``low .. high`` (``low_open`` / ``high_open``: the bound itself refused); a bad
+    value's message says ``allowed`` (default: the interval, e.g. ``a number in [0, 1)``)."""
+    allowed = allowed or f"a number in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+    def number_in(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        inside = (low < value if low_open else low <= value) and (value < high if high_open else value <= high)
+        if not inside or value in (float("inf"), float("-inf")):
+            raise argparse.ArgumentTypeError(f"{text!r}: allowed {allowed}")
+        return value
+    number_in.__name__ = "number"
+    return number_in
+
+
 def port(minimum: int):
     """A TCP port in ``minimum .. 65535`` (``minimum`` 0: 0 asks the system for any free port)."""
     note = " (0: any free port)" if minimum == 0 else ""

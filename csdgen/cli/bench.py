@@ -463,3 +463,19 @@ def bench_namespace(args, skip=(), **overrides) -> argparse.Namespace:
         setattr(out, name, value)
     out.command = getattr(args, "command", None) or "bench"  # the run's first line names the command typed
     return out
+
+
+def builtin_run_or_bench(args, run_bench) -> int | None:
+    """How ``compare`` and ``sweep`` start: ``--list-classes`` answered, a ``--model`` / ``--prompts``
+    run handed to ``run_bench`` (run as ``csdgen bench``); both return the exit status. None: a
+    built-in run goes on (options of the bench path refused, ``-n`` 64 when not given)."""
+    from ._common import list_classes
+
+    if args.list_classes is not None:
+        return list_classes(args)
+    if uses_bench(args):
+        return run_bench(args)
+    refuse_bench_only(args)
+    if args.num_images is None:
+        args.num_images = 64
+    return None

@@ -90,7 +90,7 @@ such as :mod:`csdgen.trees` can import :mod:`csdgen.engine.results` without runn
 modules (which import :mod:`csdgen.trees` themselves).
 """
 
-from importlib import import_module
+from .._lazy import lazy_names
 
 _LAZY = {
     "Decision": ".results",
@@ -114,13 +114,4 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(import_module(_LAZY[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted([*globals(), *_LAZY])
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

@@ -64,6 +64,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from csdgen.jsonio import json_lines
+
 __all__ = ["SCHEMA", "REQUIRED", "SCORES", "row_key", "accepted_length_histogram", "read_records", "table_rows", "to_markdown", "to_csv", "write_report"]
 
 SCHEMA = "csdgen.bench.v1"
@@ -142,13 +144,8 @@ def read_records(paths: Iterable[str | os.PathLike]) -> list[dict]:
     """
     records = []
     for path in paths:
-        for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number}: not JSON ({error.msg})") from None
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        for number, record in json_lines(lines, str(path), objects=False):
             records.append(_check(record, f"{path}:{number}"))
     return records
 

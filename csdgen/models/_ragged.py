@@ -469,7 +469,10 @@ class RaggedSession(DecodingSession):
         self._lengths = torch.zeros(self.batch_size, dtype=torch.long)
         return split_guided(logits, self.batch_size, self.guided)
 
-    def forward(self, tokens, start, widths=None):
+    def _window_arguments(self, tokens, start, widths) -> tuple[int, int, torch.Tensor, torch.Tensor]:
+        """``forward``'s arguments checked: ``(B, W, start [B], widths [B])`` int64 CPU (``widths`` None:
+        ``W`` for every row). Raises ValueError before prefill, or a start other than each row's
+        length, or a width past the image's last token."""
         if self._lengths is None:
             raise ValueError("forward before prefill: call prefill() first")
         B, W = tokens.shape
@@ -477,6 +480,32 @@ class RaggedSession(DecodingSession):
         widths = torch.full((B,), W, dtype=torch.long) if widths is None else row_tensor(widths, B)
         check_row_arguments("start", start, self.batch_size, self._lengths, self._lengths)
         check_row_arguments("widths", widths, self.batch_size, 0, torch.clamp(self.num_image_tokens - 1 - start, max=W))
+        return B, W, start, widths
+
+    def _tree_arguments(self, tokens, start, layout, valid) -> tuple[int, int, torch.Tensor, torch.Tensor]:
+        """``forward_tree``'s arguments checked: ``(B, S, start [B], deepest [B])`` (int64 CPU; ``deepest``:
+        each row's deepest valid node, -1 for none). Raises ValueError before prefill, for a start other
+        than each row's length, or a valid node past the image's last token."""
+        if self._lengths is None:
+            raise ValueError("forward_tree before prefill: call prefill() first")
+        B, S = tokens.shape
+        start = row_tensor(start, B)
+        check_row_arguments("start", start, self.batch_size, self._lengths, self._lengths)
+        deepest = torch.where(valid, layout.depth[None], -1).max(1).values
+        check_row_arguments("tree depth", deepest, self.batch_size, -1, self.num_image_tokens - 1 - start)
+        return B, S, start, deepest
+
+    def _rollback_lengths(self, lengths) -> torch.Tensor:
+        """``rollback``'s lengths checked: ``[B]`` int64 CPU, each in ``0 ..`` the row's length.
+        Raises ValueError before prefill or for a length out of range."""
+        if self._lengths is None:
+            raise ValueError("rollback before prefill")
+        lengths = row_tensor(lengths, self.batch_size)
+        check_row_arguments("rollback lengths", lengths, self.batch_size, 0, self._lengths)
+        return lengths
+
+    def forward(self, tokens, start, widths=None):
+        B, W, start, widths = self._window_arguments(tokens, start, widths)
         dev = self.prompt_ids.device
         vocab = self._vocab_ids(tokens.to(dev))
         # the window's layout, mask and positions on the host, then one queued copy to the device (no host sync)
@@ -495,10 +524,7 @@ class RaggedSession(DecodingSession):
         return split_guided(logits, self.batch_size, self.guided)
 
     def rollback(self, lengths):
-        if self._lengths is None:
-            raise ValueError("rollback before prefill")
-        lengths = row_tensor(lengths, self.batch_size)
-        check_row_arguments("rollback lengths", lengths, self.batch_size, 0, self._lengths)
+        lengths = self._rollback_lengths(lengths)
         self.kv.truncate(self.prompt_lengths + self._rows(self.region_length(lengths)))
         self._lengths = lengths.clone()
 
@@ -628,13 +654,7 @@ class RaggedSession(DecodingSession):
         Raises:
             ValueError: a bad ``start``, or a node past the image.
         """
-        if self._lengths is None:
-            raise ValueError("forward_tree before prefill: call prefill() first")
-        B, S = tokens.shape
-        start = row_tensor(start, B)
-        check_row_arguments("start", start, self.batch_size, self._lengths, self._lengths)
-        deepest = torch.where(valid, layout.depth[None], -1).max(1).values
-        check_row_arguments("tree depth", deepest, self.batch_size, -1, self.num_image_tokens - 1 - start)
+        B, S, start, deepest = self._tree_arguments(tokens, start, layout, valid)
         col, end, S2, valid2, offsets, sees = self._tree_columns(start, layout, valid)
         dev = self.prompt_ids.device
         vocab = self._vocab_ids(tokens.to(dev))

@@ -1016,13 +1016,7 @@ class StaticSession(RaggedSession):
         return torch.cat([self._slots, s_start, s_widths])
 
     def forward(self, tokens, start, widths=None):
-        if self._lengths is None:
-            raise ValueError("forward before prefill: call prefill() first")
-        B, W = tokens.shape
-        start = row_tensor(start, B)
-        widths = torch.full((B,), W, dtype=torch.long) if widths is None else row_tensor(widths, B)
-        check_row_arguments("start", start, self.batch_size, self._lengths, self._lengths)
-        check_row_arguments("widths", widths, self.batch_size, 0, torch.clamp(self.num_image_tokens - 1 - start, max=W))
+        B, W, start, widths = self._window_arguments(tokens, start, widths)
         Wb, A = width_bucket(W), self._bucket
         self._ensure_width(Wb + self._extra_columns(Wb))
         packed = self._to_device(self._slot_vectors(start, widths, A))
@@ -1036,10 +1030,7 @@ class StaticSession(RaggedSession):
         return self._logical(logits, W, slots)
 
     def rollback(self, lengths):
-        if self._lengths is None:
-            raise ValueError("rollback before prefill")
-        lengths = row_tensor(lengths, self.batch_size)
-        check_row_arguments("rollback lengths", lengths, self.batch_size, 0, self._lengths)
+        lengths = self._rollback_lengths(lengths)
         self._region[self._slots] = self.region_length(lengths)
         self._lengths = lengths.clone()
 
@@ -1099,13 +1090,7 @@ class StaticSession(RaggedSession):
         """A draft tree in one forward over the static cache (see RaggedSession.forward_tree): node
         columns are written after each row's region, each node sees the row's cache and its own
         ancestors (an additive mask built on the device), positions follow depth."""
-        if self._lengths is None:
-            raise ValueError("forward_tree before prefill: call prefill() first")
-        B, S = tokens.shape
-        start = row_tensor(start, B)
-        check_row_arguments("start", start, self.batch_size, self._lengths, self._lengths)
-        deepest = torch.where(valid, layout.depth[None], -1).max(1).values
-        check_row_arguments("tree depth", deepest, self.batch_size, -1, self.num_image_tokens - 1 - start)
+        B, S, start, deepest = self._tree_arguments(tokens, start, layout, valid)
         col, end, S2, valid2, offsets, sees = self._tree_columns(start, layout, valid)
         Sb, Ob = width_bucket(S2), width_bucket(S)
         self._ensure_width(Sb)

@@ -95,7 +95,7 @@ from .chameleon_vqgan import ChameleonVQGANDecoder, load_vqgan_decoder, vqgan_fi
 from .defaults import FAMILY_DEFAULTS
 
 __all__ = [
-    "ChameleonLayout", "ChameleonImageModel", "ChameleonPrompts", "LAYOUTS", "LUMINA_PROMPT_TEMPLATE", "ANOLE_PROMPT_TEMPLATE",
+    "ChameleonLayout", "ChameleonImageModel", "ChameleonPrompts", "LayoutPrompts", "LayoutImageModel", "LAYOUTS", "LUMINA_PROMPT_TEMPLATE", "ANOLE_PROMPT_TEMPLATE",
     "config_memory", "load_backbone", "shared_norm_shapes", "LUMINA_SIZES", "lumina_size_from_names", "lumina_pixel_size",
     "stored_tensor_names", "stores_codebook", "CODEBOOK_WEIGHT", "find_vqgan",
 ]
@@ -327,8 +327,13 @@ def stored_tensor_names(folder: str | os.PathLike) -> set[str]:
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if (folder / index).is_file():
             return set(json.loads((folder / index).read_text()).get("weight_map", {}))
+    return file_tensor_names(folder)
+
+
+def file_tensor_names(folder: str | os.PathLike) -> set[str]:
+    """Names of the tensors the weight files of ``folder`` hold (read from the files, not an index)."""
     names: set[str] = set()
-    for file in _weight_files(folder):
+    for file in _weight_files(Path(folder)):
         if file.suffix == ".safetensors":
             from safetensors import safe_open
 
@@ -426,30 +431,18 @@ def load_backbone(folder: str | os.PathLike, dtype: torch.dtype = torch.float32,
     return model.to(device)
 
 
-class ChameleonPrompts:
-    """Lumina-mGPT / Anole prompt rows from the config and the tokenizer only (usable before the weights are loaded).
-
-    Args: see :class:`ChameleonImageModel` (``config`` instead of the backbone).
-    """
-
-    def __init__(self, config: ChameleonConfig, layout: str = "lumina", height: int | None = None, width: int | None = None,
-                 tokenizer: Any = None, prompt_template: str | None = None):
-        self.layout = ChameleonLayout.build(config, layout, height, width, tokenizer)
-        self.config, self.tokenizer = config, tokenizer
-        f = _downsampling(config)
-        self.pixel_size = (self.layout.rows * f, self.layout.cols * f)
-        self.prompt_template = prompt_template or (LUMINA_PROMPT_TEMPLATE if layout == "lumina" else ANOLE_PROMPT_TEMPLATE)
-        format_prompt(self.prompt_template, "", 1, 1)  # refuse a bad template now
-        check_sequence_length(1, self.layout.image_length, config.max_position_embeddings,
-                              f"{self.pixel_size[0]}x{self.pixel_size[1]} image")
+class LayoutPrompts:
+    """Prompt rows of a checkpoint whose rows a layout builds (Lumina-mGPT, Anole, Lumina-mGPT 2.0): the
+    methods below read ``layout``, ``config``, ``tokenizer``, ``prompt_template`` and ``pixel_size``,
+    which the subclass's ``__init__`` sets (:class:`ChameleonPrompts`, :class:`~csdgen.models.lumina2.Lumina2Prompts`)."""
 
     @classmethod
-    def from_folder(cls, folder: str | os.PathLike, **kwargs) -> "ChameleonPrompts":
+    def from_folder(cls, folder: str | os.PathLike, **kwargs):
         """From a checkpoint folder's config and tokenizer (no weights read)."""
         return cls(ChameleonConfig.from_pretrained(folder), tokenizer=load_tokenizer(folder), **kwargs)
 
     def prompt_ids(self, conditions: Sequence[str | Sequence[int]]) -> list[list[int]]:
-        """Token ids of each prompt (without BOS).
+        """Token ids of each prompt (without BOS): strings through the template and the tokenizer, id lists as given.
 
         Raises:
             ValueError: empty list, a string with no tokenizer, or ids outside the vocabulary.
@@ -477,7 +470,91 @@ class ChameleonPrompts:
         return 1 + max(len(p) for p in self.prompt_ids(conditions))
 
 
-class ChameleonImageModel(ChameleonPrompts, ImageTokenModel):
+class ChameleonPrompts(LayoutPrompts):
+    """Lumina-mGPT / Anole prompt rows from the config and the tokenizer only (usable before the weights are loaded).
+
+    Args: see :class:`ChameleonImageModel` (``config`` instead of the backbone).
+    """
+
+    def __init__(self, config: ChameleonConfig, layout: str = "lumina", height: int | None = None, width: int | None = None,
+                 tokenizer: Any = None, prompt_template: str | None = None):
+        self.layout = ChameleonLayout.build(config, layout, height, width, tokenizer)
+        self.config, self.tokenizer = config, tokenizer
+        f = _downsampling(config)
+        self.pixel_size = (self.layout.rows * f, self.layout.cols * f)
+        self.prompt_template = prompt_template or (LUMINA_PROMPT_TEMPLATE if layout == "lumina" else ANOLE_PROMPT_TEMPLATE)
+        format_prompt(self.prompt_template, "", 1, 1)  # refuse a bad template now
+        check_sequence_length(1, self.layout.image_length, config.max_position_embeddings,
+                              f"{self.pixel_size[0]}x{self.pixel_size[1]} image")
+
+
+class LayoutImageModel:
+    """What a layout-driven Chameleon-style model (:class:`ChameleonImageModel`,
+    :class:`~csdgen.models.lumina2.Lumina2ImageModel`) does the same way: the backbone's image rows,
+    the memory estimate (the subclass's :attr:`memory_function`), a session
+    (:class:`_ChameleonSession`) and decoding with its decoder ``vqgan``.
+
+    Attributes:
+        memory_function: ``(config, layout, window, dtype, guided, prompt_length, parameters) ->
+            MemoryEstimate`` of the family (:func:`config_memory`, ``lumina2_memory``).
+        no_decoder: the :class:`NotImplementedError` message of :meth:`decode_images` without a decoder.
+    """
+
+    memory_function = staticmethod(config_memory)
+    no_decoder = "no image decoder was loaded"
+
+    def _set_backbone(self, backbone: ChameleonForConditionalGeneration, image_ids: torch.Tensor) -> None:
+        """Backbone, device, dtype, image vocabulary ``image_ids`` ``[V]`` (vocabulary id per code), grid and
+        the image rows of the LM head ``image_head`` ``[V, hidden]``."""
+        self.backbone = backbone.eval()
+        self.device = next(backbone.parameters()).device
+        self.dtype = next(backbone.parameters()).dtype
+        self.image_ids = image_ids.to(self.device)
+        self.codebook_size = len(self.image_ids)
+        self.grid = (self.layout.rows, self.layout.cols)
+        self.num_image_tokens = self.layout.num_image_tokens
+        with torch.no_grad():
+            self.image_head = backbone.lm_head.weight[self.image_ids].detach()
+
+    def memory(self, window: int, guided: bool = True, prompt_length: int = DEFAULT_PROMPT_LENGTH) -> MemoryEstimate:
+        """:attr:`memory_function` of this model (its dtype and parameter count)."""
+        return self.memory_function(self.backbone.config, self.layout, window, self.dtype, guided, prompt_length,
+                                    parameter_count(self.backbone))
+
+    def memory_estimate(self, batch_size: int, window: int, dtype: torch.dtype | str | None = None, guided: bool = True,
+                        prompt_length: int = DEFAULT_PROMPT_LENGTH) -> int:
+        """Bytes for ``batch_size`` images, see :attr:`memory_function`."""
+        return self.memory_function(self.backbone.config, self.layout, window, dtype or self.dtype, guided, prompt_length,
+                                    parameter_count(self.backbone)).bytes(batch_size)
+
+    def start(self, conditions, batch_size, guided):
+        """Open a session; refuses a prompt too long for ``max_position_embeddings`` before any forward.
+
+        Raises:
+            ValueError: bad conditions, ``batch_size`` differing from their number, a too-long prompt.
+        """
+        prompts = [[] for _ in range(batch_size or 1)] if conditions is None else self.prompt_ids(conditions)
+        if batch_size is not None and batch_size != len(prompts):
+            raise ValueError(f"batch_size={batch_size} differs from the {len(prompts)} conditions given")
+        self.check_length(1 + max(len(p) for p in prompts))
+        return _ChameleonSession(self, prompts, guided)  # layout-driven, one forward for all rows
+
+    def decode_images(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Image tokens ``[B, N]`` int64 -> ``[B, 3, rows*f, cols*f]`` float32 in [-1, 1] (f: the decoder's
+        downsampling, 16 for Chameleon's VQGAN, 8 for MoVQGAN).
+
+        Raises:
+            NotImplementedError: no decoder was loaded. ValueError: wrong shape.
+        """
+        if self.vqgan is None:
+            raise NotImplementedError(self.no_decoder)
+        if tokens.ndim != 2 or tokens.shape[1] != self.num_image_tokens:
+            raise ValueError(f"tokens of shape {tuple(tokens.shape)}: expected [B, {self.num_image_tokens}]")
+        with torch.no_grad():
+            return self.vqgan.decode(tokens.reshape(-1, *self.grid))
+
+
+class ChameleonImageModel(LayoutImageModel, ChameleonPrompts, ImageTokenModel):
     """Lumina-mGPT / Anole text-to-image generation over a ``ChameleonForConditionalGeneration``.
 
     Args:
@@ -504,22 +581,17 @@ class ChameleonImageModel(ChameleonPrompts, ImageTokenModel):
             ``max_position_embeddings``, or a VQGAN whose codebook or downsampling differs.
     """
 
+    no_decoder = ("no VQGAN decoder: give --vqgan PATH (vqgan= in Python), Chameleon's tokenizer/ folder holding "
+                  "vqgan.yaml and vqgan.ckpt")
+
     def __init__(self, backbone: ChameleonForConditionalGeneration, layout: str = "lumina", height: int | None = None,
                  width: int | None = None, tokenizer: Any = None, vqgan: ChameleonVQGANDecoder | None = None,
                  prompt_template: str | None = None, codebook_stored: bool | None = None):
         config = backbone.config
         ChameleonPrompts.__init__(self, config, layout, height, width, tokenizer, prompt_template)
         self.defaults = FAMILY_DEFAULTS["lumina-mgpt" if layout == "lumina" else "anole"]
-        self.backbone, self.vqgan = backbone.eval(), vqgan
-        self.codebook_stored = codebook_stored
-        self.device = next(backbone.parameters()).device
-        self.dtype = next(backbone.parameters()).dtype
-        self.image_ids = _image_vocabulary(config).to(self.device)  # [V] vocabulary id per codebook entry
-        self.codebook_size = len(self.image_ids)
-        self.grid = (self.layout.rows, self.layout.cols)
-        self.num_image_tokens = self.layout.num_image_tokens
-        with torch.no_grad():
-            self.image_head = backbone.lm_head.weight[self.image_ids].detach()  # [V, hidden]
+        self._set_backbone(backbone, _image_vocabulary(config))  # [V] vocabulary id per codebook entry
+        self.vqgan, self.codebook_stored = vqgan, codebook_stored
         if vqgan is not None:
             self._check_vqgan(vqgan, _downsampling(config))
 
@@ -557,29 +629,6 @@ class ChameleonImageModel(ChameleonPrompts, ImageTokenModel):
         backbone = load_backbone(folder, dtype, device)
         return cls(backbone, layout, height, width, tokenizer, decoder, prompt_template, codebook_stored=stores_codebook(folder))
 
-    def memory(self, window: int, guided: bool = True, prompt_length: int = DEFAULT_PROMPT_LENGTH) -> MemoryEstimate:
-        """:func:`config_memory` of this model (its dtype and parameter count)."""
-        return config_memory(self.backbone.config, self.layout, window, self.dtype, guided, prompt_length,
-                             parameter_count(self.backbone))
-
-    def memory_estimate(self, batch_size: int, window: int, dtype: torch.dtype | str | None = None, guided: bool = True,
-                        prompt_length: int = DEFAULT_PROMPT_LENGTH) -> int:
-        """Bytes for ``batch_size`` images, see :func:`config_memory`."""
-        return config_memory(self.backbone.config, self.layout, window, dtype or self.dtype, guided, prompt_length,
-                             parameter_count(self.backbone)).bytes(batch_size)
-
-    def start(self, conditions, batch_size, guided):
-        """Open a session; refuses a prompt too long for ``max_position_embeddings`` before any forward.
-
-        Raises:
-            ValueError: bad conditions, ``batch_size`` differing from their number, a too-long prompt.
-        """
-        prompts = [[] for _ in range(batch_size or 1)] if conditions is None else self.prompt_ids(conditions)
-        if batch_size is not None and batch_size != len(prompts):
-            raise ValueError(f"batch_size={batch_size} differs from the {len(prompts)} conditions given")
-        self.check_length(1 + max(len(p) for p in prompts))
-        return _ChameleonSession(self, prompts, guided)
-
     def codebook_embeddings(self) -> torch.Tensor:
         """``[V, D]`` float32 VQ codebook: the VQGAN's if loaded, else the checkpoint's ``vqmodel.quantize``.
 
@@ -596,20 +645,6 @@ class ChameleonImageModel(ChameleonPrompts, ImageTokenModel):
                 f"saving), so its codebook would be random; GSD and LANTERN need Chameleon's VQGAN: give --vqgan PATH "
                 f"(vqgan= in Python), the tokenizer/ folder holding vqgan.yaml and vqgan.ckpt")
         return self.backbone.model.vqmodel.quantize.embedding.weight.detach().float()
-
-    def decode_images(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Image tokens ``[B, N]`` int64 -> ``[B, 3, rows*f, cols*f]`` float32 in [-1, 1] (f = 16 for the real VQGAN).
-
-        Raises:
-            NotImplementedError: no VQGAN was loaded. ValueError: wrong shape.
-        """
-        if self.vqgan is None:
-            raise NotImplementedError("no VQGAN decoder: give --vqgan PATH (vqgan= in Python), Chameleon's tokenizer/ "
-                                      "folder holding vqgan.yaml and vqgan.ckpt")
-        if tokens.ndim != 2 or tokens.shape[1] != self.num_image_tokens:
-            raise ValueError(f"tokens of shape {tuple(tokens.shape)}: expected [B, {self.num_image_tokens}]")
-        with torch.no_grad():
-            return self.vqgan.decode(tokens.reshape(-1, *self.grid))
 
 
 def encode_prompts(conditions: Sequence[str | Sequence[int]], tokenizer: Any, template: str, pixel_size: tuple[int, int],
