@@ -43,36 +43,39 @@ reported by :func:`finish` in the first one:
   classifier's features (per row, :class:`~csdgen.evaluation.quality.QualityScorer`), and
   the texture/entropy decomposition per method (:class:`~csdgen.evaluation.texture.SpeedSources`,
   from the PNG in [-1, 1] and the saved decisions and entropies).
+
+One idea a file: this module plans and runs a bench and reports it; the record files are
+:mod:`csdgen.bench_records`, the scores :mod:`csdgen.bench_scores`, the processes
+:mod:`csdgen.bench_processes` (their public names re-exported here).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import platform
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from csdgen.evaluation.report import SCHEMA, accepted_length_histogram
 from csdgen.prompts import Prompt
-from csdgen.jsonio import json_lines, read_json, write_json
-from csdgen.runs import pil_images, settings_difference
+from csdgen.runs import pil_images
+from csdgen.bench_processes import barrier, device_name, distributed, leave, machine
+from csdgen.bench_records import (
+    MANIFEST, MERGED, RECORDS_DIR, append_jsonl, check_settings, existing_records, read_jsonl, repair_tail,
+)
+from csdgen.bench_scores import Scorers, _clip_scores, _read_png, min_images, session_nll, target_nll
 
 __all__ = ["TIMING_FIELDS", "BenchPlan", "shard", "jobs", "prompt_order", "target_nll", "read_jsonl", "repair_tail",
            "append_jsonl", "existing_records", "load_tensors", "check_settings", "run_shard", "merge_records", "Scorers", "finish",
-           "distributed", "barrier", "leave"]
+           "distributed", "barrier", "leave", "machine", "MANIFEST", "session_nll"]
 
 #: Record fields that measure the machine, not the images: they differ between two runs of
 #: the same plan (everything else of a record is identical, whatever the sharding or resuming,
 #: as long as every process runs the same number of torch threads: ``torch_threads``, recorded
 #: because float summation order, and with it now and then a sampled token, depends on it).
 TIMING_FIELDS = ("latency_s", "peak_memory_bytes", "device", "rank", "torch_threads")
-
-MANIFEST = "bench.json"
-RECORDS_DIR = "records"
-MERGED = "records.jsonl"
 
 
 def shard(count: int, rank: int, world: int) -> list[int]:
@@ -162,188 +165,7 @@ def image_dir(method: str, seed: int) -> str:
     return f"images/{method}-seed{seed}"
 
 
-# ---- target NLL ----
 
-def _start_argument(session, start: int, batch: int):
-    """``forward``'s ``start``: an int for lock-step sessions, a ``[B]`` int64 tensor for per-row ones."""
-    if getattr(session, "per_row", False):
-        import torch
-
-        return torch.full((batch,), start, dtype=torch.long)
-    return start
-
-
-def session_nll(model, conditions: Sequence, tokens, chunk: int = 256):
-    """Target NLL through the model's decoding session: prefill, then the committed tokens fed
-    ``chunk`` positions at a time (conditional rows only, no guidance, no warping).
-
-    Args:
-        model: any image-token model; conditions: ``B`` conditions; tokens: ``[B, N]`` int64.
-        chunk: image positions per forward (bounds the memory of the ``[B, chunk, V]`` logits).
-
-    Returns:
-        ``[B]`` float32 on the CPU: ``-(1/N) sum_n log q(x_n | condition, x_<n)``, nats per token.
-    """
-    import torch
-
-    B, N = tokens.shape
-    tokens = tokens.to(model.device)
-    with torch.no_grad():
-        session = model.start(list(conditions), B, False)
-        logp = session.prefill().cond[:, 0].float().log_softmax(-1)  # [B, V], position 0
-        total = logp.gather(-1, tokens[:, :1]).squeeze(-1)
-        for start in range(0, N - 1, chunk):
-            fed = tokens[:, start : min(start + chunk, N - 1)]
-            logits = session.forward(fed, _start_argument(session, start, B)).cond.float()  # positions start+1 ..
-            target = tokens[:, start + 1 : start + 1 + fed.shape[1]]
-            total = total + logits.log_softmax(-1).gather(-1, target[..., None]).squeeze(-1).sum(-1)
-    return (-total / N).cpu()
-
-
-def target_nll(model, conditions: Sequence, tokens):
-    """Mean NLL per token, in nats, of image tokens under the target model (teacher-forced,
-    conditional, no guidance): the model's ``token_nll`` where it has one (the built-in model),
-    else :func:`session_nll`.
-
-    Args:
-        model: the image-token model; conditions: ``B`` conditions; tokens: ``[B, N]`` int64.
-
-    Returns:
-        ``[B]`` float32 on the CPU (compare with ``ln V``, the NLL of uniform tokens).
-    """
-    if hasattr(model, "token_nll"):
-        return model.token_nll(tokens, list(conditions)).float().cpu()
-    return session_nll(model, conditions, tokens)
-
-
-# ---- record files ----
-
-def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    """The complete lines of a JSON-line file (a last line without newline, torn by a kill, is ignored).
-
-    Raises:
-        ValueError: a complete line that is not a JSON object (naming file and line).
-    """
-    return [record for _, record in _numbered_jsonl(path)]
-
-
-def _numbered_jsonl(path: str | os.PathLike) -> list[tuple[int, dict]]:
-    """``(line number, object)`` of every complete line (see :func:`read_jsonl`)."""
-    path = Path(path)
-    if not path.is_file():
-        return []
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = data[: error.start].count(b"\n") + 1
-        if data.find(b"\n", error.start) >= 0:  # not in the torn last line: a damaged file
-            raise ValueError(f"{path}:{line}: not UTF-8 text (byte {error.start}); {_FIX_LINE}") from None
-        text = data[: data.rfind(b"\n") + 1].decode("utf-8")
-    lines = text.split("\n")[:-1]  # the part after the last newline is incomplete (or empty)
-    return list(json_lines(lines, str(path), advice=_FIX_LINE))
-
-
-#: what a damaged record line's error advises: that line only (moving the file away, as it said
-#: before, regenerated every image the file's other lines record)
-_FIX_LINE = "fix or delete that line (its image is then generated again; the file's other lines are kept)"
-
-#: the fields of a record that resuming and reporting read, and their types
-_RECORD_FIELDS = {"method": str, "seed": int, "prompt_id": str, "image": str, "tensors": str}
-
-
-def _check_record_line(record: dict, path: Path, number: int) -> None:
-    for name, kind in _RECORD_FIELDS.items():
-        value = record.get(name)
-        if not isinstance(value, kind) or isinstance(value, bool):
-            expected = "an integer" if kind is int else "a string"
-            raise ValueError(f"{path}:{number}: {name!r} is {json.dumps(value)}, expected {expected}; {_FIX_LINE}")
-    for name in ("image", "tensors"):
-        parts = Path(record[name]).parts
-        if Path(record[name]).is_absolute() or ".." in parts:
-            raise ValueError(f"{path}:{number}: {name!r} is {record[name]!r}, expected a path inside the bench folder; {_FIX_LINE}")
-
-
-def repair_tail(path: str | os.PathLike) -> bool:
-    """Cut a torn last line (no final newline) off a JSON-line file; True when something was cut."""
-    path = Path(path)
-    if not path.is_file():
-        return False
-    data = path.read_bytes()
-    if not data or data.endswith(b"\n"):
-        return False
-    with open(path, "r+b") as f:
-        f.truncate(data.rfind(b"\n") + 1)
-        f.flush()
-        os.fsync(f.fileno())
-    return True
-
-
-def append_jsonl(path: str | os.PathLike, record: dict) -> None:
-    """Append one record as one line: a single ``write``, then ``fsync`` (the line is on disk when this returns)."""
-    line = json.dumps(record) + "\n"
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _key(record: dict) -> tuple[str, int, str]:
-    return record["method"], int(record["seed"]), record["prompt_id"]
-
-
-def existing_records(out: str | os.PathLike) -> dict[tuple[str, int, str], dict]:
-    """(method, seed, prompt id) -> record, over every rank file in ``out/records`` whose image
-    files are present (the last line wins when a key appears twice).
-
-    Raises:
-        ValueError: a line that is not a JSON object, not UTF-8, or whose method, seed, prompt id,
-            image or tensors field has the wrong type (naming the file and line).
-    """
-    out = Path(out)
-    found: dict[tuple[str, int, str], dict] = {}
-    for path in sorted((out / RECORDS_DIR).glob("rank*.jsonl")):
-        for number, record in _numbered_jsonl(path):
-            _check_record_line(record, path, number)
-            if (out / record["image"]).is_file() and (out / record["tensors"]).is_file():
-                found[_key(record)] = record
-    return found
-
-
-def check_settings(out: str | os.PathLike, settings: dict, *, write: bool) -> None:
-    """Compare ``settings`` with the folder's ``bench.json`` (and write it when absent and ``write``).
-
-    Raises:
-        ValueError: the folder holds a bench of other settings (naming every value that differs),
-            or a malformed ``bench.json``.
-    """
-    path = Path(out) / MANIFEST
-    if path.exists():
-        manifest = read_json(path, what="a csdgen bench manifest")
-        if manifest.get("schema") != SCHEMA or not isinstance(manifest.get("settings"), dict):
-            raise ValueError(f"{str(path)!r} is not a csdgen bench manifest; use another --out")
-        differ = settings_difference(manifest["settings"], settings)
-        if differ:
-            raise ValueError(f"{str(Path(out))!r} holds a bench with other settings ({'; '.join(differ)}); "
-                             f"use another --out, or the earlier settings to resume")
-    elif write:
-        write_json({"schema": SCHEMA, "created": _now(), "settings": settings}, path)
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-# ---- generation ----
-
-def device_name(device) -> str:
-    """``"cpu"`` or the accelerator's name (e.g. ``"NVIDIA H200"``)."""
-    import torch
-
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return device.type
 
 
 def _generate(plan: BenchPlan, method: str, seed: int, position: int):
@@ -492,58 +314,6 @@ def _write_text(path: Path, text: str) -> None:
     write_text_atomic(path, text)
 
 
-# ---- scoring and report (first process) ----
-
-@dataclass
-class Scorers:
-    """The quality scorers of a report; None = that score is not computed.
-
-    Attributes:
-        clip: a :class:`~csdgen.evaluation.clip_score.ClipScorer` (per-image CLIP score).
-        fid: a :class:`~csdgen.evaluation.fid.FidScorer` (FID per row).
-        builtin: a :class:`~csdgen.evaluation.quality.QualityScorer` (Frechet distance on the
-            built-in classifier's features, per row).
-    """
-
-    clip: Any = None
-    fid: Any = None
-    builtin: Any = None
-    notes: list[str] = field(default_factory=list)
-
-
-def _read_png(path: Path):
-    import numpy as np
-    import torch
-    from PIL import Image
-
-    with Image.open(path) as image:
-        return torch.from_numpy(np.asarray(image.convert("RGB")).copy()).permute(2, 0, 1)  # [3, H, W] uint8
-
-
-def _clip_scores(records: list[dict], out: Path, clip, batch: int = 32) -> None:
-    """Fill ``clip`` per record, reusing ``scores/clip.json`` (keyed by CLIP model, image, size, mtime)."""
-    import torch
-
-    cache_path = out / "scores" / "clip.json"
-    cache = read_json(cache_path) if cache_path.is_file() else {}
-    table = cache.setdefault(clip.name, {})
-
-    def key(record):
-        stat = (out / record["image"]).stat()
-        return f"{record['image']}|{stat.st_size}|{stat.st_mtime_ns}|{record['prompt']}"
-
-    todo = [r for r in records if key(r) not in table]
-    for start in range(0, len(todo), batch):
-        chunk = todo[start : start + batch]
-        images = torch.stack([_read_png(out / r["image"]) for r in chunk])
-        for record, value in zip(chunk, clip.score(images, [r["prompt"] for r in chunk]).tolist()):
-            table[key(record)] = value
-    if todo:
-        cache_path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(cache, cache_path)
-    for record in records:
-        record["clip"] = table[key(record)]
-
 
 def finish(plan: BenchPlan, out: str | os.PathLike, scorers: Scorers | None = None, *, notes: Sequence[str] = (),
            title: str = "csdgen bench") -> dict[str, Path]:
@@ -599,65 +369,4 @@ def finish(plan: BenchPlan, out: str | os.PathLike, scorers: Scorers | None = No
                         min_images=min_images(scorers))
 
 
-#: the images a row needs for FID to mean anything: the Inception pool features are 2048-d, and with fewer
-#: images than dimensions the generated images' covariance is singular (rank < 2048), so the trace term of
-#: FID measures the sample size more than the images (FID's bias grows as 1 / images; papers use 5000+)
-FID_MIN_IMAGES = 2048
 
-
-def min_images(scorers: Scorers) -> dict[str, int]:
-    """Per score, the images a row needs for it to mean anything: FID :data:`FID_MIN_IMAGES`; the built-in
-    model's Frechet distance as many as its classifier's feature dimensions (the same singular-covariance
-    reason; 256 for the shipped weights)."""
-    needed = {"fid": FID_MIN_IMAGES}
-    if scorers.builtin is not None:
-        needed["frechet_distance"] = int(scorers.builtin.classifier.feature_dim)
-    return needed
-
-
-# ---- processes ----
-
-def distributed(device_type: str) -> tuple[int, int, int]:
-    """``(rank, world size, local rank)``; under ``torchrun`` (``WORLD_SIZE`` > 1) joins the process
-    group first (NCCL for CUDA, gloo otherwise, 12 h timeout: the barrier waits for the slowest process).
-    A single process needs no ``torchrun``: ``(0, 1, 0)``."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return 0, 1, 0
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    if not dist.is_initialized():
-        if device_type == "cuda":
-            torch.cuda.set_device(local)
-        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo", timeout=timedelta(hours=12))
-    return dist.get_rank(), dist.get_world_size(), local
-
-
-def barrier() -> None:
-    """Wait for every process (no-op in a single process)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-
-
-def leave() -> None:
-    """Leave the process group (no-op in a single process). The first process scores after
-    leaving it: torchmetrics' metrics would otherwise try to gather their states from every process."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def machine() -> str:
-    """A one-line description of this machine for the report."""
-    import torch
-
-    if torch.cuda.is_available():
-        return f"{torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}"
-    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch thread{'s' if torch.get_num_threads() != 1 else ''})"

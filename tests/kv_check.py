@@ -78,3 +78,18 @@ def generate_checking_every_iteration(model, conditions, **generate_kwargs):
         checked.append(info.session.cache_lengths.tolist())
 
     return csdgen.generate(model, conditions, callback=check, **generate_kwargs), checked
+
+
+def generate_recording_row_sequences(model, conditions, **generate_kwargs):
+    """``csdgen.generate`` (guided) recording, after every iteration, each image's cached cond and
+    uncond row sequences. Returns ``(result, {image: (cond row ids, uncond row ids)})`` of the last iteration."""
+    import csdgen
+
+    seen = {}
+
+    def record(info):
+        B = info.session.batch_size
+        for i, image in enumerate(info.rows.tolist()):
+            seen[image] = (info.session.row_sequence(i).tolist(), info.session.row_sequence(B + i).tolist())
+
+    return csdgen.generate(model, conditions, callback=record, **generate_kwargs), seen

@@ -120,7 +120,7 @@ def test_sweep_with_no_window_is_refused_while_other_grids_may_be_empty(capsys, 
 
 
 def test_compile_prints_one_line_before_the_first_compiled_call(weights, tmp_path, capsys, monkeypatch):
-    import csdgen.models._static as static
+    import csdgen.models._static_steps as static  # the compiled steps
 
     calls = []
     monkeypatch.setattr(static, "_compiled", lambda name, fn: calls.append(name) or fn)  # no real compile

@@ -122,7 +122,7 @@ def test_watch_streams_frames_that_fill_in(builtin):
 
 def test_wall_time_excludes_drawing_the_previews(builtin, monkeypatch):
     """Drawing a preview (made slow here: 20 ms each) is subtracted from the reported decoding time."""
-    import csdgen.demo as demo
+    import csdgen.demo_watch as demo  # where the live view draws its frames
 
     slow_frame = demo._frame
 

@@ -49,7 +49,7 @@ def test_demo_logs_one_line_for_a_method_that_is_not_offered(weights, capfd):
 
 
 def test_demo_seed_field_reads_exact_integers_as_seed_does(builtin):
-    from csdgen.demo import _seed
+    from csdgen.demo_inputs import _seed
 
     assert _seed("9007199254740993") == 9007199254740993  # 2**53 + 1: exact, a number field sent ...992
     assert _seed(" 9223372036854775807 ") == 2**63 - 1 and _seed("0") == 0 and _seed(4.0) == 4

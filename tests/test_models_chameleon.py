@@ -29,7 +29,7 @@ from csdgen.models import auto
 from csdgen.models.chameleon import ChameleonImageModel, config_memory, shared_norm_shapes
 from csdgen.models.chameleon_vqgan import ChameleonVQGANDecoder, VQGANConfig, load_vqgan_decoder
 from tiny_tokenizer import word_level_tokenizer
-from kv_check import generate_checking_every_iteration
+from kv_check import generate_checking_every_iteration, generate_recording_row_sequences
 
 V = 48
 SPECIAL_NAMES = ["<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>", "<image>"] + [
@@ -247,14 +247,7 @@ def test_lumina_sequence_layout_and_decoded_size(lumina, ar_tokens):
 
 def test_cached_sequence_is_the_family_sequence(lumina, anole, ar_tokens):
     for model in (lumina, anole):
-        seen = {}
-
-        def record(info):
-            B = info.session.batch_size
-            for i, image in enumerate(info.rows.tolist()):
-                seen[image] = (info.session.row_sequence(i).tolist(), info.session.row_sequence(B + i).tolist())
-
-        out = csdgen.generate(model, PROMPTS, method="sjd", window=9, sampling=GUIDED, callback=record)
+        out, seen = generate_recording_row_sequences(model, PROMPTS, method="sjd", window=9, sampling=GUIDED)
         ids = image_ids_by_code(model)
         for b, prompt in enumerate(PROMPTS):
             full = model.layout.full_sequence(prompt, [ids[c] for c in out.tokens[b].tolist()])

@@ -34,7 +34,7 @@ from csdgen.models.chameleon import ChameleonImageModel
 from csdgen.models.lumina2 import Lumina2Guidance, Lumina2ImageModel, lumina2_memory
 from csdgen.models.movqgan import MoVQGANConfig, MoVQGANDecoder
 from tiny_tokenizer import word_level_tokenizer
-from kv_check import generate_checking_every_iteration
+from kv_check import generate_checking_every_iteration, generate_recording_row_sequences
 
 V = 48
 HEIGHT, WIDTH, ROWS, COLS = 32, 64, 4, 8
@@ -293,14 +293,7 @@ def test_defaults_use_the_family_schedule(lumina2):
 
 
 def test_cached_sequence_is_the_reference_sequence_and_decodes_to_the_size(lumina2):
-    seen = {}
-
-    def record(info):
-        B = info.session.batch_size
-        for i, image in enumerate(info.rows.tolist()):
-            seen[image] = (info.session.row_sequence(i).tolist(), info.session.row_sequence(B + i).tolist())
-
-    out = csdgen.generate(lumina2, PROMPTS, method="sjd", window=9, sampling=GUIDED, callback=record)
+    out, seen = generate_recording_row_sequences(lumina2, PROMPTS, method="sjd", window=9, sampling=GUIDED)
     ids = image_ids(lumina2)
     for b, prompt in enumerate(PROMPTS):
         full = lumina2.layout.full_sequence(prompt, [ids[c] for c in out.tokens[b].tolist()])

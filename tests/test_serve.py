@@ -667,14 +667,14 @@ def test_serve_warmup_compiles_the_served_shapes_once_and_reports_them(cached_mo
     compiled (traced here with dynamo's eager backend) it makes the steps of the default request's
     shapes, and a second warm-up finds them all held."""
     from csdgen.cli.serve import _warmup
-    from csdgen.models import _static
+    from csdgen.models import _static_steps
     from csdgen.serve.schemas import parse_request
 
     model = tiny_model(cached_model)  # a copy of its own: its compiled steps stay with it
     request = parse_request({"prompt": "0", "window": 4}, ServedModel(model, "tiny"))
     _warmup(model, request, 2)
     assert "nothing to compile (the static engine runs uncompiled on cpu)" in capsys.readouterr().out
-    monkeypatch.setattr(_static, "COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(_static_steps, "COMPILE_BACKEND", "eager")
     _warmup(model, request, 2, {"engine": "auto", "compile": True})  # csdgen serve --compile --warmup
     first = capsys.readouterr().out
     made = int(first.split("warm-up: ")[1].split()[0])

@@ -166,7 +166,8 @@ def _warmup(model, request, capacity: int, engine_kwargs: dict | None = None) ->
     """``--warmup``: the static engine's compiled steps for batches up to ``capacity`` images, the
     default request's guidance and window (every width bucket up to it; ``auto``: up to its widest)."""
     from csdgen.engine import AUTO_MAX_WINDOW
-    from csdgen.models._static import static_refusal, warmup
+    from csdgen.models._static import static_refusal
+    from csdgen.models._static_warmup import warmup
 
     kwargs = request.batch_kwargs
     window = kwargs.get("window")

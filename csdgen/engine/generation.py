@@ -165,7 +165,7 @@ def generate(
             (tested; see docs/engine.md). ``result.settings["engine"]`` says which one ran.
         compile: static engine only: ``torch.compile`` every forward shape on first use, on CUDA
             also captured as a CUDA graph; the compiled steps and their buffers belong to the model
-            and are reused by its later calls (``csdgen.models._static.warmup`` makes them ahead of
+            and are reused by its later calls (``csdgen.models._static_warmup.warmup`` makes them ahead of
             time). The shapes this call compiled are reported, with their seconds, in
             :attr:`GenerationResult.compile_seconds` (empty when every shape was already compiled).
             None (default): on CUDA only.

@@ -107,7 +107,7 @@ def _warn_unguided(sampling: SamplingConfig, model_scale: float) -> None:
     package = str(Path(__file__).resolve().parents[1])
     level, frame = 1, sys._getframe(0)
     while frame is not None and frame.f_code.co_filename.startswith(package):  # point at the caller's own line
-        if frame.f_code.co_filename.startswith((str(Path(package, "demo.py")), str(Path(package, "serve")))):
+        if frame.f_code.co_filename.startswith((str(Path(package, "demo")), str(Path(package, "serve")))):  # demo*.py
             return  # the demo's and the server's guidance comes from their user, explicitly
         frame, level = frame.f_back, level + 1
     warnings.warn(f"sampling=SamplingConfig({given}) runs unguided (guidance_scale 1.0, SamplingConfig's default), "

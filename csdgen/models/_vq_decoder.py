@@ -31,7 +31,7 @@ NormFactory = Callable[[int], nn.Module]
 class DecoderConfig:
     """The taming keys a VQ decoder needs (``model.params.ddconfig`` + ``n_embed``, ``embed_dim``);
     :class:`~csdgen.models.chameleon_vqgan.VQGANConfig` and :class:`~csdgen.models.movqgan.MoVQGANConfig`
-    give each family's defaults.
+    give each family's defaults (these are Chameleon's VQGAN's).
 
     Attributes:
         ch: base channels; ch_mult: per-level multipliers (levels = len(ch_mult)); num_res_blocks:

@@ -27,7 +27,7 @@ original loader reads) or a bare state dict. Downsampling factor ``2 ** (len(ch_
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -49,17 +49,8 @@ class VQGANConfig(DecoderConfig):
         resolution: nominal image side (only used to place attention blocks); out_ch: 3 (RGB).
     """
 
-    kind = "VQGAN"
+    kind = "VQGAN"  # the defaults are Chameleon's (those of DecoderConfig)
 
-    ch: int = 128
-    ch_mult: list[int] = field(default_factory=lambda: [1, 1, 2, 2, 4])
-    num_res_blocks: int = 2
-    attn_resolutions: list[int] = field(default_factory=list)
-    z_channels: int = 256
-    embed_dim: int = 256
-    n_embed: int = 8192
-    resolution: int = 512
-    out_ch: int = 3
 
 
 def _norm(channels: int) -> nn.GroupNorm:
