@@ -65,30 +65,32 @@ adapter's ``_logits`` runs over this cache exactly as over a ``DynamicCache``.
 Host syncs: none. Per forward the session copies one small int64 vector (slots, window starts
 and widths) to the device (from pinned memory on CUDA).
 
-Files, one idea each: this module is the session and the engine's choice (:func:`open_engine`,
-:func:`make_static`); its shapes and buckets are :mod:`csdgen.models._static_shapes`, its cache
-:mod:`csdgen.models._static_cache`, its compiled and graphed steps :mod:`csdgen.models._static_steps`
-and the server's warm-up :mod:`csdgen.models._static_warmup` (the shapes' and cache's names are
-re-exported here).
+Files, one idea each: this module is the session's window forward and the engine's choice
+(:func:`open_engine`, :func:`make_static`); its shapes and buckets are
+:mod:`csdgen.models._static_shapes`, its cache :mod:`csdgen.models._static_cache`, its compiled and
+graphed steps :mod:`csdgen.models._static_steps`, images joining and leaving it
+:mod:`csdgen.models._static_rows`, draft trees on it :mod:`csdgen.models._static_trees` and the
+server's warm-up :mod:`csdgen.models._static_warmup` (the shapes' and cache's names are re-exported here).
 """
 
 from __future__ import annotations
 
 import time
-import weakref
 from typing import Any, Sequence
 
 import torch
 
 from ..transfer import to_device
-from ._ragged import RaggedSession, additive_mask, kept_tree_columns
-from .base import WindowLogits, check_row_arguments, row_tensor
+from ._ragged import RaggedSession, additive_mask
+from .base import WindowLogits
 from ._static_shapes import (
     attention_dtype, batch_bucket, cache_width, COMPILED_VISIBLE_STEP, prompt_bucket, PROMPT_STEP, slot_bucket,
     step_shapes, StepShape, VISIBLE_STEP, width_bucket, WIDTH_BUCKETS, _round_up,
 )
-from ._static_cache import model_buffers, StaticBuffers, StaticRowCache, _store
+from ._static_cache import StaticBuffers, StaticRowCache, _StaticKV, _store, model_buffers
+from ._static_rows import StaticRows
 from ._static_steps import _capture_failed, _CompiledStep, _GraphedStep
+from ._static_trees import StaticTrees
 
 __all__ = [
     "WIDTH_BUCKETS",
@@ -131,7 +133,7 @@ _OWN_METHODS = ("prefill", "forward", "rollback", "select_rows", "forward_tree",
 # -- compiled steps -------------------------------------------------------------------------------
 
 
-class StaticSession(RaggedSession):
+class StaticSession(StaticRows, StaticTrees, RaggedSession):
     """The per-row session over a preallocated cache (see the module docstring).
 
     Made by :func:`make_static` from a not yet prefilled
@@ -157,105 +159,6 @@ class StaticSession(RaggedSession):
     rollback_probe = False
     #: rows join a running batch (:meth:`admit`): into free batch slots of the capacity it was opened with
     supports_admission = True
-
-    def admit(self, other) -> None:
-        """Join the images of ``other`` (a prefilled static session of the same model, guidance and
-        image layout, opened for them alone) into free batch slots of this session: their keys,
-        values and prompt columns are copied into this cache, the prompts right-aligned to this
-        session's prompt width (a wider prompt first widens every row's prompt columns, a copy of
-        the cache); the batch bucket grows where the images need it, and the capacity (a copy of the cache
-        into one with more slots) where they do not fit. Every
-        row then reads as the sequence decoded alone (tested against a fresh session).
-
-        Raises:
-            ValueError: another model, guidance or image layout; a session not prefilled.
-        """
-        self._check_admission(other)
-        B, k = self.batch_size, other.batch_size
-        if B + k > self.capacity:
-            self._grow_capacity(slot_bucket(B + k) if self.compile else max(B + k, 2 * self.capacity))
-        if other._P > self._P:
-            self._widen_prompt(other._P)
-        shift = self._P - other._P
-        bucket = max(self._bucket, batch_bucket(B + k, self.capacity))
-        used = torch.zeros(bucket, dtype=torch.bool)
-        used[self._slots] = True
-        slots = (~used).nonzero()[:, 0][:k]  # [k] the new images' slots
-        src, dst = other._physical(other._slots), self._physical(slots)
-        src_dev, dst_dev = self._to_device(src), self._to_device(dst)
-        n = min(other.width, self.width - shift)  # other's columns that land inside this cache
-        for mine, theirs in zip(self.kv.cache.layers, other.kv.cache.layers):
-            for name in ("keys", "values"):
-                target, source = getattr(mine, name), getattr(theirs, name)
-                target[dst_dev] = 0
-                target[dst_dev, :, shift:shift + n] = source[src_dev, :, :n].to(target.dtype)
-        ids = self.kv.ids
-        ids[dst_dev] = 0
-        ids[dst_dev, shift:shift + n] = other.kv.ids[src_dev, :n]
-        valid = torch.zeros(len(dst), self.width, dtype=torch.bool)
-        valid[:, shift:shift + other._P] = other._prompt_valid_T[src, : other._P]
-        self._prompt_valid_T[dst] = valid
-        self._prompt_len[dst] = other._prompt_len[src]
-        self._prompt_dev[dst_dev] = torch.cat([self._prompt_len[dst][:, None], valid.long()], 1).to(self._dev)
-        phys_ids = torch.full((len(dst), self._P), self.filler, dtype=torch.long, device=self._dev)
-        phys_ids[:, shift:] = other._prompt_phys_ids[src_dev]
-        self._prompt_phys_ids[dst_dev] = phys_ids
-        self._region[slots] = other._region[other._slots]
-        self._join_prompts(other)  # the logical rows, ordered as the ragged session orders them
-        self._slots = torch.cat([self._slots, slots])
-        self._lengths = torch.cat([self._lengths, other._lengths])
-        self.batch_size = B + k
-        self._bucket = bucket
-
-    def _grow_capacity(self, capacity: int) -> None:
-        """Make room for ``capacity`` batch slots (more than now): the images keep their slots in a set with more rows."""
-        self._reallocate(capacity=capacity)
-
-    def _widen_prompt(self, P: int) -> None:
-        """Make every row's prompt ``P`` columns wide (more than now): the cache, ids and prompt rows
-        move right by the difference into a set of that prompt width (positions are the rows'
-        own, so nothing is recomputed)."""
-        self._reallocate(prompt_width=P)
-
-    def _reallocate(self, capacity: int | None = None, width: int | None = None, prompt_width: int | None = None) -> None:
-        """Move the session into a buffer set with at least ``capacity`` slots, ``width`` columns and
-        ``prompt_width`` prompt columns (old columns moved right by the prompt's growth).
-
-        A set's tensors are never replaced, so a step made over a set stays valid for it: a
-        compiled session takes the new set from the model's store (a free one it already holds,
-        with its steps, or a new one) and gives the old one back, unless the new set supersedes
-        it (same key, more slots or columns: the old set and its steps are then dropped); a
-        session's own set is dropped with its steps."""
-        old = self.buffers
-        P = prompt_width or old.prompt_width
-        shift = P - old.prompt_width
-        C = max(capacity or 0, old.capacity, self._store.capacity if old.key is not None else 0)
-        T = max(width or 0, self._cache_width(P), old.width + shift)
-        if old.key is None:
-            new = StaticBuffers(C, self._per_slot, T, P, self._dev, self.filler)
-        else:
-            key = self._buffer_key(P)
-            new = self._store.acquire(key, C, T, lambda: StaticBuffers(C, self._per_slot, T, P, self._dev, self.filler, key),
-                                      self)
-        new.copy_from(old, shift)
-        new.cache.visible = old.cache.visible
-        self.buffers = new
-        if old.key is not None and old.key != new.key:
-            old.holder = None  # another prompt width: still valid, kept for later sessions
-        else:
-            if old.key is not None:
-                self._store.drop(old)
-            old.steps.clear()
-            old.holder = None
-        rows = new.rows
-        valid = torch.zeros(rows, new.width, dtype=torch.bool)
-        valid[: old.rows, shift:shift + old.width] = self._prompt_valid_T
-        lengths = torch.zeros(rows, dtype=torch.long)
-        lengths[: old.rows] = self._prompt_len
-        region = torch.zeros(new.capacity, dtype=torch.long)
-        region[: old.capacity] = self._region
-        self._prompt_valid_T, self._prompt_len, self._region = valid, lengths, region
-        self.capacity, self._P = new.capacity, P
 
     @property
     def batch_slots(self) -> int:
@@ -515,37 +418,6 @@ class StaticSession(RaggedSession):
         self._region[self._slots] = self.region_length(lengths)
         self._lengths = lengths.clone()
 
-    def select_rows(self, rows):
-        rows = row_tensor(rows, len(torch.as_tensor(rows).reshape(-1)))
-        self._slots = self._slots[rows]
-        self._lengths = None if self._lengths is None else self._lengths[rows]
-        self.batch_size = len(rows)
-        every = torch.cat([rows, rows + len(self.prompt_lengths) // 2]) if self.guided else rows
-        self.prompt_ids = self.prompt_ids[self._to_device(every)]
-        self.prompt_valid, self.prompt_lengths = self.prompt_valid[every], self.prompt_lengths[every]
-        bucket = batch_bucket(max(len(rows), 1), self.capacity)
-        if bucket < self._bucket:
-            self._compact(bucket)
-
-    def _compact(self, bucket: int) -> None:
-        """Move the images in slots ``>= bucket`` into free slots below it (keys, values, prompt rows)."""
-        moving = (self._slots >= bucket).nonzero()[:, 0]
-        if len(moving):
-            free = torch.ones(bucket, dtype=torch.bool)
-            free[self._slots[self._slots < bucket]] = False
-            targets = free.nonzero()[:, 0][: len(moving)]
-            source, target = self._physical(self._slots[moving]), self._physical(targets)
-            src, dst = self._to_device(source), self._to_device(target)
-            self.kv.cache.move_rows(src, dst)
-            self.kv.ids.index_copy_(0, dst, self.kv.ids.index_select(0, src))
-            self._prompt_dev.index_copy_(0, dst, self._prompt_dev.index_select(0, src))
-            self._prompt_phys_ids.index_copy_(0, dst, self._prompt_phys_ids.index_select(0, src))
-            self._prompt_valid_T[target] = self._prompt_valid_T[source]
-            self._prompt_len[target] = self._prompt_len[source]
-            self._region[targets] = self._region[self._slots[moving]]
-            self._slots[moving] = targets
-        self._bucket = bucket
-
     @property
     def cache_lengths(self):
         if self._lengths is None:
@@ -566,131 +438,6 @@ class StaticSession(RaggedSession):
             self._reallocate(width=_round_up(needed, 64))
 
     # -- draft trees ---------------------------------------------------------------------------------
-
-    def forward_tree(self, tokens, start, layout, valid):
-        """A draft tree in one forward over the static cache (see RaggedSession.forward_tree): node
-        columns are written after each row's region, each node sees the row's cache and its own
-        ancestors (an additive mask built on the device), positions follow depth."""
-        B, S, start, deepest = self._tree_arguments(tokens, start, layout, valid)
-        col, end, S2, valid2, offsets, sees = self._tree_columns(start, layout, valid)
-        Sb, Ob = width_bucket(S2), width_bucket(S)
-        self._ensure_width(Sb)
-        A, dev, slots = self._bucket, self._dev, self._slots
-        # per batch slot, on the host (an empty slot: one column at region 0 that sees itself)
-        ends = torch.zeros(B, S2 + 1, dtype=torch.bool).scatter_(1, torch.where(end, col + 1, S2), True)[:, :S2]
-        s_kind = torch.zeros(A, Sb, dtype=torch.long)  # 0 hole, 1 node, 2 row end
-        s_kind[slots, :S2] = ends.long() * 2
-        s_kind[slots[:, None].expand(B, S), col] = 1
-        s_region = torch.zeros(A, dtype=torch.long)
-        s_region[slots] = self.region_length(start)
-        s_offsets = torch.zeros(A, Sb, dtype=torch.long)
-        s_offsets[slots, :S2] = offsets
-        s_out = torch.zeros(A, Ob, dtype=torch.long)
-        s_out[slots, :S] = torch.where(end, col + 1, col)
-        s_index = torch.zeros(A, Sb, dtype=torch.long)  # node slot whose token sits at each column
-        s_index[slots[:, None].expand(B, S), col] = torch.arange(S)[None].expand(B, S)
-        s_sees = torch.eye(Sb, dtype=torch.bool).repeat(A, 1, 1)
-        s_sees[slots, :S2, :S2] = (sees & valid2[:, None, :]) | torch.eye(S2, dtype=torch.bool)[None]
-        packed = self._to_device(torch.cat([slots, s_region, s_kind.reshape(-1), s_offsets.reshape(-1), s_out.reshape(-1),
-                                            s_index.reshape(-1)]))
-        n = [B, A, A * Sb, A * Sb, A * Ob, A * Sb]
-        slot_dev, region, kind, offsets_dev, out, index = torch.split(packed, n)
-        kind, offsets_dev, out, index = kind.view(A, Sb), offsets_dev.view(A, Sb), out.view(A, Ob), index.view(A, Sb)
-        sees_dev = self._to_device(s_sees)
-        self.kv.cache.visible = self.width
-        # on the device: ids, positions, write columns and the mask
-        placed = torch.zeros(A, S, dtype=torch.long, device=dev)
-        placed[slot_dev] = tokens.to(dev)
-        vocab = self._vocab_ids(placed.gather(1, index.clamp(max=S - 1)))
-        ids = torch.where(kind == 1, vocab, torch.full_like(vocab, self.filler))
-        if self.row_end is not None:
-            ids = ids.masked_fill(kind == 2, self.row_end)
-        if self.guided:
-            ids, out, region = ids.repeat_interleave(2, 0), out.repeat_interleave(2, 0), region.repeat_interleave(2, 0)
-            offsets_dev, sees_dev = offsets_dev.repeat_interleave(2, 0), sees_dev.repeat_interleave(2, 0)
-        R = ids.shape[0]
-        prompt = self._prompt_dev[:R]
-        column = torch.arange(Sb, device=dev)
-        write = self._P + region[:, None] + column
-        positions = prompt[:, 0:1] + region[:, None] + offsets_dev
-        t = torch.arange(self.width, device=dev)
-        past = prompt[:, 1:].bool() | ((t >= self._P) & (t < (self._P + region)[:, None]))
-        allowed = past[:, None, :].expand(R, Sb, self.width).clone()
-        allowed.scatter_(2, write[:, None, :].expand(R, Sb, Sb), sees_dev)
-        with torch.no_grad():
-            logits = self._run(ids, self._mask(allowed), positions, write, out)
-        self._tree = (start, col, end, S2)
-        self._lengths = start + deepest + 1
-        return self._logical(logits, S, slot_dev)
-
-    def keep_path(self, path, lengths):
-        """After :meth:`forward_tree`: move the root and the winning path's columns (and their row
-        ends) to the front of the tree's columns; image positions ``0 .. lengths[b] - 1`` stay."""
-        start, col, end, S2 = self._tree
-        lengths = row_tensor(lengths, self.batch_size)
-        check_row_arguments("keep_path lengths", lengths, self.batch_size, start, self._lengths)
-        B = path.shape[0]
-        keep = kept_tree_columns(path, lengths - start, col, end, S2)
-        count = keep.sum(1)
-        n = max(int(count.max()) if B else 0, 1)
-        index = torch.arange(n)[None].expand(B, n)
-        order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices[:, :n]  # kept columns first, in order
-        source = torch.where(index < count[:, None], order, index)  # the rest: copied onto themselves
-        A = self._bucket
-        s_source = torch.arange(n)[None].repeat(A, 1)
-        s_source[self._slots] = source
-        region = torch.zeros(A, dtype=torch.long)
-        region[self._slots] = self.region_length(start)
-        base = self._P + region[:, None]
-        src, dst = base + s_source, base + torch.arange(n)[None]
-        if self.guided:
-            src, dst = src.repeat_interleave(2, 0), dst.repeat_interleave(2, 0)
-        R = A * self._per_slot
-        moves = self._to_device(torch.stack([src, dst]))
-        src, dst = moves[0], moves[1]
-        self.kv.cache.move_columns(R, src, dst)
-        ids = self.kv.ids[:R]
-        ids.scatter_(1, dst, ids.gather(1, src))
-        self._region[self._slots] = self.region_length(lengths)
-        self._lengths = lengths.clone()
-        self._tree = None
-
-
-class _StaticKV:
-    """The static session's cache and its inspection helpers (the ragged session's ``kv`` counterpart):
-    ``cache`` and ``ids`` are the session's current buffer set's."""
-
-    def __init__(self, session: StaticSession):
-        self._session = weakref.ref(session)
-
-    @property
-    def cache(self) -> StaticRowCache:
-        return self._session().buffers.cache
-
-    @property
-    def ids(self) -> torch.Tensor:
-        return self._session().buffers.ids
-
-    def _columns(self, row: int) -> tuple[int, torch.Tensor]:
-        s = self._session()
-        image, uncond = (row % s.batch_size, row >= s.batch_size) if s.guided else (row, False)
-        slot = int(s._slots[image])
-        phys = 2 * slot + int(uncond) if s.guided else slot
-        prompt = s._prompt_valid_T[phys, : s._P].nonzero()[:, 0]
-        region = s._P + torch.arange(int(s._region[slot]))
-        return phys, torch.cat([prompt, region])
-
-    def row_ids(self, row: int) -> torch.Tensor:
-        """Ids of logical row ``row``'s cached columns, in order."""
-        phys, columns = self._columns(row)
-        return self.ids[phys][columns.to(self.ids.device)]
-
-    def row_entries(self, layer: int, row: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values ``[heads, columns, head_dim]`` of logical row ``row``'s cached columns (for tests)."""
-        phys, columns = self._columns(row)
-        cached = self.cache.layers[layer]
-        columns = columns.to(cached.keys.device)
-        return cached.keys[phys][:, columns], cached.values[phys][:, columns]
 
 
 # -- choosing the engine --------------------------------------------------------------------------

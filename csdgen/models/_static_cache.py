@@ -273,3 +273,40 @@ def model_buffers(model: Any) -> list[StaticBuffers]:
     sessions of ``model`` (a family adapter) keep for the next session; empty if none."""
     store = _store(model, create=False)
     return store.all() if store is not None else []
+
+
+class _StaticKV:
+    """The static session's cache and its inspection helpers (the ragged session's ``kv`` counterpart):
+    ``cache`` and ``ids`` are the session's current buffer set's."""
+
+    def __init__(self, session: StaticSession):
+        self._session = weakref.ref(session)
+
+    @property
+    def cache(self) -> StaticRowCache:
+        return self._session().buffers.cache
+
+    @property
+    def ids(self) -> torch.Tensor:
+        return self._session().buffers.ids
+
+    def _columns(self, row: int) -> tuple[int, torch.Tensor]:
+        s = self._session()
+        image, uncond = (row % s.batch_size, row >= s.batch_size) if s.guided else (row, False)
+        slot = int(s._slots[image])
+        phys = 2 * slot + int(uncond) if s.guided else slot
+        prompt = s._prompt_valid_T[phys, : s._P].nonzero()[:, 0]
+        region = s._P + torch.arange(int(s._region[slot]))
+        return phys, torch.cat([prompt, region])
+
+    def row_ids(self, row: int) -> torch.Tensor:
+        """Ids of logical row ``row``'s cached columns, in order."""
+        phys, columns = self._columns(row)
+        return self.ids[phys][columns.to(self.ids.device)]
+
+    def row_entries(self, layer: int, row: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values ``[heads, columns, head_dim]`` of logical row ``row``'s cached columns (for tests)."""
+        phys, columns = self._columns(row)
+        cached = self.cache.layers[layer]
+        columns = columns.to(cached.keys.device)
+        return cached.keys[phys][:, columns], cached.values[phys][:, columns]
