@@ -430,6 +430,23 @@ def add_checkpoint_files(g) -> None:
                         "Decodes images, and gives GSD/LANTERN the codebook Lumina-mGPT's files lack")
 
 
+def add_checkpoint_options(g) -> None:
+    """A checkpoint's layout, size, weight files, Emu3's prompts, the prompt template and the dtype
+    (``--model`` runs of ``generate`` and ``bench``)."""
+    g.add_argument("--layout", choices=["lumina", "anole"], default=None, help="Chameleon checkpoints (default: guessed)")
+    g.add_argument("--height", type=count(), default=None, help="image height in pixels (default: the family's)")
+    g.add_argument("--width", type=count(), default=None, help="image width in pixels (default: the family's)")
+    add_checkpoint_files(g)
+    g.add_argument("--negative-prompt", default=None, help="Emu3: prompt of the unconditional rows (default Emu3's own)")
+    g.add_argument("--positive-prompt", default=None,
+                   help="Emu3: text appended to every prompt (default Emu3's ' masterpiece, film grained, best quality.'; "
+                        "'' = off)")
+    g.add_argument("--prompt-template", default=None,
+                   help="template for each prompt with {prompt}, {width}, {height} (default: the family's, docs/models.md; "
+                        "'{prompt}' = none)")
+    add_dtype(g)
+
+
 def add_dtype(g) -> None:
     """``--dtype``: one of :data:`DTYPES` in any case (default None = auto: :func:`csdgen.models.auto.resolve_dtype`)."""
     g.add_argument("--dtype", type=one_of(DTYPES, "dtype"), metavar="{" + ",".join(DTYPES) + "}", default=None,

@@ -64,16 +64,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     q.add_argument("--fid-reference", type=opt.path, default=None, metavar="DIR",
                    help="folder of real images for FID (e.g. COCO val2017); with --inception-weights")
     g = p.add_argument_group("checkpoints (--model PATH)")
-    g.add_argument("--layout", choices=["lumina", "anole"], default=None, help="Chameleon checkpoints (default: guessed)")
-    g.add_argument("--height", type=opt.count(), default=None, help="image height in pixels (default: the family's)")
-    g.add_argument("--width", type=opt.count(), default=None, help="image width in pixels (default: the family's)")
-    opt.add_checkpoint_files(g)
-    g.add_argument("--negative-prompt", default=None, help="Emu3: prompt of the unconditional rows (default Emu3's own)")
-    g.add_argument("--positive-prompt", default=None,
-                   help="Emu3: text appended to every prompt (default BAAI's quality suffix; '' = none)")
-    g.add_argument("--prompt-template", default=None,
-                   help="a format string with {prompt} wrapping every prompt (default: the family's; '{prompt}' = none)")
-    opt.add_dtype(g)
+    opt.add_checkpoint_options(g)
     p.add_argument("--device", choices=opt.DEVICES, default=None,
                    help="default cpu for the built-in model, else cuda when available (under torchrun: cuda:LOCAL_RANK)")
     p.add_argument("--out", type=opt.folder, default=Path("bench"), help="output folder (default ./bench)")
