@@ -47,7 +47,9 @@ from csdgen.evaluation.compare import to_csv
 from csdgen.evaluation.maps import COLOURS, save_png
 from csdgen.models.defaults import FAMILY_DEFAULTS, FamilyDefaults
 from csdgen.sampling import MAX_SEED, SamplingConfig
-from csdgen.demo_inputs import DEFAULT_METHODS, METHOD_LABELS, DemoSettings, _class_hint, parse_inputs, window_auto_supported
+from csdgen.demo_inputs import (
+    DEFAULT_METHODS, METHOD_LABELS, DemoSettings, _class_hint, parse_inputs, window_auto_supported,
+)
 from csdgen.demo_watch import COMMITTED, PENDING, DemoCancelled, Frame, token_maps, watch
 
 __all__ = ["free_port", "METHOD_LABELS", "DemoSettings", "Frame", "DemoCancelled", "window_auto_supported", "parse_inputs",

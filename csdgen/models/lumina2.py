@@ -68,9 +68,9 @@ from ._transformers import (
 )
 from .base import ImageTokenModel
 from .chameleon import (
-    BOI, DEFAULT_PROMPT_LENGTH, EOI, LUMINA_PROMPT_TEMPLATE, NEWLINE, LayoutImageModel, LayoutPrompts, _grid_token_name,
-    file_tensor_names, load_backbone,
+    BOI, EOI, LUMINA_PROMPT_TEMPLATE, NEWLINE, _grid_token_name, file_tensor_names, load_backbone,
 )
+from ._layout_model import DEFAULT_PROMPT_LENGTH, LayoutImageModel, LayoutPrompts
 from .defaults import FAMILY_DEFAULTS
 from .movqgan import MoVQGANDecoder, find_movqgan, load_movqgan_decoder
 
