@@ -18,7 +18,7 @@ length, decoding wall time, tokens per decision), downloadable as CSV.
 The page's fields are read by :mod:`csdgen.demo_inputs`, the methods decoded live by
 :mod:`csdgen.demo_watch` (both re-exported here). The live view is drawn by ``generate``'s
 ``callback`` (after every forward), in the decoding thread; the time spent drawing is subtracted from the reported wall time. The callback sees
-committed lengths, tokens, and the decisions and entropies so far (:class:`~csdgen.engine.results.StepInfo`
+committed lengths, tokens, and the decisions and entropies so far (:class:`csdgen.engine.StepInfo`
 ``decisions``, ``entropy``), so both maps fill in token by token as the image does.
 
 Offline by construction: Gradio's analytics are off, no share link, the page's fonts are

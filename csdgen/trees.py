@@ -222,7 +222,7 @@ class TreeVerdict:
         accepted: ``[A]`` int64 r, accepted candidates on the winning path (commits ``r + 1``).
         tokens: ``[A, W]`` int64: the winning path's candidates before ``r``, the new token at ``r``,
             refreshed drafts (from the main path's targets) after it.
-        decisions: ``[A, W]`` int8 :class:`csdgen.engine.results.Decision` codes (meaningful at ``<= r``).
+        decisions: ``[A, W]`` int8 :class:`csdgen.decisions.Decision` codes (meaningful at ``<= r``).
         side: ``[A, W]`` bool, the token was accepted from a side branch (a node off the main path).
         path: ``[A, W]`` int64, the winning path's node at depth ``0 .. W - 1`` (main path beyond it).
         branches: ``[A, D]`` int64, the winning candidate at each tree level (-1: level not accepted).
