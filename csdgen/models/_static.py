@@ -81,7 +81,8 @@ from typing import Any, Sequence
 import torch
 
 from ..transfer import to_device
-from ._ragged import RaggedSession, additive_mask
+from ._ragged import RaggedSession
+from ._ragged_cache import additive_mask
 from .base import WindowLogits
 from ._static_shapes import (
     attention_dtype, batch_bucket, cache_width, COMPILED_VISIBLE_STEP, prompt_bucket, PROMPT_STEP, slot_bucket,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ._ragged import kept_tree_columns
+from ._ragged_windows import kept_tree_columns
 from ._static_shapes import width_bucket
 from .base import check_row_arguments, row_tensor
 
