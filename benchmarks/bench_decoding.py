@@ -52,7 +52,7 @@ import time
 import torch
 
 import csdgen
-from csdgen.cli._options import count
+from csdgen.cli._options import count, real
 from csdgen.sampling import SamplingConfig
 
 
@@ -169,16 +169,6 @@ def _method_list(text: str) -> list[str]:
     return names
 
 
-def _tolerance(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: allowed a fraction in [0, 1) (0.03 = 3 %)")
-    return value
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["builtin", "random"], default="builtin")
@@ -186,7 +176,7 @@ def main() -> None:
     parser.add_argument("--window", type=count(2), default=32, help="the fixed window auto is compared with")
     parser.add_argument("--repeats", type=count(1), default=3,
                         help="interleaved rounds (seeds); the paired interval needs at least 2")
-    parser.add_argument("--tolerance", type=_tolerance, default=0.03,
+    parser.add_argument("--tolerance", type=real(0.0, 1.0, allowed="a fraction in [0, 1) (0.03 = 3 %)"), default=0.03,
                         help="how far auto may be behind the better of AR and the fixed window (default 0.03 = 3 %%)")
     parser.add_argument("--methods", type=_method_list, default=["SJD", "CSD"],
                         help="speculative methods to run at the fixed window and at auto (default SJD,CSD; AR always runs)")

@@ -364,6 +364,9 @@ def check_offline(url: str, model, method: str, requests: int, seed: int) -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
+    from csdgen.cli._options import count, real
+
+    positive = real(0.0, low_open=True, allowed="a number > 0")
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--clients", default="1,4,16,32", help="concurrent clients per cell (default 1,4,16,32)")
     p.add_argument("--methods", default="ar,sjd,csd", help="decoding methods, window auto (default ar,sjd,csd)")
@@ -385,15 +388,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="closed: --clients send back to back (default); poisson: requests arrive at --rate")
     g.add_argument("--rate", type=_fractions, default=[0.3, 0.6, 0.9],
                    help="arrival rates, fractions of the capacity (images/s), comma-separated (default 0.3,0.6,0.9)")
-    g.add_argument("--capacity", type=_positive, default=None,
+    g.add_argument("--capacity", type=positive, default=None,
                    help="images per second the rates are fractions of (default: measured per method, one-at-a-time "
                         "throughput x --max-batch)")
-    g.add_argument("--capacity-seconds", type=_positive, default=30.0,
+    g.add_argument("--capacity-seconds", type=positive, default=30.0,
                    help="seconds of the one-at-a-time load that measures the capacity (default 30)")
-    g.add_argument("--requests", type=_count, default=200, help="most requests per cell (default 200; --duration bounds them too)")
-    g.add_argument("--drain", type=_positive, default=600.0,
+    g.add_argument("--requests", type=count(1), default=200, help="most requests per cell (default 200; --duration bounds them too)")
+    g.add_argument("--drain", type=positive, default=600.0,
                    help="seconds after the last arrival the open requests are waited for; later ones are lost (default 600)")
-    g.add_argument("--sample", type=_positive, default=0.5, help="seconds between reads of the queue depth (default 0.5)")
+    g.add_argument("--sample", type=positive, default=0.5, help="seconds between reads of the queue depth (default 0.5)")
     args, extra = p.parse_known_args(argv)
     if args.weights is not None:
         extra += ["--weights", str(args.weights)]
@@ -510,26 +513,6 @@ def _fractions(text: str) -> list[float]:
     if not values or not all(v > 0 and v == v and v != float("inf") for v in values):
         raise argparse.ArgumentTypeError(f"{text!r}: allowed fractions > 0 of the capacity, comma-separated (e.g. 0.3,0.6,0.9)")
     return values
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not (value > 0 and value != float("inf")):
-        raise argparse.ArgumentTypeError(f"{text!r}: allowed a number > 0")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: allowed an integer >= 1")
-    return value
 
 
 def table(rows: list[dict]) -> str:

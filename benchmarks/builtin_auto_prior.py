@@ -28,7 +28,7 @@ import torch
 import csdgen
 from csdgen.engine import window as window_module
 from csdgen.models.builtin import load_builtin_model
-from csdgen.runs import read_json, write_json
+from csdgen.jsonio import read_json, write_json
 
 #: (method, refresh) recorded: the defaults (coupled) first
 METHODS = (("csd", "coupled"), ("sjd", "coupled"), ("csd", "independent"), ("sjd", "independent"))

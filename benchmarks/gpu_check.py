@@ -722,13 +722,13 @@ def check_compile(ctx: Context) -> Outcome:
     """Shapes compiled and compile seconds of runs at batch 4, 3, then 4 again."""
     import csdgen
 
-    from csdgen.models import _static
+    from csdgen.models import _static_steps
 
     model = decoding_model(ctx)
     parts = []
-    backend = _static.COMPILE_BACKEND
+    backend = _static_steps.COMPILE_BACKEND
     if not ctx.compile:  # trace the same shapes with dynamo's eager backend: the count, in seconds not minutes
-        _static.COMPILE_BACKEND = "eager"
+        _static_steps.COMPILE_BACKEND = "eager"
     try:
         for k, batch in enumerate((4, 3, 4)):
             before = compiled_shape_count()
@@ -742,7 +742,7 @@ def check_compile(ctx: Context) -> Outcome:
             parts.append(f"batch {batch}: {new} new shapes, {len(result.compile_seconds)} first calls, {seconds:.1f} s of "
                          f"{result.seconds:.1f} s")
     finally:
-        _static.COMPILE_BACKEND = backend
+        _static_steps.COMPILE_BACKEND = backend
     visited, bound = compiled_shape_bound(model)
     ctx.record(visited_shapes=visited, documented_bound=bound)
     goal = None

@@ -9,7 +9,8 @@ The public names are imported on first use (PEP 562 ``__getattr__``): ``import c
 """
 
 import logging
-from importlib import import_module
+
+from ._lazy import lazy_names
 
 __version__ = "0.1.0"
 
@@ -40,13 +41,4 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(import_module(_LAZY[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted([*globals(), *_LAZY])
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

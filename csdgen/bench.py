@@ -15,7 +15,9 @@ reported by :func:`finish` in the first one:
   the papers' latency setting.
 * **Latency**: ``GenerationResult.seconds`` of that call (prefill to last forward, device
   synchronised by the engine), after one untimed warm-up call per (method, seed) in every
-  process. **Peak memory**: ``torch.cuda.max_memory_allocated`` after
+  process. Methods are interleaved prompt by prompt (:func:`prompt_order`: for each prompt AR,
+  then every other method, then AR at the floor seed), so a drift of the machine's speed
+  lands on every method alike, and the two AR rows give the speed's noise floor. **Peak memory**: ``torch.cuda.max_memory_allocated`` after
   ``reset_peak_memory_stats`` around the call (null on a CPU).
 * **Files**, under ``out``: ``images/<method>-seed<S>/<prompt id>.png`` (decoded, native
   size) and ``.safetensors`` (``tokens`` ``[N]`` int64, ``decisions`` ``[N]`` int8,
@@ -41,35 +43,39 @@ reported by :func:`finish` in the first one:
   classifier's features (per row, :class:`~csdgen.evaluation.quality.QualityScorer`), and
   the texture/entropy decomposition per method (:class:`~csdgen.evaluation.texture.SpeedSources`,
   from the PNG in [-1, 1] and the saved decisions and entropies).
+
+One idea a file: this module plans and runs a bench and reports it; the record files are
+:mod:`csdgen.bench_records`, the scores :mod:`csdgen.bench_scores`, the processes
+:mod:`csdgen.bench_processes` (their public names re-exported here).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import platform
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from csdgen.evaluation.report import SCHEMA, accepted_length_histogram
 from csdgen.prompts import Prompt
-from csdgen.runs import pil_images, read_json, settings_difference, write_json
+from csdgen.runs import pil_images
+from csdgen.bench_processes import barrier, device_name, distributed, leave, machine
+from csdgen.bench_records import (
+    MANIFEST, MERGED, RECORDS_DIR, append_jsonl, check_settings, existing_records, read_jsonl, repair_tail,
+)
+from csdgen.bench_scores import Scorers, _clip_scores, _read_png, min_images, session_nll, target_nll
 
-__all__ = ["TIMING_FIELDS", "BenchPlan", "shard", "jobs", "target_nll", "read_jsonl", "repair_tail",
+__all__ = ["TIMING_FIELDS", "BenchPlan", "shard", "jobs", "prompt_order", "target_nll", "read_jsonl", "repair_tail",
            "append_jsonl", "existing_records", "load_tensors", "check_settings", "run_shard", "merge_records", "Scorers", "finish",
-           "distributed", "barrier", "leave"]
+           "distributed", "barrier", "leave", "machine", "MANIFEST", "session_nll"]
 
 #: Record fields that measure the machine, not the images: they differ between two runs of
 #: the same plan (everything else of a record is identical, whatever the sharding or resuming,
 #: as long as every process runs the same number of torch threads: ``torch_threads``, recorded
 #: because float summation order, and with it now and then a sampled token, depends on it).
 TIMING_FIELDS = ("latency_s", "peak_memory_bytes", "device", "rank", "torch_threads")
-
-MANIFEST = "bench.json"
-RECORDS_DIR = "records"
-MERGED = "records.jsonl"
 
 
 def shard(count: int, rank: int, world: int) -> list[int]:
@@ -137,11 +143,21 @@ class BenchPlan:
 
 
 def jobs(plan: BenchPlan) -> list[tuple[str, int]]:
-    """(method, seed) pairs in run order: every method at every seed, then AR at the floor seed."""
+    """(method, seed) pairs, the rows of the report in order: every method at every seed, then AR at the floor seed."""
     out = [(m, s) for s in plan.seeds for m in plan.methods]
     if plan.floor_seed is not None and ("ar", plan.floor_seed) not in out:
         out.append(("ar", plan.floor_seed))
     return out
+
+
+def prompt_order(plan: BenchPlan) -> list[tuple[str, int]]:
+    """The (method, seed) pairs in the order one prompt runs them: at each seed AR first, then the
+    other methods; AR at the floor seed last. Every prompt runs all of them before the next prompt
+    starts, so a drift of the machine's speed over the run lands on every method alike."""
+    order = [(m, s) for s in plan.seeds for m in sorted(plan.methods, key=lambda m: m != "ar")]
+    if plan.floor_seed is not None and ("ar", plan.floor_seed) not in order:
+        order.append(("ar", plan.floor_seed))
+    return order
 
 
 def image_dir(method: str, seed: int) -> str:
@@ -149,203 +165,11 @@ def image_dir(method: str, seed: int) -> str:
     return f"images/{method}-seed{seed}"
 
 
-# ---- target NLL ----
 
-def _start_argument(session, start: int, batch: int):
-    """``forward``'s ``start``: an int for lock-step sessions, a ``[B]`` int64 tensor for per-row ones."""
-    if getattr(session, "per_row", False):
-        import torch
-
-        return torch.full((batch,), start, dtype=torch.long)
-    return start
-
-
-def session_nll(model, conditions: Sequence, tokens, chunk: int = 256):
-    """Target NLL through the model's decoding session: prefill, then the committed tokens fed
-    ``chunk`` positions at a time (conditional rows only, no guidance, no warping).
-
-    Args:
-        model: any image-token model; conditions: ``B`` conditions; tokens: ``[B, N]`` int64.
-        chunk: image positions per forward (bounds the memory of the ``[B, chunk, V]`` logits).
-
-    Returns:
-        ``[B]`` float32 on the CPU: ``-(1/N) sum_n log q(x_n | condition, x_<n)``, nats per token.
-    """
-    import torch
-
-    B, N = tokens.shape
-    tokens = tokens.to(model.device)
-    with torch.no_grad():
-        session = model.start(list(conditions), B, False)
-        logp = session.prefill().cond[:, 0].float().log_softmax(-1)  # [B, V], position 0
-        total = logp.gather(-1, tokens[:, :1]).squeeze(-1)
-        for start in range(0, N - 1, chunk):
-            fed = tokens[:, start : min(start + chunk, N - 1)]
-            logits = session.forward(fed, _start_argument(session, start, B)).cond.float()  # positions start+1 ..
-            target = tokens[:, start + 1 : start + 1 + fed.shape[1]]
-            total = total + logits.log_softmax(-1).gather(-1, target[..., None]).squeeze(-1).sum(-1)
-    return (-total / N).cpu()
-
-
-def target_nll(model, conditions: Sequence, tokens):
-    """Mean NLL per token, in nats, of image tokens under the target model (teacher-forced,
-    conditional, no guidance): the model's ``token_nll`` where it has one (the built-in model),
-    else :func:`session_nll`.
-
-    Args:
-        model: the image-token model; conditions: ``B`` conditions; tokens: ``[B, N]`` int64.
-
-    Returns:
-        ``[B]`` float32 on the CPU (compare with ``ln V``, the NLL of uniform tokens).
-    """
-    if hasattr(model, "token_nll"):
-        return model.token_nll(tokens, list(conditions)).float().cpu()
-    return session_nll(model, conditions, tokens)
-
-
-# ---- record files ----
-
-def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    """The complete lines of a JSON-line file (a last line without newline, torn by a kill, is ignored).
-
-    Raises:
-        ValueError: a complete line that is not a JSON object (naming file and line).
-    """
-    return [record for _, record in _numbered_jsonl(path)]
-
-
-def _numbered_jsonl(path: str | os.PathLike) -> list[tuple[int, dict]]:
-    """``(line number, object)`` of every complete line (see :func:`read_jsonl`)."""
-    path = Path(path)
-    if not path.is_file():
-        return []
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = data[: error.start].count(b"\n") + 1
-        if data.find(b"\n", error.start) >= 0:  # not in the torn last line: a damaged file
-            raise ValueError(f"{path}:{line}: not UTF-8 text (byte {error.start}); {_FIX_LINE}") from None
-        text = data[: data.rfind(b"\n") + 1].decode("utf-8")
-    lines = text.split("\n")[:-1]  # the part after the last newline is incomplete (or empty)
-    out = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{number}: not JSON ({error.msg}); {_FIX_LINE}") from None
-        if not isinstance(obj, dict):
-            raise ValueError(f"{path}:{number}: expected a JSON object, got {type(obj).__name__}; {_FIX_LINE}")
-        out.append((number, obj))
-    return out
-
-
-#: what a damaged record line's error advises: that line only (moving the file away, as it said
-#: before, regenerated every image the file's other lines record)
-_FIX_LINE = "fix or delete that line (its image is then generated again; the file's other lines are kept)"
-
-#: the fields of a record that resuming and reporting read, and their types
-_RECORD_FIELDS = {"method": str, "seed": int, "prompt_id": str, "image": str, "tensors": str}
-
-
-def _check_record_line(record: dict, path: Path, number: int) -> None:
-    for name, kind in _RECORD_FIELDS.items():
-        value = record.get(name)
-        if not isinstance(value, kind) or isinstance(value, bool):
-            expected = "an integer" if kind is int else "a string"
-            raise ValueError(f"{path}:{number}: {name!r} is {json.dumps(value)}, expected {expected}; {_FIX_LINE}")
-    for name in ("image", "tensors"):
-        parts = Path(record[name]).parts
-        if Path(record[name]).is_absolute() or ".." in parts:
-            raise ValueError(f"{path}:{number}: {name!r} is {record[name]!r}, expected a path inside the bench folder; {_FIX_LINE}")
-
-
-def repair_tail(path: str | os.PathLike) -> bool:
-    """Cut a torn last line (no final newline) off a JSON-line file; True when something was cut."""
-    path = Path(path)
-    if not path.is_file():
-        return False
-    data = path.read_bytes()
-    if not data or data.endswith(b"\n"):
-        return False
-    with open(path, "r+b") as f:
-        f.truncate(data.rfind(b"\n") + 1)
-        f.flush()
-        os.fsync(f.fileno())
-    return True
-
-
-def append_jsonl(path: str | os.PathLike, record: dict) -> None:
-    """Append one record as one line: a single ``write``, then ``fsync`` (the line is on disk when this returns)."""
-    line = json.dumps(record) + "\n"
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _key(record: dict) -> tuple[str, int, str]:
-    return record["method"], int(record["seed"]), record["prompt_id"]
-
-
-def existing_records(out: str | os.PathLike) -> dict[tuple[str, int, str], dict]:
-    """(method, seed, prompt id) -> record, over every rank file in ``out/records`` whose image
-    files are present (the last line wins when a key appears twice).
-
-    Raises:
-        ValueError: a line that is not a JSON object, not UTF-8, or whose method, seed, prompt id,
-            image or tensors field has the wrong type (naming the file and line).
-    """
-    out = Path(out)
-    found: dict[tuple[str, int, str], dict] = {}
-    for path in sorted((out / RECORDS_DIR).glob("rank*.jsonl")):
-        for number, record in _numbered_jsonl(path):
-            _check_record_line(record, path, number)
-            if (out / record["image"]).is_file() and (out / record["tensors"]).is_file():
-                found[_key(record)] = record
-    return found
-
-
-def check_settings(out: str | os.PathLike, settings: dict, *, write: bool) -> None:
-    """Compare ``settings`` with the folder's ``bench.json`` (and write it when absent and ``write``).
-
-    Raises:
-        ValueError: the folder holds a bench of other settings (naming every value that differs),
-            or a malformed ``bench.json``.
-    """
-    path = Path(out) / MANIFEST
-    if path.exists():
-        manifest = read_json(path, what="a csdgen bench manifest")
-        if manifest.get("schema") != SCHEMA or not isinstance(manifest.get("settings"), dict):
-            raise ValueError(f"{str(path)!r} is not a csdgen bench manifest; use another --out")
-        differ = settings_difference(manifest["settings"], settings)
-        if differ:
-            raise ValueError(f"{str(Path(out))!r} holds a bench with other settings ({'; '.join(differ)}); "
-                             f"use another --out, or the earlier settings to resume")
-    elif write:
-        write_json({"schema": SCHEMA, "created": _now(), "settings": settings}, path)
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-# ---- generation ----
-
-def device_name(device) -> str:
-    """``"cpu"`` or the accelerator's name (e.g. ``"NVIDIA H200"``)."""
-    import torch
-
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return device.type
 
 
 def _generate(plan: BenchPlan, method: str, seed: int, position: int):
-    from csdgen.engine.generation import generate
+    from csdgen.engine import generate
 
     kwargs = dict(plan.methods[method])
     window = kwargs.pop("window", plan.window)  # a sweep's setting may carry its own window
@@ -409,48 +233,50 @@ def _run_shard(plan: BenchPlan, out: Path, rank: int, world: int, on_record, on_
     own = out / RECORDS_DIR / f"rank{rank}.jsonl"
     repair_tail(own)
     mine = shard(len(plan.prompts), rank, world)
-    todo = {job: [p for p in mine if (*job, plan.prompts[p].id) not in done] for job in jobs(plan)}
+    todo = [(position, method, seed) for position in mine for method, seed in prompt_order(plan)
+            if (method, seed, plan.prompts[position].id) not in done]
     if on_start is not None:
-        on_start(sum(len(v) for v in todo.values()))
+        on_start(len(todo))
     device = torch.device(plan.model.device)
     cuda = device.type == "cuda"
     name = device_name(device)
+    warmed: set[tuple[str, int]] = set()
+    for position, method, seed in todo:  # one untimed warm-up per (method, seed): kernels, allocator, caches
+        if (method, seed) not in warmed:
+            warmed.add((method, seed))
+            _generate(plan, method, seed, position)
     written = 0
-    for (method, seed), positions in todo.items():
-        if not positions:
-            continue
-        _generate(plan, method, seed, positions[0])  # warm-up: kernels, allocator, caches; not timed
+    for position, method, seed in todo:  # prompt by prompt, every (method, seed) of a prompt in turn
         folder = out / image_dir(method, seed)
         folder.mkdir(parents=True, exist_ok=True)
-        for position in positions:
-            prompt, index = plan.prompts[position], plan.indices[position]
-            if cuda:
-                torch.cuda.reset_peak_memory_stats(device)
-            result = _generate(plan, method, seed, position)
-            peak = int(torch.cuda.max_memory_allocated(device)) if cuda else None
-            stats = result.images[0]
-            save_png(pil_images(plan.model, result.tokens, conditions=[plan.conditions[position]])[0], folder / f"{prompt.id}.png")
-            _save_tensors({"tokens": result.tokens[0], "decisions": stats.decisions, "entropy": stats.entropy},
-                          folder / f"{prompt.id}.safetensors")
-            settings = {k: v for k, v in result.settings.items() if k != "seed"}
-            record = {
-                "schema": SCHEMA, "method": method, "seed": seed, "prompt_id": prompt.id, "prompt_index": index,
-                "prompt": prompt.text, "image": f"{image_dir(method, seed)}/{prompt.id}.png",
-                "tensors": f"{image_dir(method, seed)}/{prompt.id}.safetensors",
-                "settings": settings, "num_tokens": stats.num_tokens, "steps": stats.steps,
-                "step_compression": stats.step_compression, "mean_accepted_length": stats.mean_accepted_length,
-                "accepted_length_histogram": accepted_length_histogram(stats.committed_per_step),
-                "decision_counts": stats.counts(), "mean_entropy_nats": float(stats.entropy.float().mean()),
-                "nll": float(target_nll(plan.model, [plan.conditions[position]], result.tokens)[0]),
-                "latency_s": result.seconds, "batch_size": 1, "peak_memory_bytes": peak, "device": name, "rank": rank,
-                "torch_threads": torch.get_num_threads(),
-            }
-            if plan.class_names is not None:
-                record["class_consistency"] = _class_consistency(plan, position, result.tokens)
-            append_jsonl(own, record)
-            written += 1
-            if on_record is not None:
-                on_record(record)
+        prompt, index = plan.prompts[position], plan.indices[position]
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        result = _generate(plan, method, seed, position)
+        peak = int(torch.cuda.max_memory_allocated(device)) if cuda else None
+        stats = result.images[0]
+        save_png(pil_images(plan.model, result.tokens, conditions=[plan.conditions[position]])[0], folder / f"{prompt.id}.png")
+        _save_tensors({"tokens": result.tokens[0], "decisions": stats.decisions, "entropy": stats.entropy},
+                      folder / f"{prompt.id}.safetensors")
+        settings = {k: v for k, v in result.settings.items() if k != "seed"}
+        record = {
+            "schema": SCHEMA, "method": method, "seed": seed, "prompt_id": prompt.id, "prompt_index": index,
+            "prompt": prompt.text, "image": f"{image_dir(method, seed)}/{prompt.id}.png",
+            "tensors": f"{image_dir(method, seed)}/{prompt.id}.safetensors",
+            "settings": settings, "num_tokens": stats.num_tokens, "steps": stats.steps,
+            "step_compression": stats.step_compression, "mean_accepted_length": stats.mean_accepted_length,
+            "accepted_length_histogram": accepted_length_histogram(stats.committed_per_step),
+            "decision_counts": stats.counts(), "mean_entropy_nats": float(stats.entropy.float().mean()),
+            "nll": float(target_nll(plan.model, [plan.conditions[position]], result.tokens)[0]),
+            "latency_s": result.seconds, "batch_size": 1, "peak_memory_bytes": peak, "device": name, "rank": rank,
+            "torch_threads": torch.get_num_threads(),
+        }
+        if plan.class_names is not None:
+            record["class_consistency"] = _class_consistency(plan, position, result.tokens)
+        append_jsonl(own, record)
+        written += 1
+        if on_record is not None:
+            on_record(record)
     return written
 
 
@@ -487,58 +313,6 @@ def _write_text(path: Path, text: str) -> None:
 
     write_text_atomic(path, text)
 
-
-# ---- scoring and report (first process) ----
-
-@dataclass
-class Scorers:
-    """The quality scorers of a report; None = that score is not computed.
-
-    Attributes:
-        clip: a :class:`~csdgen.evaluation.clip_score.ClipScorer` (per-image CLIP score).
-        fid: a :class:`~csdgen.evaluation.fid.FidScorer` (FID per row).
-        builtin: a :class:`~csdgen.evaluation.quality.QualityScorer` (Frechet distance on the
-            built-in classifier's features, per row).
-    """
-
-    clip: Any = None
-    fid: Any = None
-    builtin: Any = None
-    notes: list[str] = field(default_factory=list)
-
-
-def _read_png(path: Path):
-    import numpy as np
-    import torch
-    from PIL import Image
-
-    with Image.open(path) as image:
-        return torch.from_numpy(np.asarray(image.convert("RGB")).copy()).permute(2, 0, 1)  # [3, H, W] uint8
-
-
-def _clip_scores(records: list[dict], out: Path, clip, batch: int = 32) -> None:
-    """Fill ``clip`` per record, reusing ``scores/clip.json`` (keyed by CLIP model, image, size, mtime)."""
-    import torch
-
-    cache_path = out / "scores" / "clip.json"
-    cache = read_json(cache_path) if cache_path.is_file() else {}
-    table = cache.setdefault(clip.name, {})
-
-    def key(record):
-        stat = (out / record["image"]).stat()
-        return f"{record['image']}|{stat.st_size}|{stat.st_mtime_ns}|{record['prompt']}"
-
-    todo = [r for r in records if key(r) not in table]
-    for start in range(0, len(todo), batch):
-        chunk = todo[start : start + batch]
-        images = torch.stack([_read_png(out / r["image"]) for r in chunk])
-        for record, value in zip(chunk, clip.score(images, [r["prompt"] for r in chunk]).tolist()):
-            table[key(record)] = value
-    if todo:
-        cache_path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(cache, cache_path)
-    for record in records:
-        record["clip"] = table[key(record)]
 
 
 def finish(plan: BenchPlan, out: str | os.PathLike, scorers: Scorers | None = None, *, notes: Sequence[str] = (),
@@ -591,52 +365,8 @@ def finish(plan: BenchPlan, out: str | os.PathLike, scorers: Scorers | None = No
     notes = [*notes, *scorers.notes]
     if any(len(g) < 2 for g in rows.values()) and (scorers.fid is not None or scorers.builtin is not None):
         notes.append("FID / Frechet distance need at least 2 images per row: left out")
-    return write_report(records, out, scores=scores, texture=texture, title=title, notes=notes)
+    return write_report(records, out, scores=scores, texture=texture, title=title, notes=notes,
+                        min_images=min_images(scorers))
 
 
-# ---- processes ----
 
-def distributed(device_type: str) -> tuple[int, int, int]:
-    """``(rank, world size, local rank)``; under ``torchrun`` (``WORLD_SIZE`` > 1) joins the process
-    group first (NCCL for CUDA, gloo otherwise, 12 h timeout: the barrier waits for the slowest process).
-    A single process needs no ``torchrun``: ``(0, 1, 0)``."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return 0, 1, 0
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    if not dist.is_initialized():
-        if device_type == "cuda":
-            torch.cuda.set_device(local)
-        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo", timeout=timedelta(hours=12))
-    return dist.get_rank(), dist.get_world_size(), local
-
-
-def barrier() -> None:
-    """Wait for every process (no-op in a single process)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-
-
-def leave() -> None:
-    """Leave the process group (no-op in a single process). The first process scores after
-    leaving it: torchmetrics' metrics would otherwise try to gather their states from every process."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def machine() -> str:
-    """A one-line description of this machine for the report."""
-    import torch
-
-    if torch.cuda.is_available():
-        return f"{torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}"
-    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch thread{'s' if torch.get_num_threads() != 1 else ''})"

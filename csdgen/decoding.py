@@ -5,12 +5,9 @@ per file); this module only re-exports its public names, so ``from csdgen.decodi
 generate, GenerationResult, verify`` keeps working.
 """
 
-from .engine.continuous import ContinuousBatch, FinishedImage
-from .engine.generation import generate
-from .engine.methods import METHODS
-from .engine.results import Decision, GenerationResult, ImageStats, StepInfo
-from .engine.verification import Verdict, verify
-from .engine.window import AUTO_MAX_WINDOW
+from .engine import (AUTO_MAX_WINDOW, METHODS, ContinuousBatch, Decision, FinishedImage, GenerationResult, ImageStats,
+                     StepInfo, Verdict, check_conditions, check_engine, default_sampling, generate, resolve_arguments,
+                     resolve_method, verify)
 
 __all__ = [
     "Decision",
@@ -24,4 +21,9 @@ __all__ = [
     "AUTO_MAX_WINDOW",
     "ContinuousBatch",
     "FinishedImage",
+    "resolve_arguments",
+    "check_conditions",
+    "check_engine",
+    "resolve_method",
+    "default_sampling",
 ]

@@ -15,9 +15,10 @@ runs the methods one after another on the same seed and shows, per method, while
 and at the end one statistics row per method (forwards, step compression, mean accepted
 length, decoding wall time, tokens per decision), downloadable as CSV.
 
-The live view is drawn by ``generate``'s ``callback`` (after every forward), in the decoding
-thread; the time spent drawing is subtracted from the reported wall time. The callback sees
-committed lengths, tokens, and the decisions and entropies so far (:class:`~csdgen.engine.results.StepInfo`
+The page's fields are read by :mod:`csdgen.demo_inputs`, the methods decoded live by
+:mod:`csdgen.demo_watch` (both re-exported here). The live view is drawn by ``generate``'s
+``callback`` (after every forward), in the decoding thread; the time spent drawing is subtracted from the reported wall time. The callback sees
+committed lengths, tokens, and the decisions and entropies so far (:class:`csdgen.engine.StepInfo`
 ``decisions``, ``entropy``), so both maps fill in token by token as the image does.
 
 Offline by construction: Gradio's analytics are off, no share link, the page's fonts are
@@ -28,8 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import html
-import inspect
-import math
 import os
 import queue
 import shutil
@@ -37,345 +36,27 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
 
 import numpy as np
-import torch
 from PIL import Image
 
 import csdgen
-from csdgen.engine.results import Decision, StepInfo
-from csdgen.evaluation.compare import method_presets, to_csv
-from csdgen.evaluation.maps import COLOURS, save_png, to_uint8
+from csdgen.decisions import Decision
+from csdgen.evaluation.compare import to_csv
+from csdgen.evaluation.maps import COLOURS, save_png
 from csdgen.models.defaults import FAMILY_DEFAULTS, FamilyDefaults
-from csdgen.sampling import MAX_SEED, SamplingConfig, check_seed
+from csdgen.sampling import MAX_SEED, SamplingConfig
+from csdgen.demo_inputs import (
+    DEFAULT_METHODS, METHOD_LABELS, DemoSettings, _class_hint, parse_inputs, window_auto_supported,
+)
+from csdgen.demo_watch import COMMITTED, PENDING, DemoCancelled, Frame, token_maps, watch
 
 __all__ = ["free_port", "METHOD_LABELS", "DemoSettings", "Frame", "DemoCancelled", "window_auto_supported", "parse_inputs",
-           "token_maps", "watch", "build_app", "load_demo_model", "serve"]
+           "token_maps", "watch", "build_app", "load_demo_model", "serve", "PENDING", "COMMITTED"]
 
-#: methods the page offers (keys of :func:`csdgen.evaluation.compare.method_presets`) and their labels
-METHOD_LABELS = {
-    "ar": "AR", "sjd": "SJD", "sjd-coupled": "coupled SJD", "jacobi": "Jacobi", "addition": "Addition",
-    "gsd": "GSD", "lantern": "LANTERN", "csd": "CSD", "csd-coupled": "coupled CSD",
-}
-DEFAULT_METHODS = ["ar", "csd"]
-PENDING = (245, 245, 245)  #: colour of token cells not committed yet
-COMMITTED = (150, 150, 150)  #: committed token whose decision the live view does not know yet
-_DISPLAY = 256  #: images narrower than this are upscaled (nearest neighbour) to about this width
 #: seconds Ctrl-C waits for the page server to close before the command ends anyway
 CLOSE_SECONDS = 5.0
-
-
-class DemoCancelled(Exception):
-    """Raised inside ``generate``'s callback to stop a run the page cancelled."""
-
-
-@dataclass
-class DemoSettings:
-    """One validated request of the page."""
-
-    condition: Any  #: class id (built-in model) or prompt string
-    label: str  #: the prompt as typed, or the class's name (``random``: the class drawn)
-    methods: list[str]
-    window: int | str
-    lam: float
-    delta: float
-    guidance_scale: float
-    seed: int
-
-
-@dataclass
-class Frame:
-    """What the page shows for one method at one moment: three ``[H, W, 3]`` uint8 arrays and a line."""
-
-    image: np.ndarray
-    acceptance: np.ndarray
-    entropy: np.ndarray
-    committed: int
-    forwards: int
-
-
-def window_auto_supported() -> bool:
-    """Whether this csdgen's :func:`csdgen.generate` takes ``window="auto"`` (the engine's own window choice)."""
-    parameter = inspect.signature(csdgen.generate).parameters["window"]
-    return parameter.default in (None, "auto") or "auto" in str(parameter.annotation) or "str" in str(parameter.annotation)
-
-
-def _number(name: str, value: Any, allowed: str) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}={value!r}: must be a number; allowed: {allowed}") from None
-    if not math.isfinite(number):
-        raise ValueError(f"{name}={value!r}: must be a finite number; allowed: {allowed}")
-    return number
-
-
-def parse_inputs(model, condition: Any, methods: list[str] | None, window: Any, lam: Any, delta: Any,
-                 guidance_scale: Any, seed: Any) -> DemoSettings:
-    """Check the page's inputs; every error is one line naming the bad value and what is allowed.
-
-    Args:
-        model: the page's model; a model with ``class_ids`` takes a class name (any case and spacing, a
-            short name), an index or ``random`` (a class drawn from the seed), any other a prompt.
-        window: an integer >= 1 (text or number), or ``"auto"`` where :func:`window_auto_supported`.
-
-    Raises:
-        ValueError: empty condition, unknown class (with close matches), no or unknown methods, bad
-            window, lambda, delta, guidance scale or seed.
-    """
-    text = str(condition if condition is not None else "").strip()
-    if not text:
-        raise ValueError("the class or prompt is empty; " + _condition_help(model))
-    if methods is not None and not isinstance(methods, (list, tuple)):
-        raise ValueError(f"methods={_clip(methods)}: allowed a list of method names ({', '.join(METHOD_LABELS)})")
-    methods = list(methods or [])
-    if not methods:
-        raise ValueError(f"no method chosen; allowed: {', '.join(METHOD_LABELS)}")
-    unknown = [m for m in methods if not isinstance(m, str) or m not in METHOD_LABELS]
-    if unknown:
-        raise ValueError(f"unknown methods {_clip(unknown)}; allowed: {', '.join(METHOD_LABELS)}")
-    if ("gsd" in methods or "lantern" in methods) and model.codebook_embeddings() is None:
-        raise ValueError("GSD and LANTERN need the model's codebook, which this model does not expose; choose other methods")
-    window_text = str(window).strip().lower()
-    if window_text == "auto":
-        if not window_auto_supported():
-            raise ValueError("window='auto': this csdgen's engine has no automatic window; allowed: an integer >= 1")
-        parsed_window: int | str = "auto"
-    else:
-        try:
-            parsed_window = int(float(window_text)) if float(window_text).is_integer() else -1
-        except ValueError:
-            parsed_window = -1
-        if parsed_window < 1:
-            raise ValueError(f"window={window!r}: allowed: an integer >= 1 (1 = AR)"
-                             + (" or auto" if window_auto_supported() else ""))
-    lam_value = _number("lambda", lam, "a number >= 0")
-    delta_value = _number("delta", delta, "a number in [0, 1]")
-    guidance = _number("guidance scale", guidance_scale, "a number >= 0 (0 = no guidance)")
-    seed_value = _seed(seed)
-    method_presets(lam_value, delta_value)  # CSD checks lambda and delta (one-line ValueError)
-    SamplingConfig(guidance_scale=guidance)  # checks the guidance scale
-    resolved: Any = text
-    if getattr(model, "classes", None) is not None:
-        resolved = model.classes.assign([text], 1, seed=seed_value)[0]
-        text = model.class_names[resolved]
-    elif hasattr(model, "class_ids"):
-        resolved = model.class_ids([text])[0]
-    return DemoSettings(resolved, text, methods, parsed_window, lam_value, delta_value, guidance, seed_value)
-
-
-def _seed(value: Any) -> int:
-    """The page's seed as an exact integer in ``0 .. MAX_SEED``: the text field's ASCII digits, as
-    ``--seed`` reads them (no exponent, sign or fraction); from an API client also a float where it
-    is exact (an integral value below 2**53)."""
-    allowed = f"allowed: an integer in 0..{MAX_SEED}"
-    if isinstance(value, str):
-        text = value.strip()
-        if not (text.isascii() and text.isdigit()):
-            raise ValueError(f"seed={_clip(value)}: {allowed}")
-        value = int(text)
-    elif isinstance(value, float):
-        number = _number("seed", value, allowed)
-        if not number.is_integer() or abs(number) >= 2**53:
-            raise ValueError(f"seed={_clip(value)}: {allowed}")
-        value = int(number)
-    try:
-        return check_seed(value)
-    except ValueError:
-        raise ValueError(f"seed={_clip(value)}: {allowed}") from None
-
-
-def _clip(value: Any, limit: int = 80) -> str:
-    """``repr(value)`` cut to ``limit`` characters (a client can send anything)."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _condition_help(model) -> str:
-    names = getattr(model, "class_names", None)
-    if hasattr(model, "class_ids"):
-        if names:
-            return f"allowed: one of the {len(names)} class names (e.g. {names[0]!r}), an index 0..{len(names) - 1} or random"
-        return f"allowed: a class index 0..{model.num_classes - 1}"
-    return "allowed: a text prompt"
-
-
-def _class_hint(names: list[str]) -> str:
-    """The class box's help line: how many classes, examples, what else it takes (not all 1,911 names)."""
-    examples = [n for n in ("red apple", "dog face", "rocket", "grinning face") if n in names] or names[:4]
-    shown = ", ".join(examples)
-    return (f"one of {len(names):,} class names in any case (e.g. {shown}), a short name, an index or random; "
-            f"an unknown name gets close matches. All of them: csdgen generate --list-classes")
-
-
-def _upscale(grid_rgb: np.ndarray, height: int, width: int) -> np.ndarray:
-    """Token grid ``[rows, cols, C]`` -> ``[height, width, C]`` by nearest neighbour."""
-    rows, cols = grid_rgb.shape[:2]
-    row_of = np.arange(height) * rows // height
-    col_of = np.arange(width) * cols // width
-    return grid_rgb[row_of[:, None], col_of[None, :]]
-
-
-def token_maps(decisions: torch.Tensor | None, entropy: torch.Tensor | None, committed: int, grid: tuple[int, int],
-               vocab_size: int, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """The acceptance map and the entropy map of one image, its first ``committed`` tokens decided.
-
-    Args:
-        decisions: ``[N]`` int :class:`~csdgen.Decision` codes (raster order), or None when not known
-            yet (committed tokens drawn grey).
-        entropy: ``[N]`` float, nats, or None (committed tokens drawn pending).
-        committed: number of committed tokens (a raster prefix).
-        grid: ``(rows, cols)``, ``rows * cols == N``.
-        vocab_size: V; the entropy's grey level is ``H / ln V`` (black 0, white ``ln V`` nats).
-        height, width: output size in pixels.
-
-    Returns:
-        Two ``[height, width, 3]`` uint8 arrays; token cells not committed are :data:`PENDING`.
-    """
-    rows, cols = grid
-    done = (np.arange(rows * cols) < committed).reshape(rows, cols)
-    acceptance = np.empty((rows, cols, 3), dtype=np.uint8)
-    acceptance[:] = PENDING
-    if decisions is None:
-        acceptance[done] = COMMITTED
-    else:
-        codes = decisions.reshape(rows, cols).cpu().numpy()
-        for decision, colour in COLOURS.items():
-            acceptance[done & (codes == int(decision))] = colour
-    entropy_rgb = np.empty((rows, cols, 3), dtype=np.uint8)
-    entropy_rgb[:] = PENDING
-    if entropy is not None:
-        grey = (entropy.float().reshape(rows, cols).cpu() / math.log(vocab_size)).clamp(0, 1).numpy()
-        entropy_rgb[done] = (np.round(grey * 255).astype(np.uint8)[..., None])[done]
-    return _upscale(acceptance, height, width), _upscale(entropy_rgb, height, width)
-
-
-#: the last finished image decoded: [model, tokens [N] int64 CPU, image] (a slow decoder runs once per image)
-_LAST_FULL: list = [None, None, None]
-
-
-def _partial_image(model, tokens: torch.Tensor, committed: int) -> np.ndarray:
-    """``[H, W, 3]`` uint8: the image decoded from ``tokens [N]`` (committed + drafts), pending cells veiled.
-
-    A model whose decoder is too slow to run at every frame (``live_preview = False``: GLM-Image's
-    DiT) shows a blank canvas of its ``image_size`` until the last token is committed; the maps stay live.
-    """
-    rows, cols = model.grid
-    if committed < rows * cols and not getattr(model, "live_preview", True):
-        image = np.full((*model.image_size, 3), PENDING, dtype=np.uint8)
-    elif (committed >= rows * cols and _LAST_FULL[0] is model and _LAST_FULL[1] is not None
-          and torch.equal(_LAST_FULL[1], tokens.cpu())):
-        image = _LAST_FULL[2]  # the finished image again (the last step's frame and the end frame): decode once
-    else:
-        image = to_uint8(model.decode_images(tokens[None].to(model.device)))[0]
-        if committed >= rows * cols:
-            _LAST_FULL[:] = [model, tokens.cpu().clone(), image]
-    scale = max(1, _DISPLAY // image.shape[1])
-    image = np.repeat(np.repeat(image, scale, axis=0), scale, axis=1)
-    if committed < rows * cols:
-        pending = _upscale((np.arange(rows * cols) >= committed).reshape(rows, cols)[..., None], *image.shape[:2])
-        veiled = (0.3 * image + 0.7 * np.array(PENDING)).astype(np.uint8)
-        image = np.where(pending, veiled, image)
-    return image
-
-
-def _frame(model, tokens: torch.Tensor, committed: int, forwards: int, decisions, entropy) -> Frame:
-    image = _partial_image(model, tokens, committed)
-    acceptance, entropy_map = token_maps(decisions, entropy, committed, model.grid, model.codebook_size, *image.shape[:2])
-    return Frame(image, acceptance, entropy_map, committed, forwards)
-
-
-def _run_one(model, settings: DemoSettings, key: str, preset: dict, sampling: SamplingConfig, cancel: threading.Event,
-             emit: Callable[[tuple], None], min_interval: float) -> dict:
-    """Run one method on one image, emitting ``("frame", key, Frame)`` while it decodes; returns its statistics row."""
-    spent = {"preview": 0.0, "last": -math.inf}
-
-    def callback(info: StepInfo) -> None:
-        began = time.perf_counter()
-        if cancel.is_set():
-            raise DemoCancelled(key)
-        committed = int(info.committed[0])
-        if began - spent["last"] >= min_interval:
-            emit(("frame", key, _frame(model, info.tokens[0], committed, info.step, info.decisions[0], info.entropy[0])))
-            spent["last"] = time.perf_counter()
-        spent["preview"] += time.perf_counter() - began
-
-    options = dict(preset)
-    if key == "ar":
-        options["window"] = 1
-    else:
-        options.setdefault("window", settings.window)
-    result = csdgen.generate(model, [settings.condition], seed=settings.seed, sampling=sampling, callback=callback, **options)
-    stats = result.images[0]
-    emit(("frame", key, _frame(model, result.tokens[0].cpu(), stats.num_tokens, stats.steps, stats.decisions, stats.entropy)))
-    summary = stats.summary()
-    return {
-        "method": key,
-        "forwards": stats.steps,
-        "step_compression": stats.step_compression,
-        "mean_accepted_length": stats.mean_accepted_length,
-        "wall_s": max(0.0, result.seconds - spent["preview"]),
-        "tokens": stats.num_tokens,
-        **{k: v for k, v in summary.items() if k.startswith("tokens_")},
-        "mean_entropy_nats": summary["mean_entropy_nats"],
-        "window": result.settings.get("window"),
-        "mean_width": sum(widths) / len(widths) if (widths := getattr(result, "widths", None)) else "",
-        "lam": settings.lam if key.startswith("csd") else "",
-        "delta": settings.delta if key.startswith("csd") else "",
-        "guidance_scale": settings.guidance_scale,
-        "seed": settings.seed,
-        "condition": settings.label,
-    }
-
-
-def watch(model, settings: DemoSettings, sampling: SamplingConfig, cancel: threading.Event,
-          min_interval: float = 0.15) -> Iterator[tuple]:
-    """Run the chosen methods one after another in a worker thread; yield what the page shows.
-
-    Yields ``("frame", method, Frame)`` while a method decodes (at most one per ``min_interval``
-    seconds, plus its final frame), ``("done", method, row)`` when it ends, ``("error", message)``
-    for an error a user can fix, and finally ``("end", rows)``. Setting ``cancel`` stops the
-    running method at its next forward (``("cancelled", method)`` is yielded). Closing the iterator
-    sets ``cancel``.
-    """
-    events: queue.Queue = queue.Queue()
-    presets = method_presets(settings.lam, settings.delta, codebook=_codebook(model, settings.methods))
-
-    def work() -> None:
-        rows = []
-        for key in settings.methods:
-            try:
-                rows.append(_run_one(model, settings, key, presets[key], sampling, cancel, events.put, min_interval))
-            except DemoCancelled:
-                events.put(("cancelled", key))
-                return
-            except (ValueError, NotImplementedError) as exc:
-                events.put(("error", f"{METHOD_LABELS[key]}: {exc}"))
-                return
-            except Exception as exc:  # noqa: BLE001 -- shown on the page as one line, not a traceback
-                events.put(("error", f"{METHOD_LABELS[key]} failed: {type(exc).__name__}: {exc}"))
-                return
-            events.put(("done", key, rows[-1]))
-        events.put(("end", rows))
-
-    thread = threading.Thread(target=work, name="csdgen-demo", daemon=True)
-    thread.start()
-    try:
-        while True:
-            event = events.get()
-            yield event
-            if event[0] in ("end", "error", "cancelled"):
-                break
-    finally:
-        cancel.set()
-        thread.join(timeout=60)
-
-
-def _codebook(model, methods: list[str]):
-    return model.codebook_embeddings() if {"gsd", "lantern"} & set(methods) else None
 
 
 def _sampling(defaults: FamilyDefaults, guidance_scale: float, vocab_size: int, schedule=None) -> SamplingConfig:

@@ -22,7 +22,6 @@ A path names a user file:
 from __future__ import annotations
 
 import csv
-import json
 import os
 from dataclasses import dataclass
 from importlib import resources
@@ -80,16 +79,10 @@ def _safe_id(value, fallback: str) -> str:
 
 
 def _read_jsonl(text: str, source: str) -> list[Prompt]:
+    from .jsonio import json_lines
+
     prompts = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{source}:{number}: not a JSON object ({error.msg})") from None
-        if not isinstance(obj, dict):
-            raise ValueError(f"{source}:{number}: expected a JSON object, got {type(obj).__name__}")
+    for number, obj in json_lines(text.splitlines(), source, not_json="not a JSON object"):
         if isinstance(obj.get("captions"), list) and obj["captions"]:
             caption = obj["captions"][0]
         else:

@@ -52,8 +52,11 @@ import torch
 
 from .acceptance import AcceptanceRule, first_rejection
 from .drafting import refresh_drafts
-from .engine.results import Decision
-from .engine.streams import _ACCEPT, _COUPLED, _KEEP, _RESIDUAL  # the chain's stream kinds
+from .decisions import ACCEPT_STREAM as _ACCEPT  # the chain's stream kinds
+from .decisions import COUPLED_STREAM as _COUPLED
+from .decisions import KEEP_STREAM as _KEEP
+from .decisions import RESIDUAL_STREAM as _RESIDUAL
+from .decisions import Decision
 from .sampling import sample
 
 __all__ = ["TreeLayout", "tree_layout", "check_tree", "draw_siblings", "without", "TreeVerdict", "verify_tree",
@@ -219,7 +222,7 @@ class TreeVerdict:
         accepted: ``[A]`` int64 r, accepted candidates on the winning path (commits ``r + 1``).
         tokens: ``[A, W]`` int64: the winning path's candidates before ``r``, the new token at ``r``,
             refreshed drafts (from the main path's targets) after it.
-        decisions: ``[A, W]`` int8 :class:`csdgen.engine.results.Decision` codes (meaningful at ``<= r``).
+        decisions: ``[A, W]`` int8 :class:`csdgen.decisions.Decision` codes (meaningful at ``<= r``).
         side: ``[A, W]`` bool, the token was accepted from a side branch (a node off the main path).
         path: ``[A, W]`` int64, the winning path's node at depth ``0 .. W - 1`` (main path beyond it).
         branches: ``[A, D]`` int64, the winning candidate at each tree level (-1: level not accepted).
@@ -269,7 +272,7 @@ def verify_tree(
         target: ``[A, S, V]`` float ``q`` at every node (the distribution of the node's position + 1).
         widths: ``[A]`` int64 valid main slots per image (nodes deeper than ``widths - 1`` are padding).
         uniforms: ``[TREE_KINDS, A, >= S]`` float64; chain_uniforms: ``[6, A, >= W]`` float64
-            (the chain's kinds of :mod:`csdgen.engine.streams`).
+            (the chain's kinds of :mod:`csdgen.decisions`).
         choice: ``"first"`` (exact: the first accepted sibling wins) or ``"longest"``: every
             sibling is tested against the residual of the ones before it whether or not one was
             accepted, and the root-to-leaf path with the longest accepted run wins (first on ties),

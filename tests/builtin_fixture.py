@@ -24,7 +24,7 @@ CODEBOOK = 1024
 def shipped_classes() -> tuple[list, list, list]:
     """Class names, categories and short names of the shipped built-in model's config.json."""
     from csdgen.builtin import DEFAULT_WEIGHTS_DIR
-    from csdgen.runs import read_json
+    from csdgen.jsonio import read_json
 
     config = read_json(DEFAULT_WEIGHTS_DIR / "config.json")
     return config["class_names"], config["class_categories"], config["class_short_names"]
@@ -33,7 +33,7 @@ def shipped_classes() -> tuple[list, list, list]:
 def shipped_extra() -> dict:
     """The shipped config's other class keys: emoji characters, default classes, the emoji not drawn."""
     from csdgen.builtin import DEFAULT_WEIGHTS_DIR
-    from csdgen.runs import read_json
+    from csdgen.jsonio import read_json
 
     config = read_json(DEFAULT_WEIGHTS_DIR / "config.json")
     return {k: config[k] for k in ("class_emoji", "default_classes", "other_classes") if k in config}

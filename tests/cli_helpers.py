@@ -26,6 +26,11 @@ def usage_error(capsys, *argv, one_line: bool = False) -> str:
     return err
 
 
+def one_line_usage_error(capsys, *argv) -> str:
+    """:func:`usage_error` requiring the error to be a single line."""
+    return usage_error(capsys, *argv, one_line=True)
+
+
 #: a run's first line (csdgen.cli._common.choose_dtype), printed when decoding starts: not part of an error
 RUN_LINE = re.compile(r"csdgen \w+: .+ on \w+(:\d+)?, (float32|bfloat16|float16) \(.+\)\n")
 

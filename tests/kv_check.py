@@ -62,3 +62,34 @@ def assert_next_window_matches_alone(model, session, tokens, guided, tol):
         torch.testing.assert_close(out.cond[row, :width], ref.cond[0, :width], atol=tol, rtol=tol)
         if guided:
             torch.testing.assert_close(out.uncond[row, :width], ref.uncond[0, :width], atol=tol, rtol=tol)
+
+
+def generate_checking_every_iteration(model, conditions, **generate_kwargs):
+    """``csdgen.generate(model, conditions, **generate_kwargs)`` whose callback checks, after every
+    iteration, each row's cache against a fresh prefill (:func:`assert_rows_match_fresh`, guided as
+    ``generate_kwargs["sampling"]``). Returns ``(result, cache lengths per iteration)``."""
+    import csdgen
+
+    guided = generate_kwargs["sampling"].guided
+    checked = []
+
+    def check(info):
+        assert_rows_match_fresh(model, conditions, guided, info)
+        checked.append(info.session.cache_lengths.tolist())
+
+    return csdgen.generate(model, conditions, callback=check, **generate_kwargs), checked
+
+
+def generate_recording_row_sequences(model, conditions, **generate_kwargs):
+    """``csdgen.generate`` (guided) recording, after every iteration, each image's cached cond and
+    uncond row sequences. Returns ``(result, {image: (cond row ids, uncond row ids)})`` of the last iteration."""
+    import csdgen
+
+    seen = {}
+
+    def record(info):
+        B = info.session.batch_size
+        for i, image in enumerate(info.rows.tolist()):
+            seen[image] = (info.session.row_sequence(i).tolist(), info.session.row_sequence(B + i).tolist())
+
+    return csdgen.generate(model, conditions, callback=record, **generate_kwargs), seen

@@ -89,7 +89,7 @@ def test_records_files_and_report(reference):
             assert row[column] != "", (row["method"], column)
     md = (reference / "report.md").read_text()
     assert "## Where the speed comes from" in md and "**csd**" in md
-    # the header's sampling is words, not the SamplingConfig dict (a new user's trial)
+    # the header's sampling is words, not the SamplingConfig dict
     header = md.split("## Settings")[0]
     assert "guidance scale " in header and "top-p " in header and "'guidance_scale'" not in header
     assert (reference / "texture.csv").is_file() and (reference / "speed_quality_nll.png").is_file()
@@ -116,8 +116,9 @@ def test_interrupted_run_resumes_to_the_same_records(builtin_weights, reference,
     monkeypatch.setattr(bench, "_save_tensors", lambda t, p, save=bench._save_tensors: (written.append(p), save(t, p)))
     monkeypatch.setattr(bench, "_generate", lambda *a, gen=bench._generate: (calls.append(a[1:]), gen(*a))[1])
     assert _bench(builtin_weights, out) == 0
-    assert len(written) == 6 - 3  # only the missing images were generated: csd's three (ar's are done)
-    assert calls == [("csd", 0, 0)] * 2 + [("csd", 0, 1), ("csd", 0, 2)]  # one untimed warm-up, then each image
+    assert len(written) == 6 - 3  # only the missing images were generated (prompt by prompt: ar, csd, ar, csd, ...)
+    # one untimed warm-up per (method, seed), then each missing image in the interleaved order
+    assert calls == [("csd", 0, 1), ("ar", 0, 2)] + [("csd", 0, 1), ("ar", 0, 2), ("csd", 0, 2)]
     _same_outputs(reference, out)
     lines = (out / "records" / "rank0.jsonl").read_text().splitlines()
     assert len(lines) == 6 and all(json.loads(line) for line in lines)  # the torn line was cut off
@@ -237,3 +238,110 @@ def test_bench_image_is_csdgen_generate_image_at_the_same_seed_and_window(builti
         upscaled = np.asarray(Image.open(out / f"{i:04d}_{name}.png"))  # generate saves the built-in 64 px images x2
         own = np.asarray(Image.open(reference / "images" / "csd-seed0" / f"{i:05d}-{name}.png"))
         assert np.array_equal(upscaled[::2, ::2], own)
+
+
+def _bench_ar(weights_dir, out, *extra):
+    return cli.main(["bench", "--weights", str(weights_dir), "--out", str(out), "--methods", "ar", "--window", "8",
+                     "--floor-seed", "none", *map(str, extra)])
+
+
+def test_bench_resume_with_another_engine_is_refused(builtin_weights, tmp_path, capsys):
+    """The engine changes no token but every latency: a rerun with another --engine (or --compile)
+    into the same folder was accepted and its rows averaged latencies of both engines."""
+    assert _bench_ar(builtin_weights, tmp_path / "b", "--limit", "1", "--engine", "eager") == 0
+    capsys.readouterr()
+    assert _bench_ar(builtin_weights, tmp_path / "b", "--limit", "2") == 2
+    err = capsys.readouterr().err
+    assert 'engine: "eager" there, unset here' in err and "\n" not in err.strip()
+    assert _bench_ar(builtin_weights, tmp_path / "b", "--limit", "2", "--engine", "eager") == 0  # the same engine resumes
+    assert json.loads((tmp_path / "b" / "bench.json").read_text())["settings"]["engine"] == "eager"
+
+
+def test_bench_resumes_a_prompt_file_named_by_another_path(builtin_weights, tmp_path, monkeypatch, capsys):
+    """bench.json names a prompt file by its content: ``p.txt``, ``./p.txt``, its absolute path and a
+    copy of it resume one bench (the path as typed was compared, so each of those was refused)."""
+    (tmp_path / "p.txt").write_text("0\n1\n")
+    monkeypatch.chdir(tmp_path)
+    assert _bench_ar(builtin_weights, "b", "--prompts", "p.txt", "--limit", "1") == 0
+    for spelling in ("./p.txt", str(tmp_path / "p.txt")):
+        assert _bench_ar(builtin_weights, "b", "--prompts", spelling, "--limit", "1") == 0, capsys.readouterr().err
+    (tmp_path / "copy.txt").write_text("0\n1\n")
+    assert _bench_ar(builtin_weights, "b", "--prompts", "copy.txt") == 0
+    (tmp_path / "other.txt").write_text("2\n1\n")
+    assert _bench_ar(builtin_weights, "b", "--prompts", "other.txt") == 2
+    assert "prompts:" in capsys.readouterr().err
+
+
+def test_bench_resumes_a_folder_that_named_its_prompt_file_by_path(builtin_weights, tmp_path, monkeypatch):
+    """A bench.json written before (the prompt file named by its path) still resumes with that file."""
+    (tmp_path / "p.txt").write_text("0\n1\n")
+    monkeypatch.chdir(tmp_path)
+    assert _bench_ar(builtin_weights, "b", "--prompts", "p.txt", "--limit", "1") == 0
+    manifest = json.loads(Path("b/bench.json").read_text())
+    manifest["settings"]["prompts"] = "p.txt"
+    Path("b/bench.json").write_text(json.dumps(manifest))
+    assert _bench_ar(builtin_weights, "b", "--prompts", "p.txt") == 0
+
+
+def test_bench_primary_seed_is_the_first_seed_listed(builtin_weights, tmp_path):
+    """``--seeds 3,1``: the unlabelled rows are seed 3 (the primary seed was the smallest, 1, while
+    the noise floor's default seed counts from the first listed)."""
+    assert _bench_ar(builtin_weights, tmp_path / "b", "--limit", "1", "--seeds", "3,1") == 0
+    rows = {line.split(",")[0] for line in (tmp_path / "b" / "report.csv").read_text().splitlines()[1:]}
+    assert rows == {"ar", "ar@seed1"}
+
+
+def test_bench_builtin_offset_past_the_last_class_is_refused(builtin_weights, tmp_path, capsys):
+    """Past the last class the spread order starts again: ``--offset`` plus ``--limit`` beyond the
+    model's classes gave the same classes twice (3 classes in the tiny model)."""
+    assert _bench_ar(builtin_weights, tmp_path / "b", "--offset", "2", "--limit", "2") == 2
+    err = capsys.readouterr().err
+    assert "--offset 2 with --limit 2: allowed offset + limit <= 3" in err
+    assert _bench_ar(builtin_weights, tmp_path / "c", "--offset", "3") == 2
+    assert "--offset 3: allowed offset + limit <= 3" in capsys.readouterr().err
+
+
+def test_bench_table_mean_accepted_length_is_the_mean_of_its_records(builtin_weights, tmp_path):
+    """One name, one definition: the table's mean accepted length is the mean over images of each
+    record's (tokens per forward after the prefill), as compare's table; it was pooled over the
+    row's steps with the prefill, below the row's step compression."""
+    assert cli.main(["bench", "--weights", str(builtin_weights), "--out", str(tmp_path / "b"), "--methods", "csd", "--window", "8",
+                     "--floor-seed", "none", "--limit", "3"]) == 0
+    records = [json.loads(line) for line in (tmp_path / "b" / "records.jsonl").read_text().splitlines()]
+    csd = [r["mean_accepted_length"] for r in records if r["method"] == "csd"]
+    lines = (tmp_path / "b" / "report.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    row = next(line.split(",") for line in lines[1:] if line.startswith("csd,"))
+    assert float(row[header.index("mean_accepted_length")]) == pytest.approx(sum(csd) / len(csd), abs=1e-4)
+
+
+def test_bench_help_says_window_auto_is_refused(capsys):
+    """bench's --help offered "or auto", which bench refuses (compare and generate take it)."""
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "auto is refused" in text and "or auto" not in text
+    with pytest.raises(SystemExit):
+        cli.main(["compare", "--help"])
+    assert "or auto" in " ".join(capsys.readouterr().out.split())
+
+
+def test_methods_run_interleaved_prompt_by_prompt_with_the_speed_noise_floor_and_a_few_images_caveat(builtin_weights,
+                                                                                                      tmp_path):
+    """Each prompt runs AR, then every other method, then AR at the floor seed, before the next prompt
+    (a drift of the machine's speed lands on every method alike); the report prints AR's latency at
+    the floor seed over its latency at seed 0, and says the Frechet distance of 2 images means nothing."""
+    out = tmp_path / "bench"
+    assert cli.main(["bench", "--weights", str(builtin_weights), "--out", str(out), "--limit", "2", "--methods", "csd",
+                     "--window", "16"]) == 0
+    lines = [json.loads(line) for line in (out / "records" / "rank0.jsonl").read_text().splitlines()]
+    prompts = sorted({r["prompt_id"] for r in lines}, key=lambda p: [r["prompt_id"] for r in lines].index(p))
+    assert [(r["method"], r["seed"], r["prompt_id"]) for r in lines] == [
+        (m, s, p) for p in prompts for m, s in (("ar", 0), ("csd", 0), ("ar", 1))]
+    latency = {}
+    for r in lines:
+        latency.setdefault((r["method"], r["seed"]), []).append(r["latency_s"])
+    ratio = (sum(latency[("ar", 1)]) / 2) / (sum(latency[("ar", 0)]) / 2)
+    md = (out / "report.md").read_text()
+    assert f"- Speed noise floor: latency ar@seed1 / ar = {ratio:.3f} " in md
+    assert "Frechet distance (classifier features) rests on too few images to mean anything: 2 per row" in md

@@ -57,7 +57,7 @@ def test_bench_decoding_reduced_run_prints_the_goal_lines():
 
 
 def test_bench_decoding_refuses_bad_arguments_in_one_line():
-    """From a new user's trial: --repeats 0, --batches 0 or x, --window 0, --timing-repeats 0 gave
+    """--repeats 0, --batches 0 or x, --window 0, --timing-repeats 0 gave
     tracebacks; --tolerance -1 ran and printed 'at most -100 % behind'."""
     import pytest
 

@@ -197,3 +197,17 @@ def test_from_config_refuses_lists_of_the_wrong_length():
 def test_skin_tone_text_is_not_stripped_from_a_class_that_is_named_with_it():
     classes = ClassNames(["hand: medium skin tone", "hand"])
     assert classes.index("hand: medium skin tone") == 0 and classes.index("hand: dark skin tone") == 1
+
+
+def test_class_given_as_digits_is_that_index_even_where_a_short_name_is_those_digits():
+    from csdgen.class_names import ClassNames
+
+    classes = ClassNames(["a", "b", "c", "hundred points symbol"], aliases=[[], [], [], ["2"]])
+    assert classes.index("2") == 2 and classes.index(" 2 ") == 2 and classes.index(2) == 2
+    assert classes.index("hundred points symbol") == 3
+    from csdgen.models.builtin import load_builtin_model
+
+    model = load_builtin_model()  # the shipped emoji model knows the short names "100" and "1234" (emoji it does not draw)
+    assert model.class_ids(["10", 10]) == [10, 10]
+    with pytest.raises(ValueError, match=r"class index 100: allowed 0\.\."):  # an index, not the emoji "100"
+        model.class_ids(["100"])

@@ -1,4 +1,4 @@
-"""Regression tests of issue 10: what a new user met on the command line, one test per point."""
+"""What a new user meets on the command line, one test per point."""
 
 import json
 import os
@@ -41,7 +41,7 @@ def test_compare_and_sweep_help_show_their_own_defaults_and_bench_model_options(
     assert "(default 8" not in compare and "./outputs" not in compare
     sweep = helptext(capsys, "sweep")
     assert "(default 64" in sweep and "(default ./sweep)" in sweep
-    for text in (compare, sweep):  # --model/--prompts: the command runs as csdgen bench (issue 11)
+    for text in (compare, sweep):  # --model/--prompts: the command runs as csdgen bench
         for option in ("--model MODEL", "--prompts PROMPTS", "--limit N", "--offset K", "runs as csdgen bench"):
             assert option in text, option
     for option in ("--window ", "--lam ", "--delta ", "--draft-init ", "--addition-c C"):
@@ -164,7 +164,7 @@ def test_error_during_a_run_starts_its_own_line(weights, tmp_path, capsys, monke
     assert run("generate", "--weights", weights, "-n", 2, "--batch-size", 1, "--out", tmp_path / "o") == 2
     err = capsys.readouterr().err
     last = err.rstrip("\n").split("\n")[-1]
-    assert last == "csdgen: error: No space left on device"  # the reason, without [Errno 28] (issue 16 item 11)
+    assert last == "csdgen: error: No space left on device"  # the reason, without [Errno 28]
 
 
 # ---- 5. fast help: no torch before a command runs ----
@@ -189,7 +189,7 @@ def test_help_returns_within_a_generous_bound():
 def test_cli_choices_equal_the_engines():
     from csdgen.decoding import METHODS
     from csdgen.drafting import DRAFT_INITS, ONE_HOT_INITS, REFRESH_MODES
-    from csdgen.engine.methods import _resolve_method
+    from csdgen.engine import resolve_method
     from csdgen.evaluation.compare import method_presets
     from csdgen.models.defaults import FAMILY_DEFAULTS
 
@@ -199,7 +199,7 @@ def test_cli_choices_equal_the_engines():
     assert _options.ONE_HOT_INITS == ONE_HOT_INITS
     model = load_builtin_model()
     for name in METHODS:  # the table the command line reads without torch says what each rule needs
-        assert _options.method_draft_init(name) == _resolve_method(name, model, {})[0].draft_init, name
+        assert _options.method_draft_init(name) == resolve_method(name, model, {})[0].draft_init, name
     assert list(method_presets(codebook=torch.zeros(4, 2))) == list(cli.compare.COMPARE_METHODS)
     assert _options.family_defaults("builtin") == FAMILY_DEFAULTS["builtin"]
     assert _options.builtin_class_names() == load_builtin_model().class_names
@@ -413,7 +413,7 @@ def test_usage_errors_are_one_line_naming_the_value(capsys, argv):
     assert argv[-1] in err
 
 
-# ---- 10. classes by name (issue 19: 1,911 emoji, names with commas and colons) ----
+# ---- 10. classes by name (1,911 emoji, names with commas and colons) ----
 
 def test_random_classes_come_from_the_seed_and_aliases_and_repeats_work(weights, tmp_path):
     from builtin_fixture import CLASS_NAMES

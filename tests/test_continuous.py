@@ -31,7 +31,7 @@ def float64_model(cached_model, test_device):
 
 def test_per_image_seeds_draw_the_numbers_of_the_int_seed():
     image, step = torch.tensor([0, 3, 7]), torch.tensor([0, 5, 2])
-    for seed in (0, 11, 2**40 + 3, 2**63 - 1):  # the seed range is 0 .. 2**63 - 1 (issue 16 item 9)
+    for seed in (0, 11, 2**40 + 3, 2**63 - 1):  # the seed range is 0 .. 2**63 - 1
         expected = stream_uniforms(seed, image, step, 6, 4)
         assert torch.equal(stream_uniforms(torch.full((3,), seed), image, step, 6, 4), expected), seed
     with pytest.raises(ValueError, match="seed"):

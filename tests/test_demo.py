@@ -122,7 +122,7 @@ def test_watch_streams_frames_that_fill_in(builtin):
 
 def test_wall_time_excludes_drawing_the_previews(builtin, monkeypatch):
     """Drawing a preview (made slow here: 20 ms each) is subtracted from the reported decoding time."""
-    import csdgen.demo as demo
+    import csdgen.demo_watch as demo  # where the live view draws its frames
 
     slow_frame = demo._frame
 
@@ -271,7 +271,7 @@ def test_page_in_headless_chromium(demo_server, tmp_path):
             page.goto(demo_server, wait_until="domcontentloaded")
             page.locator("#condition").locator("input, textarea").first.fill("Red Apple")
             page.locator("#window").locator("input, textarea").first.fill("16")
-            # above 2**53: a number field rounded it to ...992 before sending (the second trial, F7)
+            # above 2**53: a number field rounded it to ...992 before sending
             page.locator("#seed").locator("input, textarea").first.fill("9007199254740993")
             methods = page.locator("#methods")
             expect(methods.get_by_label("AR", exact=True)).to_be_checked()
@@ -332,7 +332,7 @@ def test_page_in_headless_chromium(demo_server, tmp_path):
 def test_ctrl_c_on_a_running_demo_says_stopped_with_status_130(demo_server, tmp_path, request):
     """Gradio's ``block_thread()`` caught Ctrl-C itself, printed "Keyboard interruption in main
     thread... closing server." and returned, so ``csdgen demo`` ended with status 0 (a newcomer's
-    trial); now it ends as every command does after Ctrl-C: one line, status 130."""
+    a user's run); now it ends as every command does after Ctrl-C: one line, status 130."""
     demo = request.node.demo_process
     demo.send_signal(signal.SIGINT)
     assert demo.wait(timeout=30) == 130

@@ -112,7 +112,7 @@ def test_missing_or_wrong_inputs_are_one_line_errors(tmp_path, weights):
     with pytest.raises(ValueError) as info:
         load_inception(tmp_path / "junk.pth")
     assert "cannot read FID Inception weights" in str(info.value) and "\n" not in str(info.value)
-    # a text file: what the file should be, not torch's bare "KeyError: 101" alone (a new user's trial)
+    # a text file: what the file should be, not torch's bare "KeyError: 101" alone
     assert "not readable as a torch .pth file" in str(info.value) and "weights-inception-2015-12-05" in str(info.value)
     with pytest.raises(FileNotFoundError, match="reference image folder .* does not exist"):
         FidScorer(weights, tmp_path / "no-such-folder")

@@ -125,7 +125,7 @@ def test_peak_memory_at_v16384_stays_small():
 
 def test_zero_relaxation_equals_sjd_sample_for_sample_in_the_loop(cached_model):
     emb = codebook_for(cached_model.codebook_size, seed=4)
-    # one refresh for all (SJD's default is coupled, the latent rules' independent: issue 16 item 7)
+    # one refresh for all (SJD's default is coupled, the latent rules' independent)
     kwargs = dict(window=12, sampling=csdgen.SamplingConfig(guidance_scale=3.0), seed=9, draft_init="onehot",
                   refresh="independent")
     sjd = csdgen.generate(cached_model, [1, 3], method="sjd", **kwargs)

@@ -21,11 +21,12 @@ def test_decoding_re_exports_the_engine():
 
 
 def test_core_loads_no_loop():
-    """The core modules imported first (fresh interpreter) load at most the engine's results and stream kinds."""
+    """The core modules imported first (fresh interpreter) load no engine module: the decisions and
+    stream kinds they read are in :mod:`csdgen.decisions`, below the engine."""
     code = ("import sys, csdgen.sampling, csdgen.acceptance, csdgen.drafting, csdgen.trees; "
             "print(sorted(m for m in sys.modules if m.startswith('csdgen.engine')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert eval(out) == ["csdgen.engine", "csdgen.engine.results", "csdgen.engine.streams"]
+    assert eval(out) == []
 
 
 def _imports(path: Path, module: str, modules: set[str]) -> set[str]:
@@ -67,3 +68,50 @@ def test_no_import_circle():
     for m in sorted(files):
         if m not in state:
             visit(m, [m])
+
+
+def _engine_imports(path: Path, module: str) -> list[tuple[str, str]]:
+    """``(module imported, name)`` for every import of ``csdgen.engine`` or below in ``path``
+    (``name`` is ``""`` for ``import csdgen.engine...``)."""
+    base = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(a.name, "") for a in node.names if a.name.startswith("csdgen.engine")]
+        elif isinstance(node, ast.ImportFrom):
+            mod = ".".join(base[: len(base) - node.level + 1] + [node.module or ""]).strip(".") if node.level else node.module or ""
+            if mod == "csdgen":
+                found += [("csdgen.engine", "") for a in node.names if a.name == "engine"]
+            elif mod.startswith("csdgen.engine"):
+                found += [(mod, a.name) for a in node.names]
+    return found
+
+
+def test_outside_the_engine_only_its_public_api_is_imported():
+    """The rule: a module outside ``csdgen/engine/`` imports from the engine only the package
+    ``csdgen.engine`` itself, and from it only names in ``csdgen.engine.__all__`` (its public API,
+    no underscore). Never a submodule (``csdgen.engine.window``, ``.results``, ...): those are the
+    engine's own layout, free to change; what other modules need of the engine is named in
+    ``__all__``, and what the engine and others both read (:class:`Decision`, the stream kinds)
+    lives below it, in :mod:`csdgen.decisions`."""
+    import csdgen.engine
+
+    public = set(csdgen.engine.__all__)
+    assert not [n for n in public if n.startswith("_")]
+    bad = []
+    for f in PACKAGE.rglob("*.py"):
+        parts = f.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[:2] == ("csdgen", "engine"):
+            continue
+        module = ".".join(parts).removesuffix(".__init__")
+        for imported, name in _engine_imports(f, module):
+            if imported != "csdgen.engine" or (name and name not in public):
+                bad.append(f"{module}: {imported} {name}".strip())
+    assert not bad, bad
+
+
+def test_models_read_json_below_the_runs():
+    """Model loaders read JSON through :mod:`csdgen.jsonio`, not the runs module above them."""
+    for f in (PACKAGE / "models").rglob("*.py"):
+        module = "csdgen.models." + f.stem
+        assert "csdgen.runs" not in _imports(f, module, {"csdgen.runs", "csdgen.jsonio"}), f

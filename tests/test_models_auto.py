@@ -358,7 +358,7 @@ def test_missing_repo_names_the_real_cache_folder(tmp_path, monkeypatch):
     assert str(tmp_path / "hub") in str(exc.value) and "$HF_HUB_CACHE" not in str(exc.value)
 
 
-# issue 16 item 11: a model already loaded in a notebook
+# a model already loaded in a notebook
 
 
 def test_load_model_from_memory(janus_dir, emu3_dir, chameleon_dir, tmp_path):

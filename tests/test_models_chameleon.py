@@ -28,7 +28,8 @@ from csdgen import SamplingConfig
 from csdgen.models import auto
 from csdgen.models.chameleon import ChameleonImageModel, config_memory, shared_norm_shapes
 from csdgen.models.chameleon_vqgan import ChameleonVQGANDecoder, VQGANConfig, load_vqgan_decoder
-from kv_check import assert_rows_match_fresh
+from tiny_tokenizer import word_level_tokenizer
+from kv_check import generate_checking_every_iteration, generate_recording_row_sequences
 
 V = 48
 SPECIAL_NAMES = ["<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>", "<image>"] + [
@@ -76,11 +77,8 @@ def tiny_config() -> ChameleonConfig:
 
 def save_tokenizer(path) -> None:
     """A word-level tokenizer over the tiny vocabulary that knows every special token (as added tokens)."""
-    tok = Tokenizer(models.WordLevel(vocab=tiny_config().vocabulary_map, unk_token="<unk>"))
-    tok.add_special_tokens(["<s>", "<pad>", "</s>", "<unk>"] + SPECIAL_NAMES)
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-                            pad_token="<pad>").save_pretrained(path)
+    word_level_tokenizer(tiny_config().vocabulary_map, ["<s>", "<pad>", "</s>", "<unk>"] + SPECIAL_NAMES, bos_token="<s>",
+                         eos_token="</s>", pad_token="<pad>").save_pretrained(path)
 
 
 def build_checkpoint(path: str) -> str:
@@ -249,14 +247,7 @@ def test_lumina_sequence_layout_and_decoded_size(lumina, ar_tokens):
 
 def test_cached_sequence_is_the_family_sequence(lumina, anole, ar_tokens):
     for model in (lumina, anole):
-        seen = {}
-
-        def record(info):
-            B = info.session.batch_size
-            for i, image in enumerate(info.rows.tolist()):
-                seen[image] = (info.session.row_sequence(i).tolist(), info.session.row_sequence(B + i).tolist())
-
-        out = csdgen.generate(model, PROMPTS, method="sjd", window=9, sampling=GUIDED, callback=record)
+        out, seen = generate_recording_row_sequences(model, PROMPTS, method="sjd", window=9, sampling=GUIDED)
         ids = image_ids_by_code(model)
         for b, prompt in enumerate(PROMPTS):
             full = model.layout.full_sequence(prompt, [ids[c] for c in out.tokens[b].tolist()])
@@ -273,13 +264,8 @@ def test_cached_sequence_is_the_family_sequence(lumina, anole, ar_tokens):
 ])
 def test_kv_state_after_every_iteration_equals_fresh_prefill(request, kind, method, sampling):
     model = request.getfixturevalue(kind)
-    checked = []
-
-    def check(info):
-        assert_rows_match_fresh(model, PROMPTS, sampling.guided, info)
-        checked.append(info.session.cache_lengths.tolist())
-
-    out = csdgen.generate(model, PROMPTS, method=method, window=10, sampling=sampling, seed=4, callback=check)
+    out, checked = generate_checking_every_iteration(model, PROMPTS, method=method, window=10, sampling=sampling,
+                                                     seed=4)
     assert len(checked) == out.steps and max(checked[-1]) == model.num_image_tokens - 1
 
 
@@ -417,7 +403,7 @@ def test_string_prompts_give_the_reference_rows(lumina, anole, checkpoint):
     assert torch.equal(out.tokens, csdgen.generate(lumina, PROMPTS[:1], method="ar", sampling=GUIDED).tokens)
 
 
-# (8) issue 16: what the released checkpoints say (size, VQ weights) and how their tokenizers load
+# (8) what the released checkpoints say (size, VQ weights) and how their tokenizers load
 
 
 SIZE_TOKENS = [f"<reserved{8800 + n:05d}>" for n in (16, 24, 32)]  # 512, 768, 1024 px in 32 px units
@@ -441,11 +427,8 @@ def sized_checkpoint(path) -> str:
     data["architectures"] = ["ChameleonXLLMXForConditionalGeneration"]
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(data, f)
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.add_special_tokens(["<s>", "<pad>", "</s>", "<unk>"] + SPECIAL_NAMES + SIZE_TOKENS)
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-                            pad_token="<pad>").save_pretrained(path)
+    word_level_tokenizer(vocab, ["<s>", "<pad>", "</s>", "<unk>"] + SPECIAL_NAMES + SIZE_TOKENS, bos_token="<s>",
+                         eos_token="</s>", pad_token="<pad>").save_pretrained(path)
     return str(path)
 
 

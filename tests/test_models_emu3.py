@@ -27,7 +27,7 @@ from transformers import (
 import csdgen
 from csdgen import SamplingConfig
 from csdgen.models.emu3 import POSITIVE_PROMPT, Emu3ImageModel, estimate_memory_from_pretrained
-from kv_check import assert_rows_match_fresh
+from kv_check import generate_checking_every_iteration
 
 V, ROWS, COLS, FACTOR = 64, 5, 6, 2  # codebook, grid, VQ spatial factor (channel_multiplier of length 2)
 HEIGHT, WIDTH = ROWS * FACTOR, COLS * FACTOR
@@ -280,15 +280,9 @@ def test_batched_guidance_equals_unbatched_forwards(emu3):
 @pytest.mark.parametrize("method, sampling, window", [("sjd", SamplingConfig(guidance_scale=3.0), 9), ("csd", GUIDED_GREEDY, 7)])
 def test_kv_state_after_every_iteration_equals_fresh_prefill(emu3, method, sampling, window):
     emu3 = Emu3ImageModel(emu3.model, emu3.tokenizer, HEIGHT, WIDTH, NEGATIVE, positive_prompt="")  # the prompts that hit row ends
-    checked = []
-
-    def check(info):
-        assert_rows_match_fresh(emu3, PROMPTS, sampling.guided, info)
-        checked.append(info.session.cache_lengths.tolist())
-
     # independent refresh: the trajectory (seed 0) that reaches both rollback cases below
-    out = csdgen.generate(emu3, PROMPTS, method=method, window=window, sampling=sampling, seed=0, callback=check,
-                          refresh="independent")
+    out, checked = generate_checking_every_iteration(emu3, PROMPTS, method=method, window=window, sampling=sampling,
+                                                     seed=0, refresh="independent")
     assert len(checked) == out.steps and max(checked[-1]) == ROWS * COLS - 1
     # rollbacks to just after a row's EOL and to just before it happened
     every = [k for lengths in checked for k in lengths]
@@ -373,7 +367,7 @@ def test_cond_and_uncond_rows_equal_the_hand_written_sequence(emu3, checkpoint):
     assert emu3.prompt_rows([[7, 8]])[0] == [[bos, 7, 8, *image]]  # token ids: no template, no positive prompt
 
 
-# issue 16 item 4: prompt tokens as BAAI's tokenizer makes them (Qwen's pre-tokenization)
+# prompt tokens as BAAI's tokenizer makes them (Qwen's pre-tokenization)
 
 QWEN_TEXT = "A close-up photo of a red-haired girl, high-quality."
 #: QWEN_TEXT split by BAAI's Emu3 tokenizer's rule (PAT_STR, Qwen's): an optional non-letter joins the letters

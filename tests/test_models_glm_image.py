@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import GenerationConfig, GlmImageConfig, GlmImageForConditionalGeneration, GlmImageProcessor, PreTrainedTokenizerFast
 from transformers.models.glm_image.image_processing_pil_glm_image import GlmImageImageProcessorPil
 
@@ -28,8 +27,9 @@ from csdgen import SamplingConfig
 from csdgen.models import auto
 from csdgen.models.defaults import FAMILY_DEFAULTS
 from csdgen.models.glm_image import GlmImageLayout, GlmImageModel, glm_image_memory
+from tiny_tokenizer import word_level_tokenizer
 from family_law import exact_law
-from kv_check import assert_rows_match_fresh
+from kv_check import generate_checking_every_iteration
 from test_lossless import P_FAIL, P_PASS, SAMPLES, ResampleFromTarget, chi_square_pvalue
 
 SPECIAL = {"<|endoftext|>": 167841, "[gMASK]": 167843, "<sop>": 167845, "<eop>": 167846, "<|image|>": 167855}
@@ -53,12 +53,9 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     vocab.update({w: TEXT + i for i, w in enumerate(WORDS)})
     vocab["<unk>"] = TEXT + len(WORDS)
     vocab.update(SPECIAL)
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.add_special_tokens([BOS, EOS, *SPECIAL])
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token="<|endoftext|>",
-                                   unk_token="<unk>", image_token="<|image|>", grid_bos_token="<sop>",
-                                   grid_eos_token="<eop>", padding_side="left")
+    return word_level_tokenizer(vocab, [BOS, EOS, *SPECIAL], bos_token=BOS, eos_token=EOS, pad_token="<|endoftext|>",
+                                image_token="<|image|>", grid_bos_token="<sop>", grid_eos_token="<eop>",
+                                padding_side="left")
 
 
 def tiny_config(codebook: int = 16384, hidden: int = 64) -> GlmImageConfig:
@@ -213,13 +210,8 @@ def test_greedy_sjd_equals_ar_across_the_grid_boundary(glm, ar_tokens, batch, wi
 @pytest.mark.parametrize("method, tree", [("csd", None), ("sjd", (2, 2))])
 def test_kv_state_after_every_iteration_equals_fresh_prefill(glm, method, tree):
     sampling = SamplingConfig(temperature=1.0, top_k=20)
-    checked = []
-
-    def check(info):
-        assert_rows_match_fresh(glm, PROMPTS, False, info)
-        checked.append(info.session.cache_lengths.tolist())
-
-    out = csdgen.generate(glm, PROMPTS, method=method, window=10, tree=tree, sampling=sampling, seed=4, callback=check)
+    out, checked = generate_checking_every_iteration(glm, PROMPTS, method=method, window=10, tree=tree, sampling=sampling,
+                                                     seed=4)
     assert len(checked) == out.steps and max(checked[-1]) == glm.num_image_tokens - 1
 
 

@@ -12,8 +12,7 @@ import json
 import pytest
 import torch
 import transformers
-from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import GenerationConfig, JanusConfig, JanusForConditionalGeneration, JanusProcessor, PreTrainedTokenizerFast
+from transformers import GenerationConfig, JanusConfig, JanusForConditionalGeneration, JanusProcessor
 
 try:  # the PIL image processor's name since transformers 5.x; before, JanusImageProcessor was that one
     from transformers import JanusImageProcessorPil
@@ -23,7 +22,8 @@ except ImportError:
 import csdgen
 from csdgen import SamplingConfig
 from csdgen.models.janus import JanusImageModel, estimate_memory_from_pretrained
-from kv_check import assert_rows_match_fresh
+from tiny_tokenizer import word_level_tokenizer
+from kv_check import generate_checking_every_iteration
 
 PAD, BOS, EOS, IMAGE, BOI, EOI = 0, 1, 2, 3, 4, 5
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<image_placeholder>", "<begin_of_image>", "<end_of_image>", "<|User|>", "<|Assistant|>"]
@@ -35,17 +35,13 @@ CHAT = (
 GRID, SIZE, V = 6, 24, 256
 PROMPTS = ["a red dog", "the cat running in the rain"]  # different lengths: left padding
 GUIDED = SamplingConfig(temperature=0, guidance_scale=3.0)
+EXTRA_TOKENS = {"image_token": "<image_placeholder>", "boi_token": "<begin_of_image>", "eoi_token": "<end_of_image>"}
 
 
 def tiny_tokenizer():
     vocab = {t: i for i, t in enumerate(SPECIALS + WORDS)}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tk.add_special_tokens(SPECIALS)
-    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tk.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", BOS)])
-    extra = {"image_token": "<image_placeholder>", "boi_token": "<begin_of_image>", "eoi_token": "<end_of_image>"}
-    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
-                                   unk_token="<unk>", extra_special_tokens=extra)
+    return word_level_tokenizer(vocab, SPECIALS, prepend_bos="<bos>", bos_token="<bos>", eos_token="<eos>",
+                                pad_token="<pad>", extra_special_tokens=EXTRA_TOKENS)
 
 
 def tiny_janus(seed=0):
@@ -211,13 +207,7 @@ def test_batched_guidance_equals_separate_forwards(janus, ar_tokens):
 
 @pytest.mark.parametrize("method, sampling", [("sjd", SamplingConfig(guidance_scale=3.0)), ("csd", GUIDED)])
 def test_kv_state_after_every_iteration_equals_fresh_prefill(janus, method, sampling):
-    checked = []
-
-    def check(info):
-        assert_rows_match_fresh(janus, PROMPTS, sampling.guided, info)
-        checked.append(info.session.cache_lengths.tolist())
-
-    out = csdgen.generate(janus, PROMPTS, method=method, window=8, sampling=sampling, seed=1, callback=check)
+    out, checked = generate_checking_every_iteration(janus, PROMPTS, method=method, window=8, sampling=sampling, seed=1)
     assert len(checked) == out.steps and max(checked[-1]) == 35
 
 
@@ -338,13 +328,8 @@ def test_janus_pad_id_check(tmp_path):
     PAD_TOKEN = "<\uff5c\u2581pad\u2581\uff5c>"  # VLChatProcessor.pad_tag
     pad = len(SPECIALS) + len(WORDS)  # the converted tokenizer's "<｜▁pad▁｜>", after the words
     vocab = {t: i for i, t in enumerate(SPECIALS + WORDS + [PAD_TOKEN])}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tk.add_special_tokens(SPECIALS + [PAD_TOKEN])
-    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tk.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", BOS)])
-    extra = {"image_token": "<image_placeholder>", "boi_token": "<begin_of_image>", "eoi_token": "<end_of_image>"}
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
-                                        unk_token="<unk>", extra_special_tokens=extra)  # its pad_token is another token
+    tokenizer = word_level_tokenizer(vocab, SPECIALS + [PAD_TOKEN], prepend_bos="<bos>", bos_token="<bos>", eos_token="<eos>",
+                                     pad_token="<pad>", extra_special_tokens=EXTRA_TOKENS)  # its pad_token is another token
     model = tiny_janus()
     model.generation_config = GenerationConfig(bos_token_id=BOS, pad_token_id=pad, eos_token_id=EOS,
                                                generation_kwargs={"boi_token_id": BOI})

@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import GemmaConfig, GemmaForCausalLM, PreTrainedTokenizerFast
 
 import csdgen
@@ -29,8 +28,9 @@ from csdgen.models import auto
 from csdgen.models.chameleon_vqgan import ChameleonVQGANDecoder, VQGANConfig
 from csdgen.models.defaults import FAMILY_DEFAULTS
 from csdgen.models.liquid import LiquidImageModel, liquid_memory
+from tiny_tokenizer import word_level_tokenizer
 from family_law import exact_law
-from kv_check import assert_rows_match_fresh
+from kv_check import generate_checking_every_iteration
 from test_lossless import P_FAIL, P_PASS, SAMPLES, ResampleFromTarget, chi_square_pvalue
 
 SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>", "<boi>", "<eoi>", "<unconditional>"]
@@ -45,12 +45,8 @@ def ids(*words: str) -> list[int]:
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    tok = Tokenizer(models.WordLevel(vocab=VOCAB, unk_token="<unk>"))
-    tok.add_special_tokens(SPECIAL)
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", VOCAB["<bos>"])])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
-                                   pad_token="<pad>", padding_side="left")
+    return word_level_tokenizer(VOCAB, SPECIAL, prepend_bos="<bos>", bos_token="<bos>", eos_token="<eos>",
+                                pad_token="<pad>", padding_side="left")
 
 
 def vqgan_yaml(codebook: int, resolution: int) -> dict:
@@ -152,6 +148,19 @@ def test_ar_greedy_equals_transformers_generate(liquid, ar_tokens, scale):
     assert len(set(tokens[0].tolist())) > 10  # not a constant image
 
 
+@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0, guidance_scale=0.5), {"guidance_scale": 0.5,
+                                                                                          "temperature": 0}])
+def test_a_guidance_scale_at_or_below_1_runs_unguided_as_the_reference(liquid, ar_tokens, monkeypatch, sampling):
+    """The reference guides only when ``cfg_scale > 1``: at 0.5 it samples the cond rows alone. csdgen
+    opens an unguided session (no unconditional rows) and decodes the scale-1 tokens."""
+    opened = []
+    start = type(liquid).start
+    monkeypatch.setattr(type(liquid), "start", lambda self, c, b, guided: opened.append(guided) or start(self, c, b, guided))
+    result = csdgen.generate(liquid, PROMPTS, method="ar", sampling=sampling)
+    assert opened == [False]
+    assert torch.equal(result.tokens, ar_tokens[(1.0, 2)])
+
+
 @pytest.mark.parametrize("batch, windows", [(1, (9,)), (2, (3, 64))])
 def test_greedy_sjd_equals_ar(liquid, ar_tokens, batch, windows):
     accepted = 0
@@ -168,13 +177,8 @@ def test_greedy_sjd_equals_ar(liquid, ar_tokens, batch, windows):
 @pytest.mark.parametrize("method, tree", [("csd", None), ("sjd", (2, 2))])
 def test_kv_state_after_every_iteration_equals_fresh_prefill(liquid, method, tree):
     sampling = SamplingConfig(guidance_scale=7.0, temperature=0.99, top_k=64)
-    checked = []
-
-    def check(info):
-        assert_rows_match_fresh(liquid, PROMPTS, True, info)
-        checked.append(info.session.cache_lengths.tolist())
-
-    out = csdgen.generate(liquid, PROMPTS, method=method, window=10, tree=tree, sampling=sampling, seed=4, callback=check)
+    out, checked = generate_checking_every_iteration(liquid, PROMPTS, method=method, window=10, tree=tree, sampling=sampling,
+                                                     seed=4)
     assert len(checked) == out.steps and max(checked[-1]) == liquid.num_image_tokens - 1
 
 

@@ -24,8 +24,7 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file, save_file
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import ChameleonConfig, ChameleonForConditionalGeneration, PreTrainedTokenizerFast
+from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
 import csdgen
 from csdgen import SamplingConfig
@@ -34,7 +33,8 @@ from csdgen.models import auto, load_model
 from csdgen.models.chameleon import ChameleonImageModel
 from csdgen.models.lumina2 import Lumina2Guidance, Lumina2ImageModel, lumina2_memory
 from csdgen.models.movqgan import MoVQGANConfig, MoVQGANDecoder
-from kv_check import assert_rows_match_fresh
+from tiny_tokenizer import word_level_tokenizer
+from kv_check import generate_checking_every_iteration, generate_recording_row_sequences
 
 V = 48
 HEIGHT, WIDTH, ROWS, COLS = 32, 64, 4, 8
@@ -73,11 +73,8 @@ def tiny_config(codes: int = V) -> ChameleonConfig:
 
 def save_tokenizer(path, vocab) -> None:
     """A word-level tokenizer that knows every special token; EOS ``<|endoftext|>``, no BOS (as Qwen's)."""
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
-    tok.add_special_tokens(["<|endoftext|>"] + SPECIAL_ORDER + MORE_SPECIALS)
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                            unk_token="t0").save_pretrained(path)
+    word_level_tokenizer(vocab, ["<|endoftext|>"] + SPECIAL_ORDER + MORE_SPECIALS, unk_token="t0",
+                         eos_token="<|endoftext|>", pad_token="<|endoftext|>").save_pretrained(path)
 
 
 def build_checkpoint(path, codes: int = V, seed: int = 0, movqgan: bool = True) -> str:
@@ -191,11 +188,11 @@ def ar_tokens(lumina2):
             for cfg in (1.0, 4.0, 12.0) for batch in (1, 2)}
 
 
-# the released layout loads; detection (issue 16 item 3)
+# the released layout loads; detection
 
 
 def test_lumina_mgpt_2_folders_are_recognised_and_never_loaded_as_1_0(checkpoint, tmp_path):
-    """A 2.0 folder says chameleon / ChameleonXLLMX like 1.0; its <MOVQGAN...> vocabulary decides (issue 16, item 3)."""
+    """A 2.0 folder says chameleon / ChameleonXLLMX like 1.0; its <MOVQGAN...> vocabulary decides."""
     config = json.loads(open(os.path.join(checkpoint, "config.json")).read())
     assert config["model_type"] == "chameleon" and config["architectures"] == ["ChameleonXLLMXForConditionalGeneration"]
     assert auto.family_of(checkpoint) == "lumina-mgpt-2"
@@ -296,14 +293,7 @@ def test_defaults_use_the_family_schedule(lumina2):
 
 
 def test_cached_sequence_is_the_reference_sequence_and_decodes_to_the_size(lumina2):
-    seen = {}
-
-    def record(info):
-        B = info.session.batch_size
-        for i, image in enumerate(info.rows.tolist()):
-            seen[image] = (info.session.row_sequence(i).tolist(), info.session.row_sequence(B + i).tolist())
-
-    out = csdgen.generate(lumina2, PROMPTS, method="sjd", window=9, sampling=GUIDED, callback=record)
+    out, seen = generate_recording_row_sequences(lumina2, PROMPTS, method="sjd", window=9, sampling=GUIDED)
     ids = image_ids(lumina2)
     for b, prompt in enumerate(PROMPTS):
         full = lumina2.layout.full_sequence(prompt, [ids[c] for c in out.tokens[b].tolist()])
@@ -325,13 +315,8 @@ def test_cached_sequence_is_the_reference_sequence_and_decodes_to_the_size(lumin
     ("csd", SamplingConfig(guidance_scale=4.0, temperature=1.0)),
 ])
 def test_kv_state_after_every_iteration_equals_fresh_prefill(lumina2, method, sampling):
-    checked = []
-
-    def check(info):
-        assert_rows_match_fresh(lumina2, PROMPTS, sampling.guided, info)
-        checked.append(info.session.cache_lengths.tolist())
-
-    out = csdgen.generate(lumina2, PROMPTS, method=method, window=10, sampling=sampling, seed=4, callback=check)
+    out, checked = generate_checking_every_iteration(lumina2, PROMPTS, method=method, window=10, sampling=sampling,
+                                                     seed=4)
     assert len(checked) == out.steps and max(checked[-1]) == lumina2.num_image_tokens - 1
 
 
@@ -449,10 +434,7 @@ def test_sjd_reproduces_the_scheduled_law_on_the_lumina2_session_and_the_test_fa
 def test_cli_generate_uses_the_family_defaults_schedule_and_decoder(checkpoint, tmp_path, capsys):
     import shutil
 
-    from csdgen import cli
-
-    def run(*argv):
-        return cli.main([str(a) for a in argv])
+    from cli_helpers import run
 
     common = ["--height", HEIGHT, "--width", WIDTH, "--device", "cpu", "--method", "sjd", "--window", 8, "--no-maps",
               "--top-k", 0]  # the family's 4096 exceeds the tiny codebook

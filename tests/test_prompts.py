@@ -96,3 +96,21 @@ def test_bad_files_are_one_line_errors(tmp_path):
         with pytest.raises(ValueError) as info:
             load_prompts(path)
         assert message in str(info.value) and "\n" not in str(info.value), name
+
+
+def test_a_prompts_file_with_invalid_utf8_is_named_and_a_bom_is_dropped(tmp_path):
+    from types import SimpleNamespace
+
+    from csdgen.cli.generate import _read_prompts
+    from csdgen.prompts import load_prompts
+
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"a red fox\nna\xefve caf\xe9\n")
+    for call in (lambda: load_prompts(bad), lambda: _read_prompts(SimpleNamespace(prompts=None, prompts_file=bad))):
+        with pytest.raises(ValueError) as info:
+            call()
+        assert str(bad) in str(info.value) and "not UTF-8" in str(info.value) and "line 2" in str(info.value)
+    bom = tmp_path / "bom.txt"
+    bom.write_bytes("\ufeffa red fox\na lighthouse\n".encode("utf-8"))
+    assert [p.text for p in load_prompts(bom)] == ["a red fox", "a lighthouse"]
+    assert _read_prompts(SimpleNamespace(prompts=None, prompts_file=bom)) == ["a red fox", "a lighthouse"]

@@ -133,3 +133,28 @@ def test_accepted_length_histogram_counts_steps_by_tokens_committed():
     assert sum(histogram) == len(committed) and sum(L * c for L, c in enumerate(histogram)) == sum(committed)
     with pytest.raises(ValueError, match="must be >= 0, got -1"):
         accepted_length_histogram([1, -1])
+
+
+def test_the_reports_sampling_line_is_words():
+    """bench's report header printed ``sampling {'guidance_scale': 3.0, 'temperature': 1.0, ...}``."""
+    from csdgen.cli.bench import sampling_text
+    from csdgen.sampling import SamplingConfig
+
+    assert sampling_text(SamplingConfig(guidance_scale=3.0, top_k=None)) == \
+        "guidance scale 3, temperature 1, top-k none, top-p none"
+    assert sampling_text(SamplingConfig(top_k=100, top_p=0.9, top_n_sigma=2.0)) == \
+        "guidance scale 1, temperature 1, top-k 100, top-p 0.9, top n sigma 2"
+
+
+def test_a_score_on_fewer_images_than_it_needs_gets_a_caveat_and_the_speed_floor_is_ar_over_ar():
+    from csdgen.evaluation.report import few_images_notes, speed_noise_floor
+
+    rows = [{"method": "ar", "images": 16, "latency_s_per_image": 2.0, "fid": 40.0},
+            {"method": "csd", "images": 16, "latency_s_per_image": 1.0, "fid": 41.0},
+            {"method": "ar@seed1", "images": 16, "latency_s_per_image": 2.1, "fid": None}]
+    assert few_images_notes(rows, {"fid": 2048}) == [
+        "FID rests on too few images to mean anything: 16 per row (FID needs >= 2048); compare only rows of equal "
+        "counts, never with published figures."]
+    assert few_images_notes(rows, {"fid": 16}) == [] and few_images_notes(rows, {}) == []
+    assert speed_noise_floor(rows) == pytest.approx({"ar@seed1": 1.05})
+    assert speed_noise_floor(rows[:2]) == {}

@@ -17,6 +17,7 @@ from csdgen.sampling import (
     target_probs,
     total_variation,
 )
+import csdgen
 
 
 def test_guidance_formula_hand_computed():
@@ -190,3 +191,8 @@ def test_stream_uniforms_are_keyed_not_sequential():
     # neighbouring keys are uncorrelated (5 standard errors at 20,000 pairs: 0.035)
     for a, b in ((u[0, :, 0], u[0, :, 1]), (u[0, :, 0], u[1, :, 0]), (u[0, :-1, 0], u[0, 1:, 0])):
         assert abs(float(torch.corrcoef(torch.stack([a, b]))[0, 1])) < 0.035
+
+
+def test_a_tiny_temperature_never_samples_from_nan_probabilities(cached_model):
+    with pytest.raises(ValueError, match="overflow float32"):
+        csdgen.generate(cached_model, [0], window=4, sampling=SamplingConfig(temperature=1e-300))

@@ -23,6 +23,7 @@ from csdgen.serve import BackgroundServer, ServeDefaults, ServedModel, create_ap
 from csdgen.serve.images import png_bytes
 
 from serve_fixture import metric, slow_model, tiny_model, wait_for
+from cli_helpers import usage_error
 
 TIMEOUT = 120
 
@@ -492,10 +493,7 @@ def test_two_replicas_on_two_ports_give_the_same_image(tiny_weights):
 def test_serve_usage_errors_are_one_line(capsys, tiny_weights):
     from csdgen import cli
 
-    with pytest.raises(SystemExit) as caught:
-        cli.main(["serve", "--port", "70000"])
-    assert caught.value.code == 2
-    err = capsys.readouterr().err
+    err = usage_error(capsys, "serve", "--port", "70000")
     assert err.count("\n") == 1 and "70000" in err and "0..65535" in err
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
@@ -655,7 +653,7 @@ def test_an_integer_prompt_is_refused_with_a_message_that_says_how_to_write_an_i
 
 
 def test_the_openai_client_may_write_the_method_and_auto_in_any_case(server, model):
-    """Issue 16 (fifth trial): ``"method": "CSD"`` was a 400 while the library and the CLI took it."""
+    """``"method": "CSD"`` was a 400 while the library and the CLI took it."""
     result = client(server).images.generate(model="tiny", prompt=model.class_names[0], n=1, response_format="b64_json",
                                             extra_body={"seed": 1, "method": "SJD", "window": "AUTO"})
     settings = result.model_extra["csdgen"]["settings"]
@@ -669,14 +667,14 @@ def test_serve_warmup_compiles_the_served_shapes_once_and_reports_them(cached_mo
     compiled (traced here with dynamo's eager backend) it makes the steps of the default request's
     shapes, and a second warm-up finds them all held."""
     from csdgen.cli.serve import _warmup
-    from csdgen.models import _static
+    from csdgen.models import _static_steps
     from csdgen.serve.schemas import parse_request
 
     model = tiny_model(cached_model)  # a copy of its own: its compiled steps stay with it
     request = parse_request({"prompt": "0", "window": 4}, ServedModel(model, "tiny"))
     _warmup(model, request, 2)
     assert "nothing to compile (the static engine runs uncompiled on cpu)" in capsys.readouterr().out
-    monkeypatch.setattr(_static, "COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(_static_steps, "COMPILE_BACKEND", "eager")
     _warmup(model, request, 2, {"engine": "auto", "compile": True})  # csdgen serve --compile --warmup
     first = capsys.readouterr().out
     made = int(first.split("warm-up: ")[1].split()[0])
@@ -688,16 +686,16 @@ def test_serve_warmup_compiles_the_served_shapes_once_and_reports_them(cached_mo
 
 
 def test_served_batches_run_the_engine_and_compile_the_server_was_started_with(cached_model, monkeypatch):
-    from csdgen.engine import continuous
+    import csdgen.engine as engine
 
     made = []
-    real = continuous.ContinuousBatch
+    real = engine.ContinuousBatch
 
     def recording(*args, **kwargs):
         made.append((kwargs.get("engine"), kwargs.get("compile")))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(continuous, "ContinuousBatch", recording)  # the scheduler imports it when it opens a batch
+    monkeypatch.setattr(engine, "ContinuousBatch", recording)  # the scheduler imports it when it opens a batch
     app = create_app(ServedModel(tiny_model(cached_model), "tiny", engine="eager", compile=False), capacity=2, max_queue=4)
     with BackgroundServer(app) as running:
         answer = post(running, {"prompt": "0", "window": 4, "seed": 1})

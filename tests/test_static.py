@@ -75,7 +75,7 @@ def test_auto_picks_static_for_transformers_sessions_and_eager_for_the_rest(cach
 @pytest.mark.device
 @pytest.mark.parametrize("guided", [False, True])
 def test_static_session_admits_rows_that_read_as_a_fresh_session(device_model, guided):
-    """The server's admission (issue 18) on the static cache: rows at different lengths with holes,
+    """The server's admission on the static cache: rows at different lengths with holes,
     then new prefilled rows joined into free slots (past the capacity: the cache grows); every row's
     cache equals a fresh session fed its tokens, and the next forward's logits equal each row's own."""
     model = device_model
@@ -448,7 +448,7 @@ def test_compiled_static_engine_one_shape(cached_model):
 
 from torch._dynamo.utils import counters  # noqa: E402
 
-from csdgen.models import _static  # noqa: E402
+from csdgen.models import _static, _static_steps, _static_warmup  # noqa: E402
 from csdgen.models._ragged import RaggedSession  # noqa: E402
 from csdgen.models.llama import _LlamaSession  # noqa: E402
 
@@ -457,7 +457,7 @@ from csdgen.models.llama import _LlamaSession  # noqa: E402
 def traced(monkeypatch):
     """Compiled steps traced by dynamo with the eager backend: the same shapes and variants as
     inductor's, in seconds on a CPU. Yields a function giving dynamo's compiled-graph count."""
-    monkeypatch.setattr(_static, "COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(_static_steps, "COMPILE_BACKEND", "eager")
     yield lambda: counters["stats"]["unique_graphs"]
 
 
@@ -589,7 +589,7 @@ def test_warmup_compiles_the_shapes_a_later_run_visits(traced):
     """warmup(model, [2], [1]): the steps of batch slots 1 and 2 at width 1; a later AR run at
     batch 2 and one at batch 1 compile nothing; a second warm-up finds them held."""
     model = _tiny_model()
-    report = _static.warmup(model, [2], [1], guided=True, compile=True)
+    report = _static_warmup.warmup(model, [2], [1], guided=True, compile=True)
     assert report.made == 2 and report.held == 0 and report.seconds > 0
     assert {(s.batch, s.width, s.guided) for s in report.shapes} == {(1, 1, True), (2, 1, True)}
     graphs = traced()
@@ -597,10 +597,10 @@ def test_warmup_compiles_the_shapes_a_later_run_visits(traced):
         out = csdgen.generate(model, classes, method="ar", sampling=SAMPLED, seed=1, engine="static", compile=True)
         assert out.compile_seconds == {}
     assert traced() == graphs
-    assert _static.warmup(model, [2], [1], compile=True)[:2] == (0, 2)
-    assert _static.warmup(model, [2], [1], compile=False) == (0, 0, 0.0, ())
+    assert _static_warmup.warmup(model, [2], [1], compile=True)[:2] == (0, 2)
+    assert _static_warmup.warmup(model, [2], [1], compile=False) == (0, 0, 0.0, ())
     with pytest.raises(ValueError, match=r"batch_sizes=\[0\]"):
-        _static.warmup(model, [0])
+        _static_warmup.warmup(model, [0])
 
 
 def test_mask_dtype_is_the_decoder_layers_not_the_first_parameter(checkpoint):
@@ -667,7 +667,7 @@ def test_a_failed_capture_restores_the_callers_stream_and_warns_once(monkeypatch
         _static._GraphedStep(shape, session.buffers, session, (tokens, start, widths))
     assert calls == ["wait", "stream sync", ("capture", "pool", True, "thread_local"), ("set_stream", "caller"), "reset",
                      "sync"]
-    monkeypatch.setattr(_static, "_CAPTURE_WARNED", False)
+    monkeypatch.setattr(_static_steps, "_CAPTURE_WARNED", False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(2):

@@ -15,6 +15,7 @@ from csdgen.engine.tree_loop import _TreeLoop
 from csdgen.models import FunctionModel
 from csdgen.sampling import SamplingConfig
 from csdgen.trees import draw_siblings, tree_layout, without
+from cli_helpers import usage_error
 from conftest import KnownJoint
 from kv_check import assert_rows_match_fresh
 from test_lossless import P_FAIL, P_PASS, SAMPLES, chi_square_pvalue
@@ -259,9 +260,7 @@ def test_cli_tree_option(tmp_path, capsys):
     record = json.loads((out / "record.json").read_text())
     assert record["settings"]["tree"] == [3, 2]
     assert "tree" in record["images"]["0"] and len(record["images"]["0"]["tree"]["branch_wins"]) == 2
-    with pytest.raises(SystemExit) as exc:
-        cli.main(argv[:-1] + ["3"])
-    assert exc.value.code == 2 and "expected K,D" in capsys.readouterr().err
+    assert "expected K,D" in usage_error(capsys, *argv[:-1], "3")
     ar = ["generate", "--weights", str(weights), "-n", "1", "--out", str(tmp_path / "ar"), "--method", "ar", "--tree", "2,1"]
     assert cli.main(ar) == 2
     assert "method='ar'" in capsys.readouterr().err

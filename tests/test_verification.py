@@ -1,4 +1,4 @@
-"""The verify step's fast path for a width-1 window against its general path (issue 16 item 6)."""
+"""The verify step's fast path for a width-1 window against its general path."""
 
 import pytest
 import torch

@@ -6,6 +6,8 @@ pays for them.
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 import sys
 import tempfile
@@ -320,7 +322,7 @@ def builtin_model(args, fixed_window: bool = False, spread: bool = False):
     if args.weights is not None:
         config = Path(args.weights) / "config.json"
         if config.exists():
-            from csdgen.runs import read_json
+            from csdgen.jsonio import read_json
 
             read_json(config, what="the built-in model's config")  # a clear line for a malformed file
     model = load_builtin_model(args.weights, quantize=getattr(args, "quantize", None), device=device)
@@ -411,3 +413,24 @@ def checkpoint_setup(args, *, fixed_window: bool):
     if args.temperature == 0:
         print(GREEDY_WARNING, file=sys.stderr)
     return folder, family, sampling
+
+
+@contextlib.contextmanager
+def locked_runs(model, jobs, classes, args, sampling, out, command: str):
+    """Hold ``out``'s lock (:func:`csdgen.folder_lock.folder_lock`, by ``csdgen COMMAND``), run
+    :func:`csdgen.runs.run_methods` of ``jobs`` over ``classes`` into it with a progress bar, and yield
+    the runs: what the caller writes from them in the ``with`` block is written under the lock too.
+
+    Raises:
+        csdgen.folder_lock.FolderBusy: another command writes into ``out`` now.
+    """
+    from tqdm import tqdm
+
+    from csdgen.folder_lock import folder_lock
+    from csdgen.runs import run_methods
+
+    with folder_lock(out, f"csdgen {command}"):
+        with tqdm(total=len(jobs) * len(classes), unit="img", desc=command, disable=None) as bar:
+            runs = run_methods(model, jobs, classes, batch_size=args.batch_size, sampling=sampling, out_dir=out,
+                               progress=bar.update)
+        yield runs

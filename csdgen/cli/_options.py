@@ -48,7 +48,7 @@ def class_lookup(weights: Path | None = None):
         FileNotFoundError: no config.json there. ValueError: a malformed config (naming the file).
     """
     from csdgen.class_names import ClassNames
-    from csdgen.runs import read_json
+    from csdgen.jsonio import read_json
 
     path = (BUILTIN_CONFIG if weights is None else Path(weights) / "config.json")
     if weights is not None and not path.is_file():
@@ -139,6 +139,25 @@ def count(minimum: int = 1, what: str = "", maximum: int = MAX_IMAGES):
         return value
     integer.__name__ = "integer"
     return integer
+
+
+def real(low: float = 0.0, high: float = float("inf"), *, low_open: bool = False, high_open: bool = True,
+         allowed: str = ""):
+    """A finite number in ``low .. high`` (``low_open`` / ``high_open``: the bound itself refused); a bad
+    value's message says ``allowed`` (default: the interval, e.g. ``a number in [0, 1)``)."""
+    allowed = allowed or f"a number in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+    def number_in(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        inside = (low < value if low_open else low <= value) and (value < high if high_open else value <= high)
+        if not inside or value in (float("inf"), float("-inf")):
+            raise argparse.ArgumentTypeError(f"{text!r}: allowed {allowed}")
+        return value
+    number_in.__name__ = "number"
+    return number_in
 
 
 def port(minimum: int):
@@ -409,6 +428,23 @@ def add_checkpoint_files(g) -> None:
                    help="Chameleon-format checkpoints: Chameleon's VQGAN, its tokenizer/ folder holding vqgan.yaml and "
                         "vqgan.ckpt (or the vqgan.ckpt file); default: found in the checkpoint folder or its tokenizer/. "
                         "Decodes images, and gives GSD/LANTERN the codebook Lumina-mGPT's files lack")
+
+
+def add_checkpoint_options(g) -> None:
+    """A checkpoint's layout, size, weight files, Emu3's prompts, the prompt template and the dtype
+    (``--model`` runs of ``generate`` and ``bench``)."""
+    g.add_argument("--layout", choices=["lumina", "anole"], default=None, help="Chameleon checkpoints (default: guessed)")
+    g.add_argument("--height", type=count(), default=None, help="image height in pixels (default: the family's)")
+    g.add_argument("--width", type=count(), default=None, help="image width in pixels (default: the family's)")
+    add_checkpoint_files(g)
+    g.add_argument("--negative-prompt", default=None, help="Emu3: prompt of the unconditional rows (default Emu3's own)")
+    g.add_argument("--positive-prompt", default=None,
+                   help="Emu3: text appended to every prompt (default Emu3's ' masterpiece, film grained, best quality.'; "
+                        "'' = off)")
+    g.add_argument("--prompt-template", default=None,
+                   help="template for each prompt with {prompt}, {width}, {height} (default: the family's, docs/models.md; "
+                        "'{prompt}' = none)")
+    add_dtype(g)
 
 
 def add_dtype(g) -> None:

@@ -64,16 +64,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     q.add_argument("--fid-reference", type=opt.path, default=None, metavar="DIR",
                    help="folder of real images for FID (e.g. COCO val2017); with --inception-weights")
     g = p.add_argument_group("checkpoints (--model PATH)")
-    g.add_argument("--layout", choices=["lumina", "anole"], default=None, help="Chameleon checkpoints (default: guessed)")
-    g.add_argument("--height", type=opt.count(), default=None, help="image height in pixels (default: the family's)")
-    g.add_argument("--width", type=opt.count(), default=None, help="image width in pixels (default: the family's)")
-    opt.add_checkpoint_files(g)
-    g.add_argument("--negative-prompt", default=None, help="Emu3: prompt of the unconditional rows (default Emu3's own)")
-    g.add_argument("--positive-prompt", default=None,
-                   help="Emu3: text appended to every prompt (default BAAI's quality suffix; '' = none)")
-    g.add_argument("--prompt-template", default=None,
-                   help="a format string with {prompt} wrapping every prompt (default: the family's; '{prompt}' = none)")
-    opt.add_dtype(g)
+    opt.add_checkpoint_options(g)
     opt.add_quantize(g)
     p.add_argument("--device", choices=opt.DEVICES, default=None,
                    help="default cpu for the built-in model, else cuda when available (under torchrun: cuda:LOCAL_RANK)")
@@ -201,7 +192,7 @@ def _prompts_setting(args, default: str) -> str:
     import hashlib
 
     from csdgen.bench import MANIFEST
-    from csdgen.runs import read_json
+    from csdgen.jsonio import read_json
 
     def content(path: Path) -> str:
         return f"file sha256:{hashlib.sha256(path.read_bytes()).hexdigest()}"
@@ -348,7 +339,7 @@ def _check_methods(plan) -> None:
     Raises:
         ValueError: as :func:`csdgen.generate` (e.g. ``top_k`` above the codebook size).
     """
-    from csdgen.engine.generation import resolve_arguments
+    from csdgen.engine import resolve_arguments
 
     for kwargs in plan.methods.values():
         resolve_arguments(plan.model, kwargs.get("method", "csd"), kwargs.get("window", plan.window), plan.sampling,
@@ -475,3 +466,19 @@ def bench_namespace(args, skip=(), **overrides) -> argparse.Namespace:
         setattr(out, name, value)
     out.command = getattr(args, "command", None) or "bench"  # the run's first line names the command typed
     return out
+
+
+def builtin_run_or_bench(args, run_bench) -> int | None:
+    """How ``compare`` and ``sweep`` start: ``--list-classes`` answered, a ``--model`` / ``--prompts``
+    run handed to ``run_bench`` (run as ``csdgen bench``); both return the exit status. None: a
+    built-in run goes on (options of the bench path refused, ``-n`` 64 when not given)."""
+    from ._common import list_classes
+
+    if args.list_classes is not None:
+        return list_classes(args)
+    if uses_bench(args):
+        return run_bench(args)
+    refuse_bench_only(args)
+    if args.num_images is None:
+        args.num_images = 64
+    return None

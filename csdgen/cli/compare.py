@@ -57,25 +57,18 @@ def _run_bench(args) -> int:
 
 
 def run(args) -> int:
-    from tqdm import tqdm
-
     from csdgen.evaluation.compare import method_presets, score_run, table_rows, to_csv, to_markdown
-    from csdgen.folder_lock import folder_lock
-    from csdgen.runs import MethodJob, run_methods
-    from csdgen.sampling import MAX_SEED
     from csdgen.evaluation.maps import image_grid, save_png, to_uint8
     from csdgen.evaluation.quality import QualityScorer
+    from csdgen.runs import MethodJob
+    from csdgen.sampling import MAX_SEED
 
-    from ._common import list_classes
-    from .bench import refuse_bench_only, uses_bench
+    from ._common import locked_runs
+    from .bench import builtin_run_or_bench
 
-    if args.list_classes is not None:
-        return list_classes(args)
-    if uses_bench(args):
-        return _run_bench(args)
-    refuse_bench_only(args)
-    if args.num_images is None:
-        args.num_images = 64
+    status = builtin_run_or_bench(args, _run_bench)
+    if status is not None:
+        return status
     model, classes = builtin_model(args, fixed_window=True, spread=True)
     sampling = sampling_of(args)
     presets = method_presets(args.lam, args.delta, args.addition_c, model.codebook_embeddings(),
@@ -91,19 +84,16 @@ def run(args) -> int:
     jobs = [MethodJob(n, {**presets[n], **opt.engine_kwargs(args)}, args.seed, args.window) for n in names]  # generate runs "ar" at window 1
     jobs.append(MethodJob("ar-seed2", {**presets["ar"], **opt.engine_kwargs(args)}, args.seed + 1, args.window))
     print_run_line(args)  # the run's first line: model, device, dtype and why
-    with folder_lock(out, "csdgen compare"), \
-            tqdm(total=len(jobs) * len(classes), unit="img", desc="compare", disable=None) as bar:
-        runs = run_methods(model, jobs, classes, batch_size=args.batch_size, sampling=sampling, out_dir=out,
-                           progress=bar.update)
-    scores, grid_rows = {}, []
-    for run_ in runs:
-        scores[run_.name], images = score_run(model, scorer, run_, classes)
-        grid_rows.append(list(to_uint8(images[:8])))
-    rows = table_rows(runs, scores)
-    markdown = to_markdown(rows)
-    (out / "compare.md").write_text(markdown)
-    (out / "compare.csv").write_text(to_csv(rows))
-    save_png(image_grid(grid_rows, [r.name for r in runs], scale=2), out / "compare.png")
+    with locked_runs(model, jobs, classes, args, sampling, out, "compare") as runs:  # written under the lock, as sweep
+        scores, grid_rows = {}, []
+        for run_ in runs:
+            scores[run_.name], images = score_run(model, scorer, run_, classes)
+            grid_rows.append(list(to_uint8(images[:8])))
+        rows = table_rows(runs, scores)
+        markdown = to_markdown(rows)
+        (out / "compare.md").write_text(markdown)
+        (out / "compare.csv").write_text(to_csv(rows))
+        save_png(image_grid(grid_rows, [r.name for r in runs], scale=2), out / "compare.png")
     print(markdown)
     print(f"{len(classes)} images per method; noise floor: ar vs ar-seed2. Wrote {out}/compare.md, compare.csv, compare.png")
     return 0

@@ -46,17 +46,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--model", type=opt.path_text, default=None, help="checkpoint folder or Hugging Face repo id in the local cache (no download)")
     g.add_argument("--prompt", dest="prompts", action="append", default=None, help="text prompt (repeatable)")
     g.add_argument("--prompts-file", type=Path, default=None, help="text file, one prompt per line")
-    g.add_argument("--layout", choices=["lumina", "anole"], default=None, help="Chameleon checkpoints (default: guessed)")
-    g.add_argument("--height", type=opt.count(), default=None, help="image height in pixels (default: the family's)")
-    g.add_argument("--width", type=opt.count(), default=None, help="image width in pixels (default: the family's)")
-    opt.add_checkpoint_files(g)
-    g.add_argument("--negative-prompt", default=None, help="Emu3: prompt of the unconditional rows (default Emu3's own)")
-    g.add_argument("--positive-prompt", default=None,
-                   help="Emu3: text appended to every prompt (default Emu3's ' masterpiece, film grained, best quality.'; "
-                        "'' = off)")
-    g.add_argument("--prompt-template", default=None,
-                   help="template for each prompt with {prompt}, {width}, {height} (default: the family's, docs/models.md)")
-    opt.add_dtype(g)
+    opt.add_checkpoint_options(g)
     opt.add_quantize(g)
     p.set_defaults(run=run)
     return p
@@ -113,7 +103,7 @@ def builtin_job(args):
     _ar_window(args)
     sampling = sampling_of(args)
     rule = _rule(args)
-    from csdgen.engine.window import AUTO_MAX_WINDOW
+    from csdgen.engine import AUTO_MAX_WINDOW
 
     widest = 1 if args.method == "ar" else AUTO_MAX_WINDOW if args.window == "auto" else args.window
     batch_size = cap_builtin_batch(args, model, widest, sampling.guided, len(classes))
@@ -150,7 +140,7 @@ def _read_prompts(args) -> list[str]:
 
 def model_job(args):
     """The run plan of a checkpoint (``--model``) and its batch size."""
-    from csdgen.engine.window import AUTO_MAX_WINDOW
+    from csdgen.engine import AUTO_MAX_WINDOW
     from csdgen.models.auto import default_device, load_model
     from csdgen.runs import RunPlan, slug
 

@@ -101,7 +101,7 @@ def _load(args):
     """``(model, name, aliases, memory_limit, plan)``: the model, how many images its memory holds, its memory plan."""
     import torch
 
-    from csdgen.engine.window import AUTO_MAX_WINDOW
+    from csdgen.engine import AUTO_MAX_WINDOW
     from csdgen.models.auto import available_memory
 
     budget = None if args.max_memory is None else int(args.max_memory * 2**30)
@@ -170,7 +170,7 @@ def _load(args):
 
 
 def _builtin_bytes(model) -> int:
-    from csdgen.engine.window import AUTO_MAX_WINDOW
+    from csdgen.engine import AUTO_MAX_WINDOW
     from csdgen.runs import builtin_bytes_per_image
 
     return builtin_bytes_per_image(model, AUTO_MAX_WINDOW, True)
@@ -187,8 +187,9 @@ def _served_name(text: str) -> str:
 def _warmup(model, request, capacity: int, engine_kwargs: dict | None = None) -> None:
     """``--warmup``: the static engine's compiled steps for batches up to ``capacity`` images, the
     default request's guidance and window (every width bucket up to it; ``auto``: up to its widest)."""
-    from csdgen.engine.window import AUTO_MAX_WINDOW
-    from csdgen.models._static import static_refusal, warmup
+    from csdgen.engine import AUTO_MAX_WINDOW
+    from csdgen.models._static import static_refusal
+    from csdgen.models._static_warmup import warmup
 
     kwargs = request.batch_kwargs
     window = kwargs.get("window")

@@ -81,7 +81,7 @@ def _run_bench(args) -> int:
 
     from csdgen.evaluation.compare import to_csv, to_markdown
     from csdgen.evaluation.sweep import frontier_plot, settings
-    from csdgen.runs import write_json
+    from csdgen.jsonio import write_json
 
     from . import bench as bench_cli
 
@@ -125,24 +125,18 @@ def _run_bench(args) -> int:
 
 
 def run(args) -> int:
-    from tqdm import tqdm
-
     from csdgen.evaluation.compare import score_run, to_csv, to_markdown
     from csdgen.evaluation.quality import QualityScorer
     from csdgen.evaluation.sweep import frontier_plot, settings
-    from csdgen.folder_lock import folder_lock
-    from csdgen.runs import MethodJob, run_methods, write_json
+    from csdgen.jsonio import write_json
+    from csdgen.runs import MethodJob
 
-    from ._common import list_classes
-    from .bench import refuse_bench_only, uses_bench
+    from ._common import locked_runs
+    from .bench import builtin_run_or_bench
 
-    if args.list_classes is not None:
-        return list_classes(args)
-    if uses_bench(args):
-        return _run_bench(args)
-    refuse_bench_only(args)
-    if args.num_images is None:
-        args.num_images = 64
+    status = builtin_run_or_bench(args, _run_bench)
+    if status is not None:
+        return status
     args.window = args.lam = args.delta = None  # a sweep sets these per point; filled only to validate the rest
     model, classes = builtin_model(args, spread=True)
     sampling = sampling_of(args)
@@ -156,10 +150,7 @@ def run(args) -> int:
     rows = []
     jobs = [MethodJob(p.name, {**p.preset, **opt.engine_kwargs(args)}, args.seed, min(p.window, model.num_image_tokens)) for p in points]
     print_run_line(args)  # the run's first line: model, device, dtype and why
-    with folder_lock(out, "csdgen sweep"), \
-            tqdm(total=len(points) * len(classes), unit="img", desc="sweep", disable=None) as bar:
-        runs = run_methods(model, jobs, classes, batch_size=args.batch_size, sampling=sampling, out_dir=out,
-                           progress=bar.update)
+    with locked_runs(model, jobs, classes, args, sampling, out, "sweep") as runs:
         for point, run_ in zip(points, runs):
             scores, _ = score_run(model, scorer, run_, classes)
             rows.append({"method": point.method, "parameter": point.parameter, "value": point.value,

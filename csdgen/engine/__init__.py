@@ -81,14 +81,16 @@ loop), :mod:`~csdgen.engine.tree_loop` (the loop with draft trees),
 :mod:`~csdgen.engine.generation` (the public :func:`generate`), :mod:`~csdgen.engine.continuous`
 (:class:`ContinuousBatch`), :mod:`~csdgen.engine.syncs` (:class:`~csdgen.engine.syncs.HostSyncCounter`,
 counting host syncs). :mod:`csdgen.decoding` re-exports
-the public names.
+the public names. Modules outside the engine import only these public names, from
+:mod:`csdgen.engine` itself (tests/test_layout.py). :class:`Decision` and the stream kinds are
+defined below the engine, in :mod:`csdgen.decisions`.
 
 The public names below are imported on first use (PEP 562 ``__getattr__``), so a core module
 such as :mod:`csdgen.trees` can import :mod:`csdgen.engine.results` without running the loop's
 modules (which import :mod:`csdgen.trees` themselves).
 """
 
-from importlib import import_module
+from .._lazy import lazy_names
 
 _LAZY = {
     "Decision": ".results",
@@ -102,18 +104,14 @@ _LAZY = {
     "AUTO_MAX_WINDOW": ".window",
     "ContinuousBatch": ".continuous",
     "FinishedImage": ".continuous",
+    "resolve_arguments": ".generation",
+    "check_conditions": ".generation",
+    "check_engine": ".generation",
+    "resolve_method": ".methods",
+    "default_sampling": ".methods",
 }
 
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(import_module(_LAZY[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted([*globals(), *_LAZY])
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

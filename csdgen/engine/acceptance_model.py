@@ -58,7 +58,7 @@ class _AcceptanceModel:
     #: and the README's first command (CSD, 8 images, a fresh process, two threads) ran width 1 and 4
     #: at 1.5-2.5x step compression: 4.85 s against window 16's 4.33 s over 11 runs; with 8: 4.19 s
     #: against 4.10 (8 runs, interleaved). 16 over-predicted fresh drafts (width 4 by 12 % from
-    #: window-32 counts, tests/test_issue16_engine.py)
+    #: window-32 counts, tests/test_auto_window.py)
     PRIOR_WEIGHT = 8.0
     OPTIMISM = 0.9  # pass rate assumed at depths deeper than any seen (an untried wide window gets tried)
     #: per steady iteration of the width held, the decay of the calibration's sums (:meth:`calibration`):

@@ -15,14 +15,16 @@ from ..models.defaults import method_refresh
 from ..sampling import SamplingConfig, check_seed
 from ..trees import check_tree
 from .loop import _Loop
-from .methods import _check_model, _check_sampling, _check_window, _preset, _resolve_method, _resolve_sampling
+from .methods import _check_model, _check_sampling, _check_window, _preset, resolve_method, _resolve_sampling
 from .results import GenerationResult, StepInfo
 from .tree_loop import _TreeLoop
 
-__all__ = ["generate", "resolve_arguments"]
+__all__ = ["generate", "resolve_arguments", "check_conditions", "check_engine"]
 
 
-def _check_engine(engine, compile) -> None:
+def check_engine(engine, compile) -> None:
+    """Refuse an ``engine`` not in :data:`ENGINES` or a ``compile`` other than True, False or None
+    (``ValueError`` naming the value and what is allowed)."""
     if engine not in ENGINES:
         raise ValueError(f"engine={engine!r}: allowed {', '.join(map(repr, ENGINES))}")
     if compile is not None and not isinstance(compile, bool):
@@ -49,7 +51,7 @@ def resolve_arguments(model: ImageTokenModel, method, window, sampling, draft_in
     if window is None:
         window = chosen.get("window", "auto")
     window = _check_window(window, model.num_image_tokens)
-    rule, method_name = _resolve_method(method, model, chosen)
+    rule, method_name = resolve_method(method, model, chosen)
     if refresh is None:
         refresh = chosen.get("refresh", method_refresh(method_name))
     if draft_init is None and rule.draft_init is None:
@@ -163,7 +165,7 @@ def generate(
             (tested; see docs/engine.md). ``result.settings["engine"]`` says which one ran.
         compile: static engine only: ``torch.compile`` every forward shape on first use, on CUDA
             also captured as a CUDA graph; the compiled steps and their buffers belong to the model
-            and are reused by its later calls (``csdgen.models._static.warmup`` makes them ahead of
+            and are reused by its later calls (``csdgen.models._static_warmup.warmup`` makes them ahead of
             time). The shapes this call compiled are reported, with their seconds, in
             :attr:`GenerationResult.compile_seconds` (empty when every shape was already compiled).
             None (default): on CUDA only.
@@ -187,7 +189,7 @@ def generate(
             gives the same images).
     """
     check_conditions(conditions)
-    _check_engine(engine, compile)
+    check_engine(engine, compile)
     rule, window, draft_init, sampling, settings = resolve_arguments(model, method, window, sampling, draft_init,
                                                                      refresh, seed, preset)
     refresh, seed = settings["refresh"], settings["seed"]

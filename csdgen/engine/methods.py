@@ -66,13 +66,13 @@ def _resolve_sampling(model: ImageTokenModel, sampling: Any) -> SamplingConfig:
             SamplingConfig refuses.
     """
     _check_sampling(sampling)
-    default = _default_sampling(model)
+    default = default_sampling(model)
     if sampling is None:
-        return default
+        return _unguided_at_most_1(model, default)
     if isinstance(sampling, SamplingConfig):
         if not sampling.guided and default.guidance_scale > 1:
             _warn_unguided(sampling, default.guidance_scale)
-        return sampling
+        return _unguided_at_most_1(model, sampling)
     allowed = [f.name for f in fields(SamplingConfig)]
     unknown = [key for key in sampling if key not in allowed]
     if unknown:
@@ -83,7 +83,15 @@ def _resolve_sampling(model: ImageTokenModel, sampling: Any) -> SamplingConfig:
                           for key in unknown)
         raise ValueError(f"sampling={_short(dict(sampling))}: unknown key{'s' if len(unknown) > 1 else ''} {named}; "
                          f"allowed keys: {', '.join(allowed)} (changes to the model's defaults)")
-    return replace(default, **sampling)  # SamplingConfig checks the values (one line naming the field)
+    return _unguided_at_most_1(model, replace(default, **sampling))  # SamplingConfig checks the values
+
+
+def _unguided_at_most_1(model: ImageTokenModel, sampling: SamplingConfig) -> SamplingConfig:
+    """A model whose reference guides only above scale 1 (``model.guides_above_1_only``, Liquid) runs a
+    scale below 1 unguided, as its reference does: the scale becomes 1.0 (no unconditional rows)."""
+    if getattr(model, "guides_above_1_only", False) and sampling.guidance_scale < 1.0:
+        return replace(sampling, guidance_scale=1.0)
+    return sampling
 
 
 def _warn_unguided(sampling: SamplingConfig, model_scale: float) -> None:
@@ -99,7 +107,7 @@ def _warn_unguided(sampling: SamplingConfig, model_scale: float) -> None:
     package = str(Path(__file__).resolve().parents[1])
     level, frame = 1, sys._getframe(0)
     while frame is not None and frame.f_code.co_filename.startswith(package):  # point at the caller's own line
-        if frame.f_code.co_filename.startswith((str(Path(package, "demo.py")), str(Path(package, "serve")))):
+        if frame.f_code.co_filename.startswith((str(Path(package, "demo")), str(Path(package, "serve")))):  # demo*.py
             return  # the demo's and the server's guidance comes from their user, explicitly
         frame, level = frame.f_back, level + 1
     warnings.warn(f"sampling=SamplingConfig({given}) runs unguided (guidance_scale 1.0, SamplingConfig's default), "
@@ -119,8 +127,11 @@ def _preset(name: str | None) -> dict:
     return PRESETS[name]
 
 
-def _resolve_method(method: str | AcceptanceRule, model: ImageTokenModel,
-                    preset: dict | None = None) -> tuple[AcceptanceRule, str]:
+def resolve_method(method: str | AcceptanceRule, model: ImageTokenModel,
+                   preset: dict | None = None) -> tuple[AcceptanceRule, str]:
+    """``(rule, method name)`` of a method name (any case; ``"ar"``: SJD at window 1) or an
+    :class:`AcceptanceRule` instance; CSD takes ``lam``/``delta`` from ``preset``, else the model's
+    defaults. Raises ``ValueError`` naming the bad method and the allowed names."""
     if isinstance(method, type) and issubclass(method, AcceptanceRule):
         raise ValueError(f"method={method.__name__} is the rule's class; allowed: an instance such as "
                          f"{method.__name__}() (the rule's default options) or a method name ({', '.join(METHODS)})")
@@ -149,7 +160,9 @@ def _resolve_method(method: str | AcceptanceRule, model: ImageTokenModel,
     return rule, rule.name
 
 
-def _default_sampling(model: ImageTokenModel) -> SamplingConfig:
+def default_sampling(model: ImageTokenModel) -> SamplingConfig:
+    """The model's default :class:`SamplingConfig` (its family's guidance, temperature, top-k/top-p;
+    a top-k at or above the codebook size dropped); ``SamplingConfig()`` for a model without defaults."""
     d = model.defaults
     if d is None:
         return SamplingConfig()

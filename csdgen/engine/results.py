@@ -5,23 +5,14 @@ of one image (:class:`ImageStats`), what a ``callback`` sees after every forward
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import IntEnum
 from typing import Any
 
 import torch
 
+from ..decisions import Decision
 from ..models.base import DecodingSession
 
 __all__ = ["Decision", "ImageStats", "StepInfo", "GenerationResult"]
-
-
-class Decision(IntEnum):
-    """How an image token was decided (the acceptance map's categories)."""
-
-    SAMPLED = 0  #: plain sample from q: an AR step, the prefill token, or a window's bonus token
-    ACCEPTED = 1  #: draft accepted by the rule's exact test (the lossless ``u < min(1, q/p)``; Jacobi: a match)
-    RELAXED = 2  #: draft accepted only thanks to the rule's relaxation
-    RESAMPLED = 3  #: sampled from the residual after the draft was rejected
 
 
 @dataclass

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from csdgen.engine.results import Decision
+from csdgen.decisions import Decision
 
 __all__ = ["COLOURS", "SIDE_BRANCH_COLOUR", "PANEL_TITLES", "to_uint8", "acceptance_map", "save_png", "image_grid"]
 

@@ -64,6 +64,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from csdgen.jsonio import json_lines
+
 __all__ = ["SCHEMA", "REQUIRED", "SCORES", "row_key", "accepted_length_histogram", "read_records", "table_rows", "to_markdown", "to_csv", "write_report"]
 
 SCHEMA = "csdgen.bench.v1"
@@ -142,13 +144,8 @@ def read_records(paths: Iterable[str | os.PathLike]) -> list[dict]:
     """
     records = []
     for path in paths:
-        for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number}: not JSON ({error.msg})") from None
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        for number, record in json_lines(lines, str(path), objects=False):
             records.append(_check(record, f"{path}:{number}"))
     return records
 
@@ -332,9 +329,34 @@ def _texture_section(texture: Mapping[str, Any]) -> tuple[str, str]:
     return "\n".join(lines), buffer.getvalue()
 
 
+def speed_noise_floor(rows: list[dict], reference: str = "ar") -> dict[str, float]:
+    """Latency of ``reference`` at each other seed over its latency at the primary seed (the first
+    row of ``reference``), keyed by row name (e.g. ``{"ar@seed1": 1.012}``): how far two runs of one
+    method differ in speed on this machine. Empty when ``reference`` has fewer than two rows."""
+    floor = [row for row in rows if row["method"].split("@")[0] == reference and row.get("latency_s_per_image")]
+    if len(floor) < 2:
+        return {}
+    base = floor[0]["latency_s_per_image"]
+    return {row["method"]: row["latency_s_per_image"] / base for row in floor[1:]}
+
+
+def few_images_notes(rows: list[dict], min_images: Mapping[str, int]) -> list[str]:
+    """One caveat line per score some row holds on fewer images than ``min_images[score]``, e.g.
+    ``FID rests on too few images to mean anything: 16 per row (FID needs >= 2048); ...``."""
+    notes = []
+    for score, minimum in min_images.items():
+        counts = sorted({row["images"] for row in rows if row.get(score) is not None and row["images"] < minimum})
+        if counts:
+            name = SCORES[score][0]
+            notes.append(f"{name} rests on too few images to mean anything: {', '.join(map(str, counts))} per row "
+                         f"({name} needs >= {minimum}); compare only rows of equal counts, never with published figures.")
+    return notes
+
+
 def write_report(records: list[dict] | Iterable[str | os.PathLike], out_dir: str | os.PathLike, *,
                  scores: Mapping[str, Mapping[str, float]] | None = None, texture: Mapping[str, Any] | None = None,
-                 reference: str = "ar", title: str = "csdgen bench", notes: Iterable[str] = ()) -> dict[str, Path]:
+                 reference: str = "ar", title: str = "csdgen bench", notes: Iterable[str] = (),
+                 min_images: Mapping[str, int] | None = None) -> dict[str, Path]:
     """Write ``report.md``, ``report.csv``, ``acceptance_lengths.csv``, ``speed_quality_<score>.png``
     for each score some row has, and ``texture.csv`` when ``texture`` is given. Every file is
     written atomically (temporary file, then rename), so a reader never sees half a report.
@@ -347,6 +369,9 @@ def write_report(records: list[dict] | Iterable[str | os.PathLike], out_dir: str
         reference: the method of acceleration 1 and of the noise floor.
         title: the Markdown title.
         notes: extra lines for the Markdown header (machine, prompt set, command, ...).
+        min_images: per score (``"fid"``, ``"frechet_distance"``), the images a row needs for that
+            score to mean anything; a row scored on fewer gets a caveat line naming the score, its
+            count and the minimum (:func:`few_images_notes`).
 
     Returns:
         ``{name: path}`` of the files written.
@@ -374,6 +399,14 @@ def write_report(records: list[dict] | Iterable[str | os.PathLike], out_dir: str
     if len(floor) >= 2:
         md.insert(-1, f"- Noise floor: {', '.join(r['method'] for r in floor)} are the same method at different seeds; "
                       "quality gaps smaller than theirs are not measured differences.")
+        speed = speed_noise_floor(rows, reference)
+        if speed:
+            md.insert(-1, "- Speed noise floor: latency " + ", ".join(f"{name} / {reference} = {ratio:.3f}"
+                                                                   for name, ratio in speed.items())
+                      + f" (the same method at another seed, timed interleaved with every method: latency gaps within "
+                        f"this of 1 are not measured differences).")
+    for note in few_images_notes(rows, min_images or {}):
+        md.insert(-1, f"- {note}")
     counts = {row["images"] for row in rows}
     if len(counts) > 1:
         md.insert(-1, f"- Rows cover different numbers of images ({', '.join(map(str, sorted(counts)))}): "

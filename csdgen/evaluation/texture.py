@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from csdgen.engine.results import Decision
+from csdgen.decisions import Decision
 
 __all__ = ["token_texture", "average_ranks", "spearman", "SpeedSources", "SpeedSourceSummary"]
 

@@ -6,7 +6,7 @@ transformers model) are imported on first use (PEP 562 ``__getattr__``): they pu
 transformers' model code, which ``import csdgen`` should not pay for.
 """
 
-from importlib import import_module
+from .._lazy import lazy_names
 
 from .base import DecodingSession, ImageTokenModel, WindowLogits
 from .function import FunctionModel
@@ -27,9 +27,4 @@ _LAZY = {
 __all__ = ["DecodingSession", "ImageTokenModel", "WindowLogits", "FunctionModel", "ClassConditionalLlama", *_LAZY]
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(import_module(_LAZY[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

@@ -29,6 +29,9 @@ row (:func:`window_columns` lays a per-row window out as sequence columns), the 
 rows of guidance after the conditional ones. An adapter supplies only its forward
 (:meth:`RaggedSession._logits`) and its codebook -> vocabulary id map.
 
+Files, one idea each: the session is here; the cache is :mod:`csdgen.models._ragged_cache`, the
+window and tree column layouts :mod:`csdgen.models._ragged_windows` (their names re-exported here).
+
 Family-agnostic: a family adapter decides which of its sequence's tokens are valid; this
 module knows nothing of image positions. The bookkeeping lives on the host (the engine hands
 per-row lengths over from its one sync per iteration), so no call here waits for the device: what
@@ -44,355 +47,10 @@ import torch
 
 from ..transfer import to_device, to_device_all
 from .base import DecodingSession, WindowLogits, check_row_arguments, row_tensor
+from ._ragged_cache import additive_mask, causal_mask, RaggedCache
+from ._ragged_windows import kept_tree_columns, split_guided, window_columns, window_layout, _place_window
 
 __all__ = ["RaggedCache", "RaggedSession", "additive_mask", "causal_mask", "split_guided", "window_columns", "window_layout"]
-
-
-def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``[R, S, T]`` bool (True: the query may attend the column) -> the additive ``[R, 1, S, T]`` mask
-    in ``dtype`` (0 where allowed, else its most negative value), on ``allowed``'s device."""
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
-        ~allowed, torch.finfo(dtype).min)[:, None]
-
-
-def causal_mask(valid: torch.Tensor, new: int, dtype: torch.dtype) -> torch.Tensor:
-    """The additive 4-D attention mask of a forward appending ``new`` columns, built on ``valid``'s device.
-
-    Column ``s`` of the new ones (cache column ``T + s``) sees the valid cached and new columns up
-    to itself. transformers uses a 4-D mask as given, where from a 2-D one it decides whether
-    anything is masked by reading the mask back to the host (a host sync) for a 1-column forward.
-
-    Args:
-        valid: ``[R, T + S]`` int64 or bool, 1 where a cached or new column holds one of the row's tokens.
-        new: S, the new columns (the last ``S`` of ``valid``).
-        dtype: the model's float dtype (the mask holds 0 or its most negative value).
-
-    Returns:
-        ``[R, 1, S, T + S]`` ``dtype``.
-    """
-    R, width = valid.shape
-    column = torch.arange(width, device=valid.device)
-    query = torch.arange(width - new, width, device=valid.device)
-    return additive_mask(valid.bool()[:, None, :] & (column[None, :] <= query[:, None])[None], dtype)
-
-
-def split_guided(logits: torch.Tensor, batch_size: int, guided: bool) -> WindowLogits:
-    """``[R, W, V]`` logits of all rows -> cond rows (first ``batch_size``), then the uncond rows (guided)."""
-    if guided:
-        return WindowLogits(logits[:batch_size], logits[batch_size:])
-    return WindowLogits(logits, None)
-
-
-class RaggedCache:
-    """A ``DynamicCache`` whose rows hold sequences of different lengths (see the module docstring).
-
-    Args:
-        cache: an empty transformers ``DynamicCache`` (its layers expose ``keys`` / ``values``
-            ``[R, heads, T, head_dim]``).
-        rows: R, the number of rows.
-        device: where attention masks and position ids go.
-
-    Attributes:
-        valid: ``[R, T]`` bool CPU, True where column ``t`` of row ``r`` holds one of its tokens.
-        lengths: ``[R]`` int64 CPU, valid columns per row (the row's sequence length).
-    """
-
-    #: compact when more than this fraction of the width is wasted on every row
-    COMPACT_FRACTION = 0.25
-
-    def __init__(self, cache: Any, rows: int, device: Any):
-        self.cache = cache
-        self.device = torch.device(device)
-        self.valid = torch.zeros(rows, 0, dtype=torch.bool)
-        self.lengths = torch.zeros(rows, dtype=torch.long)
-        self.ids = torch.zeros(rows, 0, dtype=torch.long, device=self.device)  # the ids in the cache, per column
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The float dtype of the cached keys (float32 before the first forward)."""
-        layers = getattr(self.cache, "layers", None) or []
-        keys = getattr(layers[0], "keys", None) if layers else None
-        return keys.dtype if isinstance(keys, torch.Tensor) and keys.is_floating_point() else torch.float32
-
-    @property
-    def width(self) -> int:
-        """T, the physical width of the cache (holes included)."""
-        return self.valid.shape[1]
-
-    @property
-    def rows(self) -> int:
-        return self.valid.shape[0]
-
-    def inputs(self, new_valid: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """Attention mask and position ids for a forward appending ``S`` columns.
-
-        Args:
-            new_valid: ``[R, S]`` bool CPU, which of the new columns row ``r`` uses.
-
-        Returns:
-            ``(attention_mask [R, T + S] int64 or None when nothing is masked, position_ids
-            [R, S] int64)`` on the device, copied there in one queued copy
-            (:func:`csdgen.transfer.to_device_all`, no host sync). The position of a valid column is
-            the number of valid columns before it in its row; a hole gets its row's last position (unused).
-        """
-        mask, positions = self.host_inputs(new_valid)
-        if mask is None:
-            return None, to_device(positions, self.device)
-        mask, positions = to_device_all([mask, positions], self.device)
-        return mask, positions
-
-    def host_inputs(self, new_valid: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """:meth:`inputs` on the host: ``(attention_mask [R, T + S] int64 CPU or None, position_ids [R, S] int64 CPU)``."""
-        new_valid = new_valid.to(torch.bool).cpu()
-        positions = (self.lengths[:, None] + new_valid.long().cumsum(1) - 1).clamp(min=0)
-        mask = torch.cat([self.valid, new_valid], dim=1)
-        return (None if bool(mask.all()) else mask.long()), positions
-
-    def tree_inputs(self, new_valid: torch.Tensor, offsets: torch.Tensor, sees: torch.Tensor,
-                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Attention mask and position ids for a forward appending ``S`` *tree* columns (draft trees).
-
-        New column ``s`` of row ``r`` sees the row's valid cached columns and the new columns
-        ``t`` with ``sees[r, s, t]`` (itself and its ancestors); its position is the row's length
-        plus ``offsets[r, s]``. transformers uses a 4-D mask as given (no causal mask is added),
-        as an additive float mask in the eager and SDPA attentions.
-
-        Args:
-            new_valid: ``[R, S]`` bool CPU; offsets: ``[R, S]`` int64 CPU; sees: ``[R, S, S]`` bool CPU;
-            dtype: the model's float dtype (the mask holds 0 or its most negative value).
-
-        Returns:
-            ``(attention_mask [R, 1, S, T + S] dtype, position_ids [R, S] int64)`` on the device.
-        """
-        new_valid = new_valid.to(torch.bool).cpu()
-        R, S = new_valid.shape
-        past = self.valid[:, None, :].expand(R, S, self.width)
-        tree = (sees & new_valid[:, None, :]) | torch.eye(S, dtype=torch.bool)[None]  # a padding column sees itself
-        allowed, positions = to_device_all([torch.cat([past, tree], dim=2), self.lengths[:, None] + offsets], self.device)
-        return additive_mask(allowed, dtype), positions
-
-    def drop_new(self, keep: torch.Tensor) -> None:
-        """Make the last ``S`` columns holes where ``keep`` (``[R, S]`` bool CPU) is False."""
-        S = keep.shape[1]
-        self.valid[:, self.width - S :] &= keep.to(torch.bool).cpu()
-        self.lengths = self.valid.sum(1)
-
-    def append(self, new_valid: torch.Tensor, ids: torch.Tensor | None = None) -> None:
-        """Record the ``[R, S]`` columns the last forward appended to the cache (and their ids, for inspection)."""
-        new_valid = new_valid.to(torch.bool).cpu()
-        ids = torch.zeros(new_valid.shape, dtype=torch.long) if ids is None else ids
-        self.ids = torch.cat([self.ids, ids.to(self.device, torch.long)], dim=1)
-        self.valid = torch.cat([self.valid, new_valid], dim=1)
-        self.lengths = self.lengths + new_valid.sum(1)
-
-    def truncate(self, keep: torch.Tensor) -> None:
-        """Keep the first ``keep[r]`` tokens of every row ``r`` (``[R]`` int64 CPU, ``<= lengths``).
-
-        Raises:
-            ValueError: a ``keep`` outside ``0 .. lengths[r]``.
-        """
-        keep = keep.to(torch.long).cpu()
-        if keep.shape != self.lengths.shape or bool(((keep < 0) | (keep > self.lengths)).any()):
-            raise ValueError(f"keep={keep.tolist()}: allowed 0..{self.lengths.tolist()} per row")
-        self.valid = self.valid & (self.valid.long().cumsum(1) <= keep[:, None])
-        self.lengths = keep.clone()
-        used = self.valid.any(0).nonzero()
-        end = int(used[-1, 0]) + 1 if len(used) else 0
-        self._crop(end)
-        if self.rows and self.width - int(self.lengths.max()) > self.COMPACT_FRACTION * self.width:
-            self.compact()
-
-    def _crop(self, end: int) -> None:
-        drop = self.width - end
-        if drop > 0:
-            self.cache.crop(-drop)  # transformers 5.x takes the number of columns to drop, negative
-            self.valid = self.valid[:, :end]
-            self.ids = self.ids[:, :end]
-
-    def compact(self) -> None:
-        """Move every row's valid columns to the right end (holes first): width ``max(lengths)``."""
-        longest = int(self.lengths.max()) if self.rows else 0
-        if longest == self.width:
-            return
-        order = torch.sort(self.valid.to(torch.int8), dim=1, stable=True).indices[:, self.width - longest :]  # [R, L]
-        index = to_device(order, self.device)
-        row = torch.arange(self.rows, device=self.device)[:, None]
-        for layer in self.cache.layers:
-            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
-                continue
-            layer.keys = layer.keys.transpose(1, 2)[row, index].transpose(1, 2).contiguous()
-            layer.values = layer.values.transpose(1, 2)[row, index].transpose(1, 2).contiguous()
-        self.valid = self.valid.gather(1, order)
-        self.ids = self.ids.gather(1, index)
-
-    def select_rows(self, rows: torch.Tensor, rows_on_device: torch.Tensor | None = None) -> None:
-        """Keep rows ``rows`` (``[R']`` int64 CPU) in that order; drop the others. ``rows_on_device``: the
-        same indices already on the device (None: copied there here, queued)."""
-        rows = rows.to(torch.long).cpu()
-        rows_dev = to_device(rows, self.device) if rows_on_device is None else rows_on_device
-        self.cache.batch_select_indices(rows_dev)
-        self.valid = self.valid[rows]
-        self.lengths = self.lengths[rows]
-        self.ids = self.ids[rows_dev]
-        used = self.valid.any(0).nonzero()
-        self._crop(int(used[-1, 0]) + 1 if len(used) else 0)
-
-    def merge(self, other: "RaggedCache", split: tuple[int, int] | None = None) -> None:
-        """Append ``other``'s rows to this cache's (continuous batching), in one copy per layer.
-
-        The narrower cache's rows are left-padded with hole columns to the common width (their
-        valid columns keep their order and positions), so every row holds the same sequence as
-        before. ``split=(B, B')``: both caches hold their conditional rows first, then as many
-        unconditional ones (guidance); the merged rows are ``[cond of self, cond of other, uncond
-        of self, uncond of other]``. Without ``split``: this cache's rows, then ``other``'s.
-
-        Args:
-            other: a RaggedCache of the same model (same layers, heads and head size); consumed.
-
-        Raises:
-            ValueError: caches whose layers differ.
-        """
-        R1, R2, T = self.rows, other.rows, max(self.width, other.width)
-        if split is None:
-            mine, theirs = [(0, R1, 0)], [(0, R2, R1)]  # (first row, end row, destination row)
-        else:
-            B1, B2 = split
-            mine, theirs = [(0, B1, 0), (B1, R1, B1 + B2)], [(0, B2, B1), (B2, R2, R1 + B2)]
-
-        def place(out: torch.Tensor, parts: list, src: torch.Tensor, dim: int) -> None:  # right-aligned along dim
-            width = src.shape[dim]
-            for lo, hi, dst in parts:
-                if hi > lo:
-                    out[dst : dst + hi - lo].narrow(dim, out.shape[dim] - width, width).copy_(src[lo:hi])
-
-        for a_layer, b_layer in zip(self.cache.layers, other.cache.layers):
-            ready = [getattr(layer, "keys", None) is not None and layer.keys.numel() > 0 for layer in (a_layer, b_layer)]
-            if not any(ready):
-                continue
-            if not all(ready):
-                raise ValueError("merge: one cache has a layer the other has not filled (caches of different models?)")
-            for name in ("keys", "values"):
-                a, b = getattr(a_layer, name), getattr(b_layer, name).to(getattr(a_layer, name).device)
-                if a.shape[1] != b.shape[1] or a.shape[3] != b.shape[3]:
-                    raise ValueError(f"merge: cache {name} of shapes {tuple(a.shape)} and {tuple(b.shape)} "
-                                     "(caches of different models?)")
-                out = a.new_zeros(R1 + R2, a.shape[1], T, a.shape[3])
-                place(out, mine, a, 2)
-                place(out, theirs, b, 2)
-                setattr(a_layer, name, out)
-        valid = torch.zeros(R1 + R2, T, dtype=torch.bool)
-        place(valid, mine, self.valid, 1)
-        place(valid, theirs, other.valid, 1)
-        ids = torch.zeros(R1 + R2, T, dtype=torch.long, device=self.device)
-        place(ids, mine, self.ids, 1)
-        place(ids, theirs, other.ids.to(self.device), 1)
-        lengths = torch.zeros(R1 + R2, dtype=torch.long)
-        place(lengths[:, None], mine, self.lengths[:, None], 1)
-        place(lengths[:, None], theirs, other.lengths[:, None], 1)
-        self.valid, self.ids, self.lengths = valid, ids, lengths
-
-    def row_ids(self, row: int) -> torch.Tensor:
-        """The ids of one row's valid columns, in order (its sequence as the cache holds it)."""
-        return self.ids[row][self.valid[row].to(self.ids.device)]
-
-    def row_entries(self, layer: int, row: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values ``[heads, lengths[row], head_dim]`` of one row's valid columns (for tests)."""
-        cached = self.cache.layers[layer]
-        columns = self.valid[row].nonzero()[:, 0].to(cached.keys.device)
-        return cached.keys[row][:, columns], cached.values[row][:, columns]
-
-
-
-def kept_tree_columns(path: torch.Tensor, kept: torch.Tensor, col: torch.Tensor, end: torch.Tensor,
-                      columns: int) -> torch.Tensor:
-    """The tree columns a row keeps after verification: the winning path's first ``kept[b]`` nodes
-    and, after a node that closes an image row, the row-end column that follows it.
-
-    Args:
-        path: ``[B, W]`` int64, the node at each depth ``0 .. W - 1`` of the winning path.
-        kept: ``[B]`` int64, how many of the path's nodes each row keeps (``0 .. W``).
-        col: ``[B, nodes]`` int64, each node's column in the tree's input.
-        end: ``[B, nodes]`` bool, whether a row-end column follows the node's column.
-        columns: the tree input's width (columns per row).
-
-    Returns:
-        ``[B, columns]`` bool, True where the column stays in the cache.
-    """
-    B, W = path.shape
-    kept_depth = torch.arange(W)[None] < kept[:, None]
-    rows = torch.arange(B)[:, None].expand(B, W)[kept_depth]
-    nodes = path[kept_depth]
-    keep = torch.zeros(B, columns, dtype=torch.bool)
-    keep[rows, col[rows, nodes]] = True
-    with_end = end[rows, nodes]
-    keep[rows[with_end], col[rows, nodes][with_end] + 1] = True
-    return keep
-
-def window_layout(start: torch.Tensor, widths: torch.Tensor, W: int, cols: int, row_end: int | None
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`window_columns`' layout on the host: where each slot's token and row end go.
-
-    Args:
-        start: ``[B]`` int64 CPU, image position of slot 0; widths: ``[B]`` int64 CPU, valid slots;
-        W: slots per row; cols: image tokens per image row; row_end: the row-end id, or None.
-
-    Returns:
-        ``(token_col [B, W] int64, is_end [B, S] bool, valid [B, S] bool, out [B, W] int64)``, all CPU:
-        the column of each slot's token, the row-end columns, the columns a row uses, and the column
-        whose output is slot ``j``'s; ``S = W + max_b(row ends of row b)``.
-    """
-    B = start.shape[0]
-    slot = torch.arange(W)
-    live = slot[None] < widths[:, None]
-    if row_end is None:
-        ends = torch.zeros(B, W, dtype=torch.long)
-    else:
-        ends = (live & ((start[:, None] + slot + 1) % cols == 0)).long()
-    token_col = slot + ends.cumsum(1) - ends  # row ends before the slot push it right
-    S = W + (int(ends.sum(1).max()) if B else 0)
-    valid = torch.zeros(B, S + 1, dtype=torch.bool)
-    valid.scatter_(1, token_col, live)
-    is_end = torch.zeros(B, S + 1, dtype=torch.bool)
-    is_end.scatter_(1, torch.where(ends.bool(), token_col + 1, S), True)
-    is_end = is_end[:, :S]
-    return token_col, is_end, valid[:, :S] | is_end, token_col + ends
-
-
-def _place_window(tokens: torch.Tensor, token_col: torch.Tensor, is_end: torch.Tensor, row_end: int | None,
-                  filler: int) -> torch.Tensor:
-    """``[B, S]`` ids on the tokens' device: each slot's token at its column, row ends, holes ``filler``
-    (``token_col``, ``is_end`` on the same device)."""
-    B, S = is_end.shape
-    ids = torch.full((B, S), filler, dtype=torch.long, device=tokens.device).scatter_(1, token_col, tokens)
-    return ids if row_end is None else ids.masked_fill(is_end, row_end)
-
-
-def window_columns(tokens: torch.Tensor, start: torch.Tensor, widths: torch.Tensor, cols: int, row_end: int | None,
-                   filler: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Lay a per-row window out as sequence columns, a row-end token after every image row's last token.
-
-    Row ``b``'s slot ``j`` holds image position ``start[b] + j``; when that position ends an image
-    row (``(start[b] + j + 1) % cols == 0``) and ``row_end`` is given, a row-end column follows it,
-    and the slot's output (the distribution of the next position) is read at the row-end column.
-    Rows end rows at different slots, so their windows have different lengths: shorter rows are
-    padded with hole columns (``filler``, not valid). Slots ``>= widths[b]`` are holes too.
-
-    The layout is computed on the host (:func:`window_layout`) and copied to the device in one
-    queued copy (:func:`csdgen.transfer.to_device_all`): no host sync.
-
-    Args:
-        tokens: ``[B, W]`` int64 ids (the family's vocabulary ids), on the model's device.
-        start: ``[B]`` int64 CPU, image position of slot 0; widths: ``[B]`` int64 CPU, valid slots.
-        cols: image tokens per image row; row_end: the row-end id, or None (no row ends).
-        filler: id written into hole columns.
-
-    Returns:
-        ``(ids [B, S] on tokens' device, valid [B, S] bool CPU, out [B, W] int64 on tokens' device)``
-        with ``S = W + max_b(row ends of row b)``; ``out[b, j]`` is the column whose output is slot ``j``'s.
-    """
-    token_col, is_end, valid, out = window_layout(start, widths, tokens.shape[1], cols, row_end)
-    token_col, is_end, out = to_device_all([token_col, is_end, out], tokens.device)
-    return _place_window(tokens, token_col, is_end, row_end, filler), valid, out
 
 
 class RaggedSession(DecodingSession):
@@ -469,7 +127,10 @@ class RaggedSession(DecodingSession):
         self._lengths = torch.zeros(self.batch_size, dtype=torch.long)
         return split_guided(logits, self.batch_size, self.guided)
 
-    def forward(self, tokens, start, widths=None):
+    def _window_arguments(self, tokens, start, widths) -> tuple[int, int, torch.Tensor, torch.Tensor]:
+        """``forward``'s arguments checked: ``(B, W, start [B], widths [B])`` int64 CPU (``widths`` None:
+        ``W`` for every row). Raises ValueError before prefill, or a start other than each row's
+        length, or a width past the image's last token."""
         if self._lengths is None:
             raise ValueError("forward before prefill: call prefill() first")
         B, W = tokens.shape
@@ -477,6 +138,32 @@ class RaggedSession(DecodingSession):
         widths = torch.full((B,), W, dtype=torch.long) if widths is None else row_tensor(widths, B)
         check_row_arguments("start", start, self.batch_size, self._lengths, self._lengths)
         check_row_arguments("widths", widths, self.batch_size, 0, torch.clamp(self.num_image_tokens - 1 - start, max=W))
+        return B, W, start, widths
+
+    def _tree_arguments(self, tokens, start, layout, valid) -> tuple[int, int, torch.Tensor, torch.Tensor]:
+        """``forward_tree``'s arguments checked: ``(B, S, start [B], deepest [B])`` (int64 CPU; ``deepest``:
+        each row's deepest valid node, -1 for none). Raises ValueError before prefill, for a start other
+        than each row's length, or a valid node past the image's last token."""
+        if self._lengths is None:
+            raise ValueError("forward_tree before prefill: call prefill() first")
+        B, S = tokens.shape
+        start = row_tensor(start, B)
+        check_row_arguments("start", start, self.batch_size, self._lengths, self._lengths)
+        deepest = torch.where(valid, layout.depth[None], -1).max(1).values
+        check_row_arguments("tree depth", deepest, self.batch_size, -1, self.num_image_tokens - 1 - start)
+        return B, S, start, deepest
+
+    def _rollback_lengths(self, lengths) -> torch.Tensor:
+        """``rollback``'s lengths checked: ``[B]`` int64 CPU, each in ``0 ..`` the row's length.
+        Raises ValueError before prefill or for a length out of range."""
+        if self._lengths is None:
+            raise ValueError("rollback before prefill")
+        lengths = row_tensor(lengths, self.batch_size)
+        check_row_arguments("rollback lengths", lengths, self.batch_size, 0, self._lengths)
+        return lengths
+
+    def forward(self, tokens, start, widths=None):
+        B, W, start, widths = self._window_arguments(tokens, start, widths)
         dev = self.prompt_ids.device
         vocab = self._vocab_ids(tokens.to(dev))
         # the window's layout, mask and positions on the host, then one queued copy to the device (no host sync)
@@ -495,10 +182,7 @@ class RaggedSession(DecodingSession):
         return split_guided(logits, self.batch_size, self.guided)
 
     def rollback(self, lengths):
-        if self._lengths is None:
-            raise ValueError("rollback before prefill")
-        lengths = row_tensor(lengths, self.batch_size)
-        check_row_arguments("rollback lengths", lengths, self.batch_size, 0, self._lengths)
+        lengths = self._rollback_lengths(lengths)
         self.kv.truncate(self.prompt_lengths + self._rows(self.region_length(lengths)))
         self._lengths = lengths.clone()
 
@@ -628,13 +312,7 @@ class RaggedSession(DecodingSession):
         Raises:
             ValueError: a bad ``start``, or a node past the image.
         """
-        if self._lengths is None:
-            raise ValueError("forward_tree before prefill: call prefill() first")
-        B, S = tokens.shape
-        start = row_tensor(start, B)
-        check_row_arguments("start", start, self.batch_size, self._lengths, self._lengths)
-        deepest = torch.where(valid, layout.depth[None], -1).max(1).values
-        check_row_arguments("tree depth", deepest, self.batch_size, -1, self.num_image_tokens - 1 - start)
+        B, S, start, deepest = self._tree_arguments(tokens, start, layout, valid)
         col, end, S2, valid2, offsets, sees = self._tree_columns(start, layout, valid)
         dev = self.prompt_ids.device
         vocab = self._vocab_ids(tokens.to(dev))

@@ -64,24 +64,34 @@ adapter's ``_logits`` runs over this cache exactly as over a ``DynamicCache``.
 
 Host syncs: none. Per forward the session copies one small int64 vector (slots, window starts
 and widths) to the device (from pinned memory on CUDA).
+
+Files, one idea each: this module is the session's window forward and the engine's choice
+(:func:`open_engine`, :func:`make_static`); its shapes and buckets are
+:mod:`csdgen.models._static_shapes`, its cache :mod:`csdgen.models._static_cache`, its compiled and
+graphed steps :mod:`csdgen.models._static_steps`, images joining and leaving it
+:mod:`csdgen.models._static_rows`, draft trees on it :mod:`csdgen.models._static_trees` and the
+server's warm-up :mod:`csdgen.models._static_warmup` (the shapes' and cache's names are re-exported here).
 """
 
 from __future__ import annotations
 
-import gc
-import os
-import threading
 import time
-import warnings
-import weakref
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Sequence
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ..transfer import to_device
-from ._ragged import RaggedSession, additive_mask, kept_tree_columns
-from .base import WindowLogits, check_row_arguments, row_tensor
+from ._ragged import RaggedSession
+from ._ragged_cache import additive_mask
+from .base import WindowLogits
+from ._static_shapes import (
+    attention_dtype, batch_bucket, cache_width, COMPILED_VISIBLE_STEP, prompt_bucket, PROMPT_STEP, slot_bucket,
+    step_shapes, StepShape, VISIBLE_STEP, width_bucket, WIDTH_BUCKETS, _round_up,
+)
+from ._static_cache import StaticBuffers, StaticRowCache, _StaticKV, _store, model_buffers
+from ._static_rows import StaticRows
+from ._static_steps import _capture_failed, _CompiledStep, _GraphedStep
+from ._static_trees import StaticTrees
 
 __all__ = [
     "WIDTH_BUCKETS",
@@ -99,8 +109,6 @@ __all__ = [
     "StaticRowCache",
     "StaticSession",
     "model_buffers",
-    "WarmupReport",
-    "warmup",
     "static_refusal",
     "split_model",
     "make_static",
@@ -109,549 +117,25 @@ __all__ = [
     "COMPILE_SECONDS",
 ]
 
-#: window widths a static session runs (a window of W slots runs as the smallest bucket >= W)
-WIDTH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-#: prompts up to this many columns are padded to a power of two, longer ones to a multiple of it (:func:`prompt_bucket`)
-PROMPT_STEP = 64
 #: the values of ``generate(engine=...)``
 ENGINES = ("auto", "static", "eager")
-#: uncompiled static steps attend over the columns in use rounded up to this many (StaticRowCache.visible)
-VISIBLE_STEP = 64
-#: compiled steps attend over the columns in use rounded up to this many (each rounding is one more
-#: compiled shape: a 256-token image at batch 1 visits 3; attending over the whole cache, 384
-#: columns, made a compiled 32-wide step at batch 1 slower than the eager one, 24.1 against 22.7 ms)
-COMPILED_VISIBLE_STEP = 128
 #: seconds of the first call of every compiled shape in this process (compilation, warm-up and capture):
 #: ``{(model class, guided, rows, columns, attended columns, cache width, prompt width, rows of the buffers): s}``
 COMPILE_SECONDS: dict[tuple, float] = {}
-#: the ``torch.compile`` backend of the window step (``CSDGEN_COMPILE_BACKEND``, default inductor; tests use "eager")
-COMPILE_BACKEND = os.environ.get("CSDGEN_COMPILE_BACKEND", "inductor")
 
 _OWN_METHODS = ("prefill", "forward", "rollback", "select_rows", "forward_tree", "keep_path", "cache_lengths")
-
-
-def width_bucket(width: int) -> int:
-    """The bucket a window of ``width`` slots runs as: the smallest of :data:`WIDTH_BUCKETS` that
-    holds it, beyond 64 (tree windows) the next power of two."""
-    if width < 1:
-        raise ValueError(f"width={width}: allowed >= 1")
-    for bucket in WIDTH_BUCKETS:
-        if width <= bucket:
-            return bucket
-    return 1 << (width - 1).bit_length()
-
-
-def batch_bucket(images: int, capacity: int) -> int:
-    """Batch slots a forward runs with ``images`` images in a session of ``capacity`` slots: the
-    next power of two, at most the capacity."""
-    return min(capacity, 1 << max(images - 1, 0).bit_length())
-
-
-def slot_bucket(images: int) -> int:
-    """Batch slots a compiled session allocates for ``images`` images: the next power of two
-    (so a batch of 3 after a batch of 4 runs the same shapes)."""
-    if images < 1:
-        raise ValueError(f"images={images}: allowed >= 1")
-    return 1 << (images - 1).bit_length()
-
-
-def prompt_bucket(width: int) -> int:
-    """Columns a prompt of ``width`` columns is left-padded to: the next power of two up to
-    :data:`PROMPT_STEP`, beyond it the next multiple of :data:`PROMPT_STEP` (at most 63 masked
-    columns), so prompts of many lengths share a few cache layouts and compiled shapes."""
-    if width < 1:
-        raise ValueError(f"prompt width={width}: allowed >= 1")
-    if width <= PROMPT_STEP:
-        return 1 << (width - 1).bit_length()
-    return _round_up(width, PROMPT_STEP)
-
-
-def cache_width(prompt_width: int, image_columns: int, row_end_columns: int = 0) -> int:
-    """T, the cache columns of a row: the prompt bucket, the image region (``image_columns``: image
-    tokens and row ends), room for the widest window bucket (64 slots and ``row_end_columns`` row
-    ends) past the region's end, rounded up to 64."""
-    return _round_up(prompt_width + image_columns + WIDTH_BUCKETS[-1] + row_end_columns, 64)
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
-class StepShape(NamedTuple):
-    """One compiled window step: the static shapes a dynamo variant (and a CUDA graph) is made for.
-
-    Attributes:
-        guided: two physical rows per image (guidance) or one.
-        slots: batch slots of the buffer set (its capacity).
-        batch: batch slots the step runs (``batch_bucket``); rows = batch x rows per image.
-        width: window slots (``width_bucket``).
-        visible: cache columns attended over.
-        prompt: prompt columns (``prompt_bucket``).
-        columns: T, the cache width.
-    """
-
-    guided: bool
-    slots: int
-    batch: int
-    width: int
-    visible: int
-    prompt: int
-    columns: int
-
-
-def step_shapes(*, guided: bool, capacity: int, prompt_width: int, image_columns: int, row_end_columns: int = 0,
-                widths: Sequence[int] = WIDTH_BUCKETS, columns: int | None = None) -> list[StepShape]:
-    """Every compiled window step a buffer set can run: the documented bound of a run's compiles.
-
-    Args:
-        guided: guidance rows. capacity: batch slots of the set (a power of two for compiled sessions).
-        prompt_width: P, the (bucketed) prompt columns. image_columns: region columns of a whole
-            image (image tokens and row ends). row_end_columns: row ends a 64-slot window can hold.
-        widths: the window buckets the run uses (default every :data:`WIDTH_BUCKETS`).
-        columns: T (default :func:`cache_width`).
-
-    Returns:
-        the shapes, sorted: ``batch`` in 1, 2, 4, ... up to the capacity (and the capacity) x
-        ``widths`` x attended columns ``min(T, k * COMPILED_VISIBLE_STEP)`` for every ``k`` a
-        window can reach.
-
-    Raises:
-        ValueError: a capacity or prompt width < 1, a width not in :data:`WIDTH_BUCKETS`.
-    """
-    if capacity < 1 or prompt_width < 1:
-        raise ValueError(f"capacity={capacity}, prompt_width={prompt_width}: allowed >= 1")
-    bad = [w for w in widths if w not in WIDTH_BUCKETS]
-    if bad:
-        raise ValueError(f"widths {bad}: allowed window buckets {WIDTH_BUCKETS}")
-    T = columns or cache_width(prompt_width, image_columns, row_end_columns)
-    batches = sorted({batch_bucket(a, capacity) for a in range(1, capacity + 1)})
-    visible = sorted({min(T, _round_up(prompt_width + r, COMPILED_VISIBLE_STEP)) for r in range(1, T - prompt_width + 1)})
-    return sorted(StepShape(bool(guided), capacity, a, w, v, prompt_width, T) for a in batches for w in set(widths)
-                  for v in visible)
-
-
-def attention_dtype(owner: Any) -> torch.dtype:
-    """The float dtype a family adapter's transformer computes attention in (what its additive mask must be).
-
-    Looked up on ``owner`` (a family adapter, e.g. ``session.model``): its ``attention_dtype``
-    attribute if it has one; else the first parameter of the first decoder layer
-    (a module whose class name ends in ``DecoderLayer``) of its modules; else the dtype of its
-    input embeddings; else its first floating parameter; else float32. The first floating
-    parameter alone is not enough: a Janus checkpoint keeps its vision tower in float32 beside a
-    bfloat16 language model.
-    """
-    declared = getattr(owner, "attention_dtype", None)
-    if isinstance(declared, torch.dtype):
-        return declared
-    modules = [owner] if isinstance(owner, torch.nn.Module) else [
-        m for m in (getattr(owner, name, None) for name in ("backbone", "model")) if isinstance(m, torch.nn.Module)]
-    for module in modules:
-        for sub in module.modules():
-            if type(sub).__name__.endswith("DecoderLayer"):
-                for p in sub.parameters():
-                    if p.is_floating_point():
-                        return p.dtype
-    for module in modules:
-        embeddings = getattr(module, "get_input_embeddings", None)
-        try:
-            weight = embeddings().weight if embeddings is not None else None
-        except (NotImplementedError, AttributeError):
-            weight = None
-        if isinstance(weight, torch.Tensor) and weight.is_floating_point():
-            return weight.dtype
-    for module in modules:
-        for p in module.parameters():
-            if p.is_floating_point():
-                return p.dtype
-    return torch.float32
 
 
 # -- the cache ------------------------------------------------------------------------------------
 
 
-class _RowLayer(CacheLayerMixin):
-    """One layer of :class:`StaticRowCache`: ``keys`` / ``values`` ``[rows, heads, width, head_dim]``,
-    allocated on the first update; an update writes column ``s`` of physical row ``r`` at cache
-    column ``cache.write[r, s]`` and returns the first ``R`` rows, columns ``0 .. cache.visible - 1``
-    (the mask hides the ones a row does not use)."""
-
-    is_compileable = True
-    is_sliding = False
-
-    def __init__(self, owner: "StaticRowCache"):
-        super().__init__()
-        self._owner = weakref.ref(owner)
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        owner = self._owner()
-        rows, width = owner.rows, owner.width
-        heads, device = key_states.shape[1], key_states.device
-        self.keys = torch.zeros(rows, heads, width, key_states.shape[-1], dtype=key_states.dtype, device=device)
-        self.values = torch.zeros(rows, value_states.shape[1], width, value_states.shape[-1], dtype=value_states.dtype,
-                                  device=device)
-        self.device = device
-        self.is_initialized = True
-        owner.allocated()
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        R, H, S, D = key_states.shape
-        write = self._owner().write[:R, :S]
-        keys, values = self.keys[:R], self.values[:R]
-        keys.scatter_(2, write[:, None, :, None].expand(R, H, S, D), key_states)
-        values.scatter_(2, write[:, None, :, None].expand(R, values.shape[1], S, values.shape[-1]), value_states)
-        visible = self._owner().visible
-        return keys[:, :, :visible], values[:, :, :visible]
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self._owner().visible, 0
-
-    def get_seq_length(self) -> int:
-        return 0  # positions are always given explicitly
-
-    def get_max_length(self) -> int:
-        return self._owner().width
-
-
-class StaticRowCache(Cache):
-    """A transformers ``Cache`` over preallocated ``[rows, heads, width, head_dim]`` buffers per layer.
-
-    Before a forward of ``S`` columns over physical rows ``0 .. R - 1`` the session fills
-    ``write[:R, :S]`` (int64, on the device) with the cache column of each new column and sets
-    ``visible``; every layer's ``update`` scatters its keys and values there (no concatenation)
-    and returns columns ``0 .. visible - 1`` of those rows, which the caller's 4-D mask restricts.
-    ``visible`` is the columns in use rounded up to :data:`VISIBLE_STEP`, or to
-    :data:`COMPILED_VISIBLE_STEP` for compiled steps (each rounding one compiled shape), so that
-    attention costs what the rows' lengths need, not the whole preallocated width.
-
-    Args:
-        rows: physical rows (every batch slot, both guidance rows); width: T, columns per row.
-        device: where ``write`` lives (the layers allocate on the model's device at the first update).
-    """
-
-    def __init__(self, rows: int, width: int, device: Any):
-        super().__init__(layer_class_to_replicate=None, layers=[])
-        self.rows, self.width = rows, width
-        self.visible = width
-        self.write = torch.zeros(rows, width, dtype=torch.long, device=device)
-        self.on_allocate = None  # called when a layer allocates its buffers (StaticBuffers forgets its pointers)
-
-    def allocated(self) -> None:
-        if self.on_allocate is not None:
-            self.on_allocate()
-
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        while len(self.layers) <= layer_idx:
-            self.layers.append(_RowLayer(self))
-        return self.layers[layer_idx].update(key_states, value_states)
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return 0
-
-    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
-        return self.visible, 0
-
-    def buffers(self) -> list[torch.Tensor]:
-        """Every key and value buffer (allocated layers only)."""
-        return [t for layer in self.layers if layer.is_initialized for t in (layer.keys, layer.values)]
-
-    def move_rows(self, source: torch.Tensor, target: torch.Tensor) -> None:
-        """Copy physical rows ``source`` to rows ``target`` (``[n]`` int64 on the device) in every layer."""
-        for buffer in self.buffers():
-            buffer.index_copy_(0, target, buffer.index_select(0, source))
-
-    def move_columns(self, rows: int, source: torch.Tensor, target: torch.Tensor) -> None:
-        """Per row: copy columns ``source[r]`` to ``target[r]`` (``[rows, n]`` int64 on the device)."""
-        for buffer in self.buffers():
-            view = buffer[:rows]
-            H, D = view.shape[1], view.shape[3]
-            moved = view.gather(2, source[:, None, :, None].expand(rows, H, source.shape[1], D))
-            view.scatter_(2, target[:, None, :, None].expand(rows, H, target.shape[1], D), moved)
-
-
 # -- buffers: one set per session, or the model's, reused across sessions ----------------------------
-
-
-class StaticBuffers:
-    """The device tensors a static session decodes in, and the compiled steps made over them.
-
-    Args:
-        capacity: batch slots; per_slot: physical rows per image (2 with guidance).
-        width: T, cache columns per row; prompt_width: P, prompt columns (left-padded).
-        device: the model's device; filler: the id of padding columns.
-        key: the model store's key (None: the set belongs to one session).
-
-    Attributes:
-        cache: the :class:`StaticRowCache` (keys and values per layer, ``write`` ``[rows, T]`` int64).
-        ids: ``[rows, T]`` int64, the id cached at every column (for inspection).
-        prompt: ``[rows, 1 + T]`` int64: each row's visible prompt length, then 0/1 per column
-            (1: a visible prompt column).
-        prompt_ids: ``[rows, P]`` int64, the left-padded prompt ids (the prefill's input).
-        steps: ``{StepShape: compiled or graphed step}`` made over these tensors.
-    """
-
-    def __init__(self, capacity: int, per_slot: int, width: int, prompt_width: int, device: Any, filler: int,
-                 key: tuple | None = None):
-        self.capacity, self.per_slot = capacity, per_slot
-        self.rows = rows = capacity * per_slot
-        self.width, self.prompt_width, self.device, self.key = width, prompt_width, torch.device(device), key
-        self.cache = StaticRowCache(rows, width, device)
-        self.cache.on_allocate = self._forget_pointers
-        self.ids = torch.zeros(rows, width, dtype=torch.long, device=device)
-        self.prompt = torch.zeros(rows, 1 + width, dtype=torch.long, device=device)
-        self.prompt_ids = torch.full((rows, prompt_width), filler, dtype=torch.long, device=device)
-        self.steps: dict[StepShape, Any] = {}
-        self.graph_pool = None  # the CUDA graphs' memory pool (shared by this set's graphs)
-        self.holder: weakref.ref | None = None  # the session decoding in this set (model-owned sets)
-        self._pointers: tuple[int, ...] | None = None
-
-    def tensors(self) -> list[torch.Tensor]:
-        """Every tensor a window step reads or writes: keys and values, write columns, ids, prompt rows."""
-        return [*self.cache.buffers(), self.cache.write, self.ids, self.prompt, self.prompt_ids]
-
-    def pointers(self) -> tuple[int, ...]:
-        """``data_ptr()`` of every tensor of :meth:`tensors` (what a CUDA graph bakes in)."""
-        if self._pointers is None:
-            self._pointers = tuple(t.data_ptr() for t in self.tensors())
-        return self._pointers
-
-    def _forget_pointers(self) -> None:
-        self._pointers = None
-
-    @property
-    def free(self) -> bool:
-        """No live session decodes in this set."""
-        return self.holder is None or self.holder() is None
-
-    def clear(self) -> None:
-        """Zero the keys and values (a new session: stale columns are masked, but must be finite)."""
-        for t in self.cache.buffers():
-            t.zero_()
-
-    def copy_from(self, old: "StaticBuffers", shift: int) -> None:
-        """Copy ``old``'s rows into this set (at least as many rows and columns; everything else
-        cleared), their columns moved right by ``shift`` (a wider prompt). This set's tensors stay
-        the same objects (its steps stay valid); layers it has not allocated are allocated like ``old``'s."""
-        rows, T = old.rows, old.width
-        while len(self.cache.layers) < len(old.cache.layers):
-            self.cache.layers.append(_RowLayer(self.cache))
-        for layer, mine in zip(old.cache.layers, self.cache.layers):
-            if not layer.is_initialized:
-                continue
-            for name in ("keys", "values"):
-                t = getattr(layer, name)
-                if mine.is_initialized:
-                    target = getattr(mine, name)
-                    target.zero_()
-                else:
-                    target = t.new_zeros(self.rows, t.shape[1], self.width, t.shape[3])
-                    setattr(mine, name, target)
-                target[:rows, :, shift:shift + T] = t
-            mine.device, mine.is_initialized = layer.device, True
-        for mine, theirs, offset in ((self.ids, old.ids, 0), (self.prompt, old.prompt, 1)):
-            mine.zero_()
-            mine[:rows, offset + shift:offset + shift + T] = theirs[:, offset:]
-        self.prompt[:rows, 0] = old.prompt[:, 0]
-        self.prompt_ids[:rows, shift:shift + old.prompt_width] = old.prompt_ids
-        self._forget_pointers()
-
-
-class _Store:
-    """A model's buffer sets: ``{key: [StaticBuffers]}``, each handed to one session at a time;
-    ``capacity``: the most batch slots of any set made (a new set gets at least as many, so that a
-    smaller batch, or a new prompt bucket, runs the shapes of the slots already compiled)."""
-
-    def __init__(self):
-        self.sets: dict[tuple, list[StaticBuffers]] = {}
-        self.capacity = 0
-        self.lock = threading.Lock()
-
-    def acquire(self, key: tuple, capacity: int, width: int, make, holder: Any) -> StaticBuffers:
-        """A free set of ``key`` with at least ``capacity`` slots and ``width`` columns (the smallest),
-        or a new one from ``make()`` (then the free sets of that key it supersedes are dropped),
-        handed to ``holder`` (a session; the set is free again once it is released or freed)."""
-        with self.lock:
-            for attempt in range(2):
-                sets = self.sets.setdefault(key, [])
-                fits = [s for s in sets if s.free and s.capacity >= capacity and s.width >= width]
-                if fits:
-                    chosen = min(fits, key=lambda s: (s.capacity, s.width))
-                    chosen.holder = weakref.ref(holder)
-                    return chosen
-                if attempt == 0 and any(not s.free and s.capacity >= capacity and s.width >= width for s in sets):
-                    gc.collect()  # a finished session may still be held in a reference cycle
-                else:
-                    break
-            sets[:] = [s for s in sets if not (s.free and s.capacity <= capacity and s.width <= width)]
-            made = make()
-            made.holder = weakref.ref(holder)
-            sets.append(made)
-            self.capacity = max(self.capacity, made.capacity)
-            return made
-
-    def drop(self, old: StaticBuffers) -> None:
-        """Forget ``old`` (superseded by a larger set of its key): it and its steps are freed with it."""
-        with self.lock:
-            if old.key in self.sets:
-                self.sets[old.key] = [s for s in self.sets[old.key] if s is not old]
-
-    def all(self) -> list[StaticBuffers]:
-        with self.lock:
-            return [s for sets in self.sets.values() for s in sets]
-
-
-_STORES: dict[int, _Store] = {}
-
-
-def _store(model: Any, create: bool = True) -> _Store | None:
-    """The buffer store of ``model`` (an adapter object), created on first use; None where ``model``
-    cannot be weakly referenced (its sessions then own their buffers)."""
-    if model is None:
-        return None
-    store = _STORES.get(id(model))
-    if store is None and create:
-        try:
-            weakref.finalize(model, _STORES.pop, id(model), None)
-        except TypeError:
-            return None
-        store = _STORES[id(model)] = _Store()
-    return store
-
-
-def model_buffers(model: Any) -> list[StaticBuffers]:
-    """The buffer sets (and their compiled steps, :attr:`StaticBuffers.steps`) compiled static
-    sessions of ``model`` (a family adapter) keep for the next session; empty if none."""
-    store = _store(model, create=False)
-    return store.all() if store is not None else []
 
 
 # -- compiled steps -------------------------------------------------------------------------------
 
 
-def _compile_backend_ok() -> None:
-    # every StepShape is one more compiled variant of the same code (a run visits a few dozen, a
-    # server several prompt buckets of them: step_shapes)
-    import torch._dynamo
-
-    config = torch._dynamo.config
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(config, name) and getattr(config, name) < 1024:
-            setattr(config, name, 1024)
-    if hasattr(config, "accumulated_recompile_limit") and config.accumulated_recompile_limit < 16384:
-        config.accumulated_recompile_limit = 16384
-
-
-_COMPILED: dict[tuple, Any] = {}
-
-
-def _compiled(name: str, fn):
-    """``torch.compile(fn)`` with :data:`COMPILE_BACKEND`, one wrapper per step kind and backend
-    (dynamo keeps one variant per static shape)."""
-    key = (name, COMPILE_BACKEND)
-    if key not in _COMPILED:
-        _compile_backend_ok()
-        _COMPILED[key] = torch.compile(fn, dynamic=False, backend=COMPILE_BACKEND)
-    return _COMPILED[key]
-
-
-def _window_step_fn(session: "StaticSession", tokens, start, widths):
-    return session._window_step(tokens, start, widths)
-
-
-class _CompiledStep:
-    """The compiled window step of one :class:`StepShape`, made over one buffer set.
-
-    Attributes:
-        shape: its :class:`StepShape`. graphed: whether it replays a CUDA graph.
-        pointers: ``StaticBuffers.pointers()`` of the set it was made over.
-        tensors: weak references to that set's tensors (``StaticBuffers.tensors()``).
-    """
-
-    graphed = False
-
-    def __init__(self, shape: StepShape, buffers: StaticBuffers):
-        self.shape = shape
-        self.pointers = buffers.pointers()
-        self.tensors = [weakref.ref(t) for t in buffers.tensors()]
-
-    def bound_to(self, buffers: StaticBuffers) -> bool:
-        """Whether ``buffers``' tensors are the very ones this step was made over."""
-        now = buffers.tensors()
-        return len(now) == len(self.tensors) and all(r() is t for r, t in zip(self.tensors, now))
-
-    def __call__(self, session: "StaticSession", tokens, start, widths) -> torch.Tensor:
-        return _compiled("window", _window_step_fn)(session, tokens, start, widths)
-
-
-_CAPTURE_WARNED = False
-
-
-class _GraphedStep(_CompiledStep):
-    """A CUDA graph of one window step shape over one buffer set, captured once and replayed.
-
-    The step's inputs are copied into the graph's static input tensors and the graph replays the
-    recorded kernels over the set's buffers; before every replay it checks that the session's
-    buffers are the ones it captured (their ``data_ptr()``), raising RuntimeError otherwise. The
-    output lives in the graph's memory pool and is overwritten by the next replay: it is returned
-    as is (no clone), which is safe because :meth:`StaticSession._logical` copies the images' rows
-    out of it (``index_select``) before anything else runs.
-
-    Capture runs on a side stream with ``capture_error_mode="thread_local"`` (CUDA calls of other
-    threads, a server's or a demo's, do not break it); a capture that fails raises after the
-    stream is restored and synchronised, and the caller runs that shape compiled, without a graph.
-    """
-
-    graphed = True
-
-    def __init__(self, shape: StepShape, buffers: StaticBuffers, session: "StaticSession",
-                 example: tuple[torch.Tensor, ...]):
-        super().__init__(shape, buffers)
-        device = buffers.device
-        if buffers.graph_pool is None:
-            buffers.graph_pool = torch.cuda.graph_pool_handle()
-        self.inputs = tuple(t.clone() for t in example)
-        step = _compiled("window", _window_step_fn)
-        caller = torch.cuda.current_stream(device)
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(caller)
-        with torch.cuda.stream(stream):  # warm-up outside the graph (same inputs: the cache writes repeat)
-            for _ in range(2):
-                step(session, *self.inputs)
-        stream.synchronize()
-        self.graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(self.graph, pool=buffers.graph_pool, stream=stream, capture_error_mode="thread_local"):
-                self.output = step(session, *self.inputs)
-        except BaseException:
-            # torch.cuda.graph leaves the side stream current when ending the capture raises
-            torch.cuda.set_stream(caller)
-            try:
-                self.graph.reset()
-            except Exception:  # a graph whose capture failed may refuse a reset; it is dropped anyway
-                pass
-            torch.cuda.synchronize(device)
-            raise
-        torch.cuda.synchronize(device)
-
-    def __call__(self, session: "StaticSession", tokens, start, widths) -> torch.Tensor:
-        if session.buffers.pointers() != self.pointers:
-            raise RuntimeError(f"the CUDA graph of {self.shape} was captured over other buffers than the session's")
-        for static, value in zip(self.inputs, (tokens, start, widths)):
-            static.copy_(value)
-        self.graph.replay()
-        return self.output
-
-
-def _capture_failed(shape: StepShape, error: BaseException) -> None:
-    global _CAPTURE_WARNED
-    if not _CAPTURE_WARNED:
-        _CAPTURE_WARNED = True
-        warnings.warn(f"CUDA graph capture of the static window step {tuple(shape)} failed ({error}); such shapes run "
-                      "compiled without a graph (warned once)", RuntimeWarning, stacklevel=3)
-
-
-class StaticSession(RaggedSession):
+class StaticSession(StaticRows, StaticTrees, RaggedSession):
     """The per-row session over a preallocated cache (see the module docstring).
 
     Made by :func:`make_static` from a not yet prefilled
@@ -677,105 +161,6 @@ class StaticSession(RaggedSession):
     rollback_probe = False
     #: rows join a running batch (:meth:`admit`): into free batch slots of the capacity it was opened with
     supports_admission = True
-
-    def admit(self, other) -> None:
-        """Join the images of ``other`` (a prefilled static session of the same model, guidance and
-        image layout, opened for them alone) into free batch slots of this session: their keys,
-        values and prompt columns are copied into this cache, the prompts right-aligned to this
-        session's prompt width (a wider prompt first widens every row's prompt columns, a copy of
-        the cache); the batch bucket grows where the images need it, and the capacity (a copy of the cache
-        into one with more slots) where they do not fit. Every
-        row then reads as the sequence decoded alone (tested against a fresh session).
-
-        Raises:
-            ValueError: another model, guidance or image layout; a session not prefilled.
-        """
-        self._check_admission(other)
-        B, k = self.batch_size, other.batch_size
-        if B + k > self.capacity:
-            self._grow_capacity(slot_bucket(B + k) if self.compile else max(B + k, 2 * self.capacity))
-        if other._P > self._P:
-            self._widen_prompt(other._P)
-        shift = self._P - other._P
-        bucket = max(self._bucket, batch_bucket(B + k, self.capacity))
-        used = torch.zeros(bucket, dtype=torch.bool)
-        used[self._slots] = True
-        slots = (~used).nonzero()[:, 0][:k]  # [k] the new images' slots
-        src, dst = other._physical(other._slots), self._physical(slots)
-        src_dev, dst_dev = self._to_device(src), self._to_device(dst)
-        n = min(other.width, self.width - shift)  # other's columns that land inside this cache
-        for mine, theirs in zip(self.kv.cache.layers, other.kv.cache.layers):
-            for name in ("keys", "values"):
-                target, source = getattr(mine, name), getattr(theirs, name)
-                target[dst_dev] = 0
-                target[dst_dev, :, shift:shift + n] = source[src_dev, :, :n].to(target.dtype)
-        ids = self.kv.ids
-        ids[dst_dev] = 0
-        ids[dst_dev, shift:shift + n] = other.kv.ids[src_dev, :n]
-        valid = torch.zeros(len(dst), self.width, dtype=torch.bool)
-        valid[:, shift:shift + other._P] = other._prompt_valid_T[src, : other._P]
-        self._prompt_valid_T[dst] = valid
-        self._prompt_len[dst] = other._prompt_len[src]
-        self._prompt_dev[dst_dev] = torch.cat([self._prompt_len[dst][:, None], valid.long()], 1).to(self._dev)
-        phys_ids = torch.full((len(dst), self._P), self.filler, dtype=torch.long, device=self._dev)
-        phys_ids[:, shift:] = other._prompt_phys_ids[src_dev]
-        self._prompt_phys_ids[dst_dev] = phys_ids
-        self._region[slots] = other._region[other._slots]
-        self._join_prompts(other)  # the logical rows, ordered as the ragged session orders them
-        self._slots = torch.cat([self._slots, slots])
-        self._lengths = torch.cat([self._lengths, other._lengths])
-        self.batch_size = B + k
-        self._bucket = bucket
-
-    def _grow_capacity(self, capacity: int) -> None:
-        """Make room for ``capacity`` batch slots (more than now): the images keep their slots in a set with more rows."""
-        self._reallocate(capacity=capacity)
-
-    def _widen_prompt(self, P: int) -> None:
-        """Make every row's prompt ``P`` columns wide (more than now): the cache, ids and prompt rows
-        move right by the difference into a set of that prompt width (positions are the rows'
-        own, so nothing is recomputed)."""
-        self._reallocate(prompt_width=P)
-
-    def _reallocate(self, capacity: int | None = None, width: int | None = None, prompt_width: int | None = None) -> None:
-        """Move the session into a buffer set with at least ``capacity`` slots, ``width`` columns and
-        ``prompt_width`` prompt columns (old columns moved right by the prompt's growth).
-
-        A set's tensors are never replaced, so a step made over a set stays valid for it: a
-        compiled session takes the new set from the model's store (a free one it already holds,
-        with its steps, or a new one) and gives the old one back, unless the new set supersedes
-        it (same key, more slots or columns: the old set and its steps are then dropped); a
-        session's own set is dropped with its steps."""
-        old = self.buffers
-        P = prompt_width or old.prompt_width
-        shift = P - old.prompt_width
-        C = max(capacity or 0, old.capacity, self._store.capacity if old.key is not None else 0)
-        T = max(width or 0, self._cache_width(P), old.width + shift)
-        if old.key is None:
-            new = StaticBuffers(C, self._per_slot, T, P, self._dev, self.filler)
-        else:
-            key = self._buffer_key(P)
-            new = self._store.acquire(key, C, T, lambda: StaticBuffers(C, self._per_slot, T, P, self._dev, self.filler, key),
-                                      self)
-        new.copy_from(old, shift)
-        new.cache.visible = old.cache.visible
-        self.buffers = new
-        if old.key is not None and old.key != new.key:
-            old.holder = None  # another prompt width: still valid, kept for later sessions
-        else:
-            if old.key is not None:
-                self._store.drop(old)
-            old.steps.clear()
-            old.holder = None
-        rows = new.rows
-        valid = torch.zeros(rows, new.width, dtype=torch.bool)
-        valid[: old.rows, shift:shift + old.width] = self._prompt_valid_T
-        lengths = torch.zeros(rows, dtype=torch.long)
-        lengths[: old.rows] = self._prompt_len
-        region = torch.zeros(new.capacity, dtype=torch.long)
-        region[: old.capacity] = self._region
-        self._prompt_valid_T, self._prompt_len, self._region = valid, lengths, region
-        self.capacity, self._P = new.capacity, P
 
     @property
     def batch_slots(self) -> int:
@@ -1017,13 +402,7 @@ class StaticSession(RaggedSession):
         return torch.cat([self._slots, s_start, s_widths])
 
     def forward(self, tokens, start, widths=None):
-        if self._lengths is None:
-            raise ValueError("forward before prefill: call prefill() first")
-        B, W = tokens.shape
-        start = row_tensor(start, B)
-        widths = torch.full((B,), W, dtype=torch.long) if widths is None else row_tensor(widths, B)
-        check_row_arguments("start", start, self.batch_size, self._lengths, self._lengths)
-        check_row_arguments("widths", widths, self.batch_size, 0, torch.clamp(self.num_image_tokens - 1 - start, max=W))
+        B, W, start, widths = self._window_arguments(tokens, start, widths)
         Wb, A = width_bucket(W), self._bucket
         self._ensure_width(Wb + self._extra_columns(Wb))
         packed = self._to_device(self._slot_vectors(start, widths, A))
@@ -1037,43 +416,9 @@ class StaticSession(RaggedSession):
         return self._logical(logits, W, slots)
 
     def rollback(self, lengths):
-        if self._lengths is None:
-            raise ValueError("rollback before prefill")
-        lengths = row_tensor(lengths, self.batch_size)
-        check_row_arguments("rollback lengths", lengths, self.batch_size, 0, self._lengths)
+        lengths = self._rollback_lengths(lengths)
         self._region[self._slots] = self.region_length(lengths)
         self._lengths = lengths.clone()
-
-    def select_rows(self, rows):
-        rows = row_tensor(rows, len(torch.as_tensor(rows).reshape(-1)))
-        self._slots = self._slots[rows]
-        self._lengths = None if self._lengths is None else self._lengths[rows]
-        self.batch_size = len(rows)
-        every = torch.cat([rows, rows + len(self.prompt_lengths) // 2]) if self.guided else rows
-        self.prompt_ids = self.prompt_ids[self._to_device(every)]
-        self.prompt_valid, self.prompt_lengths = self.prompt_valid[every], self.prompt_lengths[every]
-        bucket = batch_bucket(max(len(rows), 1), self.capacity)
-        if bucket < self._bucket:
-            self._compact(bucket)
-
-    def _compact(self, bucket: int) -> None:
-        """Move the images in slots ``>= bucket`` into free slots below it (keys, values, prompt rows)."""
-        moving = (self._slots >= bucket).nonzero()[:, 0]
-        if len(moving):
-            free = torch.ones(bucket, dtype=torch.bool)
-            free[self._slots[self._slots < bucket]] = False
-            targets = free.nonzero()[:, 0][: len(moving)]
-            source, target = self._physical(self._slots[moving]), self._physical(targets)
-            src, dst = self._to_device(source), self._to_device(target)
-            self.kv.cache.move_rows(src, dst)
-            self.kv.ids.index_copy_(0, dst, self.kv.ids.index_select(0, src))
-            self._prompt_dev.index_copy_(0, dst, self._prompt_dev.index_select(0, src))
-            self._prompt_phys_ids.index_copy_(0, dst, self._prompt_phys_ids.index_select(0, src))
-            self._prompt_valid_T[target] = self._prompt_valid_T[source]
-            self._prompt_len[target] = self._prompt_len[source]
-            self._region[targets] = self._region[self._slots[moving]]
-            self._slots[moving] = targets
-        self._bucket = bucket
 
     @property
     def cache_lengths(self):
@@ -1095,137 +440,6 @@ class StaticSession(RaggedSession):
             self._reallocate(width=_round_up(needed, 64))
 
     # -- draft trees ---------------------------------------------------------------------------------
-
-    def forward_tree(self, tokens, start, layout, valid):
-        """A draft tree in one forward over the static cache (see RaggedSession.forward_tree): node
-        columns are written after each row's region, each node sees the row's cache and its own
-        ancestors (an additive mask built on the device), positions follow depth."""
-        if self._lengths is None:
-            raise ValueError("forward_tree before prefill: call prefill() first")
-        B, S = tokens.shape
-        start = row_tensor(start, B)
-        check_row_arguments("start", start, self.batch_size, self._lengths, self._lengths)
-        deepest = torch.where(valid, layout.depth[None], -1).max(1).values
-        check_row_arguments("tree depth", deepest, self.batch_size, -1, self.num_image_tokens - 1 - start)
-        col, end, S2, valid2, offsets, sees = self._tree_columns(start, layout, valid)
-        Sb, Ob = width_bucket(S2), width_bucket(S)
-        self._ensure_width(Sb)
-        A, dev, slots = self._bucket, self._dev, self._slots
-        # per batch slot, on the host (an empty slot: one column at region 0 that sees itself)
-        ends = torch.zeros(B, S2 + 1, dtype=torch.bool).scatter_(1, torch.where(end, col + 1, S2), True)[:, :S2]
-        s_kind = torch.zeros(A, Sb, dtype=torch.long)  # 0 hole, 1 node, 2 row end
-        s_kind[slots, :S2] = ends.long() * 2
-        s_kind[slots[:, None].expand(B, S), col] = 1
-        s_region = torch.zeros(A, dtype=torch.long)
-        s_region[slots] = self.region_length(start)
-        s_offsets = torch.zeros(A, Sb, dtype=torch.long)
-        s_offsets[slots, :S2] = offsets
-        s_out = torch.zeros(A, Ob, dtype=torch.long)
-        s_out[slots, :S] = torch.where(end, col + 1, col)
-        s_index = torch.zeros(A, Sb, dtype=torch.long)  # node slot whose token sits at each column
-        s_index[slots[:, None].expand(B, S), col] = torch.arange(S)[None].expand(B, S)
-        s_sees = torch.eye(Sb, dtype=torch.bool).repeat(A, 1, 1)
-        s_sees[slots, :S2, :S2] = (sees & valid2[:, None, :]) | torch.eye(S2, dtype=torch.bool)[None]
-        packed = self._to_device(torch.cat([slots, s_region, s_kind.reshape(-1), s_offsets.reshape(-1), s_out.reshape(-1),
-                                            s_index.reshape(-1)]))
-        n = [B, A, A * Sb, A * Sb, A * Ob, A * Sb]
-        slot_dev, region, kind, offsets_dev, out, index = torch.split(packed, n)
-        kind, offsets_dev, out, index = kind.view(A, Sb), offsets_dev.view(A, Sb), out.view(A, Ob), index.view(A, Sb)
-        sees_dev = self._to_device(s_sees)
-        self.kv.cache.visible = self.width
-        # on the device: ids, positions, write columns and the mask
-        placed = torch.zeros(A, S, dtype=torch.long, device=dev)
-        placed[slot_dev] = tokens.to(dev)
-        vocab = self._vocab_ids(placed.gather(1, index.clamp(max=S - 1)))
-        ids = torch.where(kind == 1, vocab, torch.full_like(vocab, self.filler))
-        if self.row_end is not None:
-            ids = ids.masked_fill(kind == 2, self.row_end)
-        if self.guided:
-            ids, out, region = ids.repeat_interleave(2, 0), out.repeat_interleave(2, 0), region.repeat_interleave(2, 0)
-            offsets_dev, sees_dev = offsets_dev.repeat_interleave(2, 0), sees_dev.repeat_interleave(2, 0)
-        R = ids.shape[0]
-        prompt = self._prompt_dev[:R]
-        column = torch.arange(Sb, device=dev)
-        write = self._P + region[:, None] + column
-        positions = prompt[:, 0:1] + region[:, None] + offsets_dev
-        t = torch.arange(self.width, device=dev)
-        past = prompt[:, 1:].bool() | ((t >= self._P) & (t < (self._P + region)[:, None]))
-        allowed = past[:, None, :].expand(R, Sb, self.width).clone()
-        allowed.scatter_(2, write[:, None, :].expand(R, Sb, Sb), sees_dev)
-        with torch.no_grad():
-            logits = self._run(ids, self._mask(allowed), positions, write, out)
-        self._tree = (start, col, end, S2)
-        self._lengths = start + deepest + 1
-        return self._logical(logits, S, slot_dev)
-
-    def keep_path(self, path, lengths):
-        """After :meth:`forward_tree`: move the root and the winning path's columns (and their row
-        ends) to the front of the tree's columns; image positions ``0 .. lengths[b] - 1`` stay."""
-        start, col, end, S2 = self._tree
-        lengths = row_tensor(lengths, self.batch_size)
-        check_row_arguments("keep_path lengths", lengths, self.batch_size, start, self._lengths)
-        B = path.shape[0]
-        keep = kept_tree_columns(path, lengths - start, col, end, S2)
-        count = keep.sum(1)
-        n = max(int(count.max()) if B else 0, 1)
-        index = torch.arange(n)[None].expand(B, n)
-        order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices[:, :n]  # kept columns first, in order
-        source = torch.where(index < count[:, None], order, index)  # the rest: copied onto themselves
-        A = self._bucket
-        s_source = torch.arange(n)[None].repeat(A, 1)
-        s_source[self._slots] = source
-        region = torch.zeros(A, dtype=torch.long)
-        region[self._slots] = self.region_length(start)
-        base = self._P + region[:, None]
-        src, dst = base + s_source, base + torch.arange(n)[None]
-        if self.guided:
-            src, dst = src.repeat_interleave(2, 0), dst.repeat_interleave(2, 0)
-        R = A * self._per_slot
-        moves = self._to_device(torch.stack([src, dst]))
-        src, dst = moves[0], moves[1]
-        self.kv.cache.move_columns(R, src, dst)
-        ids = self.kv.ids[:R]
-        ids.scatter_(1, dst, ids.gather(1, src))
-        self._region[self._slots] = self.region_length(lengths)
-        self._lengths = lengths.clone()
-        self._tree = None
-
-
-class _StaticKV:
-    """The static session's cache and its inspection helpers (the ragged session's ``kv`` counterpart):
-    ``cache`` and ``ids`` are the session's current buffer set's."""
-
-    def __init__(self, session: StaticSession):
-        self._session = weakref.ref(session)
-
-    @property
-    def cache(self) -> StaticRowCache:
-        return self._session().buffers.cache
-
-    @property
-    def ids(self) -> torch.Tensor:
-        return self._session().buffers.ids
-
-    def _columns(self, row: int) -> tuple[int, torch.Tensor]:
-        s = self._session()
-        image, uncond = (row % s.batch_size, row >= s.batch_size) if s.guided else (row, False)
-        slot = int(s._slots[image])
-        phys = 2 * slot + int(uncond) if s.guided else slot
-        prompt = s._prompt_valid_T[phys, : s._P].nonzero()[:, 0]
-        region = s._P + torch.arange(int(s._region[slot]))
-        return phys, torch.cat([prompt, region])
-
-    def row_ids(self, row: int) -> torch.Tensor:
-        """Ids of logical row ``row``'s cached columns, in order."""
-        phys, columns = self._columns(row)
-        return self.ids[phys][columns.to(self.ids.device)]
-
-    def row_entries(self, layer: int, row: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values ``[heads, columns, head_dim]`` of logical row ``row``'s cached columns (for tests)."""
-        phys, columns = self._columns(row)
-        cached = self.cache.layers[layer]
-        columns = columns.to(cached.keys.device)
-        return cached.keys[phys][:, columns], cached.values[phys][:, columns]
 
 
 # -- choosing the engine --------------------------------------------------------------------------
@@ -1342,100 +556,3 @@ def open_engine(session: Any, engine: str, compile: bool | None, capacity: int |
 # -- warm-up --------------------------------------------------------------------------------------
 
 
-class WarmupReport(NamedTuple):
-    """What :func:`warmup` did.
-
-    Attributes:
-        made: compiled steps made now (compiled, and on CUDA captured as graphs).
-        held: steps of the shapes warmed that the model's buffer sets already held.
-        seconds: wall-clock seconds of the warm-up (prefills included).
-        shapes: every :class:`StepShape` warmed (made or held).
-    """
-
-    made: int
-    held: int
-    seconds: float
-    shapes: tuple[StepShape, ...]
-
-
-def _default_condition(model: Any) -> Any:
-    return 0 if hasattr(model, "num_classes") else "a test"
-
-
-def warmup(model: Any, batch_sizes: Sequence[int], widths: Sequence[int] = WIDTH_BUCKETS, *, guided: bool = True,
-           conditions: Sequence[Any] | None = None, prompt_widths: Sequence[int] | None = None,
-           capacity: int | None = None, compile: bool | None = None) -> WarmupReport:
-    """Compile (and on CUDA capture) the static window steps later sessions of ``model`` will run,
-    before they run: every :class:`StepShape` of :func:`step_shapes` for the capacity
-    (``slot_bucket(max(batch_sizes))``, what ``generate`` at those batch sizes opens, or
-    ``capacity``, a server's ``--max-batch``), the window buckets of ``widths`` and each prompt bucket.
-    The steps stay in the model's buffer sets (:func:`model_buffers`), which sessions of at most
-    that many images reuse (``generate``, a server's :class:`~csdgen.engine.continuous.ContinuousBatch`
-    with that capacity).
-
-    Args:
-        model: a family adapter whose sessions take the static path (a RaggedSession family).
-        batch_sizes: batch sizes (>= 1) later runs use; the largest sets the capacity.
-        widths: window widths (>= 1) later runs use (each warmed as its bucket and every smaller
-            bucket: a window narrows at the image end); default every bucket.
-        guided: guidance rows (classifier-free guidance) or not.
-        conditions: conditions ``model.start`` takes, one session per distinct prompt bucket
-            (default: class 0 for a class-conditional model, else the prompt ``"a test"``).
-        prompt_widths: prompt widths (columns) to warm besides the conditions' own (each as its
-            :func:`prompt_bucket`): prompts of a server's requests land in one of them.
-        capacity: batch slots, as a ``ContinuousBatch(capacity=...)`` opens them (default: see above).
-        compile: compile; None: on CUDA only (as ``generate``). Uncompiled steps need no warm-up:
-            then nothing is done.
-
-    Returns:
-        a :class:`WarmupReport` (steps made, steps already held, seconds, shapes).
-
-    Raises:
-        ValueError: an empty ``batch_sizes``, a batch size, width, prompt width or capacity < 1, or
-            a model whose sessions cannot take the static path.
-    """
-    sizes = list(batch_sizes)
-    if not sizes or any(not isinstance(b, int) or b < 1 for b in sizes):
-        raise ValueError(f"batch_sizes={sizes!r}: allowed one or more integers >= 1")
-    if any(not isinstance(w, int) or w < 1 for w in widths):
-        raise ValueError(f"widths={list(widths)!r}: allowed integers >= 1 (window slots)")
-    extra = list(prompt_widths or [])
-    if any(not isinstance(p, int) or p < 1 for p in extra):
-        raise ValueError(f"prompt_widths={extra!r}: allowed integers >= 1 (prompt columns)")
-    if capacity is not None and (not isinstance(capacity, int) or capacity < 1):
-        raise ValueError(f"capacity={capacity!r}: allowed an integer >= 1 (batch slots)")
-    device = getattr(model, "device", torch.device("cpu"))
-    if compile is None:
-        compile = torch.device(device).type == "cuda"
-    if not compile:
-        return WarmupReport(0, 0, 0.0, ())
-    began = time.perf_counter()
-    capacity = max(capacity, max(sizes)) if capacity is not None else slot_bucket(max(sizes))
-    buckets = sorted({b for w in widths for b in WIDTH_BUCKETS if b <= width_bucket(min(w, WIDTH_BUCKETS[-1]))})
-    conditions = list(conditions) if conditions is not None else [_default_condition(model)]
-    plans = [(c, None) for c in conditions] + [(conditions[0], p) for p in extra]
-    made = held = 0
-    shapes: list[StepShape] = []
-    seen: set[tuple] = set()
-    for condition, width in plans:
-        session = make_static(model.start([condition], 1, guided), compile=True, capacity=capacity, prompt_width=width)
-        try:
-            if session._buffer_key(session._P) in seen:
-                continue
-            seen.add(session._buffer_key(session._P))
-            session.prefill()
-            dev = session._dev
-            for shape in session.step_shapes(buckets):
-                shapes.append(shape)
-                if shape in session.buffers.steps:
-                    held += 1
-                    continue
-                session.kv.cache.visible = shape.visible
-                # every slot empty (width 0); three distinct tensors, as a forward passes (dynamo guards on aliasing)
-                tokens, start, empty = (torch.zeros(*size, dtype=torch.long, device=dev)
-                                        for size in ((shape.batch, shape.width), (shape.batch,), (shape.batch,)))
-                session._call_window_step(tokens, start, empty)
-                made += 1
-        finally:
-            session.release()
-    return WarmupReport(made, held, time.perf_counter() - began, tuple(shapes))

@@ -15,7 +15,8 @@ Chameleon, ``zq`` for MoVQGAN) on to every norm. Parameter names are the checkpo
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +24,62 @@ from torch import nn
 
 #: channels -> a norm module called as ``norm(x, *cond)``
 NormFactory = Callable[[int], nn.Module]
+
+
+
+@dataclass
+class DecoderConfig:
+    """The taming keys a VQ decoder needs (``model.params.ddconfig`` + ``n_embed``, ``embed_dim``);
+    :class:`~csdgen.models.chameleon_vqgan.VQGANConfig` and :class:`~csdgen.models.movqgan.MoVQGANConfig`
+    give each family's defaults (these are Chameleon's VQGAN's).
+
+    Attributes:
+        ch: base channels; ch_mult: per-level multipliers (levels = len(ch_mult)); num_res_blocks:
+            ResnetBlocks per level (the decoder uses ``num_res_blocks + 1``); attn_resolutions:
+            feature-map sides (for a ``resolution`` input) that get attention; z_channels: decoder
+            input channels; embed_dim: codebook vector size; n_embed: codebook size V;
+        resolution: nominal image side (only places the attention blocks); out_ch: 3 (RGB).
+    """
+
+    #: the family's name in error messages
+    kind: ClassVar[str] = "VQ decoder"
+
+    ch: int = 128
+    ch_mult: list[int] = field(default_factory=lambda: [1, 1, 2, 2, 4])
+    num_res_blocks: int = 2
+    attn_resolutions: list[int] = field(default_factory=list)
+    z_channels: int = 256
+    embed_dim: int = 256
+    n_embed: int = 8192
+    resolution: int = 512
+    out_ch: int = 3
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        """Read the taming YAML layout (``model.params.ddconfig``) or a flat dict of the same keys.
+
+        Raises:
+            ValueError: a required key is missing (naming them).
+        """
+        model = data.get("model")
+        params = model.get("params", data) if isinstance(model, dict) else data
+        dd = dict(params.get("ddconfig", params))
+        merged = {**dd, "n_embed": params.get("n_embed"), "embed_dim": params.get("embed_dim")}
+        needed = ("ch", "ch_mult", "num_res_blocks", "z_channels", "n_embed", "embed_dim", "resolution")
+        missing = [k for k in needed if merged.get(k) is None]
+        if missing:
+            raise ValueError(f"{cls.kind} config lacks {', '.join(missing)}; needed: {', '.join(needed)}, attn_resolutions")
+        return cls(ch=int(merged["ch"]), ch_mult=[int(m) for m in merged["ch_mult"]],
+                   num_res_blocks=int(merged["num_res_blocks"]),
+                   attn_resolutions=[int(r) for r in merged.get("attn_resolutions") or []],
+                   z_channels=int(merged["z_channels"]), embed_dim=int(merged["embed_dim"]),
+                   n_embed=int(merged["n_embed"]), resolution=int(merged["resolution"]),
+                   out_ch=int(merged.get("out_ch", 3)))
+
+    @property
+    def downsampling(self) -> int:
+        """Pixels per code along each side: ``2 ** (len(ch_mult) - 1)`` (16 for Chameleon's VQGAN, 8 for MoVQGAN)."""
+        return 2 ** (len(self.ch_mult) - 1)
 
 
 class ResnetBlock(nn.Module):
@@ -150,3 +207,23 @@ def decoder_state(raw: Any, path: str) -> dict[str, torch.Tensor]:
         raise ValueError(f"{path}: not a state dict nor {{'state_dict': ...}}")
     keep = ("decoder.", "post_quant_conv.", "quantize.embedding.")
     return {k: v for k, v in state.items() if k.startswith(keep)}
+
+
+def load_checked_state(model: nn.Module, ckpt_path: str, *, what: str = "decoder", missing_hint: str = "",
+                       shape_hint: str = "", shape_advice: str = "") -> None:
+    """Load the decoder weights of the checkpoint ``ckpt_path`` (:func:`decoder_state`) into ``model``,
+    every parameter present and of its shape.
+
+    Raises:
+        ValueError: ``"PATH: N WHAT weights missing, e.g. [...]MISSING_HINT"`` or ``"PATH: shapes differ
+            SHAPE_HINT for [...]SHAPE_ADVICE"``.
+    """
+    state = decoder_state(torch.load(ckpt_path, map_location="cpu", weights_only=True), ckpt_path)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise ValueError(f"{ckpt_path}: {len(missing)} {what} weights missing, e.g. {missing[:3]}{missing_hint}")
+    bad = [k for k in expected if tuple(state[k].shape) != tuple(expected[k].shape)]
+    if bad:
+        raise ValueError(f"{ckpt_path}: shapes differ{' ' + shape_hint if shape_hint else ''} for {bad[:3]}{shape_advice}")
+    model.load_state_dict({k: state[k] for k in expected})

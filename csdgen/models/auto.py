@@ -101,7 +101,7 @@ def model_folder(folder: Path) -> Path:
     index = folder / "model_index.json"
     if (folder / "config.json").is_file() or not index.is_file():
         return folder
-    from csdgen.runs import read_json
+    from csdgen.jsonio import read_json
 
     name = read_json(index, what="a diffusers pipeline index").get("_class_name")
     if name not in _PIPELINE_MODELS:
@@ -118,7 +118,7 @@ def read_config(folder: Path) -> dict:
         FileNotFoundError: no config.json. ValueError: not JSON or not an object (naming the
         file), or DeepSeek's original Janus format (``model_type`` ``multi_modality``).
     """
-    from csdgen.runs import read_json
+    from csdgen.jsonio import read_json
 
     file = model_folder(Path(folder)) / "config.json"
     if not file.is_file():

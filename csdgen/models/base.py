@@ -178,6 +178,10 @@ class ImageTokenModel(ABC):
         reference_guidance: the family's guidance schedule (:class:`csdgen.guidance.GuidanceSchedule`,
             e.g. Lumina-mGPT 2.0's), which :func:`csdgen.generate` uses when ``sampling`` is left
             to the model's defaults; None: a constant scale.
+        guides_above_1_only: the family's reference applies classifier-free guidance only at scales
+            above 1 and runs unguided (no unconditional rows) at any scale at or below 1 (Liquid's
+            ``if cfg_scale > 1``); :func:`csdgen.generate` then runs a scale <= 1 as 1.0. False: every
+            scale other than 1 is guided (``(1 - s) * uncond + s * cond``).
     """
 
     codebook_size: int
@@ -186,6 +190,7 @@ class ImageTokenModel(ABC):
     device: torch.device = torch.device("cpu")
     defaults: "FamilyDefaults | None" = None
     reference_guidance: "GuidanceSchedule | None" = None
+    guides_above_1_only: bool = False
 
     @abstractmethod
     def start(self, conditions: Any, batch_size: int | None, guided: bool) -> DecodingSession:

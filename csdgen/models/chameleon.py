@@ -81,22 +81,20 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-import torch.nn.functional as F
-from transformers import ChameleonConfig, ChameleonForConditionalGeneration, DynamicCache
+from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
+from ._layout_model import DEFAULT_PROMPT_LENGTH, LayoutImageModel, LayoutPrompts
 from ._transformers import (
-    cache_kwargs,
-    MemoryEstimate, PaddedRows, RowEnds, check_checkpoint, check_sequence_length, estimate_memory,
-    format_prompt, load_tokenizer, meta_parameter_count, movqgan_token_ids, parameter_count, resolve_dtype, token_id,
+    MemoryEstimate, RowEnds, check_checkpoint, check_sequence_length, estimate_memory, format_prompt, load_tokenizer,
+    meta_parameter_count, movqgan_token_ids, resolve_dtype, token_id,
 )
-from ._ragged import RaggedSession
 from .base import CodebookUnavailable, ImageTokenModel
 from .chameleon_vqgan import ChameleonVQGANDecoder, load_vqgan_decoder, vqgan_files
 from .defaults import FAMILY_DEFAULTS
 from .quantize import load_pretrained
 
 __all__ = [
-    "ChameleonLayout", "ChameleonImageModel", "ChameleonPrompts", "LAYOUTS", "LUMINA_PROMPT_TEMPLATE", "ANOLE_PROMPT_TEMPLATE",
+    "ChameleonLayout", "ChameleonImageModel", "ChameleonPrompts", "LayoutPrompts", "LayoutImageModel", "LAYOUTS", "LUMINA_PROMPT_TEMPLATE", "ANOLE_PROMPT_TEMPLATE",
     "config_memory", "load_backbone", "shared_norm_shapes", "LUMINA_SIZES", "lumina_size_from_names", "lumina_pixel_size",
     "stored_tensor_names", "stores_codebook", "CODEBOOK_WEIGHT", "find_vqgan",
 ]
@@ -105,8 +103,6 @@ LAYOUTS = ("lumina", "anole")
 BOS, PAD, BOI, EOI, NEWLINE, END_OF_TURN = "<s>", "<pad>", "<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>"
 LUMINA_PROMPT_TEMPLATE = "Generate an image of {width}x{height} according to the following prompt:\n{prompt}" + END_OF_TURN
 ANOLE_PROMPT_TEMPLATE = "{prompt}" + END_OF_TURN
-#: prompt tokens the memory check assumes when the prompts are not known
-DEFAULT_PROMPT_LENGTH = 128
 #: the image sizes (pixels, square) Lumina-mGPT checkpoints are released at (Alpha-VLLM/Lumina-mGPT README)
 LUMINA_SIZES = (512, 768, 1024)
 #: a released size as its own part of a name: ``Lumina-mGPT-7B-768``, ``..._1024``, ``-768-Omni``
@@ -328,8 +324,13 @@ def stored_tensor_names(folder: str | os.PathLike) -> set[str]:
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if (folder / index).is_file():
             return set(json.loads((folder / index).read_text()).get("weight_map", {}))
+    return file_tensor_names(folder)
+
+
+def file_tensor_names(folder: str | os.PathLike) -> set[str]:
+    """Names of the tensors the weight files of ``folder`` hold (read from the files, not an index)."""
     names: set[str] = set()
-    for file in _weight_files(folder):
+    for file in _weight_files(Path(folder)):
         if file.suffix == ".safetensors":
             from safetensors import safe_open
 
@@ -428,7 +429,7 @@ def load_backbone(folder: str | os.PathLike, dtype: torch.dtype = torch.float32,
     return model if getattr(model, "hf_device_map", None) else model.to(device)  # placed by its device map
 
 
-class ChameleonPrompts:
+class ChameleonPrompts(LayoutPrompts):
     """Lumina-mGPT / Anole prompt rows from the config and the tokenizer only (usable before the weights are loaded).
 
     Args: see :class:`ChameleonImageModel` (``config`` instead of the backbone).
@@ -445,41 +446,8 @@ class ChameleonPrompts:
         check_sequence_length(1, self.layout.image_length, config.max_position_embeddings,
                               f"{self.pixel_size[0]}x{self.pixel_size[1]} image")
 
-    @classmethod
-    def from_folder(cls, folder: str | os.PathLike, **kwargs) -> "ChameleonPrompts":
-        """From a checkpoint folder's config and tokenizer (no weights read)."""
-        return cls(ChameleonConfig.from_pretrained(folder), tokenizer=load_tokenizer(folder), **kwargs)
 
-    def prompt_ids(self, conditions: Sequence[str | Sequence[int]]) -> list[list[int]]:
-        """Token ids of each prompt (without BOS).
-
-        Raises:
-            ValueError: empty list, a string with no tokenizer, or ids outside the vocabulary.
-        """
-        return encode_prompts(conditions, self.tokenizer, self.prompt_template, self.pixel_size,
-                              self.config.vocab_size)
-
-    def prompt_rows(self, conditions: Sequence[str | Sequence[int]]) -> tuple[list[list[int]], list[list[int]]]:
-        """``(cond rows, uncond rows)``: the ids each row of a guided run reads before image token 0 (padding and hidden tokens left out)."""
-        prompts = self.prompt_ids(conditions)
-        cond = [self.layout.prefix(p) for p in prompts]
-        uncond = [[t for t, v in zip(row, self.layout.uncond_visible(len(p))) if v] for row, p in zip(cond, prompts)]
-        return cond, uncond
-
-    def check_length(self, prompt_length: int) -> None:
-        """Refuse a prompt of ``prompt_length`` tokens too long for ``max_position_embeddings`` with the image.
-
-        Raises:
-            ValueError: naming both lengths and the longest prompt allowed.
-        """
-        check_sequence_length(prompt_length, self.layout.image_length, self.config.max_position_embeddings)
-
-    def prompt_length(self, conditions: Sequence[str | Sequence[int]]) -> int:
-        """Tokens of the longest prompt row before begin-of-image (BOS and template included)."""
-        return 1 + max(len(p) for p in self.prompt_ids(conditions))
-
-
-class ChameleonImageModel(ChameleonPrompts, ImageTokenModel):
+class ChameleonImageModel(LayoutImageModel, ChameleonPrompts, ImageTokenModel):
     """Lumina-mGPT / Anole text-to-image generation over a ``ChameleonForConditionalGeneration``.
 
     Args:
@@ -506,22 +474,18 @@ class ChameleonImageModel(ChameleonPrompts, ImageTokenModel):
             ``max_position_embeddings``, or a VQGAN whose codebook or downsampling differs.
     """
 
+    memory_function = staticmethod(config_memory)
+    no_decoder = ("no VQGAN decoder: give --vqgan PATH (vqgan= in Python), Chameleon's tokenizer/ folder holding "
+                  "vqgan.yaml and vqgan.ckpt")
+
     def __init__(self, backbone: ChameleonForConditionalGeneration, layout: str = "lumina", height: int | None = None,
                  width: int | None = None, tokenizer: Any = None, vqgan: ChameleonVQGANDecoder | None = None,
                  prompt_template: str | None = None, codebook_stored: bool | None = None):
         config = backbone.config
         ChameleonPrompts.__init__(self, config, layout, height, width, tokenizer, prompt_template)
         self.defaults = FAMILY_DEFAULTS["lumina-mgpt" if layout == "lumina" else "anole"]
-        self.backbone, self.vqgan = backbone.eval(), vqgan
-        self.codebook_stored = codebook_stored
-        self.device = next(backbone.parameters()).device
-        self.dtype = next(backbone.parameters()).dtype
-        self.image_ids = _image_vocabulary(config).to(self.device)  # [V] vocabulary id per codebook entry
-        self.codebook_size = len(self.image_ids)
-        self.grid = (self.layout.rows, self.layout.cols)
-        self.num_image_tokens = self.layout.num_image_tokens
-        with torch.no_grad():
-            self.image_head = backbone.lm_head.weight[self.image_ids].detach()  # [V, hidden]
+        self._set_backbone(backbone, _image_vocabulary(config))  # [V] vocabulary id per codebook entry
+        self.vqgan, self.codebook_stored = vqgan, codebook_stored
         if vqgan is not None:
             self._check_vqgan(vqgan, _downsampling(config))
 
@@ -559,29 +523,6 @@ class ChameleonImageModel(ChameleonPrompts, ImageTokenModel):
         backbone = load_backbone(folder, dtype, device)
         return cls(backbone, layout, height, width, tokenizer, decoder, prompt_template, codebook_stored=stores_codebook(folder))
 
-    def memory(self, window: int, guided: bool = True, prompt_length: int = DEFAULT_PROMPT_LENGTH) -> MemoryEstimate:
-        """:func:`config_memory` of this model (its dtype and parameter count)."""
-        return config_memory(self.backbone.config, self.layout, window, self.dtype, guided, prompt_length,
-                             parameter_count(self.backbone))
-
-    def memory_estimate(self, batch_size: int, window: int, dtype: torch.dtype | str | None = None, guided: bool = True,
-                        prompt_length: int = DEFAULT_PROMPT_LENGTH) -> int:
-        """Bytes for ``batch_size`` images, see :func:`config_memory`."""
-        return config_memory(self.backbone.config, self.layout, window, dtype or self.dtype, guided, prompt_length,
-                             parameter_count(self.backbone)).bytes(batch_size)
-
-    def start(self, conditions, batch_size, guided):
-        """Open a session; refuses a prompt too long for ``max_position_embeddings`` before any forward.
-
-        Raises:
-            ValueError: bad conditions, ``batch_size`` differing from their number, a too-long prompt.
-        """
-        prompts = [[] for _ in range(batch_size or 1)] if conditions is None else self.prompt_ids(conditions)
-        if batch_size is not None and batch_size != len(prompts):
-            raise ValueError(f"batch_size={batch_size} differs from the {len(prompts)} conditions given")
-        self.check_length(1 + max(len(p) for p in prompts))
-        return _ChameleonSession(self, prompts, guided)
-
     def codebook_embeddings(self) -> torch.Tensor:
         """``[V, D]`` float32 VQ codebook: the VQGAN's if loaded, else the checkpoint's ``vqmodel.quantize``.
 
@@ -598,43 +539,6 @@ class ChameleonImageModel(ChameleonPrompts, ImageTokenModel):
                 f"saving), so its codebook would be random; GSD and LANTERN need Chameleon's VQGAN: give --vqgan PATH "
                 f"(vqgan= in Python), the tokenizer/ folder holding vqgan.yaml and vqgan.ckpt")
         return self.backbone.model.vqmodel.quantize.embedding.weight.detach().float()
-
-    def decode_images(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Image tokens ``[B, N]`` int64 -> ``[B, 3, rows*f, cols*f]`` float32 in [-1, 1] (f = 16 for the real VQGAN).
-
-        Raises:
-            NotImplementedError: no VQGAN was loaded. ValueError: wrong shape.
-        """
-        if self.vqgan is None:
-            raise NotImplementedError("no VQGAN decoder: give --vqgan PATH (vqgan= in Python), Chameleon's tokenizer/ "
-                                      "folder holding vqgan.yaml and vqgan.ckpt")
-        if tokens.ndim != 2 or tokens.shape[1] != self.num_image_tokens:
-            raise ValueError(f"tokens of shape {tuple(tokens.shape)}: expected [B, {self.num_image_tokens}]")
-        with torch.no_grad():
-            return self.vqgan.decode(tokens.reshape(-1, *self.grid))
-
-
-def encode_prompts(conditions: Sequence[str | Sequence[int]], tokenizer: Any, template: str, pixel_size: tuple[int, int],
-                   vocab_size: int) -> list[list[int]]:
-    """Prompt strings (template, tokenizer without special tokens) or id lists -> ids without BOS.
-
-    Raises:
-        ValueError: empty list, a string with no tokenizer, or ids outside the vocabulary.
-    """
-    if isinstance(conditions, str) or not len(conditions):
-        raise ValueError("conditions must be a non-empty list of prompt strings or token-id lists")
-    out = []
-    for c in conditions:
-        if isinstance(c, str):
-            if tokenizer is None:
-                raise ValueError("string prompts need a tokenizer in the checkpoint directory; pass token-id lists instead")
-            h, w = pixel_size
-            c = tokenizer(format_prompt(template, c, w, h), add_special_tokens=False)["input_ids"]
-        ids = [int(t) for t in c]
-        if any(not 0 <= t < vocab_size for t in ids):
-            raise ValueError(f"prompt token ids must be in 0..{vocab_size - 1}")
-        out.append(ids)
-    return out
 
 
 def find_vqgan(vqgan: str | os.PathLike | ChameleonVQGANDecoder | None, checkpoint: str | os.PathLike | None,
@@ -657,28 +561,3 @@ def find_vqgan(vqgan: str | os.PathLike | ChameleonVQGANDecoder | None, checkpoi
     return None
 
 
-class _ChameleonSession(RaggedSession):
-    """Per-row KV-cached session over ``[cond rows; uncond rows]`` sharing ids; see the module docstring."""
-
-    def __init__(self, model: ChameleonImageModel, prompts: list[list[int]], guided: bool):
-        self.model, self.layout = model, model.layout
-        prefixes = [self.layout.prefix(p) for p in prompts]
-        visible = [[True] * len(p) for p in prefixes]
-        if guided:
-            prefixes, visible = prefixes * 2, visible + [self.layout.uncond_visible(len(q)) for q in prompts]
-        self.rows = PaddedRows(prefixes, self.layout.pad, model.device, visible)
-        self.prefix_length = self.rows.width
-        self.prefix_ids, self.prefix_mask = self.rows.ids, self.rows.mask
-        super().__init__(batch_size=len(prompts), guided=guided, cache=DynamicCache(config=model.backbone.config),
-                         prompt_ids=self.rows.ids, prompt_valid=self.rows.mask, num_image_tokens=model.num_image_tokens,
-                         device=model.device, cols=self.layout.cols, row_end=self.layout.newline, filler=self.layout.pad)
-
-    def _vocab_ids(self, tokens):
-        return self.model.image_ids[tokens]
-
-    def _logits(self, ids, attention_mask, position_ids, out, prefill):
-        with torch.no_grad():
-            hidden = self.model.backbone.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
-                                               **cache_kwargs(self.kv.cache), use_cache=True).last_hidden_state
-            hidden = hidden.gather(1, out[..., None].expand(-1, -1, hidden.shape[-1]))
-            return F.linear(hidden, self.model.image_head).float()  # [rows, W, V]

@@ -27,19 +27,18 @@ original loader reads) or a bare state dict. Downsampling factor ``2 ** (len(ch_
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from ._vq_decoder import Decoder, Quantize, check_codes, decoder_state
+from ._vq_decoder import Decoder, DecoderConfig, Quantize, check_codes, load_checked_state
 
 __all__ = ["VQGANConfig", "ChameleonVQGANDecoder", "load_vqgan_decoder", "vqgan_files"]
 
 
 @dataclass
-class VQGANConfig:
+class VQGANConfig(DecoderConfig):
     """The taming VQGAN keys the decoder needs (``vqgan.yaml``: ``model.params.ddconfig`` + two more).
 
     Attributes:
@@ -50,41 +49,8 @@ class VQGANConfig:
         resolution: nominal image side (only used to place attention blocks); out_ch: 3 (RGB).
     """
 
-    ch: int = 128
-    ch_mult: list[int] = field(default_factory=lambda: [1, 1, 2, 2, 4])
-    num_res_blocks: int = 2
-    attn_resolutions: list[int] = field(default_factory=list)
-    z_channels: int = 256
-    embed_dim: int = 256
-    n_embed: int = 8192
-    resolution: int = 512
-    out_ch: int = 3
+    kind = "VQGAN"  # the defaults are Chameleon's (those of DecoderConfig)
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "VQGANConfig":
-        """Read the taming layout (``model.params.ddconfig``) or a flat dict of the same keys.
-
-        Raises:
-            ValueError: a required key is missing.
-        """
-        model = data.get("model")
-        params = model.get("params", data) if isinstance(model, dict) else data
-        dd = dict(params.get("ddconfig", params))
-        merged = {**dd, "n_embed": params.get("n_embed"), "embed_dim": params.get("embed_dim")}
-        missing = [k for k in ("ch", "ch_mult", "num_res_blocks", "z_channels", "n_embed", "embed_dim", "resolution") if merged.get(k) is None]
-        if missing:
-            raise ValueError(f"VQGAN config lacks {', '.join(missing)}; needed: ch, ch_mult, num_res_blocks, attn_resolutions, z_channels, embed_dim, n_embed, resolution")
-        return cls(
-            ch=int(merged["ch"]), ch_mult=[int(m) for m in merged["ch_mult"]], num_res_blocks=int(merged["num_res_blocks"]),
-            attn_resolutions=[int(r) for r in merged.get("attn_resolutions") or []], z_channels=int(merged["z_channels"]),
-            embed_dim=int(merged["embed_dim"]), n_embed=int(merged["n_embed"]), resolution=int(merged["resolution"]),
-            out_ch=int(merged.get("out_ch", 3)),
-        )
-
-    @property
-    def downsampling(self) -> int:
-        """Pixels per code along each side: ``2 ** (len(ch_mult) - 1)`` (16 for Chameleon)."""
-        return 2 ** (len(self.ch_mult) - 1)
 
 
 def _norm(channels: int) -> nn.GroupNorm:
@@ -173,13 +139,5 @@ def load_vqgan_decoder(config_path: str, ckpt_path: str, device: str | torch.dev
     with open(config_path) as f:
         config = VQGANConfig.from_dict(yaml.safe_load(f) or {})
     model = ChameleonVQGANDecoder(config)
-    state = decoder_state(torch.load(ckpt_path, map_location="cpu", weights_only=True), ckpt_path)
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    if missing:
-        raise ValueError(f"{ckpt_path}: {len(missing)} decoder weights missing, e.g. {missing[:3]}")
-    bad = [k for k in expected if tuple(state[k].shape) != tuple(expected[k].shape)]
-    if bad:
-        raise ValueError(f"{ckpt_path}: shapes differ from {config_path} for {bad[:3]}")
-    model.load_state_dict({k: state[k] for k in expected})
+    load_checked_state(model, ckpt_path, shape_hint=f"from {config_path}")
     return model.to(device=device, dtype=dtype).eval()

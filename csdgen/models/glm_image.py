@@ -133,7 +133,7 @@ def pipeline_class_name(folder: str | os.PathLike) -> str | None:
     file = Path(folder) / "model_index.json"
     if not file.is_file():
         return None
-    from csdgen.runs import read_json
+    from csdgen.jsonio import read_json
 
     return read_json(file, what="a diffusers pipeline index").get("_class_name")
 

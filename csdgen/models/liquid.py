@@ -17,7 +17,9 @@ The reference then guides on raw logits (``uncond + (cond - uncond) * cfg``), di
 temperature, keeps the top-k and top-p tokens and samples; its GenAI-Bench script
 (``T2I_Eval/genaibench_generation.py``) first sets every text logit to -inf (``logits[:, :256000]``).
 csdgen does the same by reading the logits of the image rows of ``lm_head`` only (column ``v`` =
-code ``v``), and applies the same order (guidance, temperature, top-k, top-p).
+code ``v``), and applies the same order (guidance, temperature, top-k, top-p). The reference guides
+only when ``cfg > 1`` and otherwise samples the cond rows alone: csdgen runs any guidance scale at or
+below 1 unguided too (``guides_above_1_only``; no unconditional rows).
 
 Token-id conditions are the prompt's ids without BOS; BOS is prepended and the suffix's ids
 appended (tokenised on their own: a tokenizer may merge differently across the seam than the
@@ -199,7 +201,10 @@ class LiquidImageModel(LiquidPrompts, ImageTokenModel):
 
     Attributes:
         defaults: the ``liquid`` row of ``FAMILY_DEFAULTS``.
+        guides_above_1_only: True: a guidance scale at or below 1 runs unguided, as the reference does.
     """
+
+    guides_above_1_only = True
 
     def __init__(self, backbone: GemmaForCausalLM, tokenizer: Any, vqgan: ChameleonVQGANDecoder | None = None,
                  image_size: int | None = None, prompt_template: str = "{prompt}"):

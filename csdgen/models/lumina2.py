@@ -68,9 +68,9 @@ from ._transformers import (
 )
 from .base import ImageTokenModel
 from .chameleon import (
-    BOI, DEFAULT_PROMPT_LENGTH, EOI, LUMINA_PROMPT_TEMPLATE, NEWLINE, _ChameleonSession, _grid_token_name, _weight_files,
-    encode_prompts, load_backbone,
+    BOI, EOI, LUMINA_PROMPT_TEMPLATE, NEWLINE, _grid_token_name, file_tensor_names, load_backbone,
 )
+from ._layout_model import DEFAULT_PROMPT_LENGTH, LayoutImageModel, LayoutPrompts
 from .defaults import FAMILY_DEFAULTS
 from .movqgan import MoVQGANDecoder, find_movqgan, load_movqgan_decoder
 
@@ -229,7 +229,7 @@ class Lumina2Layout:
         return seq + [self.eoi]
 
 
-class Lumina2Prompts:
+class Lumina2Prompts(LayoutPrompts):
     """Lumina-mGPT 2.0 prompt rows from the config and the tokenizer only (usable before the weights are read).
 
     Args: see :class:`Lumina2ImageModel` (``config`` instead of the backbone).
@@ -244,38 +244,6 @@ class Lumina2Prompts:
         format_prompt(self.prompt_template, "", 1, 1)  # refuse a bad template now
         check_sequence_length(1, self.layout.image_length, config.max_position_embeddings,
                               f"{self.pixel_size[0]}x{self.pixel_size[1]} image")
-
-    @classmethod
-    def from_folder(cls, folder: str | os.PathLike, **kwargs) -> "Lumina2Prompts":
-        """From a checkpoint folder's config and tokenizer (no weights read)."""
-        return cls(ChameleonConfig.from_pretrained(folder), tokenizer=load_tokenizer(folder), **kwargs)
-
-    def prompt_ids(self, conditions: Sequence[str | Sequence[int]]) -> list[list[int]]:
-        """Token ids of each prompt (without BOS): strings through the template and the tokenizer, id lists as given.
-
-        Raises:
-            ValueError: empty list, or ids outside the vocabulary.
-        """
-        return encode_prompts(conditions, self.tokenizer, self.prompt_template, self.pixel_size, self.config.vocab_size)
-
-    def prompt_rows(self, conditions: Sequence[str | Sequence[int]]) -> tuple[list[list[int]], list[list[int]]]:
-        """``(cond rows, uncond rows)``: the ids each row of a guided run reads before image token 0."""
-        prompts = self.prompt_ids(conditions)
-        cond = [self.layout.prefix(p) for p in prompts]
-        uncond = [[t for t, v in zip(row, self.layout.uncond_visible(len(p))) if v] for row, p in zip(cond, prompts)]
-        return cond, uncond
-
-    def check_length(self, prompt_length: int) -> None:
-        """Refuse a prompt of ``prompt_length`` tokens too long for ``max_position_embeddings`` with the image.
-
-        Raises:
-            ValueError: naming both lengths and the longest prompt allowed.
-        """
-        check_sequence_length(prompt_length, self.layout.image_length, self.config.max_position_embeddings)
-
-    def prompt_length(self, conditions: Sequence[str | Sequence[int]]) -> int:
-        """Tokens of the longest prompt row before begin-of-image (BOS and template included)."""
-        return 1 + max(len(p) for p in self.prompt_ids(conditions))
 
 
 def _vqmodel_parameters(config: ChameleonConfig) -> int:
@@ -307,19 +275,11 @@ def lumina2_memory(config: ChameleonConfig, layout: Lumina2Layout, window: int, 
 
 def _unread_weights(folder: Path, model: torch.nn.Module) -> list[str]:
     """Parameters of ``model`` (``vqmodel`` left out) that no weight file of ``folder`` holds."""
-    names: set[str] = set()
-    for file in _weight_files(folder):
-        if file.suffix == ".safetensors":
-            from safetensors import safe_open
-
-            with safe_open(str(file), framework="pt") as f:
-                names.update(f.keys())
-        else:
-            names.update(torch.load(file, map_location="cpu", weights_only=True, mmap=True).keys())
+    names = file_tensor_names(folder)
     return sorted(k for k in model.state_dict() if k not in names and not k.startswith("model.vqmodel."))
 
 
-class Lumina2ImageModel(Lumina2Prompts, ImageTokenModel):
+class Lumina2ImageModel(LayoutImageModel, Lumina2Prompts, ImageTokenModel):
     """Lumina-mGPT 2.0 text-to-image generation over a ``ChameleonForConditionalGeneration``.
 
     Args:
@@ -344,6 +304,9 @@ class Lumina2ImageModel(Lumina2Prompts, ImageTokenModel):
     """
 
     reference_guidance = Lumina2Guidance()
+    memory_function = staticmethod(lumina2_memory)
+    no_decoder = ("no MoVQGAN decoder: give vqgan_dir= (--vqgan DIR) with movqgan_270M.ckpt (SberAI's MoVQGAN 270M, "
+                  "which Lumina-mGPT 2.0 decodes with)")
 
     def __init__(self, backbone: ChameleonForConditionalGeneration, height: int | None = None, width: int | None = None,
                  tokenizer: Any = None, movqgan: MoVQGANDecoder | None = None, prompt_template: str | None = None,
@@ -351,15 +314,8 @@ class Lumina2ImageModel(Lumina2Prompts, ImageTokenModel):
         config = backbone.config
         Lumina2Prompts.__init__(self, config, height, width, tokenizer, prompt_template, uncond_context)
         self.defaults = FAMILY_DEFAULTS["lumina-mgpt-2"]
-        self.backbone, self.vqgan = backbone.eval(), movqgan
-        self.device = next(backbone.parameters()).device
-        self.dtype = next(backbone.parameters()).dtype
-        self.image_ids = image_vocabulary(config).to(self.device)  # [V] vocabulary id per MoVQGAN code
-        self.codebook_size = len(self.image_ids)
-        self.grid = (self.layout.rows, self.layout.cols)
-        self.num_image_tokens = self.layout.num_image_tokens
-        with torch.no_grad():
-            self.image_head = backbone.lm_head.weight[self.image_ids].detach()  # [V, hidden]
+        self._set_backbone(backbone, image_vocabulary(config))  # [V] vocabulary id per MoVQGAN code
+        self.vqgan = movqgan
         if movqgan is not None and (movqgan.config.n_embed != self.codebook_size
                                     or movqgan.config.downsampling != PIXELS_PER_TOKEN):
             raise ValueError(f"MoVQGAN has n_embed={movqgan.config.n_embed}, downsampling {movqgan.config.downsampling}; "
@@ -405,43 +361,6 @@ class Lumina2ImageModel(Lumina2Prompts, ImageTokenModel):
         movqgan = None if movqgan_file is None else load_movqgan_decoder(movqgan_file, device=device)
         return cls(backbone, height, width, tokenizer, movqgan, prompt_template, uncond_context)
 
-    def memory(self, window: int, guided: bool = True, prompt_length: int = DEFAULT_PROMPT_LENGTH) -> MemoryEstimate:
-        """:func:`lumina2_memory` of this model (its dtype and parameter count)."""
-        return lumina2_memory(self.backbone.config, self.layout, window, self.dtype, guided, prompt_length,
-                              parameter_count(self.backbone))
-
-    def memory_estimate(self, batch_size: int, window: int, dtype: torch.dtype | str | None = None, guided: bool = True,
-                        prompt_length: int = DEFAULT_PROMPT_LENGTH) -> int:
-        """Bytes for ``batch_size`` images, see :func:`lumina2_memory`."""
-        return lumina2_memory(self.backbone.config, self.layout, window, dtype or self.dtype, guided, prompt_length,
-                              parameter_count(self.backbone)).bytes(batch_size)
-
-    def start(self, conditions, batch_size, guided):
-        """Open a session; refuses a prompt too long for ``max_position_embeddings`` before any forward.
-
-        Raises:
-            ValueError: bad conditions, ``batch_size`` differing from their number, a too-long prompt.
-        """
-        prompts = [[] for _ in range(batch_size or 1)] if conditions is None else self.prompt_ids(conditions)
-        if batch_size is not None and batch_size != len(prompts):
-            raise ValueError(f"batch_size={batch_size} differs from the {len(prompts)} conditions given")
-        self.check_length(1 + max(len(p) for p in prompts))
-        return _ChameleonSession(self, prompts, guided)  # the Chameleon session: layout-driven, one forward for all rows
-
     def codebook_embeddings(self) -> torch.Tensor | None:
         """``[V, 4]`` float32 MoVQGAN codebook when the decoder is loaded, else None (GSD / LANTERN need it)."""
         return None if self.vqgan is None else self.vqgan.quantize.embedding.weight.detach().float()
-
-    def decode_images(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Image tokens ``[B, N]`` int64 -> ``[B, 3, 8 R, 8 C]`` float32 in [-1, 1] (MoVQGAN).
-
-        Raises:
-            NotImplementedError: no MoVQGAN was loaded. ValueError: wrong shape.
-        """
-        if self.vqgan is None:
-            raise NotImplementedError("no MoVQGAN decoder: give vqgan_dir= (--vqgan DIR) with movqgan_270M.ckpt "
-                                      "(SberAI's MoVQGAN 270M, which Lumina-mGPT 2.0 decodes with)")
-        if tokens.ndim != 2 or tokens.shape[1] != self.num_image_tokens:
-            raise ValueError(f"tokens of shape {tuple(tokens.shape)}: expected [B, {self.num_image_tokens}]")
-        return self.vqgan.decode(tokens.reshape(-1, *self.grid))
-

@@ -32,13 +32,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._vq_decoder import Decoder, Quantize, check_codes, decoder_state
+from ._vq_decoder import Decoder, DecoderConfig, Quantize, check_codes, load_checked_state
 
 __all__ = ["MoVQGANConfig", "MOVQGAN_270M", "MoVQGANDecoder", "load_movqgan_decoder", "find_movqgan"]
 
@@ -49,7 +48,7 @@ CONFIG_NAME = "movqgan.yaml"
 
 
 @dataclass
-class MoVQGANConfig:
+class MoVQGANConfig(DecoderConfig):
     """The MoVQGAN keys the decoder needs (``model.params.ddconfig`` + ``n_embed``, ``embed_dim``).
 
     Attributes:
@@ -60,6 +59,8 @@ class MoVQGANConfig:
         resolution: nominal image side (only places the attention blocks); out_ch: 3.
     """
 
+    kind = "MoVQGAN"
+
     ch: int = 256
     ch_mult: list[int] = field(default_factory=lambda: [1, 2, 2, 4])
     num_res_blocks: int = 2
@@ -69,33 +70,6 @@ class MoVQGANConfig:
     n_embed: int = 16384
     resolution: int = 256
     out_ch: int = 3
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "MoVQGANConfig":
-        """Read the MoVQGAN repo's YAML layout (``model.params.ddconfig``) or a flat dict of the same keys.
-
-        Raises:
-            ValueError: a required key is missing (naming them).
-        """
-        model = data.get("model")
-        params = model.get("params", data) if isinstance(model, dict) else data
-        dd = dict(params.get("ddconfig", params))
-        merged = {**dd, "n_embed": params.get("n_embed"), "embed_dim": params.get("embed_dim")}
-        needed = ("ch", "ch_mult", "num_res_blocks", "z_channels", "n_embed", "embed_dim", "resolution")
-        missing = [k for k in needed if merged.get(k) is None]
-        if missing:
-            raise ValueError(f"MoVQGAN config lacks {', '.join(missing)}; needed: {', '.join(needed)}, attn_resolutions")
-        return cls(ch=int(merged["ch"]), ch_mult=[int(m) for m in merged["ch_mult"]],
-                   num_res_blocks=int(merged["num_res_blocks"]),
-                   attn_resolutions=[int(r) for r in merged.get("attn_resolutions") or []],
-                   z_channels=int(merged["z_channels"]), embed_dim=int(merged["embed_dim"]),
-                   n_embed=int(merged["n_embed"]), resolution=int(merged["resolution"]),
-                   out_ch=int(merged.get("out_ch", 3)))
-
-    @property
-    def downsampling(self) -> int:
-        """Pixels per code along each side: ``2 ** (len(ch_mult) - 1)`` (8 for the released models)."""
-        return 2 ** (len(self.ch_mult) - 1)
 
 
 #: the 270M model Lumina-mGPT 2.0 uses (the reference's ``MODELS["270M"]``)
@@ -174,18 +148,11 @@ def load_movqgan_decoder(ckpt_path: str | os.PathLike, config: MoVQGANConfig | s
         with open(config) as f:
             config = MoVQGANConfig.from_dict(yaml.safe_load(f) or {})
     model = MoVQGANDecoder(config)
-    state = decoder_state(torch.load(ckpt_path, map_location="cpu", weights_only=True), ckpt_path)
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    if missing:
-        raise ValueError(f"{ckpt_path}: {len(missing)} MoVQGAN decoder weights missing, e.g. {missing[:3]} (config ch="
-                         f"{config.ch}, ch_mult={config.ch_mult}, num_res_blocks={config.num_res_blocks}; another model "
-                         f"size needs its {CONFIG_NAME} beside the file)")
-    bad = [k for k in expected if tuple(state[k].shape) != tuple(expected[k].shape)]
-    if bad:
-        raise ValueError(f"{ckpt_path}: shapes differ from the config (ch={config.ch}, ch_mult={config.ch_mult}, "
-                         f"n_embed={config.n_embed}) for {bad[:3]}; put the model's {CONFIG_NAME} beside the file")
-    model.load_state_dict({k: state[k] for k in expected})
+    load_checked_state(model, ckpt_path, what="MoVQGAN decoder",
+                       missing_hint=f" (config ch={config.ch}, ch_mult={config.ch_mult}, num_res_blocks="
+                                    f"{config.num_res_blocks}; another model size needs its {CONFIG_NAME} beside the file)",
+                       shape_hint=f"from the config (ch={config.ch}, ch_mult={config.ch_mult}, n_embed={config.n_embed})",
+                       shape_advice=f"; put the model's {CONFIG_NAME} beside the file")
     return model.to(device=device, dtype=dtype).eval()
 
 

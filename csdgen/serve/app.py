@@ -72,7 +72,7 @@ class ServedModel:
 
     def __init__(self, model, name: str, *, aliases: tuple[str, ...] = (), defaults: ServeDefaults | None = None,
                  engine: str = "auto", compile: bool | None = None):
-        from csdgen.engine.methods import _default_sampling
+        from csdgen.engine import default_sampling
 
         from .images import image_size
 
@@ -82,7 +82,7 @@ class ServedModel:
         self.size = image_size(model)
         self.size_text = f"{self.size[0]}x{self.size[1]}"
         self.defaults = defaults or ServeDefaults()
-        sampling = _default_sampling(model)  # a family's top-k >= this codebook: no top-k (as generate)
+        sampling = default_sampling(model)  # a family's top-k >= this codebook: no top-k (as generate)
         self.model_defaults = {"guidance_scale": sampling.guidance_scale, "temperature": sampling.temperature,
                                "top_k": sampling.top_k, "top_p": sampling.top_p}
         d = getattr(model, "defaults", None)

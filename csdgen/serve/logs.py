@@ -84,7 +84,7 @@ class AccessLine:
         self.method, self.images_asked = str(request.settings["method"]), int(request.n)
 
     def image(self, stats) -> None:
-        """One image was sent (its :class:`csdgen.engine.results.ImageStats`)."""
+        """One image was sent (its :class:`csdgen.ImageStats`)."""
         self.images += 1
         self.forwards += int(stats.steps)
 

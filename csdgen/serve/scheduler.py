@@ -255,7 +255,7 @@ class Scheduler:
             self.metrics.cancelled.inc(count)
 
     def _batch_for(self, key: tuple, request: ImageRequest):
-        from csdgen.engine.continuous import ContinuousBatch
+        from csdgen.engine import ContinuousBatch
 
         batch = self._batches.pop(key, None)
         if batch is None:

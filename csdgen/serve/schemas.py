@@ -217,8 +217,8 @@ def parse_request(body: Any, served) -> ImageRequest:
         APIError: 400 for a bad or unknown field (naming it and what is allowed), 404 for an
             unknown model, 413 for more images than ``max_images``.
     """
-    from csdgen.engine.generation import resolve_arguments
-    from csdgen.engine.methods import METHODS
+    from csdgen.engine import resolve_arguments
+    from csdgen.engine import METHODS
     from csdgen.drafting import DRAFT_INITS, REFRESH_MODES
     from csdgen.sampling import SamplingConfig
 

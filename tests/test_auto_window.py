@@ -1,259 +1,16 @@
-"""Regression tests of issue 16's engine, CLI, runs, bench, compare, sweep and demo items (6-11),
-one test per point, each named after it."""
+"""``--window auto`` (csdgen.engine.window): the acceptance and cost models behind the width chosen,
+exploration, warm-up, batches priced at their slowest image, and what it learns across calls."""
 
 from __future__ import annotations
-
-import json
-import os
-from pathlib import Path
 
 import pytest
 import torch
 
 import csdgen
-from csdgen import cli
-from csdgen.models import FunctionModel
-from csdgen.sampling import MAX_SEED, SamplingConfig, stream_uniforms
+from csdgen.sampling import SamplingConfig
 
-from builtin_fixture import make_tiny_weights
-from cli_helpers import cli_error, run
-from cli_helpers import usage_error as _usage_error
+from cli_helpers import run
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def usage_error(capsys, *argv) -> str:
-    return _usage_error(capsys, *argv, one_line=True)
-
-
-@pytest.fixture(scope="module")
-def weights(tmp_path_factory):
-    return make_tiny_weights(tmp_path_factory.mktemp("weights"))
-
-
-# ---- 9. seeds alias silently ----------------------------------------------------------------
-
-
-def test_seeds_alias_silently_the_stream_refuses_seeds_outside_0_to_2_63_minus_1():
-    image, step = torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long)
-    for bad in (-1, 2**63, 2**64, 2**64 + 1, 1.5, True, "3"):
-        with pytest.raises(ValueError, match=r"allowed: an integer in 0\.\.9223372036854775807"):
-            stream_uniforms(bad, image, step, 1, 2)
-    assert not torch.equal(stream_uniforms(0, image, step, 1, 4), stream_uniforms(MAX_SEED, image, step, 1, 4))
-
-
-def test_seeds_alias_silently_generate_save_run_and_bench_refuse_them(cached_model, tmp_path):
-    for bad in (2**64, -1, 1.5):
-        with pytest.raises(ValueError, match=r"seed=.*0\.\.9223372036854775807"):
-            csdgen.generate(cached_model, [0], seed=bad, window=4)
-        with pytest.raises(ValueError, match=r"seed=.*0\.\.9223372036854775807"):
-            csdgen.save_run(cached_model, [0], tmp_path / "api", seed=bad, window=4)
-    assert not (tmp_path / "api" / "record.json").exists()
-    out = csdgen.generate(cached_model, [0], seed=MAX_SEED, window=4)
-    assert out.settings["seed"] == MAX_SEED
-    from csdgen.bench import BenchPlan
-    from csdgen.prompts import Prompt
-
-    with pytest.raises(ValueError, match=r"seeds.*0\.\.9223372036854775807"):
-        BenchPlan(cached_model, [Prompt("a", "0")], [0], [0], {"ar": {"method": "ar"}}, [2**64], None, 4,
-                  SamplingConfig(), {})
-    with pytest.raises(ValueError, match=r"floor_seed.*0\.\.9223372036854775807"):
-        BenchPlan(cached_model, [Prompt("a", "0")], [0], [0], {"ar": {"method": "ar"}}, [0], -1, 4, SamplingConfig(), {})
-
-
-@pytest.mark.parametrize("argv", [
-    ["generate", "--seed", str(2**64)],
-    ["generate", "--seed", "-1"],
-    ["compare", "--seed", str(2**63)],
-    ["sweep", "--seed", "1e3"],
-    ["bench", "--seeds", f"0,{2**64}"],
-    ["bench", "--floor-seed", str(2**64)],
-])
-def test_seeds_alias_silently_the_cli_refuses_them_naming_the_range(capsys, argv):
-    err = usage_error(capsys, *argv)
-    assert "0..9223372036854775807" in err
-
-
-# ---- 11. the library's bad arguments -------------------------------------------------------
-
-
-def test_library_a_non_model_is_a_one_line_error():
-    for bad in ("path/to/model", None, torch.nn.Linear(2, 2)):
-        with pytest.raises(ValueError, match="not an image-token model"):
-            csdgen.generate(bad, [0])
-
-
-def test_library_seed_1_5_is_a_one_line_error(cached_model):
-    with pytest.raises(ValueError, match=r"seed=1\.5"):
-        csdgen.generate(cached_model, [0], seed=1.5, window=4)
-
-
-def test_library_method_given_as_the_rule_class_is_a_one_line_error(cached_model):
-    with pytest.raises(ValueError, match=r"method=CSD is the rule's class; allowed: an instance such as CSD\(\)"):
-        csdgen.generate(cached_model, [0], method=csdgen.CSD, window=4)
-    with pytest.raises(ValueError, match="method=3: allowed a method name"):
-        csdgen.generate(cached_model, [0], method=3, window=4)
-
-
-def test_library_sampling_of_another_type_is_a_one_line_error(cached_model):
-    # a dict was refused here too; since the third trial's finding 7 it is a set of changes to the model's
-    # defaults (tests/test_issue16_trial3_records.py), and a dict with an unknown key is refused
-    with pytest.raises(ValueError, match=r"sampling=\[3\.0\]: allowed None .* a dict .* csdgen\.SamplingConfig"):
-        csdgen.generate(cached_model, [0], sampling=[3.0], window=4)
-    with pytest.raises(ValueError, match=r"sampling=\{'scale': 3\.0\}: unknown key 'scale'; allowed keys: guidance_scale"):
-        csdgen.generate(cached_model, [0], sampling={"scale": 3.0}, window=4)
-
-
-def test_library_condition_1_5_is_refused_not_class_1(cached_model):
-    for bad in (1.5, True, None, [1]):
-        with pytest.raises(ValueError, match="allowed a class index 0..4"):
-            csdgen.generate(cached_model, [bad], window=4)
-    import numpy as np
-
-    assert csdgen.generate(cached_model, [np.int64(1)], window=4, seed=3).tokens.equal(
-        csdgen.generate(cached_model, [1], window=4, seed=3).tokens)
-
-
-def test_library_a_huge_batch_is_a_one_line_memory_error(cached_model, monkeypatch):
-    from csdgen.models import llama
-
-    def fail(*args, **kwargs):
-        raise RuntimeError("[enforce fail at alloc_cpu.cpp:121] data. DefaultCPUAllocator: can't allocate memory: "
-                           "you tried to allocate 85899345920 bytes. Error code 12 (Cannot allocate memory)")
-
-    monkeypatch.setattr(llama.ClassConditionalLlama, "start", fail)
-    with pytest.raises(MemoryError, match=r"decoding 3 images at once ran out of cpu memory .* a smaller batch") as info:
-        csdgen.generate(cached_model, [0, 1, 2], window=4)
-    assert "\n" not in str(info.value)
-
-
-# ---- 11. the demo's window 1e9 / the engine clamps the window ------------------------------
-
-
-def test_demo_window_1e9_is_clamped_by_the_engine_which_records_the_width_used(cached_model):
-    N = cached_model.num_image_tokens
-    out = csdgen.generate(cached_model, [0, 1], method="sjd", window=10**9, seed=0)
-    assert out.settings["window"] == N and max(out.widths) <= N
-    same = csdgen.generate(cached_model, [0, 1], method="sjd", window=N, seed=0)
-    assert torch.equal(out.tokens, same.tokens)
-
-
-# ---- 11. compare times AR with its warm-up; interleaved ------------------------------------
-
-
-def test_compare_times_ar_after_a_warm_up_so_ar_and_ar_seed2_agree(weights, tmp_path, monkeypatch):
-    """A one-time start-up cost (100 s of a virtual clock on the model's first session; every later
-    session costs 1 s) lands in the untimed warm-up, not in ``ar``'s time, and the methods take turns
-    batch by batch. The engine's clock is replaced, so the figures do not depend on the machine."""
-    from csdgen.engine import generation, loop
-    from csdgen.models import llama
-
-    clock = {"now": 0.0, "sessions": 0}
-
-    class VirtualTime:
-        @staticmethod
-        def perf_counter():
-            return clock["now"]
-
-    start = llama.ClassConditionalLlama.start
-
-    def start_with_costs(self, *args, **kwargs):
-        clock["now"] += 100.0 if clock["sessions"] == 0 else 1.0
-        clock["sessions"] += 1
-        return start(self, *args, **kwargs)
-
-    calls = []
-    generate = generation.generate
-
-    def spy(model, conditions, **kwargs):
-        calls.append((kwargs["seed"], getattr(kwargs["method"], "name", kwargs["method"]), tuple(kwargs["image_indices"])))
-        return generate(model, conditions, **kwargs)
-
-    monkeypatch.setattr(loop, "time", VirtualTime)
-    monkeypatch.setattr(llama.ClassConditionalLlama, "start", start_with_costs)
-    monkeypatch.setattr(generation, "generate", spy)
-    out = tmp_path / "compare"
-    assert run("compare", "--weights", weights, "-n", 4, "--batch-size", 2, "--methods", "sjd", "--window", 8,
-               "--out", out) == 0
-    seconds = {name: json.loads((out / f"run_{name}.json").read_text())["seconds"] for name in ("ar", "ar-seed2", "sjd")}
-    assert seconds == {"ar": 2.0, "ar-seed2": 2.0, "sjd": 2.0}  # two batches of one session each
-    assert [c[:2] for c in calls[:2]] == [(0, "ar"), (0, "sjd")]  # one warm-up per window width (AR's 1, sjd's 8)
-    assert calls[2:] == [(0, "ar", (0, 1)), (0, "sjd", (0, 1)), (1, "ar", (0, 1)),
-                         (0, "ar", (2, 3)), (0, "sjd", (2, 3)), (1, "ar", (2, 3))]
-
-
-# ---- 11. compare into a folder of cached runs of other settings ----------------------------
-
-
-def _cache_state(folder: Path) -> dict:
-    return {p.name: p.read_bytes() for p in sorted(folder.glob("run_*"))}
-
-
-def test_compare_into_a_folder_with_other_settings_refuses_and_loses_no_cached_run(weights, tmp_path, capsys):
-    out = tmp_path / "compare"
-    common = ["compare", "--weights", weights, "--methods", "csd", "--window", 8, "--batch-size", 2, "--out", out]
-    assert run(*common, "-n", 4) == 0
-    before = _cache_state(out)
-    assert run(*common, "-n", 2) == 0  # fewer images: read from the cache, which stays as it was
-    assert _cache_state(out) == before
-    assert "| csd | 2 |" in capsys.readouterr().out.replace("  ", " ")
-    err = cli_error(capsys, *common, "-n", 4, "--lam", 0.3)
-    assert "run_csd.json" in err and "holds a run with other settings" in err and "lam=0.3" in err
-    err = cli_error(capsys, *common, "-n", 4, "--class", "red apple")  # image 0 of the cache is "dog face"
-    assert "holds image 0 for class" in err
-    assert _cache_state(out) == before
-    assert run(*common, "-n", 6) == 0  # more images: the cache is continued, its first four kept
-    meta = json.loads((out / "run_csd.json").read_text())
-    assert len(meta["steps"]) == 6 and meta["steps"][:4] == json.loads(before["run_csd.json"])["steps"]
-
-
-# ---- 11. two runs into one folder at once --------------------------------------------------
-
-
-def test_two_generate_into_one_folder_the_second_is_refused(weights, tmp_path, capsys):
-    from csdgen.folder_lock import folder_lock
-
-    out = tmp_path / "out"
-    with folder_lock(out, "csdgen generate"):  # the first run, still writing
-        err = cli_error(capsys, "generate", "--weights", weights, "-n", 1, "--window", 4, "--out", out)
-    assert "is in use by another csdgen run" in err and str(out) in err
-    assert not (out / "record.json").exists()
-    assert run("generate", "--weights", weights, "-n", 1, "--window", 4, "--no-maps", "--out", out) == 0  # once it is free
-
-
-def test_two_bench_into_one_folder_the_second_is_refused(weights, tmp_path, capsys):
-    from csdgen.folder_lock import folder_lock
-
-    out = tmp_path / "bench"
-    with folder_lock(out, "bench", file="records/rank0.jsonl"):
-        err = cli_error(capsys, "bench", "--weights", weights, "--limit", 1, "--methods", "ar", "--floor-seed", "none",
-                        "--window", 4, "--out", out)
-    assert "is in use by another bench (its process of rank 0)" in err
-    assert not list((out / "images").glob("*/*.png")) if (out / "images").exists() else True
-
-
-def test_a_lock_is_released_when_its_process_is_killed(tmp_path):
-    import subprocess
-    import sys
-
-    from csdgen.folder_lock import folder_lock
-
-    code = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); "
-            "print('locked', flush=True); time.sleep(120)")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "locked"
-        with pytest.raises(ValueError, match="in use by another"):
-            with folder_lock(tmp_path):
-                pass
-    finally:
-        proc.kill()
-        proc.wait()
-    with folder_lock(tmp_path):  # kill -9 released it
-        pass
-
-
-# ---- 6. window="auto" behind window 32 at batch 1: the width chooser's models ---------------
 
 #: Draft counts of the built-in model (CSD, batch 1, guidance 3, 8 images, seed 0) at a fixed width,
 #: by depth bucket (rows: depth 0, 1, 2-3, 4-7, 8-15, 16-31, 32+) and age group (fresh, refined
@@ -266,6 +23,8 @@ BUILTIN_CSD_COUNTS = {
     32: ([[8, 11, 400], [0, 7, 252], [0, 9, 379], [0, 24, 477], [1, 57, 392], [1, 6, 8], [0, 0, 0]],
          [[8, 4, 148], [0, 3, 48], [0, 2, 49], [0, 4, 57], [1, 15, 65], [1, 3, 3], [0, 0, 0]]),
 }
+
+
 BUILTIN_CSD_TOKENS = {4: 2.09, 8: 2.98, 16: 4.05, 24: 4.64, 32: 4.92}
 
 
@@ -288,7 +47,7 @@ def _chooser(counts=None, times=None, rows=1):
 
 
 @pytest.mark.parametrize("measured_at", [8, 16, 32])
-def test_auto_window_behind_window_32_the_acceptance_model_predicts_every_width(measured_at):
+def test_auto_window_the_acceptance_model_predicts_every_width(measured_at):
     """From the counts of any one width, the tokens per forward of widths 4..32 within 11 % of the
     measured ones, and more tokens for a wider window. (The model before it, acceptance by draft
     age alone, predicted 2.1 tokens at window 32 from these window-32 counts, 4.9 measured, and
@@ -302,7 +61,7 @@ def test_auto_window_behind_window_32_the_acceptance_model_predicts_every_width(
     assert all(expected[1:] >= expected[:-1] - 1e-9)
 
 
-def test_auto_window_behind_window_32_the_acceptance_model_limits():
+def test_auto_window_the_acceptance_model_limits():
     import numpy as np
 
     never = _chooser(([[0, 0, 0]] * 7, [[0, 0, 0]] * 7))  # nothing seen: the prior everywhere
@@ -337,7 +96,7 @@ def test_auto_window_one_forward_at_the_images_top_does_not_set_every_depths_rat
     assert many[15] < 1.5, many[[3, 7, 15, 31]]  # the same rates over 100 forwards: believed
 
 
-def test_auto_window_behind_window_32_the_cost_model_on_synthetic_timings():
+def test_auto_window_the_cost_model_on_synthetic_timings():
     import numpy as np
 
     line = {w: 0.010 + 0.0003 * w for w in (1, 8, 16)}  # seconds per iteration, linear in W
@@ -357,7 +116,7 @@ def test_auto_window_behind_window_32_the_cost_model_on_synthetic_timings():
     (1, {1: 0.0116, 8: 0.0135, 17: 0.0188, 32: 0.021}, (24, 32)),
     (16, {1: 0.041, 4: 0.060, 8: 0.090, 32: 0.36}, (2, 8)),
 ])
-def test_auto_window_behind_window_32_chooses_the_most_tokens_per_second(batch, times, best):
+def test_auto_window_chooses_the_most_tokens_per_second(batch, times, best):
     import numpy as np
 
     auto = _chooser(BUILTIN_CSD_COUNTS[16], times=times, rows=batch)
@@ -371,10 +130,10 @@ def test_auto_window_behind_window_32_chooses_the_most_tokens_per_second(batch, 
 
 
 @pytest.mark.parametrize("gain, expected", [(1.03, 32), (1.10, 16)])
-def test_auto_window_behind_window_32_a_width_between_ar_and_the_widest_must_be_predicted_clearly_faster(gain, expected):
+def test_auto_window_a_width_between_ar_and_the_widest_must_be_predicted_clearly_faster(gain, expected):
     import numpy as np
 
-    # issue 16 item 6: SJD at batch 1 held width 16 on a predicted near-tie with 32 and measured 9 %
+    # SJD at batch 1 held width 16 on a predicted near-tie with 32 and measured 9 %
     # behind window 32; a width between width 1 and the widest now has to be predicted HOME_MARGIN
     # (5 %) faster than the better of the two. Times at every width, set so that the predicted
     # tokens per second rise to `gain` x window 32's at width 16 and fall back to window 32's at 32
@@ -391,7 +150,7 @@ def test_auto_window_behind_window_32_a_width_between_ar_and_the_widest_must_be_
     assert auto.choose(255) == expected
 
 
-def test_auto_window_behind_window_32_explores_a_neighbour_now_and_then():
+def test_auto_window_explores_a_neighbour_now_and_then():
     auto = _chooser(BUILTIN_CSD_COUNTS[16], times={1: 0.0116, 8: 0.0135, 17: 0.0188, 32: 0.021})
     auto.count = 1
     best = auto.choose(255)
@@ -402,7 +161,7 @@ def test_auto_window_behind_window_32_explores_a_neighbour_now_and_then():
     assert 1 <= len(others) <= 2 + 2 * auto.EXPLORE_RUN_MAX and all(w == 1 or abs(w - best) <= best // 2 + 1 for w in others)
 
 
-def test_auto_window_behind_window_32_holds_its_width_and_rarely_narrows():
+def test_auto_window_holds_its_width_and_rarely_narrows():
     """The width held stays while its predicted rate is within SWITCH_MARGIN of the best; a narrower
     neighbour is explored only every DOWN_EVERY-th time down, and width 1 for one iteration at every
     ONE_EVERY-th other turn down (a width-1 time left high by one slow iteration gets measured again)."""
@@ -435,7 +194,7 @@ def test_auto_window_behind_window_32_holds_its_width_and_rarely_narrows():
     assert np.isclose(long.learned.counts.reached.sum(), np.sum(BUILTIN_CSD_COUNTS[16][0]))
 
 
-def test_auto_window_behind_window_32_explores_less_while_explorations_find_nothing_better():
+def test_auto_window_explores_less_while_explorations_find_nothing_better():
     """Exploration turns come every EXPLORE_EVERY iterations, then twice as far apart after each
     turn that found the held width still best, up to EXPLORE_EVERY_MAX; the interval is kept for
     the next call (the next image of a run) and falls back to EXPLORE_EVERY when the held width moves.
@@ -459,7 +218,7 @@ def test_auto_window_behind_window_32_explores_less_while_explorations_find_noth
     assert later.learned.every[1] == auto.EXPLORE_EVERY
 
 
-def test_auto_window_behind_window_32_a_window_cut_by_the_image_end_takes_the_rest():
+def test_auto_window_a_window_cut_by_the_image_end_takes_the_rest():
     """With 3 tokens left and width 16 held, the window is 3 (its drafts were refined by the 16-wide
     forwards); the steady-state model, which calls a 2- or 3-wide window's drafts fresh, chose
     width 1 there, and SJD images ended in 2-4 width-1 iterations where window 16 needed one or two."""
@@ -472,7 +231,7 @@ def test_auto_window_behind_window_32_a_window_cut_by_the_image_end_takes_the_re
     assert auto.choose(3) == 3 and auto.choose(2) == 2 and auto.choose(1) == 1
 
 
-def test_auto_window_behind_window_32_a_slow_iteration_moves_a_time_by_a_bounded_step():
+def test_auto_window_a_slow_iteration_moves_a_time_by_a_bounded_step():
     auto = _chooser(times={1: 0.030, 4: 0.060}, rows=16)
     auto._rows = 16
     auto.observe(1, 0.300, None, None)  # the machine paused the process for a quarter second
@@ -481,10 +240,10 @@ def test_auto_window_behind_window_32_a_slow_iteration_moves_a_time_by_a_bounded
     assert auto.learned.times[16][4] == pytest.approx(0.7 * 0.060 + 0.3 * 0.040)
 
 
-def test_auto_window_behind_window_32_long_trials_only_where_the_wider_width_is_cheap():
-    """A wider trial runs about width / tokens iterations where it costs little more than the width
+def test_auto_window_long_tries_only_where_the_wider_width_is_cheap():
+    """A wider try runs about width / tokens iterations where it costs little more than the width
     held (batch 1), three where it costs several narrow iterations (batch 16)."""
-    def trial(times):
+    def try_width(times):
         auto = _chooser(BUILTIN_CSD_COUNTS[16], times=times)
         auto.HOME_MARGIN = 0.0  # from a width below the widest (its preference has its own test)
         auto.count = auto.EXPLORE_EVERY - 1
@@ -494,13 +253,13 @@ def test_auto_window_behind_window_32_long_trials_only_where_the_wider_width_is_
 
     cheap = {1: 0.0116, 8: 0.0135, 16: 0.0160, 32: 0.0175}
     dear = {1: 0.040, 2: 0.041, 4: 0.15, 32: 0.9}
-    width, run = trial(cheap)
+    width, run = try_width(cheap)
     assert width == 32 and run > _chooser().EXPLORE_RUN
-    width, run = trial(dear)
+    width, run = try_width(dear)
     assert run <= _chooser().EXPLORE_RUN
 
 
-def test_auto_window_behind_window_32_a_batch_size_measured_at_one_width_borrows_the_others():
+def test_auto_window_a_batch_size_measured_at_one_width_borrows_the_others():
     """A batch shrinking as images finish meets batch sizes measured at one width only; that one
     time must not make every width cost the same (it made the widest window look free)."""
     import numpy as np
@@ -518,7 +277,7 @@ def test_auto_window_behind_window_32_a_batch_size_measured_at_one_width_borrows
     assert cost[0] == pytest.approx(0.030 * 0.066 / 0.060)  # not 0.066, as a flat extrapolation would say
 
 
-def test_auto_window_behind_window_32_wide_windows_stay_known_while_narrow_ones_run():
+def test_auto_window_wide_windows_stay_known_while_narrow_ones_run():
     """Depths a narrow window never reaches keep what a wide one taught (they used to decay every
     iteration, so after a while at width 4 the model forgot window 32 and extrapolated from depth 3);
     depths never reached at all are assumed to pass often (OPTIMISM), so a wide window gets tried."""
@@ -540,7 +299,7 @@ def test_auto_window_behind_window_32_wide_windows_stay_known_while_narrow_ones_
     assert shallow.pass_rates()[2:].min() >= shallow.OPTIMISM
 
 
-def test_auto_window_behind_window_32_warms_up_narrow_to_wide_and_explores_whole_buckets():
+def test_auto_window_warms_up_narrow_to_wide_and_explores_whole_buckets():
     """The warm-up measures widths 1, 4, 16 and 32 once each (it ran three 32-wide iterations
     first: at batch 16 that cost about 10 % of an AR batch, where auto must stay within 3 %; and
     without 32, its time extrapolated from 4 and 16 was 20 % high at batch 1, so it was never tried)."""
@@ -561,7 +320,7 @@ def test_auto_window_behind_window_32_warms_up_narrow_to_wide_and_explores_whole
     assert _chooser()._neighbour(16, 255, up=True) == 24  # eager engine: x1.5
 
 
-def test_auto_window_behind_window_32_warm_up_stops_where_widening_stopped_paying():
+def test_auto_window_warm_up_stops_where_widening_stopped_paying():
     """At a batch size where a wider forward costs more than its tokens bring (batch 16 on the
     built-in model: width 4 at 2.3x and width 16 at 8x the time of width 1), the warm-up measures
     the dear width a second time (a first forward of a shape can be slow) and then stops: no 16-
@@ -589,7 +348,7 @@ def test_auto_window_behind_window_32_warm_up_stops_where_widening_stopped_payin
     assert spike[:5] == [1, 4, 4, 16, 32]
 
 
-def test_auto_window_behind_window_32_width_1_still_tries_a_wider_window():
+def test_auto_window_width_1_still_tries_a_wider_window():
     """A width-1 forward reaches no draft, so pessimistic counts from an image's start would keep
     auto at width 1 for good (the README's 8-image run: step compression 1.00x where window 8
     was faster); from width 1 the next width up is tried every EXPLORE_EVERY iterations."""
@@ -601,7 +360,7 @@ def test_auto_window_behind_window_32_width_1_still_tries_a_wider_window():
     assert any(w > 1 for w in chosen)
 
 
-def test_auto_window_behind_window_32_learns_across_calls_and_logs_predicted_and_measured(cached_model):
+def test_auto_window_learns_across_calls_and_logs_predicted_and_measured(cached_model):
     """The second call on the same model starts from the first one's times (no warm-up widths
     1, 4, 16, 32), and every result says, per chosen width, what was predicted and what was measured."""
     first = csdgen.generate(cached_model, [0, 1], method="sjd", window="auto", seed=11)
@@ -617,326 +376,7 @@ def test_auto_window_behind_window_32_learns_across_calls_and_logs_predicted_and
     assert "auto_log" not in second.summary()  # not in record.json
 
 
-# ---- 11. huge counts ------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("argv, option", [
-    (["generate", "-n", "99999999999999999999"], "-n/--num-images"),
-    (["compare", "-n", str(10**7)], "-n/--num-images"),
-    (["bench", "--limit", "99999999999999999999"], "--limit"),
-    (["bench", "--offset", "99999999999999999999"], "--offset"),
-    (["compare", "--prompts", "parti", "--offset", str(10**30)], "--offset"),
-    (["generate", "--batch-size", str(10**12)], "--batch-size"),
-])
-def test_huge_counts_are_refused_at_once_naming_the_option(capsys, argv, option):
-    err = usage_error(capsys, *argv)
-    assert option in err and "allowed at most" in err
-
-
-def test_an_offset_past_the_prompt_set_names_the_option(weights, tmp_path, capsys):
-    err = cli_error(capsys, "bench", "--weights", weights, "--prompts", "parti", "--offset", 5000, "--out", tmp_path)
-    assert "--offset 5000: allowed an integer in 0..1631" in err or "class names" in err
-
-
-# ---- 11. hand-edited records, bad lines, prompt files -------------------------------------
-
-
-@pytest.fixture(scope="module")
-def one_image(weights, tmp_path_factory):
-    out = tmp_path_factory.mktemp("run") / "out"
-    assert run("generate", "--weights", weights, "-n", 2, "--window", 4, "--no-maps", "--out", out) == 0
-    return out
-
-
-@pytest.mark.parametrize("edit, message", [
-    (lambda r: r["images"]["0"].update(file=None), 'images["0"].file is null, expected a file name in the folder'),
-    (lambda r: r["images"]["1"].update(steps="many"), 'images["1"].steps is "many", expected an integer'),
-    (lambda r: r["images"].update({"x": {}}), 'the key of images["x"] is "x", expected an image index'),
-    (lambda r: r["images"].update({"0": [1]}), 'images["0"] is [1], expected an object'),
-    (lambda r: r["batches"].append("b"), 'batches[1] is "b", expected an object'),
-    (lambda r: r["images"]["0"].update(file="../x.png"), 'images["0"].file is "../x.png", expected a file name'),
-])
-def test_hand_edited_records_give_one_line_naming_the_file_and_entry(weights, one_image, tmp_path, capsys, edit, message):
-    import shutil
-
-    out = tmp_path / "out"
-    shutil.copytree(one_image, out)
-    record = json.loads((out / "record.json").read_text())
-    edit(record)
-    (out / "record.json").write_text(json.dumps(record))
-    err = cli_error(capsys, "generate", "--weights", weights, "-n", 2, "--window", 4, "--no-maps", "--out", out)
-    assert "record.json" in err and message in err
-
-
-@pytest.mark.parametrize("line, message", [
-    ('{"method": "ar", "seed": "x", "prompt_id": "a", "image": "i.png", "tensors": "t"}', "'seed' is \"x\", expected an integer"),
-    ('{"method": "ar", "seed": 0, "prompt_id": "a", "image": null, "tensors": "t"}', "'image' is null, expected a string"),
-    ('{"method": "ar", "seed": 0, "prompt_id": "a", "image": "/etc/passwd", "tensors": "t"}', "expected a path inside"),
-    ("[1, 2]", "expected a JSON object"),
-    ("{not json", "not JSON"),
-])
-def test_bad_bench_record_lines_name_the_file_and_line(tmp_path, line, message):
-    from csdgen.bench import existing_records
-
-    (tmp_path / "records").mkdir()
-    path = tmp_path / "records" / "rank0.jsonl"
-    path.write_text('{"method": "ar", "seed": 0, "prompt_id": "b", "image": "i.png", "tensors": "t"}\n' + line + "\n")
-    with pytest.raises(ValueError) as info:
-        existing_records(tmp_path)
-    assert f"{path}:2:" in str(info.value) and message in str(info.value) and "\n" not in str(info.value)
-    # the advice is about that line: moving the whole file away regenerated every image it records
-    assert "fix or delete that line" in str(info.value) and "move the file away" not in str(info.value)
-    path.write_bytes(b'{"method": "ar"}\n\xff\xfe\n')
-    with pytest.raises(ValueError, match=r"rank0\.jsonl:2: not UTF-8"):
-        existing_records(tmp_path)
-    path.write_bytes(b'{"method": "ar", "seed": 0, "prompt_id": "b", "image": "i.png", "tensors": "t"}\n{"torn": "\xe2\x82')
-    assert existing_records(tmp_path) == {}  # a torn last line (a kill mid-write) is ignored, even mid-character
-
-
-def test_a_prompts_file_with_invalid_utf8_is_named_and_a_bom_is_dropped(tmp_path):
-    from types import SimpleNamespace
-
-    from csdgen.cli.generate import _read_prompts
-    from csdgen.prompts import load_prompts
-
-    bad = tmp_path / "bad.txt"
-    bad.write_bytes(b"a red fox\nna\xefve caf\xe9\n")
-    for call in (lambda: load_prompts(bad), lambda: _read_prompts(SimpleNamespace(prompts=None, prompts_file=bad))):
-        with pytest.raises(ValueError) as info:
-            call()
-        assert str(bad) in str(info.value) and "not UTF-8" in str(info.value) and "line 2" in str(info.value)
-    bom = tmp_path / "bom.txt"
-    bom.write_bytes("\ufeffa red fox\na lighthouse\n".encode("utf-8"))
-    assert [p.text for p in load_prompts(bom)] == ["a red fox", "a lighthouse"]
-    assert _read_prompts(SimpleNamespace(prompts=None, prompts_file=bom)) == ["a red fox", "a lighthouse"]
-
-
-# ---- 11. a full disk ---------------------------------------------------------------------------
-
-
-def test_a_full_disk_names_the_folder_and_leaves_no_hidden_tmp_files(weights, tmp_path, capsys, monkeypatch):
-    from PIL import Image
-
-    save = Image.Image.save
-    written = []
-
-    def fill_up(self, fp, *args, **kwargs):
-        written.append(fp)
-        if len(written) == 2:  # the second PNG: half written, then the disk is full
-            Path(fp).write_bytes(b"\x89PNG half")
-            raise OSError(28, "No space left on device")
-        return save(self, fp, *args, **kwargs)
-
-    monkeypatch.setattr(Image.Image, "save", fill_up)
-    out = tmp_path / "out"
-    err = cli_error(capsys, "generate", "--weights", weights, "-n", 2, "--window", 4, "--out", out)
-    assert "No space left on device while writing" in err and str(out) in err and "[Errno" not in err
-    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
-    assert not (out / "record.json").exists() or json.loads((out / "record.json").read_text())
-
-
-# ---- 11. guidance 1e308, --class "", bench --seeds 0,0 ---------------------------------------
-
-
-@pytest.mark.parametrize("option, value", [("--guidance-scale", "1e308"), ("--temperature", "1e-300")])
-def test_an_overflowing_guidance_scale_or_temperature_is_named_not_the_weights(weights, tmp_path, capsys, option, value):
-    err = cli_error(capsys, "generate", "--weights", weights, "-n", 1, "--window", 4, option, value, "--out", tmp_path / "o")
-    assert "overflow float32" in err and "check the model weights" not in err
-    assert f"guidance scale {float(value):g}" in err if option == "--guidance-scale" else f"temperature {float(value):g}" in err
-
-
-def test_a_tiny_temperature_never_samples_from_nan_probabilities(cached_model):
-    with pytest.raises(ValueError, match="overflow float32"):
-        csdgen.generate(cached_model, [0], window=4, sampling=SamplingConfig(temperature=1e-300))
-
-
-def test_an_empty_class_is_refused_not_replaced_by_every_class(weights, tmp_path, capsys):
-    err = cli_error(capsys, "generate", "--weights", weights, "--class", "", "--out", tmp_path / "o")
-    assert "--class '': no class given" in err
-    assert not (tmp_path / "o" / "record.json").exists()
-
-
-def test_bench_seeds_given_twice_are_refused_before_generating(capsys):
-    err = usage_error(capsys, "bench", "--seeds", "0,0")
-    assert "seed 0 is given twice" in err
-
-
-# ---- 10. the demo logs one line for a method that is not offered -------------------------
-
-
-def test_demo_logs_one_line_for_a_method_that_is_not_offered(weights, capfd):
-    import socket
-    import urllib.request
-
-    from csdgen.demo import build_app
-    from csdgen.models.builtin import load_builtin_model
-
-    app = build_app(load_builtin_model(weights))
-    app.queue(default_concurrency_limit=1)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, ssr_mode=False)
-    base = f"http://127.0.0.1:{port}/gradio_api/call/on_run"
-
-    def call(*data):
-        request = urllib.request.Request(base, data=json.dumps({"data": list(data)}).encode(),
-                                         headers={"Content-Type": "application/json"})
-        event = json.loads(urllib.request.urlopen(request, timeout=60).read())["event_id"]
-        return urllib.request.urlopen(f"{base}/{event}", timeout=120).read().decode()
-
-    try:
-        capfd.readouterr()
-        pages = [call("brick", ["nonexistent"], "8", 0.5, 0.65, 3, 0),  # a method the page does not offer
-                 call("brick", ["ar"], "8", 0.5, 0.65, 3, "abc"),  # a seed that is not a number
-                 call("brick", "csd", "8", [1], 0.65, 3, 0)]  # a string for the methods, a list for lambda
-    finally:
-        app.close()
-    err = capfd.readouterr().err
-    assert "Traceback" not in err and "is not in the list of choices" not in err, err
-    refused = [line for line in err.splitlines() if line.startswith("csdgen demo: refused a request: ")]
-    assert len(refused) == 3, err
-    assert "unknown methods ['nonexistent']; allowed: ar, sjd" in refused[0]
-    assert "seed='abc'" in refused[1] and "methods='csd'" in refused[2]
-    assert all('id=\\"message\\"' in page for page in pages)  # and one line on the page
-
-
-# ---- 7. the best defaults, and the paper's settings one option away ---------------------
-
-
-def test_best_defaults_each_methods_refresh_comes_from_one_table(cached_model):
-    from csdgen.models.defaults import METHOD_REFRESH
-
-    assert METHOD_REFRESH["sjd"] == "coupled" and METHOD_REFRESH["csd"] == "coupled"
-    for method in ("sjd", "csd", "addition", "jacobi"):
-        out = csdgen.generate(cached_model, [0], method=method, window=4, seed=0)
-        assert out.settings["refresh"] == METHOD_REFRESH[method]
-    coupled = csdgen.generate(cached_model, [0, 1], method="sjd", window=4, seed=5, refresh="coupled")
-    default = csdgen.generate(cached_model, [0, 1], method="sjd", window=4, seed=5)
-    assert torch.equal(coupled.tokens, default.tokens)
-    assert csdgen.generate(cached_model, [0], method=csdgen.CSD(), window=4).settings["refresh"] == "coupled"
-
-
-def test_best_defaults_compare_and_sweep_rows_name_their_refresh():
-    from csdgen.evaluation.compare import method_presets
-    from csdgen.evaluation.sweep import SweepGrid, settings
-
-    presets = method_presets()
-    assert presets["sjd"]["refresh"] == presets["csd"]["refresh"] == "independent"  # the papers' rows
-    assert presets["sjd-coupled"]["refresh"] == presets["csd-coupled"]["refresh"] == "coupled"
-    for point in settings(SweepGrid()):
-        if point.method != "ar":
-            assert point.preset["refresh"] == ("coupled" if point.name.startswith("sjd-coupled") else "independent")
-
-
-def test_best_defaults_preset_paper_gives_the_papers_settings(cached_model):
-    out = csdgen.generate(cached_model, [0], method="csd", seed=0, preset="paper")
-    s = out.settings
-    assert (s["window"], s["draft_init"], s["refresh"], s["preset"]) == (16, "uniform", "independent", "paper")
-    assert s["rule"]["lam"] == 0.5 and s["rule"]["delta"] == 0.65
-    given = csdgen.generate(cached_model, [0], method="csd", seed=0, preset="paper", window=8, refresh="coupled")
-    assert (given.settings["window"], given.settings["refresh"]) == (8, "coupled")  # given arguments win
-    with pytest.raises(ValueError, match="preset='fast': allowed None or 'paper'"):
-        csdgen.generate(cached_model, [0], preset="fast")
-
-
-def test_best_defaults_the_cli_default_refresh_and_preset_paper(weights, tmp_path):
-    default, paper = tmp_path / "default", tmp_path / "paper"
-    assert run("generate", "--weights", weights, "-n", 1, "--method", "sjd", "--window", 4, "--no-maps", "--out", default) == 0
-    assert json.loads((default / "record.json").read_text())["settings"]["refresh"] == "coupled"
-    assert run("generate", "--weights", weights, "-n", 1, "--preset", "paper", "--no-maps", "--out", paper) == 0
-    s = json.loads((paper / "record.json").read_text())["settings"]
-    assert (s["window"], s["draft_init"], s["refresh"], s["preset"]) == (16, "uniform", "independent", "paper")
-    assert "lam=0.5" in s["rule"] and "delta=0.65" in s["rule"]
-    readme = " ".join(((ROOT / "README.md").read_text() + (ROOT / "docs" / "cli.md").read_text()).split())
-    assert "--preset paper" in readme and "coupled" in readme
-
-
-def test_best_defaults_the_measurement_behind_them_is_documented():
-    """docs/cli.md and METHOD_REFRESH point at the "Default refresh" section of the record of the built-in
-    model's earlier weights (where the choice was measured): it exists and holds the figures the
-    choice rests on (SJD 2.09x / 3.30x, CSD 2.81x / 3.87x, batch 1 SJD 2.86x / 5.16x)."""
-    import re
-
-    from csdgen.models import defaults
-
-    docs = (ROOT / "benchmarks" / "results" / "builtin_1911_classes.md").read_text()
-    section = re.search(r"^## (\(earlier weights\) )?Default refresh.*?(?=^## |\Z)", docs, re.S | re.M)
-    assert section, "benchmarks/results/builtin_1911_classes.md has no 'Default refresh' section"
-    for figure in ("2.09", "3.30", "2.81", "3.87", "2.86", "5.16"):
-        assert figure in section.group(0), figure
-    readme = " ".join(((ROOT / "README.md").read_text() + (ROOT / "docs" / "cli.md").read_text()).split())
-    assert '"Default refresh"' in readme and "equal quality" not in readme.split("Defaults and the paper's settings")[1][:1500]
-    source = Path(defaults.__file__).read_text()
-    assert '"Default refresh"' in source
-
-
-# ---- 8. reproducibility across processes: the thread count ------------------------------
-
-
-def test_reproducibility_across_processes_records_the_thread_count(weights, tmp_path):
-    out = tmp_path / "gen"
-    assert run("generate", "--weights", weights, "-n", 1, "--window", 4, "--no-maps", "--out", out) == 0
-    record = json.loads((out / "record.json").read_text())
-    assert record["batches"][0]["torch_threads"] == torch.get_num_threads()
-    bench_out = tmp_path / "bench"
-    assert run("bench", "--weights", weights, "--limit", 1, "--methods", "ar", "--floor-seed", "none", "--window", 4,
-               "--out", bench_out) == 0
-    lines = (bench_out / "records.jsonl").read_text().splitlines()
-    assert all(json.loads(line)["torch_threads"] == torch.get_num_threads() for line in lines)
-    from csdgen.bench import TIMING_FIELDS
-
-    assert "torch_threads" in TIMING_FIELDS  # a machine figure: left out when records of two runs are compared
-    readme = " ".join(((ROOT / "README.md").read_text() + (ROOT / "docs" / "cli.md").read_text()).split())
-    assert "same number of torch threads" in readme and "torch_threads" in readme
-
-
-# ---- 11. a fixed --window across --batch-size: what holds ----------------------------------
-
-
-def test_fixed_window_across_batch_sizes_holds_what_the_readme_says():
-    """On the built-in model: a rerun at the same batch size is bit-identical; across batch sizes a
-    row's logits agree to float32 summation order (here within 1e-4), which is what the README
-    promises now (no longer "bit-identical images for any --batch-size")."""
-    from csdgen.models.builtin import load_builtin_model
-
-    model = load_builtin_model()
-    classes = [0, 1, 2, 3]
-    once = csdgen.generate(model, classes, method="csd", window=16, seed=7)
-    again = csdgen.generate(model, classes, method="csd", window=16, seed=7)
-    assert torch.equal(once.tokens, again.tokens) and [s.steps for s in once.images] == [s.steps for s in again.images]
-    N, start = model.num_image_tokens, 100
-    tokens = once.tokens
-    with torch.no_grad():
-        def window_logits(rows):
-            session = model.start([classes[r] for r in rows], None, True)
-            session.prefill()
-            session.forward(tokens[rows, :start], torch.zeros(len(rows), dtype=torch.long))
-            out = session.forward(tokens[rows, start : start + 16], torch.full((len(rows),), start))
-            return out.cond, out.uncond
-
-        together = window_logits(list(range(4)))
-        for r in range(4):
-            alone = window_logits([r])
-            for a, b in zip(together, alone):
-                assert (a[r] - b[0]).abs().max() < 1e-4
-    readme = " ".join(((ROOT / "README.md").read_text() + (ROOT / "docs" / "cli.md").read_text()).split())
-    assert "bit-identical images for any `--batch-size`" not in readme
-    assert "summation order" in readme and "same batch size" in readme
-    assert "same images for any --batch-size" not in " ".join(cli_help_of("generate").split())
-
-
-def cli_help_of(command: str) -> str:
-    import contextlib
-    import io
-
-    buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer), pytest.raises(SystemExit):
-        cli.main([command, "--help"])
-    return buffer.getvalue()
-
-
-def test_auto_window_behind_window_32_a_batch_is_priced_at_its_slowest_images_pace():
+def test_auto_window_a_batch_is_priced_at_its_slowest_images_pace():
     """A batch ends with its slowest image. SJD at batch 16 on the built-in model held width 8
     (2.3 tokens per image and forward on the mean, within SWITCH_MARGIN of width 1's rate) while
     its slowest image took 140 forwards against the mean's 113, and the batch took 9.25 s against
@@ -995,7 +435,7 @@ def test_auto_window_in_a_batch_takes_a_wider_width_predicted_ahead_without_a_wi
     assert rates_with(1.02, 16, held=1).choose(255, rows=16) == 1  # within the hold margin: kept
 
 
-def test_auto_window_behind_window_32_a_batch_starts_at_the_laggard_ratio_the_last_one_ended_with(cached_model):
+def test_auto_window_a_batch_starts_at_the_laggard_ratio_the_last_one_ended_with(cached_model):
     """A batch's first iterations have no laggard yet (no draft accepted): they were priced as if
     every image kept pace (ratio 1), and at batch 16 CSD's first 12 iterations of a batch ran 8 wide
     (4 % of the batch) where the batch before had ended at ratio 0.63. The ratio a batch had while all
@@ -1024,7 +464,7 @@ def test_auto_window_behind_window_32_a_batch_starts_at_the_laggard_ratio_the_la
     assert set(state.lag) <= {4}
 
 
-def test_auto_window_behind_window_32_keeps_the_laggard_ratio_through_a_width_1_iteration(cached_model, monkeypatch):
+def test_auto_window_keeps_the_laggard_ratio_through_a_width_1_iteration(cached_model, monkeypatch):
     """A width-1 iteration commits one token per image in one forward, so no image's accepted drafts
     move: the ratio is kept instead of recomputed (60 µs of a 17 ms batch-16 iteration). Kept only
     through width 1 and the same images: a wider iteration or an image leaving recomputes it; in a
@@ -1072,7 +512,7 @@ def test_auto_window_behind_window_32_keeps_the_laggard_ratio_through_a_width_1_
     assert len({ratio for ratio, _, _ in seen}) > 1  # the accepted drafts moved: not one ratio throughout
 
 
-def test_auto_window_behind_window_32_continuous_batching_is_not_priced_by_a_laggard(cached_model):
+def test_auto_window_continuous_batching_is_not_priced_by_a_laggard(cached_model):
     """Continuous batching admits images at different steps, so its batch has no slowest image to
     end with; its loop does not pass a laggard ratio."""
     from csdgen.engine.continuous import ContinuousBatch
@@ -1083,25 +523,7 @@ def test_auto_window_behind_window_32_continuous_batching_is_not_priced_by_a_lag
     assert batch._loop.paced_by_laggard is False
 
 
-@pytest.mark.parametrize("option, value, message", [
-    ("--top-p", "2", "--top-p 2.0: must be in (0, 1]"),
-    ("--guidance-scale", "-1", "--guidance-scale -1.0: must be a finite number >= 0"),
-])
-def test_a_sampling_value_out_of_range_is_named_by_its_option(capsys, option, value, message):
-    """From a new user's trial: ``--top-p 2`` said ``top_p=2.0: must be None or in (0, 1]``, the
-    library's argument name and a value (None) the option cannot take."""
-    import argparse
-
-    from csdgen.cli._common import sampling_of
-
-    args = argparse.Namespace(guidance_scale=3.0, temperature=1.0, top_k=None, top_p=None)
-    setattr(args, option[2:].replace("-", "_"), float(value))
-    with pytest.raises(ValueError) as raised:
-        sampling_of(args)
-    assert str(raised.value) == message
-
-
-def test_auto_window_behind_window_32_widths_are_priced_at_the_machines_present_pace():
+def test_auto_window_widths_are_priced_at_the_machines_present_pace():
     """Issue 16 item 6: the 2-core CPU's speed moves by up to 25 % from one call to the next, and a
     width tried in a slow moment was priced by that moment (auto's 32-wide iterations measured 48.9
     ms where the fixed window 32 of the same run averaged 27 ms). The width held reads the pace; the
@@ -1127,7 +549,7 @@ def test_auto_window_behind_window_32_widths_are_priced_at_the_machines_present_
     assert still.learned.times[1][32] == pytest.approx(0.7 * 0.030 + 0.3 * 0.045)  # priced by the slow moment
 
 
-def test_auto_window_behind_window_32_the_acceptance_model_is_calibrated_where_it_is_measured():
+def test_auto_window_the_acceptance_model_is_calibrated_where_it_is_measured():
     """Issue 16 item 6: from a width's own counts the acceptance model predicted that width 1-7 %
     high (built-in model, 16 images, fixed windows 8..32), its steady-state draft ages being older
     than the drafts' ages. Steady iterations of the width held scale every width's predicted drafts
@@ -1151,7 +573,7 @@ def test_auto_window_behind_window_32_the_acceptance_model_is_calibrated_where_i
     assert expected[15] == pytest.approx(measured, rel=0.01)
     assert np.allclose(expected - 1, (raw - 1) * auto.calibration())  # every width's drafts scaled alike
     assert expected[0] == 1.0
-    auto.observe(32, 0.03, None, None, tokens=1.0)  # a trial of another width leaves it as it was
+    auto.observe(32, 0.03, None, None, tokens=1.0)  # a try of another width leaves it as it was
     assert auto.calibration() == pytest.approx(0.8, abs=0.01)
     # the factor is bounded: a run of images where nothing passes does not scale drafts to nothing
     for _ in range(3000):
@@ -1182,7 +604,7 @@ def test_auto_window_a_batch_of_2_with_one_image_behind_does_not_freeze_at_width
     assert chooser(1.0).choose(255, rows=2, lag=0.4) == 1  # control: the whole discount
 
 
-def test_auto_window_behind_window_32_prices_a_wider_window_by_its_ramp_near_the_image_end():
+def test_auto_window_prices_a_wider_window_by_its_ramp_near_the_image_end():
     """Issue 16 item 6: at batch 16 auto ran width 1 and then, 8 positions from the image end, widths
     8, 7, 6, 5, 3: the steady state predicted 2.3 tokens per forward at width 8, but after width-1
     forwards every draft of the wider window is fresh (1.2-1.4 measured), and each of those forwards
@@ -1216,7 +638,7 @@ def test_auto_window_behind_window_32_prices_a_wider_window_by_its_ramp_near_the
     assert auto.ramp_tokens(16, 64)[31] > auto.ramp_tokens(1, 64)[31]
 
 
-def test_auto_window_behind_window_32_reads_the_pace_per_batch_size():
+def test_auto_window_reads_the_pace_per_batch_size():
     """Issue 16 item 6: each batch size's times were learned at moments of their own; one pace for
     all made batch 16 divide its 8-wide iterations (38 ms measured) by batch 2's reading (2.0): width
     8 was kept at 19 ms against width 1's 10.5 (16 ms measured), and every batch of 16 started with
@@ -1248,13 +670,13 @@ def test_auto_window_behind_window_32_reads_the_pace_per_batch_size():
     assert shared.learned.times[16][8] < 0.7 * 0.0250 + 0.3 * 0.038 / 1.9
 
 
-def test_auto_window_behind_window_32_holds_width_1_without_its_evaluation_and_decides_the_same(cached_model,
+def test_auto_window_holds_width_1_without_its_evaluation_and_decides_the_same(cached_model,
                                                                                                  monkeypatch):
     """Once width 1 is chosen as the best far from the image end, choose returns it without its
     evaluation (86 µs of a 17 ms batch-16 iteration) until the batch size, the laggard ratio, the
     counts or a time moves, a turn comes, or the image end nears. Every decision equals a twin's full
     evaluation: where each of those inputs moves and makes the twin leave width 1, in a simulated
-    batch of 16 (trials bringing counts, an image leaving, the image end), and in whole generate
+    batch of 16 (tries bringing counts, an image leaving, the image end), and in whole generate
     calls; and the hold did run."""
     import copy
 
@@ -1369,7 +791,7 @@ def test_auto_window_behind_window_32_holds_width_1_without_its_evaluation_and_d
     auto.observe(4, 0.017 * 0.5, None, None, tokens=1.0)
     assert checked(auto, limit, 16, 1.0)[1] is False
 
-    # a simulated batch of 16 where width 1 wins: exploration turns, trials bringing counts, an image leaving
+    # a simulated batch of 16 where width 1 wins: exploration turns, tries bringing counts, an image leaving
     rng = np.random.default_rng(0)
     auto = _AutoWindow(32)
     auto.buckets = (1, 2, 4, 8, 16, 32, 64)
@@ -1416,7 +838,7 @@ def test_auto_window_behind_window_32_holds_width_1_without_its_evaluation_and_d
     assert any(seen) and not all(seen)
 
 
-def test_auto_window_behind_window_32_prices_a_wider_widths_ramp_over_the_forwards_to_the_image_end():
+def test_auto_window_prices_a_wider_widths_ramp_over_the_forwards_to_the_image_end():
     """A width wider than the last forward's starts from fresh drafts, and is priced by its tokens
     averaged over the forwards it has left before the image end (ramp_tokens). choose passed the
     image end capped at max_width (32 positions): far from the end a switch from width 1 to 16 was
@@ -1443,7 +865,7 @@ def test_auto_window_behind_window_32_prices_a_wider_widths_ramp_over_the_forwar
     assert chooser().choose(40, 16) == 1  # 40 from it: it does not
 
 
-def test_auto_window_behind_window_32_a_switch_of_the_width_held_corrects_the_last_ones_kept_time():
+def test_auto_window_a_switch_of_the_width_held_corrects_the_last_ones_kept_time():
     """The width held reads the machine's pace instead of moving its own kept time, so a kept time taken
     low once stays low while it is held (batch 16: window 8 at 20 % under its time, and batches began
     with width 8). The machine's speed does not jump where the width held changes: a jump of the pace

@@ -1,0 +1,146 @@
+"""A bench's record files: one JSON line per image appended to each process's own file, read back
+whole lines only, a torn last line cut off, and the settings manifest a rerun must match.
+
+Why appended lines: one file per process, no file-name explosion at 5000 prompts x 8 methods, and
+the only damage a kill can do is a last line without its newline, which :func:`read_jsonl` ignores
+and :func:`repair_tail` cuts off before the process appends again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+
+from csdgen.evaluation.report import SCHEMA
+from csdgen.jsonio import json_lines, read_json, write_json
+from csdgen.runs import settings_difference
+
+__all__ = ["MANIFEST", "RECORDS_DIR", "MERGED", "read_jsonl", "repair_tail", "append_jsonl", "existing_records", "check_settings"]
+
+
+MANIFEST = "bench.json"
+
+
+RECORDS_DIR = "records"
+
+
+MERGED = "records.jsonl"
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """The complete lines of a JSON-line file (a last line without newline, torn by a kill, is ignored).
+
+    Raises:
+        ValueError: a complete line that is not a JSON object (naming file and line).
+    """
+    return [record for _, record in _numbered_jsonl(path)]
+
+
+def _numbered_jsonl(path: str | os.PathLike) -> list[tuple[int, dict]]:
+    """``(line number, object)`` of every complete line (see :func:`read_jsonl`)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        if data.find(b"\n", error.start) >= 0:  # not in the torn last line: a damaged file
+            raise ValueError(f"{path}:{line}: not UTF-8 text (byte {error.start}); {_FIX_LINE}") from None
+        text = data[: data.rfind(b"\n") + 1].decode("utf-8")
+    lines = text.split("\n")[:-1]  # the part after the last newline is incomplete (or empty)
+    return list(json_lines(lines, str(path), advice=_FIX_LINE))
+
+
+#: what a damaged record line's error advises: that line only (moving the file away, as it said
+#: before, regenerated every image the file's other lines record)
+_FIX_LINE = "fix or delete that line (its image is then generated again; the file's other lines are kept)"
+
+
+#: the fields of a record that resuming and reporting read, and their types
+_RECORD_FIELDS = {"method": str, "seed": int, "prompt_id": str, "image": str, "tensors": str}
+
+
+def _check_record_line(record: dict, path: Path, number: int) -> None:
+    for name, kind in _RECORD_FIELDS.items():
+        value = record.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            expected = "an integer" if kind is int else "a string"
+            raise ValueError(f"{path}:{number}: {name!r} is {json.dumps(value)}, expected {expected}; {_FIX_LINE}")
+    for name in ("image", "tensors"):
+        parts = Path(record[name]).parts
+        if Path(record[name]).is_absolute() or ".." in parts:
+            raise ValueError(f"{path}:{number}: {name!r} is {record[name]!r}, expected a path inside the bench folder; {_FIX_LINE}")
+
+
+def repair_tail(path: str | os.PathLike) -> bool:
+    """Cut a torn last line (no final newline) off a JSON-line file; True when something was cut."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return False
+    with open(path, "r+b") as f:
+        f.truncate(data.rfind(b"\n") + 1)
+        f.flush()
+        os.fsync(f.fileno())
+    return True
+
+
+def append_jsonl(path: str | os.PathLike, record: dict) -> None:
+    """Append one record as one line: a single ``write``, then ``fsync`` (the line is on disk when this returns)."""
+    line = json.dumps(record) + "\n"
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _key(record: dict) -> tuple[str, int, str]:
+    return record["method"], int(record["seed"]), record["prompt_id"]
+
+
+def existing_records(out: str | os.PathLike) -> dict[tuple[str, int, str], dict]:
+    """(method, seed, prompt id) -> record, over every rank file in ``out/records`` whose image
+    files are present (the last line wins when a key appears twice).
+
+    Raises:
+        ValueError: a line that is not a JSON object, not UTF-8, or whose method, seed, prompt id,
+            image or tensors field has the wrong type (naming the file and line).
+    """
+    out = Path(out)
+    found: dict[tuple[str, int, str], dict] = {}
+    for path in sorted((out / RECORDS_DIR).glob("rank*.jsonl")):
+        for number, record in _numbered_jsonl(path):
+            _check_record_line(record, path, number)
+            if (out / record["image"]).is_file() and (out / record["tensors"]).is_file():
+                found[_key(record)] = record
+    return found
+
+
+def check_settings(out: str | os.PathLike, settings: dict, *, write: bool) -> None:
+    """Compare ``settings`` with the folder's ``bench.json`` (and write it when absent and ``write``).
+
+    Raises:
+        ValueError: the folder holds a bench of other settings (naming every value that differs),
+            or a malformed ``bench.json``.
+    """
+    path = Path(out) / MANIFEST
+    if path.exists():
+        manifest = read_json(path, what="a csdgen bench manifest")
+        if manifest.get("schema") != SCHEMA or not isinstance(manifest.get("settings"), dict):
+            raise ValueError(f"{str(path)!r} is not a csdgen bench manifest; use another --out")
+        differ = settings_difference(manifest["settings"], settings)
+        if differ:
+            raise ValueError(f"{str(Path(out))!r} holds a bench with other settings ({'; '.join(differ)}); "
+                             f"use another --out, or the earlier settings to resume")
+    elif write:
+        write_json({"schema": SCHEMA, "created": _now(), "settings": settings}, path)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

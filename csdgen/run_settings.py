@@ -1,0 +1,142 @@
+"""The settings that decide a run's images, as records keep and compare them.
+
+:func:`run_settings` resolves ``generate``'s arguments as :func:`csdgen.generate` does, in the form
+``record.json`` (and a compare or sweep cache) keeps them; :func:`settings_difference` names what
+differs between a record's settings and a rerun's, so that a resume with other settings is refused
+with the values that differ.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+__all__ = ["run_settings", "settings_difference"]
+
+
+def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        for key, value in obj.items():
+            out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: obj}
+
+
+def settings_difference(previous: dict, current: dict) -> list[str]:
+    """``"key: A there, B here"`` for every (nested, dotted) setting whose value differs."""
+    old, new = _flatten(previous), _flatten(current)
+    missing = object()
+    lines = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key, missing), new.get(key, missing)
+        if a != b:
+            if isinstance(a, str) and isinstance(b, str) and max(len(a), len(b)) > 60:
+                a, b = _differing_part(a, b)
+            there = "unset" if a is missing else json.dumps(a)
+            here = "unset" if b is missing else json.dumps(b)
+            lines.append(f"{key}: {there} there, {here} here")
+    return lines
+
+
+def _differing_part(a: str, b: str) -> tuple[str, str]:
+    """Two long strings cut to the part that differs, from the separator (``, ( {``) before
+    it to the one after it, with ``...`` for what both share (a recorded ``SamplingConfig(...)``
+    or method repr differs in one field: ``"...temperature=1.0..."`` instead of 200 characters)."""
+    start = 0
+    while start < min(len(a), len(b)) and a[start] == b[start]:
+        start += 1
+    end = 0
+    while end < min(len(a), len(b)) - start and a[len(a) - 1 - end] == b[len(b) - 1 - end]:
+        end += 1
+    separators = ",({"
+    cut = max((a.rfind(c, 0, start) for c in separators), default=-1) + 1
+    tail_a = min([i for i in (a.find(c, len(a) - end) for c in ",)}") if i >= 0] or [len(a)])
+    tail_b = min([i for i in (b.find(c, len(b) - end) for c in ",)}") if i >= 0] or [len(b)])
+    def part(text, stop):
+        return ("..." if cut > 0 else "") + text[cut:stop].strip() + ("..." if stop < len(text) else "")
+    return part(a, tail_a), part(b, tail_b)
+
+
+#: settings a record keeps for information only, not compared on resume: the preset's name (what it set is
+#: compared, resolved: ``--preset paper`` and its settings spelt out are the same run)
+_NOT_COMPARED = ("preset",)
+
+
+def _comparable(settings: dict) -> dict:
+    """A record's settings as resuming compares them: without :data:`_NOT_COMPARED`, AR's without
+    ``draft_init`` and ``refresh`` (it has no drafts), a ``draft_init`` of null (records written before
+    it was recorded resolved: the rule's own, else uniform) resolved, and a ``top_p`` of 1 as none
+    (:func:`csdgen.sampling.apply_top_p` keeps every token at 1: the same images)."""
+    from csdgen.acceptance import RULES
+
+    settings = {k: v for k, v in settings.items() if k not in _NOT_COMPARED}
+    method = settings.get("method")
+    if method == "ar":  # AR has no drafts: records written before run_settings left these out for it hold them
+        settings.pop("draft_init", None)
+        settings.pop("refresh", None)
+    if "draft_init" in settings and settings["draft_init"] is None and method in RULES:
+        settings["draft_init"] = RULES[method].draft_init or "uniform"
+    sampling = settings.get("sampling")
+    if isinstance(sampling, dict) and sampling.get("top_p") == 1:  # top-p 1 keeps every token: no top-p
+        settings["sampling"] = {**sampling, "top_p": None}
+    return settings
+
+
+def _model_settings(model) -> dict:
+    """The model's part of a record's settings: the built-in model as ``csdgen generate`` records it
+    (``"builtin"`` and its weights, ``"shipped"`` or the folder), another model by its class name."""
+    from csdgen.models.builtin import BuiltinModel
+
+    if not isinstance(model, BuiltinModel):
+        return {"model": type(model).__name__}
+    from csdgen.builtin import DEFAULT_WEIGHTS_DIR
+
+    folder = getattr(model.components, "weights_dir", None)
+    shipped = folder is None or Path(folder).resolve() == DEFAULT_WEIGHTS_DIR
+    return {"model": "builtin", "weights": "shipped" if shipped else str(folder)}
+
+
+def run_settings(model, *, seed: int = 0, method="csd", window=None, sampling=None, draft_init=None, refresh=None,
+                 preset: str | None = None, tree=None) -> dict:
+    """What decides a run's images, resolved as :func:`csdgen.generate` resolves its arguments, in the
+    form ``record.json`` keeps them: what ``csdgen generate`` and :func:`save_run` record and compare
+    on resume, so an argument given at its default is no other setting, and either resumes the other.
+
+    Holds ``model`` (the built-in model: ``"builtin"`` and ``weights``; another model: its class
+    name, which ``csdgen generate --model`` replaces by the checkpoint's settings), ``method``,
+    ``rule`` (the rule's repr for csd and addition, else the method name quoted unless the rule
+    has other options than the name's), ``window``, ``seed``, ``draft_init`` and ``refresh`` (not
+    for ``ar``: it has no drafts),
+    ``sampling`` (every :class:`csdgen.SamplingConfig` field), ``tree`` when given and ``preset``
+    (the name, for information: the run is compared by its resolved settings, not by the name).
+
+    Args:
+        model: the image-token model; seed, method, window, sampling, draft_init, refresh, preset,
+            tree: as :func:`csdgen.generate` (None: the preset's, else the model's defaults).
+
+    Raises:
+        ValueError: as :func:`csdgen.generate` for a bad argument.
+    """
+    from csdgen.engine import resolve_arguments
+    from csdgen.engine import resolve_method
+    from csdgen.trees import check_tree
+
+    rule, window, draft_init, sampling, resolved = resolve_arguments(model, method, window, sampling, draft_init,
+                                                                     refresh, seed, preset)
+    name = resolved["method"]
+    text = repr(rule)  # csd and addition: their options, as the CLI builds them
+    if name not in ("csd", "addition") and (isinstance(method, str) or repr(resolve_method(name, model)[0]) == text):
+        text = repr(name)  # the rule the name makes
+    settings = {**_model_settings(model), "method": name, "rule": text, "window": window, "seed": resolved["seed"],
+                "draft_init": draft_init, "refresh": resolved["refresh"], "sampling": asdict(sampling)}
+    if name == "ar":  # no drafts to initialise or refresh
+        del settings["draft_init"], settings["refresh"]
+    if preset is not None:
+        settings["preset"] = preset
+    tree = check_tree(tree)
+    if tree is not None:  # absent without a tree: records written before trees existed still resume
+        settings["tree"] = list(tree)
+    return settings

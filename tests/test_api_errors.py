@@ -1,0 +1,178 @@
+"""The library API (``csdgen.generate``, ``decode_images``, ``pil_images``, rules, ``classes``): a bad
+argument is one line naming the value and what is allowed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import csdgen
+
+from builtin_fixture import builtin, weights  # noqa: F401 (fixtures)
+
+
+def _rule_cases():
+    import csdgen
+    from csdgen.acceptance import GSD, Lantern
+
+    def codebook():
+        import torch
+
+        return torch.randn(16, 4)
+
+    return [
+        (lambda: csdgen.CSD(delta="x"), r"^delta='x': the CSD TV threshold must be a number in \[0, 1\]$"),
+        (lambda: csdgen.CSD(lam="x"), r"^lam='x': the CSD relaxation coefficient lambda must be a finite number >= 0$"),
+        (lambda: csdgen.CSD(lam=True), r"^lam=True: .*finite number >= 0$"),
+        (lambda: csdgen.CSD(eps="x"), r"^eps='x': .*number >= 0$"),
+        (lambda: csdgen.Addition(c="x"), r"^c='x': the Addition constant must be a finite number >= 0$"),
+        (lambda: csdgen.Addition(c=True), r"^c=True: "),
+        (lambda: GSD(codebook(), prob_gap="x"), r"^prob_gap='x': the GSD prob gap must be a number > 0$"),
+        (lambda: GSD(codebook(), max_distance=True), r"^max_distance=True: .*number > 0$"),
+        (lambda: Lantern(codebook(), k="x"), r"^k='x': .*an integer >= 1"),
+        (lambda: Lantern(codebook(), k=2.5), r"^k=2.5: .*an integer >= 1"),
+        (lambda: Lantern(codebook(), delta="x"), r"^delta='x': the LANTERN mass budget must be a number in \[0, 1\]$"),
+        (lambda: Lantern(codebook(), cap=True), r"^cap=True: the LANTERN\+\+ cap must be a number >= 1"),
+        (lambda: csdgen.SamplingConfig(guidance_scale="x"), r"^guidance_scale='x': must be a finite number >= 0$"),
+        (lambda: csdgen.SamplingConfig(temperature=True), r"^temperature=True: must be a finite number >= 0"),
+        (lambda: csdgen.SamplingConfig(top_p="x"), r"^top_p='x': must be None or in \(0, 1\]$"),
+    ]
+
+
+def test_library_a_non_model_is_a_one_line_error():
+    for bad in ("path/to/model", None, torch.nn.Linear(2, 2)):
+        with pytest.raises(ValueError, match="not an image-token model"):
+            csdgen.generate(bad, [0])
+
+
+def test_library_seed_1_5_is_a_one_line_error(cached_model):
+    with pytest.raises(ValueError, match=r"seed=1\.5"):
+        csdgen.generate(cached_model, [0], seed=1.5, window=4)
+
+
+def test_library_method_given_as_the_rule_class_is_a_one_line_error(cached_model):
+    with pytest.raises(ValueError, match=r"method=CSD is the rule's class; allowed: an instance such as CSD\(\)"):
+        csdgen.generate(cached_model, [0], method=csdgen.CSD, window=4)
+    with pytest.raises(ValueError, match="method=3: allowed a method name"):
+        csdgen.generate(cached_model, [0], method=3, window=4)
+
+
+def test_library_sampling_of_another_type_is_a_one_line_error(cached_model):
+    # a dict was refused here too; now it is a set of changes to the model's
+    # defaults (tests/test_sampling_argument.py), and a dict with an unknown key is refused
+    with pytest.raises(ValueError, match=r"sampling=\[3\.0\]: allowed None .* a dict .* csdgen\.SamplingConfig"):
+        csdgen.generate(cached_model, [0], sampling=[3.0], window=4)
+    with pytest.raises(ValueError, match=r"sampling=\{'scale': 3\.0\}: unknown key 'scale'; allowed keys: guidance_scale"):
+        csdgen.generate(cached_model, [0], sampling={"scale": 3.0}, window=4)
+
+
+def test_library_condition_1_5_is_refused_not_class_1(cached_model):
+    for bad in (1.5, True, None, [1]):
+        with pytest.raises(ValueError, match="allowed a class index 0..4"):
+            csdgen.generate(cached_model, [bad], window=4)
+    import numpy as np
+
+    assert csdgen.generate(cached_model, [np.int64(1)], window=4, seed=3).tokens.equal(
+        csdgen.generate(cached_model, [1], window=4, seed=3).tokens)
+
+
+def test_library_a_huge_batch_is_a_one_line_memory_error(cached_model, monkeypatch):
+    from csdgen.models import llama
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:121] data. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 85899345920 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(llama.ClassConditionalLlama, "start", fail)
+    with pytest.raises(MemoryError, match=r"decoding 3 images at once ran out of cpu memory .* a smaller batch") as info:
+        csdgen.generate(cached_model, [0, 1, 2], window=4)
+    assert "\n" not in str(info.value)
+
+
+def test_demo_window_1e9_is_clamped_by_the_engine_which_records_the_width_used(cached_model):
+    N = cached_model.num_image_tokens
+    out = csdgen.generate(cached_model, [0, 1], method="sjd", window=10**9, seed=0)
+    assert out.settings["window"] == N and max(out.widths) <= N
+    same = csdgen.generate(cached_model, [0, 1], method="sjd", window=N, seed=0)
+    assert torch.equal(out.tokens, same.tokens)
+
+
+def test_generate_refuses_a_string_for_conditions_showing_the_list_form(builtin, tmp_path):
+    for bad in ("red apple", b"red apple"):
+        with pytest.raises(ValueError, match=r"^conditions='red apple': give a list .*e\.g\. \['red apple'\]$"):
+            csdgen.generate(builtin, bad, seed=0, window=16)
+        with pytest.raises(ValueError, match=r"conditions='red apple': give a list"):
+            csdgen.save_run(builtin, bad, tmp_path / "o", window=16)
+    assert not (tmp_path / "o").exists()
+
+
+def test_api_save_run_into_a_file_names_the_path(builtin, tmp_path):
+    path = tmp_path / "afile"
+    path.write_text("x")
+    with pytest.raises(ValueError, match=r"^output folder '.*afile' cannot be made \(File exists\); allowed: a folder"):
+        csdgen.save_run(builtin, ["red apple"], path, window=16)
+
+
+def test_api_decode_images_refuses_bad_tokens_naming_shape_and_range(builtin):
+    with pytest.raises(ValueError, match=r"tokens in 1000000\.\.1000000; allowed: tokens \[B, 256\] int64 in 0\.\.1023"):
+        builtin.decode_images(torch.full((1, 256), 10**6))
+    with pytest.raises(ValueError, match=r"tokens of shape \[1, 7\] torch.int64; allowed: tokens \[B, 256\]"):
+        builtin.decode_images(torch.zeros(1, 7, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"tokens in -1\.\.0"):
+        builtin.decode_images(torch.tensor([[-1] + [0] * 255]))
+    assert builtin.decode_images(torch.zeros(1, 256, dtype=torch.long)).shape == (1, 3, 64, 64)
+
+
+def test_api_pil_images_of_none_is_a_clear_type_error(builtin):
+    with pytest.raises(TypeError, match=r"pil_images: got NoneType; allowed: a GenerationResult"):
+        csdgen.pil_images(builtin, None)
+
+
+def test_api_classes_assign_refuses_a_negative_count(builtin):
+    with pytest.raises(ValueError, match=r"^count=-1: allowed an integer >= 0"):
+        builtin.classes.assign(["random"], -1, seed=0)
+    assert builtin.classes.assign(["random"], 0, seed=0) == []
+
+
+def test_image_indices_given_twice_are_refused(builtin):
+    """``image_indices=[3, 3]`` gave two images one random stream (identical images for one condition)."""
+    with pytest.raises(ValueError, match="image_indices: index 3 is given twice; allowed: distinct indices"):
+        csdgen.generate(builtin, ["red apple", "red apple"], method="sjd", window=4, image_indices=[3, 3])
+
+
+@pytest.mark.parametrize("case", range(15))
+def test_rule_and_sampling_arguments_of_the_wrong_type_are_named_in_one_line(case):
+    make, message = _rule_cases()[case]
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_rule_arguments_still_take_numpy_numbers():
+    import numpy as np
+
+    import csdgen
+
+    assert csdgen.CSD(lam=np.float32(0.25), delta=np.float64(0.5)).options()["lam"] == 0.25
+    assert csdgen.SamplingConfig(guidance_scale=np.float32(2.0), top_p=np.float64(0.9)).guided
+
+
+@pytest.mark.parametrize("scale", [0, 1.5, 10**6, True, "2"])
+def test_pil_images_refuses_a_bad_scale_naming_it_before_decoding(builtin, scale):
+    import torch
+
+    import csdgen
+
+    tokens = torch.zeros(1, builtin.num_image_tokens, dtype=torch.int64)
+    with pytest.raises(ValueError, match=rf"^scale={scale!r}: allowed an integer in 1\.\.16 "):
+        csdgen.pil_images(builtin, tokens, scale=scale)
+    assert csdgen.pil_images(builtin, tokens, scale=16)[0].size == (1024, 1024)
+
+
+def test_generate_with_random_points_to_classes_assign_not_to_close_names(builtin):
+    import csdgen
+
+    with pytest.raises(ValueError) as info:
+        csdgen.generate(builtin, ["random"], window=4)
+    message = str(info.value)
+    assert "model.classes.assign(['random'], n, seed=...)" in message and "did you mean" not in message, message
+    assert "\n" not in message

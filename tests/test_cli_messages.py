@@ -1,0 +1,336 @@
+"""The CLI's one-line errors and notes: a bad value is named with what is allowed (exit status 2,
+no traceback), and a note names what the command will do instead."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from csdgen import cli
+
+from cli_helpers import run, cli_error, usage_error, one_line_usage_error
+from builtin_fixture import builtin, weights  # noqa: F401 (fixtures)
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["generate", "-n", "99999999999999999999"], "-n/--num-images"),
+    (["compare", "-n", str(10**7)], "-n/--num-images"),
+    (["bench", "--limit", "99999999999999999999"], "--limit"),
+    (["bench", "--offset", "99999999999999999999"], "--offset"),
+    (["compare", "--prompts", "parti", "--offset", str(10**30)], "--offset"),
+    (["generate", "--batch-size", str(10**12)], "--batch-size"),
+])
+def test_huge_counts_are_refused_at_once_naming_the_option(capsys, argv, option):
+    err = one_line_usage_error(capsys, *argv)
+    assert option in err and "allowed at most" in err
+
+
+def test_an_offset_past_the_prompt_set_names_the_option(weights, tmp_path, capsys):
+    err = cli_error(capsys, "bench", "--weights", weights, "--prompts", "parti", "--offset", 5000, "--out", tmp_path)
+    assert "--offset 5000: allowed an integer in 0..1631" in err or "class names" in err
+
+
+def test_a_full_disk_names_the_folder_and_leaves_no_hidden_tmp_files(weights, tmp_path, capsys, monkeypatch):
+    from PIL import Image
+
+    save = Image.Image.save
+    written = []
+
+    def fill_up(self, fp, *args, **kwargs):
+        written.append(fp)
+        if len(written) == 2:  # the second PNG: half written, then the disk is full
+            Path(fp).write_bytes(b"\x89PNG half")
+            raise OSError(28, "No space left on device")
+        return save(self, fp, *args, **kwargs)
+
+    monkeypatch.setattr(Image.Image, "save", fill_up)
+    out = tmp_path / "out"
+    err = cli_error(capsys, "generate", "--weights", weights, "-n", 2, "--window", 4, "--out", out)
+    assert "No space left on device while writing" in err and str(out) in err and "[Errno" not in err
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+    assert not (out / "record.json").exists() or json.loads((out / "record.json").read_text())
+
+
+@pytest.mark.parametrize("option, value", [("--guidance-scale", "1e308"), ("--temperature", "1e-300")])
+def test_an_overflowing_guidance_scale_or_temperature_is_named_not_the_weights(weights, tmp_path, capsys, option, value):
+    err = cli_error(capsys, "generate", "--weights", weights, "-n", 1, "--window", 4, option, value, "--out", tmp_path / "o")
+    assert "overflow float32" in err and "check the model weights" not in err
+    assert f"guidance scale {float(value):g}" in err if option == "--guidance-scale" else f"temperature {float(value):g}" in err
+
+
+def test_an_empty_class_is_refused_not_replaced_by_every_class(weights, tmp_path, capsys):
+    err = cli_error(capsys, "generate", "--weights", weights, "--class", "", "--out", tmp_path / "o")
+    assert "--class '': no class given" in err
+    assert not (tmp_path / "o" / "record.json").exists()
+
+
+def test_bench_seeds_given_twice_are_refused_before_generating(capsys):
+    err = one_line_usage_error(capsys, "bench", "--seeds", "0,0")
+    assert "seed 0 is given twice" in err
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--top-p", "2", "--top-p 2.0: must be in (0, 1]"),
+    ("--guidance-scale", "-1", "--guidance-scale -1.0: must be a finite number >= 0"),
+])
+def test_a_sampling_value_out_of_range_is_named_by_its_option(capsys, option, value, message):
+    """``--top-p 2`` said ``top_p=2.0: must be None or in (0, 1]``, the
+    library's argument name and a value (None) the option cannot take."""
+    import argparse
+
+    from csdgen.cli._common import sampling_of
+
+    args = argparse.Namespace(guidance_scale=3.0, temperature=1.0, top_k=None, top_p=None)
+    setattr(args, option[2:].replace("-", "_"), float(value))
+    with pytest.raises(ValueError) as raised:
+        sampling_of(args)
+    assert str(raised.value) == message
+
+
+@pytest.mark.parametrize("command", ["compare", "bench"])
+@pytest.mark.parametrize("methods", ["", ",,"])
+def test_empty_methods_are_refused_with_the_allowed_list(capsys, tmp_path, command, methods):
+    err = one_line_usage_error(capsys, command, "--methods", methods, "--out", tmp_path)
+    assert "no method given; allowed: ar, sjd," in err and "csd-coupled" in err
+
+
+@pytest.mark.parametrize("argv, twice", [
+    (["compare", "--methods", "csd,csd"], "method 'csd' is given twice"),
+    (["bench", "--methods", "sjd,ar,sjd"], "method 'sjd' is given twice"),
+    (["sweep", "--csd-lam", "0.5,0.5"], "value 0.5 is given twice"),
+    (["sweep", "--windows", "4,8,4"], "value 4 is given twice"),
+    (["sweep", "--baselines", "ar,ar"], "baseline 'ar' is given twice"),
+])
+def test_duplicate_methods_and_grid_values_are_refused_naming_the_duplicate(capsys, tmp_path, argv, twice):
+    err = one_line_usage_error(capsys, *argv, "--out", tmp_path)
+    assert twice in err and "allowed: distinct values" in err
+
+
+def test_sweep_with_no_window_is_refused_while_other_grids_may_be_empty(capsys, tmp_path):
+    """``--windows ''`` ran a sweep of AR alone without a word (every method runs at each window)."""
+    err = one_line_usage_error(capsys, "sweep", "--windows", "", "--out", tmp_path / "s")
+    assert "argument --windows: '': no window given; allowed: at least one" in err
+    assert not (tmp_path / "s").exists()
+    from csdgen.cli._options import numbers
+
+    assert numbers(float)("") == []  # e.g. --csd-lam '' = no CSD curve
+
+
+def test_compile_prints_one_line_before_the_first_compiled_call(weights, tmp_path, capsys, monkeypatch):
+    import csdgen.models._static_steps as static  # the compiled steps
+
+    calls = []
+    monkeypatch.setattr(static, "_compiled", lambda name, fn: calls.append(name) or fn)  # no real compile
+    assert run("generate", "--weights", weights, "-n", 1, "--window", 16, "--compile", "--no-maps",
+               "--out", tmp_path / "c") == 0
+    err = capsys.readouterr().err
+    assert err.count("compiling the static engine's forwards (first call per shape; on CPU tens of seconds each)") == 1
+    assert calls  # the compiled path ran, through the fake
+    assert run("generate", "--weights", weights, "-n", 1, "--window", 16, "--no-maps", "--out", tmp_path / "e") == 0
+    assert "compiling" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["generate", "compare", "bench", "sweep"])
+def test_empty_out_is_refused(capsys, command):
+    err = one_line_usage_error(capsys, command, "--out", "")
+    assert "argument --out: '': an empty output folder; allowed: a folder path" in err
+
+
+@pytest.mark.parametrize("command", ["compare", "sweep"])
+@pytest.mark.parametrize("option, value", [("--limit", 3), ("--offset", 2)])
+def test_compare_limit_without_prompts_is_refused_naming_the_option(weights, capsys, tmp_path, command, option, value):
+    err = cli_error(capsys, command, "--weights", weights, option, value, "--out", tmp_path / "o")
+    assert f"{option} {value} needs --prompts FILE" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_long_class_names_are_truncated_in_error_lines(weights, capsys, tmp_path, builtin):
+    long = "a" * 100_000
+    err = cli_error(capsys, "generate", "--weights", weights, "--class", long, "--out", tmp_path / "o")
+    assert f"unknown class '{'a' * 80}...'" in err and len(err) < 1000
+    with pytest.raises(ValueError) as info:
+        builtin.classes.index("9" * 100_000)
+    assert len(str(info.value)) < 1000
+
+
+def test_generate_model_with_an_empty_prompts_file_says_it_holds_no_prompts(capsys, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n")
+    err = cli_error(capsys, "generate", "--model", tmp_path / "nothing", "--prompts-file", empty, "--out", tmp_path / "o")
+    assert f"--prompts-file {str(empty)!r} holds no prompts" in err
+
+
+def test_sweep_gsd_radius_above_the_codebook_is_refused_naming_the_option(weights, tmp_path, capsys):
+    import torch
+
+    from csdgen.acceptance import GSD
+
+    err = cli_error(capsys, "sweep", "--weights", weights, "-n", 2, "--gsd-radius", "3,100000", "--out", tmp_path / "s")
+    assert "--gsd-radius 100000" in err and "0..1023" in err, err
+    assert not (tmp_path / "s").exists()  # refused before anything ran
+    torch.manual_seed(0)
+    codebook = torch.randn(16, 4)  # the rule: a radius above V - 1 acts as V - 1 (which spans every rank)
+    q, p = torch.softmax(torch.randn(2, 5, 16), -1), torch.softmax(torch.randn(2, 5, 16), -1)
+    x = torch.randint(0, 16, (2, 5))
+    wide = GSD(codebook, radius=100000, prob_gap=1.0, max_distance=100.0).acceptance_probability(x, p, q, x)
+    assert torch.equal(wide, GSD(codebook, radius=15, prob_gap=1.0, max_distance=100.0).acceptance_probability(x, p, q, x))
+
+
+def test_generate_fewer_images_into_a_fuller_folder_reports_the_images_asked_for(weights, tmp_path, capsys):
+    out = tmp_path / "g"
+    assert run("generate", "--weights", weights, "-n", 4, "--window", 4, "--no-maps", "--out", out) == 0
+    capsys.readouterr()
+    assert run("generate", "--weights", weights, "-n", 2, "--window", 4, "--no-maps", "--out", out) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("2 images (2 kept from an earlier run; the folder holds 4; the figures are the folder's)"), line
+
+
+def test_class_of_only_commas_is_quoted_as_given(weights, tmp_path, capsys):
+    err = cli_error(capsys, "generate", "--weights", weights, "--class", ",", "--out", tmp_path / "g")
+    assert err.startswith("csdgen: error: --class ',': no class given"), err
+
+
+def test_a_missing_prompts_file_is_called_a_missing_file(weights, tmp_path, capsys):
+    missing = tmp_path / "prompts.txt"
+    err = cli_error(capsys, "bench", "--weights", weights, "--prompts", missing, "--out", tmp_path / "b")
+    assert f"prompt file {str(missing)!r} does not exist" in err and "unknown prompt set" not in err, err
+    err = cli_error(capsys, "bench", "--weights", weights, "--prompts", "cocoo", "--out", tmp_path / "b")
+    assert "unknown prompt set 'cocoo'" in err, err
+
+
+def test_a_missing_weights_folder_is_not_told_to_train(tmp_path, capsys):
+    err = cli_error(capsys, "generate", "--weights", tmp_path / "nowhere", "--out", tmp_path / "g")
+    assert "no such folder" in err and "train" not in err, err
+
+
+def test_one_option_needing_model_says_needs(capsys, tmp_path):
+    err = cli_error(capsys, "demo", "--vqgan", tmp_path)
+    assert "--vqgan needs --model" in err, err
+    err = cli_error(capsys, "serve", "--layout", "anole")
+    assert "--layout needs --model" in err, err
+    err = cli_error(capsys, "serve", "--dtype", "bfloat16")  # float32 is the built-in model's own
+    assert "--dtype bfloat16: the built-in model runs in float32 only; allowed for it: auto, float32" in err, err
+
+
+def test_list_classes_into_a_closed_pipe_stops_quietly():
+    import subprocess
+    import sys
+
+    proc = subprocess.run(f"{sys.executable} -m csdgen generate --list-classes | head -2", shell=True,
+                          capture_output=True, text=True, timeout=120)
+    assert len(proc.stdout.splitlines()) == 2 and proc.stderr == "", proc.stderr
+
+
+def test_a_bad_window_names_auto_as_allowed(capsys, tmp_path):
+    from cli_helpers import usage_error
+
+    # one wording for every bad value (there were two: "must be an integer >= 1, or auto"
+    # for 0 and -1, "expected an integer in 1..1000000, or auto" for 1.5 and nan)
+    for value in ("nan", "0", "-1", "1.5", "99999999"):
+        err = usage_error(capsys, "generate", "--window", value, "--out", tmp_path / "g", one_line=True)
+        assert f"argument --window: '{value}': allowed an integer in 1..1000000 or auto" in err, err
+
+
+@pytest.mark.parametrize("windows", ["0", "8,auto"])
+def test_sweep_windows_error_says_integers_only_and_makes_no_folder(capsys, tmp_path, windows):
+    err = usage_error(capsys, "sweep", "-n", 2, "--windows", windows, "--out", tmp_path / "sw", one_line=True)
+    assert "allowed: integers" in err and "auto is not swept" in err and "or 'auto'" not in err, err
+    assert not (tmp_path / "sw").exists()
+
+
+def test_sweep_help_says_windows_are_integers():
+    from csdgen.cli import build_parser
+
+    help_text = " ".join(build_parser().commands["sweep"].format_help().split())
+    assert "--windows LIST windows, integers >= 1" in help_text and "auto is not swept" in help_text
+
+
+def test_empty_model_paths_are_refused_not_read_as_the_current_folder(tmp_path, monkeypatch):
+    from csdgen.models import load_model
+    from csdgen.models.builtin import load_builtin_model
+
+    monkeypatch.chdir(tmp_path)
+    for path in ("", "  "):
+        with pytest.raises(ValueError, match=r"an empty path; allowed: a checkpoint folder"):
+            load_model(path)
+    with pytest.raises(ValueError, match=r"^weights_dir='': an empty path"):
+        load_builtin_model("")
+
+
+@pytest.mark.parametrize("tail", ["/".join(["y" * 200] * 25), "y" * 300])
+def test_an_over_long_out_is_shortened_with_the_out_hint(weights, tmp_path, capsys, tail):
+    out = tmp_path / "a" / tail
+    err = cli_error(capsys, "generate", "--weights", weights, "-n", 1, "--window", 8, "--out", out)
+    assert "File name too long" in err and "choose another with --out" in err and "..." in err, err
+    assert len(err) < 300, err
+    assert not (tmp_path / "a").exists()  # the parent mkdir made on the way is removed again
+
+
+def test_ctrl_c_before_anything_is_written_does_not_say_something_was(monkeypatch, capsys, tmp_path):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("csdgen.cli.generate.builtin_job", interrupted)
+    assert run("generate", "--out", tmp_path / "o") == 130
+    err = capsys.readouterr().err
+    assert "anything already written is kept" in err and "what was written" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_cli_names_the_over_long_name_not_only_the_paths_length(tmp_path, capsys):
+    out = tmp_path / ("x" * 300) / "y"
+    assert run("generate", "-n", "1", "--out", out) == 2
+    err = capsys.readouterr().err
+    assert "File name too long: its longest name has 300 bytes, the path" in err and "choose another with --out" in err
+
+
+@pytest.mark.parametrize("text", ["\u0661", "\u0663\u0662", "\uff15"])
+def test_integer_options_refuse_digits_of_other_scripts(text):
+    """``--limit ١`` (an Arabic-Indic one) ran as 1: Python's int() reads every script's digits."""
+    from csdgen.cli import _options as opt
+
+    for parse in (opt.count(), opt.seed, opt.top_k):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse(text)
+    assert opt.count()("3") == 3 and opt.seed("7") == 7
+
+
+@pytest.mark.parametrize("argv", [["bench", "--nonsense"], ["compare", "stray"], ["generate", "--out", "o", "--x", "1"]])
+def test_unknown_options_point_to_the_commands_own_help(capsys, argv):
+    """``csdgen bench --nonsense`` pointed to ``csdgen --help``, which does not list bench's options."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert f"csdgen {argv[0]}: error: unrecognized arguments:" in err and f"(options: csdgen {argv[0]} --help)" in err
+
+
+@pytest.mark.parametrize("argv", [["bench", "--weights", ""], ["bench", "--model", ""], ["bench", "--clip-model", " "],
+                                  ["generate", "--model", ""], ["serve", "--weights", ""], ["demo", "--model", ""]])
+def test_empty_paths_are_refused_not_read_as_the_current_folder(capsys, argv):
+    """``--weights ''`` said "no built-in weights in ." (an empty path is the current folder)."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert f"argument {argv[1]}: {argv[2]!r}: an empty path" in err and "\n" not in err
+
+
+def test_a_real_option_refuses_values_outside_its_interval_naming_what_is_allowed():
+    """``_options.real`` (the benchmarks' --tolerance, --capacity, ...): open and closed bounds, no
+    infinity or NaN, and the message names what is allowed."""
+    from csdgen.cli._options import real
+
+    fraction = real(0.0, 1.0)
+    assert fraction("0") == 0.0 and fraction("0.5") == 0.5
+    for bad in ("1", "-0.1", "nan", "x"):
+        with pytest.raises(argparse.ArgumentTypeError, match=r"allowed a number in \[0, 1\)"):
+            fraction(bad)
+    positive = real(0.0, low_open=True, allowed="a number > 0")
+    assert positive("2.5") == 2.5
+    for bad in ("0", "inf", "-3"):
+        with pytest.raises(argparse.ArgumentTypeError, match="allowed a number > 0"):
+            positive(bad)

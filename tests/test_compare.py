@@ -1,0 +1,112 @@
+"""``csdgen compare``: AR timed after a warm-up, its noise-floor row at another seed, a folder of
+cached runs of other settings refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from csdgen import cli
+
+from builtin_fixture import weights  # noqa: F401 (fixtures)
+from cli_helpers import cli_error, run
+
+
+def _cache_state(folder: Path) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("run_*"))}
+
+
+def test_compare_times_ar_after_a_warm_up_so_ar_and_ar_seed2_agree(weights, tmp_path, monkeypatch):
+    """A one-time start-up cost (100 s of a virtual clock on the model's first session; every later
+    session costs 1 s) lands in the untimed warm-up, not in ``ar``'s time, and the methods take turns
+    batch by batch. The engine's clock is replaced, so the figures do not depend on the machine."""
+    import csdgen.engine as engine  # its public names are what the commands import
+    from csdgen.engine import loop
+    from csdgen.models import llama
+
+    clock = {"now": 0.0, "sessions": 0}
+
+    class VirtualTime:
+        @staticmethod
+        def perf_counter():
+            return clock["now"]
+
+    start = llama.ClassConditionalLlama.start
+
+    def start_with_costs(self, *args, **kwargs):
+        clock["now"] += 100.0 if clock["sessions"] == 0 else 1.0
+        clock["sessions"] += 1
+        return start(self, *args, **kwargs)
+
+    calls = []
+    generate = engine.generate
+
+    def spy(model, conditions, **kwargs):
+        calls.append((kwargs["seed"], getattr(kwargs["method"], "name", kwargs["method"]), tuple(kwargs["image_indices"])))
+        return generate(model, conditions, **kwargs)
+
+    monkeypatch.setattr(loop, "time", VirtualTime)
+    monkeypatch.setattr(llama.ClassConditionalLlama, "start", start_with_costs)
+    monkeypatch.setattr(engine, "generate", spy)
+    out = tmp_path / "compare"
+    assert run("compare", "--weights", weights, "-n", 4, "--batch-size", 2, "--methods", "sjd", "--window", 8,
+               "--out", out) == 0
+    seconds = {name: json.loads((out / f"run_{name}.json").read_text())["seconds"] for name in ("ar", "ar-seed2", "sjd")}
+    assert seconds == {"ar": 2.0, "ar-seed2": 2.0, "sjd": 2.0}  # two batches of one session each
+    assert [c[:2] for c in calls[:2]] == [(0, "ar"), (0, "sjd")]  # one warm-up per window width (AR's 1, sjd's 8)
+    assert calls[2:] == [(0, "ar", (0, 1)), (0, "sjd", (0, 1)), (1, "ar", (0, 1)),
+                         (0, "ar", (2, 3)), (0, "sjd", (2, 3)), (1, "ar", (2, 3))]
+
+
+def test_compare_into_a_folder_with_other_settings_refuses_and_loses_no_cached_run(weights, tmp_path, capsys):
+    out = tmp_path / "compare"
+    common = ["compare", "--weights", weights, "--methods", "csd", "--window", 8, "--batch-size", 2, "--out", out]
+    assert run(*common, "-n", 4) == 0
+    before = _cache_state(out)
+    assert run(*common, "-n", 2) == 0  # fewer images: read from the cache, which stays as it was
+    assert _cache_state(out) == before
+    assert "| csd | 2 |" in capsys.readouterr().out.replace("  ", " ")
+    err = cli_error(capsys, *common, "-n", 4, "--lam", 0.3)
+    assert "run_csd.json" in err and "holds a run with other settings" in err and "lam=0.3" in err
+    err = cli_error(capsys, *common, "-n", 4, "--class", "red apple")  # image 0 of the cache is "dog face"
+    assert "holds image 0 for class" in err
+    assert _cache_state(out) == before
+    assert run(*common, "-n", 6) == 0  # more images: the cache is continued, its first four kept
+    meta = json.loads((out / "run_csd.json").read_text())
+    assert len(meta["steps"]) == 6 and meta["steps"][:4] == json.loads(before["run_csd.json"])["steps"]
+
+
+def test_floor_seed_equal_to_a_run_seed_is_refused(weights, capsys, tmp_path):
+    err = cli_error(capsys, "bench", "--weights", weights, "--limit", 1, "--methods", "ar", "--floor-seed", 0,
+                    "--out", tmp_path / "b")
+    assert "--floor-seed 0 is also a run seed (--seeds 0); the noise floor needs another seed" in err
+    assert not (tmp_path / "b").exists()
+
+
+def test_the_default_floor_seed_skips_run_seeds():
+    """``--seeds 0,1`` was refused (the default floor, the first seed + 1, is a run seed) although a
+    free seed was there to take: the default is now the next seed up that is not a run seed."""
+    import argparse
+
+    from csdgen.cli.bench import _floor
+    from csdgen.cli._options import MAX_SEED
+
+    def floor(seeds, given="auto"):
+        return _floor(argparse.Namespace(seeds=seeds, floor_seed=given))
+
+    assert floor([0]) == 1 and floor([0, 1]) == 2 and floor([5, 6, 7, 9]) == 8 and floor([3, 0]) == 4
+    assert floor([0, 1], "none") is None and floor([0, 1], 7) == 7
+    with pytest.raises(ValueError, match="--floor-seed 1 is also a run seed"):
+        floor([0, 1], 1)
+    with pytest.raises(ValueError, match="none is left"):
+        floor([MAX_SEED])
+
+
+def test_compare_noise_floor_row_is_ar_at_the_next_seed(weights, tmp_path):
+    """README: the row ``ar-seed2`` is AR at ``--seed`` + 1, whatever ``--seed`` is."""
+    out = tmp_path / "cmp"
+    assert cli.main(["compare", "--weights", str(weights), "-n", "2", "--methods", "sjd", "--seed", "5", "--out", str(out)]) == 0
+    assert json.loads((out / "run_ar.json").read_text())["key"]["seed"] == 5
+    assert json.loads((out / "run_ar-seed2.json").read_text())["key"]["seed"] == 6

@@ -1,0 +1,51 @@
+"""Folder locks: one command writes into an output folder at a time; a killed holder releases it."""
+
+from __future__ import annotations
+
+import pytest
+
+from cli_helpers import cli_error, run
+from builtin_fixture import weights  # noqa: F401 (fixtures)
+
+
+def test_two_generate_into_one_folder_the_second_is_refused(weights, tmp_path, capsys):
+    from csdgen.folder_lock import folder_lock
+
+    out = tmp_path / "out"
+    with folder_lock(out, "csdgen generate"):  # the first run, still writing
+        err = cli_error(capsys, "generate", "--weights", weights, "-n", 1, "--window", 4, "--out", out)
+    assert "is in use by another csdgen run" in err and str(out) in err
+    assert not (out / "record.json").exists()
+    assert run("generate", "--weights", weights, "-n", 1, "--window", 4, "--no-maps", "--out", out) == 0  # once it is free
+
+
+def test_two_bench_into_one_folder_the_second_is_refused(weights, tmp_path, capsys):
+    from csdgen.folder_lock import folder_lock
+
+    out = tmp_path / "bench"
+    with folder_lock(out, "bench", file="records/rank0.jsonl"):
+        err = cli_error(capsys, "bench", "--weights", weights, "--limit", 1, "--methods", "ar", "--floor-seed", "none",
+                        "--window", 4, "--out", out)
+    assert "is in use by another bench (its process of rank 0)" in err
+    assert not list((out / "images").glob("*/*.png")) if (out / "images").exists() else True
+
+
+def test_a_lock_is_released_when_its_process_is_killed(tmp_path):
+    import subprocess
+    import sys
+
+    from csdgen.folder_lock import folder_lock
+
+    code = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); "
+            "print('locked', flush=True); time.sleep(120)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "locked"
+        with pytest.raises(ValueError, match="in use by another"):
+            with folder_lock(tmp_path):
+                pass
+    finally:
+        proc.kill()
+        proc.wait()
+    with folder_lock(tmp_path):  # kill -9 released it
+        pass
