@@ -439,13 +439,13 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 httpx.post(url + "/v1/images/generations", json={"prompt": "0", "method": method, "seed": 0},
                            timeout=3600)  # warm-up
-                for count in clients:
+                for n_clients in clients:
                     before = metrics(url)
-                    cell = run_clients(url, count, args.duration, method, num_classes, args.seed)
+                    cell = run_clients(url, n_clients, args.duration, method, num_classes, args.seed)
                     after = metrics(url)
                     iterations = after["csdgen_batch_iterations_total"] - before["csdgen_batch_iterations_total"]
                     rows_fed = after["csdgen_batch_rows_total"] - before["csdgen_batch_rows_total"]
-                    cell.update(method=method, mode=mode, clients=count,
+                    cell.update(method=method, mode=mode, clients=n_clients,
                                 max_batch=1 if mode == "one-at-a-time" else args.max_batch,
                                 occupancy=rows_fed / iterations if iterations else 0.0)
                     rows.append(cell)
