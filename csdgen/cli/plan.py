@@ -43,7 +43,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from csdgen.engine.window import AUTO_MAX_WINDOW
+    from csdgen.engine import AUTO_MAX_WINDOW
     from csdgen.models.auto import default_device
 
     device = args.device or default_device()
