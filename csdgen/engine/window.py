@@ -266,7 +266,8 @@ class _AutoWindow(_AcceptanceModel, _CostModel):
         rate = tokens / seconds
         best = int(rate.argmax()) + 1
         held = self._held
-        if remaining is None and self.wide_margin > 0:
+        wide = remaining is None and self.wide_margin > 0  # the wide margin's rule (_widest_tie)
+        if wide:
             best = self._widest_tie(rate, held)
         else:
             home = limit if rate[limit - 1] >= rate[0] else 1
@@ -309,8 +310,7 @@ class _AutoWindow(_AcceptanceModel, _CostModel):
         self._pending = (choice, float(tokens[choice - 1]), float(seconds[choice - 1]))
         # the next turn's interval: a turn above may have moved learned.every (the back-off)
         every = self.EXPLORE_EVERY_EARLY if thin else self.learned.every.get(rows, self.EXPLORE_EVERY)
-        self._one_held = self._hold_one(choice, rows, lag, every, tokens, seconds, pace,
-                                        remaining is None and self.wide_margin > 0)
+        self._one_held = self._hold_one(choice, rows, lag, every, tokens, seconds, pace, wide)
         return choice
 
     def _widest_tie(self, rate: np.ndarray, held: int | None) -> int:
