@@ -83,7 +83,7 @@ def main(argv=None) -> dict:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--batches", default="1,8", help="batch sizes whose seconds per iteration are recorded")
     p.add_argument("--widths", default="1,4,16,32", help="windows whose seconds per iteration are recorded")
-    p.add_argument("--wide-margin", type=float, default=0.15,
+    p.add_argument("--wide-margin", type=float, default=0.3,
                    help="share of predicted speed traded for step compression in near ties (csdgen.engine.window."
                         "prior_wide_margin), written with the prior")
     p.add_argument("--repeats", type=int, default=1, help="timed calls per batch size and width; the fastest is kept")
