@@ -10,6 +10,9 @@ both cores busy (a float32 matrix product loop on two threads). From each run's 
 takes the step compression and the decoding seconds (model loading left out), and prints per
 round and per condition: the step compression of the first command (min, median), its decoding
 seconds against window 16's (the ratio per round, the worst and the median), and the command.
+``--control N`` and ``--control-loaded N`` add N rounds (quiet, loaded) of ``--window 16`` against
+itself, the same alternation: the spread of the per-round ratio that the machine alone makes (its
+noise floor; the first ``--window 16`` run of a control round is recorded under ``"auto"``).
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def run_once(extra: list[str], env: dict) -> dict:
     return {"step_compression": float(found.group(1)), "decoding_s": float(found.group(2)), "process_s": elapsed}
 
 
-def rounds(count: int, loaded: bool, env: dict) -> list[dict]:
+def rounds(count: int, loaded: bool, env: dict, control: bool = False) -> list[dict]:
     load = None
     if loaded:
         load = multiprocessing.get_context("spawn").Process(target=busy, args=(2,), daemon=True)
@@ -64,13 +67,14 @@ def rounds(count: int, loaded: bool, env: dict) -> list[dict]:
     out = []
     try:
         for i in range(count):
-            order = [("auto", []), ("window16", ["--window", "16"])]
+            order = [("auto", ["--window", "16"] if control else []), ("window16", ["--window", "16"])]
             if i % 2:
                 order.reverse()
             got = {name: run_once(extra, env) for name, extra in order}
             got["ratio"] = got["auto"]["decoding_s"] / got["window16"]["decoding_s"]
             out.append(got)
-            print(f"{'loaded' if loaded else 'quiet'} {i + 1}/{count}: auto {got['auto']['step_compression']:.2f}x "
+            label = ("control " if control else "") + ("loaded" if loaded else "quiet")
+            print(f"{label} {i + 1}/{count}: auto {got['auto']['step_compression']:.2f}x "
                   f"{got['auto']['decoding_s']:.2f} s, window 16 {got['window16']['step_compression']:.2f}x "
                   f"{got['window16']['decoding_s']:.2f} s, ratio {got['ratio']:.3f}", flush=True)
     finally:
@@ -95,6 +99,9 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quiet", type=int, default=20)
     p.add_argument("--loaded", type=int, default=10)
+    p.add_argument("--control", type=int, default=0,
+                   help="quiet rounds of --window 16 against itself (the per-round ratio's noise floor)")
+    p.add_argument("--control-loaded", type=int, default=0, help="the same, loaded")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     env = dict(os.environ)
@@ -103,9 +110,11 @@ def main(argv=None) -> dict:
     result = {"command": "csdgen generate --out DIR (and --window 16), fresh processes, alternating",
               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "commit": commit,
               "threads": "torch default", "dtype": "float32"}
-    for name, count, loaded in (("quiet", args.quiet, False), ("loaded", args.loaded, True)):
+    for name, count, loaded, control in (("quiet", args.quiet, False, False), ("loaded", args.loaded, True, False),
+                                         ("control", args.control, False, True),
+                                         ("control_loaded", args.control_loaded, True, True)):
         if count:
-            rows = rounds(count, loaded, env)
+            rows = rounds(count, loaded, env, control)
             result[name] = {"rounds": rows, "summary": summary(rows)}
             print(f"{name}: {json.dumps(result[name]['summary'])}", flush=True)
     if args.json is not None:
