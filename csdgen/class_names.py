@@ -227,6 +227,17 @@ class ClassNames:
             near = self._elsewhere.get(_SKIN_TONE.sub("", key))
         return None if near is None else list(near)
 
+    def emoji_named_by_word(self, text: str, most: int = 3) -> str | None:
+        """The shortest name of an emoji the model knows of but does not draw (``elsewhere``) that holds
+        ``text`` as a whole word (``"unicorn"`` -> ``"unicorn face"``), where at most ``most`` such names
+        do (``"face"`` names too many to pick one); else ``None``."""
+        key = name_key(text)
+        if not key:
+            return None
+        pattern = re.compile(rf"(^|[ ,:]){re.escape(key)}($|[ ,:])")
+        hits = [k for k in self._elsewhere if pattern.search(k)]
+        return min(hits, key=lambda k: (len(k), k)) if 0 < len(hits) <= most else None
+
     def suggest(self, text: str, n: int = 3) -> list[str]:
         """Up to ``n`` class names close to ``text`` (``difflib``; names and aliases), best first."""
         key = name_key(text)
@@ -252,10 +263,15 @@ class ClassNames:
                               f"csdgen generate --class and csdgen.save_run); draw them with "
                               f"model.classes.assign([{str(text)!r}], n, seed=...) and pass the indices it returns")
         near = self.nearest_drawn(text) if len(str(text)) <= 1000 else None
+        read_as = ""
+        if near is None and len(str(text)) <= 1000:
+            whole = self.emoji_named_by_word(text)
+            if whole is not None:
+                near, read_as = self._elsewhere[whole], f" (read as the emoji {whole!r})"
         if near is not None:
             shown_near = ", ".join(repr(self.names[i]) for i in near[:3])
-            return ValueError(f"class {shown(text)!r} is not one of the {len(self.names)} classes this model draws; "
-                              f"the nearest it draws: {shown_near} (list them: csdgen generate --list-classes)")
+            return ValueError(f"class {shown(text)!r}{read_as} is not one of the {len(self.names)} classes this model "
+                              f"draws; the nearest it draws: {shown_near} (list them: csdgen generate --list-classes)")
         hint = self.suggest(text) if len(str(text)) <= 1000 else []
         close = f"; did you mean {' or '.join(repr(h) for h in hint)}?" if hint else ""
         return ValueError(f"unknown class {shown(text)!r}{close} (any of the {len(self.names)} class names in any "

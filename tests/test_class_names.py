@@ -211,3 +211,31 @@ def test_class_given_as_digits_is_that_index_even_where_a_short_name_is_those_di
     assert model.class_ids(["10", 10]) == [10, 10]
     with pytest.raises(ValueError, match=r"class index 100: allowed 0\.\."):  # an index, not the emoji "100"
         model.class_ids(["100"])
+
+
+def test_a_word_of_one_known_emoji_name_is_read_as_that_emoji():
+    classes = ClassNames.from_config(OFFERED_CONFIG)
+    with pytest.raises(ValueError) as exc:
+        classes.index("Waving")
+    message = str(exc.value)
+    assert "class 'Waving' (read as the emoji 'waving hand sign') is not one of the 3 classes" in message
+    assert "the nearest it draws: 'thumbs up sign', 'dog face'" in message and "\n" not in message
+
+
+def test_a_word_of_too_many_known_emoji_names_gets_close_matches_instead():
+    config = dict(OFFERED_CONFIG, other_classes=dict(
+        OFFERED_CONFIG["other_classes"], names=["green apple", "green heart", "green book"],
+        aliases=[[], [], []]))
+    classes = ClassNames.from_config(config)
+    assert classes.emoji_named_by_word("green", most=3) == "green book"  # the shortest of three
+    assert classes.emoji_named_by_word("green", most=2) is None
+    with pytest.raises(ValueError, match=r"unknown class 'blorp'"):
+        classes.index("blorp")
+
+
+def test_the_builtin_reads_a_word_of_an_emoji_it_does_not_draw():
+    from csdgen.cli import _options
+
+    with pytest.raises(ValueError, match=r"'unicorn' \(read as the emoji 'unicorn face'\) is not one of the \d+ "
+                                         r"classes this model draws; the nearest it draws: '"):
+        _options.class_lookup().index("unicorn")
