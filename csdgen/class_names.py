@@ -90,6 +90,13 @@ def folder_error(path, exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
+def _holding_word(key: str, keys) -> list[str]:
+    """The name keys of ``keys`` that hold ``key`` (a :func:`name_key`) as a whole word, between the
+    start or end and a space, comma or colon (``"apple"`` in ``"red apple"``, not in ``"pineapple"``)."""
+    pattern = re.compile(rf"(^|[ ,:]){re.escape(key)}($|[ ,:])")
+    return [k for k in keys if pattern.search(k)]
+
+
 class ClassNames:
     """The class names of a model, with lookup by name (any case and spacing), alias or index.
 
@@ -234,8 +241,7 @@ class ClassNames:
         key = name_key(text)
         if not key:
             return None
-        pattern = re.compile(rf"(^|[ ,:]){re.escape(key)}($|[ ,:])")
-        hits = [k for k in self._elsewhere if pattern.search(k)]
+        hits = _holding_word(key, self._elsewhere)
         return min(hits, key=lambda k: (len(k), k)) if 0 < len(hits) <= most else None
 
     def suggest(self, text: str, n: int = 3) -> list[str]:
@@ -246,7 +252,7 @@ class ClassNames:
         keys = list(self._index) + list(self._alias)
         close = difflib.get_close_matches(key, keys, n=2 * n, cutoff=0.6)
         # also names that contain the text as a word ("apple" -> "red apple", "green apple")
-        words = [k for k in self._index if re.search(rf"(^|[ ,:]){re.escape(key)}($|[ ,:])", k)]
+        words = _holding_word(key, self._index)
         out: list[str] = []
         for k in close + sorted(words, key=len):
             i = self._index.get(k, self._alias.get(k))
@@ -262,17 +268,17 @@ class ClassNames:
             return ValueError(f"class {str(text)!r}: here a class name or index is needed (random draws classes only in "
                               f"csdgen generate --class and csdgen.save_run); draw them with "
                               f"model.classes.assign([{str(text)!r}], n, seed=...) and pass the indices it returns")
-        near = self.nearest_drawn(text) if len(str(text)) <= 1000 else None
+        readable = len(str(text)) <= 1000  # longer text is not searched (shown cut)
+        near = self.nearest_drawn(text) if readable else None
         read_as = ""
-        if near is None and len(str(text)) <= 1000:
-            whole = self.emoji_named_by_word(text)
-            if whole is not None:
-                near, read_as = self._elsewhere[whole], f" (read as the emoji {whole!r})"
+        whole = self.emoji_named_by_word(text) if readable and near is None else None
+        if whole is not None:
+            near, read_as = self._elsewhere[whole], f" (read as the emoji {whole!r})"
         if near is not None:
             shown_near = ", ".join(repr(self.names[i]) for i in near[:3])
             return ValueError(f"class {shown(text)!r}{read_as} is not one of the {len(self.names)} classes this model "
                               f"draws; the nearest it draws: {shown_near} (list them: csdgen generate --list-classes)")
-        hint = self.suggest(text) if len(str(text)) <= 1000 else []
+        hint = self.suggest(text) if readable else []
         close = f"; did you mean {' or '.join(repr(h) for h in hint)}?" if hint else ""
         return ValueError(f"unknown class {shown(text)!r}{close} (any of the {len(self.names)} class names in any "
                           f"case, or an index 0..{len(self.names) - 1}; list them: csdgen generate --list-classes)")

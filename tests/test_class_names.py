@@ -231,6 +231,12 @@ def test_a_word_of_too_many_known_emoji_names_gets_close_matches_instead():
     assert classes.emoji_named_by_word("green", most=2) is None
     with pytest.raises(ValueError, match=r"unknown class 'blorp'"):
         classes.index("blorp")
+    config["other_classes"] = dict(config["other_classes"], names=["green apple", "green heart", "green book",
+                                                                   "green salad"], aliases=[[]] * 4,
+                                   nearest=[[0], [1], [2], [0]])
+    with pytest.raises(ValueError) as exc:  # four names hold "green": none is picked, close names are offered
+        ClassNames.from_config(config).index("green")
+    assert str(exc.value).startswith("unknown class 'green'") and "read as" not in str(exc.value)
 
 
 def test_the_builtin_reads_a_word_of_an_emoji_it_does_not_draw():
