@@ -39,6 +39,8 @@ def test_buckets():
     assert WIDTH_BUCKETS == (1, 2, 4, 8, 16, 32, 64)
     assert [batch_bucket(a, 16) for a in (16, 9, 8, 5, 3, 2, 1)] == [16, 16, 8, 8, 4, 2, 1]
     assert [batch_bucket(a, 5) for a in (5, 4, 3, 1)] == [5, 4, 4, 1]
+    # uncompiled (no shape to reuse): a forward runs exactly the images
+    assert [batch_bucket(a, 16, compiled=False) for a in (16, 9, 5, 1, 0)] == [16, 9, 5, 1, 1]
     with pytest.raises(ValueError, match="width=0"):
         width_bucket(0)
 
@@ -278,6 +280,8 @@ def test_cache_after_every_iteration_equals_fresh_prefill(device_model, kwargs, 
     def check(info):
         assert isinstance(info.session, StaticSession)
         buckets.add(info.session._bucket)
+        if not info.session.compile:  # uncompiled: the live slots compacted at every image that leaves
+            assert info.session.batch_slots == info.session.batch_size
         assert_rows_match_fresh(device_model, classes, guided, info)
 
     out = csdgen.generate(device_model, classes, seed=2, sampling=sampling, engine="static", callback=check, **kwargs)

@@ -24,13 +24,14 @@ different lengths):
   session and a fresh prefill).
 * **buckets**: a window of ``W`` slots runs as ``width_bucket(W)`` slots
   (:data:`WIDTH_BUCKETS` = 1, 2, 4, ..., 64; the padding slots are masked, as image ends
-  already were), the images as ``batch_bucket(A, capacity)`` batch slots (powers of two as
-  images finish), and a step attends over the columns in use rounded up to
+  already were), the images as ``batch_bucket(A, capacity)`` batch slots (compiled: powers of
+  two as images finish, each one more compiled shape; uncompiled: exactly the images), and a step attends over the columns in use rounded up to
   :data:`VISIBLE_STEP` (:data:`COMPILED_VISIBLE_STEP` when compiled).
 * **batch slots**: image ``i`` of the session lives in a slot (with guidance its conditional and
   unconditional rows are physical rows ``2 * slot`` and ``2 * slot + 1``); finished images
   free their slot (:meth:`StaticSession.select_rows`), and only when the images left fit a
-  smaller bucket are the live slots moved down (one gather per layer); images admitted into a
+  smaller bucket are the live slots moved down (one gather per layer; uncompiled, at every image
+  that leaves); images admitted into a
   running batch (:meth:`StaticSession.admit`, the server's continuous batching) take free slots,
   their prefilled keys and values copied in.
 
@@ -227,7 +228,11 @@ class StaticSession(StaticRows, StaticTrees, RaggedSession):
         self.buffers.prompt.copy_(torch.cat([self._prompt_len[:, None], self._prompt_valid_T.long()], 1).to(dev))
         self._slots = torch.arange(B)  # [B] CPU, the slot of every image (logical row)
         self._region = torch.zeros(C, dtype=torch.long)  # [C] CPU, region columns cached per slot
-        self._bucket = batch_bucket(B, C)
+        self._bucket = self._batch_bucket(B)
+
+    def _batch_bucket(self, images: int) -> int:
+        """:func:`batch_bucket` of this session (exact when uncompiled)."""
+        return batch_bucket(images, self.capacity, self.compile)
 
     @property
     def _prompt_dev(self) -> torch.Tensor:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ._static_cache import StaticBuffers
-from ._static_shapes import batch_bucket, slot_bucket
+from ._static_shapes import slot_bucket
 from .base import row_tensor
 
 
@@ -33,7 +33,7 @@ class StaticRows:
         if other._P > self._P:
             self._widen_prompt(other._P)
         shift = self._P - other._P
-        bucket = max(self._bucket, batch_bucket(B + k, self.capacity))
+        bucket = max(self._bucket, self._batch_bucket(B + k))
         used = torch.zeros(bucket, dtype=torch.bool)
         used[self._slots] = True
         slots = (~used).nonzero()[:, 0][:k]  # [k] the new images' slots
@@ -121,7 +121,7 @@ class StaticRows:
         every = torch.cat([rows, rows + len(self.prompt_lengths) // 2]) if self.guided else rows
         self.prompt_ids = self.prompt_ids[self._to_device(every)]
         self.prompt_valid, self.prompt_lengths = self.prompt_valid[every], self.prompt_lengths[every]
-        bucket = batch_bucket(max(len(rows), 1), self.capacity)
+        bucket = self._batch_bucket(len(rows))
         if bucket < self._bucket:
             self._compact(bucket)
 

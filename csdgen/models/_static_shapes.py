@@ -40,9 +40,17 @@ def width_bucket(width: int) -> int:
     return 1 << (width - 1).bit_length()
 
 
-def batch_bucket(images: int, capacity: int) -> int:
-    """Batch slots a forward runs with ``images`` images in a session of ``capacity`` slots: the
-    next power of two, at most the capacity."""
+def batch_bucket(images: int, capacity: int, compiled: bool = True) -> int:
+    """Batch slots a forward runs with ``images`` images in a session of ``capacity`` slots.
+
+    Compiled (every bucket one more compiled shape and CUDA graph): the next power of two, at most
+    the capacity. Uncompiled: ``images`` itself (at least 1, at most the capacity), since a forward
+    costs what its slots hold and nothing is compiled per shape: 9 images in 16 slots cost what
+    16 do (built-in model on a 2-core CPU, width 1: 17.9 ms for 12 images in 16 slots, 13.8 ms for 8
+    in 8; benchmarks/results/static_batch_slots.md).
+    """
+    if not compiled:
+        return min(capacity, max(images, 1))
     return min(capacity, 1 << max(images - 1, 0).bit_length())
 
 
