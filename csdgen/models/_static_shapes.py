@@ -45,9 +45,9 @@ def batch_bucket(images: int, capacity: int, compiled: bool = True) -> int:
 
     Compiled (every bucket one more compiled shape and CUDA graph): the next power of two, at most
     the capacity. Uncompiled: ``images`` itself (at least 1, at most the capacity), since a forward
-    costs what its slots hold and nothing is compiled per shape: 9 images in 16 slots cost what
-    16 do (built-in model on a 2-core CPU, width 1: 17.9 ms for 12 images in 16 slots, 13.8 ms for 8
-    in 8; benchmarks/results/static_batch_slots.md).
+    costs what its slots hold and nothing is compiled per shape (built-in model, 2-core CPU, width 1:
+    12 images take 20.3 ms per iteration in 12 slots, 23.2 ms in 16;
+    benchmarks/results/static_batch_slots.md).
     """
     if not compiled:
         return min(capacity, max(images, 1))
