@@ -41,6 +41,10 @@ Every check prints one line ``check NAME STATUS figures [goal: ...] (seconds, pe
   >= 0.8x float32's, NLL at most 0.25 nats/token above).
 * ``serve`` (figure): ``benchmarks/bench_serve.py`` at 16 clients, continuous, static and
   one-at-a-time batching (SKIP when fastapi or uvicorn cannot be imported).
+* ``serve_open`` (figure; goal: continuous batching's p95 latency at most 0.7x static batching's):
+  ``benchmarks/serve_replay.py``: the server's scheduler in one process, requests of n = 1..4
+  images arriving as a Poisson process at 0.6 and 0.9 of the capacity (one-at-a-time throughput x
+  16 slots, measured), 30 s of arrivals, continuous against static batching, CSD window auto.
 * ``quant`` (figure): ms per forward (widths 1 and 32, eager engine, batch 1 guided, half the image
   cached) and weight bytes of the Janus-Pro-7B-sized random Llama in bfloat16, torchao int8
   weight-only (:func:`csdgen.models.quantize.quantize_module`) and bitsandbytes nf4 (CUDA, when
@@ -823,6 +827,35 @@ def check_serve(ctx: Context) -> Outcome:
                    + f"; {errors} errors")
 
 
+def check_serve_open(ctx: Context) -> Outcome:
+    """The server's scheduler under open-loop arrivals (benchmarks/serve_replay.py): continuous
+    against static batching, p95 latency at 0.6 and 0.9 of the capacity."""
+    missing = serve_missing()
+    if missing:
+        return Outcome("SKIP", f"{', '.join(missing)} cannot be imported here: carry their wheels (benchmarks/gpu_wheels.sh)")
+    goal = "continuous p95 <= 0.7x static's at every rate"
+    if ctx.quick:
+        options = ["--rate", "0.6", "--capacity", "4.0", "--duration", "3", "--requests", "2", "--max-batch", "2"]
+    else:
+        options = ["--rate", "0.6,0.9", "--capacity-seconds", "8", "--duration", "30", "--requests", "120"]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "serve_open.json"
+        argv = [sys.executable, str(ROOT / "benchmarks" / "serve_replay.py"), "--methods", "csd", "--device",
+                ctx.device.type, "--json", str(out), *options]
+        run = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+        if run.returncode != 0 or not out.is_file():
+            ctx.record(stderr=run.stderr[-2000:])
+            return Outcome("FAIL", f"serve_replay exited {run.returncode}: {(run.stderr.strip().splitlines() or [''])[-1][:200]}")
+        cells = json.loads(out.read_text())["cells"]
+    ctx.record(cells=cells)
+    errors = sum(c["errors"] for c in cells)
+    parts = [f"{c['rate']}: continuous p95 {c['p95']:.2f} s = {c['p95_over_static']:.2f}x static's"
+             for c in cells if "p95_over_static" in c]
+    capacity = cells[0]["capacity"] if cells else float("nan")
+    return Outcome("FAIL" if errors else "INFO", f"CSD auto, capacity {capacity:.1f} images/s, rate " + "; ".join(parts)
+                   + f"; {errors} errors", goal)
+
+
 @dataclass(frozen=True)
 class Check:
     """A check: its function, its time bound on a GPU in seconds, and whether a failure is a failed run."""
@@ -840,6 +873,7 @@ CHECKS: dict[str, Check] = {
     "syncs": Check(check_syncs, 45, False),
     "forward": Check(check_forward, 180, False),  # 4 compiles of a 30-layer model
     "speedup": Check(check_speedup, 60, False),
+    "serve_open": Check(check_serve_open, 150, False),
     "dtype": Check(check_dtype, 40, True),
     "compile": Check(check_compile, 45, False),
     "serve": Check(check_serve, 90, False),

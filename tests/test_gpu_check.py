@@ -126,11 +126,25 @@ def test_a_failed_or_stopped_correctness_check_fails_the_run(monkeypatch, capsys
     assert g.main(["--device", "cpu"]) == 0
 
 
-def test_serve_is_skipped_in_one_line_where_the_server_cannot_be_imported(monkeypatch):
+@pytest.mark.parametrize("check", ["check_serve", "check_serve_open"])
+def test_serve_is_skipped_in_one_line_where_the_server_cannot_be_imported(monkeypatch, check):
     g = _gpu_check()
     monkeypatch.setattr(g, "serve_missing", lambda: ["fastapi", "uvicorn"])
-    outcome = g.check_serve(g.Context(torch.device("cpu"), quick=True, compile=False))
+    outcome = getattr(g, check)(g.Context(torch.device("cpu"), quick=True, compile=False))
     assert outcome.status == "SKIP" and outcome.line.startswith("fastapi, uvicorn cannot be imported here")
+
+
+def test_serve_open_replays_arrivals_into_both_batchings_and_reports_their_p95(tmp_path):
+    """The open-loop check on the CPU (reduced: 2 slots, 3 s of arrivals): benchmarks/serve_replay.py
+    runs the server's scheduler for continuous and static batching on the same arrivals."""
+    run = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--device", "cpu", "--quick", "--out", str(tmp_path),
+                          "--only", "serve_open"], cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    line = next(line for line in run.stdout.splitlines() if line.startswith("check serve_open"))
+    assert line.split()[2] == "INFO" and "x static's" in line and "0 errors" in line, line
+    cells = json.loads((tmp_path / "gpu_check.json").read_text())["checks"]["serve_open"]["details"]["cells"]
+    assert [c["mode"] for c in cells] == ["continuous", "static"]
+    assert cells[0]["requests"] == cells[1]["requests"] >= 1 and all(c["errors"] == 0 and c["p95"] > 0 for c in cells)
 
 
 def test_bad_arguments_are_refused_in_one_line(capsys):

@@ -1,0 +1,244 @@
+"""The server's scheduler under open-loop arrivals, in one process, without HTTP.
+
+Not a test: it loads the built-in model, replays arrivals and prints. Run from the project root:
+
+    python benchmarks/serve_replay.py --capacity 2.0                     # CPU: rates of 2.0 images/s
+    python benchmarks/serve_replay.py --device cuda --duration 60        # a GPU: capacity measured
+
+``benchmarks/bench_serve.py --arrivals poisson`` measures the whole server: HTTP, the client
+processes and the scheduler, all on the machine's cores. This script keeps only what decides the
+latency a batching policy gives: the same :class:`csdgen.serve.scheduler.Scheduler` that
+``csdgen serve`` runs (its admission, batching and image worker), fed the same arrivals
+(:func:`bench_serve.poisson_arrivals`: requests of n = 1..4 images, Poisson, seeded), with the
+requests submitted from an asyncio loop in this process at their arrival times. So a difference
+between continuous and static batching here belongs to the batching, not to the HTTP stack, and
+a run on a GPU costs one model load instead of one server start per cell.
+
+* the **capacity** (images per second): ``--capacity``, or measured as in ``bench_serve.py``:
+  one-at-a-time throughput (a scheduler with one batch slot, requests of one image back to back
+  for ``--capacity-seconds``) x ``--max-batch``;
+* for every method, rate and batching: the arrivals at ``rate x capacity`` images per second for
+  at most ``--duration`` seconds and ``--requests`` requests, every request waited for;
+* per cell: requests, images, images per second (images answered / seconds from the start of the
+  arrivals to the last answer), p50 / p95 / p99 latency per request (arrival to its last image
+  encoded), the mean queue wait per image (the scheduler's waiting images sampled
+  every 0.1 s, integrated, over the images), mean batch occupancy (images in the batch summed over
+  iterations / iterations), errors; per rate, continuous p95 over static p95.
+
+Before the first cell the server's ``--warmup`` runs (:func:`csdgen.cli.serve._warmup`: the
+compiled steps of every batch and width bucket, where the device compiles), and each scheduler
+serves one request of ``--max-batch`` images untimed, so no cell pays for a first compile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_serve import poisson_arrivals  # noqa: E402  (the same arrivals as the HTTP benchmark)
+
+from csdgen.cli._options import count, real  # noqa: E402
+
+MODES = ("continuous", "static")
+positive = real(0.0, low_open=True, allowed="a number > 0")
+
+
+def served_builtin(device: str, method: str, max_batch: int):
+    """The built-in model as ``csdgen serve`` serves it (defaults: ``method``, window auto; up to
+    ``max_batch`` images per request, for the warm-up request)."""
+    from csdgen.models.builtin import load_builtin_model
+    from csdgen.serve import ServeDefaults, ServedModel
+
+    model = load_builtin_model(device=device)
+    defaults = ServeDefaults(method=method, window="auto", max_images=max(10, max_batch))
+    return ServedModel(model, "csdgen-builtin", defaults=defaults)
+
+
+async def _request(scheduler, served, body: dict, delay: float) -> tuple[float, str | None]:
+    """Submit ``body`` after ``delay`` seconds; returns (seconds from submission to its last image, error)."""
+    from csdgen.serve.schemas import APIError, parse_request
+
+    await asyncio.sleep(delay)
+    began = time.perf_counter()
+    events: asyncio.Queue = asyncio.Queue()
+    try:
+        job = scheduler.submit(parse_request(body, served), asyncio.get_running_loop(), events)
+    except APIError as exc:
+        return time.perf_counter() - began, f"{exc.status} {exc.message}"
+    del job
+    while True:
+        event = await events.get()
+        if event[0] == "error":
+            return time.perf_counter() - began, str(event[1])
+        if event[0] == "done":
+            return time.perf_counter() - began, None
+
+
+async def _replay(scheduler, served, arrivals: list[dict], sample: float) -> dict:
+    waiting: list[float] = []
+    done = asyncio.Event()
+
+    async def sampler():
+        while not done.is_set():
+            waiting.append(scheduler.waiting)
+            await asyncio.sleep(sample)
+
+    watch = asyncio.create_task(sampler())
+    began = time.perf_counter()
+    tasks = [asyncio.create_task(_request(scheduler, served, {"prompt": a["prompt"], "n": a["n"], "seed": a["seed"]},
+                                          a["at"])) for a in arrivals]
+    answers = await asyncio.gather(*tasks)
+    seconds = time.perf_counter() - began
+    done.set()
+    await watch
+    return {"answers": answers, "seconds": seconds, "queue_image_seconds": sum(waiting) * sample}
+
+
+def replay(served, arrivals: list[dict], mode: str, max_batch: int, sample: float = 0.1) -> dict:
+    """One cell: a fresh scheduler of batching ``mode`` fed ``arrivals``; returns its figures (module docstring)."""
+    from csdgen.serve.metrics import ServeMetrics
+    from csdgen.serve.scheduler import Scheduler
+
+    metrics = ServeMetrics()
+    scheduler = Scheduler(served, capacity=max_batch, max_queue=10**6, batching=mode, metrics=metrics)
+    scheduler.start()
+    try:
+        warm = asyncio.run(_replay(scheduler, served, [{"at": 0.0, "n": max_batch, "prompt": "0", "seed": 1}], sample))
+        if warm["answers"][0][1]:
+            raise RuntimeError(f"the warm-up request failed: {warm['answers'][0][1]}")
+        before = {name: _counter(metrics, name) for name in ("csdgen_batch_iterations", "csdgen_batch_rows")}
+        out = asyncio.run(_replay(scheduler, served, arrivals, sample))
+        iterations = _counter(metrics, "csdgen_batch_iterations") - before["csdgen_batch_iterations"]
+        rows = _counter(metrics, "csdgen_batch_rows") - before["csdgen_batch_rows"]
+    finally:
+        scheduler.stop()
+    ok = sorted(s for s, error in out["answers"] if error is None)
+    images = sum(a["n"] for a, (_, error) in zip(arrivals, out["answers"]) if error is None)
+
+    def quantile(q: float) -> float | None:
+        return ok[min(len(ok) - 1, int(q * len(ok)))] if ok else None
+
+    return {"mode": mode, "requests": len(arrivals), "images": images, "seconds": out["seconds"],
+            "images_per_second": images / out["seconds"], "p50": statistics.median(ok) if ok else None,
+            "p95": quantile(0.95), "p99": quantile(0.99),
+            "queue_wait": out["queue_image_seconds"] / max(1, sum(a["n"] for a in arrivals)),
+            "occupancy": rows / iterations if iterations else 0.0, "errors": len(arrivals) - len(ok)}
+
+
+def _counter(metrics, name: str) -> float:
+    return metrics.registry.get_sample_value(name + "_total") or 0.0
+
+
+def one_at_a_time_throughput(served, seconds: float) -> float:
+    """Images per second of a one-slot scheduler serving requests of one image back to back."""
+    from csdgen.serve.scheduler import Scheduler
+
+    scheduler = Scheduler(served, capacity=1, max_queue=10**6, batching="continuous")
+    scheduler.start()
+    try:
+        done, seed, began = 0, 0, None
+        while began is None or time.perf_counter() - began < seconds:
+            out = asyncio.run(_replay(scheduler, served, [{"at": 0.0, "n": 1, "prompt": str(seed % 10), "seed": seed}], 1.0))
+            if out["answers"][0][1]:
+                raise RuntimeError(f"a capacity request failed: {out['answers'][0][1]}")
+            if seed == 0:  # the first one is untimed (first use of the session's shapes)
+                began = time.perf_counter()
+            else:
+                done += 1
+            seed += 1
+        return done / (time.perf_counter() - began)
+    finally:
+        scheduler.stop()
+
+
+def _fractions(text: str) -> list[float]:
+    values = [float(v) for v in text.split(",") if v.strip()]
+    if not values or any(not 0 < v for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed a comma-separated list of fractions > 0")
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--methods", default="csd", help="decoding methods, window auto (default csd)")
+    p.add_argument("--modes", default=",".join(MODES), help=f"batchings (default {','.join(MODES)})")
+    p.add_argument("--rate", type=_fractions, default=[0.3, 0.6, 0.9], help="fractions of the capacity (default 0.3,0.6,0.9)")
+    p.add_argument("--capacity", type=positive, default=None, help="images per second (default: measured)")
+    p.add_argument("--capacity-seconds", type=positive, default=20.0, help="seconds of the capacity measurement (default 20)")
+    p.add_argument("--max-batch", type=count(1), default=16, help="batch slots (default 16)")
+    p.add_argument("--duration", type=positive, default=150.0, help="most seconds of arrivals per cell (default 150)")
+    p.add_argument("--requests", type=count(1), default=200, help="most requests per cell (default 200)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--threads", type=count(1), default=None, help="torch threads (default: torch's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, default=None, help="write every figure here")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        p.error(f"--modes {','.join(bad)}: allowed {', '.join(MODES)}")
+    from csdgen.cli.serve import _warmup
+    from csdgen.serve.schemas import parse_request
+
+    record = {"command": "python benchmarks/serve_replay.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, "
+                         f"device {args.device}", "load_average_start": os.getloadavg(), "cells": []}
+    print(f"# {record['command']}\n# {record['machine']}, load average {os.getloadavg()[0]:.2f}", flush=True)
+    for method in methods:
+        served = served_builtin(args.device, method, args.max_batch)
+        _warmup(served.model, parse_request({"prompt": "0"}, served), args.max_batch, served.engine_kwargs)
+        capacity = args.capacity
+        if capacity is None:
+            capacity = one_at_a_time_throughput(served, args.capacity_seconds) * args.max_batch
+        print(f"# {method}: capacity {capacity:.2f} images/s", flush=True)
+        for rate in args.rate:
+            arrivals = poisson_arrivals(rate * capacity, args.requests, args.duration, served.model.num_classes,
+                                        args.seed)
+            if not arrivals:
+                p.error(f"--rate {rate} of {capacity:.2f} images/s: no request arrives within --duration "
+                        f"{args.duration:g} s; allowed a longer --duration or a higher rate")
+            offered = sum(a["n"] for a in arrivals) / args.duration
+            cells = {}
+            for mode in modes:
+                cell = replay(served, arrivals, mode, args.max_batch)
+                cell.update(method=method, rate=rate, capacity=capacity, offered_images_per_second=offered)
+                cells[mode] = cell
+                record["cells"].append(cell)
+                print(json.dumps(cell), flush=True)
+            if "continuous" in cells and "static" in cells and cells["static"]["p95"]:
+                ratio = cells["continuous"]["p95"] / cells["static"]["p95"]
+                cells["continuous"]["p95_over_static"] = ratio
+                print(f"# {method} rate {rate}: continuous p95 {ratio:.2f}x static's", flush=True)
+    record["load_average_end"] = os.getloadavg()
+    print("\n| method | rate | requests | offered images/s | batching | images/s | p50 s | p95 s | p99 s | "
+          "queue wait per image, s | mean occupancy | errors | continuous p95 over static |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for c in record["cells"]:
+        ratio = f"{c['p95_over_static']:.2f}x" if "p95_over_static" in c else ""
+        print(f"| {c['method']} | {c['rate']} | {c['requests']} | {c['offered_images_per_second']:.2f} | {c['mode']} | "
+              f"{c['images_per_second']:.2f} | {c['p50']:.2f} | {c['p95']:.2f} | {c['p99']:.2f} | {c['queue_wait']:.2f} | "
+              f"{c['occupancy']:.1f} | {c['errors']} | {ratio} |")
+    if args.json:
+        from csdgen.atomic import write_text_atomic
+
+        write_text_atomic(args.json, json.dumps(record, indent=1))
+    return 1 if any(c["errors"] for c in record["cells"]) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
