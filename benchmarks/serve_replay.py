@@ -195,10 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     from csdgen.cli.serve import _warmup
     from csdgen.serve.schemas import parse_request
 
+    import subprocess
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     record = {"command": "python benchmarks/serve_replay.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "commit": commit or None,
               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, "
                          f"device {args.device}", "load_average_start": os.getloadavg(), "cells": []}
-    print(f"# {record['command']}\n# {record['machine']}, load average {os.getloadavg()[0]:.2f}", flush=True)
+    print(f"# {record['command']} (commit {commit or 'unknown'})\n# {record['machine']}, load average {os.getloadavg()[0]:.2f}", flush=True)
     for method in methods:
         served = served_builtin(args.device, method, args.max_batch)
         _warmup(served.model, parse_request({"prompt": "0"}, served), args.max_batch, served.engine_kwargs)

@@ -58,10 +58,11 @@ class _AutoWindow(_AcceptanceModel, _CostModel):
     iterations, so no batch ends with its slowest image and there is no laggard discount) is priced
     for the batch it runs (:meth:`choose`'s ``remaining``): its tokens per forward at W are the sum over
     its rows of E(min(W, r)), ``r`` a row's positions left (:func:`batch_tokens`; its rows are at
-    different places of their images), and its seconds those of the batch slots the forward runs
-    (the static session's batch bucket, :attr:`csdgen.models._static.StaticSession.batch_slots`), one
-    time table per bucket: images joining and leaving within one bucket leave the forward's cost
-    where it was, and every iteration of the bucket measures it. A bucket met with fewer than two
+    different places of their images), and its seconds those of its batch bucket
+    (:attr:`csdgen.models._static.StaticSession.batch_slots`: the power-of-two bucket of its images),
+    one time table per bucket: images joining and leaving within one bucket leave the forward's cost
+    where it was (compiled) or within the bucket's range (uncompiled, the forward runs the images
+    alone), and every iteration of the bucket measures it. A bucket met with fewer than two
     widths measured gets its own warm-up (:attr:`WARM_PLAN`), not only the first one. Where the
     forward's time grows with batch x width (a full batch on a CPU) the choice is then width 1, and
     wider as the batch thins. Admissions are not priced: a joining image costs one prefill whatever

@@ -165,10 +165,13 @@ class StaticSession(StaticRows, StaticTrees, RaggedSession):
 
     @property
     def batch_slots(self) -> int:
-        """Batch slots the next forward runs (the batch bucket, :func:`batch_bucket`): what an
-        iteration's time depends on, whatever number of images fills them (``window="auto"`` in a
-        served batch keeps its times per bucket)."""
-        return self._bucket
+        """The batch bucket an iteration's times are kept under (``window="auto"`` in a served batch
+        keeps one time table per bucket): compiled, the slots the next forward runs
+        (:func:`batch_bucket`), whatever number of images fills them; uncompiled, the forward runs
+        exactly the images and is timed under their power-of-two bucket, so that a batch whose
+        image count wanders pools its times in a few tables instead of one per count, each
+        warmed up and explored on its own."""
+        return self._bucket if self.compile else batch_bucket(self.batch_size, self.capacity)
 
     def release(self) -> None:
         """Give a model-owned buffer set back to the model's store for the next session (the
