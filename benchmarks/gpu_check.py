@@ -852,7 +852,8 @@ def check_serve_open(ctx: Context) -> Outcome:
     parts = [f"{c['rate']}: continuous p95 {c['p95']:.2f} s = {c['p95_over_static']:.2f}x static's"
              for c in cells if "p95_over_static" in c]
     capacity = cells[0]["capacity"] if cells else float("nan")
-    return Outcome("FAIL" if errors else "INFO", f"CSD auto, capacity {capacity:.1f} images/s, rate " + "; ".join(parts)
+    how = "given" if ctx.quick else "measured"
+    return Outcome("FAIL" if errors else "INFO", f"CSD auto, capacity {capacity:.1f} images/s ({how}), rate " + "; ".join(parts)
                    + f"; {errors} errors", goal)
 
 

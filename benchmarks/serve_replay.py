@@ -164,9 +164,13 @@ def one_at_a_time_throughput(served, seconds: float) -> float:
 
 
 def _fractions(text: str) -> list[float]:
-    values = [float(v) for v in text.split(",") if v.strip()]
-    if not values or any(not 0 < v for v in values):
-        raise argparse.ArgumentTypeError(f"{text!r}: allowed a comma-separated list of fractions > 0")
+    allowed = f"{text!r}: allowed a comma-separated list of finite fractions > 0"
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(allowed) from None
+    if not values or any(not 0 < v < float("inf") for v in values):
+        raise argparse.ArgumentTypeError(allowed)
     return values
 
 
@@ -180,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-batch", type=count(1), default=16, help="batch slots (default 16)")
     p.add_argument("--duration", type=positive, default=150.0, help="most seconds of arrivals per cell (default 150)")
     p.add_argument("--requests", type=count(1), default=200, help="most requests per cell (default 200)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu or cuda (default cpu)")
     p.add_argument("--threads", type=count(1), default=None, help="torch threads (default: torch's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None, help="write every figure here")
@@ -190,8 +194,15 @@ def main(argv: list[str] | None = None) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
-    if bad:
-        p.error(f"--modes {','.join(bad)}: allowed {', '.join(MODES)}")
+    if bad or not modes:
+        p.error(f"--modes {args.modes!r}: allowed one or more of {', '.join(MODES)}, comma-separated")
+    from csdgen.engine import METHODS
+
+    bad = [m for m in methods if m.lower() not in METHODS]
+    if bad or not methods:
+        p.error(f"--methods {args.methods!r}: allowed one or more of {', '.join(METHODS)}, comma-separated")
+    if args.json is not None and not args.json.parent.is_dir():
+        p.error(f"--json {args.json}: its folder {args.json.parent} does not exist")
     from csdgen.cli.serve import _warmup
     from csdgen.serve.schemas import parse_request
 
@@ -209,13 +220,14 @@ def main(argv: list[str] | None = None) -> int:
         capacity = args.capacity
         if capacity is None:
             capacity = one_at_a_time_throughput(served, args.capacity_seconds) * args.max_batch
-        print(f"# {method}: capacity {capacity:.2f} images/s", flush=True)
-        for rate in args.rate:
-            arrivals = poisson_arrivals(rate * capacity, args.requests, args.duration, served.model.num_classes,
-                                        args.seed)
-            if not arrivals:
-                p.error(f"--rate {rate} of {capacity:.2f} images/s: no request arrives within --duration "
-                        f"{args.duration:g} s; allowed a longer --duration or a higher rate")
+        print(f"# {method}: capacity {capacity:.2f} images/s ({'given' if args.capacity else 'measured'})", flush=True)
+        every = {rate: poisson_arrivals(rate * capacity, args.requests, args.duration, served.model.num_classes, args.seed)
+                 for rate in args.rate}  # all checked before the first cell runs
+        empty = [rate for rate, arrivals in every.items() if not arrivals]
+        if empty:
+            p.error(f"--rate {','.join(map(str, empty))} of {capacity:.2f} images/s: no request arrives within "
+                    f"--duration {args.duration:g} s; allowed a longer --duration or a higher rate")
+        for rate, arrivals in every.items():
             offered = sum(a["n"] for a in arrivals) / args.duration
             cells = {}
             for mode in modes:
