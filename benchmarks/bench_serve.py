@@ -157,12 +157,15 @@ def run_clients(url: str, clients: int, duration: float, method: str, num_classe
     end = max((r[1] for r in results), default=began)
     images = sum(r[3] for r in results)
 
-    def quantile(q: float) -> float:
-        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] if latencies else float("nan")
-
     return {"requests": len(ok), "images": images, "seconds": end - began,
             "images_per_second": images / (end - began) if end > began else 0.0,
-            "p50": quantile(0.5), "p95": quantile(0.95), "errors": len(results) - len(ok)}
+            "p50": quantile(latencies, 0.5), "p95": quantile(latencies, 0.95), "errors": len(results) - len(ok)}
+
+
+def quantile(ordered: list[float], q: float) -> float:
+    """The value at rank ``int(q * n)`` of ``ordered`` (sorted ascending, ``n`` values; the last one
+    at most); NaN when empty. Every latency quantile of the serving benchmarks."""
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 def poisson_arrivals(rate: float, requests: int, duration: float, num_classes: int, seed: int) -> list[dict]:
@@ -248,14 +251,11 @@ def run_open_loop(url: str, arrivals: list[dict], method: str, drain: float, sam
     area = sum(v * (t1 - t0) for (t0, v), (t1, _) in zip(depth, depth[1:]))
     arrived = sum(item["n"] for item in arrivals)
 
-    def quantile(q: float) -> float:
-        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] if latencies else float("nan")
-
     return {"requests": len(arrivals), "answered": len(ok), "lost": sum(r[2] == "lost" for r in results),
             "errors": sum(r[2] == "error" for r in results), "images": images, "seconds": end - began,
             "offered_images_per_second": arrived / last if last > 0 else float("nan"),
             "images_per_second": images / (end - began) if end > began else 0.0,
-            "p50": quantile(0.5), "p95": quantile(0.95), "p99": quantile(0.99),
+            "p50": quantile(latencies, 0.5), "p95": quantile(latencies, 0.95), "p99": quantile(latencies, 0.99),
             "queue_wait": area / arrived if arrived else float("nan")}
 
 

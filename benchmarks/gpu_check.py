@@ -803,22 +803,40 @@ def serve_missing() -> list[str]:
     return [name for name in ("fastapi", "uvicorn") if importlib.util.find_spec(name) is None]
 
 
-def check_serve(ctx: Context) -> Outcome:
-    """bench_serve at 16 clients: continuous, static and one-at-a-time batching."""
+def serve_skip() -> Outcome | None:
+    """SKIP, naming the server's modules that cannot be imported here; None when they all can."""
     missing = serve_missing()
     if missing:
         return Outcome("SKIP", f"{', '.join(missing)} cannot be imported here: carry their wheels (benchmarks/gpu_wheels.sh)")
-    clients, duration, modes = (2, 2, "continuous") if ctx.quick else (16, 10, "continuous,static,one-at-a-time")
+    return None
+
+
+def run_benchmark(ctx: Context, script: str, options: list[str]) -> dict | Outcome:
+    """Run ``benchmarks/SCRIPT`` with ``options``, ``--device`` and ``--json`` into a temporary file;
+    returns what it wrote, or a FAIL outcome naming its exit status and last error line (its
+    stderr recorded) when it failed or wrote nothing."""
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "serve.json"
-        argv = [sys.executable, str(ROOT / "benchmarks" / "bench_serve.py"), "--clients", str(clients), "--methods", "csd",
-                "--modes", modes, "--duration", str(duration), "--check", "0", "--max-batch", "16", "--json", str(out),
-                "--device", ctx.device.type]
+        out = Path(tmp) / "report.json"
+        argv = [sys.executable, str(ROOT / "benchmarks" / script), *options, "--device", ctx.device.type, "--json", str(out)]
         run = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
         if run.returncode != 0 or not out.is_file():
             ctx.record(stderr=run.stderr[-2000:])
-            return Outcome("FAIL", f"bench_serve exited {run.returncode}: {(run.stderr.strip().splitlines() or [''])[-1][:200]}")
-        rows = json.loads(out.read_text())["rows"]
+            return Outcome("FAIL", f"{Path(script).stem} exited {run.returncode}: "
+                                   f"{(run.stderr.strip().splitlines() or [''])[-1][:200]}")
+        return json.loads(out.read_text())
+
+
+def check_serve(ctx: Context) -> Outcome:
+    """bench_serve at 16 clients: continuous, static and one-at-a-time batching."""
+    skip = serve_skip()
+    if skip is not None:
+        return skip
+    clients, duration, modes = (2, 2, "continuous") if ctx.quick else (16, 10, "continuous,static,one-at-a-time")
+    report = run_benchmark(ctx, "bench_serve.py", ["--clients", str(clients), "--methods", "csd", "--modes", modes,
+                                                    "--duration", str(duration), "--check", "0", "--max-batch", "16"])
+    if isinstance(report, Outcome):
+        return report
+    rows = report["rows"]
     ctx.record(rows=rows)
     errors = sum(r["errors"] for r in rows)
     parts = [f"{r['mode']} {r['images_per_second']:.2f} images/s (p50 {r['p50']:.1f} s, occupancy {r['occupancy']:.1f})"
@@ -830,23 +848,18 @@ def check_serve(ctx: Context) -> Outcome:
 def check_serve_open(ctx: Context) -> Outcome:
     """The server's scheduler under open-loop arrivals (benchmarks/serve_replay.py): continuous
     against static batching, p95 latency at 0.6 and 0.9 of the capacity."""
-    missing = serve_missing()
-    if missing:
-        return Outcome("SKIP", f"{', '.join(missing)} cannot be imported here: carry their wheels (benchmarks/gpu_wheels.sh)")
+    skip = serve_skip()
+    if skip is not None:
+        return skip
     goal = "continuous p95 <= 0.7x static's at every rate"
     if ctx.quick:
         options = ["--rate", "0.6", "--capacity", "4.0", "--duration", "3", "--requests", "2", "--max-batch", "2"]
     else:
         options = ["--rate", "0.6,0.9", "--capacity-seconds", "8", "--duration", "30", "--requests", "120"]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "serve_open.json"
-        argv = [sys.executable, str(ROOT / "benchmarks" / "serve_replay.py"), "--methods", "csd", "--device",
-                ctx.device.type, "--json", str(out), *options]
-        run = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
-        if run.returncode != 0 or not out.is_file():
-            ctx.record(stderr=run.stderr[-2000:])
-            return Outcome("FAIL", f"serve_replay exited {run.returncode}: {(run.stderr.strip().splitlines() or [''])[-1][:200]}")
-        cells = json.loads(out.read_text())["cells"]
+    report = run_benchmark(ctx, "serve_replay.py", ["--methods", "csd", *options])
+    if isinstance(report, Outcome):
+        return report
+    cells = report["cells"]
     ctx.record(cells=cells)
     errors = sum(c["errors"] for c in cells)
     parts = [f"{c['rate']}: continuous p95 {c['p95']:.2f} s = {c['p95_over_static']:.2f}x static's"

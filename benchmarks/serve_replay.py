@@ -38,6 +38,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -47,7 +48,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_serve import poisson_arrivals  # noqa: E402  (the same arrivals as the HTTP benchmark)
+from bench_serve import _fractions, poisson_arrivals, quantile  # noqa: E402  (the same arrivals and figures as the HTTP benchmark)
 
 from csdgen.cli._options import count, real  # noqa: E402
 
@@ -127,12 +128,9 @@ def replay(served, arrivals: list[dict], mode: str, max_batch: int, sample: floa
     ok = sorted(s for s, error in out["answers"] if error is None)
     images = sum(a["n"] for a, (_, error) in zip(arrivals, out["answers"]) if error is None)
 
-    def quantile(q: float) -> float | None:
-        return ok[min(len(ok) - 1, int(q * len(ok)))] if ok else None
-
     return {"mode": mode, "requests": len(arrivals), "images": images, "seconds": out["seconds"],
             "images_per_second": images / out["seconds"], "p50": statistics.median(ok) if ok else None,
-            "p95": quantile(0.95), "p99": quantile(0.99),
+            "p95": quantile(ok, 0.95) if ok else None, "p99": quantile(ok, 0.99) if ok else None,
             "queue_wait": out["queue_image_seconds"] / max(1, sum(a["n"] for a in arrivals)),
             "occupancy": rows / iterations if iterations else 0.0, "errors": len(arrivals) - len(ok)}
 
@@ -161,17 +159,6 @@ def one_at_a_time_throughput(served, seconds: float) -> float:
         return done / (time.perf_counter() - began)
     finally:
         scheduler.stop()
-
-
-def _fractions(text: str) -> list[float]:
-    allowed = f"{text!r}: allowed a comma-separated list of finite fractions > 0"
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(allowed) from None
-    if not values or any(not 0 < v < float("inf") for v in values):
-        raise argparse.ArgumentTypeError(allowed)
-    return values
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,8 +192,6 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--json {args.json}: its folder {args.json.parent} does not exist")
     from csdgen.cli.serve import _warmup
     from csdgen.serve.schemas import parse_request
-
-    import subprocess
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     record = {"command": "python benchmarks/serve_replay.py " + " ".join(sys.argv[1:] if argv is None else argv),
