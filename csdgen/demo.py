@@ -306,7 +306,10 @@ def load_demo_model(model_path: str | None = None, weights: str | None = None, *
         from csdgen.models.builtin import load_builtin_model
 
         return load_builtin_model(weights), "built-in model", FAMILY_DEFAULTS["builtin"]
-    from csdgen.models.auto import default_device, family_of, load_model, require_decoder, resolve_checkpoint
+    from csdgen.models.auto import load_model, require_decoder
+    from csdgen.models.detect import family_of
+    from csdgen.models.dtypes import default_device
+    from csdgen.models.sources import resolve_checkpoint
 
     folder = resolve_checkpoint(model_path)
     family = family_of(folder, None, model_path)

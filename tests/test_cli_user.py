@@ -216,7 +216,7 @@ def test_batch_is_capped_by_memory_and_written_batch_by_batch(weights, tmp_path,
     from csdgen.runs import builtin_bytes_per_image
 
     per_image = builtin_bytes_per_image(model, 32, True)  # window 32: the built-in default; guided
-    monkeypatch.setattr("csdgen.models.auto.available_memory", lambda device: 4 * per_image + 1)  # half of it: 2 images
+    monkeypatch.setattr("csdgen.models.memory_check.available_memory", lambda device: 4 * per_image + 1)  # half of it: 2 images
     out = tmp_path / "o"
     assert run("generate", "--weights", weights, "-n", 5, "--batch-size", 100000, "--no-maps", "--out", out) == 0
     err = capsys.readouterr().err

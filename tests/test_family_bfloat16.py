@@ -1,7 +1,7 @@
 """bfloat16 runs of every family's tiny checkpoint: they complete with sane step compression, and the
 acceptance arithmetic stays float32 whatever the model's dtype.
 
-Every family's reference code runs bfloat16 on a GPU (csdgen.models.auto.FAMILY_GPU_DTYPES), so
+Every family's reference code runs bfloat16 on a GPU (csdgen.models.dtypes.FAMILY_GPU_DTYPES), so
 this is the dtype users decode in. The tests are marked ``device``: ``CSDGEN_TEST_DEVICE=cuda
 python -m pytest -m device`` builds the models on the GPU (tests/conftest.py).
 """

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from csdgen.models import ChameleonImageModel, Emu3ImageModel, JanusImageModel, load_model
-from csdgen.models import auto
+from csdgen.models import auto, detect, dtypes, memory_check
 from csdgen.models.defaults import FAMILY_DEFAULTS
+from csdgen.models.defaults import family_defaults_table as FAMILY_DEFAULTS_TABLE
 
 from test_models_chameleon import build_checkpoint as build_chameleon
 from test_models_emu3 import HEIGHT, NEGATIVE, WIDTH
@@ -136,26 +137,27 @@ def test_missing_weights_raise_the_adapters_error(janus_dir, emu3_dir, chameleon
 def test_check_memory_equals_the_adapters_estimate_and_refuses_with_a_batch_that_fits(janus_dir, chameleon_dir, monkeypatch):
     janus = load_model(janus_dir, device="cpu")
     need = {b: janus.memory_estimate(b, 16, torch.float32) for b in (1, 2, 3, 4)}
+    check = memory_check.check_memory  # it looks estimate_memory and available_memory up in memory_check
     room = lambda n: int(n / (1 - auto.HEADROOM)) + 1  # available memory whose usable part is n bytes
-    assert auto.check_memory(janus_dir, "janus", 4, 16, "float32", device="cpu", max_memory_bytes=room(need[4])) == need[4]
+    assert check(janus_dir, "janus", 4, 16, "float32", device="cpu", max_memory_bytes=room(need[4])) == need[4]
     with pytest.raises(ValueError, match=r"^janus at batch size 4, window 16, float32, prompts of 128 tokens needs about .* GiB "
                                          r"but cpu has .* GiB available \(.* GiB after keeping 10% free\); try --batch-size 2$"):
-        auto.check_memory(janus_dir, "janus", 4, 16, "float32", device="cpu", max_memory_bytes=room(need[2] + need[3] >> 1))
+        check(janus_dir, "janus", 4, 16, "float32", device="cpu", max_memory_bytes=room(need[2] + need[3] >> 1))
     with pytest.raises(ValueError, match="try --batch-size [123]$"):  # the headroom is kept: need[4] alone is not enough
-        auto.check_memory(janus_dir, "janus", 4, 16, "float32", device="cpu", max_memory_bytes=need[4])
+        check(janus_dir, "janus", 4, 16, "float32", device="cpu", max_memory_bytes=need[4])
     calls = []  # the estimate is computed once, whatever the batch size
-    real = auto.estimate_memory
-    monkeypatch.setattr(auto, "estimate_memory", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = memory_check.estimate_memory
+    monkeypatch.setattr(memory_check, "estimate_memory", lambda *a, **k: calls.append(1) or real(*a, **k))
     with pytest.raises(ValueError, match="try --batch-size 1"):
-        auto.check_memory(janus_dir, "janus", 64, 16, "float32", device="cpu", max_memory_bytes=room(need[1]))
+        check(janus_dir, "janus", 64, 16, "float32", device="cpu", max_memory_bytes=room(need[1]))
     assert len(calls) == 1
     monkeypatch.undo()
-    short = auto.check_memory(janus_dir, "janus", 4, 16, "float32", device="cpu", max_memory_bytes=1 << 40, prompt_length=10)
+    short = check(janus_dir, "janus", 4, 16, "float32", device="cpu", max_memory_bytes=1 << 40, prompt_length=10)
     assert short == janus.memory_estimate(4, 16, torch.float32, prompt_length=10) < need[4]
     lumina = load_model(chameleon_dir, height=12, width=16, device="cpu")
-    assert auto.check_memory(chameleon_dir, "lumina-mgpt", 2, 8, torch.float32, device="cpu", height=12, width=16,
-                             max_memory_bytes=1 << 40) == lumina.memory_estimate(2, 8, torch.float32)
-    assert 0 < auto.available_memory("cpu")
+    assert check(chameleon_dir, "lumina-mgpt", 2, 8, torch.float32, device="cpu", height=12, width=16,
+                 max_memory_bytes=1 << 40) == lumina.memory_estimate(2, 8, torch.float32)
+    assert 0 < memory_check.available_memory("cpu")
 
 
 def test_load_model_refuses_before_reading_weights(janus_dir, emu3_dir, chameleon_dir, tmp_path):
@@ -188,6 +190,15 @@ def test_load_model_checks_memory_with_the_real_prompt_length(janus_dir, monkeyp
     load_model(janus_dir, device="cpu")
     # <bos> <|User|> : the cat running in the rain <|Assistant|> : <begin_of_image> = 12 tokens; unknown prompts: 128
     assert seen == [12, None]
+
+
+def test_auto_re_exports_the_names_of_detect_dtypes_and_memory_check():
+    """``from csdgen.models.auto import X`` gives the very object of X's home module, for every public name there."""
+    for home in (detect, dtypes, memory_check):
+        for name in home.__all__:
+            assert name in auto.__all__ and getattr(auto, name) is getattr(home, name), (home.__name__, name)
+    assert all(hasattr(auto, name) for name in auto.__all__)
+    assert auto.family_defaults_table is FAMILY_DEFAULTS_TABLE
 
 
 # documentation
@@ -280,7 +291,7 @@ def test_cli_model_options_need_model_and_memory_is_checked(janus_dir, tmp_path,
     assert "--prompt needs --model" in capsys.readouterr().err
     assert run("generate", "--model", tmp_path / "nowhere", "--prompt", "a dog", "--out", tmp_path / "o") == 2
     assert "no such folder" in capsys.readouterr().err
-    monkeypatch.setattr(auto, "available_memory", lambda device: 1000)
+    monkeypatch.setattr(memory_check, "available_memory", lambda device: 1000)  # where check_memory looks it up
     assert run("generate", "--model", janus_dir, "--prompt", "a dog", "--device", "cpu", "--out", tmp_path / "o") == 2
     err = capsys.readouterr().err
     assert "needs about" in err and "GiB available" in err and not (tmp_path / "o").exists()

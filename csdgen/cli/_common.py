@@ -40,7 +40,7 @@ def compile_note(args, device) -> None:
 
 def choose_dtype(args, family: str, device) -> str:
     """The model's dtype name for ``--dtype`` (None / ``auto``: the family's default on ``device``,
-    :func:`csdgen.models.auto.resolve_dtype`), with the run's first line kept in ``args.run_line``
+    :func:`csdgen.models.dtypes.resolve_dtype`), with the run's first line kept in ``args.run_line``
     (:func:`print_run_line` prints it when decoding starts).
 
     Raises:
@@ -48,7 +48,7 @@ def choose_dtype(args, family: str, device) -> str:
     """
     import torch
 
-    from csdgen.models.auto import resolve_dtype
+    from csdgen.models.dtypes import resolve_dtype
 
     given = getattr(args, "dtype", None)
     if family == "builtin" and given not in (None, "auto", "float32"):
@@ -352,7 +352,7 @@ def refuse_builtin_device_map(args) -> None:
 
 def cap_builtin_batch(args, model, window: int, guided: bool, num_images: int) -> int:
     """``--batch-size`` lowered to the number of images and to what memory allows (with a note)."""
-    from csdgen.models.auto import available_memory
+    from csdgen.models.memory_check import available_memory
     from csdgen.runs import builtin_batch_limit
 
     limit = builtin_batch_limit(model, window, guided, available_memory(model.device))
@@ -379,7 +379,7 @@ GREEDY_WARNING = ("csdgen: warning: --temperature 0 is greedy decoding, known to
 def checkpoint_setup(args, *, fixed_window: bool):
     """``--model``'s start-up, shared by the commands: folder, family, defaults, sampling.
 
-    Resolves and checks the checkpoint folder (:func:`csdgen.models.auto.read_config`: one line
+    Resolves and checks the checkpoint folder (:func:`csdgen.models.detect.read_config`: one line
     for what is wrong), fills the options left out from the family's defaults (window: fixed or
     ``auto``), adds the family's guidance schedule unless ``--guidance-schedule constant``, and
     prints :data:`GREEDY_WARNING` once for ``--temperature 0``.
@@ -389,8 +389,9 @@ def checkpoint_setup(args, *, fixed_window: bool):
     """
     from dataclasses import asdict
 
-    from csdgen.models.auto import family_of, read_config, resolve_checkpoint
     from csdgen.models.defaults import FAMILY_DEFAULTS
+    from csdgen.models.detect import family_of, read_config
+    from csdgen.models.sources import resolve_checkpoint
 
     if args.weights is not None:
         raise ValueError("--weights is for the built-in model; with --model the checkpoint folder holds the weights")
@@ -407,7 +408,7 @@ def checkpoint_setup(args, *, fixed_window: bool):
     if getattr(args, "guidance_schedule", "family") == "family":
         from dataclasses import replace
 
-        from csdgen.models.auto import family_guidance
+        from csdgen.models.detect import family_guidance
 
         sampling = replace(sampling, guidance_schedule=family_guidance(family))
     if args.temperature == 0:

@@ -22,7 +22,7 @@ REFRESH_MODES = ("independent", "coupled")
 ENTROPY_UNITS = ("nats", "normalized")
 GUIDANCE_SCHEDULES = ("family", "constant")
 DEVICES = ("cpu", "cuda")
-DTYPES = ("auto", "float32", "bfloat16", "float16")  # csdgen.models.auto.DTYPE_CHOICES (not imported: --help stays free of torch)
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # csdgen.models.dtypes.DTYPE_CHOICES (not imported: --help stays free of torch)
 ENGINES = ("auto", "static", "eager")  # csdgen.models._static.ENGINES (not imported: --help stays free of torch)
 #: method names of ``csdgen compare`` and ``csdgen bench --methods`` (``csdgen.evaluation.compare.method_presets``;
 #: gsd and lantern with a codebook)
@@ -448,7 +448,7 @@ def add_checkpoint_options(g) -> None:
 
 
 def add_dtype(g) -> None:
-    """``--dtype``: one of :data:`DTYPES` in any case (default None = auto: :func:`csdgen.models.auto.resolve_dtype`)."""
+    """``--dtype``: one of :data:`DTYPES` in any case (default None = auto: :func:`csdgen.models.dtypes.resolve_dtype`)."""
     g.add_argument("--dtype", type=one_of(DTYPES, "dtype"), metavar="{" + ",".join(DTYPES) + "}", default=None,
                    help="the model's dtype (default auto: on cuda the family's reference dtype, bfloat16 for every "
                         "released family; float32 on cpu; the built-in model float32 only); the acceptance "

@@ -40,7 +40,9 @@ def run(args) -> int:
     if args.model is None:
         dtype = choose_dtype(args, "builtin", "cpu")  # the built-in model runs where it loads
     else:
-        from csdgen.models.auto import default_device, family_of, resolve_checkpoint
+        from csdgen.models.detect import family_of
+        from csdgen.models.dtypes import default_device
+        from csdgen.models.sources import resolve_checkpoint
 
         dtype = choose_dtype(args, family_of(resolve_checkpoint(args.model), None, args.model), default_device())
     print_run_line(args, file=sys.stdout)  # the first line: model, device, dtype and why

@@ -141,7 +141,8 @@ def _read_prompts(args) -> list[str]:
 def model_job(args):
     """The run plan of a checkpoint (``--model``) and its batch size."""
     from csdgen.engine import AUTO_MAX_WINDOW
-    from csdgen.models.auto import default_device, load_model
+    from csdgen.models.auto import load_model
+    from csdgen.models.dtypes import default_device
     from csdgen.runs import RunPlan, slug
 
     if args.classes:

@@ -44,7 +44,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def run(args) -> int:
     from csdgen.engine import AUTO_MAX_WINDOW
-    from csdgen.models.auto import default_device
+    from csdgen.models.dtypes import default_device
 
     device = args.device or default_device()
     if device == "cuda":
@@ -71,7 +71,9 @@ def run(args) -> int:
         plan = builtin_plan(model, batch_size=args.batch_size, window=min(window, model.num_image_tokens - 1),
                             guided=guided, quantize=args.quantize, device=device)
     else:
-        from csdgen.models.auto import family_of, read_config, resolve_checkpoint, resolve_dtype
+        from csdgen.models.detect import family_of, read_config
+        from csdgen.models.dtypes import resolve_dtype
+        from csdgen.models.sources import resolve_checkpoint
         from csdgen.models.plan import checkpoint_plan
 
         folder = resolve_checkpoint(args.model)

@@ -102,7 +102,7 @@ def _load(args):
     import torch
 
     from csdgen.engine import AUTO_MAX_WINDOW
-    from csdgen.models.auto import available_memory
+    from csdgen.models.memory_check import available_memory
 
     budget = None if args.max_memory is None else int(args.max_memory * 2**30)
     if args.model is None:
@@ -139,8 +139,11 @@ def _load(args):
     from pathlib import Path
 
     from ._common import require_decoder
-    from csdgen.models.auto import (default_device, estimate_memory, family_of, load_model, read_config,
-                                    resolve_checkpoint)
+    from csdgen.models.auto import load_model
+    from csdgen.models.detect import family_of, read_config
+    from csdgen.models.dtypes import default_device
+    from csdgen.models.memory_check import estimate_memory
+    from csdgen.models.sources import resolve_checkpoint
 
     folder = resolve_checkpoint(args.model)
     read_config(folder)

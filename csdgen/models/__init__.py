@@ -20,8 +20,8 @@ _LAZY = {
     "LiquidImageModel": ".liquid",
     "load_model": ".auto",
     "from_model": ".loaded",
-    "family_of": ".auto",
-    "check_memory": ".auto",
+    "family_of": ".detect",
+    "check_memory": ".memory_check",
 }
 
 __all__ = ["DecodingSession", "ImageTokenModel", "WindowLogits", "FunctionModel", "ClassConditionalLlama", *_LAZY]

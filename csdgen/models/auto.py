@@ -1,26 +1,16 @@
-"""Load any supported checkpoint by its folder or Hugging Face repo id: family detection, memory check.
+"""Load any supported checkpoint by its folder or Hugging Face repo id (:func:`load_model`).
 
-The family comes from ``config.json``'s ``model_type``:
+Before any weight is read, :func:`load_model` finds the family (:mod:`csdgen.models.detect`), the
+dtype (:mod:`csdgen.models.dtypes`), checks the image size, prompt template and special tokens
+(:func:`prompts_for`: the config and tokenizer only), the prompts' length and the memory
+(:mod:`csdgen.models.memory_check`); then the family's adapter reads the weights.
+:func:`require_decoder` refuses a loaded model without its image decoder.
 
-* ``janus`` -> :class:`~csdgen.models.janus.JanusImageModel` (defaults ``FAMILY_DEFAULTS["janus"]``);
-* ``emu3`` -> :class:`~csdgen.models.emu3.Emu3ImageModel` (``"emu3"``);
-* ``chameleon`` -> :class:`~csdgen.models.chameleon.ChameleonImageModel`, layout ``"lumina"``
-  (defaults ``"lumina-mgpt"``) or ``"anole"`` (``"anole"``); or, when the vocabulary holds
-  ``<MOVQGAN...>`` image tokens, :class:`~csdgen.models.lumina2.Lumina2ImageModel`
-  (``"lumina-mgpt-2"``): Lumina-mGPT 2.0 also says ``chameleon`` and ``ChameleonXLLMX...``, but its
-  image tokens are MoVQGAN codes, so it is never read as Lumina-mGPT 1.0 (no ``layout`` applies);
-* ``glm_image`` -> :class:`~csdgen.models.glm_image.GlmImageModel` (``"glm-image"``): the folder is
-  GLM-Image's diffusers pipeline (``model_index.json``; the AR model's config is
-  ``vision_language_encoder/config.json``) or that AR-model folder itself;
-* ``gemma`` -> :class:`~csdgen.models.liquid.LiquidImageModel` (``"liquid"``): a Gemma whose
-  vocabulary holds image rows past its tokenizer's (a plain Gemma is refused by the adapter).
-
-Chameleon layout rule when none is given (:func:`guess_layout`): ``"lumina"`` if
-``config.json``'s ``architectures`` holds Lumina-mGPT's own class
-(``ChameleonXLLMXForConditionalGeneration``); else ``"anole"`` if the name the user gave (repo
-id or path) or the folder's name contains ``anole`` (any case) and not ``lumina``; otherwise
-``"lumina"``. Both share the Chameleon vocabulary, so nothing else in the config tells them
-apart; pass ``layout`` to be sure.
+The public names of :mod:`~csdgen.models.detect`, :mod:`~csdgen.models.dtypes` and
+:mod:`~csdgen.models.memory_check` (and :func:`~csdgen.models.defaults.family_defaults_table`)
+are importable from here too. A function finds the others in its own module's namespace, so a
+test that replaces one patches the module whose code calls it: ``memory_check.estimate_memory``
+for :func:`~csdgen.models.memory_check.check_memory`, ``auto.check_memory`` for :func:`load_model`.
 
 Nothing is downloaded: a repo id must already be in the local Hugging Face cache.
 Heavy imports (transformers, the adapters) happen inside the functions, so ``import csdgen``
@@ -35,14 +25,23 @@ from typing import Any
 
 import torch
 
-from ._transformers import DTYPES as _DTYPES
-from ._transformers import HEADROOM, MemoryEstimate, check_checkpoint, meta_parameter_count, movqgan_token_ids
+from ._transformers import HEADROOM, check_checkpoint
 from .base import ImageTokenModel
+from .defaults import family_defaults_table
+from .detect import FAMILIES, MODEL_TYPES, family_guidance, family_of, guess_layout, model_folder, model_type_of, read_config
+from .dtypes import DTYPE_CHOICES, FAMILY_GPU_DTYPES, _dtype, default_device, default_dtype, resolve_dtype
+from .memory_check import (DEFAULT_PROMPT_LENGTH, MODEL_CLASSES, available_memory, check_memory, estimate_memory,
+                           estimate_memory_bytes, model_skeleton, quantized_weight_bytes)
 from .sources import janus_side as _janus_size
 from .sources import layout_rule, resolve_checkpoint
 from .sources import size_arguments as _size
+from .sources import square_side as _square
 
 __all__ = [
+    "load_model",
+    "prompts_for",
+    "require_decoder",
+    # re-exported from csdgen.models.detect, .dtypes, .memory_check, .defaults and .sources
     "MODEL_TYPES",
     "FAMILIES",
     "resolve_checkpoint",
@@ -52,13 +51,10 @@ __all__ = [
     "layout_rule",
     "family_of",
     "family_guidance",
-    "require_decoder",
+    "model_folder",
     "available_memory",
     "HEADROOM",
     "DEFAULT_PROMPT_LENGTH",
-    "FAMILIES",
-    "model_folder",
-    "prompts_for",
     "estimate_memory",
     "estimate_memory_bytes",
     "check_memory",
@@ -67,115 +63,14 @@ __all__ = [
     "resolve_dtype",
     "DTYPE_CHOICES",
     "FAMILY_GPU_DTYPES",
-    "load_model",
     "family_defaults_table",
     "MODEL_CLASSES",
     "model_skeleton",
     "quantized_weight_bytes",
 ]
 
-#: config.json ``model_type`` -> the adapter that drives it
-MODEL_TYPES = {"janus": "JanusImageModel", "emu3": "Emu3ImageModel", "chameleon": "ChameleonImageModel",
-               "glm_image": "GlmImageModel", "gemma": "LiquidImageModel"}
-#: model_type -> FAMILY_DEFAULTS key, where the two differ only by name
-_FAMILY_OF_TYPE = {"glm_image": "glm-image", "gemma": "liquid"}
-#: a diffusers pipeline index's class -> its AR model's subfolder
-_PIPELINE_MODELS = {"GlmImagePipeline": "vision_language_encoder"}
-#: the family keys :func:`family_of` returns for checkpoint folders
-FAMILIES = ("janus", "emu3", "lumina-mgpt", "anole", "lumina-mgpt-2", "glm-image", "liquid")
-#: prompt tokens the memory check assumes when the prompts are not given
-DEFAULT_PROMPT_LENGTH = 128
 #: model_type -> the family name check_checkpoint's messages use
 _CHECK_NAMES = {"glm_image": "GLM-Image", "gemma": "Liquid"}
-#: the families prompts_for / estimate_memory / load_model know (keys of FAMILY_DEFAULTS)
-
-
-def model_folder(folder: Path) -> Path:
-    """The folder holding the AR model's config.json: ``folder``, or for a diffusers pipeline folder
-    (``model_index.json`` of a known pipeline, GLM-Image's) its AR-model subfolder.
-
-    Raises:
-        ValueError: a diffusers pipeline csdgen does not drive (naming its class).
-    """
-    folder = Path(folder)
-    index = folder / "model_index.json"
-    if (folder / "config.json").is_file() or not index.is_file():
-        return folder
-    from csdgen.jsonio import read_json
-
-    name = read_json(index, what="a diffusers pipeline index").get("_class_name")
-    if name not in _PIPELINE_MODELS:
-        raise ValueError(f"{str(index)!r} is a diffusers {name!r} pipeline; csdgen drives {', '.join(_PIPELINE_MODELS)} "
-                         f"(or transformers folders with config.json)")
-    return folder / _PIPELINE_MODELS[name]
-
-
-def read_config(folder: Path) -> dict:
-    """The folder's ``config.json`` (a pipeline folder's: see :func:`model_folder`), checked: a JSON
-    object, and not the original Janus format.
-
-    Raises:
-        FileNotFoundError: no config.json. ValueError: not JSON or not an object (naming the
-        file), or DeepSeek's original Janus format (``model_type`` ``multi_modality``).
-    """
-    from csdgen.jsonio import read_json
-
-    file = model_folder(Path(folder)) / "config.json"
-    if not file.is_file():
-        raise FileNotFoundError(f"{str(folder)!r} has no config.json: not a transformers checkpoint folder")
-    config = read_json(file, what="a transformers model config")
-    if config.get("model_type") == "multi_modality":
-        raise ValueError(
-            f"{str(file)!r} is DeepSeek's original Janus format (model_type 'multi_modality'); csdgen loads the "
-            f"transformers-format copy (model_type 'janus', e.g. the deepseek-community/Janus-Pro-7B repo): "
-            f"download that and pass its folder")
-    return config
-
-
-def model_type_of(path: str | os.PathLike) -> str:
-    """``config.json``'s ``model_type`` of a checkpoint folder, checked against :data:`MODEL_TYPES`.
-
-    Raises:
-        FileNotFoundError: no config.json. ValueError: unsupported model type.
-    """
-    model_type = read_config(Path(path)).get("model_type")
-    if model_type not in MODEL_TYPES:
-        raise ValueError(f"{str(path)!r} has model_type={model_type!r}; supported families: {', '.join(MODEL_TYPES)}")
-    return model_type
-
-
-def guess_layout(path: str | os.PathLike, name: str | None = None) -> str:
-    """Chameleon layout of a checkpoint, ``"lumina"`` or ``"anole"`` (rule in the module docstring).
-
-    Args:
-        path: the checkpoint folder; name: the repo id or path the user gave (default ``path``).
-    """
-    return layout_rule(read_config(Path(path)).get("architectures"), name, Path(path).name)
-
-
-def family_of(path: str | os.PathLike, layout: str | None = None, name: str | None = None) -> str:
-    """The key of :data:`~csdgen.models.defaults.FAMILY_DEFAULTS` for a checkpoint folder.
-
-    ``janus``, ``emu3``, ``glm-image``, ``liquid``, or for Chameleon checkpoints ``lumina-mgpt-2``
-    when the vocabulary holds ``<MOVQGAN...>`` image tokens, else ``lumina-mgpt`` / ``anole``
-    (``layout`` when given, else :func:`guess_layout`).
-
-    Raises:
-        FileNotFoundError: no config.json. ValueError: unsupported model type or layout, or a
-        layout given for a Lumina-mGPT 2.0 checkpoint.
-    """
-    model_type = model_type_of(path)
-    if model_type != "chameleon":
-        return _FAMILY_OF_TYPE.get(model_type, model_type)
-    if movqgan_token_ids(read_config(Path(path)).get("vocabulary_map")):
-        if layout is not None:
-            raise ValueError(f"layout={layout!r}: {str(path)!r} is a Lumina-mGPT 2.0 checkpoint (<MOVQGAN...> image "
-                             "tokens), which has one layout of its own; leave layout out")
-        return "lumina-mgpt-2"
-    layout = layout or guess_layout(path, name)
-    if layout not in ("lumina", "anole"):
-        raise ValueError(f"layout={layout!r}; allowed: lumina, anole")
-    return "lumina-mgpt" if layout == "lumina" else "anole"
 
 
 def require_decoder(model, name, folder: str | os.PathLike) -> None:
@@ -198,105 +93,6 @@ def require_decoder(model, name, folder: str | os.PathLike) -> None:
         raise ValueError(f"{str(name)!r}: {model.decoder_problem}")
 
 
-def family_guidance(family: str):
-    """The family's own guidance schedule (:class:`csdgen.guidance.GuidanceSchedule`), None for a constant scale.
-
-    ``lumina-mgpt-2``: :class:`~csdgen.models.lumina2.Lumina2Guidance`; every other family: None.
-    """
-    if family == "lumina-mgpt-2":
-        from .lumina2 import Lumina2Guidance
-
-        return Lumina2Guidance()
-    return None
-
-
-def default_device() -> str:
-    """``"cuda"`` when a GPU is visible, else ``"cpu"``."""
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-#: what ``dtype`` / ``--dtype`` accepts: a name of ``DTYPES``, or ``auto`` (= None: :func:`resolve_dtype`'s default)
-DTYPE_CHOICES = ("auto", *_DTYPES)
-
-#: the dtype each family's reference code runs on a GPU (the released weights' dtype, what the authors'
-#: inference scripts load: Janus-Pro, Emu3, Lumina-mGPT 1.0 and 2.0, Anole / Chameleon, GLM-Image and
-#: Liquid all bfloat16); the built-in model was trained and is measured in float32. On a CPU every
-#: model runs float32 (:func:`resolve_dtype`).
-FAMILY_GPU_DTYPES = {"janus": torch.bfloat16, "emu3": torch.bfloat16, "lumina-mgpt": torch.bfloat16,
-                     "anole": torch.bfloat16, "lumina-mgpt-2": torch.bfloat16, "glm-image": torch.bfloat16,
-                     "liquid": torch.bfloat16, "builtin": torch.float32}
-
-
-def default_dtype(device: str | torch.device, family: str | None = None) -> torch.dtype:
-    """The dtype a model runs in when none is given: :func:`resolve_dtype`'s, without the reason.
-
-    Args:
-        device: where it runs. family: a key of :data:`FAMILY_GPU_DTYPES` (None: a released checkpoint's,
-            bfloat16 on CUDA).
-    """
-    return resolve_dtype(None, device, family)[0]
-
-
-def resolve_dtype(dtype: torch.dtype | str | None, device: str | torch.device,
-                  family: str | None = None) -> tuple[torch.dtype, str]:
-    """The dtype a model runs in, and why, in words for a run's first line.
-
-    Given (a name of :data:`DTYPE_CHOICES` other than ``auto``, or a torch dtype of them): that one,
-    ``"as given"``. Else (None or ``"auto"``): on CUDA the family's :data:`FAMILY_GPU_DTYPES` entry
-    (``"the family's default on cuda"``; the built-in model: float32, ``"the built-in model's
-    dtype"``); on any other device float32 (``"the default on cpu"``).
-
-    Args:
-        dtype: ``"auto"``, ``"float32"``, ``"bfloat16"``, ``"float16"``, a torch dtype of these, or None.
-        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ... or a torch.device.
-        family: a key of :data:`FAMILY_GPU_DTYPES`; None: a released checkpoint (bfloat16 on CUDA).
-
-    Returns:
-        ``(torch dtype, reason)``, e.g. ``(torch.bfloat16, "the family's default on cuda")``.
-
-    Raises:
-        ValueError: a dtype or family not allowed (one line naming the value and the allowed ones).
-    """
-    if family is not None and family not in FAMILY_GPU_DTYPES:
-        raise ValueError(f"family={family!r}: allowed {', '.join(FAMILY_GPU_DTYPES)}")
-    if isinstance(dtype, str) and dtype in _DTYPES:
-        return _DTYPES[dtype], "as given"
-    if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
-        return dtype, "as given"
-    if dtype is not None and dtype != "auto":
-        raise ValueError(f"dtype={dtype!r}: allowed {', '.join(DTYPE_CHOICES)}")
-    kind = torch.device(device).type
-    if family == "builtin":
-        return torch.float32, "the built-in model's dtype"
-    if kind == "cuda":
-        return FAMILY_GPU_DTYPES[family or "janus"], "the family's default on cuda"
-    return torch.float32, f"the default on {kind}"
-
-
-def _dtype(dtype: torch.dtype | str | None, device: str | torch.device, family: str | None = None) -> torch.dtype:
-    return resolve_dtype(dtype, device, family)[0]
-
-
-def available_memory(device: str | torch.device) -> int:
-    """Free bytes on ``device``: ``torch.cuda.mem_get_info`` on CUDA, MemAvailable (or sysconf) on CPU."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def _square(height: int | None, width: int | None, family: str) -> int | None:
-    if height != width:
-        raise ValueError(f"{family} makes square images only; got height={height}, width={width}")
-    return height
-
-
 def prompts_for(path: str | os.PathLike, family: str, *, height: int | None = None, width: int | None = None,
                 image_size: int | None = None, prompt_template: str | None = None, negative_prompt: str | None = None,
                 positive_prompt: str | None = None, vqgan_dir: str | None = None):
@@ -305,9 +101,10 @@ def prompts_for(path: str | os.PathLike, family: str, *, height: int | None = No
     Lumina-mGPT: a side not given comes from the folder's name
     (:func:`~csdgen.models.chameleon.lumina_pixel_size`).
 
+    Returns:
         :class:`~csdgen.models.janus.JanusPrompts`, :class:`~csdgen.models.emu3.Emu3Prompts`,
-    :class:`~csdgen.models.chameleon.ChameleonPrompts`, :class:`~csdgen.models.glm_image.GlmImagePrompts`
-    or :class:`~csdgen.models.liquid.LiquidPrompts`; building it checks the image size.
+        :class:`~csdgen.models.chameleon.ChameleonPrompts`, :class:`~csdgen.models.glm_image.GlmImagePrompts`
+        or :class:`~csdgen.models.liquid.LiquidPrompts`; building it checks the image size.
 
     Raises:
         ValueError: unsupported family or size, a bad template, missing special tokens.
@@ -346,162 +143,6 @@ def prompts_for(path: str | os.PathLike, family: str, *, height: int | None = No
 
         return LiquidPrompts.from_folder(path, vqgan_dir=vqgan_dir, image_size=_square(height, width, "Liquid"), **template)
     raise ValueError(f"family={family!r}; allowed: {', '.join(FAMILIES)}")
-
-
-def estimate_memory(path: str | os.PathLike, family: str, window: int, dtype: torch.dtype | str, *,
-                    height: int | None = None, width: int | None = None, image_size: int | None = None,
-                    guided: bool = True, prompt_length: int | None = None, vqgan_dir: str | None = None) -> MemoryEstimate:
-    """The adapter's config-only memory estimate (weights not read), linear in the batch size.
-
-    Args:
-        family: a key of ``FAMILY_DEFAULTS`` as :func:`family_of` returns it.
-        guided: two rows per image; GLM-Image always runs one (its AR stage has no guidance).
-        prompt_length: tokens of the longest prompt row; default :data:`DEFAULT_PROMPT_LENGTH`.
-
-    Raises:
-        ValueError: unsupported family, size or dtype; FileNotFoundError: missing config/weights.
-    """
-    height, width = _size(height, width, image_size)
-    dtype = _dtype(dtype, "cpu")
-    length = DEFAULT_PROMPT_LENGTH if prompt_length is None else int(prompt_length)
-    if family == "janus":
-        from transformers import JanusConfig, JanusForConditionalGeneration
-
-        from .janus import check_image_size, janus_memory
-
-        config = JanusConfig.from_pretrained(check_checkpoint(path, "Janus"))
-        check_image_size(config, _janus_size(height, width))
-        return janus_memory(config, meta_parameter_count(JanusForConditionalGeneration, config), window, dtype, length, guided)
-    if family == "emu3":
-        from transformers import Emu3Config, Emu3ForConditionalGeneration
-
-        from .emu3 import emu3_memory, image_grid
-
-        config = Emu3Config.from_pretrained(check_checkpoint(path, "Emu3"))
-        count = meta_parameter_count(Emu3ForConditionalGeneration, config)
-        return emu3_memory(config, count, window, dtype, image_grid(config, height, width), length, guided)
-    if family in ("lumina-mgpt", "anole"):
-        from transformers import ChameleonConfig
-
-        from .chameleon import ChameleonLayout, config_memory, lumina_pixel_size
-
-        config = ChameleonConfig.from_pretrained(check_checkpoint(path, "Chameleon"))
-        if family == "lumina-mgpt":
-            height, width = lumina_pixel_size(height, width, path)
-        layout = ChameleonLayout.build(config, "lumina" if family == "lumina-mgpt" else "anole", height, width)
-        return config_memory(config, layout, window, dtype, guided, length)
-    if family == "lumina-mgpt-2":
-        from transformers import ChameleonConfig
-
-        from ._transformers import load_tokenizer
-        from .lumina2 import Lumina2Layout, lumina2_memory
-
-        folder = check_checkpoint(path, "Lumina-mGPT 2.0")
-        config = ChameleonConfig.from_pretrained(folder)
-        layout = Lumina2Layout.build(config, height, width, load_tokenizer(folder))
-        return lumina2_memory(config, layout, window, dtype, guided, length)
-    if family == "glm-image":
-        from transformers import GlmImageConfig
-
-        from .glm_image import GlmImageFolders, GlmImageLayout, decoder_parameters, glm_image_memory
-
-        parts = GlmImageFolders.find(path)
-        config = GlmImageConfig.from_pretrained(check_checkpoint(parts.model, "GLM-Image"))
-        return glm_image_memory(config, GlmImageLayout.build(height, width), window, dtype, length,
-                                decoder=decoder_parameters(parts.pipeline))
-    if family == "liquid":
-        from .liquid import LiquidPrompts, liquid_memory
-
-        prompts = LiquidPrompts.from_folder(path, vqgan_dir=vqgan_dir, image_size=_square(height, width, "Liquid"))
-        return liquid_memory(prompts.config, prompts.num_image_tokens, prompts.codebook_size, window, dtype, guided, length)
-    raise ValueError(f"family={family!r}; allowed: {', '.join(FAMILIES)}")
-
-
-#: family -> the transformers class its checkpoints load as
-MODEL_CLASSES = {"janus": "JanusForConditionalGeneration", "emu3": "Emu3ForConditionalGeneration",
-                 "lumina-mgpt": "ChameleonForConditionalGeneration", "anole": "ChameleonForConditionalGeneration",
-                 "lumina-mgpt-2": "ChameleonForConditionalGeneration", "glm-image": "GlmImageForConditionalGeneration",
-                 "liquid": "GemmaForCausalLM"}
-
-
-def model_skeleton(path: str | os.PathLike, family: str, dtype: torch.dtype) -> torch.nn.Module:
-    """The family's transformers model of the folder's config built on the ``meta`` device (nothing allocated).
-
-    Raises:
-        ValueError: an unknown family.
-    """
-    import transformers
-    from transformers import AutoConfig
-
-    if family not in MODEL_CLASSES:
-        raise ValueError(f"family={family!r}; allowed: {', '.join(MODEL_CLASSES)}")
-    config = AutoConfig.from_pretrained(model_folder(Path(path)))
-    with torch.device("meta"):
-        return getattr(transformers, MODEL_CLASSES[family])._from_config(config, dtype=dtype)
-
-
-def quantized_weight_bytes(path: str | os.PathLike, family: str, dtype: torch.dtype | str, quantize: str | None) -> int:
-    """Bytes of a checkpoint's weights in ``dtype`` with its decoder layers quantised as ``quantize``
-    (:func:`csdgen.models.memory.planned_weight_bytes` of :func:`model_skeleton`; no weight is read)."""
-    from .memory import planned_weight_bytes
-
-    dtype = _dtype(dtype, "cpu")
-    skeleton = model_skeleton(path, family, dtype)
-    total = planned_weight_bytes(skeleton, dtype, quantize)
-    vq = getattr(getattr(skeleton, "model", skeleton), "vqmodel", None)
-    if family == "lumina-mgpt-2" and vq is not None:  # the release holds no vqmodel: dropped on load
-        total -= planned_weight_bytes(vq, dtype)
-    return total
-
-
-def estimate_memory_bytes(path: str | os.PathLike, family: str, batch_size: int, window: int, dtype: torch.dtype | str,
-                          **kwargs) -> int:
-    """:func:`estimate_memory` for ``batch_size`` images, in bytes (keyword arguments as there)."""
-    return estimate_memory(path, family, window, dtype, **kwargs).bytes(batch_size)
-
-
-def check_memory(path: str | os.PathLike, family: str, batch_size: int, window: int, dtype: torch.dtype | str | None,
-                 *, device: str | torch.device | None = None, height: int | None = None, width: int | None = None,
-                 image_size: int | None = None, guided: bool = True, max_memory_bytes: int | None = None,
-                 prompt_length: int | None = None, vqgan_dir: str | None = None, quantize: str | None = None,
-                 split: bool = False) -> int:
-    """Refuse a batch that cannot fit, before any weight is read; return the estimate in bytes.
-
-    The estimate (:func:`estimate_memory`) is computed once; it is linear in the batch size,
-    which gives the largest batch that fits directly. Available memory: ``max_memory_bytes``
-    when given, else :func:`available_memory` of ``device`` (default :func:`default_device`);
-    the estimate may use all but :data:`~csdgen.models._transformers.HEADROOM` of it.
-
-    With ``quantize``, the weights count at their quantised size (:mod:`csdgen.models.memory`); with
-    ``split`` (a device map: accelerate places what does not fit elsewhere) nothing is refused.
-
-    Raises:
-        ValueError: one line naming the batch size, window, dtype, prompt length, the estimate,
-            the available and usable memory, and the largest batch size that fits.
-    """
-    device = device or default_device()
-    dtype = _dtype(dtype, device, family if family in FAMILY_GPU_DTYPES else None)
-    estimate = estimate_memory(path, family, window, dtype, height=height, width=width, image_size=image_size,
-                               guided=guided, prompt_length=prompt_length, vqgan_dir=vqgan_dir)
-    if quantize is not None:
-        from dataclasses import replace
-
-        extra = estimate.fixed - estimate.parameters * estimate.element_size
-        estimate = replace(estimate, fixed=quantized_weight_bytes(path, family, dtype, quantize) + max(extra, 0))
-    if split:
-        return estimate.bytes(batch_size)
-    need = estimate.bytes(batch_size)
-    have = available_memory(device) if max_memory_bytes is None else int(max_memory_bytes)
-    if need <= estimate.usable(have):
-        return need
-    fits = min(estimate.largest_batch(have), batch_size - 1)
-    hint = f"try --batch-size {fits}" if fits >= 1 else "even batch size 1 does not fit: try a smaller dtype, image or another device"
-    length = DEFAULT_PROMPT_LENGTH if prompt_length is None else prompt_length
-    raise ValueError(
-        f"{family} at batch size {batch_size}, window {window}, {str(dtype).removeprefix('torch.')}, prompts of {length} tokens "
-        f"needs about {need / 2**30:.2f} GiB but {torch.device(device).type} has {have / 2**30:.2f} GiB available "
-        f"({estimate.usable(have) / 2**30:.2f} GiB after keeping {estimate.headroom:.0%} free); {hint}"
-    )
 
 
 def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, device: str | torch.device | None = None,
@@ -665,19 +306,3 @@ def _load_family(family, folder, dtype, device, height, width, layout, vqgan, vq
                                                vqgan=vqgan, prompt_template=prompt_template)
 
 
-def family_defaults_table() -> str:
-    """The Markdown table of :data:`~csdgen.models.defaults.FAMILY_DEFAULTS` that docs/models.md holds.
-
-    A test checks that docs/models.md contains exactly this text, so the two cannot drift.
-    """
-    from .defaults import FAMILY_DEFAULTS
-
-    lines = ["| family | guidance scale | temperature | top-k | top-p | window | lambda | delta | sources | notes |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for name, d in FAMILY_DEFAULTS.items():
-        top_k = "none" if d.top_k is None else str(d.top_k)
-        top_p = "none" if d.top_p is None else f"{d.top_p:g}"
-        cells = [f"`{name}`", f"{d.guidance_scale:g}", f"{d.temperature:g}", top_k, top_p, str(d.window), f"{d.lam:g}",
-                 f"{d.delta:g}", d.sources, d.notes or "-"]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(lines)

@@ -2,7 +2,7 @@
 
 ``None`` for top-k / top-p means none. Where no value is published the entry says so in
 ``notes`` and csdgen falls back to the CSD reference values (lambda 0.5, delta 0.65, window 16).
-The same table is in ``docs/models.md``.
+The same table is in ``docs/models.md`` (:func:`family_defaults_table` writes it; a test compares the two).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["FamilyDefaults", "FAMILY_DEFAULTS", "family_defaults", "METHOD_DRAFT_INIT", "METHOD_REFRESH", "PRESETS",
-           "method_refresh"]
+           "method_refresh", "family_defaults_table"]
 
 
 @dataclass(frozen=True)
@@ -129,3 +129,19 @@ METHOD_DRAFT_INIT: dict[str, str] = {
 def method_refresh(method: str) -> str:
     """The default refresh of ``method`` (a method name, :data:`METHOD_REFRESH`; unknown: ``"independent"``)."""
     return METHOD_REFRESH.get(method, "independent")
+
+
+def family_defaults_table() -> str:
+    """The Markdown table of :data:`FAMILY_DEFAULTS` that docs/models.md holds.
+
+    A test checks that docs/models.md contains exactly this text, so the two cannot drift.
+    """
+    lines = ["| family | guidance scale | temperature | top-k | top-p | window | lambda | delta | sources | notes |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, d in FAMILY_DEFAULTS.items():
+        top_k = "none" if d.top_k is None else str(d.top_k)
+        top_p = "none" if d.top_p is None else f"{d.top_p:g}"
+        cells = [f"`{name}`", f"{d.guidance_scale:g}", f"{d.temperature:g}", top_k, top_p, str(d.window), f"{d.lam:g}",
+                 f"{d.delta:g}", d.sources, d.notes or "-"]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines)

@@ -96,7 +96,7 @@ def from_model(model: Any, processor: Any = None, *, layout: str | None = None, 
         processor: Janus: its ``JanusProcessor``; Emu3 / Chameleon: the processor or its
             tokenizer; None: loaded from the source folder when it is here, else token-id prompts only.
         layout: Chameleon only, ``"lumina"`` or ``"anole"`` (default: the rule of
-            :func:`~csdgen.models.auto.guess_layout` on the config's ``architectures`` and the name).
+            :func:`~csdgen.models.detect.guess_layout` on the config's ``architectures`` and the name).
         height, width / image_size: pixels, as for :func:`~csdgen.models.auto.load_model`.
         vqgan: Chameleon only, Chameleon's VQGAN (a ``ChameleonVQGANDecoder``, a folder or the
             ``vqgan.ckpt`` file); default: the source folder's, if it holds one.

@@ -18,8 +18,8 @@ __all__ = ["builtin_plan", "checkpoint_plan", "free_memory"]
 
 
 def free_memory(device: str | torch.device) -> int:
-    """Free bytes of ``device`` (:func:`csdgen.models.auto.available_memory`)."""
-    from .auto import available_memory
+    """Free bytes of ``device`` (:func:`csdgen.models.memory_check.available_memory`)."""
+    from .memory_check import available_memory
 
     return available_memory(device)
 
@@ -79,17 +79,18 @@ def checkpoint_plan(path: str | os.PathLike, family: str, *, batch_size: int, wi
                     free: int | None = None, prompt_length: int | None = None, **sizes) -> MemoryPlan:
     """The memory plan of a checkpoint folder (config only; no weight is read).
 
-    The KV cache and window buffers are the family's estimate (:func:`csdgen.models.auto.estimate_memory`);
+    The KV cache and window buffers are the family's estimate (:func:`csdgen.models.memory_check.estimate_memory`);
     the weights are the model built on ``meta`` with its decoder layers quantised as ``quantize``,
     plus the family's further fixed bytes (e.g. Chameleon's copy of the image rows of ``lm_head``).
 
     Args:
-        sizes: ``height``, ``width``, ``image_size``, ``vqgan_dir`` as :func:`~csdgen.models.auto.estimate_memory` takes.
+        sizes: ``height``, ``width``, ``image_size``, ``vqgan_dir`` as :func:`~csdgen.models.memory_check.estimate_memory` takes.
 
     Raises:
-        ValueError / FileNotFoundError: as :func:`~csdgen.models.auto.estimate_memory`.
+        ValueError / FileNotFoundError: as :func:`~csdgen.models.memory_check.estimate_memory`.
     """
-    from .auto import DEFAULT_PROMPT_LENGTH, estimate_memory, quantized_weight_bytes, resolve_dtype
+    from .dtypes import resolve_dtype
+    from .memory_check import DEFAULT_PROMPT_LENGTH, estimate_memory, quantized_weight_bytes
 
     dtype = resolve_dtype(dtype, device)[0]
     estimate = estimate_memory(path, family, window, dtype, guided=guided, prompt_length=prompt_length, **sizes)

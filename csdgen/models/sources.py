@@ -1,7 +1,7 @@
 """Where a checkpoint is and what its names say: a folder or cached repo id, the Chameleon layout
-rule, the size arguments. Shared by :mod:`csdgen.models.auto` (folders) and
-:mod:`csdgen.models.loaded` (in-memory models); only the standard library and huggingface_hub
-(inside the function) are imported.
+rule, the size arguments. Shared by the folder loaders (:mod:`csdgen.models.detect`,
+:mod:`csdgen.models.memory_check`, :mod:`csdgen.models.auto`) and :mod:`csdgen.models.loaded`
+(in-memory models); only the standard library and huggingface_hub (inside the function) are imported.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["LUMINA_ARCHITECTURES", "resolve_checkpoint", "layout_rule", "size_arguments", "janus_side"]
+__all__ = ["LUMINA_ARCHITECTURES", "resolve_checkpoint", "layout_rule", "size_arguments", "square_side", "janus_side"]
 
 #: the config ``architectures`` entry of Lumina-mGPT's own class
 LUMINA_ARCHITECTURES = ("ChameleonXLLMXForConditionalGeneration",)
@@ -43,7 +43,7 @@ def resolve_checkpoint(path_or_id: str | os.PathLike) -> Path:
 
 
 def layout_rule(architectures: list[str] | None, *names: str | os.PathLike | None) -> str:
-    """The rule of :func:`csdgen.models.auto.guess_layout` on a config's ``architectures`` and the names given (repo id, path, folder name)."""
+    """The rule of :func:`csdgen.models.detect.guess_layout` on a config's ``architectures`` and the names given (repo id, path, folder name)."""
     if any(a in LUMINA_ARCHITECTURES for a in architectures or ()):
         return "lumina"
     text = " ".join(str(n) for n in names if n is not None).lower()
@@ -61,12 +61,21 @@ def size_arguments(height: int | None, width: int | None, image_size: int | None
     return (image_size, image_size) if image_size is not None else (height, width)
 
 
+def square_side(height: int | None, width: int | None, family: str) -> int | None:
+    """The one side of a square image of ``family`` (a name for the message, e.g. ``"Liquid"``).
+
+    Raises:
+        ValueError: ``height != width`` (naming the family and both sides).
+    """
+    if height != width:
+        raise ValueError(f"{family} makes square images only; got height={height}, width={width}")
+    return height
+
+
 def janus_side(height: int | None, width: int | None) -> int | None:
     """The one side of a Janus image (square only).
 
     Raises:
         ValueError: ``height != width``.
     """
-    if height != width:
-        raise ValueError(f"Janus makes square images only; got height={height}, width={width}")
-    return height
+    return square_side(height, width, "Janus")
