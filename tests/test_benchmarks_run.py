@@ -43,7 +43,7 @@ def test_bench_decoding_pairs_rounds_and_says_when_three_percent_is_not_told_apa
 
 def test_bench_decoding_reduced_run_prints_the_goal_lines():
     run = subprocess.run(
-        [sys.executable, "benchmarks/bench_decoding.py", "--batches", "1", "--repeats", "2", "--images", "1", "--min-batches", "2",
+        [sys.executable, "benchmarks/bench_decoding.py", "--batches", "1", "--repeats", "2", "--images", "1", "--min-batches", "1",
          "--timing-repeats", "1", "--no-profile", "--methods", "csd"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     goals = [line for line in run.stdout.splitlines() if line.startswith("goal ") and " batch 1:" in line]
@@ -51,8 +51,8 @@ def test_bench_decoding_reduced_run_prints_the_goal_lines():
     assert [line.split()[1] for line in goals] == ["CSD"], run.stdout
     assert all("paired gaps" in line and "(95 %)" in line for line in goals), run.stdout
     assert "CSD at window 32 and auto" in run.stdout and "\nSJD " not in run.stdout
-    # one image per round, but at least two batches: --min-batches decides the calls per cell
-    assert "2 rounds, each of 2 batch(es) of 1 per cell" in run.stdout, run.stdout[:600]
+    # one image per round, one batch (the fewest decodes that still give two paired rounds)
+    assert "2 rounds, each of 1 batch(es) of 1 per cell" in run.stdout, run.stdout[:600]
     assert "cells by the means; by the paired intervals:" in run.stdout and "width chooser's check" in run.stdout
 
 
