@@ -334,3 +334,29 @@ def test_a_real_option_refuses_values_outside_its_interval_naming_what_is_allowe
     for bad in ("0", "inf", "-3"):
         with pytest.raises(argparse.ArgumentTypeError, match="allowed a number > 0"):
             positive(bad)
+
+
+def test_help_texts_name_the_real_auto_widest_window_and_an_existing_section():
+    """plan's help said the widest auto window was 64 (it is 32) and refused --window auto; generate's
+    and serve's --window help pointed to a README section that does not exist and serve's spoke of --batch-size."""
+    from csdgen.cli import plan as plan_cli
+    from csdgen.engine import AUTO_MAX_WINDOW
+
+    parser = cli.build_parser()
+    assert plan_cli.AUTO_WIDEST == AUTO_MAX_WINDOW
+    plan_help = " ".join(parser.commands["plan"].format_help().split())
+    assert f"the widest window='auto' runs, {AUTO_MAX_WINDOW};" in plan_help, plan_help
+    generate_help = " ".join(parser.commands["generate"].format_help().split())
+    serve_help = " ".join(parser.commands["serve"].format_help().split())
+    assert "(docs/library.md, Batches)" in generate_help and "README, Batches" not in generate_help
+    assert "## Batches" in (Path(__file__).parents[1] / "docs" / "library.md").read_text()
+    assert "--batch-size" not in serve_help.split("--window W")[1].split("--lam")[0] and "(docs/serve.md)" in serve_help
+
+
+def test_plan_takes_window_auto_as_the_widest_auto_window(capsys):
+    assert run("plan", "--batch-size", 2, "--window", "auto") == 0
+    auto = capsys.readouterr().out
+    assert run("plan", "--batch-size", 2, "--window", 32) == 0
+    assert capsys.readouterr().out == auto
+    err = one_line_usage_error(capsys, "plan", "--window", "wide")
+    assert "--window: 'wide': expected an integer in 1..1024, or auto" in err

@@ -397,16 +397,19 @@ def add_preset(p: argparse.ArgumentParser) -> None:
 
 
 def add_method_options(p: argparse.ArgumentParser, *, family_note: bool = False, fixed_window: bool = False,
-                       auto: bool = True) -> None:
+                       auto: bool = True, served: bool = False) -> None:
     """Window, CSD lambda and delta, Addition's c and the draft initialisation of one run (``auto``:
-    whether ``--window auto`` is offered; bench refuses it)."""
+    whether ``--window auto`` is offered; bench refuses it; ``served``: the help speaks of requests,
+    not of ``--batch-size``)."""
     d = family_defaults("builtin")
     also = "; with --model the family's" if family_note else ""
+    rerun = ("a fixed W gives a request's images the tokens csdgen.generate gives them alone, whatever is "
+             "batched beside them, but where float32 rounding tips a decision (docs/serve.md)" if served else
+             "a fixed W gives the same images on a rerun with the same --batch-size and thread count, and another "
+             "--batch-size changes them only where float32 summation order tips a decision (docs/library.md, Batches)")
     default = (f"default {d.window}, the built-in model's measured window" if fixed_window else
                "default auto: the engine picks 1..32 per iteration from measured times, so images are "
-               "reproducible in distribution only; a fixed W gives the same images on a rerun with the same "
-               "--batch-size and thread count, and another --batch-size changes them only where float32 "
-               "summation order tips a decision (README, Batches)")
+               f"reproducible in distribution only; {rerun}")
     p.add_argument("--window", type=window, default=None, metavar="W",
                    help=f"Jacobi window: draft tokens verified per forward (clamped to the image length)"
                         f"{', or auto' if auto else ' (auto is refused: the images would depend on timing)'} ({default})")

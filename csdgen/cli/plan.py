@@ -14,6 +14,18 @@ from . import _options as opt
 
 #: the window the plan assumes when none is given: the widest ``window="auto"`` runs
 DEFAULT_NOTE = "default: the widest window='auto' runs"
+#: csdgen.engine.AUTO_MAX_WINDOW, written here so that the parser does not import torch (a test checks they agree)
+AUTO_WIDEST = 32
+
+
+def plan_window(text: str) -> int | None:
+    """``--window``: an integer in 1..1024, or ``auto`` (None: the widest window ``auto`` runs)."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        return opt.count(maximum=1024)(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}, or auto") from None
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -24,8 +36,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--model", type=opt.path_text, default="builtin",
                    help="checkpoint folder, cached repo id, or builtin (default)")
     p.add_argument("--batch-size", type=opt.count(), default=8, metavar="B", help="images decoding together (default 8)")
-    p.add_argument("--window", type=opt.count(maximum=1024), default=None, metavar="W",
-                   help=f"window width ({DEFAULT_NOTE}, 64; 1 for AR)")
+    p.add_argument("--window", type=plan_window, default=None, metavar="W",
+                   help=f"window width, or auto ({DEFAULT_NOTE}, {AUTO_WIDEST}; 1 for AR)")
     p.add_argument("--guidance-scale", type=opt.number, default=None,
                    help="1 plans one row per image (no classifier-free guidance); default: guided, two rows")
     p.add_argument("--prompt-length", type=opt.count(), default=None, metavar="P",

@@ -82,7 +82,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="CPUs Ray reserves for each replica (default 1; its torch threads)")
     g = p.add_argument_group("request defaults (a request's own fields win)")
     opt.add_method(g)
-    opt.add_method_options(g, family_note=True)
+    opt.add_method_options(g, family_note=True, served=True)
     g.add_argument("--refresh", choices=opt.REFRESH_MODES, default=None,
                    help="refresh of pending drafts (default: the method's, as csdgen.generate: coupled for SJD and "
                         "CSD, independent for the others; coupled = maximal coupling)")
