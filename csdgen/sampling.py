@@ -73,7 +73,8 @@ class SamplingConfig:
         guidance_scale: classifier-free guidance scale ``s`` in ``l_u + s (l_c - l_u)``;
             1.0 disables guidance (no unconditional rows are run). Must be >= 0.
         temperature: softmax temperature; 0 selects greedy decoding (one-hot on argmax).
-        top_k: keep the ``top_k`` largest logits per position (None = all). 1 <= top_k <= V.
+        top_k: keep the ``top_k`` largest logits per position (None or 0 = all, as in transformers'
+            ``generate``; 0 is stored as None). 1 <= top_k <= V otherwise.
         top_p: keep the smallest set of tokens whose probability reaches ``top_p``
             (None = all). 0 < top_p <= 1.
         top_n_sigma: keep the tokens whose logit is at least ``max - n sigma`` (sigma: the
@@ -107,8 +108,10 @@ class SamplingConfig:
             raise ValueError(f"guidance_scale={self.guidance_scale!r}: must be a finite number >= 0")
         if not is_number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature={self.temperature!r}: must be a finite number >= 0 (0 = greedy)")
-        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1):
-            raise ValueError(f"top_k={self.top_k!r}: must be None or an integer >= 1")
+        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0):
+            raise ValueError(f"top_k={self.top_k!r}: must be None or 0 (no top-k) or an integer >= 1")
+        if self.top_k == 0:  # the command line's and the server's "no top-k", transformers' too
+            object.__setattr__(self, "top_k", None)
         if self.top_p is not None and (not is_number(self.top_p) or not (0.0 < self.top_p <= 1.0)):
             raise ValueError(f"top_p={self.top_p!r}: must be None or in (0, 1]")
         if self.top_n_sigma is not None and (isinstance(self.top_n_sigma, bool) or not isinstance(self.top_n_sigma, (int, float))

@@ -98,7 +98,7 @@ def test_temperature_sharpens():
     [
         ({"temperature": -1.0}, "temperature=-1.0"),
         ({"guidance_scale": float("nan")}, "guidance_scale"),
-        ({"top_k": 0}, "top_k=0"),
+        ({"top_k": -1}, "top_k=-1"),
         ({"top_p": 0.0}, "top_p=0.0"),
         ({"top_p": 1.5}, "top_p=1.5"),
         ({"top_n_sigma": 0.0}, "top_n_sigma=0.0"),

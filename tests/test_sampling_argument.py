@@ -30,7 +30,7 @@ def test_sampling_given_as_a_dict_changes_only_those_fields_of_the_models_defaul
     ({"temprature": 0.5}, "sampling={'temprature': 0.5}: unknown key 'temprature' (did you mean 'temperature'?); allowed keys: guidance_scale, "
                           "temperature, top_k, top_p, guidance_schedule, top_n_sigma, top_n_sigma_centered"),
     ({"temperature": "0.5"}, "temperature='0.5': must be a finite number >= 0"),
-    ({"top_k": 0}, "top_k=0: must be None or an integer >= 1"),
+    ({"top_k": -1}, "top_k=-1: must be None or 0 (no top-k) or an integer >= 1"),
     ("temperature=0.5", "sampling='temperature=0.5': allowed None (the model's defaults), a dict of changes"),
 ])
 def test_a_bad_sampling_dict_or_type_is_one_line_naming_it_and_what_is_allowed(builtin, sampling, message):
@@ -39,6 +39,16 @@ def test_a_bad_sampling_dict_or_type_is_one_line_naming_it_and_what_is_allowed(b
     with pytest.raises(ValueError) as error:
         csdgen.generate(builtin, [0], window=4, sampling=sampling)
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_top_k_0_means_no_top_k_as_on_the_command_line_and_the_server(builtin):
+    """``--top-k 0`` and the server's ``"top_k": 0`` mean no top-k; the library refused it."""
+    import csdgen
+
+    assert csdgen.SamplingConfig(top_k=0) == csdgen.SamplingConfig(top_k=None)
+    zero = csdgen.generate(builtin, [0], window=4, seed=0, sampling={"top_k": 0})
+    none = csdgen.generate(builtin, [0], window=4, seed=0, sampling={"top_k": None})
+    assert zero.settings["top_k"] is None and zero.tokens.equal(none.tokens)
 
 
 def test_a_whole_sampling_config_without_guidance_warns_once_naming_both_ways_to_keep_it(builtin, weights, tmp_path,
