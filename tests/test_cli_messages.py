@@ -67,6 +67,17 @@ def test_an_empty_class_is_refused_not_replaced_by_every_class(weights, tmp_path
     assert not (tmp_path / "o" / "record.json").exists()
 
 
+def test_classes_that_n_leaves_out_are_named_in_a_note(weights, tmp_path, capsys):
+    """``--class a,b,c -n 1`` drew only the first class and said nothing of the others."""
+    assert run("generate", "--weights", weights, "--class", "0,1,2", "-n", 1, "--window", 4, "--no-maps",
+               "--out", tmp_path / "one") == 0
+    err = capsys.readouterr().err
+    assert "note: --class names 3 classes but -n 1 draws 1 image: '1', '2' not drawn (-n 3 draws every class named)" in err
+    assert run("generate", "--weights", weights, "--class", "0,1", "-n", 2, "--window", 4, "--no-maps",
+               "--out", tmp_path / "two") == 0
+    assert "not drawn" not in capsys.readouterr().err
+
+
 def test_bench_seeds_given_twice_are_refused_before_generating(capsys):
     err = one_line_usage_error(capsys, "bench", "--seeds", "0,0")
     assert "seed 0 is given twice" in err

@@ -339,6 +339,11 @@ def builtin_model(args, fixed_window: bool = False, spread: bool = False):
         items = model.default_classes  # the weights' own choice: different classes it draws well
     ids = model.classes.assign(items, count, seed=getattr(args, "seed", 0),
                                default="spread" if spread else "turn")  # raises on an unknown class
+    if args.classes is not None and items is not None and len(items) > count:
+        left = [str(item) for item in items[count:]]
+        shown = ", ".join(repr(item) for item in left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
+        note(f"--class names {len(items)} classes but -n {count} draws {count} image{'s' if count > 1 else ''}: "
+             f"{shown} not drawn (-n {len(items)} draws every class named)")
     args.window = clamp_window(args.window, model.num_image_tokens)
     return model, ids
 
