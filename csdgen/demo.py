@@ -340,6 +340,10 @@ def serve(model_path: str | None = None, host: str = "127.0.0.1", port: int | No
 
     Args:
         port: TCP port; None = Gradio's first free port from 7860; 0 = any free port (:func:`free_port`).
+
+    Raises:
+        ValueError: ``port`` is taken or ``host`` is not an address of this machine (one line, before
+            the model loads, as ``csdgen serve`` says it).
         block: wait until interrupted (the command) or return at once (tests).
         image_size, vqgan, dtype: for a checkpoint, as :func:`load_demo_model` takes them.
 
@@ -349,6 +353,10 @@ def serve(model_path: str | None = None, host: str = "127.0.0.1", port: int | No
     os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
     if port == 0:
         port = free_port(host)
+    elif port is not None:  # a port taken now: one line before the model loads (Gradio says it after)
+        from csdgen.serve.app import bind_socket
+
+        bind_socket(host, port).close()
     model, name, defaults = load_demo_model(model_path, weights, image_size=image_size, vqgan=vqgan, dtype=dtype)
     app = build_app(model, model_name=name, defaults=defaults)
     app.queue(default_concurrency_limit=1)

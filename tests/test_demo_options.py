@@ -101,6 +101,26 @@ def test_demo_port_0_means_any_free_port_as_serve_does(monkeypatch, capsys):
     assert f":{page.server_port}/" in capsys.readouterr().out
 
 
+def test_a_taken_demo_port_is_one_line_before_the_model_loads(monkeypatch, capsys):
+    """A busy --port gave Gradio's own message ("Cannot find empty port ... GRADIO_SERVER_PORT") after
+    the model had loaded."""
+    import socket
+
+    import csdgen.demo
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model loaded before the port was checked")
+
+    monkeypatch.setattr(csdgen.demo, "load_demo_model", no_model)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        assert run("demo", "--port", port) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in err and "choose another --port" in err, err
+
+
 def test_the_demo_run_unguided_by_its_user_gives_no_unguided_sampling_warning(builtin):
     """The demo's guidance field is its user's explicit choice: guidance 1 there is no library mistake, and
     the warning (from the demo's worker thread) only cluttered the demo's log."""
