@@ -229,6 +229,11 @@ def test_serve_answers_which_class_a_prompt_decoded(tiny_server):
     assert [d["revised_prompt"] for d in body["data"]] == [CLASS_NAMES[3]] * 2
     r = _post_tiny(tiny_server, {"prompt": "random", "n": 1})
     assert r.status_code == 400 and "this server draws no random class" in r.json()["error"]["message"]
+    assert r.json()["error"]["message"].startswith("prompt='random': "), r.json()  # not "prompt: prompt='random'"
+    r = _post_tiny(tiny_server, {"prompt": "no such class", "n": 1})
+    message = r.json()["error"]["message"]
+    assert r.status_code == 400 and message.startswith("prompt: unknown class 'no such class' ("), message
+    assert "csdgen generate" not in message and message.count("allowed") == 1, message  # no command for an API user
 
 
 def test_serve_stream_completed_events_carry_class_and_notes(tiny_server):

@@ -108,10 +108,13 @@ class ServedModel:
                 return self.model.class_ids([prompt])[0], 1
             session = self.model.start([prompt], 1, guided)  # tokenizes and checks the length; no forward
         except ValueError as exc:
-            message = str(exc) if "allowed" in str(exc) else f"{exc}; allowed: {self.prompt_help}"
+            text = str(exc)  # without the command that lists the classes: not this API
+            for listing in (" (list them: csdgen generate --list-classes)", "; list them: csdgen generate --list-classes"):
+                text = text.replace(listing, "")
+            message = f"prompt: {text}" if "allowed" in text else f"prompt: {text}; allowed: {self.prompt_help}"
             if self.classes and getattr(getattr(self.model, "classes", None), "is_random", lambda _: False)(prompt):
                 message = f"prompt={prompt!r}: this server draws no random class; allowed: {self.prompt_help}"
-            raise APIError(400, f"prompt: {message}", param="prompt", code="invalid_value") from None
+            raise APIError(400, message, param="prompt", code="invalid_value") from None
         lengths = getattr(session, "prompt_lengths", None)
         return prompt, int(lengths[0]) if lengths is not None and len(lengths) else 0
 
@@ -228,7 +231,8 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
     def shutting_down() -> None:
         """Called in the event loop when the server begins to stop: every waiting request gets 503."""
         closing["now"] = True
-        log.info("shutting down: %d image requests still waiting get 503", len(listeners))
+        log.info("shutting down: %d image request%s still waiting get%s 503", len(listeners),
+                 "" if len(listeners) == 1 else "s", "s" if len(listeners) == 1 else "")
         for queue in list(listeners):
             queue.put_nowait(("shutdown",))
 
