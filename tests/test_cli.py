@@ -65,8 +65,9 @@ def test_same_seed_same_images_other_seed_other_images(weights, tmp_path):
         (["--class", "red apple,teapot"], "unknown class 'teapot' (any of the 3 class names"),
         (["--class", "3"], "class index 3: allowed 0..2"),
         (["--class", " , "], "no class given"),
-        (["--lam", "-1"], "lam=-1.0"),
-        (["--delta", "2"], "delta=2.0"),
+        (["--lam", "-1"], None),
+        (["--delta", "2"], None),
+        (["--addition-c", "-1"], None),
         (["--top-k", "2000"], "top_k=2000 exceeds"),
         (["--window", "0"], None),
         (["-n", "-3"], None),
@@ -77,8 +78,13 @@ def test_bad_input_gives_a_clear_error(weights, tmp_path, capsys, argv, message)
     if message is None:  # argparse rejects it: exit status 2 with a usage message
         with pytest.raises(SystemExit) as exc:
             cli.main(argv)
-        says = "'0': allowed an integer in 1..1000000 or auto" if "--window" in argv else "must be an integer >= 1"
-        assert exc.value.code == 2 and says in capsys.readouterr().err
+        says = {"--window": "'0': allowed an integer in 1..1000000 or auto",
+                "--lam": "argument --lam: '-1': allowed a finite number >= 0 (CSD's relaxation coefficient lambda)",
+                "--delta": "argument --delta: '2': allowed a number in [0, 1] (CSD's total-variation threshold)",
+                "--addition-c": "argument --addition-c: '-1': allowed a finite number >= 0 (the Addition constant)",
+                "-n": "must be an integer >= 1"}[argv[-2]]
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and says in err and "note:" not in err, err
     else:
         assert cli.main(argv) == 2
         assert message in capsys.readouterr().err

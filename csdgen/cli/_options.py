@@ -413,10 +413,15 @@ def add_method_options(p: argparse.ArgumentParser, *, family_note: bool = False,
     p.add_argument("--window", type=window, default=None, metavar="W",
                    help=f"Jacobi window: draft tokens verified per forward (clamped to the image length)"
                         f"{', or auto' if auto else ' (auto is refused: the images would depend on timing)'} ({default})")
-    p.add_argument("--lam", type=number, default=None, help=f"CSD lambda (default: the model's; built-in {d.lam:g}{also})")
-    p.add_argument("--delta", type=number, default=None,
+    # ranges checked here, as csdgen.acceptance checks them, so that a bad value is one error even where the
+    # method does not use the option (not a note that it is unused, then the rule's error)
+    p.add_argument("--lam", type=real(allowed="a finite number >= 0 (CSD's relaxation coefficient lambda)"),
+                   default=None, help=f"CSD lambda (default: the model's; built-in {d.lam:g}{also})")
+    p.add_argument("--delta", type=real(0.0, 1.0, high_open=False, allowed="a number in [0, 1] (CSD's total-variation "
+                                                                           "threshold)"), default=None,
                    help=f"CSD total-variation threshold (default: the model's; built-in {d.delta:g}{also})")
-    p.add_argument("--addition-c", type=number, default=0.2, metavar="C", help="constant of the Addition rule (default 0.2)")
+    p.add_argument("--addition-c", type=real(allowed="a finite number >= 0 (the Addition constant)"), default=0.2,
+                   metavar="C", help="constant of the Addition rule (default 0.2)")
     add_engine(p)
     p.add_argument("--draft-init", choices=DRAFT_INITS, default=None,
                    help="draft initialisation (default: what the method needs, else uniform, the CSD reference)")
