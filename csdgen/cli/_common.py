@@ -319,12 +319,6 @@ def builtin_model(args, fixed_window: bool = False, spread: bool = False):
     choose_dtype(args, "builtin", device)  # float32: refuses another --dtype
     refuse_builtin_device_map(args)
     quantize_setup(args, device)
-    if args.weights is not None:
-        config = Path(args.weights) / "config.json"
-        if config.exists():
-            from csdgen.jsonio import read_json
-
-            read_json(config, what="the built-in model's config")  # a clear line for a malformed file
     model = load_builtin_model(args.weights, quantize=getattr(args, "quantize", None), device=device)
     defaults = model_defaults(model, "builtin")
     fill_defaults(args, defaults)
