@@ -162,3 +162,16 @@ def test_generate_refuses_a_tree_too_large_for_one_image_in_one_line(tmp_path, c
     assert err.startswith("csdgen: error: --tree 2,12 at window 16 feeds 8194 nodes a forward: one image needs about "), err
     assert "4.00 GiB free" in err and "allowed: a smaller tree" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_checkpoint_plan_counts_the_tree_nodes_too(janus_folder):
+    from csdgen.models.plan import checkpoint_plan
+
+    def plan(tree):
+        return checkpoint_plan(janus_folder, "janus", batch_size=2, window=16, dtype=torch.float32, free=2**40,
+                               tree=tree)
+
+    chain, tree = plan(None), plan((2, 8))  # 518 nodes a forward, fed as 1024 columns
+    assert tree.buffers_per_image == chain.buffers_per_image * 1024 // 17  # (rows + 3) x fed x V x 4 B, not W + 1
+    assert tree.kv_per_image > chain.kv_per_image and tree.activations_per_image > chain.activations_per_image
+    assert tree.tree == (2, 8, 518) and tree.peak() > chain.peak()
