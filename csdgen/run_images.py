@@ -109,22 +109,33 @@ def _to_pil(pixels, scale: int) -> list:
     return images
 
 
-def builtin_bytes_per_image(model, window: int, guided: bool) -> int:
+def builtin_bytes_per_image(model, window: int, guided: bool, tree: tuple[int, int] | None = None) -> int:
     """Estimated decoding memory of one image of the built-in model (a ``ClassConditionalLlama``), in bytes.
 
-    float32: the KV cache, ``2 * layers * hidden * (1 + N + W)`` values per sequence, plus one
-    window's logits and probabilities (``4 * W * V``), attention scores
-    (``heads * W * (1 + N + W)``) and MLP activations (``4 * W * intermediate``); two
-    sequences per image with guidance.
+    float32, for a forward of ``F`` tokens (``W``; with a draft ``tree`` its ``S`` nodes padded to the
+    static engine's width bucket, :func:`csdgen.models.plan.forward_width`): the KV cache,
+    ``2 * layers * hidden * (1 + N + F)`` values per sequence, plus one forward's logits and
+    probabilities (``4 * F * V``), attention scores (``heads * F * (1 + N + F)``) and MLP activations
+    (``4 * F * intermediate``); two sequences per image with guidance.
+
+    Raises:
+        ValueError: a bad ``tree`` (:func:`csdgen.trees.check_tree`).
     """
     cfg = model.backbone.config
-    N, V, W = model.num_image_tokens, cfg.vocab_size, window
-    per_sequence = 4 * (2 * cfg.num_hidden_layers * cfg.hidden_size * (1 + N + W) + 4 * W * V
-                        + cfg.num_attention_heads * W * (1 + N + W) + 4 * W * cfg.intermediate_size)
+    N, V = model.num_image_tokens, cfg.vocab_size
+    if tree is None:
+        F = window
+    else:
+        from csdgen.models.plan import forward_width
+
+        F = forward_width(window, tree)
+    per_sequence = 4 * (2 * cfg.num_hidden_layers * cfg.hidden_size * (1 + N + F) + 4 * F * V
+                        + cfg.num_attention_heads * F * (1 + N + F) + 4 * F * cfg.intermediate_size)
     return per_sequence * (2 if guided else 1)
 
 
-def builtin_batch_limit(model, window: int, guided: bool, available_bytes: int, share: float = 0.5) -> int:
+def builtin_batch_limit(model, window: int, guided: bool, available_bytes: int, share: float = 0.5,
+                        tree: tuple[int, int] | None = None) -> int:
     """Largest batch of the built-in model that fits in ``share`` of ``available_bytes`` (at least 1);
-    see :func:`builtin_bytes_per_image`."""
-    return max(1, int(share * available_bytes // builtin_bytes_per_image(model, window, guided)))
+    see :func:`builtin_bytes_per_image` (``tree``: a draft tree's ``(K, D)``, None: a chain window)."""
+    return max(1, int(share * available_bytes // builtin_bytes_per_image(model, window, guided, tree)))

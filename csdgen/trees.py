@@ -59,7 +59,7 @@ from .decisions import RESIDUAL_STREAM as _RESIDUAL
 from .decisions import Decision
 from .sampling import sample
 
-__all__ = ["TreeLayout", "tree_layout", "check_tree", "draw_siblings", "without", "TreeVerdict", "verify_tree",
+__all__ = ["TreeLayout", "tree_layout", "tree_nodes", "check_tree", "draw_siblings", "without", "TreeVerdict", "verify_tree",
            "TREE_KINDS"]
 
 #: uniform streams a tree iteration uses on top of the chain's: per child test (target sample, acceptance),
@@ -116,6 +116,14 @@ class TreeLayout:
     def internal(self) -> int:
         """M, the nodes with tree children (depth < D)."""
         return self.children.shape[0]
+
+
+def tree_nodes(K: int, D: int, W: int) -> int:
+    """S, the nodes (fed slots) of a window of ``W`` main-path slots with a ``K``-ary tree of ``D`` levels:
+    ``1 + K + ... + K^D' + (W - 1 - D')`` with ``D' = min(D, W - 1)``, as :func:`tree_layout` lays them out
+    (computed without building the layout, whose ``[S, S]`` ancestor mask a memory plan need not allocate)."""
+    D = max(0, min(D, W - 1))
+    return sum(K**d for d in range(D + 1)) + (W - 1 - D)
 
 
 @lru_cache(maxsize=64)

@@ -217,6 +217,48 @@ def test_a_missing_weights_folder_is_not_told_to_train(tmp_path, capsys):
     assert "no such folder" in err and "train" not in err, err
 
 
+def _shipped_copy(folder: Path) -> Path:
+    import shutil
+
+    from csdgen.builtin import DEFAULT_WEIGHTS_DIR
+
+    shutil.copytree(DEFAULT_WEIGHTS_DIR, folder)
+    return folder
+
+
+def test_a_weights_file_is_told_a_folder_is_needed(tmp_path, capsys):
+    afile = tmp_path / "weights.safetensors"
+    afile.write_bytes(b"x")
+    err = cli_error(capsys, "generate", "--weights", afile, "-n", 1, "--out", tmp_path / "g")
+    assert "it is a file, not a folder" in err and "no such folder" not in err, err
+
+
+def test_a_weights_config_without_its_keys_names_them(tmp_path, capsys):
+    folder = tmp_path / "emptyw"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    err = cli_error(capsys, "generate", "--weights", folder, "-n", 1, "--out", tmp_path / "g")
+    assert "missing keys 'codebook_size'" in err and "'vq', 'llama', 'classifier' in " in err, err
+    assert str(folder / "config.json") in err, err
+
+
+def test_a_truncated_safetensors_file_is_named_in_one_line(tmp_path, capsys):
+    folder = _shipped_copy(tmp_path / "w")
+    path = folder / "ar.safetensors"
+    path.write_bytes(path.read_bytes()[:1000])
+    err = cli_error(capsys, "generate", "--weights", folder, "-n", 1, "--out", tmp_path / "g")
+    assert f"unreadable safetensors file {path}: " in err and "header" in err, err
+
+
+def test_weights_that_do_not_match_their_config_are_named_in_one_line(tmp_path, capsys):
+    folder = _shipped_copy(tmp_path / "w")
+    config = json.loads((folder / "config.json").read_text())
+    config["llama"]["intermediate_size"] += 8
+    (folder / "config.json").write_text(json.dumps(config))
+    err = cli_error(capsys, "generate", "--weights", folder, "-n", 1, "--out", tmp_path / "g")
+    assert f"{folder / 'ar.safetensors'} does not match config.json: size mismatch" in err, err
+
+
 def test_one_option_needing_model_says_needs(capsys, tmp_path):
     err = cli_error(capsys, "demo", "--vqgan", tmp_path)
     assert "--vqgan needs --model" in err, err

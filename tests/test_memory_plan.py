@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import csdgen
-from cli_helpers import run
+from cli_helpers import cli_error, run
 
 TOLERANCE = 0.15
 
@@ -112,3 +112,66 @@ def test_generate_says_the_plan_in_its_first_line(tmp_path, capsys):
     assert first.startswith("csdgen generate: the built-in model on cpu, float32 (the built-in model's dtype); "
                             "memory plan: weights "), first
     assert "KV cache" in first and "peak" in first and "largest batch" in first
+
+
+def test_a_tree_plan_counts_the_nodes_each_forward_feeds():
+    from csdgen.models._transformers import kv_cache_bytes
+    from csdgen.models.builtin import load_builtin_model
+    from csdgen.models.memory import activation_bytes
+    from csdgen.models.plan import builtin_plan
+    from csdgen.runs import builtin_batch_limit
+    from csdgen.trees import tree_layout, tree_nodes
+
+    for K, D, W in [(2, 8, 16), (3, 2, 8), (2, 20, 4), (1, 3, 16)]:
+        assert tree_nodes(K, D, W) == tree_layout(K, D, W).S
+    model = load_builtin_model()
+    cfg = model.backbone.config
+    chain = builtin_plan(model, batch_size=4, window=16, free=2**34)
+    tree = builtin_plan(model, batch_size=4, window=16, free=2**34, tree=(2, 8))
+    # S = 1 + 2 + ... + 2^8 + (16 - 1 - 8) = 518 nodes, fed as the static engine's width bucket of 1024 columns;
+    # the cache widens to hold them past the image: 1 + 256 + 1024 positions rounded up to 64 = 1344
+    assert tree.tree == (2, 8, 518)
+    assert tree.kv_per_image == kv_cache_bytes(cfg, 2, 1344, 4)
+    assert tree.buffers_per_image == (2 + 3) * 1024 * model.codebook_size * 4
+    assert tree.activations_per_image == activation_bytes(cfg, 2, 1024, 1344, 1024, cfg.vocab_size, 4)
+    assert tree.peak() > chain.peak() and tree.largest_batch() < chain.largest_batch()
+    assert "tree 2,8 (518 nodes a forward)" in tree.table()
+    assert builtin_batch_limit(model, 16, True, 2**34, tree=(2, 8)) < builtin_batch_limit(model, 16, True, 2**34)
+
+
+def test_a_tree_plan_is_within_15_percent_of_the_tree_runs_measured_peak():
+    from csdgen.models.builtin import load_builtin_model
+    from csdgen.models.memory_meter import TensorMemoryMeter
+    from csdgen.models.plan import builtin_plan
+
+    model = load_builtin_model()
+    tree = (2, 5)  # 73 nodes a forward, fed as 128 columns
+    plan = builtin_plan(model, batch_size=1, window=16, free=2**40, tree=tree)
+    chain = builtin_plan(model, batch_size=1, window=16, free=2**40)
+    parts = model.components
+    with TensorMemoryMeter(parts.ar, parts.vq, parts.classifier) as meter:
+        csdgen.generate(model, [0], method="sjd", window=16, seed=0, tree=tree)
+    assert chain.peak() < meter.peak  # a plan of the chain window falls short of the tree run
+    assert abs(plan.peak() - meter.peak) <= TOLERANCE * meter.peak, (plan.peak(), meter.peak)
+
+
+def test_generate_refuses_a_tree_too_large_for_one_image_in_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("csdgen.models.memory_check.available_memory", lambda device: 4 * 2**30)
+    err = cli_error(capsys, "generate", "-n", 1, "--class", 3, "--no-maps", "--method", "sjd", "--tree", "2,12",
+                    "--window", 16, "--out", tmp_path / "o")
+    assert err.startswith("csdgen: error: --tree 2,12 at window 16 feeds 8194 nodes a forward: one image needs about "), err
+    assert "4.00 GiB free" in err and "allowed: a smaller tree" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_checkpoint_plan_counts_the_tree_nodes_too(janus_folder):
+    from csdgen.models.plan import checkpoint_plan
+
+    def plan(tree):
+        return checkpoint_plan(janus_folder, "janus", batch_size=2, window=16, dtype=torch.float32, free=2**40,
+                               tree=tree)
+
+    chain, tree = plan(None), plan((2, 8))  # 518 nodes a forward, fed as 1024 columns
+    assert tree.buffers_per_image == chain.buffers_per_image * 1024 // 17  # (rows + 3) x fed x V x 4 B, not W + 1
+    assert tree.kv_per_image > chain.kv_per_image and tree.activations_per_image > chain.activations_per_image
+    assert tree.tree == (2, 8, 518) and tree.peak() > chain.peak()

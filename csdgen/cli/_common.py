@@ -319,12 +319,6 @@ def builtin_model(args, fixed_window: bool = False, spread: bool = False):
     choose_dtype(args, "builtin", device)  # float32: refuses another --dtype
     refuse_builtin_device_map(args)
     quantize_setup(args, device)
-    if args.weights is not None:
-        config = Path(args.weights) / "config.json"
-        if config.exists():
-            from csdgen.jsonio import read_json
-
-            read_json(config, what="the built-in model's config")  # a clear line for a malformed file
     model = load_builtin_model(args.weights, quantize=getattr(args, "quantize", None), device=device)
     defaults = model_defaults(model, "builtin")
     fill_defaults(args, defaults)
@@ -355,18 +349,39 @@ def refuse_builtin_device_map(args) -> None:
                          "one device: use --device")
 
 
-def cap_builtin_batch(args, model, window: int, guided: bool, num_images: int) -> int:
-    """``--batch-size`` lowered to the number of images and to what memory allows (with a note)."""
+def cap_builtin_batch(args, model, window: int, guided: bool, num_images: int,
+                      tree: tuple[int, int] | None = None) -> int:
+    """``--batch-size`` lowered to the number of images and to what memory allows (with a note); ``tree``:
+    ``--tree``'s ``(K, D)``, whose nodes every forward feeds (:func:`csdgen.runs.builtin_bytes_per_image`)."""
     from csdgen.models.memory_check import available_memory
     from csdgen.runs import builtin_batch_limit
 
-    limit = builtin_batch_limit(model, window, guided, available_memory(model.device))
+    limit = builtin_batch_limit(model, window, guided, available_memory(model.device), tree=tree)
     batch = min(args.batch_size, num_images)
     if batch > limit:
         note(f"--batch-size {args.batch_size}: about {limit} images fit in half the free memory of "
              f"{model.device.type}; using batches of {limit}")
         batch = limit
     return batch
+
+
+def refuse_unfit_tree(plan) -> None:
+    """One line when a draft tree makes even one image too large for the free memory
+    (:meth:`csdgen.models.memory.MemoryPlan.largest_batch` 0; a plan without a tree or free figure passes).
+
+    Raises:
+        ValueError: naming the tree, its nodes a forward, the plan's bytes of one image and the free memory.
+    """
+    from csdgen.models.memory import format_bytes
+
+    if plan.tree is None or plan.largest_batch() is None or plan.largest_batch() >= 1:
+        return
+    K, D, S = plan.tree
+    usable = int(plan.free * (1 - plan.headroom))
+    raise ValueError(f"--tree {K},{D} at window {plan.window} feeds {S} nodes a forward: one image needs about "
+                     f"{format_bytes(plan.peak(1))} (memory plan) but {plan.device} has {format_bytes(plan.free)} free "
+                     f"({format_bytes(usable)} after keeping {plan.headroom:.0%} free); allowed: a smaller tree "
+                     f"(fewer candidates K or levels D) or window")
 
 
 def require_decoder(model, name, folder: Path) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from . import _options as opt
 from ._common import (add_plan, builtin_model, cap_builtin_batch, checkpoint_setup, choose_dtype, clamp_window,
                       fill_defaults, model_defaults, needs_model, note, print_run_line, quantize_setup,
-                      require_decoder, sampling_of, split_note, writable)
+                      refuse_unfit_tree, require_decoder, sampling_of, split_note, writable)
 
 #: options of ``--model`` only (the built-in model refuses them; ``--dtype`` auto / float32 it takes)
 MODEL_ONLY = ("prompts", "prompts_file", "layout", "height", "width", "image_size", "negative_prompt", "positive_prompt",
@@ -106,11 +106,13 @@ def builtin_job(args):
     from csdgen.engine import AUTO_MAX_WINDOW
 
     widest = 1 if args.method == "ar" else AUTO_MAX_WINDOW if args.window == "auto" else args.window
-    batch_size = cap_builtin_batch(args, model, widest, sampling.guided, len(classes))
+    batch_size = cap_builtin_batch(args, model, widest, sampling.guided, len(classes), tree=args.tree)
     from csdgen.models.plan import builtin_plan
 
-    add_plan(args, builtin_plan(model, batch_size=batch_size, window=widest, guided=sampling.guided,
-                                quantize=args.quantize, device=model.device))
+    plan = builtin_plan(model, batch_size=batch_size, window=widest, guided=sampling.guided, quantize=args.quantize,
+                        device=model.device, tree=args.tree)
+    refuse_unfit_tree(plan)
+    add_plan(args, plan)
     settings = _run_settings(args, model, rule, sampling)  # model "builtin", its weights "shipped" or the folder
     from csdgen.runs import slug
 
@@ -166,10 +168,12 @@ def model_job(args):
     require_decoder(model, str(args.model), folder)  # a Chameleon checkpoint without Chameleon's VQGAN files
     from csdgen.models.plan import checkpoint_plan
 
-    add_plan(args, checkpoint_plan(folder, family, batch_size=batch_size, window=min(widest, model.num_image_tokens - 1),
-                                   dtype=dtype, quantize=args.quantize, guided=sampling.guided, device=device,
-                                   prompt_length=model.prompt_length(prompts), height=args.height, width=args.width,
-                                   image_size=args.image_size))
+    plan = checkpoint_plan(folder, family, batch_size=batch_size, window=min(widest, model.num_image_tokens - 1),
+                           dtype=dtype, quantize=args.quantize, guided=sampling.guided, device=device,
+                           prompt_length=model.prompt_length(prompts), height=args.height, width=args.width,
+                           image_size=args.image_size, tree=args.tree)
+    refuse_unfit_tree(plan)  # load_model's memory check counts a chain window
+    add_plan(args, plan)
     split_note(args, model)
     fill_defaults(args, model_defaults(model, family))  # no-op today: the model's own defaults where it carries them
     args.window = clamp_window(args.window, model.num_image_tokens)

@@ -12,11 +12,13 @@ tokens included):
   ``meta`` device (nothing allocated) or from the loaded model's tensors;
 * **KV cache**: ``layers * 2 * kv_heads * head_dim * T * rows * B * element_size``, ``T`` the cache
   positions the engine allocates per row (the static engine's preallocated width: the prompt's
-  bucket, the image columns and room for the widest window, rounded up to 64;
-  :func:`csdgen.models.plan.engine_cache_positions`);
+  bucket, the image columns and room for the widest window, or a draft tree's fed columns when
+  wider, rounded up to 64; :func:`csdgen.models.plan.engine_cache_positions`);
 * **window buffers**: the family's float32 logits and distributions of a window
-  (:class:`~csdgen.models._transformers.MemoryEstimate`'s per-image bytes beyond the cache);
-* **activations** of the widest forward (the window's, or the prefill's ``P`` prompt tokens):
+  (:class:`~csdgen.models._transformers.MemoryEstimate`'s per-image bytes beyond the cache), over the
+  forward's tokens (a tree's nodes: :func:`csdgen.models.plan.forward_width`);
+* **activations** of the widest forward (the window's ``W + 1`` tokens, with a draft tree its ``S``
+  nodes padded to the static engine's width bucket, or the prefill's ``P`` prompt tokens):
   per row and token the hidden state, its norm and the residual (``3 * hidden``), the
   attention's queries, keys, values and output (``(2 * heads + 2 * kv_heads) * head_dim``),
   the MLP's gate, up and their product (``3 * intermediate``), and the attention scores and
@@ -152,6 +154,8 @@ class MemoryPlan:
         kv_per_image: KV-cache bytes of one image. buffers_per_image: its window buffers.
         activations_per_image: one forward's activations per image.
         free: the device's free bytes (None: unknown).
+        tree: ``(K, D, S)`` of the draft tree at the root of every window (S: its nodes, fed in one
+            forward), None without one.
     """
 
     what: str
@@ -167,6 +171,7 @@ class MemoryPlan:
     activations_per_image: int
     free: int | None
     headroom: float = HEADROOM
+    tree: tuple[int, int, int] | None = None
 
     @property
     def per_image(self) -> int:
@@ -202,7 +207,8 @@ class MemoryPlan:
         B = self.batch_size
         rows = [("model", self.what), ("device", self.device),
                 ("dtype", self.dtype + (f", decoder layers {self.quantize}" if self.quantize else "")),
-                ("batch", f"{B} images x {self.rows} rows, window {self.window}"),
+                ("batch", f"{B} images x {self.rows} rows, window {self.window}"
+                          + (f", tree {self.tree[0]},{self.tree[1]} ({self.tree[2]} nodes a forward)" if self.tree else "")),
                 ("weights", format_bytes(self.weights)),
                 ("KV cache", f"{format_bytes(self.kv_per_image * B)} ({format_bytes(self.kv_per_image)} per image)"),
                 ("window buffers", f"{format_bytes(self.buffers_per_image * B)}"),

@@ -14,7 +14,7 @@ import torch
 
 from .memory import MemoryPlan, activation_bytes, module_bytes, planned_weight_bytes
 
-__all__ = ["builtin_plan", "checkpoint_plan", "free_memory"]
+__all__ = ["builtin_plan", "checkpoint_plan", "free_memory", "forward_width"]
 
 
 def free_memory(device: str | torch.device) -> int:
@@ -24,36 +24,67 @@ def free_memory(device: str | torch.device) -> int:
     return available_memory(device)
 
 
-def engine_cache_positions(prompt_width: int, image_columns: int) -> int:
+def forward_width(window: int, tree: tuple[int, int] | None = None) -> int:
+    """Tokens one window forward feeds per row: ``W + 1`` for a chain window; for a draft tree
+    ``(K, D)`` its ``S`` nodes (:func:`csdgen.trees.tree_nodes`: ``1 + K + ... + K^D + (W - 1 - D)``)
+    padded to the static engine's width bucket (:func:`csdgen.models._static_shapes.width_bucket`:
+    beyond 64 the next power of two), which is what the static engine feeds.
+
+    Raises:
+        ValueError: a bad ``tree`` (:func:`csdgen.trees.check_tree`).
+    """
+    if tree is None:
+        return int(window) + 1
+    from csdgen.trees import check_tree, tree_nodes
+
+    from ._static_shapes import width_bucket
+
+    K, D = check_tree(tree)
+    return width_bucket(tree_nodes(K, D, int(window)))
+
+
+def engine_cache_positions(prompt_width: int, image_columns: int, tree_columns: int = 0) -> int:
     """Cache positions per row the decoding engine allocates: the static engine's preallocated width
     (:func:`csdgen.models._static.cache_width`: the prompt's bucket, the image columns and room for the widest
-    window, rounded up to 64). The eager engine's cache grows to about the same (its holes are compacted once
-    they take a quarter of every row), so the plan counts this width for both."""
+    window, rounded up to 64), widened for a tree window of ``tree_columns`` fed columns as the engine widens it
+    (``_ensure_width``: the prompt's bucket, the image columns and the tree's columns, rounded up to 64). The eager
+    engine's cache grows to about the same (its holes are compacted once they take a quarter of every row), so the
+    plan counts this width for both."""
     from ._static import cache_width, prompt_bucket
+    from ._static_shapes import _round_up
 
-    return cache_width(prompt_bucket(max(int(prompt_width), 1)), int(image_columns))
+    bucket = prompt_bucket(max(int(prompt_width), 1))
+    return max(cache_width(bucket, int(image_columns)), _round_up(bucket + int(image_columns) + int(tree_columns), 64))
 
 
-def _window_activations(text_config: Any, rows: int, window: int, prompt: int, sequence: int, vocab: int,
+def _window_activations(text_config: Any, rows: int, fed: int, prompt: int, sequence: int, vocab: int,
                         element_size: int) -> int:
-    """The larger of a window step's (``window + 1`` tokens) and the prefill's (``prompt`` tokens, logits of one) activations."""
-    step = activation_bytes(text_config, rows, window + 1, sequence, window + 1, vocab, element_size)
+    """The larger of a window step's (``fed`` tokens: :func:`forward_width`) and the prefill's (``prompt`` tokens,
+    logits of one) activations."""
+    step = activation_bytes(text_config, rows, fed, sequence, fed, vocab, element_size)
     prefill = activation_bytes(text_config, rows, prompt, prompt, prompt, vocab, element_size)
     return max(step, prefill)
 
 
 def builtin_plan(model, *, batch_size: int, window: int, guided: bool = True, quantize: str | None = None,
-                 device: str | torch.device = "cpu", free: int | None = None) -> MemoryPlan:
+                 device: str | torch.device = "cpu", free: int | None = None,
+                 tree: tuple[int, int] | None = None) -> MemoryPlan:
     """The memory plan of the built-in model (or any :class:`~csdgen.models.llama.ClassConditionalLlama`).
 
     Weights: the AR model's parameters at float32 with its decoder layers quantised as ``quantize``
     (:func:`~csdgen.models.memory.planned_weight_bytes`; an AR model already quantised counts as it
     is), plus the VQ decoder and classifier as loaded. Sequence: the class token and the ``N``
     image positions. Window buffers: the engine's float32 logits and target, draft and residual
-    distributions over the codebook, ``(rows + 3) * (W + 1) * V * 4``.
+    distributions over the codebook, ``(rows + 3) * F * V * 4`` for a forward of ``F`` tokens
+    (:func:`forward_width`: ``W + 1``; with a draft tree its ``S`` nodes, padded to the width bucket,
+    which also widen the cache and make the attention scores grow with ``F`` times the cache width).
 
     Args:
         free: the device's free bytes (default :func:`free_memory` of ``device``).
+        tree: ``(K, D)``, a draft tree at the root of every window (None: a chain window).
+
+    Raises:
+        ValueError: a bad ``tree``.
     """
     from ._transformers import kv_cache_bytes
 
@@ -65,25 +96,40 @@ def builtin_plan(model, *, batch_size: int, window: int, guided: bool = True, qu
     if components is not None:
         weights += module_bytes(components.vq) + module_bytes(components.classifier)
     rows = 2 if guided else 1
-    sequence = engine_cache_positions(1, model.num_image_tokens)  # the class token, then the image
+    fed = forward_width(window, tree)
+    sequence = engine_cache_positions(1, model.num_image_tokens, fed if tree else 0)  # the class token, then the image
     kv = kv_cache_bytes(cfg, rows, sequence, 4)
-    buffers = (rows + 3) * (window + 1) * model.codebook_size * 4
-    activations = _window_activations(cfg, rows, window, 1, sequence, cfg.vocab_size, 4)
+    buffers = (rows + 3) * fed * model.codebook_size * 4
+    activations = _window_activations(cfg, rows, fed, 1, sequence, cfg.vocab_size, 4)
     what = "the built-in model" if components is not None else type(model).__name__
     return MemoryPlan(what, torch.device(device).type, "float32", quantize, batch_size, window, rows, weights, kv, buffers,
-                      activations, free_memory(device) if free is None else free)
+                      activations, free_memory(device) if free is None else free, tree=_tree_of(tree, window))
+
+
+def _tree_of(tree, window: int) -> tuple[int, int, int] | None:
+    """``(K, D, S)`` of a plan's tree (None without one)."""
+    if tree is None:
+        return None
+    from csdgen.trees import tree_nodes
+
+    K, D = tree
+    return int(K), int(D), tree_nodes(int(K), int(D), int(window))
 
 
 def checkpoint_plan(path: str | os.PathLike, family: str, *, batch_size: int, window: int, dtype: torch.dtype | str,
                     quantize: str | None = None, guided: bool = True, device: str | torch.device = "cpu",
-                    free: int | None = None, prompt_length: int | None = None, **sizes) -> MemoryPlan:
+                    free: int | None = None, prompt_length: int | None = None, tree: tuple[int, int] | None = None,
+                    **sizes) -> MemoryPlan:
     """The memory plan of a checkpoint folder (config only; no weight is read).
 
     The KV cache and window buffers are the family's estimate (:func:`csdgen.models.memory_check.estimate_memory`);
     the weights are the model built on ``meta`` with its decoder layers quantised as ``quantize``,
     plus the family's further fixed bytes (e.g. Chameleon's copy of the image rows of ``lm_head``).
+    A draft ``tree`` widens the forward to its nodes (:func:`forward_width`), the window buffers and the cache
+    with it.
 
     Args:
+        tree: ``(K, D)``, a draft tree at the root of every window (None: a chain window).
         sizes: ``height``, ``width``, ``image_size``, ``vqgan_dir`` as :func:`~csdgen.models.memory_check.estimate_memory` takes.
 
     Raises:
@@ -96,14 +142,15 @@ def checkpoint_plan(path: str | os.PathLike, family: str, *, batch_size: int, wi
     estimate = estimate_memory(path, family, window, dtype, guided=guided, prompt_length=prompt_length, **sizes)
     extra = estimate.fixed - estimate.parameters * estimate.element_size
     weights = quantized_weight_bytes(path, family, dtype, quantize) + max(extra, 0)
-    buffers = estimate.per_image - estimate.kv_per_image
+    fed = forward_width(window, tree)
+    buffers = (estimate.per_image - estimate.kv_per_image) * fed // (window + 1)  # (rows + 3) * fed * V * 4
     prompt = DEFAULT_PROMPT_LENGTH if prompt_length is None else int(prompt_length)
-    positions = engine_cache_positions(prompt, estimate.sequence_length - prompt)
+    positions = engine_cache_positions(prompt, estimate.sequence_length - prompt, fed if tree else 0)
     kv = estimate.kv_per_image * positions // max(estimate.sequence_length, 1)
     text = estimate.text_config
     vocab = text.vocab_size
-    activations = _window_activations(text, estimate.rows, window, prompt, positions, vocab, estimate.element_size)
+    activations = _window_activations(text, estimate.rows, fed, prompt, positions, vocab, estimate.element_size)
     what = f"{family} ({path})"
     return MemoryPlan(what, torch.device(device).type, str(dtype).removeprefix("torch."), quantize, batch_size, window,
                       estimate.rows, weights, kv, buffers, activations,
-                      free_memory(device) if free is None else free)
+                      free_memory(device) if free is None else free, tree=_tree_of(tree, window))
