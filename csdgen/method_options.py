@@ -11,6 +11,7 @@ __all__ = ["METHOD_OPTIONS", "unused_options"]
 #: option -> the methods that use it ("speculative": every method but ar, which has no drafts)
 METHOD_OPTIONS: dict[str, tuple[str, ...] | str] = {
     "lam": ("csd",), "delta": ("csd",), "entropy_unit": ("csd",), "addition_c": ("addition",),
+    "gsd_radius": ("gsd",), "lantern_delta": ("lantern",),
     "draft_init": "speculative", "refresh": "speculative",
 }
 

@@ -90,6 +90,28 @@ def test_bad_input_gives_a_clear_error(weights, tmp_path, capsys, argv, message)
         assert message in capsys.readouterr().err
 
 
+def test_generate_sets_gsd_radius_and_lantern_delta_and_records_them(weights, tmp_path, capsys):
+    """GSD's radius and LANTERN's delta could be set by sweep and the Python API but not by generate."""
+    def rule(out):
+        return json.loads((out / "record.json").read_text())["settings"]["rule"]
+
+    base = ["generate", "--weights", weights, "-n", 1, "--window", 4, "--no-maps"]
+    assert run(*base, "--method", "lantern", "--lantern-delta", 0.3, "--out", tmp_path / "l") == 0
+    assert "delta=0.3" in rule(tmp_path / "l")
+    assert run(*base, "--method", "gsd", "--gsd-radius", 2, "--out", tmp_path / "g") == 0
+    assert "radius=2" in rule(tmp_path / "g")
+    assert run(*base, "--method", "gsd", "--out", tmp_path / "default") == 0
+    assert rule(tmp_path / "default") == "'gsd'"  # no option: the rule the name makes
+    capsys.readouterr()
+    # another delta into the same folder is another run: refused, not mixed
+    err = cli_error(capsys, *base, "--method", "lantern", "--lantern-delta", 0.2, "--out", tmp_path / "l")
+    assert "holds a run with other settings" in err and "delta=0.2" in err
+    err = cli_error(capsys, *base, "--method", "gsd", "--gsd-radius", CODEBOOK, "--out", tmp_path / "big")
+    assert f"--gsd-radius {CODEBOOK}: the GSD rank radius must be 0..{CODEBOOK - 1}" in err
+    assert run(*base, "--gsd-radius", 2, "--out", tmp_path / "csd") == 0
+    assert "note: --gsd-radius 2 does not apply to --method csd (only gsd uses it)" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
 def test_unwritable_output_folder_is_refused(weights, tmp_path, capsys):
     locked = tmp_path / "locked"

@@ -175,8 +175,10 @@ def note_unused(args) -> None:
     given = {key: getattr(args, key, None) for key in ("lam", "delta", "draft_init", "refresh")}
     given["addition_c"] = args.addition_c if getattr(args, "addition_c", 0.2) != 0.2 else None
     given["entropy_unit"] = args.entropy_unit if getattr(args, "entropy_unit", "nats") != "nats" else None
+    given["gsd_radius"] = getattr(args, "gsd_radius", None)
+    given["lantern_delta"] = getattr(args, "lantern_delta", None)
     for key, value, why in unused_options(given, method):
-        shown_value = f"{value:g}" if key == "addition_c" else value
+        shown_value = f"{value:g}" if key in ("addition_c", "lantern_delta") else value
         note(f"--{key.replace('_', '-')} {shown_value} does not apply to --method {method} ({why}); it is not used")
 
 

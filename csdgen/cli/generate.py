@@ -37,6 +37,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         f"(maximal coupling); default: the method's, measured best on the built-in model "
                         f"({', '.join(f'{m} {opt.method_refresh(m)}' for m in opt.METHODS if m != 'ar')})")
     opt.add_preset(p)
+    p.add_argument("--gsd-radius", type=opt.count(0, maximum=1 << 20), default=None, metavar="R",
+                   help="GSD's rank radius, an integer >= 0 (default: the rule's, 7; --method gsd)")
+    p.add_argument("--lantern-delta", type=opt.real(0.0, 1.0, high_open=False, allowed="a number in [0, 1] "
+                                                                                       "(LANTERN's added-mass budget)"),
+                   default=None, metavar="D", help="LANTERN's added-mass budget in [0, 1] (default: the rule's, 0.1; "
+                                                   "--method lantern)")
     p.add_argument("--tree", type=opt.tree_shape, default=None, metavar="K,D",
                    help="draft tree: K candidates at each of the window's first D draft positions, verified exactly "
                         "(default: none; e.g. 3,2; docs/frontier.md)")
@@ -52,10 +58,20 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def _rule(args):
+def _rule(args, model=None):
+    """The rule ``--method`` names with the options given (a name where the rule's own defaults apply).
+    GSD's and LANTERN's need the model's codebook: without ``model`` (before it loads) their name."""
     from csdgen.acceptance import make_rule
 
     csd = make_rule("csd", lam=args.lam, delta=args.delta, entropy_unit=args.entropy_unit)  # validates early
+    if model is not None and args.method == "gsd" and args.gsd_radius is not None:
+        V = model.codebook_size
+        if args.gsd_radius > V - 1:
+            raise ValueError(f"--gsd-radius {args.gsd_radius}: the GSD rank radius must be 0..{V - 1} (the codebook has "
+                             f"V={V} tokens)")
+        return make_rule("gsd", codebook=model.codebook_embeddings(), radius=args.gsd_radius)
+    if model is not None and args.method == "lantern" and args.lantern_delta is not None:
+        return make_rule("lantern", codebook=model.codebook_embeddings(), delta=args.lantern_delta)
     return {"csd": csd, "addition": make_rule("addition", c=args.addition_c)}.get(args.method, args.method)
 
 
@@ -102,7 +118,7 @@ def builtin_job(args):
     model, classes = builtin_model(args)
     _ar_window(args)
     sampling = sampling_of(args)
-    rule = _rule(args)
+    rule = _rule(args, model)
     from csdgen.engine import AUTO_MAX_WINDOW
 
     widest = 1 if args.method == "ar" else AUTO_MAX_WINDOW if args.window == "auto" else args.window
@@ -178,6 +194,7 @@ def model_job(args):
     fill_defaults(args, model_defaults(model, family))  # no-op today: the model's own defaults where it carries them
     args.window = clamp_window(args.window, model.num_image_tokens)
     _ar_window(args)
+    rule = _rule(args, model)  # GSD's and LANTERN's options need the codebook
     settings = {**_run_settings(args, model, rule, sampling), "model": str(args.model), "checkpoint": str(folder),
                 "family": family, "dtype": dtype, "device": device, "grid": list(model.grid), "prompts": prompts,
                 "negative_prompt": args.negative_prompt, "positive_prompt": args.positive_prompt,
