@@ -340,15 +340,15 @@ def serve(model_path: str | None = None, host: str = "127.0.0.1", port: int | No
 
     Args:
         port: TCP port; None = Gradio's first free port from 7860; 0 = any free port (:func:`free_port`).
-
-    Raises:
-        ValueError: ``port`` is taken or ``host`` is not an address of this machine (one line, before
-            the model loads, as ``csdgen serve`` says it).
         block: wait until interrupted (the command) or return at once (tests).
         image_size, vqgan, dtype: for a checkpoint, as :func:`load_demo_model` takes them.
 
     Returns:
         The launched ``gradio.Blocks`` (when ``block`` is False).
+
+    Raises:
+        ValueError: ``port`` is taken or ``host`` is not an address of this machine (one line, before
+            the model loads, as ``csdgen serve`` says it).
     """
     os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
     if port == 0:
