@@ -367,6 +367,20 @@ def cap_builtin_batch(args, model, window: int, guided: bool, num_images: int,
     return batch
 
 
+def check_gsd_radii(radii, model) -> None:
+    """``--gsd-radius`` values above ``V - 1`` refused (a radius of ``V - 1`` already spans every rank;
+    GSD's candidates grow with it, so 100000 ran for minutes), as ``--top-k`` above V is: sweep's
+    grid and generate's one value.
+
+    Raises:
+        ValueError: naming the option, the first value too large and the allowed range.
+    """
+    V = model.codebook_size
+    over = [r for r in radii if r > V - 1]
+    if over:
+        raise ValueError(f"--gsd-radius {over[0]}: the GSD rank radius must be 0..{V - 1} (the codebook has V={V} tokens)")
+
+
 def refuse_unfit_tree(plan) -> None:
     """One line when a draft tree makes even one image too large for the free memory
     (:meth:`csdgen.models.memory.MemoryPlan.largest_batch` 0; a plan without a tree or free figure passes).
@@ -376,7 +390,8 @@ def refuse_unfit_tree(plan) -> None:
     """
     from csdgen.models.memory import format_bytes
 
-    if plan.tree is None or plan.largest_batch() is None or plan.largest_batch() >= 1:
+    largest = None if plan.tree is None else plan.largest_batch()
+    if largest is None or largest >= 1:
         return
     K, D, S = plan.tree
     usable = int(plan.free * (1 - plan.headroom))

@@ -13,8 +13,8 @@ import argparse
 from pathlib import Path
 
 from . import _options as opt
-from ._common import (add_plan, builtin_model, cap_builtin_batch, checkpoint_setup, choose_dtype, clamp_window,
-                      fill_defaults, model_defaults, needs_model, note, print_run_line, quantize_setup,
+from ._common import (add_plan, builtin_model, cap_builtin_batch, check_gsd_radii, checkpoint_setup, choose_dtype,
+                      clamp_window, fill_defaults, model_defaults, needs_model, note, print_run_line, quantize_setup,
                       refuse_unfit_tree, require_decoder, sampling_of, split_note, writable)
 
 #: options of ``--model`` only (the built-in model refuses them; ``--dtype`` auto / float32 it takes)
@@ -65,10 +65,7 @@ def _rule(args, model=None):
 
     csd = make_rule("csd", lam=args.lam, delta=args.delta, entropy_unit=args.entropy_unit)  # validates early
     if model is not None and args.method == "gsd" and args.gsd_radius is not None:
-        V = model.codebook_size
-        if args.gsd_radius > V - 1:
-            raise ValueError(f"--gsd-radius {args.gsd_radius}: the GSD rank radius must be 0..{V - 1} (the codebook has "
-                             f"V={V} tokens)")
+        check_gsd_radii([args.gsd_radius], model)
         return make_rule("gsd", codebook=model.codebook_embeddings(), radius=args.gsd_radius)
     if model is not None and args.method == "lantern" and args.lantern_delta is not None:
         return make_rule("lantern", codebook=model.codebook_embeddings(), delta=args.lantern_delta)

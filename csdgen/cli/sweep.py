@@ -18,7 +18,7 @@ import argparse
 from csdgen.evaluation.sweep import BASELINES, SweepGrid
 
 from . import _options as opt
-from ._common import builtin_model, print_run_line, sampling_of, writable
+from ._common import builtin_model, check_gsd_radii, print_run_line, sampling_of, writable
 
 _GRIDS = (("csd_lam", float, "CSD lambda values"), ("csd_delta", float, "CSD delta values (one curve each)"),
           ("addition_c", float, "Addition c values"), ("gsd_radius", int, "GSD radii"),
@@ -61,19 +61,6 @@ def _grid(args) -> SweepGrid:
                      args.windows, args.draft_inits, args.baselines)
 
 
-def _check_radii(args, model) -> None:
-    """``--gsd-radius`` values above ``V - 1`` refused (a radius of ``V - 1`` already spans every rank;
-    GSD's candidates grow with it, so 100000 ran for minutes), as ``--top-k`` above V is.
-
-    Raises:
-        ValueError: naming the option, the value and the allowed range.
-    """
-    V = model.codebook_size
-    over = [r for r in args.gsd_radius if r > V - 1]
-    if over:
-        raise ValueError(f"--gsd-radius {over[0]}: the GSD rank radius must be 0..{V - 1} (the codebook has V={V} tokens)")
-
-
 def _run_bench(args) -> int:
     """sweep = bench with one method per setting; the sweep table and frontier plot from bench's report."""
     import csv
@@ -90,7 +77,7 @@ def _run_bench(args) -> int:
     def adjust(plan):
         from csdgen.models.base import optional_codebook
 
-        _check_radii(args, plan.model)
+        check_gsd_radii(args.gsd_radius, plan.model)
         points.extend(settings(_grid(args), optional_codebook(plan.model), entropy_unit=args.entropy_unit))
         if not points:
             raise ValueError("nothing to sweep: every grid (--csd-lam, --addition-c, ...) and --baselines is empty")
@@ -141,7 +128,7 @@ def run(args) -> int:
     model, classes = builtin_model(args, spread=True)
     sampling = sampling_of(args)
     grid = _grid(args)
-    _check_radii(args, model)
+    check_gsd_radii(args.gsd_radius, model)
     points = settings(grid, model.codebook_embeddings(), entropy_unit=args.entropy_unit)
     if not points:
         raise ValueError("nothing to sweep: every grid (--csd-lam, --addition-c, ...) and --baselines is empty")
