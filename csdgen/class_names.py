@@ -29,7 +29,7 @@ import unicodedata
 from pathlib import PurePath
 from typing import Iterable, Mapping, Sequence
 
-__all__ = ["ClassNames", "name_key", "RANDOM"]
+__all__ = ["ClassNames", "name_key", "RANDOM", "LIST_HINT"]
 
 #: the ``--class`` word for "a class drawn from the seed" (one per image)
 RANDOM = "random"
@@ -61,6 +61,8 @@ def name_key(text: str) -> str:
 
 #: the most characters of a given name an error line repeats
 SHOWN_CHARS = 80
+#: how an unknown class's error says to list the classes (the command; the server leaves it out)
+LIST_HINT = "list them: csdgen generate --list-classes"
 
 
 def shown(text) -> str:
@@ -277,11 +279,11 @@ class ClassNames:
         if near is not None:
             shown_near = ", ".join(repr(self.names[i]) for i in near[:3])
             return ValueError(f"class {shown(text)!r}{read_as} is not one of the {len(self.names)} classes this model "
-                              f"draws; the nearest it draws: {shown_near} (list them: csdgen generate --list-classes)")
+                              f"draws; the nearest it draws: {shown_near} ({LIST_HINT})")
         hint = self.suggest(text) if readable else []
         close = f"; did you mean {' or '.join(repr(h) for h in hint)}?" if hint else ""
         return ValueError(f"unknown class {shown(text)!r}{close} (any of the {len(self.names)} class names in any "
-                          f"case, or an index 0..{len(self.names) - 1}; list them: csdgen generate --list-classes)")
+                          f"case, or an index 0..{len(self.names) - 1}; {LIST_HINT})")
 
     def index(self, item: int | str) -> int:
         """Class index of a name, alias, index or index as text (digits are an index, not an alias

@@ -108,9 +108,10 @@ class ServedModel:
                 return self.model.class_ids([prompt])[0], 1
             session = self.model.start([prompt], 1, guided)  # tokenizes and checks the length; no forward
         except ValueError as exc:
-            text = str(exc)  # without the command that lists the classes: not this API
-            for listing in (" (list them: csdgen generate --list-classes)", "; list them: csdgen generate --list-classes"):
-                text = text.replace(listing, "")
+            from csdgen.class_names import LIST_HINT
+
+            # without the command that lists the classes (csdgen.class_names): not this API
+            text = str(exc).replace(f" ({LIST_HINT})", "").replace(f"; {LIST_HINT}", "")
             message = f"prompt: {text}" if "allowed" in text else f"prompt: {text}; allowed: {self.prompt_help}"
             if self.classes and getattr(getattr(self.model, "classes", None), "is_random", lambda _: False)(prompt):
                 message = f"prompt={prompt!r}: this server draws no random class; allowed: {self.prompt_help}"
