@@ -701,3 +701,21 @@ def test_served_batches_run_the_engine_and_compile_the_server_was_started_with(c
         answer = post(running, {"prompt": "0", "window": 4, "seed": 1})
     assert answer.status_code == 200, answer.text
     assert made == [("eager", False)]
+
+
+def test_a_top_k_of_0_in_a_request_or_the_servers_defaults_means_no_top_k(cached_model):
+    """0 is the server's "no top-k" (SamplingConfig stores it as None), in a request and in csdgen serve --top-k 0;
+    above the codebook size it is refused."""
+    from csdgen.serve.schemas import APIError, parse_request
+
+    model = tiny_model(cached_model)
+    served = ServedModel(model, "tiny")
+    zero = parse_request({"prompt": "0", "window": 4, "top_k": 0}, served)
+    assert zero.batch_kwargs["sampling"].top_k is None and zero.key == parse_request(
+        {"prompt": "0", "window": 4, "top_k": None, "temperature": zero.batch_kwargs["sampling"].temperature}, served).key
+    by_default = parse_request({"prompt": "0", "window": 4}, ServedModel(model, "tiny", defaults=ServeDefaults(top_k=0)))
+    assert by_default.batch_kwargs["sampling"].top_k is None
+    assert parse_request({"prompt": "0", "window": 4, "top_k": 2}, served).batch_kwargs["sampling"].top_k == 2
+    with pytest.raises(APIError, match="allowed 1..") as refused:
+        parse_request({"prompt": "0", "top_k": model.codebook_size + 1}, served)
+    assert refused.value.status == 400

@@ -303,8 +303,7 @@ def parse_request(body: Any, served) -> ImageRequest:
         values[name] = given if given is not None else fallback if fallback is not None else defaults.get(name)
     top_k = _integer(body, "top_k", None, 0, allow_null=True) if body.get("top_k") is not None else None
     if top_k is None:
-        top_k = d.top_k if d.top_k is not None else defaults.get("top_k")
-    top_k = None if top_k == 0 else top_k
+        top_k = d.top_k if d.top_k is not None else defaults.get("top_k")  # 0: SamplingConfig's no top-k
     V = served.model.codebook_size
     if top_k is not None and top_k > V:
         raise _bad("top_k", f"top_k={top_k}: allowed 1..{V} (the codebook size), or 0 / null for no top-k")
