@@ -175,3 +175,17 @@ def test_a_checkpoint_plan_counts_the_tree_nodes_too(janus_folder):
     assert tree.buffers_per_image == chain.buffers_per_image * 1024 // 17  # (rows + 3) x fed x V x 4 B, not W + 1
     assert tree.kv_per_image > chain.kv_per_image and tree.activations_per_image > chain.activations_per_image
     assert tree.tree == (2, 8, 518) and tree.peak() > chain.peak()
+
+
+def test_generate_refuses_a_checkpoint_tree_too_large_before_reading_the_weights(janus_folder, tmp_path, capsys,
+                                                                                   monkeypatch):
+    def no_load(*args, **kwargs):
+        raise AssertionError("the weights were read before the tree was refused")
+
+    monkeypatch.setattr("csdgen.models.auto.load_model", no_load)
+    monkeypatch.setattr("csdgen.models.plan.free_memory", lambda device: 2**30)
+    err = cli_error(capsys, "generate", "--model", janus_folder, "--prompt", "a cat", "--device", "cpu", "--no-maps",
+                    "--method", "sjd", "--tree", "2,12", "--window", 14, "--out", tmp_path / "o")
+    assert err.startswith("csdgen: error: --tree 2,12 at window 14 feeds "), err
+    assert "allowed: a smaller tree" in err
+    assert not (tmp_path / "o").exists()

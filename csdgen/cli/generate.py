@@ -158,6 +158,7 @@ def model_job(args):
     from csdgen.engine import AUTO_MAX_WINDOW
     from csdgen.models.auto import load_model
     from csdgen.models.dtypes import default_device
+    from csdgen.models.plan import checkpoint_plan
     from csdgen.runs import RunPlan, slug
 
     if args.classes:
@@ -171,6 +172,11 @@ def model_job(args):
     dtype = choose_dtype(args, family, device)
     quantize_setup(args, device)
     widest = AUTO_MAX_WINDOW if args.window == "auto" else args.window
+    if args.tree is not None:  # before the weights are read: load_model's own check counts a chain window
+        refuse_unfit_tree(checkpoint_plan(folder, family, batch_size=batch_size, window=widest, dtype=dtype,
+                                          quantize=args.quantize, guided=sampling.guided, device=device, prompt_length=1,
+                                          height=args.height, width=args.width, image_size=args.image_size,
+                                          tree=args.tree))  # a prompt of 1 token, the window before any clamp to the image
     model = load_model(args.model, dtype=dtype, device=device, layout=args.layout, height=args.height,
                        width=args.width, image_size=args.image_size, batch_size=batch_size,
                        window=widest, guided=sampling.guided,
@@ -179,13 +185,11 @@ def model_job(args):
                        prompt_template=args.prompt_template, quantize=args.quantize,
                        device_map=args.device_map)  # sizes, prompt lengths and memory checked first
     require_decoder(model, str(args.model), folder)  # a Chameleon checkpoint without Chameleon's VQGAN files
-    from csdgen.models.plan import checkpoint_plan
-
     plan = checkpoint_plan(folder, family, batch_size=batch_size, window=min(widest, model.num_image_tokens - 1),
                            dtype=dtype, quantize=args.quantize, guided=sampling.guided, device=device,
                            prompt_length=model.prompt_length(prompts), height=args.height, width=args.width,
                            image_size=args.image_size, tree=args.tree)
-    refuse_unfit_tree(plan)  # load_model's memory check counts a chain window
+    refuse_unfit_tree(plan)  # with the prompts' real length
     add_plan(args, plan)
     split_note(args, model)
     fill_defaults(args, model_defaults(model, family))  # no-op today: the model's own defaults where it carries them
