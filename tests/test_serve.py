@@ -507,6 +507,9 @@ def test_serve_usage_errors_are_one_line(capsys, tiny_weights):
     assert cli.main(["serve", "--weights", str(tiny_weights), "--port", "0", "--top-p", "3"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "top_p=3.0" in err and "--top-p" in err
+    assert cli.main(["serve", "--weights", str(tiny_weights), "--port", "0", "--gsd-radius", "100000"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "gsd_radius=100000: allowed an integer 0.." in err and "--gsd-radius" in err
     assert cli.main(["serve", "--weights", str(tiny_weights), "--port", "0", "--max-memory", "0.000001"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not even one image fits" in err and "--max-memory" in err

@@ -254,3 +254,31 @@ def test_the_server_notes_partial_images_asked_for_without_a_stream():
     assert unused_fields({"prompt": "a", "partial_images": 2, "stream": False}, "csd") == [
         "partial_images 2 applies to streamed requests only (stream true); it is not used"]
     assert unused_fields({"prompt": "a", "partial_images": 2, "partial_every": 4, "stream": True}, "csd") == []
+
+
+def test_serve_takes_gsd_radius_and_lantern_delta_as_generate_does(builtin_server, builtin):
+    """A request's ``gsd_radius`` / ``lantern_delta`` build the rule csdgen.generate gets from them:
+    the same tokens, the option recorded in the answer's settings; out of range: 400 naming the field;
+    with another method: a note that it is unused."""
+    import csdgen
+    from csdgen.acceptance import make_rule
+
+    V = builtin.codebook_size
+    body = {"prompt": "1", "n": 1, "seed": 3, "window": 4, "method": "gsd", "gsd_radius": 2, "return_tokens": True}
+    r = post(builtin_server, body)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert answer["csdgen"]["settings"]["rule"]["radius"] == 2
+    rule = make_rule("gsd", codebook=builtin.codebook_embeddings(), radius=2)
+    offline = csdgen.generate(builtin, [1], method=rule, window=4, seed=3)
+    assert answer["data"][0]["csdgen"]["tokens"] == offline.tokens[0].tolist()
+    r = post(builtin_server, {"prompt": "1", "n": 1, "seed": 3, "window": 4, "method": "lantern", "lantern_delta": 0.3})
+    assert r.status_code == 200 and r.json()["csdgen"]["settings"]["rule"]["delta"] == 0.3, r.text
+    for field, value, allowed in (("gsd_radius", V, f"0..{V - 1}"), ("gsd_radius", "3", "an integer"),
+                                  ("lantern_delta", 1.5, "[0, 1]"), ("lantern_delta", "x", "a finite number")):
+        r = post(builtin_server, {"prompt": "1", "method": "gsd", field: value})
+        assert r.status_code == 400, r.text
+        error = error_of(r)
+        assert error["param"] == field and allowed in error["message"], error
+    r = post(builtin_server, {"prompt": "1", "n": 1, "seed": 3, "window": 4, "method": "csd", "gsd_radius": 2})
+    assert r.json()["csdgen"]["notes"] == ["gsd_radius 2 does not apply to method csd (only gsd uses it); it is not used"]

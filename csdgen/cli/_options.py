@@ -427,6 +427,17 @@ def add_method_options(p: argparse.ArgumentParser, *, family_note: bool = False,
                    help="draft initialisation (default: what the method needs, else uniform, the CSD reference)")
 
 
+def add_rule_options(p) -> None:
+    """``--gsd-radius`` and ``--lantern-delta``: GSD's and LANTERN's one option each (an argparse group or
+    parser; the radius's upper bound, ``V - 1``, is checked once the model's codebook is known)."""
+    p.add_argument("--gsd-radius", type=count(0, maximum=1 << 20), default=None, metavar="R",
+                   help="GSD's rank radius, an integer >= 0 (default: the rule's, 7; --method gsd)")
+    p.add_argument("--lantern-delta", type=real(0.0, 1.0, high_open=False, allowed="a number in [0, 1] "
+                                                                               "(LANTERN's added-mass budget)"),
+                   default=None, metavar="D", help="LANTERN's added-mass budget in [0, 1] (default: the rule's, 0.1; "
+                                                   "--method lantern)")
+
+
 def add_checkpoint_files(g) -> None:
     """``--image-size`` and ``--vqgan`` of the commands that take ``--model`` (an argparse group or parser)."""
     g.add_argument("--image-size", type=count(), default=None,

@@ -37,12 +37,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         f"(maximal coupling); default: the method's, measured best on the built-in model "
                         f"({', '.join(f'{m} {opt.method_refresh(m)}' for m in opt.METHODS if m != 'ar')})")
     opt.add_preset(p)
-    p.add_argument("--gsd-radius", type=opt.count(0, maximum=1 << 20), default=None, metavar="R",
-                   help="GSD's rank radius, an integer >= 0 (default: the rule's, 7; --method gsd)")
-    p.add_argument("--lantern-delta", type=opt.real(0.0, 1.0, high_open=False, allowed="a number in [0, 1] "
-                                                                                       "(LANTERN's added-mass budget)"),
-                   default=None, metavar="D", help="LANTERN's added-mass budget in [0, 1] (default: the rule's, 0.1; "
-                                                   "--method lantern)")
+    opt.add_rule_options(p)
     p.add_argument("--tree", type=opt.tree_shape, default=None, metavar="K,D",
                    help="draft tree: K candidates at each of the window's first D draft positions, verified exactly "
                         "(default: none; e.g. 3,2; docs/frontier.md)")

@@ -83,6 +83,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g = p.add_argument_group("request defaults (a request's own fields win)")
     opt.add_method(g)
     opt.add_method_options(g, family_note=True, served=True)
+    opt.add_rule_options(g)
     g.add_argument("--refresh", choices=opt.REFRESH_MODES, default=None,
                    help="refresh of pending drafts (default: the method's, as csdgen.generate: coupled for SJD and "
                         "CSD, independent for the others; coupled = maximal coupling)")
@@ -244,7 +245,8 @@ def served_model(args):
     defaults = ServeDefaults(method=args.method, window=args.window or "auto", guidance_scale=args.guidance_scale,
                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, lam=args.lam,
                              delta=args.delta, entropy_unit=args.entropy_unit, addition_c=args.addition_c,
-                             draft_init=args.draft_init, refresh=args.refresh, partial_every=args.partial_every,
+                             gsd_radius=args.gsd_radius, lantern_delta=args.lantern_delta, draft_init=args.draft_init,
+                             refresh=args.refresh, partial_every=args.partial_every,
                              max_images=args.max_images)
     served = ServedModel(model, args.served_name or name, aliases=aliases, defaults=defaults,
                          engine=getattr(args, "engine", "auto"), compile=getattr(args, "compile", None))

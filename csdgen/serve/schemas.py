@@ -20,7 +20,7 @@ Fields (OpenAI's ``images.generate``):
 csdgen's own (the SDK sends them with ``extra_body``): ``method``, ``window`` (1 .. N or
 ``"auto"``), ``seed`` (an integer 0 .. 2**63 - 1; default a random one, reported back), ``guidance_scale``,
 ``temperature``, ``top_k`` (null / 0 = none), ``top_p``, ``lam``, ``delta``, ``entropy_unit``,
-``addition_c``, ``draft_init``, ``refresh``, ``return_tokens`` (add each image's tokens to the
+``addition_c``, ``gsd_radius`` (0 .. V - 1), ``lantern_delta`` (0 .. 1), ``draft_init``, ``refresh``, ``return_tokens`` (add each image's tokens to the
 answer) and ``partial_every`` (with ``stream``: a partial image every this many of the image's
 forwards, instead of ``partial_images`` spread over the image).
 """
@@ -42,7 +42,8 @@ OPENAI_FIELDS = ("prompt", "model", "n", "size", "response_format", "output_form
 NULL_ONLY_FIELDS = ("style", "output_compression", "complexity", "frame_count", "frame_duration_ms", "svg")
 #: csdgen's own fields (``extra_body``)
 CSDGEN_FIELDS = ("method", "window", "seed", "guidance_scale", "temperature", "top_k", "top_p", "lam", "delta",
-                 "entropy_unit", "addition_c", "draft_init", "refresh", "return_tokens", "partial_every")
+                 "entropy_unit", "addition_c", "gsd_radius", "lantern_delta", "draft_init", "refresh", "return_tokens",
+                 "partial_every")
 MAX_PROMPT_CHARS = 32_000
 #: a request's seed is an integer in 0 .. 2**63 - 1 (csdgen.sampling.MAX_SEED); the default is drawn from that range
 SEED_BITS = 63
@@ -103,6 +104,8 @@ class ServeDefaults:
     delta: float | None = None
     entropy_unit: str = "nats"
     addition_c: float = 0.2
+    gsd_radius: int | None = None  #: None: the GSD rule's default
+    lantern_delta: float | None = None  #: None: the LANTERN rule's default
     draft_init: str | None = None
     refresh: str | None = None
     partial_every: int = 8
@@ -328,6 +331,21 @@ def parse_request(body: Any, served) -> ImageRequest:
     except ValueError as exc:
         raise _bad(_param_of(str(exc), ("lam", "delta", "entropy_unit"), "lam"), str(exc)) from None
     rule: Any = csd if method == "csd" else addition if method == "addition" else method
+    given_radius = _integer(body, "gsd_radius", None, 0, allow_null=True)
+    gsd_radius = given_radius if given_radius is not None else d.gsd_radius
+    if gsd_radius is not None and gsd_radius > V - 1:  # GSD's candidates grow with it; V - 1 spans every rank
+        raise _bad("gsd_radius", f"gsd_radius={gsd_radius}: allowed an integer 0..{V - 1} (the codebook has V={V} tokens)")
+    given_delta = _number(body, "lantern_delta", None)
+    lantern_delta = given_delta if given_delta is not None else d.lantern_delta
+    if lantern_delta is not None and not 0.0 <= lantern_delta <= 1.0:
+        raise _bad("lantern_delta", f"lantern_delta={lantern_delta!r}: allowed a number in [0, 1] (LANTERN's added-mass budget)")
+    options = {"gsd": {"radius": gsd_radius}, "lantern": {"delta": lantern_delta}}.get(method, {})
+    if any(v is not None for v in options.values()):
+        from csdgen.models.base import optional_codebook
+
+        codebook = optional_codebook(served.model)  # None: resolve_arguments answers that the method needs one
+        if codebook is not None:
+            rule = make_rule(method, codebook=codebook, **options)
     try:
         rule_obj, window, draft_init, sampling, settings = resolve_arguments(served.model, rule, window, sampling,
                                                                              draft_init, refresh, seed)
