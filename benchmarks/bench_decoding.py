@@ -291,8 +291,8 @@ def main() -> None:
             print(f"goal {name} batch {batch}: auto {auto_s:.2f} s against {best_name} {min(ar_seconds, fixed_s):.2f} s "
                   f"(means over rounds): {100 * gap:+.1f} % -> {'met' if met else 'MISSED'} (at most "
                   f"{100 * args.tolerance:.0f} % behind); {interval}")
-    print(f"\nwindow='auto' in a fresh process (the warm-up round: the first call at each batch size and method learns "
-          f"the times and the acceptance; not in the goal):")
+    print("\nwindow='auto' in a fresh process (the warm-up round: the first call at each batch size and method learns "
+          "the times and the acceptance; not in the goal):")
     for batch in batches:
         for name in methods:
             first, fixed = warm[(batch, name, "auto")], warm[(batch, name, args.window)]

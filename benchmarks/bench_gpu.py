@@ -51,7 +51,6 @@ import json
 import platform
 import statistics
 import sys
-import time
 
 import torch
 

@@ -247,7 +247,7 @@ def main() -> None:
                     label = f"{name} B={batch} {case_name} {engine}"
                     print(f"overhead {label}: {ms:.2f} ms/iteration, {ms / floor:.2f} x floor", flush=True)
                     if compiled:
-                        print(f"  compile seconds (first call per rows x columns shape): "
+                        print("  compile seconds (first call per rows x columns shape): "
                               + ", ".join(f"{k}: {v:.1f}" for k, v in compiled.items()), flush=True)
                     record["cases"].append({"model": name, "batch": batch, "case": case_name, "engine": engine,
                                             "ms_per_iteration": ms, "floor_ms": floor, "ratio": ms / floor,

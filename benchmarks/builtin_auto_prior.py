@@ -17,7 +17,6 @@ time, from its own iterations. Record them on a quiet machine.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import html
 import os
-import queue
 import shutil
 import sys
 import tempfile
@@ -41,7 +40,6 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-import csdgen
 from csdgen.decisions import Decision
 from csdgen.evaluation.compare import to_csv
 from csdgen.evaluation.maps import COLOURS, save_png

@@ -206,7 +206,7 @@ def _longest_choice(layout: TreeLayout, node_pass: torch.Tensor) -> torch.Tensor
     every internal node so that the walk takes the leaf path with the longest accepted run
     (cumulative minimum of the node tests along the path), the lowest leaf index on ties."""
     dev = node_pass.device
-    D, S = layout.D, layout.S
+    D = layout.D
     leaves = (layout.depth == D).nonzero()[:, 0]  # [L] in breadth-first order (main leaf first)
     order = torch.argsort(layout.depth)
     along = torch.stack([order[layout.ancestors[l][order]] for l in leaves.tolist()])  # [L, D + 1] root .. leaf

@@ -85,8 +85,6 @@ def test_auto_window_one_forward_at_the_images_top_does_not_set_every_depths_rat
     (2.0 a few forwards later), and the README's first command ran widths 1 and 4 at 1.5-2.5x step
     compression against window 16's 3.8x. A Beta prior of PRIOR_WEIGHT pseudo-drafts keeps one
     forward from deciding; a count of many forwards still does."""
-    import numpy as np
-
     zero = [[0, 0, 0]] * 5
     reached = [[8, 8, 8], [0, 1, 2]] + zero
     rejected = [[8, 7, 6], [0, 1, 2]] + zero
@@ -382,8 +380,6 @@ def test_auto_window_a_batch_is_priced_at_its_slowest_images_pace():
     its slowest image took 140 forwards against the mean's 113, and the batch took 9.25 s against
     AR's 8.03 s; priced at the slowest image's pace, width 8 loses to narrower ones. One image, or no
     draft accepted yet, prices nothing differently."""
-    import numpy as np
-
     times = {1: 0.030, 8: 0.068, 32: 0.36}
     mean_pace = _chooser(BUILTIN_CSD_COUNTS[16], times=times, rows=16)
     mean_pace.count = 1

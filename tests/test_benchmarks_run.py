@@ -59,8 +59,6 @@ def test_bench_decoding_reduced_run_prints_the_goal_lines():
 def test_bench_decoding_refuses_bad_arguments_in_one_line():
     """--repeats 0, --batches 0 or x, --window 0, --timing-repeats 0 gave
     tracebacks; --tolerance -1 ran and printed 'at most -100 % behind'."""
-    import pytest
-
     for args, says in ((["--repeats", "0"], "--repeats: 0: must be an integer >= 1"),
                        (["--batches", "0"], "--batches: '0': 0: must be an integer >= 1 per batch size"),
                        (["--batches", "1,x"], "--batches: '1,x': 'x': expected an integer in 1.."),

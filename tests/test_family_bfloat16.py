@@ -31,7 +31,7 @@ def _emu3(folder):
 
 def _chameleon(layout):
     def build(folder):
-        from test_models_chameleon import PROMPTS, build_checkpoint
+        from test_models_chameleon import build_checkpoint
 
         size = dict(height=12, width=16) if layout == "lumina" else {}
         return build_checkpoint(str(folder)), dict(layout=layout, **size), [" ".join(["red", "cat"])]

@@ -238,7 +238,7 @@ def test_fixed_window_across_batch_sizes_holds_what_the_readme_says():
     once = csdgen.generate(model, classes, method="csd", window=16, seed=7)
     again = csdgen.generate(model, classes, method="csd", window=16, seed=7)
     assert torch.equal(once.tokens, again.tokens) and [s.steps for s in once.images] == [s.steps for s in again.images]
-    N, start = model.num_image_tokens, 100
+    start = 100
     tokens = once.tokens
     with torch.no_grad():
         def window_logits(rows):

@@ -4,7 +4,6 @@ an iteration of the batch slots the forward runs (:func:`csdgen.engine.window.ba
 
 import numpy as np
 import pytest
-import torch
 
 from csdgen.engine.continuous import ContinuousBatch
 from csdgen.engine.window import _AutoWindow, _Learned, batch_tokens, batch_width

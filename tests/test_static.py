@@ -13,7 +13,7 @@ import torch
 
 import csdgen
 from csdgen import SamplingConfig
-from csdgen.models import ClassConditionalLlama, FunctionModel
+from csdgen.models import ClassConditionalLlama
 from csdgen.models._static import (WIDTH_BUCKETS, StaticSession, batch_bucket, make_static, open_engine, static_refusal,
                                    width_bucket)
 from csdgen.sampling import target_probs

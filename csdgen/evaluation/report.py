@@ -403,8 +403,8 @@ def write_report(records: list[dict] | Iterable[str | os.PathLike], out_dir: str
         if speed:
             md.insert(-1, "- Speed noise floor: latency " + ", ".join(f"{name} / {reference} = {ratio:.3f}"
                                                                    for name, ratio in speed.items())
-                      + f" (the same method at another seed, timed interleaved with every method: latency gaps within "
-                        f"this of 1 are not measured differences).")
+                      + " (the same method at another seed, timed interleaved with every method: latency gaps within "
+                        "this of 1 are not measured differences).")
     for note in few_images_notes(rows, min_images or {}):
         md.insert(-1, f"- {note}")
     counts = {row["images"] for row in rows}
