@@ -39,12 +39,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from safetensors.torch import save_file
 
 from . import build_ar_model
 from .classifier import CropClassifier
 from .emoji import HELDOUT_SEED, TRAIN_SEED, load_emoji, make_views, read_class_list, select_classes
 from .train_common import CODEBOOK_SIZE, StageClock, autocast, batch_indices, cosine_lr, log, set_lr, to_float
+from .train_files import load_module, save_json, save_safetensors, write_config
 from .vq import VQConfig, VQTokenizer
 from ..evaluation.quality import REFERENCE_FILE, reference_feature_states
 
@@ -57,27 +57,6 @@ def edge_loss(recon: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     dx = lambda x: x[..., :, 1:] - x[..., :, :-1]
     dy = lambda x: x[..., 1:, :] - x[..., :-1, :]
     return (dx(recon) - dx(target)).abs().mean() + (dy(recon) - dy(target)).abs().mean()
-
-
-def save_safetensors(state: dict[str, torch.Tensor], path: Path, dtype=None) -> None:
-    """Atomic write of a state dict (optionally cast floating tensors to ``dtype``)."""
-    out = {}
-    for k, v in state.items():
-        v = v.detach().cpu()
-        if dtype is not None and v.is_floating_point():
-            v = v.to(dtype)
-        out[k] = v.contiguous()
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    save_file(out, str(tmp))
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
-def save_json(obj: dict, path: Path) -> None:
-    """Atomic JSON write."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 # ----------------------------------------------------------------------------- VQ
@@ -208,7 +187,7 @@ def train_ar(codes: torch.Tensor, labels: torch.Tensor, llama_cfg: dict, args):
     clock = StageClock("ar", args.ar_steps, args.max_minutes_ar, args.threads)
     ckpt_file, first = args.out / "ar.ckpt.pt", 0
     if args.ar_init is not None and not (args.resume and ckpt_file.is_file()):
-        _load_module(model, args.ar_init).train()  # warm start: a finished run's weights, a new schedule
+        load_module(model, args.ar_init).train()  # warm start: a finished run's weights, a new schedule
         log(f"ar: initialised from {args.ar_init}")
     if args.resume and ckpt_file.is_file():  # mid-stage checkpoint: model, optimiser, clock
         ckpt = torch.load(ckpt_file)
@@ -416,29 +395,6 @@ def parse_args(argv=None):
     return args
 
 
-def write_config(out: Path, args, llama_cfg: dict, vq: VQTokenizer, clf_cfg: dict,
-                 names: list[str], categories: list[str], short_names: list[list[str]]) -> None:
-    config = {
-        "format_version": 2,
-        "data": "emoji-datasource-google 16.0.0 (Noto emoji, Apache-2.0), 64 x 64 on white",
-        "image_size": 64, "grid": list(vq.grid), "codebook_size": CODEBOOK_SIZE,
-        "class_names": list(names), "class_categories": list(categories),
-        "class_short_names": [list(s) for s in short_names], "num_classes": len(names),
-        "class_token_offset": CODEBOOK_SIZE, "null_class_id": CODEBOOK_SIZE + len(names),
-        "sequence": "[class_token, code_0 .. code_255], raster order",
-        "vq": vq.config.to_dict(), "llama": llama_cfg, "classifier": clf_cfg,
-        "ar_dtype_on_disk": "float16",
-        "training": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                     if k not in ("out", "docs", "resume", "class_list")}
-        | {"data_seeds": {"train": TRAIN_SEED, "heldout": HELDOUT_SEED}, "cond_dropout": 0.1},
-    }
-    if getattr(args, "class_list", None) is not None:
-        how = json.loads(Path(args.classes).read_text())
-        config["class_set"] = {"file": Path(args.classes).name,
-                               "how": how.get("how", "") if isinstance(how, dict) else ""}
-    save_json(config, out / "config.json")
-
-
 def restricted_classifier(folder: Path, names: list[str], all_names: list[str]) -> tuple[CropClassifier, dict]:
     """The classifier of the weights in ``folder`` restricted to the classes ``names``: the same
     trunk, the head's rows of those classes only (so its argmax is the full classifier's argmax
@@ -465,12 +421,6 @@ def restricted_classifier(folder: Path, names: list[str], all_names: list[str]) 
     clf = CropClassifier(**cfg)
     clf.load_state_dict(state)
     return clf.eval(), cfg
-
-
-def _load_module(module: torch.nn.Module, path: Path) -> torch.nn.Module:
-    from safetensors.torch import load_file
-    module.load_state_dict({k: v.float() for k, v in load_file(str(path)).items()})
-    return module.eval()
 
 
 def main(argv=None) -> None:
@@ -506,11 +456,11 @@ def main(argv=None) -> None:
     done = set(stages.get("done", []))
 
     if args.vq is not None and "vq" not in done:  # a resumed run keeps its own copy
-        vq = _load_module(VQTokenizer(VQConfig(**VQ_CONFIG)), args.vq)
+        vq = load_module(VQTokenizer(VQConfig(**VQ_CONFIG)), args.vq)
         save_safetensors(vq.state_dict(), args.out / "vq.safetensors", dtype=torch.float16)
         log(f"vq: from {args.vq}")
     elif "vq" in done:
-        vq = _load_module(VQTokenizer(VQConfig(**VQ_CONFIG)), args.out / "vq.safetensors")
+        vq = load_module(VQTokenizer(VQConfig(**VQ_CONFIG)), args.out / "vq.safetensors")
         log("vq: reused")
     else:
         t = time.time()
@@ -535,7 +485,7 @@ def main(argv=None) -> None:
     clf_cfg = {"num_classes": NUM_CLASSES, "width": args.cls_width, "feature_dim": args.cls_features}
     if "cls" in done and "classifier_config" in stages:  # a resumed run keeps its own copy
         clf_cfg = stages["classifier_config"]
-        clf = _load_module(CropClassifier(**clf_cfg), args.out / "classifier.safetensors")
+        clf = load_module(CropClassifier(**clf_cfg), args.out / "classifier.safetensors")
     elif args.classifier is not None:  # no classifier stage: written before the AR stage
         clf, clf_cfg = restricted_classifier(args.classifier, data.names, all_names)
         stages["classifier_config"] = clf_cfg
@@ -553,20 +503,20 @@ def main(argv=None) -> None:
         write_config(args.out, args, llama_cfg, vq, clf_cfg, data.names, data.categories, data.short_names)
 
     if "ar" in done:
-        ar = _load_module(build_ar_model(llama_cfg), args.out / "ar.safetensors")
+        ar = load_module(build_ar_model(llama_cfg), args.out / "ar.safetensors")
         log("ar: reused")
     else:
         t = time.time()
         ar = train_ar(ctr, ytr, llama_cfg, args)
         times["ar_train_s"] = time.time() - t
         save_safetensors(ar.state_dict(), args.out / "ar.safetensors", dtype=torch.float16)
-        ar = _load_module(build_ar_model(llama_cfg), args.out / "ar.safetensors")  # as shipped (fp16)
+        ar = load_module(build_ar_model(llama_cfg), args.out / "ar.safetensors")  # as shipped (fp16)
         metrics["ar"] = eval_ar(ar, cho, yho) | {"params": sum(p.numel() for p in ar.parameters())}
         log(f"ar metrics {metrics['ar']}")
         finish("ar")
 
     if clf is None and "cls" in done:
-        clf = _load_module(CropClassifier(**clf_cfg), args.out / "classifier.safetensors")
+        clf = load_module(CropClassifier(**clf_cfg), args.out / "classifier.safetensors")
     elif clf is None:
         # real views plus their VQ reconstructions, so the classifier judges shapes, not VQ blur
         t = time.time()
