@@ -42,7 +42,8 @@ from . import build_ar_model
 from .classifier import CropClassifier
 from .emoji import HELDOUT_SEED, TRAIN_SEED, load_emoji, make_views, read_class_list, select_classes
 from .train_ar import eval_ar, llama_config_dict, train_ar
-from .train_common import CODEBOOK_SIZE, StageClock, autocast, batch_indices, cosine_lr, log, set_lr, to_float
+from .train_classifier import classify, restricted_classifier, train_classifier
+from .train_common import CODEBOOK_SIZE, log, to_float
 from .train_files import load_module, save_json, save_safetensors, write_config
 from .train_vq import VQ_CONFIG, decode_u8, encode_all, eval_vq, train_vq
 from .vq import VQConfig, VQTokenizer
@@ -78,45 +79,6 @@ def sample_ar(model, class_ids: torch.Tensor, null_id: int, guidance: float = 3.
         out.append(nxt)
         tokens = torch.cat([nxt, nxt])
     return torch.cat(out, dim=1)
-
-
-# ----------------------------------------------------------------------------- classifier
-
-
-def train_classifier(images: torch.Tensor, labels: torch.Tensor, args) -> CropClassifier:
-    """Train the emoji classifier on uint8 views [N, 3, 64, 64] (cross-entropy, AdamW, cosine;
-    a random half of each batch blurred by a 2x down-up resize, as generated images are softer)."""
-    torch.manual_seed(args.seed + 4)
-    clf = CropClassifier(num_classes=NUM_CLASSES, width=args.cls_width, feature_dim=args.cls_features).train()
-    opt = torch.optim.AdamW(clf.parameters(), lr=args.cls_lr, weight_decay=1e-4)
-    gen = torch.Generator().manual_seed(args.seed + 5)
-    clock = StageClock("cls", args.cls_steps, args.max_minutes_cls, args.threads)
-    for step, idx in enumerate(batch_indices(len(images), args.cls_batch, args.cls_steps, args.seed + 6)):
-        if clock.progress(step) >= 1.0:
-            break
-        clock.tick(step)
-        args.done_steps["cls"] = step + 1
-        set_lr(opt, cosine_lr(clock.progress(step), args.cls_lr, warmup=0.05))
-        x = to_float(images[idx])
-        blur = torch.rand(len(idx), generator=gen) < 0.5
-        soft = F.interpolate(F.avg_pool2d(x, 2), scale_factor=2, mode="bilinear", align_corners=False)
-        x = torch.where(blur[:, None, None, None], soft, x)
-        with autocast():
-            logits = clf(x)
-        loss = F.cross_entropy(logits.float(), labels[idx], label_smoothing=0.05)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if step % args.log_every == 0 or step == args.cls_steps - 1:
-            log(f"cls step {step} loss {loss.item():.4f}")
-    return clf.eval()
-
-
-@torch.no_grad()
-def classify(clf: CropClassifier, images: torch.Tensor, batch: int = 200) -> torch.Tensor:
-    """images uint8 or float [N, 3, 64, 64] -> predicted class indices int64 [N]."""
-    conv = to_float if images.dtype == torch.uint8 else (lambda x: x)
-    return torch.cat([clf(conv(images[i:i + batch])).argmax(-1) for i in range(0, len(images), batch)])
 
 
 # ----------------------------------------------------------------------------- images
@@ -204,34 +166,6 @@ def parse_args(argv=None):
         args.class_list = None
     args.done_steps = {}
     return args
-
-
-def restricted_classifier(folder: Path, names: list[str], all_names: list[str]) -> tuple[CropClassifier, dict]:
-    """The classifier of the weights in ``folder`` restricted to the classes ``names``: the same
-    trunk, the head's rows of those classes only (so its argmax is the full classifier's argmax
-    among them). Source class names: ``folder``'s config.json ``class_names``, else ``all_names``.
-
-    Returns (classifier float32 eval, its config dict). Raises ValueError: a name is not one of
-    the source classifier's classes.
-    """
-    from safetensors.torch import load_file
-
-    cfg_file = folder / "config.json"
-    src = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
-    src_names = src.get("class_names", all_names)
-    src_cfg = src.get("classifier", {"num_classes": len(src_names), "width": 48, "feature_dim": 256})
-    missing = [n for n in names if n not in src_names]
-    if missing:
-        raise ValueError(f"--classifier {folder}: classes not in its classifier: {missing[:5]}")
-    state = {k: v.float() for k, v in load_file(str(folder / "classifier.safetensors")).items()}
-    rows = torch.tensor([src_names.index(n) for n in names])
-    head = [k for k in state if k.startswith("head.") and state[k].shape[0] == len(src_names)]
-    for k in head:
-        state[k] = state[k][rows].contiguous()
-    cfg = dict(src_cfg, num_classes=len(names))
-    clf = CropClassifier(**cfg)
-    clf.load_state_dict(state)
-    return clf.eval(), cfg
 
 
 def main(argv=None) -> None:
@@ -334,7 +268,7 @@ def main(argv=None) -> None:
         n_rec = min(len(ctr), NUM_CLASSES * args.cls_recon_views)
         recon = decode_u8(vq, ctr[:n_rec])
         xcls, ycls = torch.cat([xtr, recon]), torch.cat([ytr, ytr[:n_rec]])
-        clf = train_classifier(xcls, ycls, args)
+        clf = train_classifier(xcls, ycls, NUM_CLASSES, args)
         times["cls_train_s"] = time.time() - t
         save_safetensors(clf.state_dict(), args.out / "classifier.safetensors", dtype=torch.float16)
         clf = clf.eval()
