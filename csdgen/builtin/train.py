@@ -26,6 +26,11 @@ A subset run on the shipped tokenizer and classifier:
         --max-minutes-ar 150
 """
 
+# Where each part lives: train_common.py (clock, schedule, batches, log), train_files.py (the run
+# folder's files, config.json), train_vq.py, train_ar.py and train_classifier.py (the stages),
+# train_samples.py (sampling at the end: classifier agreement, --docs grids). This file holds the
+# options and main(), the order of the stages and what --resume reuses.
+
 from __future__ import annotations
 
 import argparse
@@ -33,83 +38,32 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
-import torch.nn.functional as F
-from PIL import Image
 
 from . import build_ar_model
 from .classifier import CropClassifier
 from .emoji import HELDOUT_SEED, TRAIN_SEED, load_emoji, make_views, read_class_list, select_classes
 from .train_ar import eval_ar, llama_config_dict, train_ar
 from .train_classifier import classify, restricted_classifier, train_classifier
-from .train_common import CODEBOOK_SIZE, log, to_float
+from .train_common import log, to_float
 from .train_files import load_module, save_json, save_safetensors, write_config
+from .train_samples import SHOWCASE, classifier_agreement, write_sample_grids
 from .train_vq import VQ_CONFIG, decode_u8, encode_all, eval_vq, train_vq
 from .vq import VQConfig, VQTokenizer
 from ..evaluation.quality import REFERENCE_FILE, reference_feature_states
 
-NUM_CLASSES = 0          # set by main() from the data
+#: the script's options and run, and the names other modules import from here (each defined in the
+#: train_*.py module of its stage)
+__all__ = ["main", "parse_args", "SHOWCASE", "classify", "decode_u8", "encode_all", "llama_config_dict",
+           "restricted_classifier", "save_json", "save_safetensors", "to_float"]
 
 
-@torch.no_grad()
-def sample_ar(model, class_ids: torch.Tensor, null_id: int, guidance: float = 3.0,
-              temperature: float = 1.0, seed: int = 0, n_tokens: int = 256) -> torch.Tensor:
-    """Plain AR sampling with classifier-free guidance and a KV cache (private helper).
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options of ``python -m csdgen.builtin.train`` (``argv``: default ``sys.argv[1:]``), with
+    ``class_list`` (the names of ``--classes``, or None) and an empty ``done_steps``.
 
-    class_ids int64 [B] (token ids CODEBOOK_SIZE + c) -> codes int64 [B, n_tokens].
-    Guided logits = uncond + guidance * (cond - uncond), restricted to the CODEBOOK_SIZE codes.
-    """
-    from transformers import DynamicCache
-
-    from ..models._transformers import cache_kwargs
-
-    gen = torch.Generator().manual_seed(seed)
-    b = class_ids.shape[0]
-    tokens = torch.cat([class_ids, torch.full_like(class_ids, null_id)])[:, None]
-    cache = DynamicCache(config=model.config)
-    out = []
-    for pos in range(n_tokens):
-        position_ids = torch.full((2 * b, tokens.shape[1]), pos, dtype=torch.long)
-        logits = model(input_ids=tokens, **cache_kwargs(cache), position_ids=position_ids,
-                       use_cache=True).logits[:, -1, :CODEBOOK_SIZE].float()
-        cond, uncond = logits[:b], logits[b:]
-        guided = (uncond + guidance * (cond - uncond)) / temperature
-        nxt = torch.multinomial(F.softmax(guided, dim=-1), 1, generator=gen)
-        out.append(nxt)
-        tokens = torch.cat([nxt, nxt])
-    return torch.cat(out, dim=1)
-
-
-# ----------------------------------------------------------------------------- images
-
-
-def to_uint8(images: torch.Tensor) -> np.ndarray:
-    """float [N, 3, H, W] in [-1, 1] -> uint8 [N, H, W, 3]."""
-    x = ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-    return x.permute(0, 2, 3, 1).numpy()
-
-
-def save_grid(images: torch.Tensor, rows: int, path: Path, scale: int = 2) -> None:
-    """Save float [rows*cols, 3, H, W] in [-1, 1] (row-major) as a PNG grid."""
-    arr = to_uint8(images)
-    n, h, w, _ = arr.shape
-    cols = n // rows
-    grid = arr[:rows * cols].reshape(rows, cols, h, w, 3).transpose(0, 2, 1, 3, 4)
-    img = Image.fromarray(grid.reshape(rows * h, cols * w, 3))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    img.resize((cols * w * scale, rows * h * scale), Image.NEAREST).save(path)
-
-
-SHOWCASE = ("red apple", "dog face", "rocket", "grinning face", "cat face", "pizza", "house",
-            "sun", "snowman", "fire", "automobile", "banana", "butterfly", "pile of poo",
-            "four leaf clover", "hot beverage", "watermelon", "ghost", "bicycle", "panda face")
-
-
-# ----------------------------------------------------------------------------- main
-
-
-def parse_args(argv=None):
+    Exits (argparse's usage error, status 2) when ``--vq`` or ``--ar-init`` is not a file, ``--classifier``
+    holds no classifier.safetensors, or ``--classes`` is not a class list."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "weights")
     p.add_argument("--docs", type=Path, default=None, help="folder for sample/reconstruction PNGs")
@@ -169,7 +123,11 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> None:
-    global NUM_CLASSES
+    """Run the training (:func:`parse_args`' options): data, VQ, AR and classifier stages, the samples,
+    and write the weights folder ``--out`` (vq/ar/classifier.safetensors, config.json, metrics.json,
+    reference_features.safetensors; stages.json, codes.tmp.pt and ar.ckpt.pt for ``--resume``).
+
+    Exits with a one-line message when a ``--classes`` name is not an emoji."""
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -191,12 +149,12 @@ def main(argv=None) -> None:
             data = select_classes(data, args.class_list)
         except ValueError as exc:  # one line naming the file and the closest names, no traceback
             raise SystemExit(f"--classes {args.classes}: {exc}") from None
-    NUM_CLASSES = len(data.names)
+    num_classes = len(data.names)
     xvq = make_views(data, args.vq_views, TRAIN_SEED + 1, uint8=True)[0] if args.vq is None else None
     xtr, ytr = make_views(data, args.ar_views, TRAIN_SEED, uint8=True)
     xho, yho = make_views(data, args.heldout_views, HELDOUT_SEED, uint8=True)
     times["data_s"] = time.time() - t
-    log(f"data: {NUM_CLASSES} classes, {len(data.images)} images; vq {None if xvq is None else tuple(xvq.shape)} "
+    log(f"data: {num_classes} classes, {len(data.images)} images; vq {None if xvq is None else tuple(xvq.shape)} "
         f"ar {tuple(xtr.shape)} heldout {tuple(xho.shape)}")
     done = set(stages.get("done", []))
 
@@ -225,9 +183,9 @@ def main(argv=None) -> None:
         log(f"vq metrics {metrics['vq']}")
         finish("vq")
 
-    llama_cfg = llama_config_dict(NUM_CLASSES, args.ar_layers, args.ar_hidden, args.ar_intermediate, args.ar_heads)
+    llama_cfg = llama_config_dict(num_classes, args.ar_layers, args.ar_hidden, args.ar_intermediate, args.ar_heads)
     clf = None
-    clf_cfg = {"num_classes": NUM_CLASSES, "width": args.cls_width, "feature_dim": args.cls_features}
+    clf_cfg = {"num_classes": num_classes, "width": args.cls_width, "feature_dim": args.cls_features}
     if "cls" in done and "classifier_config" in stages:  # a resumed run keeps its own copy
         clf_cfg = stages["classifier_config"]
         clf = load_module(CropClassifier(**clf_cfg), args.out / "classifier.safetensors")
@@ -238,7 +196,7 @@ def main(argv=None) -> None:
             save_safetensors(clf.state_dict(), args.out / "classifier.safetensors", dtype=torch.float16)
             recon_ho = decode_u8(vq, cho)
             metrics["classifier"] = {
-                "source": f"{args.classifier}'s classifier, its logits of these {NUM_CLASSES} classes",
+                "source": f"{args.classifier}'s classifier, its logits of these {num_classes} classes",
                 "heldout_accuracy": float((classify(clf, xho) == yho).float().mean()),
                 "heldout_accuracy_vq_reconstructions": float((classify(clf, recon_ho) == yho).float().mean()),
                 "n_heldout": len(yho)}
@@ -265,10 +223,10 @@ def main(argv=None) -> None:
     elif clf is None:
         # real views plus their VQ reconstructions, so the classifier judges shapes, not VQ blur
         t = time.time()
-        n_rec = min(len(ctr), NUM_CLASSES * args.cls_recon_views)
+        n_rec = min(len(ctr), num_classes * args.cls_recon_views)
         recon = decode_u8(vq, ctr[:n_rec])
         xcls, ycls = torch.cat([xtr, recon]), torch.cat([ytr, ytr[:n_rec]])
-        clf = train_classifier(xcls, ycls, NUM_CLASSES, args)
+        clf = train_classifier(xcls, ycls, num_classes, args)
         times["cls_train_s"] = time.time() - t
         save_safetensors(clf.state_dict(), args.out / "classifier.safetensors", dtype=torch.float16)
         clf = clf.eval()
@@ -283,26 +241,9 @@ def main(argv=None) -> None:
     save_safetensors(reference_feature_states(clf.eval(), to_float(xho)), args.out / REFERENCE_FILE)
 
     t = time.time()
-    null_id = CODEBOOK_SIZE + NUM_CLASSES
-    gen = torch.Generator().manual_seed(args.seed + 8)
-    rounds = -(-args.agreement_samples // NUM_CLASSES)  # every class, as evenly as the count allows
-    pick = torch.randperm(NUM_CLASSES, generator=gen).repeat(rounds)[:args.agreement_samples]
-    preds = []
-    for i in range(0, len(pick), 64):
-        codes = sample_ar(ar, pick[i:i + 64] + CODEBOOK_SIZE, null_id, guidance=args.guidance,
-                          seed=args.seed + 7 + i)
-        preds.append(classify(clf, vq.decode(codes)))
-    metrics["samples"] = {"n": len(pick), "guidance": args.guidance, "temperature": 1.0,
-                          "classifier_agreement": float((torch.cat(preds) == pick).float().mean())}
+    metrics["samples"] = classifier_agreement(ar, vq, clf, num_classes, args.agreement_samples, args.guidance, args.seed)
     if args.docs is not None:
-        show = torch.tensor([data.names.index(n) for n in SHOWCASE if n in data.names] or list(range(min(20, NUM_CLASSES))))
-        real = [xho[(yho == c).nonzero()[0, 0]] for c in show]
-        codes = sample_ar(ar, show.repeat(3) + CODEBOOK_SIZE, null_id, guidance=args.guidance,
-                          seed=args.seed + 9)
-        samples = vq.decode(codes)
-        save_grid(torch.cat([to_float(torch.stack(real)), samples]), 4, args.docs / "builtin_samples.png")
-        recon = vq.decode(encode_all(vq, torch.stack(real)))
-        save_grid(torch.cat([to_float(torch.stack(real)), recon]), 2, args.docs / "builtin_reconstructions.png")
+        write_sample_grids(ar, vq, data.names, xho, yho, args.guidance, args.seed, args.docs)
     times["sample_s"] = time.time() - t
     times["total_s"] = sum(v for k, v in times.items() if k != "total_s")
     metrics["wall_times_s"] = times
