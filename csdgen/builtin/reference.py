@@ -16,7 +16,7 @@ import argparse
 
 from . import DEFAULT_WEIGHTS_DIR, load_components
 from .emoji import HELDOUT_SEED, load_emoji, make_views
-from .train import save_safetensors
+from .train_files import save_safetensors
 
 
 def write_reference(weights_dir=DEFAULT_WEIGHTS_DIR, views: int | None = None) -> dict:

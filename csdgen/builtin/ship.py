@@ -13,7 +13,7 @@ What it writes into ``--out`` (atomically, file by file; ``--out`` may not be ``
   judged the asked class at least ``--min-agreement`` of the time. The AR model's class-token rows
   (embedding and output head) are cut to those classes, so the token layout stays
   ``[codes, classes offered, null]`` (``csdgen.builtin``); the classifier's head likewise
-  (``train.restricted_classifier``); the Frechet reference statistics are recomputed on them.
+  (``train_classifier.restricted_classifier``); the Frechet reference statistics are recomputed on them.
 - ``config.json``: the run's, with the classes offered, their emoji characters (``class_emoji``:
   ``--class "🍎"``), the eight ``default_classes`` (the best-drawn class of eight different
   categories), and ``other_classes``: every other emoji of the package with its short names,
@@ -38,7 +38,10 @@ from safetensors.torch import load_file
 
 from . import load_components
 from .emoji import HELDOUT_SEED, base_entries, class_names, fetch_package, load_emoji, make_views, select_classes
-from .train import (classify, decode_u8, encode_all, restricted_classifier, save_json, save_safetensors, to_float)
+from .train_classifier import classify, restricted_classifier
+from .train_common import to_float
+from .train_files import save_json, save_safetensors
+from .train_vq import decode_u8, encode_all
 
 #: default classes shown: one per category, this many
 DEFAULT_COUNT = 8
