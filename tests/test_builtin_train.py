@@ -4,7 +4,7 @@ Every stage runs for a few steps on a stand-in of the emoji package (three class
 shapes in the npm package's layout, put where :func:`csdgen.builtin.emoji.fetch_package` finds
 an unpacked package, so no ``npm pack`` and no network) with a 1-layer AR model and a narrow
 classifier. The VQ tokenizer's widths and the codebook (1024) are fixed by the script
-(``VQ_CONFIG``), so the VQ runs at its real size, on a batch of 4 for 2 steps.
+(``train_vq.VQ_CONFIG``), so the VQ runs at its real size, on a batch of 4 for 2 steps.
 """
 
 import json
