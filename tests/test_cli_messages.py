@@ -406,7 +406,8 @@ def test_help_texts_name_the_real_auto_widest_window_and_an_existing_section():
     assert "--batch-size" not in serve_help.split("--window W")[1].split("--lam")[0] and "(docs/serve.md)" in serve_help
 
 
-def test_plan_takes_window_auto_as_the_widest_auto_window(capsys):
+def test_plan_takes_window_auto_as_the_widest_auto_window(capsys, monkeypatch):
+    monkeypatch.setattr("csdgen.models.memory_check.available_memory", lambda device: 8 * 2**30)  # one reading for both
     assert run("plan", "--batch-size", 2, "--window", "auto") == 0
     auto = capsys.readouterr().out
     assert run("plan", "--batch-size", 2, "--window", 32) == 0
