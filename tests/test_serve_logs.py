@@ -110,3 +110,24 @@ def test_serve_log_level_option_offers_the_levels_of_the_log_configuration():
     serve_cli.add_parser(parser.add_subparsers())
     assert parser.parse_args(["serve"]).log_level == "info"
     assert parser.parse_args(["serve", "--log-level", "debug"]).log_level == "debug"
+
+
+def test_an_internal_error_is_answered_500_counted_and_access_logged(cached_model, records):
+    """A bug of the server (here: a prompt lookup that raises TypeError) is answered 500 in the error
+    shape, counted by /metrics and given its access line, as every other answer (it escaped both)."""
+    from serve_fixture import metric
+
+    class Broken(ServedModel):
+        def condition(self, prompt, guided):
+            raise TypeError("a bug")
+
+    server = BackgroundServer(create_app(Broken(tiny_model(cached_model), "tiny"), capacity=2), log_level="info")
+    records.attach()
+    with server:
+        r = _post(server, {"prompt": "1", "seed": 0})
+        assert r.status_code == 500
+        assert r.json()["error"]["code"] == "internal_error" and "TypeError: a bug" in r.json()["error"]["message"]
+        assert metric(server.url, "csdgen_requests_total", {"status": "500"}) == 1
+        lines = wait_for(lambda: [x for x in records.records if x.name == access_log.name], timeout=TIMEOUT)
+    assert [x.status_code for x in lines] == [500]
+    assert any(x.levelno == logging.ERROR and x.exc_info for x in records.records if x.name == log.name)

@@ -282,3 +282,55 @@ def test_serve_takes_gsd_radius_and_lantern_delta_as_generate_does(builtin_serve
         assert error["param"] == field and allowed in error["message"], error
     r = post(builtin_server, {"prompt": "1", "n": 1, "seed": 3, "window": 4, "method": "csd", "gsd_radius": 2})
     assert r.json()["csdgen"]["notes"] == ["gsd_radius 2 does not apply to method csd (only gsd uses it); it is not used"]
+
+
+def _post_raw(server, content: bytes) -> httpx.Response:
+    return httpx.post(server.url + "/v1/images/generations", content=content, timeout=TIMEOUT,
+                      headers={"content-type": "application/json"})
+
+
+def test_serve_deeply_nested_json_is_a_400_invalid_json_not_a_500(tiny_server):
+    """(Python's JSON decoder raised RecursionError: the answer was 500.)"""
+    r = _post_raw(tiny_server, b'{"prompt":' + b"[" * 5000 + b"]" * 5000 + b"}")
+    assert r.status_code == 400
+    error = error_of(r)
+    assert error["code"] == "invalid_json" and "nested too deeply" in error["message"]
+    assert _post_tiny(tiny_server, {"prompt": "1", "seed": 0, "method": "ar"}).status_code == 200
+
+
+def test_serve_lone_surrogate_in_a_field_name_is_a_400_in_valid_utf8(tiny_server):
+    """(The param echoed the name: its answer could not be encoded and the client got a 500.)"""
+    r = _post_raw(tiny_server, b'{"prompt":"1","windw\\ud800":1}')
+    assert r.status_code == 400
+    r.content.decode("utf-8")  # strict: the body is valid UTF-8
+    error = error_of(r)
+    assert error["code"] == "unknown_parameter" and error["param"] == "windw\\ud800"
+    assert "unknown field 'windw\\ud800'" in error["message"]
+
+
+def test_serve_lone_surrogate_in_echoed_values_answers_valid_utf8(tiny_server):
+    for content, param in [(b'{"prompt":"1","model":"x\\udfff"}', "model"), (b'{"prompt":"1","method":"\\ud800"}', "method"),
+                           (b'{"prompt":"1","window":"\\ud800"}', "window"), (b'{"prompt":"1","svg":"\\ud800"}', "svg")]:
+        r = _post_raw(tiny_server, content)
+        assert r.status_code in (400, 404), (content, r.text)
+        r.content.decode("utf-8")
+        assert error_of(r)["param"] == param
+
+
+def test_serve_lone_surrogate_in_a_prompt_is_a_400_naming_its_index(tiny_server, tmp_path):
+    """A class model, and a text model whose tokenizer raised TypeError on it (a 500)."""
+    from csdgen.models.janus import JanusImageModel
+    from csdgen.serve.schemas import APIError, parse_request
+
+    from test_models_janus import build_checkpoint
+
+    r = _post_raw(tiny_server, b'{"prompt":"\\ud800 cat","seed":0}')
+    assert r.status_code == 400 and r.content.decode("utf-8")
+    error = error_of(r)
+    assert error["param"] == "prompt" and "lone surrogate '\\ud800' at index 0" in error["message"]
+    served = ServedModel(JanusImageModel.from_pretrained(build_checkpoint(tmp_path / "janus")), "tiny-janus")
+    with pytest.raises(APIError) as caught:
+        parse_request({"prompt": "a red \udc80 cat", "seed": 0}, served)
+    assert caught.value.status == 400 and caught.value.param == "prompt"
+    assert "not valid Unicode text: a lone surrogate '\\udc80' at index 6; allowed: a text prompt" in caught.value.message
+    assert parse_request({"prompt": "a red cat", "seed": 0}, served).input_tokens > 0

@@ -155,8 +155,31 @@ def _usage(request, served, images: int) -> dict:
             "output_tokens_details": {"image_tokens": N * images, "text_tokens": 0}}
 
 
+def _valid_text(value: Any) -> Any:
+    """``value`` with every string made encodable as UTF-8: a lone surrogate (JSON's ``"\\ud800"``
+    decodes to one) is written as its escape, ``\\ud800``, in the text."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_valid_text(k): _valid_text(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_valid_text(v) for v in value]
+    return value
+
+
+class SafeJSONResponse(JSONResponse):
+    """A JSONResponse whose body is always valid UTF-8: a string the client sent back in an answer
+    (an unknown field's name, a prompt) may hold a lone surrogate, which UTF-8 cannot encode."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return super().render(_valid_text(content))
+
+
 def _error_response(error: APIError):
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+    return SafeJSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
 def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256, batching: str = "continuous",
@@ -186,7 +209,8 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
             log.info("stopped after %.0f s: %d image requests answered, %d images sent", time.perf_counter() - began,
                      totals["requests"], totals["images"])
 
-    app = FastAPI(title="csdgen serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="csdgen serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+                  default_response_class=SafeJSONResponse)
     app.state.served, app.state.scheduler, app.state.metrics = served, scheduler, metrics
 
     @app.exception_handler(APIError)
@@ -204,16 +228,19 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
             code = "method_not_allowed"
         else:
             message, code = str(exc.detail), None
-        return JSONResponse(error_body(message, APIError.TYPES.get(exc.status_code, "invalid_request_error"), None, code),
+        return SafeJSONResponse(error_body(message, APIError.TYPES.get(exc.status_code, "invalid_request_error"), None, code),
                             status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request, exc):
         return _error_response(APIError(400, f"bad request: {exc.errors()[0].get('msg', exc)}", code="invalid_value"))
 
+    def internal(exc: BaseException) -> APIError:  # a bug of the server, never a bad value (those are APIErrors)
+        return APIError(500, f"internal server error: {type(exc).__name__}: {exc}", code="internal_error")
+
     @app.exception_handler(Exception)
-    async def internal_error(request, exc):  # a bug of the server, never a bad value (those are APIErrors)
-        return _error_response(APIError(500, f"internal server error: {type(exc).__name__}: {exc}", code="internal_error"))
+    async def internal_error(request, exc):
+        return _error_response(internal(exc))
 
     def count(status: int) -> None:
         metrics.requests.labels(str(status)).inc()
@@ -253,6 +280,11 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
         except APIError as exc:
             answered(line, exc.status)
             return _error_response(exc)
+        except Exception as exc:  # a bug of the server: answered, counted and logged as every other answer
+            log.exception("internal error answering POST /v1/images/generations")
+            error = internal(exc)
+            answered(line, error.status)
+            return _error_response(error)
 
     async def _generations(request: Request, line: AccessLine):
         try:
@@ -264,6 +296,10 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
             body = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise APIError(400, f"the request body is not valid JSON ({exc}); allowed: a JSON object with a prompt",
+                           code="invalid_json") from None
+        except RecursionError:  # Python's decoder recurses per array or object level
+            raise APIError(400, "the request body is JSON nested too deeply to decode (arrays or objects inside one "
+                                "another about a thousand levels deep); allowed: a JSON object with a prompt",
                            code="invalid_json") from None
         req = await run_in_threadpool(parse_request, body, served)
         line.request(req)
@@ -308,7 +344,7 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
         data = [{"b64_json": base64.b64encode(images[i][0]).decode("ascii"), "revised_prompt": req.label.get("class"),
                  "csdgen": _image_stats(req, i, images[i][1], images[i][2])} for i in range(req.n)]
         answered(line, 200)
-        return JSONResponse({"created": int(time.time()), "data": data, "background": "opaque", "output_format": "png",
+        return SafeJSONResponse({"created": int(time.time()), "data": data, "background": "opaque", "output_format": "png",
                              "size": served.size_text, "usage": _usage(req, served, req.n),
                              "csdgen": {"model": served.name, "seed": req.seed, "settings": _json_safe(req.settings),
                                         **_request_info(req)}})
@@ -379,7 +415,7 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
     async def health():
         body = {"status": "ok" if scheduler.alive else "unavailable", "model": served.name, "queue": scheduler.waiting,
                 "batch": scheduler.occupancy, "capacity": scheduler.capacity, "batching": scheduler.batching}
-        return JSONResponse(body, status_code=200 if scheduler.alive else 503)
+        return SafeJSONResponse(body, status_code=200 if scheduler.alive else 503)
 
     @app.get("/metrics")
     async def prometheus():

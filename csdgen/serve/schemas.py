@@ -182,6 +182,20 @@ def _choice(body: dict, name: str, default: Any, allowed: tuple, why: str = "") 
     return value
 
 
+def _text(value: str) -> str:
+    """``value`` as valid Unicode text: a lone surrogate (UTF-8 cannot encode it) written as its escape."""
+    return value.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _lone_surrogate(text: str) -> int | None:
+    """The index of the first lone surrogate of ``text`` (U+D800..U+DFFF), or None where it is valid text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
 def _param_of(message: str, names: tuple[str, ...], default: str) -> str:
     """The request field a library ValueError is about (its message starts with ``name=``)."""
     for name in names:
@@ -230,8 +244,8 @@ def parse_request(body: Any, served) -> ImageRequest:
         raise APIError(400, f"the request body is a JSON {kinds.get(type(body), type(body).__name__)}; allowed: a JSON object with a prompt",
                        code="invalid_type")
     unknown = [k for k in body if k not in OPENAI_FIELDS + NULL_ONLY_FIELDS + CSDGEN_FIELDS]
-    if unknown:
-        raise _bad(unknown[0], f"unknown field {unknown[0]!r}; allowed: {', '.join(OPENAI_FIELDS + CSDGEN_FIELDS)}",
+    if unknown:  # param: the name as valid text (a lone surrogate as its escape), as repr writes it in the message
+        raise _bad(_text(unknown[0]), f"unknown field {unknown[0]!r}; allowed: {', '.join(OPENAI_FIELDS + CSDGEN_FIELDS)}",
                    code="unknown_parameter")
     for name in NULL_ONLY_FIELDS:
         if body.get(name) is not None:
@@ -250,6 +264,10 @@ def parse_request(body: Any, served) -> ImageRequest:
         raise _bad("prompt", f"prompt={prompt!r}: allowed a non-empty string ({served.prompt_help})")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise _bad("prompt", f"prompt has {len(prompt)} characters; allowed at most {MAX_PROMPT_CHARS}")
+    bad = _lone_surrogate(prompt)
+    if bad is not None:  # JSON's "\ud800" decodes to one; a tokenizer or a class lookup cannot take it
+        raise _bad("prompt", f"prompt is not valid Unicode text: a lone surrogate {prompt[bad]!r} at index {bad}; "
+                             f"allowed: {served.prompt_help}, as valid Unicode text")
     n = body.get("n", 1)
     n = 1 if n is None else n
     if not _is_int(n) or n < 1:
