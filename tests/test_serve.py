@@ -517,11 +517,13 @@ def test_serve_usage_errors_are_one_line(capsys, tiny_weights):
 
 def test_serve_lowers_max_batch_to_what_max_memory_allows(capsys, tiny_weights, monkeypatch):
     """--max-memory for about 3 images with --max-batch 16: the scheduler admits at most 3, the address
-    line says so and a note names the limit."""
+    line says so and a note names the limit, the one the memory plan on the run line gives (the
+    admission used its own estimate, which said 3 where the plan said 0)."""
     import csdgen.serve
     from csdgen import cli
-    from csdgen.cli.serve import _builtin_bytes
+    from csdgen.engine import AUTO_MAX_WINDOW
     from csdgen.models.builtin import load_builtin_model
+    from csdgen.models.plan import builtin_plan
 
     seen = {}
 
@@ -531,12 +533,12 @@ def test_serve_lowers_max_batch_to_what_max_memory_allows(capsys, tiny_weights, 
         sock.close()
 
     monkeypatch.setattr(csdgen.serve, "run_server", fake_run_server)
-    per_image = _builtin_bytes(load_builtin_model(tiny_weights))
-    gib = 3.5 * per_image / 2**30
+    plan = builtin_plan(load_builtin_model(tiny_weights), batch_size=16, window=AUTO_MAX_WINDOW, free=2**30)
+    gib = (plan.weights + 3.5 * plan.per_image) / (1 - plan.headroom) / 2**30
     assert cli.main(["serve", "--weights", str(tiny_weights), "--port", "0", "--max-batch", "16",
                      "--max-memory", repr(gib)]) == 0
     out, err = capsys.readouterr()
-    assert seen["capacity"] == 3 and "max batch 3," in out
+    assert seen["capacity"] == 3 and "max batch 3," in out and "(largest batch 3)" in out
     assert seen["log_level"] == "info"  # --log-level's default reaches uvicorn
     assert err.count("\n") == 1 and "--max-batch 16" in err and "about 3 images fit" in err
     assert cli.main(["serve", "--weights", str(tiny_weights), "--port", "0", "--max-batch", "2",

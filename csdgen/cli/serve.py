@@ -55,8 +55,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "for the default request settings (the prompt bucket of a short prompt); prints how many and "
                         "how long. Nothing to do where the engine runs uncompiled (the default on cpu; --compile compiles there too)")
     p.add_argument("--max-memory", type=_gib, default=None, metavar="GIB",
-                   help="memory the batch may use, in GiB (default: half the free memory for the built-in model, "
-                        "what the device has free for --model)")
+                   help="memory the model and its batch may use, in GiB (default: what the device has free); the "
+                        "memory plan (csdgen plan) says how many images fit and the batch admits at most that many")
     p.add_argument("--partial-every", type=opt.count(), default=8, metavar="F",
                    help="streamed requests without partial_images: a partial image every F forwards (default 8)")
     p.add_argument("--device", choices=opt.DEVICES, default=None, help="default cpu; with --model cuda when available")
@@ -99,11 +99,11 @@ PLAN_MAX_BATCH = 256
 
 
 def _load(args):
-    """``(model, name, aliases, memory_limit, plan)``: the model, how many images its memory holds, its memory plan."""
+    """``(model, name, aliases, memory_limit, plan)``: the model, how many images its memory holds (the
+    plan's largest batch; None: unknown), its memory plan."""
     import torch
 
     from csdgen.engine import AUTO_MAX_WINDOW
-    from csdgen.models.memory_check import available_memory
 
     budget = None if args.max_memory is None else int(args.max_memory * 2**30)
     if args.model is None:
@@ -116,7 +116,6 @@ def _load(args):
             raise ValueError(f"{needs_model(given)} (a checkpoint); the built-in model has one size and its own VQ "
                              f"decoder")
         from csdgen.models.builtin import load_builtin_model
-        from csdgen.runs import builtin_batch_limit
 
         device = args.device or "cpu"
         if device == "cuda" and not torch.cuda.is_available():
@@ -128,13 +127,9 @@ def _load(args):
         refuse_builtin_device_map(args)
         quantize_setup(args, device)
         model = load_builtin_model(args.weights, quantize=args.quantize, device=device)
-        if budget is None:
-            limit = builtin_batch_limit(model, AUTO_MAX_WINDOW, True, available_memory(model.device))
-        else:
-            limit = max(0, budget // _builtin_bytes(model))
         plan = builtin_plan(model, batch_size=args.max_batch or CPU_MAX_BATCH, window=AUTO_MAX_WINDOW, guided=True,
                             quantize=args.quantize, device=model.device, free=budget)
-        return model, "csdgen-builtin", ("builtin",), limit, plan
+        return model, "csdgen-builtin", ("builtin",), _plan_limit(plan), plan
     if args.weights is not None:
         raise ValueError("--weights is for the built-in model; with --model the checkpoint folder holds the weights")
     from pathlib import Path
@@ -143,7 +138,6 @@ def _load(args):
     from csdgen.models.auto import load_model
     from csdgen.models.detect import family_of, read_config
     from csdgen.models.dtypes import default_device
-    from csdgen.models.memory_check import estimate_memory
     from csdgen.models.sources import resolve_checkpoint
 
     folder = resolve_checkpoint(args.model)
@@ -162,22 +156,17 @@ def _load(args):
     require_decoder(model, str(args.model), folder)  # a Chameleon checkpoint without Chameleon's VQGAN files
     split_note(args, model)
     guided = family != "glm-image"
-    estimate = estimate_memory(folder, family, AUTO_MAX_WINDOW, dtype, height=args.height, width=args.width,
-                               image_size=args.image_size, guided=guided)
     plan = checkpoint_plan(folder, family, batch_size=args.max_batch or CPU_MAX_BATCH,
                            window=min(AUTO_MAX_WINDOW, model.num_image_tokens - 1), dtype=dtype, quantize=args.quantize,
                            guided=guided, device=device, free=budget, height=args.height, width=args.width,
                            image_size=args.image_size)
-    have = available_memory(device) if budget is None else max(0, budget - plan.weights)
-    limit = estimate.usable(have) // max(estimate.per_image, 1)
-    return model, str(args.model), (Path(str(args.model)).name,), limit, plan
+    return model, str(args.model), (Path(str(args.model)).name,), _plan_limit(plan), plan
 
 
-def _builtin_bytes(model) -> int:
-    from csdgen.engine import AUTO_MAX_WINDOW
-    from csdgen.runs import builtin_bytes_per_image
-
-    return builtin_bytes_per_image(model, AUTO_MAX_WINDOW, True)
+def _plan_limit(plan) -> int | None:
+    """The most images the batch admits: the memory plan's largest batch (what the run line's plan
+    says; None: the free memory is unknown, no limit)."""
+    return plan.largest_batch()
 
 
 def _served_name(text: str) -> str:
@@ -236,6 +225,7 @@ def served_model(args):
 
     add_plan(args, replace(plan, batch_size=args.max_batch))
     print_run_line(args, file=sys.stdout)  # the first line: model, device, dtype and why, the memory plan
+    limit = args.max_batch if limit is None else limit  # free memory unknown: --max-batch alone
     if limit < 1:
         raise ValueError(f"not even one image fits in the memory allowed ({args.max_memory} GiB with --max-memory, "
                          f"or what {model.device.type} has free); raise --max-memory or use another device")
