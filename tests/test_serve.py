@@ -547,6 +547,32 @@ def test_serve_lowers_max_batch_to_what_max_memory_allows(capsys, tiny_weights, 
     assert seen["capacity"] == 2 and "max batch 2," in out and err == ""
 
 
+def test_serve_clamps_a_window_default_longer_than_the_image_with_a_note(capsys, tiny_weights, monkeypatch):
+    """--window above the image length: the request default is the image length and a note says so, as
+    generate's (the server refused to start); a request's own window above N stays a 400."""
+    import csdgen.serve
+    from csdgen import cli
+    from csdgen.serve.schemas import APIError, parse_request
+
+    seen = {}
+
+    def fake_run_server(app, sock, on_ready=None, log_level=None):
+        seen["served"] = app.state.served
+        sock.close()
+
+    monkeypatch.setattr(csdgen.serve, "run_server", fake_run_server)
+    assert cli.main(["serve", "--weights", str(tiny_weights), "--port", "0", "--window", "5000"]) == 0
+    served = seen["served"]
+    N = served.model.num_image_tokens
+    err = capsys.readouterr().err
+    assert err == f"csdgen: note: --window 5000 is longer than the image ({N} tokens): using {N}\n"
+    assert served.defaults.window == N
+    assert parse_request({"prompt": "0", "seed": 0}, served).batch_kwargs["window"] == N
+    with pytest.raises(APIError) as caught:
+        parse_request({"prompt": "0", "window": N + 1}, served)
+    assert caught.value.status == 400 and caught.value.param == "window"
+
+
 def test_builtin_model_served_images_draw_the_offline_distribution(capsys):
     """The shipped model (float32): images served beside other requests draw from the distribution of the
     offline images (same seed, image indices, window 16). Batched kernels round differently, so an

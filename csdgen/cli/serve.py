@@ -215,7 +215,7 @@ def served_model(args):
     from csdgen.serve import ServeDefaults, ServedModel
     from csdgen.serve.schemas import APIError, parse_request
 
-    from ._common import add_plan, note, print_run_line
+    from ._common import add_plan, clamp_window, note, print_run_line
 
     model, name, aliases, limit, plan = _load(args)
     if args.max_batch is None:  # on cuda the plan's largest batch; on cpu CPU_MAX_BATCH (both capped by memory below)
@@ -232,7 +232,10 @@ def served_model(args):
     capacity = min(args.max_batch, limit)
     if capacity < args.max_batch:
         note(f"--max-batch {args.max_batch}: about {limit} images fit in the memory allowed; admitting at most {capacity}")
-    defaults = ServeDefaults(method=args.method, window=args.window or "auto", guidance_scale=args.guidance_scale,
+    # --window above the image length: its tokens, with a note (as generate and bench); a request's own
+    # window above N stays a 400
+    window = clamp_window(args.window or "auto", model.num_image_tokens)
+    defaults = ServeDefaults(method=args.method, window=window, guidance_scale=args.guidance_scale,
                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, lam=args.lam,
                              delta=args.delta, entropy_unit=args.entropy_unit, addition_c=args.addition_c,
                              gsd_radius=args.gsd_radius, lantern_delta=args.lantern_delta, draft_init=args.draft_init,
