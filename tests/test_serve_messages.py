@@ -334,3 +334,13 @@ def test_serve_lone_surrogate_in_a_prompt_is_a_400_naming_its_index(tiny_server,
     assert caught.value.status == 400 and caught.value.param == "prompt"
     assert "not valid Unicode text: a lone surrogate '\\udc80' at index 6; allowed: a text prompt" in caught.value.message
     assert parse_request({"prompt": "a red cat", "seed": 0}, served).input_tokens > 0
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_serve_refuses_partial_images_with_partial_every(tiny_server, stream):
+    """(partial_every won silently: 2 partial images asked, 18 streamed.)"""
+    r = _post_tiny(tiny_server, {"prompt": "1", "seed": 0, "stream": stream, "partial_images": 2, "partial_every": 4})
+    assert r.status_code == 400
+    error = error_of(r)
+    assert error["param"] == "partial_every" and error["code"] == "invalid_value"
+    assert "partial_images=2 and partial_every=4" in error["message"] and "allowed: one of the two" in error["message"]

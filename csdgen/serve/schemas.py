@@ -22,7 +22,7 @@ csdgen's own (the SDK sends them with ``extra_body``): ``method``, ``window`` (1
 ``temperature``, ``top_k`` (null / 0 = none), ``top_p``, ``lam``, ``delta``, ``entropy_unit``,
 ``addition_c``, ``gsd_radius`` (0 .. V - 1), ``lantern_delta`` (0 .. 1), ``draft_init``, ``refresh``, ``return_tokens`` (add each image's tokens to the
 answer) and ``partial_every`` (with ``stream``: a partial image every this many of the image's
-forwards, instead of ``partial_images`` spread over the image).
+forwards, instead of ``partial_images`` spread over the image; a request gives one of the two).
 """
 
 from __future__ import annotations
@@ -293,6 +293,10 @@ def parse_request(body: Any, served) -> ImageRequest:
         raise _bad("stream", f"stream={stream!r}: allowed true or false")
     partial_images = _integer(body, "partial_images", None, 0, 3)
     partial_every = _integer(body, "partial_every", None, 1)
+    if partial_images is not None and partial_every is not None:  # two spacings of the same events: one wins silently
+        raise _bad("partial_every", f"partial_images={partial_images} and partial_every={partial_every} both say how "
+                                    f"many partial images to stream; allowed: one of the two (partial_images: that "
+                                    f"many spread over the image; partial_every: one every that many forwards)")
     return_tokens = body.get("return_tokens", False)
     if not isinstance(return_tokens, bool):
         raise _bad("return_tokens", f"return_tokens={return_tokens!r}: allowed true or false")
