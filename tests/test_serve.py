@@ -389,8 +389,9 @@ def test_metrics_count_requests_images_forwards_and_occupancy(server):
 
 # ---- the built-in model: the command, two replicas, served == offline within float32 batching ----
 
-def _spawn(*argv: str):
-    """``csdgen serve ... --port 0`` in a subprocess, its output lines in a queue."""
+def _spawn(*argv: str, sigint=None):
+    """``csdgen serve ... --port 0`` in a subprocess, its output lines in a queue (``sigint``: the
+    SIGINT handler it starts with, default ``signal.SIG_DFL``)."""
     import os
     import queue
     import subprocess
@@ -403,7 +404,7 @@ def _spawn(*argv: str):
     # and a child inherits that, so its Ctrl-C test would see the server stop with status 0
     proc = subprocess.Popen([sys.executable, "-m", "csdgen", "serve", "--port", "0", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL if sigint is None else sigint))
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout] + [lines.put(None)],  # None: the end
                      daemon=True).start()
@@ -451,6 +452,24 @@ def tiny_weights(tmp_path_factory):
     from builtin_fixture import make_tiny_weights
 
     return make_tiny_weights(tmp_path_factory.mktemp("weights"))
+
+
+def test_serve_started_with_sigint_ignored_exits_130_after_sigint(tiny_weights):
+    """A background job of a non-interactive shell (``csdgen serve &``) starts with SIGINT ignored:
+    uvicorn still stops on it, but its re-raise under the ignored handler did nothing and the
+    command ended with status 0 instead of 130."""
+    import signal
+
+    proc, lines = _spawn("--weights", str(tiny_weights), "--max-batch", "2", sigint=signal.SIG_IGN)
+    try:
+        _address(proc, lines, timeout=120)
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 130, _rest(lines)
+    assert "csdgen serve: stopped" in _rest(lines)
 
 
 def test_two_replicas_on_two_ports_give_the_same_image(tiny_weights):

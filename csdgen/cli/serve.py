@@ -271,9 +271,13 @@ def run(args) -> int:
         print(f"csdgen serve: serving {served.name} on http://{host}:{port}/v1 (POST /v1/images/generations; max batch "
               f"{capacity}, {args.batching} batching; Ctrl-C stops it)", flush=True)
 
+    import signal
+
     try:
-        run_server(app, sock, on_ready=ready, log_level=args.log_level)
+        stopped_by = run_server(app, sock, on_ready=ready, log_level=args.log_level)
     except KeyboardInterrupt:
+        stopped_by = signal.SIGINT
+    if stopped_by == signal.SIGINT:  # 130 also where SIGINT came ignored: uvicorn's re-raise then does nothing
         print("csdgen serve: stopped", file=sys.stderr, flush=True)
         return 130
     return 0

@@ -456,6 +456,13 @@ def _server(app, on_ready: Callable[[], None] | None, log_level: str = "warning"
     import uvicorn
 
     class Server(uvicorn.Server):
+        stopped_by: int | None = None  # the first signal that stopped it (SIGINT, SIGTERM), None: none
+
+        def handle_exit(self, sig, frame):
+            if self.stopped_by is None:
+                self.stopped_by = sig
+            super().handle_exit(sig, frame)
+
         async def startup(self, sockets=None):
             await super().startup(sockets=sockets)
             if self.started and on_ready is not None:
@@ -474,7 +481,8 @@ def _server(app, on_ready: Callable[[], None] | None, log_level: str = "warning"
     return Server(config)
 
 
-def run_server(app, sock: socket.socket, on_ready: Callable[[], None] | None = None, log_level: str = "info") -> None:
+def run_server(app, sock: socket.socket, on_ready: Callable[[], None] | None = None,
+               log_level: str = "info") -> int | None:
     """Serve ``app`` on the listening socket ``sock`` until interrupted (uvicorn; Ctrl-C stops it).
 
     Args:
@@ -482,10 +490,20 @@ def run_server(app, sock: socket.socket, on_ready: Callable[[], None] | None = N
         log_level: of uvicorn's loggers and csdgen's (:data:`csdgen.serve.logs.LOG_LEVELS`); ``info``
             writes an access line per image request.
 
+    Returns:
+        the signal number that stopped the server (``signal.SIGINT``, ``signal.SIGTERM``), None
+        when none did. Once stopped, uvicorn raises that signal again under the handler the process
+        had: with Python's default SIGINT handler this function raises KeyboardInterrupt instead of
+        returning, with the default SIGTERM handler the process ends (status 143); where the process
+        came with the signal ignored (a background job of a non-interactive shell), it returns.
+
     Raises:
         ValueError: a ``log_level`` not in :data:`~csdgen.serve.logs.LOG_LEVELS`.
+        KeyboardInterrupt: stopped by SIGINT under Python's default handler.
     """
-    _server(app, on_ready, log_level).run(sockets=[sock])
+    server = _server(app, on_ready, log_level)
+    server.run(sockets=[sock])
+    return server.stopped_by
 
 
 class BackgroundServer:
