@@ -344,3 +344,10 @@ def test_serve_refuses_partial_images_with_partial_every(tiny_server, stream):
     error = error_of(r)
     assert error["param"] == "partial_every" and error["code"] == "invalid_value"
     assert "partial_images=2 and partial_every=4" in error["message"] and "allowed: one of the two" in error["message"]
+
+
+def test_serve_health_answers_head_as_get_without_a_body(tiny_server):
+    """(HEAD /health was a 405: a load balancer's probe read the server as down.)"""
+    head = httpx.head(tiny_server.url + "/health", timeout=TIMEOUT)
+    assert head.status_code == 200 and head.content == b""
+    assert httpx.get(tiny_server.url + "/health", timeout=TIMEOUT).json()["status"] == "ok"

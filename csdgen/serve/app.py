@@ -10,7 +10,8 @@ Routes:
   server-sent events as OpenAI streams images: ``image_generation.partial_image`` (the image
   so far, pending token cells veiled) then ``image_generation.completed`` per image;
 * ``GET /v1/models``, ``GET /v1/models/{id}``: the served model;
-* ``GET /health``: 200 ``{"status": "ok", ...}`` while the scheduler runs, else 503;
+* ``GET /health`` (and ``HEAD``: the same status, no body): 200 ``{"status": "ok", ...}`` while the
+  scheduler runs, else 503;
 * ``GET /metrics``: Prometheus text (:mod:`csdgen.serve.metrics`).
 
 Every error is OpenAI's shape ``{"error": {"message", "type", "param", "code"}}`` with the
@@ -411,7 +412,7 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
                            param="model", code="model_not_found")
         return {"id": served.name, "object": "model", "created": started, "owned_by": "csdgen"}
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers' probe, the status without the body
     async def health():
         body = {"status": "ok" if scheduler.alive else "unavailable", "model": served.name, "queue": scheduler.waiting,
                 "batch": scheduler.occupancy, "capacity": scheduler.capacity, "batching": scheduler.batching}
