@@ -131,3 +131,26 @@ def test_an_internal_error_is_answered_500_counted_and_access_logged(cached_mode
         lines = wait_for(lambda: [x for x in records.records if x.name == access_log.name], timeout=TIMEOUT)
     assert [x.status_code for x in lines] == [500]
     assert any(x.levelno == logging.ERROR and x.exc_info for x in records.records if x.name == log.name)
+
+
+def test_an_internal_error_mid_stream_is_an_error_event_counted_and_logged_as_500(cached_model, records, monkeypatch):
+    """(A stream that broke on a bug was counted and access-logged as 499, the client leaving.)"""
+    import json
+
+    import csdgen.serve.app
+    from serve_fixture import metric
+
+    def broken_usage(*args):
+        raise TypeError("a bug")
+
+    server = BackgroundServer(create_app(ServedModel(tiny_model(cached_model), "tiny"), capacity=2), log_level="info")
+    records.attach()
+    monkeypatch.setattr(csdgen.serve.app, "_usage", broken_usage)
+    with server:
+        with httpx.stream("POST", server.url + "/v1/images/generations", timeout=TIMEOUT,
+                          json={"prompt": "1", "seed": 0, "stream": True, "method": "ar"}) as streamed:
+            data = [json.loads(line[6:]) for line in streamed.iter_lines() if line.startswith("data: ")]
+        assert data[-1]["type"] == "error" and data[-1]["error"]["code"] == "internal_error"
+        lines = wait_for(lambda: [x for x in records.records if x.name == access_log.name], timeout=TIMEOUT)
+        assert metric(server.url, "csdgen_requests_total", {"status": "500"}) == 1
+    assert [x.status_code for x in lines] == [500]

@@ -395,6 +395,11 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
                 elif kind == "done":
                     status["code"] = status["code"] or 200
                     return
+        except Exception as exc:  # a bug of the server mid-stream: an error event, counted and logged as a 500
+            log.exception("internal error streaming POST /v1/images/generations")
+            error = internal(exc)
+            status["code"] = status["code"] or error.status
+            yield sse("error", {"type": "error", **error.body()})
         finally:
             answered(line, status["code"] or 499)  # closed before its end: the client left while an event was sent
             listeners.discard(events)
