@@ -414,3 +414,15 @@ def test_plan_takes_window_auto_as_the_widest_auto_window(capsys, monkeypatch):
     assert capsys.readouterr().out == auto
     err = one_line_usage_error(capsys, "plan", "--window", "wide")
     assert "--window: 'wide': expected an integer in 1..1024, or auto" in err
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["generate", "--model", "M", "--prompt", "caf\udce9"], "--prompt"),
+    (["generate", "--model", "M", "--prompt", "a", "--negative-prompt", "caf\udce9"], "--negative-prompt"),
+    (["bench", "--model", "M", "--positive-prompt", "caf\udce9"], "--positive-prompt"),
+    (["bench", "--model", "M", "--prompt-template", "caf\udce9 {prompt}"], "--prompt-template"),
+])
+def test_prompt_text_that_is_not_utf8_is_refused_naming_the_option_and_the_byte(capsys, argv, option):
+    # Python hands argv bytes that are not UTF-8 over as lone surrogates (surrogateescape): b'\xe9' -> '\udce9'
+    err = one_line_usage_error(capsys, *argv)
+    assert f"argument {option}:" in err and "is not UTF-8 text (byte 3: b'\\xe9')" in err and "Traceback" not in err
