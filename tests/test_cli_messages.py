@@ -426,3 +426,30 @@ def test_prompt_text_that_is_not_utf8_is_refused_naming_the_option_and_the_byte(
     # Python hands argv bytes that are not UTF-8 over as lone surrogates (surrogateescape): b'\xe9' -> '\udce9'
     err = one_line_usage_error(capsys, *argv)
     assert f"argument {option}:" in err and "is not UTF-8 text (byte 3: b'\\xe9')" in err and "Traceback" not in err
+
+
+@pytest.fixture(scope="module")
+def janus_folder(tmp_path_factory):
+    from test_models_janus import build_checkpoint
+
+    return str(build_checkpoint(tmp_path_factory.mktemp("janus")))
+
+
+@pytest.mark.parametrize("change, differs", [(["--dtype", "bfloat16"], 'dtype: "float32" there, "bfloat16" here'),
+                                             (["--method", "sjd"], 'method: "csd" there, "sjd" here'),
+                                             (["--lam", 0.3], "rule: ")])
+def test_a_model_run_into_a_folder_of_other_settings_is_refused_before_the_weights_are_read(
+        janus_folder, tmp_path, capsys, monkeypatch, change, differs):
+    out = tmp_path / "out"
+    common = ["generate", "--model", janus_folder, "--prompt", "a cat", "-n", 1, "--window", 4, "--out", out]
+    assert run(*common, "--method", "csd") == 0
+    assert run(*common, "--method", "csd") == 0  # the same settings resume
+    capsys.readouterr()
+    import csdgen.models.auto
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the weights were read before the refusal")
+
+    monkeypatch.setattr(csdgen.models.auto, "load_model", no_load)
+    err = cli_error(capsys, *common, "--method", "csd", *change)
+    assert "holds a run with other settings" in err and differs in err

@@ -148,13 +148,28 @@ def _read_prompts(args) -> list[str]:
     return prompts
 
 
+def _known_settings(args, folder, family: str, dtype: str, device: str, prompts: list[str]) -> dict:
+    """The part of a ``--model`` run's settings known before the weights are read, as the record keeps
+    them (:func:`model_job` records the same values once the model is loaded)."""
+    known = {"model": str(args.model), "checkpoint": str(folder), "family": family, "dtype": dtype, "device": device,
+             "prompts": prompts, "negative_prompt": args.negative_prompt, "positive_prompt": args.positive_prompt,
+             "prompt_template": args.prompt_template, "method": args.method}
+    if args.seed is not None:
+        known["seed"] = args.seed
+    if args.method in ("csd", "addition"):  # their rule's options; GSD's and LANTERN's need the codebook
+        known["rule"] = repr(_rule(args))
+    if getattr(args, "quantize", None):
+        known["quantize"] = args.quantize
+    return known
+
+
 def model_job(args):
     """The run plan of a checkpoint (``--model``) and its batch size."""
     from csdgen.engine import AUTO_MAX_WINDOW
     from csdgen.models.auto import load_model
     from csdgen.models.dtypes import default_device
     from csdgen.models.plan import checkpoint_plan
-    from csdgen.runs import RunPlan, slug
+    from csdgen.runs import RunPlan, refuse_other_record, slug
 
     if args.classes:
         raise ValueError("--class is for the built-in model; with --model give --prompt or --prompts-file")
@@ -167,6 +182,7 @@ def model_job(args):
     dtype = choose_dtype(args, family, device)
     quantize_setup(args, device)
     widest = AUTO_MAX_WINDOW if args.window == "auto" else args.window
+    refuse_other_record(args.out, _known_settings(args, folder, family, dtype, device, prompts))  # before the weights
     if args.tree is not None:  # before the weights are read: load_model's own check counts a chain window
         refuse_unfit_tree(checkpoint_plan(folder, family, batch_size=batch_size, window=widest, dtype=dtype,
                                           quantize=args.quantize, guided=sampling.guided, device=device, prompt_length=1,
