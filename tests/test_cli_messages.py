@@ -453,3 +453,27 @@ def test_a_model_run_into_a_folder_of_other_settings_is_refused_before_the_weigh
     monkeypatch.setattr(csdgen.models.auto, "load_model", no_load)
     err = cli_error(capsys, *common, "--method", "csd", *change)
     assert "holds a run with other settings" in err and differs in err
+
+
+def test_generate_and_demo_take_model_builtin_as_the_built_in_model(weights, tmp_path, capsys):
+    out = tmp_path / "g"
+    assert run("generate", "--model", "builtin", "--weights", weights, "--class", "dog face", "-n", 1, "--window", 4,
+               "--no-maps", "--out", out) == 0, capsys.readouterr().err
+    assert json.loads((out / "record.json").read_text())["settings"]["model"] == "builtin"
+    err = cli_error(capsys, "demo", "--model", "builtin", "--vqgan", tmp_path)  # the built-in model: no --vqgan
+    assert "--vqgan needs --model" in err, err
+
+
+def test_the_built_in_weights_folder_given_as_model_is_told_to_use_weights(weights, tmp_path, capsys):
+    err = cli_error(capsys, "generate", "--model", weights, "--prompt", "a cat", "--out", tmp_path / "g")
+    assert "has model_type=None" in err and "a built-in model's weights folder: give it as --weights FOLDER" in err
+
+
+@pytest.mark.parametrize("option, value", [("--class", "cat"), ("-n", 2)])
+def test_docs_say_compare_with_prompts_refuses_class_and_n_as_it_does(capsys, tmp_path, option, value):
+    prompts = tmp_path / "classes.txt"
+    prompts.write_text("dog face\n")
+    err = cli_error(capsys, "compare", "--prompts", prompts, option, value, "--out", tmp_path / "c")
+    assert "choose built-in images; with --model or --prompts give --limit N" in err
+    docs = " ".join((Path(__file__).parents[1] / "docs" / "cli.md").read_text().split())
+    assert "`--class` and `-n` are then refused" in docs and "`--batch-size` is not used" in docs

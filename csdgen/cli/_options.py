@@ -120,6 +120,12 @@ def path_text(text: str) -> str:
     return text
 
 
+def model_or_builtin(text: str) -> str | None:
+    """``--model`` of the commands whose default is the built-in model: ``builtin`` is that default
+    (None, as bench, compare and plan take it), else a checkpoint path or repo id (:func:`path_text`)."""
+    return None if text.strip() == "builtin" else path_text(text)
+
+
 def prompt_text(text: str) -> str:
     """Prompt text given on the command line: refused with the byte when the shell passed bytes that
     are not UTF-8 (:func:`csdgen.prompts.check_text`), which no tokenizer takes."""

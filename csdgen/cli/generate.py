@@ -44,7 +44,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     opt.add_sampling(p, family_note=True)
     p.add_argument("--no-maps", action="store_true", help="do not write acceptance maps")
     g = p.add_argument_group("checkpoints (--model)")
-    g.add_argument("--model", type=opt.path_text, default=None, help="checkpoint folder or Hugging Face repo id in the local cache (no download)")
+    g.add_argument("--model", type=opt.model_or_builtin, default=None,
+                   help="checkpoint folder or Hugging Face repo id in the local cache (no download); 'builtin' "
+                        "(default): the built-in model")
     g.add_argument("--prompt", dest="prompts", action="append", type=opt.prompt_text, default=None, help="text prompt (repeatable)")
     g.add_argument("--prompts-file", type=Path, default=None, help="text file, one prompt per line")
     opt.add_checkpoint_options(g)
