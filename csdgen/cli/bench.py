@@ -410,9 +410,10 @@ def execute(args, adjust=None, title: str = "csdgen bench"):
 
 def add_bench_source(p: argparse.ArgumentParser, command: str) -> None:
     """``--model``, ``--prompts``, ``--limit``, ``--offset`` of ``compare`` and ``sweep``: given, the command runs
-    through ``csdgen bench``'s runner (batch size 1, records, resume; ``--class``, ``-n`` and ``--batch-size`` do not apply)."""
+    through ``csdgen bench``'s runner (batch size 1, records, resume; ``--class`` and ``-n`` refused, ``--batch-size`` not used)."""
     g = p.add_argument_group(f"any model or prompt set (then {command} runs as csdgen bench: batch size 1, one "
-                             f"record per image, resumable; --class, -n and --batch-size do not apply)")
+                             f"record per image, resumable; --class and -n are refused: use --limit and --offset; "
+                             f"--batch-size is not used)")
     g.add_argument("--model", type=opt.path_text, default="builtin",
                    help="'builtin' (default), or a Janus, Emu3, Chameleon-format, GLM-Image or Liquid checkpoint folder "
                         "or Hugging Face repo id in the local cache (no download)")
