@@ -477,3 +477,8 @@ def test_docs_say_compare_with_prompts_refuses_class_and_n_as_it_does(capsys, tm
     assert "choose built-in images; with --model or --prompts give --limit N" in err
     docs = " ".join((Path(__file__).parents[1] / "docs" / "cli.md").read_text().split())
     assert "`--class` and `-n` are then refused" in docs and "`--batch-size` is not used" in docs
+
+
+def test_an_empty_prompt_is_called_empty_not_missing(capsys, tmp_path):
+    err = cli_error(capsys, "generate", "--model", tmp_path, "--prompt", " ", "--out", tmp_path / "g")
+    assert err.startswith("csdgen: error: --prompt ' ' is empty; allowed: a prompt with some text"), err

@@ -145,6 +145,9 @@ def _read_prompts(args) -> list[str]:
             raise ValueError(f"--prompts-file {str(args.prompts_file)!r} holds no prompts; allowed: a text file with "
                              f"one prompt per line")
         prompts += lines
+    if not prompts and args.prompts and args.prompts_file is None:
+        raise ValueError(f"--prompt {args.prompts[0]!r} is empty; allowed: a prompt with some text (--prompt \"a red "
+                         f"apple\"), or --prompts-file FILE (one per line)")
     if not prompts:
         raise ValueError("--model needs prompts: give --prompt \"...\" (repeatable) or --prompts-file FILE (one per line)")
     return prompts
