@@ -176,3 +176,10 @@ def test_generate_with_random_points_to_classes_assign_not_to_close_names(builti
     message = str(info.value)
     assert "model.classes.assign(['random'], n, seed=...)" in message and "did you mean" not in message, message
     assert "\n" not in message
+
+
+def test_load_model_names_an_unknown_device_and_the_allowed_ones(tmp_path):
+    from csdgen.models.auto import load_model
+
+    with pytest.raises(ValueError, match=r"^device='tpu': not a device; allowed: 'cpu', 'cuda' or 'cuda:N'"):
+        load_model(tmp_path, device="tpu")
