@@ -222,6 +222,12 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
         raise ValueError("processor= applies to an in-memory model; a checkpoint folder's own tokenizer files are used")
     if device is not None:
         check_device(device)  # before the folder is looked for: torch's own error lists 20 device types
+    from csdgen.prompts import check_text
+
+    for name, value in (("negative_prompt", negative_prompt), ("positive_prompt", positive_prompt),
+                        ("prompt_template", prompt_template)):
+        if isinstance(value, str):
+            check_text(value, f"{name} =")  # text a tokenizer takes: no lone surrogates (bytes that were not UTF-8)
     folder = resolve_checkpoint(path_or_id)
     model_type = model_type_of(folder)
     if layout is not None and model_type != "chameleon":
