@@ -482,3 +482,22 @@ def test_docs_say_compare_with_prompts_refuses_class_and_n_as_it_does(capsys, tm
 def test_an_empty_prompt_is_called_empty_not_missing(capsys, tmp_path):
     err = cli_error(capsys, "generate", "--model", tmp_path, "--prompt", " ", "--out", tmp_path / "g")
     assert err.startswith("csdgen: error: --prompt ' ' is empty; allowed: a prompt with some text"), err
+
+
+def test_a_model_bench_into_a_folder_of_other_settings_is_refused_before_the_weights_are_read(
+        janus_folder, tmp_path, capsys, monkeypatch):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a cat\n")
+    common = ["bench", "--model", janus_folder, "--prompts", prompts, "--methods", "sjd", "--window", 4,
+              "--out", tmp_path / "b"]
+    assert run(*common) == 0
+    assert run(*common) == 0  # the same settings resume
+    capsys.readouterr()
+    import csdgen.models.auto
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the weights were read before the refusal")
+
+    monkeypatch.setattr(csdgen.models.auto, "load_model", no_load)
+    err = cli_error(capsys, *common, "--dtype", "bfloat16")
+    assert 'holds a bench with other settings (dtype: "float32" there, "bfloat16" here)' in err

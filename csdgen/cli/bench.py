@@ -161,6 +161,14 @@ def _model_plan(args, device: str):
     from ._common import quantize_setup, split_note
 
     quantize_setup(args, device)
+    from csdgen.bench import check_settings
+
+    known = {"model": str(args.model), "checkpoint": str(folder), "family": family, "dtype": dtype,
+             "device": device.split(":")[0], "prompts": _prompts_setting(args, "coco"),
+             "negative_prompt": args.negative_prompt, "positive_prompt": args.positive_prompt,
+             "prompt_template": args.prompt_template, "lam": args.lam, "delta": args.delta,
+             "addition_c": args.addition_c, "entropy_unit": args.entropy_unit, **_quantize_setting(args)}
+    check_settings(args.out, known, write=False, partial=True)  # before the weights are read (minutes for 7B)
     model = load_model(folder, dtype=dtype, device=device, layout=args.layout, height=args.height, width=args.width,
                        image_size=args.image_size, batch_size=1, window=args.window, guided=sampling.guided,
                        negative_prompt=args.negative_prompt, positive_prompt=args.positive_prompt,
