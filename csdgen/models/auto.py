@@ -58,6 +58,7 @@ __all__ = [
     "estimate_memory",
     "estimate_memory_bytes",
     "check_memory",
+    "check_device",
     "default_device",
     "default_dtype",
     "resolve_dtype",
