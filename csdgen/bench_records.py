@@ -122,8 +122,10 @@ def existing_records(out: str | os.PathLike) -> dict[tuple[str, int, str], dict]
     return found
 
 
-def check_settings(out: str | os.PathLike, settings: dict, *, write: bool) -> None:
+def check_settings(out: str | os.PathLike, settings: dict, *, write: bool, partial: bool = False) -> None:
     """Compare ``settings`` with the folder's ``bench.json`` (and write it when absent and ``write``).
+    ``partial``: ``settings`` holds only some keys (those known before a model is read): only they are
+    compared, a key the manifest lacks is "unset there".
 
     Raises:
         ValueError: the folder holds a bench of other settings (naming every value that differs),
@@ -134,7 +136,8 @@ def check_settings(out: str | os.PathLike, settings: dict, *, write: bool) -> No
         manifest = read_json(path, what="a csdgen bench manifest")
         if manifest.get("schema") != SCHEMA or not isinstance(manifest.get("settings"), dict):
             raise ValueError(f"{str(path)!r} is not a csdgen bench manifest; use another --out")
-        differ = settings_difference(manifest["settings"], settings)
+        old = manifest["settings"]
+        differ = settings_difference({k: old[k] for k in settings if k in old} if partial else old, settings)
         if differ:
             raise ValueError(f"{str(Path(out))!r} holds a bench with other settings ({'; '.join(differ)}); "
                              f"use another --out, or the earlier settings to resume")

@@ -48,8 +48,8 @@ _CACHE_LISTS = ("steps", "compression", "accepted", "seconds_per_image")
 class _Cached:
     """A method's cached images: the first ``done`` images of the run, read from and written to its two files."""
 
-    def __init__(self, job: MethodJob, key: dict, conditions: list, out_dir: Path):
-        self.job, self.key, self.conditions = job, key, conditions
+    def __init__(self, job: MethodJob, key: dict, conditions: list, out_dir: Path, legacy: dict | None = None):
+        self.job, self.key, self.conditions, self.legacy = job, key, conditions, legacy or {}
         self.meta_path = out_dir / f"run_{job.name}.json"
         self.tokens_path = out_dir / f"run_{job.name}.safetensors"
         self.tokens: list = []
@@ -71,8 +71,7 @@ class _Cached:
         if not isinstance(key, dict):
             raise ValueError(f"{where} is not a cached csdgen run (no key); move it away or use another --out")
         old_conditions = key.get("classes")
-        differ = settings_difference({k: v for k, v in key.items() if k != "classes"},
-                                     {k: v for k, v in self.key.items() if k != "classes"})
+        differ = settings_difference(_comparable_key(key, self.key, self.legacy), _comparable_key(self.key, self.key))
         if differ:
             raise ValueError(f"{where} holds a run with other settings ({'; '.join(differ)}); use another --out, or the "
                              f"earlier settings to resume")
@@ -181,9 +180,8 @@ def run_methods(model, jobs: Sequence[MethodJob], conditions: list, *, batch_siz
     out_dir.mkdir(parents=True, exist_ok=True)
     caches = []
     for job in jobs:
-        key = {"name": job.name, "seed": job.seed, "window": job.window, "sampling": repr(sampling),
-               "preset": repr(job.preset)}
-        caches.append(_Cached(job, key, list(conditions), out_dir))  # every cache checked before any work
+        key, legacy = _job_key(job, sampling)
+        caches.append(_Cached(job, key, list(conditions), out_dir, legacy))  # every cache checked before any work
     if progress:
         for cache in caches:
             if cache.done:
@@ -210,6 +208,51 @@ def run_methods(model, jobs: Sequence[MethodJob], conditions: list, *, batch_siz
                 progress(len(indices))
         todo = [c for c in todo if c.done < len(conditions)]
     return [c.run() for c in caches]
+
+
+def _plain(value: Any) -> Any:
+    return value if value is None or isinstance(value, (bool, int, float, str)) else repr(value)
+
+
+def _preset_key(preset: dict) -> dict:
+    """A job's ``generate`` arguments as its cache key keeps them: each value plain, a rule as its name and
+    options (so a refusal names the option that differs: ``preset.method.lam: 0.5 there, 0.3 here``);
+    AR's without ``draft_init`` and ``refresh`` (it has no drafts: other values make the same images)."""
+    out = {}
+    for name, value in preset.items():
+        options = getattr(value, "options", None)
+        if callable(options):
+            out[name] = {"rule": getattr(value, "name", type(value).__name__),
+                         **{k: _plain(v) for k, v in options().items()}}
+        else:
+            out[name] = _plain(value)
+    if _is_ar(preset):
+        out.pop("draft_init", None)
+        out.pop("refresh", None)
+    return out
+
+
+def _job_key(job: MethodJob, sampling) -> tuple[dict, dict]:
+    """``(key, legacy)``: what a job's cache records and compares on resume (name, seed, window, sampling
+    and preset; AR's window left out: AR decodes one token a step whatever the window), and the
+    ``repr`` form that caches written before kept for sampling and preset (still resumed when equal)."""
+    from dataclasses import asdict
+
+    key = {"name": job.name, "seed": job.seed, "window": None if _is_ar(job.preset) else job.window,
+           "sampling": asdict(sampling), "preset": _preset_key(job.preset)}
+    return key, {"sampling": repr(sampling), "preset": repr(job.preset)}
+
+
+def _comparable_key(key: dict, current: dict, legacy: dict | None = None) -> dict:
+    """A cache key as resuming compares it: without its conditions; a value in the older ``repr`` form
+    (``legacy``) that equals this run's taken as this run's; AR's window dropped."""
+    out = {k: v for k, v in key.items() if k != "classes"}
+    for name, old in (legacy or {}).items():
+        if isinstance(out.get(name), str) and out[name] == old:
+            out[name] = current[name]
+    if current.get("window") is None and current.get("preset", {}).get("method") == "ar":
+        out.pop("window", None)
+    return out
 
 
 def _is_ar(preset: dict) -> bool:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["Prompt", "PROMPT_SETS", "load_prompts", "read_prompt_text"]
+__all__ = ["Prompt", "PROMPT_SETS", "check_text", "load_prompts", "read_prompt_text"]
 
 #: Names of the shipped prompt sets -> file in ``csdgen/data``.
 PROMPT_SETS = {"coco": "coco2017_val_captions_first.jsonl", "parti": "PartiPrompts.tsv"}
@@ -67,6 +67,29 @@ def read_prompt_text(path: str | os.PathLike, what: str = "prompt file") -> str:
         line = data[: error.start].count(b"\n") + 1
         raise ValueError(f"{what} {str(path)!r} is not UTF-8 text (byte {error.start}, line {line}: "
                          f"{data[error.start:error.start + 1]!r}); save it as UTF-8") from None
+
+
+def check_text(text: str, what: str = "prompt") -> str:
+    """``text`` if it holds no lone surrogate (so a tokenizer can take it), else a ValueError.
+
+    Python decodes command-line bytes that are not UTF-8 with ``surrogateescape``: byte ``0xE9``
+    arrives as ``'\\udce9'``, which no tokenizer accepts. Such a character is reported as the byte
+    it stands for (its offset in the UTF-8 text); any other lone surrogate as itself.
+
+    Raises:
+        ValueError: naming ``what``, the text, the bad byte or character and its offset.
+    """
+    for i, ch in enumerate(text):
+        if "\ud800" <= ch <= "\udfff":
+            break
+    else:
+        return text
+    if "\udc80" <= ch <= "\udcff":  # surrogateescape: an undecodable byte
+        offset = len(text[:i].encode("utf-8"))
+        raise ValueError(f"{what} {text!r} is not UTF-8 text (byte {offset}: {bytes([ord(ch) - 0xDC00])!r}); "
+                         "give it as UTF-8")
+    raise ValueError(f"{what} {text!r} holds a lone surrogate {ch!r} at character {i}, which is not text; "
+                     f"allowed: a string that encodes as UTF-8")
 
 
 def _clean(text: str) -> str:

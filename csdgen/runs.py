@@ -59,6 +59,7 @@ __all__ = [
     "run_methods",
     "run_method",
     "run_plan",
+    "refuse_other_record",
     "save_run",
     "slug",
 ]
@@ -191,6 +192,32 @@ def _load_record(out: Path, plan: RunPlan) -> dict | None:
             now = plan.labels[i].get("class") or plan.labels[i].get("prompt")
             raise ValueError(f"{str(out)!r} holds image {i} for {was!r}, this run asks for {now!r}; use another --out")
     return record
+
+
+def refuse_other_record(out: str | os.PathLike, known: dict) -> None:
+    """Refuse, before a model is read, a folder whose ``record.json`` holds a run with other values of
+    the settings ``known`` so far (checkpoint, dtype, device, method, prompts ...): with a 7B model the
+    weights take minutes to read. Compares only ``known``'s keys, as :func:`run_plan` compares them (a
+    key the record lacks is "unset there"); the full check runs again once the model is loaded. A
+    missing or malformed record is left to that check.
+
+    Raises:
+        ValueError: naming the folder and each value that differs, as :func:`run_plan` does.
+    """
+    path = Path(out) / "record.json"
+    if not path.is_file():
+        return
+    try:
+        settings = read_json(path, what="a csdgen run record").get("settings")
+    except (ValueError, AttributeError):
+        return
+    if not isinstance(settings, dict):
+        return
+    old, new = _comparable(settings), _comparable(known)
+    differ = settings_difference({k: old[k] for k in new if k in old}, new)
+    if differ:
+        raise ValueError(f"{str(out)!r} holds a run with other settings ({'; '.join(differ)}); "
+                         f"use another --out, or the earlier settings to resume")
 
 
 def _map_png(plan: RunPlan, pixels, stats):

@@ -176,3 +176,17 @@ def test_generate_with_random_points_to_classes_assign_not_to_close_names(builti
     message = str(info.value)
     assert "model.classes.assign(['random'], n, seed=...)" in message and "did you mean" not in message, message
     assert "\n" not in message
+
+
+def test_load_model_names_an_unknown_device_and_the_allowed_ones(tmp_path):
+    from csdgen.models.auto import load_model
+
+    with pytest.raises(ValueError, match=r"^device='tpu': not a device; allowed: 'cpu', 'cuda' or 'cuda:N'"):
+        load_model(tmp_path, device="tpu")
+
+
+def test_load_model_refuses_prompt_text_that_is_not_utf8_naming_the_argument(tmp_path):
+    from csdgen.models.auto import load_model
+
+    with pytest.raises(ValueError, match=r"^negative_prompt = 'caf\\udce9' is not UTF-8 text \(byte 3: b'\\xe9'\)"):
+        load_model(tmp_path, negative_prompt="caf\udce9")

@@ -414,3 +414,90 @@ def test_plan_takes_window_auto_as_the_widest_auto_window(capsys, monkeypatch):
     assert capsys.readouterr().out == auto
     err = one_line_usage_error(capsys, "plan", "--window", "wide")
     assert "--window: 'wide': expected an integer in 1..1024, or auto" in err
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["generate", "--model", "M", "--prompt", "caf\udce9"], "--prompt"),
+    (["generate", "--model", "M", "--prompt", "a", "--negative-prompt", "caf\udce9"], "--negative-prompt"),
+    (["bench", "--model", "M", "--positive-prompt", "caf\udce9"], "--positive-prompt"),
+    (["bench", "--model", "M", "--prompt-template", "caf\udce9 {prompt}"], "--prompt-template"),
+])
+def test_prompt_text_that_is_not_utf8_is_refused_naming_the_option_and_the_byte(capsys, argv, option):
+    # Python hands argv bytes that are not UTF-8 over as lone surrogates (surrogateescape): b'\xe9' -> '\udce9'
+    err = one_line_usage_error(capsys, *argv)
+    assert f"argument {option}:" in err and "is not UTF-8 text (byte 3: b'\\xe9')" in err and "Traceback" not in err
+
+
+@pytest.fixture(scope="module")
+def janus_folder(tmp_path_factory):
+    from test_models_janus import build_checkpoint
+
+    return str(build_checkpoint(tmp_path_factory.mktemp("janus")))
+
+
+@pytest.mark.parametrize("change, differs", [(["--dtype", "bfloat16"], 'dtype: "float32" there, "bfloat16" here'),
+                                             (["--method", "sjd"], 'method: "csd" there, "sjd" here'),
+                                             (["--lam", 0.3], "rule: ")])
+def test_a_model_run_into_a_folder_of_other_settings_is_refused_before_the_weights_are_read(
+        janus_folder, tmp_path, capsys, monkeypatch, change, differs):
+    out = tmp_path / "out"
+    common = ["generate", "--model", janus_folder, "--prompt", "a cat", "-n", 1, "--window", 4, "--out", out]
+    assert run(*common, "--method", "csd") == 0
+    assert run(*common, "--method", "csd") == 0  # the same settings resume
+    capsys.readouterr()
+    import csdgen.models.auto
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the weights were read before the refusal")
+
+    monkeypatch.setattr(csdgen.models.auto, "load_model", no_load)
+    err = cli_error(capsys, *common, "--method", "csd", *change)
+    assert "holds a run with other settings" in err and differs in err
+
+
+def test_generate_and_demo_take_model_builtin_as_the_built_in_model(weights, tmp_path, capsys):
+    out = tmp_path / "g"
+    assert run("generate", "--model", "builtin", "--weights", weights, "--class", "dog face", "-n", 1, "--window", 4,
+               "--no-maps", "--out", out) == 0, capsys.readouterr().err
+    assert json.loads((out / "record.json").read_text())["settings"]["model"] == "builtin"
+    err = cli_error(capsys, "demo", "--model", "builtin", "--vqgan", tmp_path)  # the built-in model: no --vqgan
+    assert "--vqgan needs --model" in err, err
+
+
+def test_the_built_in_weights_folder_given_as_model_is_told_to_use_weights(weights, tmp_path, capsys):
+    err = cli_error(capsys, "generate", "--model", weights, "--prompt", "a cat", "--out", tmp_path / "g")
+    assert "has model_type=None" in err and "a built-in model's weights folder: give it as --weights FOLDER" in err
+
+
+@pytest.mark.parametrize("option, value", [("--class", "cat"), ("-n", 2)])
+def test_docs_say_compare_with_prompts_refuses_class_and_n_as_it_does(capsys, tmp_path, option, value):
+    prompts = tmp_path / "classes.txt"
+    prompts.write_text("dog face\n")
+    err = cli_error(capsys, "compare", "--prompts", prompts, option, value, "--out", tmp_path / "c")
+    assert "choose built-in images; with --model or --prompts give --limit N" in err
+    docs = " ".join((Path(__file__).parents[1] / "docs" / "cli.md").read_text().split())
+    assert "`--class` and `-n` are then refused" in docs and "`--batch-size` is not used" in docs
+
+
+def test_an_empty_prompt_is_called_empty_not_missing(capsys, tmp_path):
+    err = cli_error(capsys, "generate", "--model", tmp_path, "--prompt", " ", "--out", tmp_path / "g")
+    assert err.startswith("csdgen: error: --prompt ' ' is empty; allowed: a prompt with some text"), err
+
+
+def test_a_model_bench_into_a_folder_of_other_settings_is_refused_before_the_weights_are_read(
+        janus_folder, tmp_path, capsys, monkeypatch):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a cat\n")
+    common = ["bench", "--model", janus_folder, "--prompts", prompts, "--methods", "sjd", "--window", 4,
+              "--out", tmp_path / "b"]
+    assert run(*common) == 0
+    assert run(*common) == 0  # the same settings resume
+    capsys.readouterr()
+    import csdgen.models.auto
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the weights were read before the refusal")
+
+    monkeypatch.setattr(csdgen.models.auto, "load_model", no_load)
+    err = cli_error(capsys, *common, "--dtype", "bfloat16")
+    assert 'holds a bench with other settings (dtype: "float32" there, "bfloat16" here)' in err

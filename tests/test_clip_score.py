@@ -124,3 +124,12 @@ def test_missing_weights_say_what_to_download_and_where_to_point(tmp_path, monke
     assert f"the folder {tmp_path / 'folder'}" in str(info.value) and "--clip DIR" in str(info.value)
     assert "hf download openai/clip-vit-large-patch14" in str(info.value)  # a folder: the default model is named
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("value", ["./nonexist", "../clip", "~/no-such-clip", "models/clip/vit", "C:\\clip"])
+def test_a_path_that_is_not_there_is_called_no_such_folder_not_a_repo_to_download(tmp_path, monkeypatch, value):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError) as info:
+        load_clip(value, option="--clip-model")
+    message = str(info.value)
+    assert message.startswith(f"--clip-model {value!r}: no such folder; allowed: ") and "hf download" not in message

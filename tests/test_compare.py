@@ -69,13 +69,32 @@ def test_compare_into_a_folder_with_other_settings_refuses_and_loses_no_cached_r
     assert _cache_state(out) == before
     assert "| csd | 2 |" in capsys.readouterr().out.replace("  ", " ")
     err = cli_error(capsys, *common, "-n", 4, "--lam", 0.3)
-    assert "run_csd.json" in err and "holds a run with other settings" in err and "lam=0.3" in err
+    assert "run_csd.json" in err and "holds a run with other settings (preset.method.lam: 0.5 there, 0.3 here)" in err
+    err = cli_error(capsys, *common, "-n", 4, "--delta", 0.3)
+    assert "(preset.method.delta: 0.65 there, 0.3 here)" in err
+    err = cli_error(capsys, *common, "-n", 4, "--entropy-unit", "normalized")
+    assert '(preset.method.entropy_unit: "nats" there, "normalized" here)' in err
     err = cli_error(capsys, *common, "-n", 4, "--class", "red apple")  # image 0 of the cache is "dog face"
     assert "holds image 0 for class" in err
     assert _cache_state(out) == before
     assert run(*common, "-n", 6) == 0  # more images: the cache is continued, its first four kept
     meta = json.loads((out / "run_csd.json").read_text())
     assert len(meta["steps"]) == 6 and meta["steps"][:4] == json.loads(before["run_csd.json"])["steps"]
+
+
+def test_ar_cache_is_kept_when_only_settings_ar_does_not_use_change(weights, tmp_path, capsys):
+    """AR has no drafts and decodes one token a step: another --draft-init or --window reruns only the
+    methods that use them, and reads AR's rows from their caches."""
+    out = tmp_path / "compare"
+    common = ["compare", "--weights", weights, "-n", 2, "--batch-size", 2, "--out", out]
+    assert run(*common, "--methods", "sjd", "--window", 8) == 0
+    ar = {k: v for k, v in _cache_state(out).items() if k.startswith("run_ar")}
+    assert len(ar) == 4
+    assert run(*common, "--methods", "csd", "--window", 4, "--draft-init", "onehot") == 0, capsys.readouterr().err
+    assert {k: v for k, v in _cache_state(out).items() if k.startswith("run_ar")} == ar  # read, not regenerated
+    capsys.readouterr()
+    err = cli_error(capsys, *common, "--methods", "sjd", "--window", 8, "--draft-init", "onehot")
+    assert 'run_sjd.json' in err and '(preset.draft_init: null there, "onehot" here)' in err
 
 
 def test_floor_seed_equal_to_a_run_seed_is_refused(weights, capsys, tmp_path):

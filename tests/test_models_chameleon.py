@@ -600,3 +600,12 @@ def test_chameleon_metaspace_tokenizer_check(tmp_path, monkeypatch):
 
     with pytest.raises(ValueError, match=r"no '▁' pieces \(a byte-level vocabulary\)"):  # no file to compare with
         check_tokenizer(LlamaTokenizerFast.from_pretrained(folder))
+
+
+def test_an_unknown_lumina_size_names_each_name_once():
+    from csdgen.models.chameleon import lumina_pixel_size
+
+    with pytest.raises(ValueError, match=r"^Lumina-mGPT image size unknown: the name 'tinycham' holds none of 512, "):
+        lumina_pixel_size(None, None, "tinycham", None, "tinycham")
+    with pytest.raises(ValueError, match=r"^Lumina-mGPT image size unknown: the names 'a', 'b' hold none of "):
+        lumina_pixel_size(None, None, "a", "b", "a")

@@ -120,6 +120,23 @@ def path_text(text: str) -> str:
     return text
 
 
+def model_or_builtin(text: str) -> str | None:
+    """``--model`` of the commands whose default is the built-in model: ``builtin`` is that default
+    (None, as bench, compare and plan take it), else a checkpoint path or repo id (:func:`path_text`)."""
+    return None if text.strip() == "builtin" else path_text(text)
+
+
+def prompt_text(text: str) -> str:
+    """Prompt text given on the command line: refused with the byte when the shell passed bytes that
+    are not UTF-8 (:func:`csdgen.prompts.check_text`), which no tokenizer takes."""
+    from csdgen.prompts import check_text
+
+    try:
+        return check_text(text, "the text")
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def path(text: str) -> Path:
     """:func:`path_text` as a ``Path``."""
     return Path(path_text(text))
@@ -456,11 +473,11 @@ def add_checkpoint_options(g) -> None:
     g.add_argument("--height", type=count(), default=None, help="image height in pixels (default: the family's)")
     g.add_argument("--width", type=count(), default=None, help="image width in pixels (default: the family's)")
     add_checkpoint_files(g)
-    g.add_argument("--negative-prompt", default=None, help="Emu3: prompt of the unconditional rows (default Emu3's own)")
-    g.add_argument("--positive-prompt", default=None,
+    g.add_argument("--negative-prompt", type=prompt_text, default=None, help="Emu3: prompt of the unconditional rows (default Emu3's own)")
+    g.add_argument("--positive-prompt", type=prompt_text, default=None,
                    help="Emu3: text appended to every prompt (default Emu3's ' masterpiece, film grained, best quality.'; "
                         "'' = off)")
-    g.add_argument("--prompt-template", default=None,
+    g.add_argument("--prompt-template", type=prompt_text, default=None,
                    help="template for each prompt with {prompt}, {width}, {height} (default: the family's, docs/models.md; "
                         "'{prompt}' = none)")
     add_dtype(g)

@@ -161,6 +161,14 @@ def _model_plan(args, device: str):
     from ._common import quantize_setup, split_note
 
     quantize_setup(args, device)
+    from csdgen.bench import check_settings
+
+    known = {"model": str(args.model), "checkpoint": str(folder), "family": family, "dtype": dtype,
+             "device": device.split(":")[0], "prompts": _prompts_setting(args, "coco"),
+             "negative_prompt": args.negative_prompt, "positive_prompt": args.positive_prompt,
+             "prompt_template": args.prompt_template, "lam": args.lam, "delta": args.delta,
+             "addition_c": args.addition_c, "entropy_unit": args.entropy_unit, **_quantize_setting(args)}
+    check_settings(args.out, known, write=False, partial=True)  # before the weights are read (minutes for 7B)
     model = load_model(folder, dtype=dtype, device=device, layout=args.layout, height=args.height, width=args.width,
                        image_size=args.image_size, batch_size=1, window=args.window, guided=sampling.guided,
                        negative_prompt=args.negative_prompt, positive_prompt=args.positive_prompt,
@@ -410,9 +418,10 @@ def execute(args, adjust=None, title: str = "csdgen bench"):
 
 def add_bench_source(p: argparse.ArgumentParser, command: str) -> None:
     """``--model``, ``--prompts``, ``--limit``, ``--offset`` of ``compare`` and ``sweep``: given, the command runs
-    through ``csdgen bench``'s runner (batch size 1, records, resume; ``--class``, ``-n`` and ``--batch-size`` do not apply)."""
+    through ``csdgen bench``'s runner (batch size 1, records, resume; ``--class`` and ``-n`` refused, ``--batch-size`` not used)."""
     g = p.add_argument_group(f"any model or prompt set (then {command} runs as csdgen bench: batch size 1, one "
-                             f"record per image, resumable; --class, -n and --batch-size do not apply)")
+                             f"record per image, resumable; --class and -n are refused: use --limit and --offset; "
+                             f"--batch-size is not used)")
     g.add_argument("--model", type=opt.path_text, default="builtin",
                    help="'builtin' (default), or a Janus, Emu3, Chameleon-format, GLM-Image or Liquid checkpoint folder "
                         "or Hugging Face repo id in the local cache (no download)")

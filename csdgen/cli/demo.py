@@ -18,7 +18,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                    "and wall time per method (CSV download). Nothing is downloaded.")
     from . import _options as opt
 
-    p.add_argument("--model", type=opt.path_text, default=None, help="checkpoint folder or cached repo id (default: the built-in model)")
+    p.add_argument("--model", type=opt.model_or_builtin, default=None,
+                   help="checkpoint folder or cached repo id; 'builtin' (default): the built-in model")
 
     opt.add_checkpoint_files(p)
     opt.add_dtype(p)

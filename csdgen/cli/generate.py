@@ -44,8 +44,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     opt.add_sampling(p, family_note=True)
     p.add_argument("--no-maps", action="store_true", help="do not write acceptance maps")
     g = p.add_argument_group("checkpoints (--model)")
-    g.add_argument("--model", type=opt.path_text, default=None, help="checkpoint folder or Hugging Face repo id in the local cache (no download)")
-    g.add_argument("--prompt", dest="prompts", action="append", default=None, help="text prompt (repeatable)")
+    g.add_argument("--model", type=opt.model_or_builtin, default=None,
+                   help="checkpoint folder or Hugging Face repo id in the local cache (no download); 'builtin' "
+                        "(default): the built-in model")
+    g.add_argument("--prompt", dest="prompts", action="append", type=opt.prompt_text, default=None, help="text prompt (repeatable)")
     g.add_argument("--prompts-file", type=Path, default=None, help="text file, one prompt per line")
     opt.add_checkpoint_options(g)
     opt.add_quantize(g)
@@ -143,9 +145,27 @@ def _read_prompts(args) -> list[str]:
             raise ValueError(f"--prompts-file {str(args.prompts_file)!r} holds no prompts; allowed: a text file with "
                              f"one prompt per line")
         prompts += lines
+    if not prompts and args.prompts and args.prompts_file is None:
+        raise ValueError(f"--prompt {args.prompts[0]!r} is empty; allowed: a prompt with some text (--prompt \"a red "
+                         f"apple\"), or --prompts-file FILE (one per line)")
     if not prompts:
         raise ValueError("--model needs prompts: give --prompt \"...\" (repeatable) or --prompts-file FILE (one per line)")
     return prompts
+
+
+def _known_settings(args, folder, family: str, dtype: str, device: str, prompts: list[str]) -> dict:
+    """The part of a ``--model`` run's settings known before the weights are read, as the record keeps
+    them (:func:`model_job` records the same values once the model is loaded)."""
+    known = {"model": str(args.model), "checkpoint": str(folder), "family": family, "dtype": dtype, "device": device,
+             "prompts": prompts, "negative_prompt": args.negative_prompt, "positive_prompt": args.positive_prompt,
+             "prompt_template": args.prompt_template, "method": args.method}
+    if args.seed is not None:
+        known["seed"] = args.seed
+    if args.method in ("csd", "addition"):  # their rule's options; GSD's and LANTERN's need the codebook
+        known["rule"] = repr(_rule(args))
+    if getattr(args, "quantize", None):
+        known["quantize"] = args.quantize
+    return known
 
 
 def model_job(args):
@@ -154,7 +174,7 @@ def model_job(args):
     from csdgen.models.auto import load_model
     from csdgen.models.dtypes import default_device
     from csdgen.models.plan import checkpoint_plan
-    from csdgen.runs import RunPlan, slug
+    from csdgen.runs import RunPlan, refuse_other_record, slug
 
     if args.classes:
         raise ValueError("--class is for the built-in model; with --model give --prompt or --prompts-file")
@@ -167,6 +187,7 @@ def model_job(args):
     dtype = choose_dtype(args, family, device)
     quantize_setup(args, device)
     widest = AUTO_MAX_WINDOW if args.window == "auto" else args.window
+    refuse_other_record(args.out, _known_settings(args, folder, family, dtype, device, prompts))  # before the weights
     if args.tree is not None:  # before the weights are read: load_model's own check counts a chain window
         refuse_unfit_tree(checkpoint_plan(folder, family, batch_size=batch_size, window=widest, dtype=dtype,
                                           quantize=args.quantize, guided=sampling.guided, device=device, prompt_length=1,

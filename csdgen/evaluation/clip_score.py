@@ -41,6 +41,12 @@ __all__ = ["DEFAULT_CLIP_MODEL", "load_clip", "ClipScorer"]
 DEFAULT_CLIP_MODEL = "openai/clip-vit-large-patch14"
 
 
+def _path_like(name: str) -> bool:
+    """A value meant as a path, not a repo id: it holds a path separator, or starts with ``.`` or ``~``
+    (a repo id is ``owner/name`` with one ``/`` and no leading ``.``; ``\\``, ``./``, ``a/b/c`` are paths)."""
+    return name.startswith((".", "~", "/")) or "\\" in name or name.count("/") > 1
+
+
 def load_clip(model: str | os.PathLike = DEFAULT_CLIP_MODEL, *, option: str = "--clip-model"):
     """A CLIP model and processor from a local folder or the Hugging Face cache, never the network.
 
@@ -53,13 +59,17 @@ def load_clip(model: str | os.PathLike = DEFAULT_CLIP_MODEL, *, option: str = "-
         ``(CLIPModel in eval mode, CLIPProcessor)``.
 
     Raises:
-        FileNotFoundError: one line naming the model, what to download and the option to set.
+        FileNotFoundError: one line: a path (``./x``, ``~/x``, ``a/b/c``) that is no folder is "no such
+            folder"; else naming the model, what to download and the option to set.
     """
     from transformers import CLIPModel, CLIPProcessor
     from transformers.utils import logging as hf_logging
 
     name = str(model)
     is_folder = Path(name).expanduser().is_dir()
+    if not is_folder and _path_like(name):  # no repo id: `hf download ./x` would be no help
+        raise FileNotFoundError(f"{option} {name!r}: no such folder; allowed: a folder holding a saved CLIP model "
+                                f"and processor, or a Hugging Face id in the local cache (default {DEFAULT_CLIP_MODEL})")
     source = str(Path(name).expanduser()) if is_folder else name
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the torchvision fallback notice of the image processor is noise here

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from transformers import ChameleonConfig, ChameleonForConditionalGeneration, DynamicCache
 
+from ._conditions import check_conditions
 from ._ragged import RaggedSession
 from ._transformers import (
     cache_kwargs, check_sequence_length, format_prompt, load_tokenizer, MemoryEstimate, PaddedRows, parameter_count,
@@ -137,6 +138,7 @@ def encode_prompts(conditions: Sequence[str | Sequence[int]], tokenizer: Any, te
     """
     if isinstance(conditions, str) or not len(conditions):
         raise ValueError("conditions must be a non-empty list of prompt strings or token-id lists")
+    check_conditions(conditions)
     out = []
     for c in conditions:
         if isinstance(c, str):

@@ -29,7 +29,7 @@ from ._transformers import HEADROOM, check_checkpoint
 from .base import ImageTokenModel
 from .defaults import family_defaults_table
 from .detect import FAMILIES, MODEL_TYPES, family_guidance, family_of, guess_layout, model_folder, model_type_of, read_config
-from .dtypes import DTYPE_CHOICES, FAMILY_GPU_DTYPES, _dtype, default_device, default_dtype, resolve_dtype
+from .dtypes import DTYPE_CHOICES, FAMILY_GPU_DTYPES, _dtype, check_device, default_device, default_dtype, resolve_dtype
 from .memory_check import (DEFAULT_PROMPT_LENGTH, MODEL_CLASSES, available_memory, check_memory, estimate_memory,
                            estimate_memory_bytes, model_skeleton, quantized_weight_bytes)
 from .sources import janus_side as _janus_size
@@ -58,6 +58,7 @@ __all__ = [
     "estimate_memory",
     "estimate_memory_bytes",
     "check_memory",
+    "check_device",
     "default_device",
     "default_dtype",
     "resolve_dtype",
@@ -198,7 +199,8 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
 
     Raises:
         FileNotFoundError: no such folder nor cached repo, or no config/weights.
-        ValueError: an empty ``path_or_id`` (``""``, not the current folder); unsupported model type,
+        ValueError: an empty ``path_or_id`` (``""``, not the current folder); a ``device`` torch does not
+            know (``"tpu"``); unsupported model type,
             layout, size, dtype or template; a prompt too long; not enough memory; a tokenizer that
             does not encode as its tokenizer.json.
         TypeError: ``path_or_id`` neither a path / repo id nor a supported transformers model.
@@ -219,6 +221,14 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
         return model
     if processor is not None:
         raise ValueError("processor= applies to an in-memory model; a checkpoint folder's own tokenizer files are used")
+    if device is not None:
+        check_device(device)  # before the folder is looked for: torch's own error lists 20 device types
+    from csdgen.prompts import check_text
+
+    for name, value in (("negative_prompt", negative_prompt), ("positive_prompt", positive_prompt),
+                        ("prompt_template", prompt_template)):
+        if isinstance(value, str):
+            check_text(value, f"{name} =")  # text a tokenizer takes: no lone surrogates (bytes that were not UTF-8)
     folder = resolve_checkpoint(path_or_id)
     model_type = model_type_of(folder)
     if layout is not None and model_type != "chameleon":

@@ -152,9 +152,11 @@ def lumina_pixel_size(height: int | None, width: int | None, *names: str | os.Pa
     size = lumina_size_from_names(*names)
     height, width = (size if height is None else height), (size if width is None else width)
     if height is None or width is None:
-        where = ", ".join(repr(str(n)) for n in names if n is not None and str(n)) or "the checkpoint"
+        given = list(dict.fromkeys(str(n) for n in names if n is not None and str(n)))  # each name once
+        where = (f"the names {', '.join(map(repr, given))} hold" if len(given) > 1 else
+                 f"the name {given[0]!r} holds" if given else "the checkpoint's name holds")
         raise ValueError(
-            f"Lumina-mGPT image size unknown: the name of {where} holds none of {', '.join(map(str, LUMINA_SIZES))} "
+            f"Lumina-mGPT image size unknown: {where} none of {', '.join(map(str, LUMINA_SIZES))} "
             f"(the sizes it is released at, e.g. Lumina-mGPT-7B-768) and its config.json has no size field; give "
             f"--image-size S (image_size=S in Python) with the size the checkpoint was trained at")
     return height, width

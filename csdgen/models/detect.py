@@ -96,9 +96,13 @@ def model_type_of(path: str | os.PathLike) -> str:
     Raises:
         FileNotFoundError: no config.json. ValueError: unsupported model type.
     """
-    model_type = read_config(Path(path)).get("model_type")
+    config = read_config(Path(path))
+    model_type = config.get("model_type")
     if model_type not in MODEL_TYPES:
-        raise ValueError(f"{str(path)!r} has model_type={model_type!r}; supported families: {', '.join(MODEL_TYPES)}")
+        builtin = model_type is None and "class_names" in config and "codebook_size" in config  # csdgen/builtin/weights
+        raise ValueError(f"{str(path)!r} has model_type={model_type!r}; supported families: {', '.join(MODEL_TYPES)}"
+                         + ("; it is a built-in model's weights folder: give it as --weights FOLDER (and leave --model "
+                            "out, or --model builtin)" if builtin else ""))
     return model_type
 
 

@@ -10,7 +10,21 @@ import torch
 
 from ._transformers import DTYPES as _DTYPES
 
-__all__ = ["default_device", "DTYPE_CHOICES", "FAMILY_GPU_DTYPES", "default_dtype", "resolve_dtype"]
+__all__ = ["check_device", "default_device", "DTYPE_CHOICES", "FAMILY_GPU_DTYPES", "default_dtype", "resolve_dtype"]
+
+
+def check_device(device: str | torch.device) -> str | torch.device:
+    """``device`` if torch knows it (``"cpu"``, ``"cuda"``, ``"cuda:1"``, a ``torch.device``).
+
+    Raises:
+        ValueError: one line naming the value and the devices allowed (instead of torch's list of
+            every device type it was built to name).
+    """
+    try:
+        torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"device={device!r}: not a device; allowed: 'cpu', 'cuda' or 'cuda:N' (a GPU's index)") from None
+    return device
 
 
 def default_device() -> str:

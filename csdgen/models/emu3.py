@@ -52,6 +52,7 @@ from ._transformers import (
     MemoryEstimate, PaddedRows, check_checkpoint, check_sequence_length, check_token_ids,
     estimate_memory, format_prompt, load_tokenizer, meta_parameter_count, parameter_count, resolve_dtype, token_id,
 )
+from ._conditions import check_conditions
 from ._ragged import RaggedSession
 from .base import ImageTokenModel
 from .defaults import FAMILY_DEFAULTS
@@ -270,7 +271,7 @@ class Emu3Prompts:
 
     def prompt_rows(self, conditions: Sequence[str | Sequence[int]]) -> tuple[list[list[int]], list[list[int]]]:
         """``(cond rows, uncond rows)``: the ids each row of a guided run reads before image token 0."""
-        cond = [self.condition_ids(c) for c in conditions]
+        cond = [self.condition_ids(c) for c in check_conditions(conditions)]
         return cond, [self.prompt_ids(self.negative_prompt)] * len(cond)
 
     @property

@@ -64,6 +64,7 @@ from ._transformers import (
     TOKENIZER_FILES, MemoryEstimate, PaddedRows, check_checkpoint, check_sequence_length, check_token_ids,
     encode_each_once, estimate_memory, format_prompt, meta_parameter_count, parameter_count, resolve_dtype, token_id,
 )
+from ._conditions import check_conditions
 from ._ragged import RaggedSession
 from .base import ImageTokenModel
 from .defaults import FAMILY_DEFAULTS
@@ -354,7 +355,7 @@ class GlmImagePrompts:
         """``(cond rows, [])``: GLM-Image's AR stage has no unconditional rows."""
         if isinstance(conditions, str) or not len(conditions):
             raise ValueError("conditions must be a non-empty list of prompt strings or token-id lists")
-        return encode_each_once(self.prompt_ids, conditions), []
+        return encode_each_once(self.prompt_ids, check_conditions(conditions)), []
 
     def check_length(self, prompt_length: int) -> None:
         """Refuse a prompt too long for ``max_position_embeddings`` with the image's positions.

@@ -41,6 +41,7 @@ from ._transformers import (
     MemoryEstimate, PaddedRows, check_checkpoint, check_sequence_length, check_token_ids, estimate_memory,
     format_prompt, load_tokenizer, meta_parameter_count, parameter_count, resolve_dtype, token_id,
 )
+from ._conditions import check_conditions
 from ._ragged import RaggedSession
 from .base import ImageTokenModel
 from .defaults import FAMILY_DEFAULTS
@@ -142,6 +143,7 @@ class JanusPrompts:
         """
         if isinstance(conditions, (str, torch.Tensor)) or conditions is None or len(conditions) == 0:
             raise ValueError(f"conditions={conditions!r}: give a non-empty list of prompt strings or token-id lists")
+        check_conditions(conditions)
         return [self._encode_text(c) if isinstance(c, str) else self._check_ids(c) for c in conditions]
 
     def _encode_text(self, prompt: str) -> list[int]:

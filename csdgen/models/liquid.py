@@ -41,6 +41,7 @@ from ._transformers import (
     MemoryEstimate, PaddedRows, check_checkpoint, check_sequence_length, check_token_ids, encode_each_once,
     estimate_memory, format_prompt, load_tokenizer, meta_parameter_count, parameter_count, resolve_dtype,
 )
+from ._conditions import check_conditions
 from ._ragged import RaggedSession
 from .base import ImageTokenModel
 from .chameleon_vqgan import ChameleonVQGANDecoder, VQGANConfig, load_vqgan_decoder
@@ -162,7 +163,7 @@ class LiquidPrompts:
         """``(cond rows, uncond rows)``: the ids each row of a guided run reads before image token 0."""
         if isinstance(conditions, str) or not len(conditions):
             raise ValueError("conditions must be a non-empty list of prompt strings or token-id lists")
-        cond = encode_each_once(self.cond_ids, conditions)
+        cond = encode_each_once(self.cond_ids, check_conditions(conditions))
         return cond, [self.uncond_ids()] * len(cond)
 
     def check_length(self, prompt_length: int) -> None:
