@@ -421,6 +421,7 @@ def test_plan_takes_window_auto_as_the_widest_auto_window(capsys, monkeypatch):
     (["generate", "--model", "M", "--prompt", "a", "--negative-prompt", "caf\udce9"], "--negative-prompt"),
     (["bench", "--model", "M", "--positive-prompt", "caf\udce9"], "--positive-prompt"),
     (["bench", "--model", "M", "--prompt-template", "caf\udce9 {prompt}"], "--prompt-template"),
+    (["serve", "--model", "M", "--prompt-template", "caf\udce9 {prompt}"], "--prompt-template"),
 ])
 def test_prompt_text_that_is_not_utf8_is_refused_naming_the_option_and_the_byte(capsys, argv, option):
     # Python hands argv bytes that are not UTF-8 over as lone surrogates (surrogateescape): b'\xe9' -> '\udce9'
@@ -462,6 +463,9 @@ def test_generate_and_demo_take_model_builtin_as_the_built_in_model(weights, tmp
     assert json.loads((out / "record.json").read_text())["settings"]["model"] == "builtin"
     err = cli_error(capsys, "demo", "--model", "builtin", "--vqgan", tmp_path)  # the built-in model: no --vqgan
     assert "--vqgan needs --model" in err, err
+    from csdgen.cli import build_parser
+
+    assert build_parser().parse_args(["serve", "--model", "builtin"]).model is None  # serve's default, the built-in model
 
 
 def test_the_built_in_weights_folder_given_as_model_is_told_to_use_weights(weights, tmp_path, capsys):

@@ -34,7 +34,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                    "csdgen's method, window, seed, ... in the same body), GET /v1/models, GET /health, "
                                    "GET /metrics (Prometheus). Requests share forwards: waiting images join the running "
                                    "batch at every iteration (docs/serve.md).")
-    p.add_argument("--model", type=opt.path_text, default=None, help="checkpoint folder or cached repo id (default: the built-in model)")
+    p.add_argument("--model", type=opt.model_or_builtin, default=None,
+                   help="checkpoint folder or cached repo id, or 'builtin' (default: the built-in model)")
     p.add_argument("--weights", type=opt.path_text, default=None, help="built-in model weights folder (default: shipped with csdgen)")
     p.add_argument("--served-name", type=_served_name, default=None, metavar="NAME",
                    help="the model name requests give (default: csdgen-builtin, or the --model value)")
@@ -69,7 +70,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--height", type=opt.count(), default=None, help="--model: image height in pixels")
     p.add_argument("--width", type=opt.count(), default=None, help="--model: image width in pixels")
     opt.add_checkpoint_files(p)
-    p.add_argument("--prompt-template", default=None, help="--model: template with {prompt}, {width}, {height}")
+    p.add_argument("--prompt-template", type=opt.prompt_text, default=None, help="--model: template with {prompt}, {width}, {height}")
     r = p.add_argument_group("replicas on Ray Serve (pip install \"csdgen[ray]\"; docs/serve.md)")
     r.add_argument("--replicas", type=opt.count(maximum=1024), default=None, metavar="N",
                    help="start a local Ray and serve N replicas behind Ray Serve's HTTP proxy on --host/--port, each "
