@@ -5,7 +5,9 @@ once would both generate the same images and rewrite each other's ``record.json`
 ``bench`` would also time their images under each other's load. Each run therefore takes
 ``fcntl.flock(LOCK_EX | LOCK_NB)`` on the folder itself (``bench``: on its own
 ``records/rank<R>.jsonl``, so the processes of one ``torchrun`` share the folder while a second
-bench's process of the same rank is refused), and a second run is refused at once. The kernel
+bench's process of the same rank is refused, plus a shared lock on the folder, so that a
+``generate`` or ``compare`` into a folder a bench writes is refused, and the other way round), and
+a second run is refused at once. The kernel
 releases the lock when its process ends, however it ends (Ctrl-C, ``kill -9``, a crash), and no
 lock file is left behind. Where ``fcntl`` is missing (Windows) no lock is taken.
 """
@@ -31,7 +33,8 @@ def folder_lock(folder: str | os.PathLike, what: str = "csdgen run", file: str |
     Args:
         folder: the output folder (created if missing).
         what: what runs there, for the message (e.g. ``"csdgen generate"``).
-        file: lock this file (created, opened for appending, never truncated) instead of the folder.
+        file: lock this file (created, opened for appending, never truncated) and hold a shared lock
+            on the folder: processes locking other files share the folder, a whole-folder lock excludes them.
 
     Raises:
         FolderBusy: another process holds the lock (naming the folder).
@@ -43,20 +46,33 @@ def folder_lock(folder: str | os.PathLike, what: str = "csdgen run", file: str |
         return
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    if file is None:
-        fd = os.open(folder, os.O_RDONLY)
-    else:
-        (folder / file).parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(folder / file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    busy = "; wait for it to finish, or choose another --out"
+    folder_fd = os.open(folder, os.O_RDONLY)
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(folder_fd, (fcntl.LOCK_EX if file is None else fcntl.LOCK_SH) | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise FolderBusy(f"{str(folder)!r} is in use by another {what} running now; wait for it to finish, or "
-                             f"choose another --out") from None
+            holder = ("another csdgen run writing into it now (generate, compare, sweep, save_run or bench)" if file is None
+                      else "another csdgen run writing the whole folder now (generate, compare, sweep or save_run)")
+            raise FolderBusy(f"{str(folder)!r} is in use by {holder}{busy}") from None
         try:
-            yield
+            if file is None:
+                yield
+                return
+            (folder / file).parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(folder / file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise FolderBusy(f"{str(folder)!r} is in use by another {what} running now{busy}") from None
+                try:
+                    yield
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)  # also where a child process inherited the descriptor
+            finally:
+                os.close(fd)
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            fcntl.flock(folder_fd, fcntl.LOCK_UN)
     finally:
-        os.close(fd)
+        os.close(folder_fd)

@@ -49,3 +49,21 @@ def test_a_lock_is_released_when_its_process_is_killed(tmp_path):
         proc.wait()
     with folder_lock(tmp_path):  # kill -9 released it
         pass
+
+
+def test_generate_and_bench_into_one_folder_refuse_each_other(weights, tmp_path, capsys):
+    """bench locks its rank's record file (the processes of one torchrun share the folder) and holds a
+    shared lock on the folder, which a whole-folder run (generate, compare, sweep) excludes either way."""
+    from csdgen.folder_lock import folder_lock
+
+    out = tmp_path / "out"
+    with folder_lock(out, "bench", file="records/rank0.jsonl"):  # a bench, still writing
+        err = cli_error(capsys, "generate", "--weights", weights, "-n", 1, "--window", 4, "--out", out)
+        assert "is in use by another csdgen run writing into it now" in err and str(out) in err
+        with folder_lock(out, "bench", file="records/rank1.jsonl"):  # its rank 1 shares the folder
+            pass
+    assert not (out / "record.json").exists()
+    with folder_lock(out, "csdgen generate"):  # a generate, still writing
+        err = cli_error(capsys, "bench", "--weights", weights, "--limit", 1, "--methods", "ar", "--floor-seed", "none",
+                        "--window", 4, "--out", out)
+        assert "is in use by another csdgen run writing the whole folder now" in err, err
