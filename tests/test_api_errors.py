@@ -190,3 +190,17 @@ def test_load_model_refuses_prompt_text_that_is_not_utf8_naming_the_argument(tmp
 
     with pytest.raises(ValueError, match=r"^negative_prompt = 'caf\\udce9' is not UTF-8 text \(byte 3: b'\\xe9'\)"):
         load_model(tmp_path, negative_prompt="caf\udce9")
+
+
+def test_a_function_model_takes_the_image_count_from_a_list_of_conditions():
+    import torch
+
+    import csdgen
+    from csdgen.models import FunctionModel
+
+    model = FunctionModel(lambda ids: torch.zeros(ids.shape[0], 8), num_image_tokens=4, codebook_size=8)
+    listed = csdgen.generate(model, [0, 0, 0], seed=0, window=2)
+    counted = csdgen.generate(model, None, batch_size=3, seed=0, window=2)
+    assert listed.tokens.shape == (3, 4) and torch.equal(listed.tokens, counted.tokens)
+    with pytest.raises(ValueError, match="FunctionModel takes no conditions; give batch_size >= 1"):
+        csdgen.generate(model, None, seed=0, window=2)

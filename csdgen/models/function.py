@@ -52,8 +52,17 @@ class FunctionModel(ImageTokenModel):
             raise ValueError(f"grid={self.grid} does not hold num_image_tokens={num_image_tokens}")
 
     def start(self, conditions: Any, batch_size: int | None, guided: bool) -> DecodingSession:
+        """A session of ``batch_size`` images; ``conditions`` (``fn`` takes none) may give the count
+        instead, one image per entry, as for the other models.
+
+        Raises:
+            ValueError: neither a count >= 1 nor a list of conditions; guidance without ``uncond_fn``.
+        """
+        if batch_size is None and isinstance(conditions, (list, tuple)) and conditions:
+            batch_size = len(conditions)
         if batch_size is None or batch_size < 1:
-            raise ValueError(f"batch_size={batch_size!r}: FunctionModel needs an explicit batch_size >= 1")
+            raise ValueError(f"batch_size={batch_size!r}: FunctionModel takes no conditions; give batch_size >= 1 "
+                             f"(csdgen.generate(model, None, batch_size=B)) or a list of B conditions it ignores")
         if guided and self.uncond_fn is None:
             raise ValueError("guidance requested, but this FunctionModel has no uncond_fn; use guidance_scale=1")
         return _FunctionSession(self, batch_size, guided)
