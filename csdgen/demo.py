@@ -104,6 +104,50 @@ class _RunFiles:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+class _Cancels:
+    """Each page session's Cancel flag, read by that session's run at every forward.
+
+    Run first registers a fresh flag for its session (:meth:`request`, unless a run of that
+    session is going), the run takes it when it leaves the queue (:meth:`start`) and Cancel sets
+    it (:meth:`cancel`): a running run stops at its next forward and ends by itself, saying so; a
+    queued one ends as soon as it starts. Gradio's own ``cancels=`` killed the run's task instead,
+    which raced the previews still on their way (the page went on showing "AR: 14/256 tokens")
+    and Gradio's page then and again drew "Error" over every output.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._flags: dict[str, tuple[threading.Event, bool]] = {}  # session -> (flag, running)
+
+    def request(self, session: str) -> None:
+        with self._lock:
+            if not self._flags.get(session, (None, False))[1]:
+                self._flags[session] = (threading.Event(), False)
+
+    def start(self, session: str) -> threading.Event:
+        with self._lock:
+            flag, running = self._flags.get(session, (None, False))
+            if flag is None or running:  # a client that called the run without Run's first step
+                flag = threading.Event()
+            self._flags[session] = (flag, True)
+            return flag
+
+    def end(self, session: str, flag: threading.Event) -> None:
+        with self._lock:
+            if self._flags.get(session, (None, False))[0] is flag:
+                del self._flags[session]
+
+    def cancel(self, session: str) -> None:
+        with self._lock:
+            entry = self._flags.get(session)
+        if entry is not None:
+            entry[0].set()
+
+
+def _session(request) -> str:
+    return getattr(request, "session_hash", None) or ""
+
+
 def _raw_payload(component) -> None:
     """Hand the component's value to :func:`parse_inputs` as the client sent it.
 
@@ -200,7 +244,15 @@ def build_app(model, *, model_name: str = "built-in model", defaults: FamilyDefa
         for component in (methods, lam, delta, guidance, seed):
             _raw_payload(component)
 
-        async def on_run(condition_v, methods_v, window_v, lam_v, delta_v, guidance_v, seed_v):
+        cancels = _Cancels()
+
+        def on_click_run(request=None):
+            cancels.request(_session(request))
+
+        def on_cancel(request=None):
+            cancels.cancel(_session(request))
+
+        async def on_run(condition_v, methods_v, window_v, lam_v, delta_v, guidance_v, seed_v, request=None):
             try:
                 settings = parse_inputs(model, condition_v, methods_v, window_v, lam_v, delta_v, guidance_v, seed_v)
             except ValueError as exc:  # shown on the page, in the progress line; earlier results stay
@@ -216,8 +268,12 @@ def build_app(model, *, model_name: str = "built-in model", defaults: FamilyDefa
                 column, title, image, acceptance, entropy_map = panels[key]
                 first.update({column: gr.update(visible=key in settings.methods), title: f"### {METHOD_LABELS[key]}",
                               image: None, acceptance: None, entropy_map: None})
+            cancel = cancels.start(_session(request))
+            if cancel.is_set():  # cancelled while it waited in the queue
+                cancels.end(_session(request), cancel)
+                yield {progress: _progress_html("cancelled before it started", 0, total)}
+                return
             yield first
-            cancel = threading.Event()
             pngs = _RunFiles()
             iterator = watch(model, settings, sampling, cancel, min_interval=0.3)  # ~3 previews a second
             try:
@@ -258,6 +314,7 @@ def build_app(model, *, model_name: str = "built-in model", defaults: FamilyDefa
                                stats: _stats_markdown(rows_), csv_file: str(path)}
                         return
             finally:
+                cancels.end(_session(request), cancel)
                 cancel.set()  # the worker stops at its next forward
                 try:
                     iterator.close()
@@ -265,9 +322,12 @@ def build_app(model, *, model_name: str = "built-in model", defaults: FamilyDefa
                     pass
                 pngs.remove()  # Gradio has copied every file it was given into its cache by now
 
+        for handler in (on_click_run, on_cancel, on_run):  # Gradio passes the request by this annotation
+            handler.__annotations__["request"] = gr.Request
         inputs = [condition, methods, window, lam, delta, guidance, seed]
-        event = run.click(on_run, inputs=inputs, outputs=outputs, show_progress="minimal", concurrency_limit=1)
-        stop.click(lambda: _progress_html("cancelled"), outputs=[progress], cancels=[event])
+        run.click(on_click_run, show_progress="hidden", concurrency_limit=None).then(
+            on_run, inputs=inputs, outputs=outputs, show_progress="minimal", concurrency_limit=1)
+        stop.click(on_cancel, show_progress="hidden", concurrency_limit=None)
     return app
 
 

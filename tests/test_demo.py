@@ -151,6 +151,60 @@ def test_cancel_stops_at_the_next_forward(builtin):
     assert rest[-1] == ("cancelled", "ar") and all(e[0] == "frame" for e in rest[:-1])
 
 
+def _page_handlers(app) -> dict:
+    return {f.fn.__name__: f.fn for f in app.fns.values() if f.fn is not None}
+
+
+def _drive(run, on_update=lambda update: None) -> list[str]:
+    """Every update of the page's run generator, as the text of its values."""
+    import asyncio
+
+    async def collect():
+        texts = []
+        async for update in run:
+            texts.append(" ".join(str(v) for v in update.values()))
+            on_update(texts[-1])
+        return texts
+
+    return asyncio.run(collect())
+
+
+def test_cancel_ends_the_run_itself_at_the_next_forward(builtin):
+    """Cancel sets the session's flag: the run stops at its next forward and its own last update says
+    so; a run cancelled while queued ends before its first forward. Gradio's ``cancels=`` killed the
+    run's task instead: a preview already on its way overwrote "cancelled" (the page stayed at
+    "AR: 14/256 tokens"), or Gradio's page drew "Error" over every output (a new-user try-out)."""
+    import types
+
+    from csdgen.demo import build_app
+
+    app = build_app(builtin)
+    assert not any(f.cancels for f in app.fns.values())  # no Gradio task cancel
+    handlers = _page_handlers(app)
+    tab, other = types.SimpleNamespace(session_hash="tab"), types.SimpleNamespace(session_hash="other")
+    values = ("red apple", ["ar", "csd"], "8", 0.5, 0.65, 3.0, "0")
+
+    def cancel_on_first_token(text):
+        if "AR: 1/256 tokens" in text:
+            handlers["on_cancel"](other)  # another tab's Cancel leaves this run alone
+            handlers["on_cancel"](tab)
+
+    handlers["on_click_run"](tab)
+    texts = _drive(handlers["on_run"](*values, request=tab), cancel_on_first_token)
+    assert "cancelled during AR" in texts[-1] and not any("done:" in t or "CSD:" in t for t in texts)
+    assert len([t for t in texts if "tokens," in t]) <= 3  # stopped at the next forward
+
+    handlers["on_click_run"](tab)  # Run, then Cancel while the run waits in the queue
+    handlers["on_cancel"](tab)
+    texts = _drive(handlers["on_run"](*values, request=tab))
+    assert texts == [texts[-1]] and "cancelled before it started" in texts[-1]
+
+    handlers["on_cancel"](tab)  # Cancel on an idle page: the next run is not cancelled by it
+    handlers["on_click_run"](tab)
+    texts = _drive(handlers["on_run"]("red apple", ["ar"], "8", 0.5, 0.65, 3.0, "0", request=tab))
+    assert "done: red apple, 1 method" in texts[-1]
+
+
 def test_prompt_model_from_a_checkpoint_folder(tmp_path):
     """``--model PATH``: a (tiny random) Janus checkpoint takes a prompt, its family's defaults, and runs AR and CSD."""
     from test_models_janus import build_checkpoint
