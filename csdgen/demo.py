@@ -346,6 +346,19 @@ def _stats_markdown(rows: list[dict]) -> str:
 
 _CSS = "#stats th { word-break: keep-all; overflow-wrap: normal; } #stats td { white-space: nowrap; }"
 
+#: the page's font and the weights it declares: Gradio's default theme declares 400 and 600, but the
+#: SourceSansPro-SemiBold.woff2 Gradio ships holds only "A" and "B" of the Latin letters, so every
+#: semibold heading mixed two fonts ("AR", "LANTERN"); 600 now falls to the bold face
+_FONT_WEIGHTS = (400, 700)
+
+
+def _theme():
+    """Gradio's default theme with the page font's faces in :data:`_FONT_WEIGHTS` (served locally)."""
+    import gradio as gr
+
+    return gr.themes.Default(font=[gr.themes.LocalFont("Source Sans Pro", weights=_FONT_WEIGHTS), "ui-sans-serif",
+                                   "system-ui", "sans-serif"])
+
 
 def load_demo_model(model_path: str | None = None, weights: str | None = None, *, image_size: int | None = None,
                     vqgan: str | None = None, dtype: str | None = None):
@@ -420,7 +433,7 @@ def serve(model_path: str | None = None, host: str = "127.0.0.1", port: int | No
     app.queue(default_concurrency_limit=1)
     # quiet: Gradio's own banner suggests share=True, which this page never uses
     app.launch(server_name=host, server_port=port, share=False, inbrowser=False, prevent_thread_lock=True,
-               show_error=False, ssr_mode=False, footer_links=[], quiet=True, css=_CSS)
+               show_error=False, ssr_mode=False, footer_links=[], quiet=True, css=_CSS, theme=_theme())
     print(f"csdgen demo: serving {name} on http://{host}:{app.server_port}/ (Ctrl-C stops it)", flush=True)
     if block:
         # not app.block_thread(): it catches Ctrl-C itself, prints its own line and returns, so the

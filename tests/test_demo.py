@@ -205,6 +205,30 @@ def test_cancel_ends_the_run_itself_at_the_next_forward(builtin):
     assert "done: red apple, 1 method" in texts[-1]
 
 
+def test_every_font_face_of_the_page_holds_the_latin_letters():
+    """Gradio's SourceSansPro-SemiBold.woff2 holds only "A" and "B" of the Latin letters, so the
+    page's semibold headings mixed two fonts ("AR" with a lighter "A"; a new-user try-out's
+    screenshots): every face the page's theme declares is a complete one."""
+    import string
+
+    import gradio
+
+    pytest.importorskip("brotli")  # reads woff2
+    TTFont = pytest.importorskip("fontTools.ttLib").TTFont
+
+    from csdgen.demo import _theme
+
+    faces = [f for f in _theme()._font if hasattr(f, "weights")]
+    assert faces
+    static = Path(gradio.__file__).parent / "templates" / "frontend"
+    for face in faces:
+        for rule in face.stylesheet()["css"].split("@font-face")[1:]:
+            path = static / rule.split("url('", 1)[1].split("'", 1)[0]
+            letters = {chr(c) for c in TTFont(str(path)).getBestCmap()}
+            missing = set(string.ascii_letters + string.digits) - letters
+            assert not missing, f"{path.name} lacks {''.join(sorted(missing))[:20]}"
+
+
 def test_prompt_model_from_a_checkpoint_folder(tmp_path):
     """``--model PATH``: a (tiny random) Janus checkpoint takes a prompt, its family's defaults, and runs AR and CSD."""
     from test_models_janus import build_checkpoint
