@@ -47,6 +47,8 @@ def window_auto_supported() -> bool:
 
 
 def _number(name: str, value: Any, allowed: str) -> float:
+    if value is None:  # what a page's number field sends when it holds no number (empty, or 1e400)
+        raise ValueError(f"{name}: the field holds no number; allowed: {allowed}")
     try:
         number = float(value)
     except (TypeError, ValueError):

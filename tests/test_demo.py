@@ -74,6 +74,11 @@ def test_inputs_are_checked_with_one_line_messages(builtin):
         with pytest.raises(ValueError) as info:
             _parse(builtin, **{name: value})
         assert message in str(info.value) and "\n" not in str(info.value), (name, str(info.value))
+    for name, field in (("lam", "lambda"), ("delta", "delta"), ("guidance_scale", "guidance scale")):
+        # an empty number field (or one past float range) reaches the server as None: said so, not "lambda=None"
+        with pytest.raises(ValueError) as info:
+            _parse(builtin, **{name: None})
+        assert str(info.value).startswith(f"{field}: the field holds no number; allowed: a number"), str(info.value)
     for text in ("abc", "2.5", "-3"):
         with pytest.raises(ValueError, match="allowed: an integer >= 1"):
             _parse(builtin, window=text)
