@@ -82,6 +82,7 @@ def parse_inputs(model, condition: Any, methods: list[str] | None, window: Any, 
     unknown = [m for m in methods if not isinstance(m, str) or m not in METHOD_LABELS]
     if unknown:
         raise ValueError(f"unknown methods {_clip(unknown)}; allowed: {', '.join(METHOD_LABELS)}")
+    methods = [m for m in METHOD_LABELS if m in methods]  # the page's order (not the order they were ticked), once each
     if ("gsd" in methods or "lantern" in methods) and model.codebook_embeddings() is None:
         raise ValueError("GSD and LANTERN need the model's codebook, which this model does not expose; choose other methods")
     window_text = str(window).strip().lower()

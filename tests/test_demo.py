@@ -54,6 +54,8 @@ def test_inputs_are_checked_with_one_line_messages(builtin):
                                                                                       8, ["ar", "csd"], 0)
     assert settings.label == "red apple"
     assert _parse(builtin, condition="3", window=4.0).condition == 3
+    # ticked CSD, then SJD: they run (and fill the table) in the order the page shows their panels
+    assert _parse(builtin, methods=["csd-coupled", "ar", "sjd", "ar"]).methods == ["ar", "sjd", "csd-coupled"]
     # any case and spacing, a short name, a name holding commas, random (drawn from the seed, named)
     assert _parse(builtin, condition="  DOG   Face").label == "dog face"
     assert _parse(builtin, condition="apple").label == "red apple"
