@@ -233,7 +233,7 @@ def build_app(model, *, model_name: str = "built-in model", defaults: FamilyDefa
                     with gr.Row():
                         image, acceptance, entropy_map = (
                             gr.Image(label=f"{label}: {what}", format="png", interactive=False, min_width=140,
-                                     elem_id=f"{name}-{key}", buttons=["download"])
+                                     elem_id=f"{name}-{key}", elem_classes=["csdgen-view"], buttons=["download"])
                             for what, name in (("image", "image"), ("acceptance map", "acceptance"),
                                                ("entropy map", "entropy")))
                 panels[key] = (column, title, image, acceptance, entropy_map)
@@ -344,7 +344,10 @@ def _stats_markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-_CSS = "#stats th { word-break: keep-all; overflow-wrap: normal; } #stats td { white-space: nowrap; }"
+# the views start below their label and download button, which Gradio floats over the picture's top
+# corners: there they hid the first tokens of the acceptance map, the first ones decided
+_CSS = ("#stats th { word-break: keep-all; overflow-wrap: normal; } #stats td { white-space: nowrap; } "
+        ".csdgen-view .image-container { padding-top: 28px; }")
 
 #: the page's font and the weights it declares: Gradio's default theme declares 400 and 600, but the
 #: SourceSansPro-SemiBold.woff2 Gradio ships holds only "A" and "B" of the Latin letters, so every

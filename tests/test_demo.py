@@ -369,6 +369,11 @@ def test_page_in_headless_chromium(demo_server, tmp_path):
             page.wait_for_function(f"""() => {{ const imgs = [...document.querySelectorAll({shown!r})];
                 return imgs.length === 6 && imgs.every(i => i.complete && i.naturalWidth > 0); }}""", timeout=30_000)
             page.screenshot(path=str(tmp_path / "demo.png"), full_page=True)
+            for view in ("image-csd", "acceptance-csd", "entropy-csd"):  # nothing covers the picture's first row
+                picture = page.locator(f"#{view} img").first.bounding_box()
+                for cover in ("label", ".download-link"):
+                    box = page.locator(f"#{view} {cover}").first.bounding_box()
+                    assert box["y"] + box["height"] <= picture["y"] + 1, (view, cover, box, picture)
 
             for key in ("ar", "csd"):
                 image = _pixels(page, f"#image-{key}")
