@@ -267,12 +267,32 @@ def test_demo_command_options_and_light_imports():
     assert cli.build_parser().parse_args(["demo", "--port", "8123", "--host", "0.0.0.0"]).port == 8123
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["demo", "--port", "70000"])
+    # a built-in model's weights folder goes to --weights, as the error for --model FOLDER says
+    assert cli.build_parser().parse_args(["demo", "--weights", "w"]).weights == "w"
     import csdgen.cli.demo as demo_command
 
     top = ast.parse(Path(demo_command.__file__).read_text()).body
     names = {a.name for n in top if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module for n in top if isinstance(n, ast.ImportFrom) and n.module}
     assert not {"gradio", "csdgen.demo", "playwright"} & names
+
+
+def test_demo_serves_the_builtin_weights_folder_given_with_weights(tmp_path, monkeypatch, capsys):
+    """``demo --model FOLDER`` on a built-in model's weights says to give it as --weights FOLDER:
+    demo now has that option, and the folder reaches the page's model."""
+    from builtin_fixture import make_tiny_weights
+    from cli_helpers import cli_error, run
+
+    import csdgen.demo
+
+    weights = make_tiny_weights(tmp_path / "w")
+    assert "give it as --weights FOLDER" in cli_error(capsys, "demo", "--model", weights)
+    served = {}
+    monkeypatch.setattr(csdgen.demo, "serve", lambda model, **options: served.update(options, model=model))
+    assert run("demo", "--weights", weights, "--port", 0) == 0
+    assert served["model"] is None and served["weights"] == str(weights)
+    err = cli_error(capsys, "demo", "--model", tmp_path / "checkpoint", "--weights", weights)
+    assert err.startswith("csdgen: error: --weights is for the built-in model;"), err
 
 
 # --- the page in a real browser --------------------------------------------------------------

@@ -103,6 +103,24 @@ def test_csdgen_plan_prints_the_plan_of_the_builtin_model_and_of_a_checkpoint(ja
     assert "janus (" in out and "decoder layers int8" in out and "largest batch" in out
 
 
+def test_plan_takes_the_builtin_weights_folder_its_error_points_to(tmp_path, capsys):
+    """``plan --model FOLDER`` on a built-in model's weights says to give it as --weights FOLDER:
+    plan now has that option (it had none, so the advice led to "unrecognized arguments")."""
+    from builtin_fixture import make_tiny_weights
+
+    weights = make_tiny_weights(tmp_path / "w")
+    assert "give it as --weights FOLDER" in cli_error(capsys, "plan", "--model", weights)
+    assert run("plan", "--weights", weights, "--batch-size", 2) == 0
+    tiny = capsys.readouterr().out
+    assert run("plan", "--batch-size", 2) == 0
+    shipped = capsys.readouterr().out
+    weights_of = {name: next(line for line in out.splitlines() if line.startswith("weights")) for name, out
+                  in (("tiny", tiny), ("shipped", shipped))}
+    assert weights_of["tiny"] != weights_of["shipped"] and "KiB" in weights_of["tiny"]  # the folder's model was planned
+    err = cli_error(capsys, "plan", "--model", tmp_path / "checkpoint", "--weights", weights)
+    assert err.startswith("csdgen: error: --weights is for the built-in model;"), err
+
+
 def test_generate_says_the_plan_in_its_first_line(tmp_path, capsys):
     from builtin_fixture import make_tiny_weights
 

@@ -21,6 +21,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--model", type=opt.model_or_builtin, default=None,
                    help="checkpoint folder or cached repo id; 'builtin' (default): the built-in model")
 
+    p.add_argument("--weights", type=opt.path_text, default=None,
+                   help="built-in model weights folder (default: shipped with csdgen)")
     opt.add_checkpoint_files(p)
     opt.add_dtype(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
@@ -35,6 +37,8 @@ def run(args) -> int:
 
     from ._common import choose_dtype, needs_model, print_run_line
 
+    if args.model is not None and args.weights is not None:
+        raise ValueError("--weights is for the built-in model; with --model the checkpoint folder holds the weights")
     if args.model is None and (args.image_size is not None or args.vqgan is not None):
         given = [flag for flag, value in (("--image-size", args.image_size), ("--vqgan", args.vqgan)) if value is not None]
         raise ValueError(f"{needs_model(given)} (a checkpoint); the built-in model has one size and its own VQ decoder")
@@ -47,5 +51,6 @@ def run(args) -> int:
 
         dtype = choose_dtype(args, family_of(resolve_checkpoint(args.model), None, args.model), default_device())
     print_run_line(args, file=sys.stdout)  # the first line: model, device, dtype and why
-    serve(args.model, host=args.host, port=args.port, image_size=args.image_size, vqgan=args.vqgan, dtype=dtype)
+    serve(args.model, host=args.host, port=args.port, weights=args.weights, image_size=args.image_size, vqgan=args.vqgan,
+          dtype=dtype)
     return 0

@@ -35,6 +35,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                    "free memory, and the largest batch that fits.")
     p.add_argument("--model", type=opt.path_text, default="builtin",
                    help="checkpoint folder, cached repo id, or builtin (default)")
+    p.add_argument("--weights", type=opt.path_text, default=None,
+                   help="built-in model weights folder (default: shipped with csdgen)")
     p.add_argument("--batch-size", type=opt.count(), default=8, metavar="B", help="images decoding together (default 8)")
     p.add_argument("--window", type=plan_window, default=None, metavar="W",
                    help=f"window width, or auto ({DEFAULT_NOTE}, {AUTO_WIDEST}; 1 for AR)")
@@ -79,10 +81,12 @@ def run(args) -> int:
         from csdgen.models.builtin import load_builtin_model
         from csdgen.models.plan import builtin_plan
 
-        model = load_builtin_model()
+        model = load_builtin_model(args.weights)
         plan = builtin_plan(model, batch_size=args.batch_size, window=min(window, model.num_image_tokens - 1),
                             guided=guided, quantize=args.quantize, device=device)
     else:
+        if args.weights is not None:
+            raise ValueError("--weights is for the built-in model; with --model the checkpoint folder holds the weights")
         from csdgen.models.detect import family_of, read_config
         from csdgen.models.dtypes import resolve_dtype
         from csdgen.models.sources import resolve_checkpoint
