@@ -121,6 +121,14 @@ def test_plan_takes_the_builtin_weights_folder_its_error_points_to(tmp_path, cap
     assert err.startswith("csdgen: error: --weights is for the built-in model;"), err
 
 
+@pytest.mark.parametrize("scale", ["-1", "nan", "inf"])
+def test_plan_refuses_the_guidance_scales_generate_refuses(scale, capsys):
+    """A negative, NaN or infinite --guidance-scale was planned as a guided run; generate refuses it."""
+    err = cli_error(capsys, "plan", "--guidance-scale", scale)
+    assert err == f"csdgen: error: --guidance-scale {float(scale):g}: must be a finite number >= 0\n", err
+    assert "must be a finite number >= 0" in cli_error(capsys, "generate", "--guidance-scale", scale, "-n", 1)
+
+
 def test_generate_says_the_plan_in_its_first_line(tmp_path, capsys):
     from builtin_fixture import make_tiny_weights
 

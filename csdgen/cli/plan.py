@@ -67,6 +67,13 @@ def run(args) -> int:
         if not torch.cuda.is_available():
             raise ValueError("--device cuda: no CUDA device is visible here; use --device cpu")
     window = args.window or AUTO_MAX_WINDOW
+    if args.guidance_scale is not None:  # as generate checks it (a negative or NaN scale was planned as guided)
+        from csdgen.sampling import SamplingConfig
+
+        try:
+            SamplingConfig(guidance_scale=args.guidance_scale)
+        except ValueError as error:
+            raise ValueError(f"--guidance-scale {args.guidance_scale:g}: {str(error).partition(': ')[2]}") from None
     guided = args.guidance_scale is None or args.guidance_scale != 1
     from csdgen.models.quantize import check_quantize
 
