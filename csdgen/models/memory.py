@@ -207,7 +207,7 @@ class MemoryPlan:
         B = self.batch_size
         rows = [("model", self.what), ("device", self.device),
                 ("dtype", self.dtype + (f", decoder layers {self.quantize}" if self.quantize else "")),
-                ("batch", f"{B} images x {self.rows} rows, window {self.window}"
+                ("batch", f"{B} image{'s' * (B != 1)} x {self.rows} row{'s' * (self.rows != 1)}, window {self.window}"
                           + (f", tree {self.tree[0]},{self.tree[1]} ({self.tree[2]} nodes a forward)" if self.tree else "")),
                 ("weights", format_bytes(self.weights)),
                 ("KV cache", f"{format_bytes(self.kv_per_image * B)} ({format_bytes(self.kv_per_image)} per image)"),
