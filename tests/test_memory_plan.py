@@ -131,6 +131,22 @@ def test_plan_refuses_the_guidance_scales_generate_refuses(scale, capsys):
     assert "must be a finite number >= 0" in cli_error(capsys, "generate", "--guidance-scale", scale, "-n", 1)
 
 
+def test_plan_refuses_the_layout_and_prompt_length_a_run_of_the_checkpoint_refuses(janus_folder, capsys):
+    """--layout on a Janus checkpoint and a --prompt-length past its positions were planned (the latter
+    as 4,774 GiB, "largest batch 0"); generate refuses both, and now plan does, in the same words."""
+    err = cli_error(capsys, "plan", "--model", janus_folder, "--layout", "anole")
+    assert err == f"csdgen: error: --layout anole applies to Chameleon checkpoints only; {janus_folder!r} is janus\n"
+    import json
+    from pathlib import Path
+
+    config = json.loads((Path(janus_folder) / "config.json").read_text())
+    limit, image = config["text_config"]["max_position_embeddings"], config["vision_config"]["num_image_tokens"]
+    assert run("plan", "--model", janus_folder, "--prompt-length", limit - image) == 0  # the longest prompt that fits
+    capsys.readouterr()
+    err = cli_error(capsys, "plan", "--model", janus_folder, "--prompt-length", limit - image + 1)
+    assert f"> max_position_embeddings={limit}; allowed: prompts up to {limit - image} tokens" in err, err
+
+
 def test_generate_says_the_plan_in_its_first_line(tmp_path, capsys):
     from builtin_fixture import make_tiny_weights
 

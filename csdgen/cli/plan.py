@@ -94,18 +94,20 @@ def run(args) -> int:
     else:
         if args.weights is not None:
             raise ValueError("--weights is for the built-in model; with --model the checkpoint folder holds the weights")
-        from csdgen.models.detect import family_of, read_config
+        from csdgen.models.detect import family_of, model_type_of
         from csdgen.models.dtypes import resolve_dtype
         from csdgen.models.sources import resolve_checkpoint
         from csdgen.models.plan import checkpoint_plan
 
         folder = resolve_checkpoint(args.model)
-        read_config(folder)
+        model_type = model_type_of(folder)
+        if args.layout is not None and model_type != "chameleon":  # as generate refuses it (it was planned as given)
+            raise ValueError(f"--layout {args.layout} applies to Chameleon checkpoints only; {args.model!r} is {model_type}")
         family = family_of(folder, args.layout, args.model)
         dtype = resolve_dtype(args.dtype, device, family)[0]
         plan = checkpoint_plan(folder, family, batch_size=args.batch_size, window=window, dtype=dtype,
                                quantize=args.quantize, guided=guided and family != "glm-image", device=device,
                                prompt_length=args.prompt_length, height=args.height, width=args.width,
-                               image_size=args.image_size)
+                               image_size=args.image_size, check_positions=True)
     print(plan.table())
     return 0

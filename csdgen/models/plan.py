@@ -82,6 +82,8 @@ def builtin_plan(model, *, batch_size: int, window: int, guided: bool = True, qu
     Args:
         free: the device's free bytes (default :func:`free_memory` of ``device``).
         tree: ``(K, D)``, a draft tree at the root of every window (None: a chain window).
+        check_positions: refuse a ``prompt_length`` that leaves the image no room in the position table, as a
+            run refuses it (``csdgen plan``, which loads no model; a loaded model has checked its prompts).
 
     Raises:
         ValueError: a bad ``tree``.
@@ -119,7 +121,7 @@ def _tree_of(tree, window: int) -> tuple[int, int, int] | None:
 def checkpoint_plan(path: str | os.PathLike, family: str, *, batch_size: int, window: int, dtype: torch.dtype | str,
                     quantize: str | None = None, guided: bool = True, device: str | torch.device = "cpu",
                     free: int | None = None, prompt_length: int | None = None, tree: tuple[int, int] | None = None,
-                    **sizes) -> MemoryPlan:
+                    check_positions: bool = False, **sizes) -> MemoryPlan:
     """The memory plan of a checkpoint folder (config only; no weight is read).
 
     The KV cache and window buffers are the family's estimate (:func:`csdgen.models.memory_check.estimate_memory`);
@@ -130,16 +132,24 @@ def checkpoint_plan(path: str | os.PathLike, family: str, *, batch_size: int, wi
 
     Args:
         tree: ``(K, D)``, a draft tree at the root of every window (None: a chain window).
+        check_positions: refuse a ``prompt_length`` that leaves the image no room in the position table, as a
+            run refuses it (``csdgen plan``, which loads no model; a loaded model has checked its prompts).
         sizes: ``height``, ``width``, ``image_size``, ``vqgan_dir`` as :func:`~csdgen.models.memory_check.estimate_memory` takes.
 
     Raises:
-        ValueError / FileNotFoundError: as :func:`~csdgen.models.memory_check.estimate_memory`.
+        ValueError / FileNotFoundError: as :func:`~csdgen.models.memory_check.estimate_memory`; with
+            ``check_positions``, a prompt too long for the position table.
     """
     from .dtypes import resolve_dtype
     from .memory_check import DEFAULT_PROMPT_LENGTH, estimate_memory, quantized_weight_bytes
 
     dtype = resolve_dtype(dtype, device)[0]
     estimate = estimate_memory(path, family, window, dtype, guided=guided, prompt_length=prompt_length, **sizes)
+    limit = getattr(estimate.text_config, "max_position_embeddings", None)
+    if check_positions and prompt_length is not None and limit:  # no plan for a prompt a run refuses
+        from ._transformers import check_sequence_length
+
+        check_sequence_length(int(prompt_length), estimate.sequence_length - int(prompt_length), limit)
     extra = estimate.fixed - estimate.parameters * estimate.element_size
     weights = quantized_weight_bytes(path, family, dtype, quantize) + max(extra, 0)
     fed = forward_width(window, tree)
