@@ -147,6 +147,17 @@ def test_plan_refuses_the_layout_and_prompt_length_a_run_of_the_checkpoint_refus
     assert f"> max_position_embeddings={limit}; allowed: prompts up to {limit - image} tokens" in err, err
 
 
+@pytest.mark.parametrize("argv, reason", [
+    (["--prompt-length", 50], "--prompt-length needs --model PATH (a checkpoint); the built-in model takes a class, not a prompt"),
+    (["--layout", "anole"], "--layout needs --model PATH (a checkpoint); the built-in model is not a Chameleon checkpoint"),
+    (["--image-size", 64, "--height", 64], "--height, --image-size need --model PATH (a checkpoint); the built-in model "
+                                           "has one size"),
+])
+def test_plan_of_the_builtin_model_says_why_a_checkpoint_option_does_not_apply(argv, reason, capsys):
+    """--prompt-length and --layout were refused because "the built-in model has one size"."""
+    assert cli_error(capsys, "plan", *argv) == f"csdgen: error: {reason}\n"
+
+
 def test_generate_says_the_plan_in_its_first_line(tmp_path, capsys):
     from builtin_fixture import make_tiny_weights
 

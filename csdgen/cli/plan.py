@@ -82,7 +82,12 @@ def run(args) -> int:
         given = [f"--{k.replace('_', '-')}" for k in ("layout", "height", "width", "image_size", "prompt_length")
                  if getattr(args, k) is not None]
         if given:
-            raise ValueError(f"{', '.join(given)}: for --model PATH (a checkpoint); the built-in model has one size")
+            from ._common import needs_model
+
+            why = [w for flags, w in ((("--height", "--width", "--image-size"), "has one size"),
+                                      (("--prompt-length",), "takes a class, not a prompt"),
+                                      (("--layout",), "is not a Chameleon checkpoint")) if set(flags) & set(given)]
+            raise ValueError(f"{needs_model(given)} PATH (a checkpoint); the built-in model {' and '.join(why)}")
         if args.dtype not in (None, "auto", "float32"):
             raise ValueError(f"--dtype {args.dtype}: the built-in model runs in float32 only; allowed for it: auto, float32")
         from csdgen.models.builtin import load_builtin_model
