@@ -108,3 +108,16 @@ def test_save_run_refuses_bad_batch_sizes_empty_conditions_and_an_empty_out(weig
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         csdgen.save_run(model, args.pop("conditions"), args.pop("out"), **args, window=4)
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_save_run_records_numpy_sampling_values_as_json_numbers(builtin, tmp_path):
+    """sampling={"temperature": np.float32(0.5)} wrote the first batch's PNGs and then failed on
+    record.json (np.float32 is not JSON), leaving a folder with images and no record."""
+    import numpy as np
+
+    out = tmp_path / "np"
+    csdgen.save_run(builtin, ["red apple"], out, window=16, sampling={"temperature": np.float32(0.5)})
+    record = json.loads((out / "record.json").read_text())
+    assert record["settings"]["sampling"]["temperature"] == 0.5
+    again = csdgen.save_run(builtin, ["red apple"], out, window=16, sampling={"temperature": 0.5})
+    assert again.resumed == 1
