@@ -28,7 +28,7 @@ from typing import ClassVar
 
 import torch
 
-from .sampling import ENTROPY_EPS, entropy, is_number as _number, total_variation
+from .sampling import ENTROPY_EPS, as_integer, entropy, is_number as _number, total_variation
 
 __all__ = [
     "AcceptanceRule",
@@ -332,8 +332,9 @@ class GSD(AcceptanceRule):
     draft_init = "onehot"  # the official code's drafts; with uniform p the cluster ratio is V * sum_C q / |C|
 
     def __init__(self, codebook: torch.Tensor | None = None, radius: int = 7, prob_gap: float = 0.15, max_distance: float = 0.5):
-        if isinstance(radius, bool) or not isinstance(radius, int) or radius < 0:
+        if as_integer(radius) is None or radius < 0:
             raise ValueError(f"radius={radius!r}: the GSD rank radius must be an integer >= 0")
+        radius = as_integer(radius)  # numpy's integers too
         for name, value in (("prob_gap", prob_gap), ("max_distance", max_distance)):
             if not _number(value) or not value > 0:
                 raise ValueError(f"{name}={value!r}: the GSD {name.replace('_', ' ')} must be a number > 0")

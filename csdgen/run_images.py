@@ -51,10 +51,12 @@ def check_scale(scale) -> int:
     Raises:
         ValueError: ``"scale=0: allowed an integer in 1..16 (...)"``.
     """
-    if isinstance(scale, bool) or not isinstance(scale, int) or not 1 <= scale <= MAX_SCALE:
+    from csdgen.sampling import as_integer
+
+    if as_integer(scale) is None or not 1 <= scale <= MAX_SCALE:
         raise ValueError(f"scale={scale!r}: allowed an integer in 1..{MAX_SCALE} (nearest-neighbour upscaling of the "
                          f"images; {MAX_SCALE} turns 64 x 64 pixels into {64 * MAX_SCALE} x {64 * MAX_SCALE})")
-    return scale
+    return as_integer(scale)  # numpy's integers too
 
 
 def pil_images(model, result_or_tokens, scale: int = 1, conditions=None) -> list:
@@ -73,7 +75,7 @@ def pil_images(model, result_or_tokens, scale: int = 1, conditions=None) -> list
     """
     import torch
 
-    check_scale(scale)
+    scale = check_scale(scale)
     tokens = getattr(result_or_tokens, "tokens", result_or_tokens)
     if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
         what = type(tokens).__name__ if not isinstance(tokens, torch.Tensor) else f"a tensor of shape {list(tokens.shape)}"

@@ -287,8 +287,11 @@ def run_plan(plan: RunPlan, out: str | os.PathLike, *, batch_size: int, seed: in
     """
     from csdgen.folder_lock import folder_lock
 
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    from csdgen.sampling import as_integer
+
+    if as_integer(batch_size) is None or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r}: allowed an integer >= 1 (images per csdgen.generate call)")
+    batch_size = as_integer(batch_size)  # numpy's integers too
     if not isinstance(maps, bool):  # maps="no" is truthy: it wrote maps
         raise ValueError(f"maps={maps!r}: allowed True (write the acceptance maps) or False")
     if not plan.conditions:
@@ -491,7 +494,7 @@ def save_run(model, conditions: Sequence, out: str | os.PathLike, *, seed: int =
         raise TypeError(f"save_run(out={out!r}): allowed a folder path (str or pathlib.Path), got {type(out).__name__}")
     if scale is None:
         scale = getattr(model, "save_scale", 1)
-    check_scale(scale)
+    scale = check_scale(scale)
     check_conditions(conditions)
     given = {n: generate_kwargs.get(n, parameters[n].default) for n in ("method", "window", "sampling", "draft_init",
                                                                           "refresh", "preset", "tree")}

@@ -258,3 +258,18 @@ def test_admit_names_a_count_mismatch_and_allows_a_repeated_seed_and_index(float
     while batch.size:
         done.update({image.handle: image.tokens for image in batch.step()})
     assert torch.equal(done[first], done[second])
+
+
+def test_admit_takes_numpy_integers_for_seeds_and_image_indices(float64_model):
+    """Seeds and indices read from an array (np.int64) were refused as 'allowed an integer per image'."""
+    import numpy as np
+
+    images = {}
+    for seeds, indices in (([3, 4], [0, 1]), (np.array([3, 4]), np.arange(2))):
+        batch = ContinuousBatch(float64_model, method="sjd", window=4, sampling=GUIDED)
+        handles = batch.admit([1, 2], seeds, indices)
+        done = {}
+        while batch.size:
+            done.update({image.handle: image.tokens for image in batch.step()})
+        images[type(seeds)] = [done[h] for h in handles]
+    assert all(torch.equal(a, b) for a, b in zip(*images.values()))

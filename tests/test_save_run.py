@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 import csdgen
 
@@ -121,3 +122,14 @@ def test_save_run_records_numpy_sampling_values_as_json_numbers(builtin, tmp_pat
     assert record["settings"]["sampling"]["temperature"] == 0.5
     again = csdgen.save_run(builtin, ["red apple"], out, window=16, sampling={"temperature": 0.5})
     assert again.resumed == 1
+
+
+def test_save_run_takes_numpy_integers_for_batch_size_and_scale(builtin, tmp_path):
+    """batch_size=np.int64(1) and scale=np.int64(1) were refused as 'allowed an integer'."""
+    import numpy as np
+
+    summary = csdgen.save_run(builtin, ["red apple", "dog face"], tmp_path / "np", window=16, batch_size=np.int64(1),
+                              scale=np.int64(1))
+    assert summary.images == 2 and len(summary.record["batches"]) == 2
+    tokens = torch.zeros(1, builtin.num_image_tokens, dtype=torch.int64)
+    assert csdgen.pil_images(builtin, tokens, scale=np.int64(3))[0].size == (192, 192)

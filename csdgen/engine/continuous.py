@@ -45,7 +45,7 @@ from ..acceptance import AcceptanceRule
 from ..models.base import ImageTokenModel
 from ..sampling import SamplingConfig
 from .generation import resolve_arguments
-from ..sampling import check_seed
+from ..sampling import as_integer, check_seed
 from .loop import _Loop, _signed64
 from .results import ImageStats
 
@@ -68,11 +68,13 @@ class FinishedImage:
 
 
 def _integers(name: str, values: Sequence[int], count: int, minimum: int | None) -> list[int]:
-    values = list(values)
-    ok = len(values) == count and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+    given = list(values)
+    values = [as_integer(v) for v in given]  # numpy's and torch's integers too
+    ok = len(values) == count and all(v is not None for v in values)
     if ok and minimum is not None:
         ok = all(v >= minimum for v in values)
     if not ok:
+        values = given
         allowed = "an integer" if minimum is None else f"an integer >= {minimum}"
         given = f"{len(values)} value{'s' * (len(values) != 1)} for {count} image{'s' * (count != 1)}"
         raise ValueError(f"{name}={values!r} ({given}): allowed {allowed} per image, one per condition")
