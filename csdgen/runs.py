@@ -470,7 +470,7 @@ def save_run(model, conditions: Sequence, out: str | os.PathLike, *, seed: int =
     Raises:
         TypeError: an unknown keyword (naming it, with the allowed ones), or ``out`` not a str or path.
         ValueError: as :func:`csdgen.generate` and :func:`run_plan` (e.g. ``out`` is a file, or
-            ``conditions`` a bare string instead of a list), ``scale`` not an integer in 1 .. 16, or
+            ``conditions`` a bare string or one condition instead of a list), ``scale`` not an integer in 1 .. 16, or
             ``maps`` not a bool.
 
     >>> summary = csdgen.save_run(model, ["red apple", "dog face"], "outputs", method="csd")  # doctest: +SKIP

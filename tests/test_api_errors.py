@@ -204,3 +204,17 @@ def test_a_function_model_takes_the_image_count_from_a_list_of_conditions():
     assert listed.tokens.shape == (3, 4) and torch.equal(listed.tokens, counted.tokens)
     with pytest.raises(ValueError, match="FunctionModel takes no conditions; give batch_size >= 1"):
         csdgen.generate(model, None, seed=0, window=2)
+
+
+def test_one_condition_not_in_a_list_is_named_in_one_line(builtin, tmp_path):
+    """generate(model, 33) and save_run(model, 33, ...) ended in TypeError: 'int' object is not
+    iterable; model.class_ids("red apple") read the name letter by letter ("unknown class 'r'")."""
+    with pytest.raises(ValueError, match=r"^conditions=2: give a list \(one condition per image\), e\.g\. \[2\]$"):
+        csdgen.generate(builtin, 2, window=16)
+    with pytest.raises(ValueError, match=r"^conditions=2: give a list"):
+        csdgen.save_run(builtin, 2, tmp_path / "o", window=16)
+    assert not (tmp_path / "o").exists()
+    for bad in ("red apple", 2):
+        with pytest.raises(ValueError, match=rf"^conditions={bad!r}: give a list \(one class per image\), e\.g\. \[{bad!r}\]$"):
+            builtin.class_ids(bad)
+    assert builtin.class_ids(["red apple", 0]) == [2, 0]
