@@ -273,3 +273,18 @@ def test_admit_takes_numpy_integers_for_seeds_and_image_indices(float64_model):
             done.update({image.handle: image.tokens for image in batch.step()})
         images[type(seeds)] = [done[h] for h in handles]
     assert all(torch.equal(a, b) for a, b in zip(*images.values()))
+
+
+def test_one_token_images_leave_a_continuous_batch_at_the_first_step():
+    """With num_image_tokens=1 the admission's prefill completes each image; step() ran a window
+    after it and ended in an IndexError in the verify step."""
+    from csdgen.models import FunctionModel
+
+    model = FunctionModel(lambda prefix: torch.arange(8.0).expand(prefix.shape[0], 8), num_image_tokens=1,
+                          codebook_size=8)
+    batch = ContinuousBatch(model, method="sjd", window=2, sampling=SamplingConfig(temperature=0))
+    handles = batch.admit([0, 0], [1, 2], [0, 1])
+    finished = batch.step()
+    assert [(image.handle, image.tokens.tolist(), image.stats.steps) for image in finished] == [
+        (handles[0], [7], 1), (handles[1], [7], 1)]
+    assert batch.size == 0 and batch.step() == []

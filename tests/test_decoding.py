@@ -409,3 +409,15 @@ def test_image_indices_take_numpy_and_torch_integers_and_name_a_bare_int(cached_
         csdgen.generate(cached_model, [0], window=4, image_indices=5)
     with pytest.raises(ValueError, match=r"^image_indices=\[1\.0\]: allowed one integer in 0\.\..* per image \(1 image\)$"):
         csdgen.generate(cached_model, [0], window=4, image_indices=[1.0])
+
+
+@pytest.mark.parametrize("kwargs", [{"method": "ar"}, {"window": 4}, {"window": "auto"},
+                                    {"method": "sjd", "window": 2, "tree": (2, 1)}])
+def test_a_one_token_image_is_its_prefill(kwargs):
+    """FunctionModel(..., num_image_tokens=1) is a valid model; every method ended in an IndexError
+    in the verify step, which ran a window after the prefill had completed the image."""
+    logits = torch.arange(8.0)
+    model = FunctionModel(lambda prefix: logits.expand(prefix.shape[0], 8), num_image_tokens=1, codebook_size=8)
+    result = csdgen.generate(model, None, batch_size=3, seed=0, sampling={"temperature": 0}, **kwargs)
+    assert result.tokens.tolist() == [[7]] * 3 and result.steps == 1 and result.widths == []
+    assert [(s.steps, s.committed_per_step) for s in result.images] == [(1, [1])] * 3

@@ -261,11 +261,14 @@ class ContinuousBatch:
         loop = self._loop
         if self.size == 0:
             return []
-        loop._mark = time.perf_counter()
-        self.rows_fed += self.size
-        alive = loop._advance()
-        self.forwards += 1
-        self.iterations += 1
+        if self.N == 1:  # each image's prefill made its one token: they leave without a forward
+            alive = torch.zeros(0, dtype=torch.long)
+        else:
+            loop._mark = time.perf_counter()
+            self.rows_fed += self.size
+            alive = loop._advance()
+            self.forwards += 1
+            self.iterations += 1
         if len(loop.widths) > 2 * self.KEEP_WIDTHS:  # a server runs for days: keep the recent widths only
             del loop.widths[: len(loop.widths) - self.KEEP_WIDTHS]
         A = self.size

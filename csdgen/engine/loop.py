@@ -142,6 +142,8 @@ class _Loop:
         self._probe = N >= 3 and self.PROBE and getattr(session, "rollback_probe", True)
         self._checked = False
         self._mark = time.perf_counter()
+        if N == 1:  # the prefill's token is the whole image: no window to run
+            self.active_host = self.active_host[:0]
         while len(self.active_host):
             alive = self._advance()
             if len(alive) < len(self.active_host):
