@@ -218,3 +218,23 @@ def test_one_condition_not_in_a_list_is_named_in_one_line(builtin, tmp_path):
         with pytest.raises(ValueError, match=rf"^conditions={bad!r}: give a list \(one class per image\), e\.g\. \[{bad!r}\]$"):
             builtin.class_ids(bad)
     assert builtin.class_ids(["red apple", 0]) == [2, 0]
+
+
+def test_a_function_model_names_logits_of_the_wrong_shape_and_sizes_that_are_not_integers():
+    """A function returning [B, V + 1] ended in the engine's RuntimeError 'shape mismatch: value tensor
+    of shape [2, 9] cannot be broadcast ...'; num_image_tokens=None in a TypeError, 16.0 was taken."""
+    import torch
+
+    import csdgen
+    from csdgen.models import FunctionModel
+
+    wide = FunctionModel(lambda ids: torch.zeros(ids.shape[0], 9), num_image_tokens=4, codebook_size=8)
+    with pytest.raises(ValueError, match=r"^FunctionModel: the function returned shape \[2, 9\] for a prefix \[2, 0\]; "
+                                         r"allowed: next-token logits \[B, V\] = \[2, 8\]"):
+        csdgen.generate(wide, None, batch_size=2, window=2)
+    listed = FunctionModel(lambda ids: [0.0] * 8, num_image_tokens=4, codebook_size=8)
+    with pytest.raises(ValueError, match=r"^FunctionModel: the function returned list for a prefix"):
+        csdgen.generate(listed, None, batch_size=2, window=2)
+    for bad in (None, 16.0, 0, True):
+        with pytest.raises(ValueError, match=rf"^num_image_tokens={bad!r}, codebook_size=8: both must be integers >= 1$"):
+            FunctionModel(lambda ids: torch.zeros(ids.shape[0], 8), num_image_tokens=bad, codebook_size=8)
