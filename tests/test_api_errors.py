@@ -238,3 +238,15 @@ def test_a_function_model_names_logits_of_the_wrong_shape_and_sizes_that_are_not
     for bad in (None, 16.0, 0, True):
         with pytest.raises(ValueError, match=rf"^num_image_tokens={bad!r}, codebook_size=8: both must be integers >= 1$"):
             FunctionModel(lambda ids: torch.zeros(ids.shape[0], 8), num_image_tokens=bad, codebook_size=8)
+
+
+def test_a_rule_without_a_name_is_named_in_one_line(cached_model):
+    """An AcceptanceRule subclass that sets no name ended in AttributeError: '...' object has no attribute 'name'."""
+    from csdgen.acceptance import lossless_acceptance
+
+    class Nameless(csdgen.AcceptanceRule):
+        def acceptance_probability(self, draft_tokens, draft_probs, target_probs, target_sample):
+            return lossless_acceptance(draft_tokens, draft_probs, target_probs)
+
+    with pytest.raises(ValueError, match=r"^method=.*Nameless.*: an AcceptanceRule sets its name \(a class attribute"):
+        csdgen.generate(cached_model, [0], method=Nameless(), window=4)

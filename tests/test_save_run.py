@@ -133,3 +133,24 @@ def test_save_run_takes_numpy_integers_for_batch_size_and_scale(builtin, tmp_pat
     assert summary.images == 2 and len(summary.record["batches"]) == 2
     tokens = torch.zeros(1, builtin.num_image_tokens, dtype=torch.int64)
     assert csdgen.pil_images(builtin, tokens, scale=np.int64(3))[0].size == (192, 192)
+
+
+class _HalfRelaxed(csdgen.AcceptanceRule):
+    """A rule of the caller's own: SJD's ratio raised halfway to 1."""
+
+    name = "half"
+
+    def acceptance_probability(self, draft_tokens, draft_probs, target_probs, target_sample):
+        from csdgen.acceptance import lossless_acceptance
+
+        return 0.5 + 0.5 * lossless_acceptance(draft_tokens, draft_probs, target_probs)
+
+
+def test_save_run_takes_a_rule_of_the_callers_own_as_generate_does(builtin, tmp_path):
+    """save_run(..., method=MyRule()) was refused as "unknown method 'half'" though generate runs it:
+    the record's rule text looked the rule's name up among the method names."""
+    out = tmp_path / "own"
+    summary = csdgen.save_run(builtin, ["red apple"], out, window=16, method=_HalfRelaxed())
+    settings = json.loads((out / "record.json").read_text())["settings"]
+    assert summary.images == 1 and settings["method"] == "half" and settings["rule"] == "_HalfRelaxed()"
+    assert csdgen.save_run(builtin, ["red apple"], out, window=16, method=_HalfRelaxed()).resumed == 1

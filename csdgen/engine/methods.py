@@ -145,7 +145,11 @@ def resolve_method(method: str | AcceptanceRule, model: ImageTokenModel,
     if isinstance(method, str) and method not in METHODS:
         raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)} (or an AcceptanceRule)")
     if isinstance(method, AcceptanceRule):
-        return method, method.name
+        name = getattr(method, "name", None)
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"method={_short(method)}: an AcceptanceRule sets its name (a class attribute, e.g. "
+                             f"name = 'myrule'), which records and tables show; this one has none")
+        return method, name
     options = {}
     if method == "csd" and preset and "lam" in preset:
         options = {"lam": preset["lam"], "delta": preset["delta"]}
