@@ -250,3 +250,14 @@ def test_a_rule_without_a_name_is_named_in_one_line(cached_model):
 
     with pytest.raises(ValueError, match=r"^method=.*Nameless.*: an AcceptanceRule sets its name \(a class attribute"):
         csdgen.generate(cached_model, [0], method=Nameless(), window=4)
+
+
+def test_a_callback_that_is_not_callable_and_a_profile_that_is_not_a_bool_are_named(cached_model):
+    """callback=3 ended in TypeError: 'int' object is not callable after the prefill; profile="no"
+    (truthy) profiled."""
+    with pytest.raises(ValueError, match=r"^callback=3: allowed None or a function called with a StepInfo"):
+        csdgen.generate(cached_model, [0], window=4, callback=3)
+    with pytest.raises(ValueError, match=r"^profile='no': allowed True \(time the forwards and the verify step\) or False$"):
+        csdgen.generate(cached_model, [0], window=4, profile="no")
+    steps = []
+    assert csdgen.generate(cached_model, [0], window=4, callback=steps.append, profile=False).steps == len(steps)

@@ -184,12 +184,17 @@ def generate(
             logits with NaN / +inf (or no allowed token) at some position, a bad ``tree``, a
             tree with ``method="ar"``, a tree on a model whose session cannot evaluate trees, an
             unknown ``engine``, ``engine="static"`` (or ``compile=True``) on a model it does not
-            apply to, or ``compile=True`` with ``engine="eager"``.
+            apply to, ``compile=True`` with ``engine="eager"``, a ``callback`` that is not callable
+            or a ``profile`` that is not a bool.
         MemoryError: the batch does not fit in the device's memory (one line; a smaller batch
             gives the same images).
     """
     check_conditions(conditions)
     check_engine(engine, compile)
+    if callback is not None and not callable(callback):  # else a TypeError after the prefill
+        raise ValueError(f"callback={callback!r}: allowed None or a function called with a StepInfo after every forward")
+    if not isinstance(profile, bool):  # profile="no" is truthy: it profiled
+        raise ValueError(f"profile={profile!r}: allowed True (time the forwards and the verify step) or False")
     rule, window, draft_init, sampling, settings = resolve_arguments(model, method, window, sampling, draft_init,
                                                                      refresh, seed, preset)
     refresh, seed = settings["refresh"], settings["seed"]
