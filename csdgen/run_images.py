@@ -81,6 +81,8 @@ def pil_images(model, result_or_tokens, scale: int = 1, conditions=None) -> list
         what = type(tokens).__name__ if not isinstance(tokens, torch.Tensor) else f"a tensor of shape {list(tokens.shape)}"
         raise TypeError(f"pil_images: got {what}; allowed: a GenerationResult (csdgen.generate's) or image tokens "
                         f"[B, N] int64")
+    if len(tokens) == 0:  # no images: none to decode (numpy cannot concatenate an empty list)
+        return []
     return _to_pil(_decode(model, tokens, conditions), scale)
 
 

@@ -261,3 +261,8 @@ def test_a_callback_that_is_not_callable_and_a_profile_that_is_not_a_bool_are_na
         csdgen.generate(cached_model, [0], window=4, profile="no")
     steps = []
     assert csdgen.generate(cached_model, [0], window=4, callback=steps.append, profile=False).steps == len(steps)
+
+
+def test_pil_images_of_no_tokens_is_an_empty_list(builtin):
+    """Tokens [0, N] (an empty selection of a run's images) ended in numpy's 'need at least one array to concatenate'."""
+    assert csdgen.pil_images(builtin, torch.zeros(0, builtin.num_image_tokens, dtype=torch.int64)) == []
