@@ -288,3 +288,19 @@ def test_one_token_images_leave_a_continuous_batch_at_the_first_step():
     assert [(image.handle, image.tokens.tolist(), image.stats.steps) for image in finished] == [
         (handles[0], [7], 1), (handles[1], [7], 1)]
     assert batch.size == 0 and batch.step() == []
+
+
+def test_admit_names_a_bare_condition_or_seed_and_the_batch_takes_a_numpy_capacity(float64_model):
+    """admit("red apple", ...) read the name letter by letter (9 images), admit(3, ...) and seeds=3
+    ended in TypeError: 'int' object is not iterable; capacity=np.int64(4) was refused as not an integer."""
+    import numpy as np
+
+    batch = ContinuousBatch(float64_model, method="sjd", window=4, sampling=GUIDED, capacity=np.int64(4))
+    assert batch.capacity == 4 and type(batch.capacity) is int
+    with pytest.raises(ValueError, match=r"^conditions='abc': give a list \(one condition per image\)"):
+        batch.admit("abc", [0, 0, 0], [0, 1, 2])
+    with pytest.raises(ValueError, match=r"^conditions=3: give a list"):
+        batch.admit(3, [0], [0])
+    with pytest.raises(ValueError, match=r"^seeds=3: allowed a list of one integer per image \(1 image\), e\.g\. \[3\]$"):
+        batch.admit([1], 3, [0])
+    assert batch.size == 0 and len(batch.admit([1], [3], [0])) == 1

@@ -44,7 +44,7 @@ import torch
 from ..acceptance import AcceptanceRule
 from ..models.base import ImageTokenModel
 from ..sampling import SamplingConfig
-from .generation import resolve_arguments
+from .generation import check_conditions, resolve_arguments
 from ..sampling import as_integer, check_seed
 from .loop import _Loop, _signed64
 from .results import ImageStats
@@ -68,7 +68,11 @@ class FinishedImage:
 
 
 def _integers(name: str, values: Sequence[int], count: int, minimum: int | None) -> list[int]:
-    given = list(values)
+    try:
+        given = list(values)
+    except TypeError:  # seeds=0 for one image: still a list of one
+        raise ValueError(f"{name}={values!r}: allowed a list of one integer per image ({count} image"
+                         f"{'s' * (count != 1)}), e.g. [{values!r}]") from None
     values = [as_integer(v) for v in given]  # numpy's and torch's integers too
     ok = len(values) == count and all(v is not None for v in values)
     if ok and minimum is not None:
@@ -117,8 +121,9 @@ class ContinuousBatch:
         from ..models._static import check_engine
 
         check_engine(engine)
-        if capacity is not None and (not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1):
+        if capacity is not None and (as_integer(capacity) is None or capacity < 1):
             raise ValueError(f"capacity={capacity!r}: allowed an integer >= 1 (batch slots)")
+        capacity = None if capacity is None else as_integer(capacity)  # numpy's integers too
         self.engine, self.compile, self.capacity = engine, compile, capacity
         rule, window, draft_init, sampling, settings = resolve_arguments(model, method, window, sampling, draft_init,
                                                                          refresh)
@@ -189,10 +194,11 @@ class ContinuousBatch:
             one handle (int) per image, in order.
 
         Raises:
-            ValueError: conditions the model rejects, bad seeds or indices, non-finite logits at
+            ValueError: conditions the model rejects or not in a list, bad seeds or indices, non-finite logits at
                 the prefill (the batch is unchanged), or a running batch whose session cannot
                 admit rows (:attr:`admits_while_running` False).
         """
+        check_conditions(conditions)  # a bare name was read letter by letter, a bare index was a TypeError
         conditions = list(conditions)
         k = len(conditions)
         if k == 0:
