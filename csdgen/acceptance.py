@@ -112,7 +112,9 @@ class AcceptanceRule(ABC):
         draft_init: the draft initialisation the rule needs (a name of
             :data:`csdgen.drafting.DRAFT_INITS`), or None when any works. ``generate`` uses it
             when the caller gives none and refuses an incompatible one.
-        needs_codebook: the constructor takes the model's codebook embeddings.
+        needs_codebook: the constructor takes the model's codebook embeddings; such a rule's
+            ``codebook_size`` is then the V of the codebook it was made with (``generate`` refuses
+            it for a model of another V).
         takes_target_entropy: :meth:`acceptance_probability` takes the keyword ``target_entropy``
             (``[B, W]`` float32, ``entropy(q, eps=ENTROPY_EPS)`` in nats), which the decoding loop
             computes once per iteration for its statistics, instead of computing it again.
@@ -121,6 +123,7 @@ class AcceptanceRule(ABC):
     name: ClassVar[str]
     lossless: ClassVar[bool] = False
     needs_codebook: ClassVar[bool] = False
+    codebook_size: int | None = None
     draft_init: ClassVar[str | None] = None
     takes_target_entropy: ClassVar[bool] = False
 
@@ -339,6 +342,7 @@ class GSD(AcceptanceRule):
             if not _number(value) or not value > 0:
                 raise ValueError(f"{name}={value!r}: the GSD {name.replace('_', ' ')} must be a number > 0")
         self.codebook = _codebook(codebook, "gsd")
+        self.codebook_size = self.codebook.shape[0]
         self.radius, self.prob_gap, self.max_distance = radius, float(prob_gap), float(max_distance)
 
     def acceptance_probability(self, draft_tokens, draft_probs, target_probs, target_sample):
@@ -397,6 +401,7 @@ class Lantern(AcceptanceRule):
         if cap is not None and (not _number(cap) or not cap >= 1.0):
             raise ValueError(f"cap={cap!r}: the LANTERN++ cap must be a number >= 1 (or None)")
         codebook = _codebook(codebook, "lantern")
+        self.codebook_size = codebook.shape[0]
         self.k, self.delta, self.cap = min(int(k), codebook.shape[0] - 1), float(delta), cap
         self.table = neighbour_table(codebook, self.k)
 

@@ -266,3 +266,15 @@ def test_a_callback_that_is_not_callable_and_a_profile_that_is_not_a_bool_are_na
 def test_pil_images_of_no_tokens_is_an_empty_list(builtin):
     """Tokens [0, N] (an empty selection of a run's images) ended in numpy's 'need at least one array to concatenate'."""
     assert csdgen.pil_images(builtin, torch.zeros(0, builtin.num_image_tokens, dtype=torch.int64)) == []
+
+
+def test_a_codebook_rule_made_for_another_model_is_named(builtin):
+    """GSD or LANTERN made with another model's codebook (another V) ended in an IndexError inside the rule."""
+    V = builtin.codebook_size
+    for name in ("gsd", "lantern"):
+        rule = csdgen.make_rule(name, codebook=torch.randn(16, 4))
+        with pytest.raises(ValueError, match=rf"^method=.*: made with a codebook of 16 entries, the model's has {V}; "
+                                             rf"allowed: a rule made with this model's codebook"):
+            csdgen.generate(builtin, ["red apple"], method=rule, window=4)
+        own = csdgen.make_rule(name, codebook=builtin.codebook_embeddings())
+        assert own.codebook_size == V and csdgen.generate(builtin, ["red apple"], method=own, window=4).tokens.shape[0] == 1

@@ -149,6 +149,11 @@ def resolve_method(method: str | AcceptanceRule, model: ImageTokenModel,
         if not isinstance(name, str) or not name:
             raise ValueError(f"method={_short(method)}: an AcceptanceRule sets its name (a class attribute, e.g. "
                              f"name = 'myrule'), which records and tables show; this one has none")
+        size = getattr(method, "codebook_size", None)
+        if size is not None and size != model.codebook_size:  # else an IndexError deep in the rule
+            raise ValueError(f"method={_short(method)}: made with a codebook of {size} entries, the model's has "
+                             f"{model.codebook_size}; allowed: a rule made with this model's codebook, e.g. "
+                             f"csdgen.make_rule({name!r}, codebook=model.codebook_embeddings()), or the name {name!r}")
         return method, name
     options = {}
     if method == "csd" and preset and "lam" in preset:
