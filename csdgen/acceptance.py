@@ -426,18 +426,21 @@ RULES: dict[str, type[AcceptanceRule]] = {rule.name: rule for rule in (SJD, CSD,
 
 
 def make_rule(method: str | AcceptanceRule, codebook: torch.Tensor | None = None, **options) -> AcceptanceRule:
-    """Build a rule from its name and options (``make_rule("csd", lam=0.3)``), or pass one through.
+    """Build a rule from its name (any case, as ``generate``'s ``method``) and options
+    (``make_rule("csd", lam=0.3)``), or pass one through.
 
     ``codebook`` (``[V, D]``) is given to the rules that need one (GSD, LANTERN) and ignored by the others.
 
     Raises:
-        ValueError: unknown name (listing the known ones) or an option the rule does not take.
+        ValueError: unknown name or not a name (listing the known ones) or an option the rule does not take.
     """
     if isinstance(method, AcceptanceRule):
         if options:
             raise ValueError(f"options {sorted(options)} given with a ready rule {method!r}; set them on the rule")
         return method
-    if method not in RULES:
+    if isinstance(method, str) and method.lower() in RULES:
+        method = method.lower()  # "CSD" as the paper spells it, as generate(method="CSD") takes it
+    if not isinstance(method, str) or method not in RULES:  # a list was an unhashable-type TypeError
         raise ValueError(f"unknown acceptance rule {method!r}; allowed: {', '.join(sorted(RULES))}")
     if getattr(RULES[method], "needs_codebook", False):
         options["codebook"] = codebook

@@ -1,6 +1,7 @@
 """Acceptance rules: hand-computed cases, relations between rules (hypothesis), residual safety."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -177,3 +178,12 @@ def test_gsd_takes_a_numpy_integer_radius_as_an_int():
     assert rule.radius == 3 and type(rule.radius) is int
     with pytest.raises(ValueError, match=r"^radius=3\.0: the GSD rank radius must be an integer >= 0$"):
         GSD(torch.randn(16, 4), radius=3.0)
+
+
+def test_make_rule_takes_a_name_in_any_case_and_names_what_is_not_a_name():
+    """make_rule("CSD") was refused as unknown while generate(method="CSD") runs it; make_rule(["csd"])
+    ended in TypeError: unhashable type: 'list'."""
+    assert make_rule("CSD", lam=0.3).options()["lam"] == 0.3 and isinstance(make_rule("Sjd"), SJD)
+    for bad in (["csd"], None, "ar"):
+        with pytest.raises(ValueError, match=rf"^unknown acceptance rule {re.escape(repr(bad))}; allowed: addition, csd"):
+            make_rule(bad)
