@@ -31,7 +31,22 @@ def generate_batches(model, conditions: Sequence, *, batch_size: int, seed: int,
         indices: the images to generate (default all; a resumed run passes the missing ones).
         callback: passed to :func:`csdgen.generate`.
         generate_kwargs: method, window, sampling, draft_init, refresh.
+
+    Raises:
+        ValueError: at the call, ``batch_size`` not an integer >= 1 (-1 yielded nothing, 0 was
+            range()'s error) or ``conditions`` a bare string or condition instead of a list; then
+            as :func:`csdgen.generate`.
     """
+    from csdgen.engine import check_conditions
+    from csdgen.sampling import as_integer
+
+    if as_integer(batch_size) is None or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r}: allowed an integer >= 1 (images per csdgen.generate call)")
+    check_conditions(conditions)
+    return _generate_batches(model, conditions, as_integer(batch_size), seed, indices, callback, generate_kwargs)
+
+
+def _generate_batches(model, conditions, batch_size, seed, indices, callback, generate_kwargs):
     from csdgen.engine import generate
 
     for batch in batches(len(conditions) if indices is None else indices, batch_size):

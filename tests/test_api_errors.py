@@ -278,3 +278,21 @@ def test_a_codebook_rule_made_for_another_model_is_named(builtin):
             csdgen.generate(builtin, ["red apple"], method=rule, window=4)
         own = csdgen.make_rule(name, codebook=builtin.codebook_embeddings())
         assert own.codebook_size == V and csdgen.generate(builtin, ["red apple"], method=own, window=4).tokens.shape[0] == 1
+
+
+@pytest.mark.parametrize("batch_size", [-1, 0, 1.5, True])
+def test_generate_batches_refuses_a_bad_batch_size_at_the_call(cached_model, batch_size):
+    """generate_batches (which the out-of-memory error recommends) yielded nothing for batch_size=-1,
+    and 0 ended in range()'s 'arg 3 must not be zero'."""
+    from csdgen.runs import generate_batches
+
+    with pytest.raises(ValueError, match=rf"^batch_size={batch_size!r}: allowed an integer >= 1"):
+        generate_batches(cached_model, [0, 1], batch_size=batch_size, seed=0, window=4)
+
+
+def test_generate_batches_refuses_a_bare_string_at_the_call(cached_model):
+    from csdgen.runs import generate_batches
+
+    with pytest.raises(ValueError, match=r"^conditions='ab': give a list"):
+        generate_batches(cached_model, "ab", batch_size=1, seed=0, window=4)
+    assert [i for i, _ in generate_batches(cached_model, [0, 1, 2], batch_size=2, seed=0, window=4)] == [[0, 1], [2]]
