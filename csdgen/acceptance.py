@@ -28,7 +28,7 @@ from typing import ClassVar
 
 import torch
 
-from .sampling import ENTROPY_EPS, entropy, is_number as _number, total_variation
+from .sampling import ENTROPY_EPS, as_integer, entropy, is_number as _number, total_variation
 
 __all__ = [
     "AcceptanceRule",
@@ -112,7 +112,9 @@ class AcceptanceRule(ABC):
         draft_init: the draft initialisation the rule needs (a name of
             :data:`csdgen.drafting.DRAFT_INITS`), or None when any works. ``generate`` uses it
             when the caller gives none and refuses an incompatible one.
-        needs_codebook: the constructor takes the model's codebook embeddings.
+        needs_codebook: the constructor takes the model's codebook embeddings; such a rule's
+            ``codebook_size`` is then the V of the codebook it was made with (``generate`` refuses
+            it for a model of another V).
         takes_target_entropy: :meth:`acceptance_probability` takes the keyword ``target_entropy``
             (``[B, W]`` float32, ``entropy(q, eps=ENTROPY_EPS)`` in nats), which the decoding loop
             computes once per iteration for its statistics, instead of computing it again.
@@ -121,6 +123,7 @@ class AcceptanceRule(ABC):
     name: ClassVar[str]
     lossless: ClassVar[bool] = False
     needs_codebook: ClassVar[bool] = False
+    codebook_size: int | None = None
     draft_init: ClassVar[str | None] = None
     takes_target_entropy: ClassVar[bool] = False
 
@@ -332,12 +335,14 @@ class GSD(AcceptanceRule):
     draft_init = "onehot"  # the official code's drafts; with uniform p the cluster ratio is V * sum_C q / |C|
 
     def __init__(self, codebook: torch.Tensor | None = None, radius: int = 7, prob_gap: float = 0.15, max_distance: float = 0.5):
-        if isinstance(radius, bool) or not isinstance(radius, int) or radius < 0:
+        if as_integer(radius) is None or radius < 0:
             raise ValueError(f"radius={radius!r}: the GSD rank radius must be an integer >= 0")
+        radius = as_integer(radius)  # numpy's integers too
         for name, value in (("prob_gap", prob_gap), ("max_distance", max_distance)):
             if not _number(value) or not value > 0:
                 raise ValueError(f"{name}={value!r}: the GSD {name.replace('_', ' ')} must be a number > 0")
         self.codebook = _codebook(codebook, "gsd")
+        self.codebook_size = self.codebook.shape[0]
         self.radius, self.prob_gap, self.max_distance = radius, float(prob_gap), float(max_distance)
 
     def acceptance_probability(self, draft_tokens, draft_probs, target_probs, target_sample):
@@ -396,6 +401,7 @@ class Lantern(AcceptanceRule):
         if cap is not None and (not _number(cap) or not cap >= 1.0):
             raise ValueError(f"cap={cap!r}: the LANTERN++ cap must be a number >= 1 (or None)")
         codebook = _codebook(codebook, "lantern")
+        self.codebook_size = codebook.shape[0]
         self.k, self.delta, self.cap = min(int(k), codebook.shape[0] - 1), float(delta), cap
         self.table = neighbour_table(codebook, self.k)
 
@@ -420,18 +426,21 @@ RULES: dict[str, type[AcceptanceRule]] = {rule.name: rule for rule in (SJD, CSD,
 
 
 def make_rule(method: str | AcceptanceRule, codebook: torch.Tensor | None = None, **options) -> AcceptanceRule:
-    """Build a rule from its name and options (``make_rule("csd", lam=0.3)``), or pass one through.
+    """Build a rule from its name (any case, as ``generate``'s ``method``) and options
+    (``make_rule("csd", lam=0.3)``), or pass one through.
 
     ``codebook`` (``[V, D]``) is given to the rules that need one (GSD, LANTERN) and ignored by the others.
 
     Raises:
-        ValueError: unknown name (listing the known ones) or an option the rule does not take.
+        ValueError: unknown name or not a name (listing the known ones) or an option the rule does not take.
     """
     if isinstance(method, AcceptanceRule):
         if options:
             raise ValueError(f"options {sorted(options)} given with a ready rule {method!r}; set them on the rule")
         return method
-    if method not in RULES:
+    if isinstance(method, str) and method.lower() in RULES:
+        method = method.lower()  # "CSD" as the paper spells it, as generate(method="CSD") takes it
+    if not isinstance(method, str) or method not in RULES:  # a list was an unhashable-type TypeError
         raise ValueError(f"unknown acceptance rule {method!r}; allowed: {', '.join(sorted(RULES))}")
     if getattr(RULES[method], "needs_codebook", False):
         options["codebook"] = codebook

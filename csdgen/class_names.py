@@ -92,6 +92,16 @@ def folder_error(path, exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
+def _integer(value) -> int | None:
+    """``value`` as Python's int if it is an integer (numpy's too: ``operator.index``), not a bool; else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def _holding_word(key: str, keys) -> list[str]:
     """The name keys of ``keys`` that hold ``key`` (a :func:`name_key`) as a whole word, between the
     start or end and a space, comma or colon (``"apple"`` in ``"red apple"``, not in ``"pineapple"``)."""
@@ -366,11 +376,14 @@ class ClassNames:
         (while n <= the number of classes) and the same ones for the same seed.
 
         Raises:
-            ValueError: an unknown name, a bad index, an empty ``items`` list, or ``count`` not an
-                integer >= 0.
+            ValueError: an unknown name, a bad index, an empty ``items`` list, ``count`` not an
+                integer >= 0, or ``seed`` not an integer in ``0 .. 2**63 - 1`` (as ``generate``'s).
         """
-        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        if _integer(count) is None or count < 0:
             raise ValueError(f"count={count!r}: allowed an integer >= 0 (the number of images)")
+        if _integer(seed) is None or not 0 <= seed <= 2**63 - 1:  # random.Random took -1 and refused np.int64
+            raise ValueError(f"seed={seed!r}: allowed an integer in 0..{2**63 - 1} (2**63 - 1)")
+        count, seed = _integer(count), _integer(seed)
         if items is None:
             if default == "spread":
                 return self.spread(count)

@@ -20,6 +20,7 @@ subclass :class:`GuidanceSchedule`; the engine knows only this interface.
 
 from __future__ import annotations
 
+import numbers
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 
@@ -70,8 +71,10 @@ class LinearGuidance(GuidanceSchedule):
     name = "linear"
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.floor, (int, float)) and 0 <= float(self.floor) < float("inf")):
+        if isinstance(self.floor, bool) or not isinstance(self.floor, numbers.Real) or not 0 <= float(self.floor) < float("inf"):
             raise ValueError(f"floor={self.floor!r}: allowed a finite number >= 0")
+        if type(self.floor) not in (int, float):  # numpy's numbers as Python's: a run's record is JSON
+            object.__setattr__(self, "floor", float(self.floor))
 
     def scales(self, scale: float, num_image_tokens: int, grid: tuple[int, int]) -> torch.Tensor:
         progress = torch.arange(num_image_tokens, dtype=torch.float64) / num_image_tokens

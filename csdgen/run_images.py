@@ -31,7 +31,22 @@ def generate_batches(model, conditions: Sequence, *, batch_size: int, seed: int,
         indices: the images to generate (default all; a resumed run passes the missing ones).
         callback: passed to :func:`csdgen.generate`.
         generate_kwargs: method, window, sampling, draft_init, refresh.
+
+    Raises:
+        ValueError: at the call, ``batch_size`` not an integer >= 1 (-1 yielded nothing, 0 was
+            range()'s error) or ``conditions`` a bare string or condition instead of a list; then
+            as :func:`csdgen.generate`.
     """
+    from csdgen.engine import check_conditions
+    from csdgen.sampling import as_integer
+
+    if as_integer(batch_size) is None or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r}: allowed an integer >= 1 (images per csdgen.generate call)")
+    check_conditions(conditions)
+    return _generate_batches(model, conditions, as_integer(batch_size), seed, indices, callback, generate_kwargs)
+
+
+def _generate_batches(model, conditions, batch_size, seed, indices, callback, generate_kwargs):
     from csdgen.engine import generate
 
     for batch in batches(len(conditions) if indices is None else indices, batch_size):
@@ -51,10 +66,12 @@ def check_scale(scale) -> int:
     Raises:
         ValueError: ``"scale=0: allowed an integer in 1..16 (...)"``.
     """
-    if isinstance(scale, bool) or not isinstance(scale, int) or not 1 <= scale <= MAX_SCALE:
+    from csdgen.sampling import as_integer
+
+    if as_integer(scale) is None or not 1 <= scale <= MAX_SCALE:
         raise ValueError(f"scale={scale!r}: allowed an integer in 1..{MAX_SCALE} (nearest-neighbour upscaling of the "
                          f"images; {MAX_SCALE} turns 64 x 64 pixels into {64 * MAX_SCALE} x {64 * MAX_SCALE})")
-    return scale
+    return as_integer(scale)  # numpy's integers too
 
 
 def pil_images(model, result_or_tokens, scale: int = 1, conditions=None) -> list:
@@ -73,12 +90,14 @@ def pil_images(model, result_or_tokens, scale: int = 1, conditions=None) -> list
     """
     import torch
 
-    check_scale(scale)
+    scale = check_scale(scale)
     tokens = getattr(result_or_tokens, "tokens", result_or_tokens)
     if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
         what = type(tokens).__name__ if not isinstance(tokens, torch.Tensor) else f"a tensor of shape {list(tokens.shape)}"
         raise TypeError(f"pil_images: got {what}; allowed: a GenerationResult (csdgen.generate's) or image tokens "
                         f"[B, N] int64")
+    if len(tokens) == 0:  # no images: none to decode (numpy cannot concatenate an empty list)
+        return []
     return _to_pil(_decode(model, tokens, conditions), scale)
 
 

@@ -120,7 +120,7 @@ def run_settings(model, *, seed: int = 0, method="csd", window=None, sampling=No
     Raises:
         ValueError: as :func:`csdgen.generate` for a bad argument.
     """
-    from csdgen.engine import resolve_arguments
+    from csdgen.engine import METHODS, resolve_arguments
     from csdgen.engine import resolve_method
     from csdgen.trees import check_tree
 
@@ -128,8 +128,9 @@ def run_settings(model, *, seed: int = 0, method="csd", window=None, sampling=No
                                                                      refresh, seed, preset)
     name = resolved["method"]
     text = repr(rule)  # csd and addition: their options, as the CLI builds them
-    if name not in ("csd", "addition") and (isinstance(method, str) or repr(resolve_method(name, model)[0]) == text):
-        text = repr(name)  # the rule the name makes
+    if name not in ("csd", "addition") and (isinstance(method, str) or (
+            name in METHODS and repr(resolve_method(name, model)[0]) == text)):
+        text = repr(name)  # the rule the name makes (a rule of the caller's own, not a method name: its repr)
     settings = {**_model_settings(model), "method": name, "rule": text, "window": window, "seed": resolved["seed"],
                 "draft_init": draft_init, "refresh": resolved["refresh"], "sampling": asdict(sampling)}
     if name == "ar":  # no drafts to initialise or refresh

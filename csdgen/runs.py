@@ -287,8 +287,11 @@ def run_plan(plan: RunPlan, out: str | os.PathLike, *, batch_size: int, seed: in
     """
     from csdgen.folder_lock import folder_lock
 
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    from csdgen.sampling import as_integer
+
+    if as_integer(batch_size) is None or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r}: allowed an integer >= 1 (images per csdgen.generate call)")
+    batch_size = as_integer(batch_size)  # numpy's integers too
     if not isinstance(maps, bool):  # maps="no" is truthy: it wrote maps
         raise ValueError(f"maps={maps!r}: allowed True (write the acceptance maps) or False")
     if not plan.conditions:
@@ -467,7 +470,7 @@ def save_run(model, conditions: Sequence, out: str | os.PathLike, *, seed: int =
     Raises:
         TypeError: an unknown keyword (naming it, with the allowed ones), or ``out`` not a str or path.
         ValueError: as :func:`csdgen.generate` and :func:`run_plan` (e.g. ``out`` is a file, or
-            ``conditions`` a bare string instead of a list), ``scale`` not an integer in 1 .. 16, or
+            ``conditions`` a bare string or one condition instead of a list), ``scale`` not an integer in 1 .. 16, or
             ``maps`` not a bool.
 
     >>> summary = csdgen.save_run(model, ["red apple", "dog face"], "outputs", method="csd")  # doctest: +SKIP
@@ -491,7 +494,7 @@ def save_run(model, conditions: Sequence, out: str | os.PathLike, *, seed: int =
         raise TypeError(f"save_run(out={out!r}): allowed a folder path (str or pathlib.Path), got {type(out).__name__}")
     if scale is None:
         scale = getattr(model, "save_scale", 1)
-    check_scale(scale)
+    scale = check_scale(scale)
     check_conditions(conditions)
     given = {n: generate_kwargs.get(n, parameters[n].default) for n in ("method", "window", "sampling", "draft_init",
                                                                           "refresh", "preset", "tree")}

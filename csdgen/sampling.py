@@ -27,6 +27,7 @@ __all__ = [
     "SamplingConfig",
     "UnguidedSamplingWarning",
     "is_number",
+    "as_integer",
     "apply_guidance",
     "apply_temperature",
     "apply_top_k",
@@ -52,6 +53,20 @@ def is_number(value) -> bool:
     and rule parameters are checked with it before any comparison, so a wrong type gets the
     one-line error naming its argument, not a bare TypeError naming none."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def as_integer(value) -> int | None:
+    """``value`` as Python's int if it is an integer (int, numpy's, a 0-d torch integer tensor:
+    ``operator.index``), not a bool; else None. Counts, indices and seeds are checked with it, so an
+    integer read from an array is taken as the int it is (as ``seed`` takes it)."""
+    import operator
+
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 class UnguidedSamplingWarning(UserWarning):
@@ -108,15 +123,21 @@ class SamplingConfig:
             raise ValueError(f"guidance_scale={self.guidance_scale!r}: must be a finite number >= 0")
         if not is_number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature={self.temperature!r}: must be a finite number >= 0 (0 = greedy)")
-        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0):
+        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral)
+                                       or self.top_k < 0):
             raise ValueError(f"top_k={self.top_k!r}: must be None or 0 (no top-k) or an integer >= 1")
         if self.top_k == 0:  # the command line's and the server's "no top-k", transformers' too
             object.__setattr__(self, "top_k", None)
         if self.top_p is not None and (not is_number(self.top_p) or not (0.0 < self.top_p <= 1.0)):
             raise ValueError(f"top_p={self.top_p!r}: must be None or in (0, 1]")
-        if self.top_n_sigma is not None and (isinstance(self.top_n_sigma, bool) or not isinstance(self.top_n_sigma, (int, float))
-                                             or not 0 < self.top_n_sigma < float("inf")):
+        if self.top_n_sigma is not None and (not is_number(self.top_n_sigma) or not 0 < self.top_n_sigma < float("inf")):
             raise ValueError(f"top_n_sigma={self.top_n_sigma!r}: must be None or a finite number > 0")
+        for name in ("guidance_scale", "temperature", "top_k", "top_p", "top_n_sigma"):
+            # numpy's numbers as Python's: a record.json or a server reply writes them as JSON
+            # (np.float32 is no JSON number: save_run failed after writing its first images)
+            value = getattr(self, name)
+            if value is not None and type(value) not in (int, float):
+                object.__setattr__(self, name, int(value) if isinstance(value, numbers.Integral) else float(value))
         if self.guidance_schedule is not None and not isinstance(self.guidance_schedule, GuidanceSchedule):
             raise ValueError(f"guidance_schedule={self.guidance_schedule!r}: must be None or a "
                              "csdgen.guidance.GuidanceSchedule (e.g. LinearGuidance(floor=1.0))")

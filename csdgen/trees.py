@@ -57,7 +57,7 @@ from .decisions import COUPLED_STREAM as _COUPLED
 from .decisions import KEEP_STREAM as _KEEP
 from .decisions import RESIDUAL_STREAM as _RESIDUAL
 from .decisions import Decision
-from .sampling import sample
+from .sampling import as_integer, sample
 
 __all__ = ["TreeLayout", "tree_layout", "tree_nodes", "check_tree", "draw_siblings", "without", "TreeVerdict", "verify_tree",
            "TREE_KINDS"]
@@ -76,12 +76,11 @@ def check_tree(tree) -> tuple[int, int] | None:
     """
     if tree is None:
         return None
-    ok = isinstance(tree, (tuple, list)) and len(tree) == 2 and all(
-        isinstance(v, int) and not isinstance(v, bool) for v in tree)
+    ok = isinstance(tree, (tuple, list)) and len(tree) == 2 and all(as_integer(v) is not None for v in tree)
     if not ok or tree[0] < 1 or tree[1] < 1 or tree[0] ** tree[1] > 4096:
         raise ValueError(f"tree={tree!r}: allowed None or (K, D) with integers K >= 1 (candidates per level), "
                          "D >= 1 (tree levels) and K**D <= 4096")
-    return int(tree[0]), int(tree[1])
+    return as_integer(tree[0]), as_integer(tree[1])
 
 
 @dataclass(frozen=True)

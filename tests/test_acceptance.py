@@ -1,6 +1,7 @@
 """Acceptance rules: hand-computed cases, relations between rules (hypothesis), residual safety."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -165,3 +166,24 @@ def test_lossless_acceptance_single_position_law():
     x = torch.multinomial(p, 100_000, replacement=True, generator=g)
     accept = torch.rand(100_000, generator=g) < lossless_acceptance(x[None], p.expand(1, 100_000, V), q.expand(1, 100_000, V))[0]
     assert abs(accept.float().mean().item() - (p * b).sum().item()) < 0.01
+
+
+def test_gsd_takes_a_numpy_integer_radius_as_an_int():
+    """GSD(radius=np.int64(3)) was refused as 'must be an integer >= 0'."""
+    import numpy as np
+
+    from csdgen.acceptance import GSD
+
+    rule = GSD(torch.randn(16, 4), radius=np.int64(3))
+    assert rule.radius == 3 and type(rule.radius) is int
+    with pytest.raises(ValueError, match=r"^radius=3\.0: the GSD rank radius must be an integer >= 0$"):
+        GSD(torch.randn(16, 4), radius=3.0)
+
+
+def test_make_rule_takes_a_name_in_any_case_and_names_what_is_not_a_name():
+    """make_rule("CSD") was refused as unknown while generate(method="CSD") runs it; make_rule(["csd"])
+    ended in TypeError: unhashable type: 'list'."""
+    assert make_rule("CSD", lam=0.3).options()["lam"] == 0.3 and isinstance(make_rule("Sjd"), SJD)
+    for bad in (["csd"], None, "ar"):
+        with pytest.raises(ValueError, match=rf"^unknown acceptance rule {re.escape(repr(bad))}; allowed: addition, csd"):
+            make_rule(bad)

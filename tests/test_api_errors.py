@@ -204,3 +204,95 @@ def test_a_function_model_takes_the_image_count_from_a_list_of_conditions():
     assert listed.tokens.shape == (3, 4) and torch.equal(listed.tokens, counted.tokens)
     with pytest.raises(ValueError, match="FunctionModel takes no conditions; give batch_size >= 1"):
         csdgen.generate(model, None, seed=0, window=2)
+
+
+def test_one_condition_not_in_a_list_is_named_in_one_line(builtin, tmp_path):
+    """generate(model, 33) and save_run(model, 33, ...) ended in TypeError: 'int' object is not
+    iterable; model.class_ids("red apple") read the name letter by letter ("unknown class 'r'")."""
+    with pytest.raises(ValueError, match=r"^conditions=2: give a list \(one condition per image\), e\.g\. \[2\]$"):
+        csdgen.generate(builtin, 2, window=16)
+    with pytest.raises(ValueError, match=r"^conditions=2: give a list"):
+        csdgen.save_run(builtin, 2, tmp_path / "o", window=16)
+    assert not (tmp_path / "o").exists()
+    for bad in ("red apple", 2):
+        with pytest.raises(ValueError, match=rf"^conditions={bad!r}: give a list \(one class per image\), e\.g\. \[{bad!r}\]$"):
+            builtin.class_ids(bad)
+    assert builtin.class_ids(["red apple", 0]) == [2, 0]
+
+
+def test_a_function_model_names_logits_of_the_wrong_shape_and_sizes_that_are_not_integers():
+    """A function returning [B, V + 1] ended in the engine's RuntimeError 'shape mismatch: value tensor
+    of shape [2, 9] cannot be broadcast ...'; num_image_tokens=None in a TypeError, 16.0 was taken."""
+    import torch
+
+    import csdgen
+    from csdgen.models import FunctionModel
+
+    wide = FunctionModel(lambda ids: torch.zeros(ids.shape[0], 9), num_image_tokens=4, codebook_size=8)
+    with pytest.raises(ValueError, match=r"^FunctionModel: the function returned shape \[2, 9\] for a prefix \[2, 0\]; "
+                                         r"allowed: next-token logits \[B, V\] = \[2, 8\]"):
+        csdgen.generate(wide, None, batch_size=2, window=2)
+    listed = FunctionModel(lambda ids: [0.0] * 8, num_image_tokens=4, codebook_size=8)
+    with pytest.raises(ValueError, match=r"^FunctionModel: the function returned list for a prefix"):
+        csdgen.generate(listed, None, batch_size=2, window=2)
+    for bad in (None, 16.0, 0, True):
+        with pytest.raises(ValueError, match=rf"^num_image_tokens={bad!r}, codebook_size=8: both must be integers >= 1$"):
+            FunctionModel(lambda ids: torch.zeros(ids.shape[0], 8), num_image_tokens=bad, codebook_size=8)
+
+
+def test_a_rule_without_a_name_is_named_in_one_line(cached_model):
+    """An AcceptanceRule subclass that sets no name ended in AttributeError: '...' object has no attribute 'name'."""
+    from csdgen.acceptance import lossless_acceptance
+
+    class Nameless(csdgen.AcceptanceRule):
+        def acceptance_probability(self, draft_tokens, draft_probs, target_probs, target_sample):
+            return lossless_acceptance(draft_tokens, draft_probs, target_probs)
+
+    with pytest.raises(ValueError, match=r"^method=.*Nameless.*: an AcceptanceRule sets its name \(a class attribute"):
+        csdgen.generate(cached_model, [0], method=Nameless(), window=4)
+
+
+def test_a_callback_that_is_not_callable_and_a_profile_that_is_not_a_bool_are_named(cached_model):
+    """callback=3 ended in TypeError: 'int' object is not callable after the prefill; profile="no"
+    (truthy) profiled."""
+    with pytest.raises(ValueError, match=r"^callback=3: allowed None or a function called with a StepInfo"):
+        csdgen.generate(cached_model, [0], window=4, callback=3)
+    with pytest.raises(ValueError, match=r"^profile='no': allowed True \(time the forwards and the verify step\) or False$"):
+        csdgen.generate(cached_model, [0], window=4, profile="no")
+    steps = []
+    assert csdgen.generate(cached_model, [0], window=4, callback=steps.append, profile=False).steps == len(steps)
+
+
+def test_pil_images_of_no_tokens_is_an_empty_list(builtin):
+    """Tokens [0, N] (an empty selection of a run's images) ended in numpy's 'need at least one array to concatenate'."""
+    assert csdgen.pil_images(builtin, torch.zeros(0, builtin.num_image_tokens, dtype=torch.int64)) == []
+
+
+def test_a_codebook_rule_made_for_another_model_is_named(builtin):
+    """GSD or LANTERN made with another model's codebook (another V) ended in an IndexError inside the rule."""
+    V = builtin.codebook_size
+    for name in ("gsd", "lantern"):
+        rule = csdgen.make_rule(name, codebook=torch.randn(16, 4))
+        with pytest.raises(ValueError, match=rf"^method=.*: made with a codebook of 16 entries, the model's has {V}; "
+                                             rf"allowed: a rule made with this model's codebook"):
+            csdgen.generate(builtin, ["red apple"], method=rule, window=4)
+        own = csdgen.make_rule(name, codebook=builtin.codebook_embeddings())
+        assert own.codebook_size == V and csdgen.generate(builtin, ["red apple"], method=own, window=4).tokens.shape[0] == 1
+
+
+@pytest.mark.parametrize("batch_size", [-1, 0, 1.5, True])
+def test_generate_batches_refuses_a_bad_batch_size_at_the_call(cached_model, batch_size):
+    """generate_batches (which the out-of-memory error recommends) yielded nothing for batch_size=-1,
+    and 0 ended in range()'s 'arg 3 must not be zero'."""
+    from csdgen.runs import generate_batches
+
+    with pytest.raises(ValueError, match=rf"^batch_size={batch_size!r}: allowed an integer >= 1"):
+        generate_batches(cached_model, [0, 1], batch_size=batch_size, seed=0, window=4)
+
+
+def test_generate_batches_refuses_a_bare_string_at_the_call(cached_model):
+    from csdgen.runs import generate_batches
+
+    with pytest.raises(ValueError, match=r"^conditions='ab': give a list"):
+        generate_batches(cached_model, "ab", batch_size=1, seed=0, window=4)
+    assert [i for i, _ in generate_batches(cached_model, [0, 1, 2], batch_size=2, seed=0, window=4)] == [[0, 1], [2]]

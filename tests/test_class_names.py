@@ -245,3 +245,16 @@ def test_the_builtin_reads_a_word_of_an_emoji_it_does_not_draw():
     with pytest.raises(ValueError, match=r"'unicorn' \(read as the emoji 'unicorn face'\) is not one of the \d+ "
                                          r"classes this model draws; the nearest it draws: '"):
         _options.class_lookup().index("unicorn")
+
+
+def test_assign_takes_numpy_integers_and_refuses_a_seed_outside_the_seed_range():
+    """assign(["random"], n, seed=np.int64(0)) ended in random's TypeError (so did save_run(["random"],
+    seed=np.int64(0))) and seed=-1 drew classes though every other seed refuses it."""
+    import numpy as np
+
+    names = ClassNames([f"class {i}" for i in range(10)])
+    drawn = names.assign(["random"], 4, seed=5)
+    assert names.assign(["random"], np.int64(4), seed=np.int64(5)) == drawn
+    for bad in (-1, 2**63, 1.5, True, "5"):
+        with pytest.raises(ValueError, match=rf"^seed={bad!r}: allowed an integer in 0\.\.9223372036854775807"):
+            names.assign(["random"], 4, seed=bad)

@@ -258,3 +258,49 @@ def test_admit_names_a_count_mismatch_and_allows_a_repeated_seed_and_index(float
     while batch.size:
         done.update({image.handle: image.tokens for image in batch.step()})
     assert torch.equal(done[first], done[second])
+
+
+def test_admit_takes_numpy_integers_for_seeds_and_image_indices(float64_model):
+    """Seeds and indices read from an array (np.int64) were refused as 'allowed an integer per image'."""
+    import numpy as np
+
+    images = {}
+    for seeds, indices in (([3, 4], [0, 1]), (np.array([3, 4]), np.arange(2))):
+        batch = ContinuousBatch(float64_model, method="sjd", window=4, sampling=GUIDED)
+        handles = batch.admit([1, 2], seeds, indices)
+        done = {}
+        while batch.size:
+            done.update({image.handle: image.tokens for image in batch.step()})
+        images[type(seeds)] = [done[h] for h in handles]
+    assert all(torch.equal(a, b) for a, b in zip(*images.values()))
+
+
+def test_one_token_images_leave_a_continuous_batch_at_the_first_step():
+    """With num_image_tokens=1 the admission's prefill completes each image; step() ran a window
+    after it and ended in an IndexError in the verify step."""
+    from csdgen.models import FunctionModel
+
+    model = FunctionModel(lambda prefix: torch.arange(8.0).expand(prefix.shape[0], 8), num_image_tokens=1,
+                          codebook_size=8)
+    batch = ContinuousBatch(model, method="sjd", window=2, sampling=SamplingConfig(temperature=0))
+    handles = batch.admit([0, 0], [1, 2], [0, 1])
+    finished = batch.step()
+    assert [(image.handle, image.tokens.tolist(), image.stats.steps) for image in finished] == [
+        (handles[0], [7], 1), (handles[1], [7], 1)]
+    assert batch.size == 0 and batch.step() == []
+
+
+def test_admit_names_a_bare_condition_or_seed_and_the_batch_takes_a_numpy_capacity(float64_model):
+    """admit("red apple", ...) read the name letter by letter (9 images), admit(3, ...) and seeds=3
+    ended in TypeError: 'int' object is not iterable; capacity=np.int64(4) was refused as not an integer."""
+    import numpy as np
+
+    batch = ContinuousBatch(float64_model, method="sjd", window=4, sampling=GUIDED, capacity=np.int64(4))
+    assert batch.capacity == 4 and type(batch.capacity) is int
+    with pytest.raises(ValueError, match=r"^conditions='abc': give a list \(one condition per image\)"):
+        batch.admit("abc", [0, 0, 0], [0, 1, 2])
+    with pytest.raises(ValueError, match=r"^conditions=3: give a list"):
+        batch.admit(3, [0], [0])
+    with pytest.raises(ValueError, match=r"^seeds=3: allowed a list of one integer per image \(1 image\), e\.g\. \[3\]$"):
+        batch.admit([1], 3, [0])
+    assert batch.size == 0 and len(batch.admit([1], [3], [0])) == 1

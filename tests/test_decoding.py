@@ -394,3 +394,30 @@ def test_code_logits_equal_the_full_output_layer_restricted_to_the_codebook(cach
     torch.testing.assert_close(first.uncond[:, 0], plain[2:, 0], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(window.cond, plain[:2, 1:], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(window.uncond, plain[2:, 1:], rtol=1e-4, atol=1e-4)
+
+
+def test_image_indices_take_numpy_and_torch_integers_and_name_a_bare_int(cached_model):
+    """image_indices=np.arange(2, 4) was refused as 'allowed one integer ... per image', and
+    image_indices=5 ended in TypeError: 'int' object is not iterable."""
+    import numpy as np
+
+    plain = csdgen.generate(cached_model, [0, 1], window=4, seed=3, image_indices=[2, 3])
+    for indices in (np.arange(2, 4), torch.tensor([2, 3]), [np.int64(2), np.int32(3)]):
+        assert torch.equal(csdgen.generate(cached_model, [0, 1], window=4, seed=3, image_indices=indices).tokens,
+                           plain.tokens)
+    with pytest.raises(ValueError, match=r"^image_indices=5: allowed a list of one integer .* \(1 image\), e\.g\. \[5\]$"):
+        csdgen.generate(cached_model, [0], window=4, image_indices=5)
+    with pytest.raises(ValueError, match=r"^image_indices=\[1\.0\]: allowed one integer in 0\.\..* per image \(1 image\)$"):
+        csdgen.generate(cached_model, [0], window=4, image_indices=[1.0])
+
+
+@pytest.mark.parametrize("kwargs", [{"method": "ar"}, {"window": 4}, {"window": "auto"},
+                                    {"method": "sjd", "window": 2, "tree": (2, 1)}])
+def test_a_one_token_image_is_its_prefill(kwargs):
+    """FunctionModel(..., num_image_tokens=1) is a valid model; every method ended in an IndexError
+    in the verify step, which ran a window after the prefill had completed the image."""
+    logits = torch.arange(8.0)
+    model = FunctionModel(lambda prefix: logits.expand(prefix.shape[0], 8), num_image_tokens=1, codebook_size=8)
+    result = csdgen.generate(model, None, batch_size=3, seed=0, sampling={"temperature": 0}, **kwargs)
+    assert result.tokens.tolist() == [[7]] * 3 and result.steps == 1 and result.widths == []
+    assert [(s.steps, s.committed_per_step) for s in result.images] == [(1, [1])] * 3

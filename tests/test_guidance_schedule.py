@@ -125,3 +125,18 @@ def test_unguided_runs_ignore_the_schedule():
     out = csdgen.generate(model, batch_size=2, method="sjd", window=3,
                           sampling=SamplingConfig(guidance_schedule=TableGuidance()))
     assert "guidance_schedule" not in out.settings and out.tokens.shape == (2, 4)
+
+
+def test_linear_guidance_takes_a_numpy_floor_as_a_float_and_refuses_a_bool():
+    """LinearGuidance(floor=np.float32(1.5)) was refused as 'allowed a finite number >= 0' and
+    floor=True was taken as 1."""
+    import json
+
+    import numpy as np
+
+    schedule = LinearGuidance(floor=np.float32(1.5))
+    assert schedule.floor == 1.5 and type(schedule.floor) is float
+    assert json.loads(json.dumps(schedule.options())) == {"name": "linear", "floor": 1.5}
+    for bad in (True, -1, float("inf"), "1"):
+        with pytest.raises(ValueError, match=rf"^floor={bad!r}: allowed a finite number >= 0$"):
+            LinearGuidance(floor=bad)

@@ -196,3 +196,21 @@ def test_stream_uniforms_are_keyed_not_sequential():
 def test_a_tiny_temperature_never_samples_from_nan_probabilities(cached_model):
     with pytest.raises(ValueError, match="overflow float32"):
         csdgen.generate(cached_model, [0], window=4, sampling=SamplingConfig(temperature=1e-300))
+
+
+def test_sampling_config_stores_numpy_numbers_as_python_numbers():
+    """A numpy number (a value read from an array) is kept as Python's int or float: record.json and
+    the server's replies write the settings as JSON, which has no np.float32; numpy integers are
+    integers for top_k (it said 'must be ... an integer' to np.int64(5))."""
+    import json
+
+    import numpy as np
+
+    config = SamplingConfig(guidance_scale=np.float32(3.0), temperature=np.float32(0.5), top_k=np.int64(5),
+                            top_p=np.float32(0.5), top_n_sigma=np.float32(1.0))
+    values = {"guidance_scale": 3.0, "temperature": 0.5, "top_k": 5, "top_p": 0.5, "top_n_sigma": 1.0}
+    for name, value in values.items():
+        assert getattr(config, name) == value and type(getattr(config, name)) is type(value), name
+    assert json.loads(json.dumps(values)) == {name: getattr(config, name) for name in values}
+    assert SamplingConfig(top_k=np.int64(0)).top_k is None
+    assert type(SamplingConfig(guidance_scale=3).guidance_scale) is int  # a Python number is kept as given

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 import csdgen
 
@@ -108,3 +109,48 @@ def test_save_run_refuses_bad_batch_sizes_empty_conditions_and_an_empty_out(weig
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         csdgen.save_run(model, args.pop("conditions"), args.pop("out"), **args, window=4)
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_save_run_records_numpy_sampling_values_as_json_numbers(builtin, tmp_path):
+    """sampling={"temperature": np.float32(0.5)} wrote the first batch's PNGs and then failed on
+    record.json (np.float32 is not JSON), leaving a folder with images and no record."""
+    import numpy as np
+
+    out = tmp_path / "np"
+    csdgen.save_run(builtin, ["red apple"], out, window=16, sampling={"temperature": np.float32(0.5)})
+    record = json.loads((out / "record.json").read_text())
+    assert record["settings"]["sampling"]["temperature"] == 0.5
+    again = csdgen.save_run(builtin, ["red apple"], out, window=16, sampling={"temperature": 0.5})
+    assert again.resumed == 1
+
+
+def test_save_run_takes_numpy_integers_for_batch_size_and_scale(builtin, tmp_path):
+    """batch_size=np.int64(1) and scale=np.int64(1) were refused as 'allowed an integer'."""
+    import numpy as np
+
+    summary = csdgen.save_run(builtin, ["red apple", "dog face"], tmp_path / "np", window=16, batch_size=np.int64(1),
+                              scale=np.int64(1))
+    assert summary.images == 2 and len(summary.record["batches"]) == 2
+    tokens = torch.zeros(1, builtin.num_image_tokens, dtype=torch.int64)
+    assert csdgen.pil_images(builtin, tokens, scale=np.int64(3))[0].size == (192, 192)
+
+
+class _HalfRelaxed(csdgen.AcceptanceRule):
+    """A rule of the caller's own: SJD's ratio raised halfway to 1."""
+
+    name = "half"
+
+    def acceptance_probability(self, draft_tokens, draft_probs, target_probs, target_sample):
+        from csdgen.acceptance import lossless_acceptance
+
+        return 0.5 + 0.5 * lossless_acceptance(draft_tokens, draft_probs, target_probs)
+
+
+def test_save_run_takes_a_rule_of_the_callers_own_as_generate_does(builtin, tmp_path):
+    """save_run(..., method=MyRule()) was refused as "unknown method 'half'" though generate runs it:
+    the record's rule text looked the rule's name up among the method names."""
+    out = tmp_path / "own"
+    summary = csdgen.save_run(builtin, ["red apple"], out, window=16, method=_HalfRelaxed())
+    settings = json.loads((out / "record.json").read_text())["settings"]
+    assert summary.images == 1 and settings["method"] == "half" and settings["rule"] == "_HalfRelaxed()"
+    assert csdgen.save_run(builtin, ["red apple"], out, window=16, method=_HalfRelaxed()).resumed == 1

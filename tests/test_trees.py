@@ -264,3 +264,15 @@ def test_cli_tree_option(tmp_path, capsys):
     ar = ["generate", "--weights", str(weights), "-n", "1", "--out", str(tmp_path / "ar"), "--method", "ar", "--tree", "2,1"]
     assert cli.main(ar) == 2
     assert "method='ar'" in capsys.readouterr().err
+
+
+def test_check_tree_takes_numpy_integers_as_ints():
+    """tree=(np.int64(2), np.int64(2)) was refused as 'allowed ... integers K >= 1'."""
+    import numpy as np
+
+    from csdgen.trees import check_tree
+
+    tree = check_tree([np.int64(2), np.int64(3)])
+    assert tree == (2, 3) and all(type(v) is int for v in tree)
+    with pytest.raises(ValueError, match=r"^tree=\(2\.0, 2\): allowed None or \(K, D\) with integers"):
+        check_tree((2.0, 2))

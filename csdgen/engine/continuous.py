@@ -44,8 +44,8 @@ import torch
 from ..acceptance import AcceptanceRule
 from ..models.base import ImageTokenModel
 from ..sampling import SamplingConfig
-from .generation import resolve_arguments
-from ..sampling import check_seed
+from .generation import check_conditions, resolve_arguments
+from ..sampling import as_integer, check_seed
 from .loop import _Loop, _signed64
 from .results import ImageStats
 
@@ -68,11 +68,17 @@ class FinishedImage:
 
 
 def _integers(name: str, values: Sequence[int], count: int, minimum: int | None) -> list[int]:
-    values = list(values)
-    ok = len(values) == count and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+    try:
+        given = list(values)
+    except TypeError:  # seeds=0 for one image: still a list of one
+        raise ValueError(f"{name}={values!r}: allowed a list of one integer per image ({count} image"
+                         f"{'s' * (count != 1)}), e.g. [{values!r}]") from None
+    values = [as_integer(v) for v in given]  # numpy's and torch's integers too
+    ok = len(values) == count and all(v is not None for v in values)
     if ok and minimum is not None:
         ok = all(v >= minimum for v in values)
     if not ok:
+        values = given
         allowed = "an integer" if minimum is None else f"an integer >= {minimum}"
         given = f"{len(values)} value{'s' * (len(values) != 1)} for {count} image{'s' * (count != 1)}"
         raise ValueError(f"{name}={values!r} ({given}): allowed {allowed} per image, one per condition")
@@ -115,8 +121,9 @@ class ContinuousBatch:
         from ..models._static import check_engine
 
         check_engine(engine)
-        if capacity is not None and (not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1):
+        if capacity is not None and (as_integer(capacity) is None or capacity < 1):
             raise ValueError(f"capacity={capacity!r}: allowed an integer >= 1 (batch slots)")
+        capacity = None if capacity is None else as_integer(capacity)  # numpy's integers too
         self.engine, self.compile, self.capacity = engine, compile, capacity
         rule, window, draft_init, sampling, settings = resolve_arguments(model, method, window, sampling, draft_init,
                                                                          refresh)
@@ -187,10 +194,11 @@ class ContinuousBatch:
             one handle (int) per image, in order.
 
         Raises:
-            ValueError: conditions the model rejects, bad seeds or indices, non-finite logits at
+            ValueError: conditions the model rejects or not in a list, bad seeds or indices, non-finite logits at
                 the prefill (the batch is unchanged), or a running batch whose session cannot
                 admit rows (:attr:`admits_while_running` False).
         """
+        check_conditions(conditions)  # a bare name was read letter by letter, a bare index was a TypeError
         conditions = list(conditions)
         k = len(conditions)
         if k == 0:
@@ -259,11 +267,14 @@ class ContinuousBatch:
         loop = self._loop
         if self.size == 0:
             return []
-        loop._mark = time.perf_counter()
-        self.rows_fed += self.size
-        alive = loop._advance()
-        self.forwards += 1
-        self.iterations += 1
+        if self.N == 1:  # each image's prefill made its one token: they leave without a forward
+            alive = torch.zeros(0, dtype=torch.long)
+        else:
+            loop._mark = time.perf_counter()
+            self.rows_fed += self.size
+            alive = loop._advance()
+            self.forwards += 1
+            self.iterations += 1
         if len(loop.widths) > 2 * self.KEEP_WIDTHS:  # a server runs for days: keep the recent widths only
             del loop.widths[: len(loop.widths) - self.KEEP_WIDTHS]
         A = self.size

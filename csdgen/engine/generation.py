@@ -180,16 +180,21 @@ def generate(
             bad window, unknown method, draft initialisation or refresh mode, a draft
             initialisation the rule cannot use, bad sampling settings (e.g. top-k > V),
             ``image_indices`` not one distinct non-negative int per image, conditions the model rejects
-            or a bare string / bytes instead of a list of conditions,
+            or a bare string / bytes or one condition (``33``) instead of a list of conditions,
             logits with NaN / +inf (or no allowed token) at some position, a bad ``tree``, a
             tree with ``method="ar"``, a tree on a model whose session cannot evaluate trees, an
             unknown ``engine``, ``engine="static"`` (or ``compile=True``) on a model it does not
-            apply to, or ``compile=True`` with ``engine="eager"``.
+            apply to, ``compile=True`` with ``engine="eager"``, a ``callback`` that is not callable
+            or a ``profile`` that is not a bool.
         MemoryError: the batch does not fit in the device's memory (one line; a smaller batch
             gives the same images).
     """
     check_conditions(conditions)
     check_engine(engine, compile)
+    if callback is not None and not callable(callback):  # else a TypeError after the prefill
+        raise ValueError(f"callback={callback!r}: allowed None or a function called with a StepInfo after every forward")
+    if not isinstance(profile, bool):  # profile="no" is truthy: it profiled
+        raise ValueError(f"profile={profile!r}: allowed True (time the forwards and the verify step) or False")
     rule, window, draft_init, sampling, settings = resolve_arguments(model, method, window, sampling, draft_init,
                                                                      refresh, seed, preset)
     refresh, seed = settings["refresh"], settings["seed"]
@@ -216,16 +221,22 @@ def generate(
 
 def check_conditions(conditions, name: str = "conditions") -> None:
     """Refuse one bare string (or bytes) where a list of conditions is asked for: it would be read
-    letter by letter, one image per character.
+    letter by letter, one image per character; and one bare condition that is no list at all (a
+    class index ``33``: ``TypeError: 'int' object is not iterable`` from deep inside the model).
 
     Raises:
-        ValueError: ``"conditions='red apple': give a list, e.g. ['red apple']"``.
+        ValueError: ``"conditions='red apple': give a list, e.g. ['red apple']"``, ``"conditions=33: ..."``.
     """
     if isinstance(conditions, (str, bytes)):
         from ..class_names import shown
 
         text = shown(conditions if isinstance(conditions, str) else conditions.decode("utf-8", "replace"))
         raise ValueError(f"{name}={text!r}: give a list (one condition per image), e.g. [{text!r}]")
+    if conditions is not None:
+        try:
+            iter(conditions)
+        except TypeError:
+            raise ValueError(f"{name}={conditions!r}: give a list (one condition per image), e.g. [{conditions!r}]") from None
 
 
 def _out_of_memory(exc: RuntimeError) -> bool:

@@ -11,7 +11,7 @@ import torch
 from ..drafting import init_drafts
 from ..guidance import guidance_at, guidance_table
 from ..models._static import open_engine
-from ..sampling import ENTROPY_EPS, MAX_SEED, entropy, invalid_logits, sample, stream_uniforms, target_probs
+from ..sampling import ENTROPY_EPS, MAX_SEED, as_integer, entropy, invalid_logits, sample, stream_uniforms, target_probs
 from ..transfer import to_device
 from .results import Decision, GenerationResult, ImageStats, StepInfo
 from .streams import _INIT, _KINDS, _Y
@@ -142,6 +142,8 @@ class _Loop:
         self._probe = N >= 3 and self.PROBE and getattr(session, "rollback_probe", True)
         self._checked = False
         self._mark = time.perf_counter()
+        if N == 1:  # the prefill's token is the whole image: no window to run
+            self.active_host = self.active_host[:0]
         while len(self.active_host):
             alive = self._advance()
             if len(alive) < len(self.active_host):
@@ -204,10 +206,16 @@ class _Loop:
     def _image_indices(self, image_indices, B: int) -> torch.Tensor:
         if image_indices is None:
             return torch.arange(B, device=self.device)
-        values = list(image_indices)
-        if len(values) != B or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_SEED for v in values):
+        try:
+            given = list(image_indices)
+        except TypeError:  # image_indices=5: one index is still a list of one
+            raise ValueError(f"image_indices={image_indices!r}: allowed a list of one integer in 0..{MAX_SEED} "
+                             f"(2**63 - 1) per image ({B} image{'s' * (B != 1)}), e.g. [{image_indices!r}]") from None
+        values = [as_integer(v) for v in given]  # numpy's and torch's integers too (np.arange(8, 16))
+        if len(values) != B or not all(v is not None and 0 <= v <= MAX_SEED for v in values):
+            values = given
             shown = values if len(values) <= 8 else f"[{', '.join(map(str, values[:8]))}, ...] ({len(values)} values)"
-            raise ValueError(f"image_indices={shown}: allowed one integer in 0..{MAX_SEED} (2**63 - 1) per image ({B} images)")
+            raise ValueError(f"image_indices={shown}: allowed one integer in 0..{MAX_SEED} (2**63 - 1) per image ({B} image{'s' * (B != 1)})")
         twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
         if twice is not None:  # one seed and index is one random stream: the two images would share every draw
             raise ValueError(f"image_indices: index {twice} is given twice; allowed: distinct indices (images with the "

@@ -145,7 +145,16 @@ def resolve_method(method: str | AcceptanceRule, model: ImageTokenModel,
     if isinstance(method, str) and method not in METHODS:
         raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)} (or an AcceptanceRule)")
     if isinstance(method, AcceptanceRule):
-        return method, method.name
+        name = getattr(method, "name", None)
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"method={_short(method)}: an AcceptanceRule sets its name (a class attribute, e.g. "
+                             f"name = 'myrule'), which records and tables show; this one has none")
+        size = getattr(method, "codebook_size", None)
+        if size is not None and size != model.codebook_size:  # else an IndexError deep in the rule
+            raise ValueError(f"method={_short(method)}: made with a codebook of {size} entries, the model's has "
+                             f"{model.codebook_size}; allowed: a rule made with this model's codebook, e.g. "
+                             f"csdgen.make_rule({name!r}, codebook=model.codebook_embeddings()), or the name {name!r}")
+        return method, name
     options = {}
     if method == "csd" and preset and "lam" in preset:
         options = {"lam": preset["lam"], "delta": preset["delta"]}

@@ -80,16 +80,28 @@ class BuiltinModel(ClassConditionalLlama):
         return self.components.vq.embeddings.detach()
 
 
-@lru_cache(maxsize=2)
-def _load(weights_dir: str | None) -> BuiltinModel:
+@lru_cache(maxsize=4)
+def _load(weights_dir: str | None, device: str | None = None) -> BuiltinModel:
+    """The model of ``weights_dir`` on ``device`` (None: the CPU it loads onto), one per process and pair:
+    a model moved to another device is another object, so the CPU model others hold stays on the CPU."""
     from csdgen.builtin import load_components
 
-    return BuiltinModel(load_components(weights_dir))
+    model = BuiltinModel(load_components(weights_dir))
+    if device is not None:
+        _move(model, device)
+    return model
+
+
+def _move(model: BuiltinModel, device) -> None:
+    for module in (model.components.ar, model.components.vq, model.components.classifier):
+        module.to(device)
+    model.device = torch.device(device)
 
 
 def load_builtin_model(weights_dir: str | os.PathLike | None = None, *, quantize: str | None = None,
                        device: str | torch.device | None = None) -> BuiltinModel:
-    """Load the built-in model offline (cached per process unless ``quantize`` is given).
+    """Load the built-in model offline (cached per process, one per weights folder and device, unless
+    ``quantize`` is given).
 
     Args:
         weights_dir: folder holding ``config.json`` and the ``*.safetensors`` files; default:
@@ -109,7 +121,9 @@ def load_builtin_model(weights_dir: str | os.PathLike | None = None, *, quantize
                          f"weights, or None for the shipped ones")
     key = None if weights_dir is None else str(weights_dir)
     if quantize is None:
-        model = _load(key)
+        # moving the cached CPU model moved it for every other caller: load_builtin_model() after a
+        # load_builtin_model(device="cuda") was on CUDA
+        model = _load(key, None if device is None or torch.device(device) == torch.device("cpu") else str(device))
     else:
         from csdgen.builtin import load_components
 
@@ -118,9 +132,7 @@ def load_builtin_model(weights_dir: str | os.PathLike | None = None, *, quantize
         check_quantize(quantize, device or "cpu")  # before the weights are read
         model = BuiltinModel(load_components(key))
     if device is not None and torch.device(device) != torch.device(model.device):
-        for module in (model.components.ar, model.components.vq, model.components.classifier):
-            module.to(device)
-        model.device = torch.device(device)
+        _move(model, device)
     if quantize is not None:
         quantize_module(model.backbone, quantize, model.device)
     model.quantize = quantize

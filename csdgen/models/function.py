@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..sampling import as_integer
 from .base import DecodingSession, ImageTokenModel, WindowLogits, check_row_arguments, row_tensor
 
 __all__ = ["FunctionModel"]
@@ -32,7 +33,8 @@ class FunctionModel(ImageTokenModel):
         grid: ``(rows, cols)``; default ``(1, N)``.
 
     Raises:
-        ValueError: non-positive sizes, or a grid whose product is not N.
+        ValueError: sizes that are not integers >= 1, or a grid whose product is not N; when decoding,
+            a function that returns anything but logits ``[B, V]``.
     """
 
     def __init__(
@@ -43,8 +45,10 @@ class FunctionModel(ImageTokenModel):
         uncond_fn: LogitsFn | None = None,
         grid: tuple[int, int] | None = None,
     ):
-        if num_image_tokens < 1 or codebook_size < 1:
-            raise ValueError(f"num_image_tokens={num_image_tokens}, codebook_size={codebook_size}: both must be >= 1")
+        if any(as_integer(v) is None or v < 1 for v in (num_image_tokens, codebook_size)):
+            raise ValueError(f"num_image_tokens={num_image_tokens!r}, codebook_size={codebook_size!r}: both must be "
+                             f"integers >= 1")
+        num_image_tokens, codebook_size = as_integer(num_image_tokens), as_integer(codebook_size)
         self.fn, self.uncond_fn = fn, uncond_fn
         self.num_image_tokens, self.codebook_size = num_image_tokens, codebook_size
         self.grid = grid or (1, num_image_tokens)
@@ -75,7 +79,14 @@ class _FunctionSession(DecodingSession):
         self.lengths = torch.zeros(batch_size, dtype=torch.long)  # CPU
 
     def _call(self, fn: LogitsFn, rows: torch.Tensor, length: int) -> torch.Tensor:
-        return fn(self.tokens[rows.to(self.tokens.device), :length])
+        out = fn(self.tokens[rows.to(self.tokens.device), :length])
+        expected = (len(rows), self.model.codebook_size)
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:
+            # else a RuntimeError ('shape mismatch: value tensor of shape ...') from the engine's indexing
+            got = f"shape {list(out.shape)}" if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ValueError(f"FunctionModel: the function returned {got} for a prefix [{len(rows)}, {length}]; allowed: "
+                             f"next-token logits [B, V] = {list(expected)} (one row per prefix row, V = codebook_size)")
+        return out
 
     def _logits(self, ends: torch.Tensor, live: torch.Tensor) -> WindowLogits:
         """Logits ``[B, S, V]`` after prefixes ``tokens[b, :ends[b, j]]`` where ``live[b, j]`` (else 0)."""

@@ -103,8 +103,12 @@ class ClassConditionalLlama(ImageTokenModel):
 
         Raises:
             ValueError: for an unknown name (one line, with close matches), an index outside
-                ``0 .. num_classes - 1``, or anything else (a float such as 1.5, a bool, None).
+                ``0 .. num_classes - 1``, or anything else (a float such as 1.5, a bool, None); one
+                name or index not in a list (``"red apple"``, ``33``).
         """
+        if isinstance(conditions, (str, bytes)) or not hasattr(conditions, "__iter__"):
+            # a name was read letter by letter ("unknown class 'r'"), an index ended in a TypeError
+            raise ValueError(f"conditions={conditions!r}: give a list (one class per image), e.g. [{conditions!r}]")
         ids = []
         for c in conditions:
             if self.classes is not None:
