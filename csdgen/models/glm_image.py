@@ -384,6 +384,19 @@ def load_processor(folder: Path | None) -> Any:
     return load_tokenizer(folder)
 
 
+def missing_components(pipeline: Path, given: Sequence[str] = ()) -> list[str]:
+    """The components ``model_index.json`` of ``pipeline`` lists whose folders are not there (``given`` ones aside).
+
+    A component listed as ``[null, null]`` is optional in diffusers and is not asked for.
+    """
+    from csdgen.jsonio import read_json
+
+    index = read_json(Path(pipeline) / "model_index.json", what="a diffusers pipeline index")
+    return [name for name, value in index.items()
+            if not name.startswith("_") and isinstance(value, list) and any(v is not None for v in value)
+            and name not in given and not (Path(pipeline) / name).is_dir()]
+
+
 def decoder_parameters(pipeline: Path | None) -> int:
     """Parameters of the pipeline's DiT, glyph text encoder and VAE, read from their safetensors headers (0 if absent)."""
     if pipeline is None:
@@ -512,6 +525,12 @@ class GlmImageModel(GlmImagePrompts, ImageTokenModel):
             import diffusers  # noqa: F401
         except ImportError:
             return "GLM-Image's image decoder needs diffusers: pip install -c constraints.txt 'csdgen[glm]'"
+        missing = missing_components(self.pipeline_folder, given=("vision_language_encoder",) + (
+            () if self.processor is None else ("processor",)))
+        if missing:
+            return (f"the GLM-Image pipeline folder {str(self.pipeline_folder)!r} lacks "
+                    f"{', '.join(name + '/' for name in missing)} (model_index.json lists them; the image decoder "
+                    f"loads them): copy the whole zai-org/GLM-Image folder")
         return None
 
     def decoder(self):
