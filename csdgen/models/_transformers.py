@@ -257,8 +257,13 @@ def check_sequence_length(prompt_length: int, image_length: int, limit: int, wha
         limit: ``max_position_embeddings``.
 
     Raises:
-        ValueError: naming both lengths, their sum, the limit and the longest prompt allowed.
+        ValueError: naming both lengths, their sum, the limit and the longest prompt allowed; or, where the image
+            part alone leaves no room for a prompt, naming it and the limit (the size is to change, not the prompt).
     """
+    if image_length >= limit:  # no prompt fits: the size is what is wrong, whatever the prompt
+        raise ValueError(f"{what} of {image_length} positions leaves no room for a prompt within "
+                         f"max_position_embeddings={limit}; allowed: a smaller size, whose image part takes at most "
+                         f"{limit - 1} positions")
     if prompt_length + image_length > limit:
         raise ValueError(
             f"prompt of {prompt_length} tokens + {what} of {image_length} positions = {prompt_length + image_length} "
