@@ -3,6 +3,7 @@ random checkpoints of the three adapter test modules (their builders are importe
 """
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -131,6 +132,31 @@ def test_missing_weights_raise_the_adapters_error(janus_dir, emu3_dir, chameleon
         load_model(without_weights(chameleon_dir, tmp_path / "chameleon"), height=12, width=16, device="cpu")
 
 
+def test_a_cut_short_or_garbage_safetensors_file_is_refused_in_one_line_naming_it(janus_dir, tmp_path, capsys):
+    """Found by a new-user try-out: a truncated or garbage model.safetensors gave safetensors' traceback ("header too
+    large") from inside the loader; an index naming a missing shard gave transformers' long error."""
+    whole = (janus_dir / "model.safetensors").read_bytes()
+    cases = {"cut": (whole[:-100], "it holds {} bytes, its header promises {}: cut short".format(len(whole) - 100, len(whole))),
+             "garbage": (b"\xff" * 5000, "its header cannot be read (5000 bytes)"),
+             "not-json": (len(b"{nope").to_bytes(8, "little") + b"{nope", "its header is not a safetensors header")}
+    for name, (data, problem) in cases.items():
+        folder = without_weights(janus_dir, tmp_path / name)
+        (folder / "model.safetensors").write_bytes(data)
+        message = f"{str(folder / 'model.safetensors')!r} is not a whole safetensors file: {problem}; copy or download it again"
+        with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+            load_model(folder, device="cpu")
+        assert run("generate", "--model", folder, "--prompt", "a dog", "--device", "cpu", "--out", tmp_path / "o") == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0] and not (tmp_path / "o").exists()
+    sharded = without_weights(janus_dir, tmp_path / "sharded")
+    (sharded / "model-00001-of-00002.safetensors").write_bytes(whole)
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    with pytest.raises(FileNotFoundError, match=r"names 1 shard\(s\) not in the folder: model-00002-of-00002.safetensors; "
+                                                r"copy every shard$"):
+        load_model(sharded, device="cpu")
+
+
 # memory check
 
 
@@ -177,7 +203,8 @@ def test_load_model_refuses_before_reading_weights(janus_dir, emu3_dir, chameleo
         (chameleon_dir, "chameleon", dict(height=12, width=16, prompt_template="{prompt} {seed}"), r"allowed fields"),
     ]:
         broken = without_weights(source, tmp_path / f"broken-{len(list(tmp_path.iterdir()))}-{name}")
-        (broken / "model.safetensors").write_bytes(b"not safetensors")
+        header = json.dumps({"x": {"dtype": "NOT-A-DTYPE", "shape": [1], "data_offsets": [0, 1]}}).encode()
+        (broken / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0")  # whole, unloadable
         with pytest.raises(ValueError, match=match):
             load_model(broken, device="cpu", **kw)
 
