@@ -157,6 +157,34 @@ def test_a_cut_short_or_garbage_safetensors_file_is_refused_in_one_line_naming_i
         load_model(sharded, device="cpu")
 
 
+def test_a_folder_without_tokenizer_files_is_refused_naming_it_when_prompts_are_text(janus_dir, emu3_dir, chameleon_dir,
+                                                                                      tmp_path, capsys):
+    """Found by a new-user try-out: csdgen generate on a copy without its tokenizer said "the checkpoint has no
+    tokenizer; give token-id lists" (no path; the CLI takes no token ids); Janus without its processor config gave
+    transformers' error pointing to huggingface.co."""
+    for source, extra in ((janus_dir, []), (emu3_dir, ["--height", str(HEIGHT), "--width", str(WIDTH)]),
+                          (chameleon_dir, ["--height", "12", "--width", "16"])):
+        folder = tmp_path / f"no-tokenizer-{source.name}"
+        shutil.copytree(source, folder, ignore=shutil.ignore_patterns("tokenizer*", "special_tokens_map.json"))
+        assert run("generate", "--model", folder, "--prompt", "a dog", "--device", "cpu", *extra,
+                   "--out", tmp_path / "o") == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{str(folder)!r}: no tokenizer (tokenizer.json, " in err[0], err
+        assert "copy its tokenizer files there" in err[0] and not (tmp_path / "o").exists()
+        with pytest.raises(FileNotFoundError, match="no tokenizer"):
+            load_model(folder, device="cpu", prompts=["a dog"], height=None if source == janus_dir else 12 if
+                       source == chameleon_dir else HEIGHT, width=None if source == janus_dir else 16 if
+                       source == chameleon_dir else WIDTH)
+    folder = tmp_path / "janus-no-processor-config"
+    shutil.copytree(janus_dir, folder, ignore=shutil.ignore_patterns("processor_config.json", "preprocessor_config.json"))
+    assert run("generate", "--model", folder, "--prompt", "a dog", "--device", "cpu", "--out", tmp_path / "o") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and (f"{str(folder)!r} has a tokenizer but no processor config (processor_config.json or "
+                              f"preprocessor_config.json)") in err[0], err
+    with pytest.raises(FileNotFoundError, match="no processor config"):
+        load_model(folder, device="cpu")  # without prompts too: the processor is read with the folder
+
+
 # memory check
 
 

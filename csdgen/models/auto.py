@@ -258,6 +258,8 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
 
         height, width = lumina_pixel_size(*_size(height, width, image_size), str(path_or_id), folder)
         image_size = None
+    if prompts and any(isinstance(p, str) for p in prompts):
+        _check_tokenizer_files(folder, family)
     builder = prompts_for(folder, family, height=height, width=width, image_size=image_size, prompt_template=prompt_template,
                           negative_prompt=negative_prompt, positive_prompt=positive_prompt, vqgan_dir=vqgan_dir)
     prompt_length = None
@@ -279,6 +281,23 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
     model.device_map = next((m.hf_device_map for m in vars(model).values() if getattr(m, "hf_device_map", None)),
                             None) if device_map is not None else None
     return model
+
+
+def _check_tokenizer_files(folder: Path, family: str) -> None:
+    """Text prompts need the checkpoint's tokenizer: refuse a folder without its files in one line naming the folder.
+
+    Raises:
+        FileNotFoundError: no tokenizer file where the family keeps it (GLM-Image: ``processor/``).
+    """
+    from ._transformers import TOKENIZER_FILES
+
+    folder = Path(folder)
+    places = [folder]  # where the adapter looks for it
+    if family == "glm-image":
+        places = [folder / "processor"] if (folder / "model_index.json").is_file() else [folder, folder.parent / "processor"]
+    if not any((where / name).is_file() for where in places for name in TOKENIZER_FILES):
+        raise FileNotFoundError(f"{' or '.join(repr(str(p)) for p in places)}: no tokenizer ({', '.join(TOKENIZER_FILES)}); "
+                                f"text prompts need the checkpoint's tokenizer: copy its tokenizer files there")
 
 
 def _load_family(family, folder, dtype, device, height, width, layout, vqgan, vqgan_dir, prompt_template,
