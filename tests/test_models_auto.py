@@ -175,6 +175,14 @@ def test_a_folder_without_tokenizer_files_is_refused_naming_it_when_prompts_are_
             load_model(folder, device="cpu", prompts=["a dog"], height=None if source == janus_dir else 12 if
                        source == chameleon_dir else HEIGHT, width=None if source == janus_dir else 16 if
                        source == chameleon_dir else WIDTH)
+    folder = tmp_path / f"no-tokenizer-{janus_dir.name}"  # serve and the demo take text from requests: refused at start
+    assert run("serve", "--model", folder, "--device", "cpu", "--port", "0") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{str(folder)!r}: no tokenizer (tokenizer.json, " in err[0], err
+    from csdgen.demo import load_demo_model
+
+    with pytest.raises(FileNotFoundError, match="no tokenizer"):
+        load_demo_model(str(folder))
     folder = tmp_path / "janus-no-processor-config"
     shutil.copytree(janus_dir, folder, ignore=shutil.ignore_patterns("processor_config.json", "preprocessor_config.json"))
     assert run("generate", "--model", folder, "--prompt", "a dog", "--device", "cpu", "--out", tmp_path / "o") == 2

@@ -144,6 +144,9 @@ def _load(args):
     folder = resolve_checkpoint(args.model)
     read_config(folder)
     family = family_of(folder, args.layout, args.model)
+    from csdgen.models.auto import check_tokenizer_files
+
+    check_tokenizer_files(folder, family)  # requests are text: refused here, naming the folder, before the weights
     device = args.device or default_device()
     dtype = choose_dtype(args, family, device)
     from ._common import quantize_setup, split_note

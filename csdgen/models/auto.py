@@ -41,6 +41,7 @@ __all__ = [
     "load_model",
     "prompts_for",
     "require_decoder",
+    "check_tokenizer_files",
     # re-exported from csdgen.models.detect, .dtypes, .memory_check, .defaults and .sources
     "MODEL_TYPES",
     "FAMILIES",
@@ -259,7 +260,7 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
         height, width = lumina_pixel_size(*_size(height, width, image_size), str(path_or_id), folder)
         image_size = None
     if prompts and any(isinstance(p, str) for p in prompts):
-        _check_tokenizer_files(folder, family)
+        check_tokenizer_files(folder, family)
     builder = prompts_for(folder, family, height=height, width=width, image_size=image_size, prompt_template=prompt_template,
                           negative_prompt=negative_prompt, positive_prompt=positive_prompt, vqgan_dir=vqgan_dir)
     prompt_length = None
@@ -283,7 +284,7 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
     return model
 
 
-def _check_tokenizer_files(folder: Path, family: str) -> None:
+def check_tokenizer_files(folder: Path, family: str) -> None:
     """Text prompts need the checkpoint's tokenizer: refuse a folder without its files in one line naming the folder.
 
     Raises:
