@@ -368,6 +368,30 @@ def test_cli_chameleon_without_vqgan_files_is_refused_before_generating(chameleo
     assert "has no image decoder: give --vqgan PATH (Chameleon's tokenizer/ folder holding vqgan.yaml and vqgan.ckpt)" in capsys.readouterr().err
 
 
+def test_missing_decoder_files_are_refused_before_the_weights_are_read(chameleon_dir, tmp_path, capsys):
+    """Found by a new-user try-out: generate, bench, serve and the demo read the whole checkpoint (minutes for 7B)
+    before saying that its VQGAN files were missing; now the weights are not read (here they could not be)."""
+    folder = tmp_path / "Lumina-mGPT-tiny"
+    shutil.copytree(chameleon_dir, folder, ignore=shutil.ignore_patterns("vqgan.*", "*.safetensors"))
+    header = json.dumps({"x": {"dtype": "NOT-A-DTYPE", "shape": [1], "data_offsets": [0, 1]}}).encode()
+    (folder / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0")  # whole, unloadable
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a dog\n")
+    size = ["--height", 12, "--width", 16, "--device", "cpu"]
+    for argv in (["generate", "--prompt", "a dog", "--top-k", 8, *size, "--out", tmp_path / "o"],
+                 ["bench", "--prompts", prompts, "--limit", 1, "--top-k", 8, *size, "--out", tmp_path / "b"],
+                 ["serve", *size, "--port", 0]):
+        assert run(argv[0], "--model", folder, *argv[1:]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{str(folder)!r} has no image decoder: give --vqgan PATH" in err[0], (argv[0], err)
+    from csdgen.demo import load_demo_model
+
+    with pytest.raises(ValueError, match="has no image decoder"):
+        load_demo_model(str(folder), image_size=16)
+    auto.require_decoder_files(folder, "lumina-mgpt", "x", vqgan=chameleon_dir)  # a --vqgan given: the loader checks it
+    auto.require_decoder_files(chameleon_dir, "lumina-mgpt", "x")  # the files there: nothing to say
+
+
 def test_cli_prompt_template_every_family_and_the_greedy_warning(janus_dir, emu3_dir, chameleon_dir, tmp_path, capsys):
     """--prompt-template reaches each family's prompt rows; --temperature 0 prints exactly one warning line."""
     common = ["--device", "cpu", "--no-maps", "--method", "ar", "--top-k", 4]

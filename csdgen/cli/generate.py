@@ -171,7 +171,7 @@ def _known_settings(args, folder, family: str, dtype: str, device: str, prompts:
 def model_job(args):
     """The run plan of a checkpoint (``--model``) and its batch size."""
     from csdgen.engine import AUTO_MAX_WINDOW
-    from csdgen.models.auto import load_model
+    from csdgen.models.auto import load_model, require_decoder_files
     from csdgen.models.dtypes import default_device
     from csdgen.models.plan import checkpoint_plan
     from csdgen.runs import RunPlan, refuse_other_record, slug
@@ -193,6 +193,7 @@ def model_job(args):
                                           quantize=args.quantize, guided=sampling.guided, device=device, prompt_length=1,
                                           height=args.height, width=args.width, image_size=args.image_size,
                                           tree=args.tree))  # a prompt of 1 token, the window before any clamp to the image
+    require_decoder_files(folder, family, str(args.model), args.vqgan)  # before the weights: minutes for 7B
     model = load_model(args.model, dtype=dtype, device=device, layout=args.layout, height=args.height,
                        width=args.width, image_size=args.image_size, batch_size=batch_size,
                        window=widest, guided=sampling.guided,

@@ -41,6 +41,7 @@ __all__ = [
     "load_model",
     "prompts_for",
     "require_decoder",
+    "require_decoder_files",
     "check_tokenizer_files",
     # re-exported from csdgen.models.detect, .dtypes, .memory_check, .defaults and .sources
     "MODEL_TYPES",
@@ -82,17 +83,58 @@ def require_decoder(model, name, folder: str | os.PathLike) -> None:
         ValueError: the model's ``vqgan`` is None (Chameleon's VQGAN, or Lumina-mGPT 2.0's MoVQGAN, not
             found), or its ``decoder_problem`` is set (GLM-Image without its diffusers pipeline).
     """
-    folder = Path(folder)
     if getattr(model, "vqgan", True) is None:
-        if type(model).__name__ == "Lumina2ImageModel":
-            raise ValueError(f"{str(name)!r} has no image decoder: give --vqgan PATH (movqgan_270M.ckpt, SberAI's "
-                             f"MoVQGAN 270M, which Lumina-mGPT 2.0 decodes with) or copy it into {str(folder)!r} or "
-                             f"{str(folder / 'movqgan' / '270M')!r}")
-        raise ValueError(f"{str(name)!r} has no image decoder: give --vqgan PATH (Chameleon's tokenizer/ folder holding "
-                         f"vqgan.yaml and vqgan.ckpt) or copy those two files into {str(folder)!r} or "
-                         f"{str(folder / 'tokenizer')!r}")
+        kind = {"Lumina2ImageModel": "lumina-mgpt-2", "LiquidImageModel": "liquid"}.get(type(model).__name__, "anole")
+        raise ValueError(_no_decoder(kind, name, Path(folder)))
     if getattr(model, "decoder_problem", None):  # GLM-Image without its diffusers pipeline or without diffusers
         raise ValueError(f"{str(name)!r}: {model.decoder_problem}")
+
+
+def require_decoder_files(folder: str | os.PathLike, family: str, name, vqgan: Any = None) -> None:
+    """:func:`require_decoder` before any weight is read: the decoder's files where the family's loader looks for
+    them (the same line; a 7B checkpoint takes minutes to read). A ``vqgan`` given is checked by the loader, also
+    before the weights.
+
+    Raises:
+        ValueError: no Chameleon VQGAN files (Lumina-mGPT, Anole, Liquid), no ``movqgan_270M.ckpt``
+            (Lumina-mGPT 2.0), or GLM-Image's pipeline incomplete (:func:`~csdgen.models.glm_image.pipeline_problem`).
+    """
+    folder = Path(folder)
+    if vqgan is not None:
+        return
+    if family in ("lumina-mgpt", "anole"):
+        if not any((d / "vqgan.yaml").is_file() and (d / "vqgan.ckpt").is_file() for d in (folder, folder / "tokenizer")):
+            raise ValueError(_no_decoder(family, name, folder))
+    elif family == "liquid":
+        from .liquid import find_vqgan
+
+        if find_vqgan(folder) is None:
+            raise ValueError(_no_decoder(family, name, folder))
+    elif family == "lumina-mgpt-2":
+        from .movqgan import find_movqgan
+
+        if find_movqgan(folder) is None:
+            raise ValueError(_no_decoder(family, name, folder))
+    elif family == "glm-image":
+        from .glm_image import GlmImageFolders, pipeline_problem
+
+        parts = GlmImageFolders.find(folder)
+        problem = pipeline_problem(parts.pipeline, processor_given=parts.processor is not None)
+        if problem:
+            raise ValueError(f"{str(name)!r}: {problem}")
+
+
+def _no_decoder(family: str, name, folder: Path) -> str:
+    """The one line saying which decoder files a checkpoint of ``family`` lacks and where they go."""
+    if family == "lumina-mgpt-2":
+        return (f"{str(name)!r} has no image decoder: give --vqgan PATH (movqgan_270M.ckpt, SberAI's MoVQGAN 270M, "
+                f"which Lumina-mGPT 2.0 decodes with) or copy it into {str(folder)!r} or {str(folder / 'movqgan' / '270M')!r}")
+    places = [folder, folder / "tokenizer"]
+    if family == "liquid":  # where Liquid's evaluation code keeps them, looked in too
+        places.insert(1, folder / "chameleon")
+    return (f"{str(name)!r} has no image decoder: give --vqgan PATH (Chameleon's tokenizer/ folder holding vqgan.yaml "
+            f"and vqgan.ckpt) or copy those two files into {', '.join(repr(str(p)) for p in places[:-1])} or "
+            f"{str(places[-1])!r}")
 
 
 def prompts_for(path: str | os.PathLike, family: str, *, height: int | None = None, width: int | None = None,
