@@ -193,6 +193,19 @@ def test_a_folder_without_tokenizer_files_is_refused_naming_it_when_prompts_are_
         load_model(folder, device="cpu")  # without prompts too: the processor is read with the folder
 
 
+def test_a_cuda_device_where_none_is_visible_is_refused_in_one_line(janus_dir, tmp_path, capsys, monkeypatch):
+    """Found by a new-user try-out: generate --model and serve --model with --device cuda on a machine without CUDA
+    ended in torch's traceback "Torch not compiled with CUDA enabled" from the memory check; load_model too."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for command, extra in (("generate", ["--prompt", "a dog", "--out", tmp_path / "o"]), ("serve", ["--port", 0])):
+        assert run(command, "--model", janus_dir, "--device", "cuda", *extra) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == ["csdgen: error: --device cuda: no CUDA device is visible here; use --device cpu"], (command, err)
+    for device in ("cuda", "cuda:1"):
+        with pytest.raises(ValueError, match=f"^device='{device}': no CUDA device is visible here; allowed: 'cpu'$"):
+            load_model(janus_dir, device=device)
+
+
 # memory check
 
 

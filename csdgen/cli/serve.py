@@ -148,6 +148,8 @@ def _load(args):
 
     check_tokenizer_files(folder, family)  # requests are text: refused here, naming the folder, before the weights
     device = args.device or default_device()
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is visible here; use --device cpu")
     dtype = choose_dtype(args, family, device)
     from ._common import quantize_setup, split_note
     from csdgen.models.plan import checkpoint_plan
