@@ -149,7 +149,7 @@ def _builtin_plan(args, device: str):
 
 def _model_plan(args, device: str):
     from csdgen.bench import BenchPlan
-    from csdgen.models.auto import load_model, require_decoder_files
+    from csdgen.models.auto import load_model
     from csdgen.prompts import load_prompts
 
     from ._common import checkpoint_setup, require_decoder
@@ -169,12 +169,11 @@ def _model_plan(args, device: str):
              "prompt_template": args.prompt_template, "lam": args.lam, "delta": args.delta,
              "addition_c": args.addition_c, "entropy_unit": args.entropy_unit, **_quantize_setting(args)}
     check_settings(args.out, known, write=False, partial=True)  # before the weights are read (minutes for 7B)
-    require_decoder_files(folder, family, str(args.model), args.vqgan)  # before the weights: minutes for 7B
     model = load_model(folder, dtype=dtype, device=device, layout=args.layout, height=args.height, width=args.width,
                        image_size=args.image_size, batch_size=1, window=args.window, guided=sampling.guided,
                        negative_prompt=args.negative_prompt, positive_prompt=args.positive_prompt,
                        prompts=[p.text for p in prompts], prompt_template=args.prompt_template, vqgan=args.vqgan,
-                       quantize=args.quantize, device_map=args.device_map)
+                       quantize=args.quantize, device_map=args.device_map, need_decoder=True)
     require_decoder(model, str(args.model), folder)
     split_note(args, model)
     fill_defaults(args, model_defaults(model, family))

@@ -173,7 +173,7 @@ def model_job(args):
     import torch
 
     from csdgen.engine import AUTO_MAX_WINDOW
-    from csdgen.models.auto import load_model, require_decoder_files
+    from csdgen.models.auto import load_model
     from csdgen.models.dtypes import default_device
     from csdgen.models.plan import checkpoint_plan
     from csdgen.runs import RunPlan, refuse_other_record, slug
@@ -197,14 +197,13 @@ def model_job(args):
                                           quantize=args.quantize, guided=sampling.guided, device=device, prompt_length=1,
                                           height=args.height, width=args.width, image_size=args.image_size,
                                           tree=args.tree))  # a prompt of 1 token, the window before any clamp to the image
-    require_decoder_files(folder, family, str(args.model), args.vqgan)  # before the weights: minutes for 7B
     model = load_model(args.model, dtype=dtype, device=device, layout=args.layout, height=args.height,
                        width=args.width, image_size=args.image_size, batch_size=batch_size,
                        window=widest, guided=sampling.guided,
                        negative_prompt=args.negative_prompt,
                        positive_prompt=args.positive_prompt, prompts=prompts, vqgan=args.vqgan,
                        prompt_template=args.prompt_template, quantize=args.quantize,
-                       device_map=args.device_map)  # sizes, prompt lengths and memory checked first
+                       device_map=args.device_map, need_decoder=True)  # sizes, prompts, memory, decoder files first
     require_decoder(model, str(args.model), folder)  # a Chameleon checkpoint without Chameleon's VQGAN files
     plan = checkpoint_plan(folder, family, batch_size=batch_size, window=min(widest, model.num_image_tokens - 1),
                            dtype=dtype, quantize=args.quantize, guided=sampling.guided, device=device,

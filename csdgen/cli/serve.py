@@ -136,7 +136,7 @@ def _load(args):
     from pathlib import Path
 
     from ._common import require_decoder
-    from csdgen.models.auto import load_model, require_decoder_files
+    from csdgen.models.auto import load_model
     from csdgen.models.detect import family_of, read_config
     from csdgen.models.dtypes import default_device
     from csdgen.models.sources import resolve_checkpoint
@@ -155,11 +155,10 @@ def _load(args):
     from csdgen.models.plan import checkpoint_plan
 
     quantize_setup(args, device)
-    require_decoder_files(folder, family, str(args.model), args.vqgan)  # before the weights: minutes for 7B
     model = load_model(args.model, dtype=dtype, device=device, layout=args.layout, height=args.height, width=args.width,
                        image_size=args.image_size, batch_size=1, window=AUTO_MAX_WINDOW, guided=True,
                        prompt_template=args.prompt_template, vqgan=args.vqgan, max_memory_bytes=budget,
-                       quantize=args.quantize, device_map=args.device_map)
+                       quantize=args.quantize, device_map=args.device_map, need_decoder=True)
     require_decoder(model, str(args.model), folder)  # a Chameleon checkpoint without Chameleon's VQGAN files
     split_note(args, model)
     guided = family != "glm-image"

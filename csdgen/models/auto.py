@@ -195,7 +195,8 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
                guided: bool = True, negative_prompt: str | None = None, vqgan: Any = None,
                prompts: list[str] | None = None, prompt_template: str | None = None,
                positive_prompt: str | None = None, processor: Any = None, quantize: str | None = None,
-               device_map: Any = None, offload_folder: str | os.PathLike | None = None) -> ImageTokenModel:
+               device_map: Any = None, offload_folder: str | os.PathLike | None = None,
+               need_decoder: bool = False) -> ImageTokenModel:
     """Load a Janus, Emu3, Chameleon-format (Lumina-mGPT / Anole), Lumina-mGPT 2.0, GLM-Image or Liquid checkpoint as an image-token model.
 
     Before any weight is read: the family, the image size, the prompt template and special
@@ -239,6 +240,8 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
             -> device (``"cpu"``, ``"cuda:1"``, ``"disk"``): accelerate splits the model across devices
             (each layer's KV cache stays with its layer). ``offload_folder``: where ``"disk"`` modules go
             (default: a temporary folder).
+        need_decoder: refuse, after the other checks and before the weights, a checkpoint whose image
+            decoder files are not there (:func:`require_decoder_files`; what the commands that write images ask).
 
     Raises:
         FileNotFoundError: no such folder nor cached repo, or no config/weights.
@@ -316,6 +319,8 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
                      height=height, width=width, image_size=image_size, guided=guided, max_memory_bytes=max_memory_bytes,
                      prompt_length=prompt_length, vqgan_dir=vqgan_dir, quantize=quantize,
                      split=device_map is not None)
+    if need_decoder:
+        require_decoder_files(folder, family, path_or_id, vqgan)
     height, width = _size(height, width, image_size)
     with load_options(quantize, device_map, offload_folder):
         model = _load_family(family, folder, dtype, device, height, width, layout, vqgan, vqgan_dir, prompt_template,
