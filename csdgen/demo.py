@@ -380,14 +380,16 @@ def load_demo_model(model_path: str | None = None, weights: str | None = None, *
         from csdgen.models.builtin import load_builtin_model
 
         return load_builtin_model(weights), "built-in model", FAMILY_DEFAULTS["builtin"]
-    from csdgen.models.auto import load_model, require_decoder
+    from csdgen.models.auto import check_tokenizer_files, load_model, require_decoder
     from csdgen.models.detect import family_of
     from csdgen.models.dtypes import default_device
     from csdgen.models.sources import resolve_checkpoint
 
     folder = resolve_checkpoint(model_path)
     family = family_of(folder, None, model_path)
-    model = load_model(model_path, device=default_device(), dtype=dtype, batch_size=1, image_size=image_size, vqgan=vqgan)
+    check_tokenizer_files(folder, family)  # the page sends text prompts: refused before the weights, naming the folder
+    model = load_model(model_path, device=default_device(), dtype=dtype, batch_size=1, image_size=image_size, vqgan=vqgan,
+                       need_decoder=True)
     require_decoder(model, model_path, folder)
     return model, f"{family} ({model_path})", getattr(model, "defaults", None) or FAMILY_DEFAULTS[family]
 

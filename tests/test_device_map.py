@@ -87,6 +87,33 @@ def test_each_layers_cache_stays_with_its_layer(liquid_folder, tmp_path):
     assert {layer.keys.device.type for layer in layers} == {"cpu"}
 
 
+def test_a_partial_device_map_places_every_other_module_on_the_device(janus_folder, liquid_folder, tmp_path, capsys):
+    """Found by a new-user try-out: docs/models.md's own example map names two layers, and accelerate refused such
+    a map with a list of every other weight (one line of 30 kB); the modules a map leaves out now go to --device."""
+    from csdgen.cli import main
+    from csdgen.models.auto import load_model
+    from csdgen.models.quantize import complete_device_map
+
+    for folder, layer, given in ((liquid_folder, "model.layers.1", {"model.layers.0": "cpu", "model.layers.1": "disk"}),
+                                 (janus_folder, "model.language_model.layers.1", {"model.language_model.layers.1": "disk"})):
+        whole = load_model(folder, device="cpu", batch_size=None)
+        split = load_model(folder, device="cpu", batch_size=None, device_map=given, offload_folder=tmp_path / "o")
+        assert split.device_map[layer] == "disk" and set(split.device_map.values()) == {"cpu", "disk"}
+        for method in ("ar", "sjd"):
+            a = csdgen.generate(whole, ["a red dog"], method=method, window=4, seed=5, engine="eager")
+            assert torch.equal(a.tokens, csdgen.generate(split, ["a red dog"], method=method, window=4, seed=5).tokens)
+    skeleton = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)))
+    assert complete_device_map(skeleton, {"1.0": "disk"}, "cpu") == {"1.0": "disk", "0": "cpu", "1.1": "cpu"}
+    assert complete_device_map(skeleton, {"": "cuda:1", "1.0": "disk"}, "cpu") == {"1.0": "disk", "0": "cuda:1",
+                                                                                   "1.1": "cuda:1"}
+    assert complete_device_map(skeleton, {"": "cpu"}, "cuda") == {"": "cpu"}
+    assert main(["generate", "--model", janus_folder, "--prompt", "a dog", "--device", "cpu", "--out", str(tmp_path / "g"),
+                 "--device-map", '{"model.layers.1": "disk"}']) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == ("csdgen: error: --device-map: 'model.layers.1' is not a module of this model; its modules are named "
+                   "from 'model', 'lm_head' down (e.g. 'model.language_model.layers.0')")
+
+
 @pytest.mark.parametrize("value, expected", [
     ("auto", "auto"), ("balanced", "balanced"),
     ('{"model.layers.0": "cpu", "model.layers.1": "disk"}', {"model.layers.0": "cpu", "model.layers.1": "disk"}),

@@ -3,6 +3,7 @@ random checkpoints of the three adapter test modules (their builders are importe
 """
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -131,6 +132,80 @@ def test_missing_weights_raise_the_adapters_error(janus_dir, emu3_dir, chameleon
         load_model(without_weights(chameleon_dir, tmp_path / "chameleon"), height=12, width=16, device="cpu")
 
 
+def test_a_cut_short_or_garbage_safetensors_file_is_refused_in_one_line_naming_it(janus_dir, tmp_path, capsys):
+    """Found by a new-user try-out: a truncated or garbage model.safetensors gave safetensors' traceback ("header too
+    large") from inside the loader; an index naming a missing shard gave transformers' long error."""
+    whole = (janus_dir / "model.safetensors").read_bytes()
+    cases = {"cut": (whole[:-100], "it holds {} bytes, its header promises {}: cut short".format(len(whole) - 100, len(whole))),
+             "garbage": (b"\xff" * 5000, "its header cannot be read (5000 bytes)"),
+             "not-json": (len(b"{nope").to_bytes(8, "little") + b"{nope", "its header is not a safetensors header")}
+    for name, (data, problem) in cases.items():
+        folder = without_weights(janus_dir, tmp_path / name)
+        (folder / "model.safetensors").write_bytes(data)
+        message = f"{str(folder / 'model.safetensors')!r} is not a whole safetensors file: {problem}; copy or download it again"
+        with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+            load_model(folder, device="cpu")
+        assert run("generate", "--model", folder, "--prompt", "a dog", "--device", "cpu", "--out", tmp_path / "o") == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0] and not (tmp_path / "o").exists()
+    sharded = without_weights(janus_dir, tmp_path / "sharded")
+    (sharded / "model-00001-of-00002.safetensors").write_bytes(whole)
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    with pytest.raises(FileNotFoundError, match=r"names 1 shard\(s\) not in the folder: model-00002-of-00002.safetensors; "
+                                                r"copy every shard$"):
+        load_model(sharded, device="cpu")
+
+
+def test_a_folder_without_tokenizer_files_is_refused_naming_it_when_prompts_are_text(janus_dir, emu3_dir, chameleon_dir,
+                                                                                      tmp_path, capsys):
+    """Found by a new-user try-out: csdgen generate on a copy without its tokenizer said "the checkpoint has no
+    tokenizer; give token-id lists" (no path; the CLI takes no token ids); Janus without its processor config gave
+    transformers' error pointing to huggingface.co."""
+    for source, extra in ((janus_dir, []), (emu3_dir, ["--height", str(HEIGHT), "--width", str(WIDTH)]),
+                          (chameleon_dir, ["--height", "12", "--width", "16"])):
+        folder = tmp_path / f"no-tokenizer-{source.name}"
+        shutil.copytree(source, folder, ignore=shutil.ignore_patterns("tokenizer*", "special_tokens_map.json"))
+        assert run("generate", "--model", folder, "--prompt", "a dog", "--device", "cpu", *extra,
+                   "--out", tmp_path / "o") == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{str(folder)!r}: no tokenizer (tokenizer.json, " in err[0], err
+        assert "copy its tokenizer files there" in err[0] and not (tmp_path / "o").exists()
+        with pytest.raises(FileNotFoundError, match="no tokenizer"):
+            load_model(folder, device="cpu", prompts=["a dog"], height=None if source == janus_dir else 12 if
+                       source == chameleon_dir else HEIGHT, width=None if source == janus_dir else 16 if
+                       source == chameleon_dir else WIDTH)
+    folder = tmp_path / f"no-tokenizer-{janus_dir.name}"  # serve and the demo take text from requests: refused at start
+    assert run("serve", "--model", folder, "--device", "cpu", "--port", "0") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{str(folder)!r}: no tokenizer (tokenizer.json, " in err[0], err
+    from csdgen.demo import load_demo_model
+
+    with pytest.raises(FileNotFoundError, match="no tokenizer"):
+        load_demo_model(str(folder))
+    folder = tmp_path / "janus-no-processor-config"
+    shutil.copytree(janus_dir, folder, ignore=shutil.ignore_patterns("processor_config.json", "preprocessor_config.json"))
+    assert run("generate", "--model", folder, "--prompt", "a dog", "--device", "cpu", "--out", tmp_path / "o") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and (f"{str(folder)!r} has a tokenizer but no processor config (processor_config.json or "
+                              f"preprocessor_config.json)") in err[0], err
+    with pytest.raises(FileNotFoundError, match="no processor config"):
+        load_model(folder, device="cpu")  # without prompts too: the processor is read with the folder
+
+
+def test_a_cuda_device_where_none_is_visible_is_refused_in_one_line(janus_dir, tmp_path, capsys, monkeypatch):
+    """Found by a new-user try-out: generate --model and serve --model with --device cuda on a machine without CUDA
+    ended in torch's traceback "Torch not compiled with CUDA enabled" from the memory check; load_model too."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for command, extra in (("generate", ["--prompt", "a dog", "--out", tmp_path / "o"]), ("serve", ["--port", 0])):
+        assert run(command, "--model", janus_dir, "--device", "cuda", *extra) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == ["csdgen: error: --device cuda: no CUDA device is visible here; use --device cpu"], (command, err)
+    for device in ("cuda", "cuda:1"):
+        with pytest.raises(ValueError, match=f"^device='{device}': no CUDA device is visible here; allowed: 'cpu'$"):
+            load_model(janus_dir, device=device)
+
+
 # memory check
 
 
@@ -177,7 +252,8 @@ def test_load_model_refuses_before_reading_weights(janus_dir, emu3_dir, chameleo
         (chameleon_dir, "chameleon", dict(height=12, width=16, prompt_template="{prompt} {seed}"), r"allowed fields"),
     ]:
         broken = without_weights(source, tmp_path / f"broken-{len(list(tmp_path.iterdir()))}-{name}")
-        (broken / "model.safetensors").write_bytes(b"not safetensors")
+        header = json.dumps({"x": {"dtype": "NOT-A-DTYPE", "shape": [1], "data_offsets": [0, 1]}}).encode()
+        (broken / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0")  # whole, unloadable
         with pytest.raises(ValueError, match=match):
             load_model(broken, device="cpu", **kw)
 
@@ -303,6 +379,30 @@ def test_cli_chameleon_without_vqgan_files_is_refused_before_generating(chameleo
     assert run("generate", "--model", folder, "--prompt", "a dog", "--height", 12, "--width", 16, "--top-k", 8,
                "--device", "cpu", "--out", tmp_path / "o") == 2
     assert "has no image decoder: give --vqgan PATH (Chameleon's tokenizer/ folder holding vqgan.yaml and vqgan.ckpt)" in capsys.readouterr().err
+
+
+def test_missing_decoder_files_are_refused_before_the_weights_are_read(chameleon_dir, tmp_path, capsys):
+    """Found by a new-user try-out: generate, bench, serve and the demo read the whole checkpoint (minutes for 7B)
+    before saying that its VQGAN files were missing; now the weights are not read (here they could not be)."""
+    folder = tmp_path / "Lumina-mGPT-tiny"
+    shutil.copytree(chameleon_dir, folder, ignore=shutil.ignore_patterns("vqgan.*", "*.safetensors"))
+    header = json.dumps({"x": {"dtype": "NOT-A-DTYPE", "shape": [1], "data_offsets": [0, 1]}}).encode()
+    (folder / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0")  # whole, unloadable
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a dog\n")
+    size = ["--height", 12, "--width", 16, "--device", "cpu"]
+    for argv in (["generate", "--prompt", "a dog", "--top-k", 8, *size, "--out", tmp_path / "o"],
+                 ["bench", "--prompts", prompts, "--limit", 1, "--top-k", 8, *size, "--out", tmp_path / "b"],
+                 ["serve", *size, "--port", 0]):
+        assert run(argv[0], "--model", folder, *argv[1:]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{str(folder)!r} has no image decoder: give --vqgan PATH" in err[0], (argv[0], err)
+    from csdgen.demo import load_demo_model
+
+    with pytest.raises(ValueError, match="has no image decoder"):
+        load_demo_model(str(folder), image_size=16)
+    auto.require_decoder_files(folder, "lumina-mgpt", "x", vqgan=chameleon_dir)  # a --vqgan given: the loader checks it
+    auto.require_decoder_files(chameleon_dir, "lumina-mgpt", "x")  # the files there: nothing to say
 
 
 def test_cli_prompt_template_every_family_and_the_greedy_warning(janus_dir, emu3_dir, chameleon_dir, tmp_path, capsys):

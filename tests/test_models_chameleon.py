@@ -280,7 +280,7 @@ def test_errors_name_the_bad_value(checkpoint, lumina, tmp_path):
         ChameleonImageModel.from_pretrained(str(tmp_path), height=12, width=16)
     for kwargs, match in [
         (dict(height=10, width=16), "height=10: allowed positive multiples of 4"),
-        (dict(height=12, width=40), "resolution token for 40 px"),
+        (dict(height=12, width=40), r"image side 40 px: its resolution token .<reserved08810>. is not in the checkpoint.s vocabulary; allowed: sides up to 32 px \(multiples of 4\)$"),
         (dict(layout="emu3"), "layout='emu3'; allowed: lumina, anole"),
         (dict(layout="anole", height=32, width=32), "allowed only 16x16"),
         (dict(height=12, width=16, vqgan=str(tmp_path)), "vqgan.yaml"),

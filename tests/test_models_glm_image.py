@@ -329,6 +329,25 @@ def test_decoder_needs_its_pipeline_folder_and_diffusers(glm, checkpoint, monkey
     assert "pip install" in glm.decoder_problem and "csdgen[glm]" in glm.decoder_problem
 
 
+def test_a_pipeline_folder_without_its_decoder_folders_is_refused_before_generating(glm, checkpoint, tmp_path, capsys):
+    """model_index.json alone (transformer/, vae/, ... not copied) is named as such, not left to diffusers' error after
+    the tokens are generated (found by a new-user try-out: "no file named config.json found in directory <root>")."""
+    assert glm.pipeline_folder == Path(checkpoint)
+    problem = glm.decoder_problem
+    assert problem is not None and str(checkpoint) in problem
+    for name in ("transformer/", "vae/", "text_encoder/", "tokenizer/", "scheduler/"):
+        assert name in problem
+    assert "vision_language_encoder/" not in problem and "processor/" not in problem
+    from csdgen import cli
+
+    out = tmp_path / "out"
+    assert cli.main(["generate", "--model", str(checkpoint), "--prompt", "red cat", "--height", str(SIZE), "--width",
+                     str(SIZE), "--method", "ar", "--device", "cpu", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "lacks " in err and "transformer/" in err and str(checkpoint) in err
+    assert not out.exists()  # refused before generating
+
+
 def add_tiny_decoder(root: Path, glm: GlmImageModel) -> Path:
     """Save a whole tiny GlmImagePipeline (diffusers writes every folder and model_index.json) into ``root``."""
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImagePipeline, GlmImageTransformer2DModel

@@ -314,7 +314,8 @@ def test_unsupported_size_is_refused_before_the_weights_are_read(checkpoint, tmp
 
     broken = tmp_path / "broken"
     shutil.copytree(checkpoint, broken)
-    (broken / "model.safetensors").write_bytes(b"not safetensors")
+    header = json.dumps({"x": {"dtype": "NOT-A-DTYPE", "shape": [1], "data_offsets": [0, 1]}}).encode()
+    (broken / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0")  # whole, unloadable
     with pytest.raises(ValueError, match="image_size=48: this Janus checkpoint makes 24 x 24 images only"):
         JanusImageModel.from_pretrained(broken, image_size=48)
 

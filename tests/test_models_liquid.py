@@ -272,6 +272,21 @@ def test_load_model_detects_liquid_and_checks_before_the_weights(checkpoint, tmp
         auto.load_model(checkpoint, device="cpu", batch_size=2, max_memory_bytes=10**6)
 
 
+def test_a_liquid_folder_without_vqgan_files_is_refused_naming_its_chameleon_folder(checkpoint, tmp_path, capsys):
+    """Found by a new-user try-out: the refusal named the folder and its tokenizer/ only, not chameleon/, where
+    Liquid's evaluation code keeps the VQGAN and csdgen looks too."""
+    from csdgen import cli
+
+    bare = tmp_path / "Liquid-no-vqgan"
+    shutil.copytree(checkpoint, bare, ignore=shutil.ignore_patterns("chameleon"))
+    assert cli.main(["generate", "--model", str(bare), "--prompt", "red cat", "--device", "cpu",
+                     "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and (f"copy those two files into {str(bare)!r}, {str(bare / 'chameleon')!r} or "
+                              f"{str(bare / 'tokenizer')!r}") in err[0], err
+    assert not (tmp_path / "o").exists()
+
+
 def test_memory_estimate_from_the_config_equals_the_models(checkpoint, liquid):
     expected = liquid.memory(window=16, prompt_length=20)
     assert auto.estimate_memory(checkpoint, "liquid", 16, "float32", prompt_length=20) == expected

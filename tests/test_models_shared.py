@@ -74,6 +74,18 @@ def test_refusals_are_one_line_naming_the_value_and_what_is_allowed(tmp_path):
         check_checkpoint(tmp_path, "Emu3")
 
 
+def test_an_image_too_big_for_any_prompt_is_refused_naming_the_size_not_a_prompt():
+    """Found by a new-user try-out: a size check with prompt length 1 said "prompt of 1 tokens + 32x32 image ...
+    allowed: prompts up to 0 tokens", blaming a prompt nobody gave."""
+    with pytest.raises(ValueError, match=r"^32x32 image of 276 positions leaves no room for a prompt within "
+                                         r"max_position_embeddings=128; allowed: a smaller size, whose image part takes "
+                                         r"at most 127 positions$"):
+        check_sequence_length(1, 276, 128, "32x32 image")
+    with pytest.raises(ValueError, match="leaves no room for a prompt"):
+        check_sequence_length(1, 128, 128)
+    check_sequence_length(1, 127, 128)
+
+
 def test_the_cache_goes_under_the_keyword_the_installed_transformers_forward_takes():
     """transformers 5.24 renamed ``past_key_values`` to ``cache``; a name the forward does not take lands in
     its ``**kwargs`` unseen and the model silently runs without the KV cache (wrong logits, no error)."""

@@ -173,7 +173,7 @@ def _model_plan(args, device: str):
                        image_size=args.image_size, batch_size=1, window=args.window, guided=sampling.guided,
                        negative_prompt=args.negative_prompt, positive_prompt=args.positive_prompt,
                        prompts=[p.text for p in prompts], prompt_template=args.prompt_template, vqgan=args.vqgan,
-                       quantize=args.quantize, device_map=args.device_map)
+                       quantize=args.quantize, device_map=args.device_map, need_decoder=True)
     require_decoder(model, str(args.model), folder)
     split_note(args, model)
     fill_defaults(args, model_defaults(model, family))

@@ -170,6 +170,8 @@ def _known_settings(args, folder, family: str, dtype: str, device: str, prompts:
 
 def model_job(args):
     """The run plan of a checkpoint (``--model``) and its batch size."""
+    import torch
+
     from csdgen.engine import AUTO_MAX_WINDOW
     from csdgen.models.auto import load_model
     from csdgen.models.dtypes import default_device
@@ -184,6 +186,8 @@ def model_job(args):
     conditions = [prompts[i % len(prompts)] for i in range(args.num_images or len(prompts))]
     batch_size = min(args.batch_size, len(conditions))
     device = args.device or default_device()
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is visible here; use --device cpu")
     dtype = choose_dtype(args, family, device)
     quantize_setup(args, device)
     widest = AUTO_MAX_WINDOW if args.window == "auto" else args.window
@@ -199,7 +203,7 @@ def model_job(args):
                        negative_prompt=args.negative_prompt,
                        positive_prompt=args.positive_prompt, prompts=prompts, vqgan=args.vqgan,
                        prompt_template=args.prompt_template, quantize=args.quantize,
-                       device_map=args.device_map)  # sizes, prompt lengths and memory checked first
+                       device_map=args.device_map, need_decoder=True)  # sizes, prompts, memory, decoder files first
     require_decoder(model, str(args.model), folder)  # a Chameleon checkpoint without Chameleon's VQGAN files
     plan = checkpoint_plan(folder, family, batch_size=batch_size, window=min(widest, model.num_image_tokens - 1),
                            dtype=dtype, quantize=args.quantize, guided=sampling.guided, device=device,

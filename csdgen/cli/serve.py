@@ -144,7 +144,12 @@ def _load(args):
     folder = resolve_checkpoint(args.model)
     read_config(folder)
     family = family_of(folder, args.layout, args.model)
+    from csdgen.models.auto import check_tokenizer_files
+
+    check_tokenizer_files(folder, family)  # requests are text: refused here, naming the folder, before the weights
     device = args.device or default_device()
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is visible here; use --device cpu")
     dtype = choose_dtype(args, family, device)
     from ._common import quantize_setup, split_note
     from csdgen.models.plan import checkpoint_plan
@@ -153,7 +158,7 @@ def _load(args):
     model = load_model(args.model, dtype=dtype, device=device, layout=args.layout, height=args.height, width=args.width,
                        image_size=args.image_size, batch_size=1, window=AUTO_MAX_WINDOW, guided=True,
                        prompt_template=args.prompt_template, vqgan=args.vqgan, max_memory_bytes=budget,
-                       quantize=args.quantize, device_map=args.device_map)
+                       quantize=args.quantize, device_map=args.device_map, need_decoder=True)
     require_decoder(model, str(args.model), folder)  # a Chameleon checkpoint without Chameleon's VQGAN files
     split_note(args, model)
     guided = family != "glm-image"

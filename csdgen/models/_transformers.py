@@ -113,6 +113,7 @@ def check_checkpoint(path: str | os.PathLike, family: str) -> Path:
 
     Raises:
         FileNotFoundError: (one type for all three cases) no such folder, no config.json, no weights.
+        ValueError: a weight file cut short or not a safetensors file (:func:`check_weight_files`).
     """
     folder = Path(path)
     if not folder.is_dir():
@@ -122,7 +123,49 @@ def check_checkpoint(path: str | os.PathLike, family: str) -> Path:
     if not any((folder / name).is_file() for name in WEIGHT_FILES) and not any(folder.glob("*.safetensors")) \
             and not any(folder.glob("pytorch_model*.bin")):
         raise FileNotFoundError(f"{str(path)!r} holds no weights; expected one of {', '.join(WEIGHT_FILES)} or *.safetensors shards")
+    check_weight_files(folder)
     return folder
+
+
+def check_weight_files(folder: Path) -> None:
+    """The folder's safetensors files are whole (their headers read and their data present) and the shards its
+    ``model.safetensors.index.json`` names are there; a file cut short by a download or a copy is named here, in
+    one line, not by a traceback from the loader after the rest has been read.
+
+    Raises:
+        FileNotFoundError: a shard the index names is missing.
+        ValueError: a safetensors file whose header cannot be read or whose data is shorter than its header says.
+    """
+    import json
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        from csdgen.jsonio import read_json
+
+        shards = sorted(set((read_json(index, what="a safetensors index").get("weight_map") or {}).values()))
+        missing = [name for name in shards if not (folder / name).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{str(index)!r} names {len(missing)} shard(s) not in the folder: "
+                                    f"{', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}; copy every shard")
+    for file in sorted(folder.glob("*.safetensors")):
+        size = file.stat().st_size
+        problem = None
+        with open(file, "rb") as f:
+            head = f.read(8)
+            length = int.from_bytes(head, "little") if len(head) == 8 else None
+            if length is None or length > size - 8:
+                problem = f"its header cannot be read ({size} bytes)"
+            else:
+                try:
+                    header = json.loads(f.read(length))
+                    end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+                except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+                    problem = "its header is not a safetensors header"
+                else:
+                    if 8 + length + end > size:
+                        problem = f"it holds {size} bytes, its header promises {8 + length + end}: cut short"
+        if problem:
+            raise ValueError(f"{str(file)!r} is not a whole safetensors file: {problem}; copy or download it again")
 
 
 #: the text the tokenizer check encodes (issue 16: "a red cat")
@@ -257,8 +300,13 @@ def check_sequence_length(prompt_length: int, image_length: int, limit: int, wha
         limit: ``max_position_embeddings``.
 
     Raises:
-        ValueError: naming both lengths, their sum, the limit and the longest prompt allowed.
+        ValueError: naming both lengths, their sum, the limit and the longest prompt allowed; or, where the image
+            part alone leaves no room for a prompt, naming it and the limit (the size is to change, not the prompt).
     """
+    if image_length >= limit:  # no prompt fits: the size is what is wrong, whatever the prompt
+        raise ValueError(f"{what} of {image_length} positions leaves no room for a prompt within "
+                         f"max_position_embeddings={limit}; allowed: a smaller size, whose image part takes at most "
+                         f"{limit - 1} positions")
     if prompt_length + image_length > limit:
         raise ValueError(
             f"prompt of {prompt_length} tokens + {what} of {image_length} positions = {prompt_length + image_length} "

@@ -41,6 +41,8 @@ __all__ = [
     "load_model",
     "prompts_for",
     "require_decoder",
+    "require_decoder_files",
+    "check_tokenizer_files",
     # re-exported from csdgen.models.detect, .dtypes, .memory_check, .defaults and .sources
     "MODEL_TYPES",
     "FAMILIES",
@@ -81,17 +83,58 @@ def require_decoder(model, name, folder: str | os.PathLike) -> None:
         ValueError: the model's ``vqgan`` is None (Chameleon's VQGAN, or Lumina-mGPT 2.0's MoVQGAN, not
             found), or its ``decoder_problem`` is set (GLM-Image without its diffusers pipeline).
     """
-    folder = Path(folder)
     if getattr(model, "vqgan", True) is None:
-        if type(model).__name__ == "Lumina2ImageModel":
-            raise ValueError(f"{str(name)!r} has no image decoder: give --vqgan PATH (movqgan_270M.ckpt, SberAI's "
-                             f"MoVQGAN 270M, which Lumina-mGPT 2.0 decodes with) or copy it into {str(folder)!r} or "
-                             f"{str(folder / 'movqgan' / '270M')!r}")
-        raise ValueError(f"{str(name)!r} has no image decoder: give --vqgan PATH (Chameleon's tokenizer/ folder holding "
-                         f"vqgan.yaml and vqgan.ckpt) or copy those two files into {str(folder)!r} or "
-                         f"{str(folder / 'tokenizer')!r}")
+        kind = {"Lumina2ImageModel": "lumina-mgpt-2", "LiquidImageModel": "liquid"}.get(type(model).__name__, "anole")
+        raise ValueError(_no_decoder(kind, name, Path(folder)))
     if getattr(model, "decoder_problem", None):  # GLM-Image without its diffusers pipeline or without diffusers
         raise ValueError(f"{str(name)!r}: {model.decoder_problem}")
+
+
+def require_decoder_files(folder: str | os.PathLike, family: str, name, vqgan: Any = None) -> None:
+    """:func:`require_decoder` before any weight is read: the decoder's files where the family's loader looks for
+    them (the same line; a 7B checkpoint takes minutes to read). A ``vqgan`` given is checked by the loader, also
+    before the weights.
+
+    Raises:
+        ValueError: no Chameleon VQGAN files (Lumina-mGPT, Anole, Liquid), no ``movqgan_270M.ckpt``
+            (Lumina-mGPT 2.0), or GLM-Image's pipeline incomplete (:func:`~csdgen.models.glm_image.pipeline_problem`).
+    """
+    folder = Path(folder)
+    if vqgan is not None:
+        return
+    if family in ("lumina-mgpt", "anole"):
+        if not any((d / "vqgan.yaml").is_file() and (d / "vqgan.ckpt").is_file() for d in (folder, folder / "tokenizer")):
+            raise ValueError(_no_decoder(family, name, folder))
+    elif family == "liquid":
+        from .liquid import find_vqgan
+
+        if find_vqgan(folder) is None:
+            raise ValueError(_no_decoder(family, name, folder))
+    elif family == "lumina-mgpt-2":
+        from .movqgan import find_movqgan
+
+        if find_movqgan(folder) is None:
+            raise ValueError(_no_decoder(family, name, folder))
+    elif family == "glm-image":
+        from .glm_image import GlmImageFolders, pipeline_problem
+
+        parts = GlmImageFolders.find(folder)
+        problem = pipeline_problem(parts.pipeline, processor_given=parts.processor is not None)
+        if problem:
+            raise ValueError(f"{str(name)!r}: {problem}")
+
+
+def _no_decoder(family: str, name, folder: Path) -> str:
+    """The one line saying which decoder files a checkpoint of ``family`` lacks and where they go."""
+    if family == "lumina-mgpt-2":
+        return (f"{str(name)!r} has no image decoder: give --vqgan PATH (movqgan_270M.ckpt, SberAI's MoVQGAN 270M, "
+                f"which Lumina-mGPT 2.0 decodes with) or copy it into {str(folder)!r} or {str(folder / 'movqgan' / '270M')!r}")
+    places = [folder, folder / "tokenizer"]
+    if family == "liquid":  # where Liquid's evaluation code keeps them, looked in too
+        places.insert(1, folder / "chameleon")
+    return (f"{str(name)!r} has no image decoder: give --vqgan PATH (Chameleon's tokenizer/ folder holding vqgan.yaml "
+            f"and vqgan.ckpt) or copy those two files into {', '.join(repr(str(p)) for p in places[:-1])} or "
+            f"{str(places[-1])!r}")
 
 
 def prompts_for(path: str | os.PathLike, family: str, *, height: int | None = None, width: int | None = None,
@@ -152,7 +195,8 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
                guided: bool = True, negative_prompt: str | None = None, vqgan: Any = None,
                prompts: list[str] | None = None, prompt_template: str | None = None,
                positive_prompt: str | None = None, processor: Any = None, quantize: str | None = None,
-               device_map: Any = None, offload_folder: str | os.PathLike | None = None) -> ImageTokenModel:
+               device_map: Any = None, offload_folder: str | os.PathLike | None = None,
+               need_decoder: bool = False) -> ImageTokenModel:
     """Load a Janus, Emu3, Chameleon-format (Lumina-mGPT / Anole), Lumina-mGPT 2.0, GLM-Image or Liquid checkpoint as an image-token model.
 
     Before any weight is read: the family, the image size, the prompt template and special
@@ -196,6 +240,8 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
             -> device (``"cpu"``, ``"cuda:1"``, ``"disk"``): accelerate splits the model across devices
             (each layer's KV cache stays with its layer). ``offload_folder``: where ``"disk"`` modules go
             (default: a temporary folder).
+        need_decoder: refuse, after the other checks and before the weights, a checkpoint whose image
+            decoder files are not there (:func:`require_decoder_files`; what the commands that write images ask).
 
     Raises:
         FileNotFoundError: no such folder nor cached repo, or no config/weights.
@@ -258,6 +304,8 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
 
         height, width = lumina_pixel_size(*_size(height, width, image_size), str(path_or_id), folder)
         image_size = None
+    if prompts and any(isinstance(p, str) for p in prompts):
+        check_tokenizer_files(folder, family)
     builder = prompts_for(folder, family, height=height, width=width, image_size=image_size, prompt_template=prompt_template,
                           negative_prompt=negative_prompt, positive_prompt=positive_prompt, vqgan_dir=vqgan_dir)
     prompt_length = None
@@ -271,6 +319,8 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
                      height=height, width=width, image_size=image_size, guided=guided, max_memory_bytes=max_memory_bytes,
                      prompt_length=prompt_length, vqgan_dir=vqgan_dir, quantize=quantize,
                      split=device_map is not None)
+    if need_decoder:
+        require_decoder_files(folder, family, path_or_id, vqgan)
     height, width = _size(height, width, image_size)
     with load_options(quantize, device_map, offload_folder):
         model = _load_family(family, folder, dtype, device, height, width, layout, vqgan, vqgan_dir, prompt_template,
@@ -279,6 +329,23 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
     model.device_map = next((m.hf_device_map for m in vars(model).values() if getattr(m, "hf_device_map", None)),
                             None) if device_map is not None else None
     return model
+
+
+def check_tokenizer_files(folder: Path, family: str) -> None:
+    """Text prompts need the checkpoint's tokenizer: refuse a folder without its files in one line naming the folder.
+
+    Raises:
+        FileNotFoundError: no tokenizer file where the family keeps it (GLM-Image: ``processor/``).
+    """
+    from ._transformers import TOKENIZER_FILES
+
+    folder = Path(folder)
+    places = [folder]  # where the adapter looks for it
+    if family == "glm-image":
+        places = [folder / "processor"] if (folder / "model_index.json").is_file() else [folder, folder.parent / "processor"]
+    if not any((where / name).is_file() for where in places for name in TOKENIZER_FILES):
+        raise FileNotFoundError(f"{' or '.join(repr(str(p)) for p in places)}: no tokenizer ({', '.join(TOKENIZER_FILES)}); "
+                                f"text prompts need the checkpoint's tokenizer: copy its tokenizer files there")
 
 
 def _load_family(family, folder, dtype, device, height, width, layout, vqgan, vqgan_dir, prompt_template,

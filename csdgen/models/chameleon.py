@@ -167,6 +167,29 @@ def _grid_token_name(n: int) -> str:
     return f"<reserved{8800 + n:05d}>"
 
 
+def resolution_token_ids(sides: tuple[int, int], unit: int, vocab: dict | None, tokenizer: Any) -> tuple[int, int]:
+    """The ids of the resolution tokens of ``sides`` (pixels; ``unit`` pixels per token step), Lumina-mGPT 1.0's and 2.0's.
+
+    Raises:
+        ValueError: a side whose token the vocabulary lacks, naming the side and the largest size it has
+            tokens for (rather than doubting the family, as a missing special token does).
+    """
+    ids = []
+    for side in sides:
+        try:
+            ids.append(token_id(_grid_token_name(side // unit), vocab, tokenizer, f"resolution token for {side} px"))
+        except ValueError:
+            names = set(vocab or {}) | (set(tokenizer.get_vocab()) if tokenizer is not None else set())
+            n = 0
+            while _grid_token_name(n + 1) in names:
+                n += 1
+            if not n:
+                raise
+            raise ValueError(f"image side {side} px: its resolution token {_grid_token_name(side // unit)!r} is not in the "
+                             f"checkpoint's vocabulary; allowed: sides up to {n * unit} px (multiples of {unit})") from None
+    return tuple(ids)
+
+
 def _downsampling(config: ChameleonConfig) -> int:
     """Pixels per image token along a side: ``2 ** (len(vq_config.channel_multiplier) - 1)`` (16)."""
     return 2 ** (len(config.vq_config.channel_multiplier) - 1)
@@ -227,7 +250,7 @@ class ChameleonLayout:
         for name, value in (("height", height), ("width", width)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or value % (2 * f):
                 raise ValueError(f"Lumina-mGPT {name}={value!r}: allowed positive multiples of {2 * f} pixels")
-        res = tuple(tid(_grid_token_name(v // (2 * f)), f"resolution token for {v} px") for v in (height, width))
+        res = resolution_token_ids((height, width), 2 * f, vocab, tokenizer)
         return cls("lumina", height // f, width // f, newline=tid(NEWLINE, "end-of-line"), resolution_tokens=res, **ids)
 
     @property

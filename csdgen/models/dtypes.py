@@ -18,12 +18,15 @@ def check_device(device: str | torch.device) -> str | torch.device:
 
     Raises:
         ValueError: one line naming the value and the devices allowed (instead of torch's list of
-            every device type it was built to name).
+            every device type it was built to name); a CUDA device where none is visible (instead of
+            torch's "Torch not compiled with CUDA enabled" from inside the memory check).
     """
     try:
-        torch.device(device)
+        kind = torch.device(device).type
     except (RuntimeError, TypeError, ValueError):
         raise ValueError(f"device={device!r}: not a device; allowed: 'cpu', 'cuda' or 'cuda:N' (a GPU's index)") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={str(device)!r}: no CUDA device is visible here; allowed: 'cpu'")
     return device
 
 

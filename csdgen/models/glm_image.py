@@ -384,6 +384,41 @@ def load_processor(folder: Path | None) -> Any:
     return load_tokenizer(folder)
 
 
+def pipeline_problem(pipeline: Path | None, processor_given: bool = True) -> str | None:
+    """Why the image decoder of a GLM-Image checkpoint whose pipeline folder is ``pipeline`` cannot run (one line),
+    or None; reads no weights (what :attr:`GlmImageModel.decoder_problem` says, and the commands before loading).
+
+    Args:
+        pipeline: the diffusers pipeline folder (:attr:`GlmImageFolders.pipeline`), None without one.
+        processor_given: the AR model's processor is at hand (then ``processor/`` is not needed).
+    """
+    if pipeline is None:
+        return ("this GLM-Image checkpoint has no diffusers pipeline (model_index.json with transformer/, vae/, "
+                "text_encoder/): give the pipeline folder to decode images")
+    try:
+        import diffusers  # noqa: F401
+    except ImportError:
+        return "GLM-Image's image decoder needs diffusers: pip install -c constraints.txt 'csdgen[glm]'"
+    missing = missing_components(pipeline, given=("vision_language_encoder",) + (("processor",) if processor_given else ()))
+    if missing:
+        return (f"the GLM-Image pipeline folder {str(pipeline)!r} lacks {', '.join(name + '/' for name in missing)} "
+                f"(model_index.json lists them; the image decoder loads them): copy the whole zai-org/GLM-Image folder")
+    return None
+
+
+def missing_components(pipeline: Path, given: Sequence[str] = ()) -> list[str]:
+    """The components ``model_index.json`` of ``pipeline`` lists whose folders are not there (``given`` ones aside).
+
+    A component listed as ``[null, null]`` is optional in diffusers and is not asked for.
+    """
+    from csdgen.jsonio import read_json
+
+    index = read_json(Path(pipeline) / "model_index.json", what="a diffusers pipeline index")
+    return [name for name, value in index.items()
+            if not name.startswith("_") and isinstance(value, list) and any(v is not None for v in value)
+            and name not in given and not (Path(pipeline) / name).is_dir()]
+
+
 def decoder_parameters(pipeline: Path | None) -> int:
     """Parameters of the pipeline's DiT, glyph text encoder and VAE, read from their safetensors headers (0 if absent)."""
     if pipeline is None:
@@ -504,15 +539,8 @@ class GlmImageModel(GlmImagePrompts, ImageTokenModel):
 
     @property
     def decoder_problem(self) -> str | None:
-        """Why :meth:`decode_images` cannot run here (one line), or None."""
-        if self.pipeline_folder is None:
-            return ("this GLM-Image checkpoint has no diffusers pipeline (model_index.json with transformer/, vae/, "
-                    "text_encoder/): give the pipeline folder to decode images")
-        try:
-            import diffusers  # noqa: F401
-        except ImportError:
-            return "GLM-Image's image decoder needs diffusers: pip install -c constraints.txt 'csdgen[glm]'"
-        return None
+        """Why :meth:`decode_images` cannot run here (one line), or None (:func:`pipeline_problem`)."""
+        return pipeline_problem(self.pipeline_folder, processor_given=self.processor is not None)
 
     def decoder(self):
         """The diffusers ``GlmImagePipeline`` of the checkpoint, loaded on first use with this model as its AR stage.

@@ -39,7 +39,7 @@ from transformers import DynamicCache, JanusConfig, JanusForConditionalGeneratio
 from ._transformers import (
     cache_kwargs,
     MemoryEstimate, PaddedRows, check_checkpoint, check_sequence_length, check_token_ids, estimate_memory,
-    format_prompt, load_tokenizer, meta_parameter_count, parameter_count, resolve_dtype, token_id,
+    TOKENIZER_FILES, format_prompt, load_tokenizer, meta_parameter_count, parameter_count, resolve_dtype, token_id,
 )
 from ._conditions import check_conditions
 from ._ragged import RaggedSession
@@ -293,10 +293,24 @@ class JanusImageModel(JanusPrompts, ImageTokenModel):
         return images.permute(0, 3, 1, 2).float().clamp(-1, 1)
 
 
+#: the files JanusProcessor.from_pretrained reads its image processor from (one of them)
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+
+
 def _load_processor(folder: Path):
-    """The folder's JanusProcessor, or None when it has no tokenizer files."""
+    """The folder's JanusProcessor, or None when it has no tokenizer files.
+
+    Raises:
+        FileNotFoundError: tokenizer files without the processor's config (a partial copy), in one line naming the
+            folder (transformers' own error points to the Hub and to one of the two file names).
+    """
     from transformers import JanusProcessor
 
+    folder = Path(folder)
+    if any((folder / name).is_file() for name in TOKENIZER_FILES) and \
+            not any((folder / name).is_file() for name in PROCESSOR_FILES):
+        raise FileNotFoundError(f"{str(folder)!r} has a tokenizer but no processor config ({' or '.join(PROCESSOR_FILES)}): "
+                                f"Janus builds its prompts with its JanusProcessor; copy that file from the checkpoint")
     return load_tokenizer(folder, JanusProcessor)
 
 

@@ -68,7 +68,7 @@ from ._transformers import (
 )
 from .base import ImageTokenModel
 from .chameleon import (
-    BOI, EOI, LUMINA_PROMPT_TEMPLATE, NEWLINE, _grid_token_name, file_tensor_names, load_backbone,
+    BOI, EOI, LUMINA_PROMPT_TEMPLATE, NEWLINE, file_tensor_names, load_backbone, resolution_token_ids,
 )
 from ._layout_model import DEFAULT_PROMPT_LENGTH, LayoutImageModel, LayoutPrompts
 from .defaults import FAMILY_DEFAULTS
@@ -193,7 +193,7 @@ class Lumina2Layout:
 
         bos = _bos_of(tokenizer, vocab)
         pad = getattr(tokenizer, "pad_token_id", None)
-        res = tuple(tid(_grid_token_name(v // GRID_PIXELS), f"resolution token for {v} px") for v in (height, width))
+        res = resolution_token_ids((height, width), GRID_PIXELS, vocab, tokenizer)
         return cls(height // PIXELS_PER_TOKEN, width // PIXELS_PER_TOKEN, bos=bos, pad=bos if pad is None else int(pad),
                    boi=tid(BOI, "begin-of-image"), eoi=tid(EOI, "end-of-image"), newline=tid(NEWLINE, "end-of-line"),
                    resolution_tokens=res, uncond_context=uncond_context)

@@ -254,6 +254,13 @@ def load_pretrained(model_class: Any, folder: str | os.PathLike, *, dtype: torch
             skeleton = model_class._from_config(config) if hasattr(model_class, "_from_config") else model_class(config)
         extra["quantization_config"] = quantization_config(options.quantize, skipped_modules(skeleton), dtype)
     device_map = options.device_map
+    if isinstance(device_map, dict):
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(folder)
+        with torch.device("meta"):
+            skeleton = model_class._from_config(config) if hasattr(model_class, "_from_config") else model_class(config)
+        device_map = complete_device_map(skeleton, device_map, str(torch.device(device)))
     if isinstance(device_map, dict) and "disk" in device_map.values():
         _check_offload(model_class, folder, device_map)
     if device_map is None:
@@ -262,6 +269,45 @@ def load_pretrained(model_class: Any, folder: str | os.PathLike, *, dtype: torch
     if _offloads(device_map):
         extra["offload_folder"] = options.offload_folder or tempfile.mkdtemp(prefix="csdgen-offload-")
     return model_class.from_pretrained(folder, dtype=dtype, **kwargs, **extra)
+
+
+def complete_device_map(model: torch.nn.Module, device_map: dict, default: str) -> dict:
+    """A module -> device map that places every module of ``model``: those the given map names where it says, every
+    other one on ``default`` (the run's ``--device``; a ``""`` entry of the map gives another default). accelerate
+    takes only a map that covers every weight (its error lists each weight left out), and ``""`` beside other
+    entries leaves those weights on 'meta'.
+
+    Raises:
+        ValueError: a name that is no module or weight of the model (one line naming it and a few that are).
+    """
+    given = dict(device_map)
+    default = given.pop("", default)
+    if not given:
+        return {"": default}
+    modules = dict(model.named_modules())
+    weights = {name for name, _ in model.named_parameters()} | {name for name, _ in model.named_buffers()}
+    unknown = [name for name in given if name not in modules and name not in weights]
+    if unknown:
+        top = ", ".join(repr(n) for n, _ in model.named_children())
+        raise ValueError(f"--device-map: {unknown[0]!r} is not a module of this model; its modules are named from "
+                         f"{top} down (e.g. {decoder_layers_prefix(model) + '.0'!r})")
+    placed = dict(given)
+
+    def place(name: str, module: torch.nn.Module) -> None:
+        if name in given:
+            return
+        if not any(key.startswith(name + ".") or not name for key in given):
+            placed[name] = default
+            return
+        for child, sub in module.named_children():
+            place(f"{name}.{child}" if name else child, sub)
+        for own, _ in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
+            full = f"{name}.{own}" if name else own
+            if full not in given:
+                placed[full] = default
+
+    place("", model)
+    return placed
 
 
 def _check_offload(model_class: Any, folder: str | os.PathLike, device_map: dict) -> None:
