@@ -312,3 +312,10 @@ def test_a_continuous_batch_refuses_a_compile_that_is_not_a_bool_as_generate_doe
     for bad in ("yes", 1):
         with pytest.raises(ValueError, match=rf"^compile={bad!r}: allowed True, False or None"):
             ContinuousBatch(float64_model, method="sjd", window=4, sampling=GUIDED, compile=bad)
+
+
+def test_the_batch_settings_are_generates_without_seed_engine_and_compile(float64_model):
+    """What the settings docstring says they hold (it said 'without seed' only)."""
+    batch = ContinuousBatch(float64_model, method="sjd", window=4, sampling=GUIDED)
+    alone = csdgen.generate(float64_model, [1], method="sjd", window=4, sampling=GUIDED)
+    assert batch.settings == {k: v for k, v in alone.settings.items() if k not in ("seed", "engine", "compile")}

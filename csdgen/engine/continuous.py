@@ -106,7 +106,8 @@ class ContinuousBatch:
             drains to empty, for the next batch.
 
     Attributes:
-        settings: the resolved settings (as :attr:`csdgen.GenerationResult.settings`, without seed).
+        settings: the resolved settings (as :attr:`csdgen.GenerationResult.settings`, without seed,
+            engine and compile: the batch's session decides those when it opens).
         forwards: model calls so far (iterations and admission prefills).
         rows_fed: sum over iterations of the images in the batch (mean occupancy: ``rows_fed / iterations``).
         iterations: iterations (:meth:`step` calls that ran a forward).
