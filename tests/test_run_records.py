@@ -248,3 +248,22 @@ def test_long_setting_differences_show_the_differing_field():
     line = settings_difference({"preset": method}, {"preset": method.replace("lam=0.5", "lam=0.4")})[0]
     assert '"...lam=0.5..." there, "...lam=0.4..." here' in line
     assert settings_difference({"a": "x"}, {"a": "y"}) == ['a: "x" there, "y" here']  # short values whole
+
+
+def test_save_run_records_a_quantised_model_as_csdgen_generate_quantize_does(weights, tmp_path, capsys):
+    """save_run recorded no quantize: a quantised model resumed (and extended) a float32 folder with its
+    own images, and csdgen generate --quantize int8 refused a save_run folder of the same quantised run
+    ('quantize: unset there, "int8" here')."""
+    pytest.importorskip("torchao")
+    import csdgen
+    from csdgen.models.builtin import load_builtin_model
+
+    plain, quantized = load_builtin_model(weights), load_builtin_model(weights, quantize="int8")
+    csdgen.save_run(plain, ["red apple"], tmp_path / "float", window=4, maps=False)
+    with pytest.raises(ValueError, match=r"other settings \(quantize: unset there, \"int8\" here\)"):
+        csdgen.save_run(quantized, ["red apple"], tmp_path / "float", window=4, maps=False)
+    csdgen.save_run(quantized, ["red apple"], tmp_path / "int8", window=4, maps=False)
+    cli = ["generate", "--weights", weights, "--class", "red apple", "-n", 1, "--window", 4, "--no-maps",
+           "--quantize", "int8", "--out", tmp_path / "int8"]
+    assert run(*cli) == 0
+    assert capsys.readouterr().out.startswith("1 image (1 kept from an earlier run)")
