@@ -87,16 +87,19 @@ def _comparable(settings: dict) -> dict:
 
 def _model_settings(model) -> dict:
     """The model's part of a record's settings: the built-in model as ``csdgen generate`` records it
-    (``"builtin"`` and its weights, ``"shipped"`` or the folder), another model by its class name."""
+    (``"builtin"`` and its weights, ``"shipped"`` or the folder), another model by its class name;
+    and ``quantize`` where the model was quantised (``model.quantize``, as ``--quantize`` records it:
+    another target, other images)."""
     from csdgen.models.builtin import BuiltinModel
 
+    quantized = {"quantize": model.quantize} if getattr(model, "quantize", None) else {}
     if not isinstance(model, BuiltinModel):
-        return {"model": type(model).__name__}
+        return {"model": type(model).__name__, **quantized}
     from csdgen.builtin import DEFAULT_WEIGHTS_DIR
 
     folder = getattr(model.components, "weights_dir", None)
     shipped = folder is None or Path(folder).resolve() == DEFAULT_WEIGHTS_DIR
-    return {"model": "builtin", "weights": "shipped" if shipped else str(folder)}
+    return {"model": "builtin", "weights": "shipped" if shipped else str(folder), **quantized}
 
 
 def run_settings(model, *, seed: int = 0, method="csd", window=None, sampling=None, draft_init=None, refresh=None,
@@ -106,7 +109,8 @@ def run_settings(model, *, seed: int = 0, method="csd", window=None, sampling=No
     on resume, so an argument given at its default is no other setting, and either resumes the other.
 
     Holds ``model`` (the built-in model: ``"builtin"`` and ``weights``; another model: its class
-    name, which ``csdgen generate --model`` replaces by the checkpoint's settings), ``method``,
+    name, which ``csdgen generate --model`` replaces by the checkpoint's settings), ``quantize`` for a
+    quantised model, ``method``,
     ``rule`` (the rule's repr for csd and addition, else the method name quoted unless the rule
     has other options than the name's), ``window``, ``seed``, ``draft_init`` and ``refresh`` (not
     for ``ar``: it has no drafts),

@@ -138,6 +138,11 @@ class SamplingConfig:
             value = getattr(self, name)
             if value is not None and type(value) not in (int, float):
                 object.__setattr__(self, name, int(value) if isinstance(value, numbers.Integral) else float(value))
+        if isinstance(self.top_n_sigma_centered, str) or self.top_n_sigma_centered not in (True, False):
+            # "False" is truthy: it ran the centred sigma
+            raise ValueError(f"top_n_sigma_centered={self.top_n_sigma_centered!r}: must be True (the standard deviation) "
+                             f"or False (the root mean square)")
+        object.__setattr__(self, "top_n_sigma_centered", bool(self.top_n_sigma_centered))
         if self.guidance_schedule is not None and not isinstance(self.guidance_schedule, GuidanceSchedule):
             raise ValueError(f"guidance_schedule={self.guidance_schedule!r}: must be None or a "
                              "csdgen.guidance.GuidanceSchedule (e.g. LinearGuidance(floor=1.0))")

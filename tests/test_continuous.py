@@ -304,3 +304,18 @@ def test_admit_names_a_bare_condition_or_seed_and_the_batch_takes_a_numpy_capaci
     with pytest.raises(ValueError, match=r"^seeds=3: allowed a list of one integer per image \(1 image\), e\.g\. \[3\]$"):
         batch.admit([1], 3, [0])
     assert batch.size == 0 and len(batch.admit([1], [3], [0])) == 1
+
+
+def test_a_continuous_batch_refuses_a_compile_that_is_not_a_bool_as_generate_does(float64_model):
+    """ContinuousBatch(..., compile="yes") ran compiled (a truthy string) though its docstring takes
+    engine and compile 'as csdgen.generate', which refuses it."""
+    for bad in ("yes", 1):
+        with pytest.raises(ValueError, match=rf"^compile={bad!r}: allowed True, False or None"):
+            ContinuousBatch(float64_model, method="sjd", window=4, sampling=GUIDED, compile=bad)
+
+
+def test_the_batch_settings_are_generates_without_seed_engine_and_compile(float64_model):
+    """What the settings docstring says they hold (it said 'without seed' only)."""
+    batch = ContinuousBatch(float64_model, method="sjd", window=4, sampling=GUIDED)
+    alone = csdgen.generate(float64_model, [1], method="sjd", window=4, sampling=GUIDED)
+    assert batch.settings == {k: v for k, v in alone.settings.items() if k not in ("seed", "engine", "compile")}

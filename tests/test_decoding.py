@@ -421,3 +421,16 @@ def test_a_one_token_image_is_its_prefill(kwargs):
     result = csdgen.generate(model, None, batch_size=3, seed=0, sampling={"temperature": 0}, **kwargs)
     assert result.tokens.tolist() == [[7]] * 3 and result.steps == 1 and result.widths == []
     assert [(s.steps, s.committed_per_step) for s in result.images] == [(1, [1])] * 3
+
+
+def test_kept_step_infos_show_their_own_forward(cached_model):
+    """A callback that keeps each StepInfo (callback=history.append) read the engine's live buffers:
+    every kept StepInfo showed the last forward's committed lengths and tokens."""
+    history = []
+    result = csdgen.generate(cached_model, [0, 1], window=4, seed=1, callback=history.append)
+    N = cached_model.num_image_tokens
+    committed = [info.committed.tolist() for info in history]
+    assert committed[0] == [1, 1] and committed[-1] == [N, N] and len(history) == result.steps
+    assert all(a <= b for earlier, later in zip(committed, committed[1:]) for a, b in zip(earlier, later))
+    first = history[0]
+    assert torch.equal(first.tokens[:, 0], result.tokens[:, 0]) and not torch.equal(first.tokens, result.tokens)

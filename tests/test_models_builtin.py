@@ -21,3 +21,17 @@ def test_a_model_loaded_onto_another_device_leaves_the_cached_cpu_model_on_the_c
         assert model is cpu and model.device == torch.device("cpu")
         assert next(model.backbone.parameters()).device.type == "cpu"
     assert load_builtin_model(weights, device="meta") is other  # cached per device too
+
+
+def test_an_unknown_device_and_cuda_without_a_gpu_are_one_line(weights, monkeypatch):
+    """device='tpu' ended in torch's RuntimeError listing 20 device types, device='cuda' on a machine
+    without CUDA in AssertionError: Torch not compiled with CUDA enabled (after the weights were read)."""
+    import pytest
+
+    from csdgen.models.builtin import load_builtin_model
+
+    with pytest.raises(ValueError, match=r"^device='tpu': not a device; allowed: 'cpu', 'cuda' or 'cuda:N'"):
+        load_builtin_model(weights, device="tpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"^device='cuda:1': no CUDA device is visible here; allowed: 'cpu'"):
+        load_builtin_model(weights, device="cuda:1")

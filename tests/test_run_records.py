@@ -248,3 +248,40 @@ def test_long_setting_differences_show_the_differing_field():
     line = settings_difference({"preset": method}, {"preset": method.replace("lam=0.5", "lam=0.4")})[0]
     assert '"...lam=0.5..." there, "...lam=0.4..." here' in line
     assert settings_difference({"a": "x"}, {"a": "y"}) == ['a: "x" there, "y" here']  # short values whole
+
+
+def test_save_run_records_a_quantised_model_as_csdgen_generate_quantize_does(weights, tmp_path, capsys):
+    """save_run recorded no quantize: a quantised model resumed (and extended) a float32 folder with its
+    own images, and csdgen generate --quantize int8 refused a save_run folder of the same quantised run
+    ('quantize: unset there, "int8" here')."""
+    pytest.importorskip("torchao")
+    import csdgen
+    from csdgen.models.builtin import load_builtin_model
+
+    plain, quantized = load_builtin_model(weights), load_builtin_model(weights, quantize="int8")
+    csdgen.save_run(plain, ["red apple"], tmp_path / "float", window=4, maps=False)
+    with pytest.raises(ValueError, match=r"other settings \(quantize: unset there, \"int8\" here\)"):
+        csdgen.save_run(quantized, ["red apple"], tmp_path / "float", window=4, maps=False)
+    csdgen.save_run(quantized, ["red apple"], tmp_path / "int8", window=4, maps=False)
+    cli = ["generate", "--weights", weights, "--class", "red apple", "-n", 1, "--window", 4, "--no-maps",
+           "--quantize", "int8", "--out", tmp_path / "int8"]
+    assert run(*cli) == 0
+    assert capsys.readouterr().out.startswith("1 image (1 kept from an earlier run)")
+
+
+def test_save_run_records_a_checkpoint_model_by_its_class_name_as_docs_library_says(tmp_path, capsys):
+    """docs/library.md said csdgen generate resumes any save_run folder 'and back'; for a checkpoint
+    model save_run records the class name only, so csdgen generate --model refuses the folder (what
+    the page now says)."""
+    import csdgen
+    from csdgen.models.auto import load_model
+    from test_models_janus import PROMPTS, build_checkpoint
+
+    folder = build_checkpoint(tmp_path / "janus")
+    csdgen.save_run(load_model(folder), PROMPTS[:1], tmp_path / "out", window=4, maps=False)
+    assert json.loads((tmp_path / "out" / "record.json").read_text())["settings"]["model"] == "JanusImageModel"
+    capsys.readouterr()
+    assert run("generate", "--model", folder, "--prompt", PROMPTS[0], "-n", 1, "--window", 4, "--no-maps",
+               "--out", tmp_path / "out") == 2
+    assert "model: \"JanusImageModel\" there" in capsys.readouterr().err  # (transformers' progress bars beside it)
+    assert "class name only" in (Path(__file__).resolve().parents[1] / "docs" / "library.md").read_text()

@@ -104,6 +104,9 @@ def test_temperature_sharpens():
         ({"top_n_sigma": 0.0}, "top_n_sigma=0.0"),
         ({"top_n_sigma": float("inf")}, "top_n_sigma=inf"),
         ({"guidance_schedule": "linear"}, "guidance_schedule='linear': must be None or a csdgen.guidance"),
+        # "False" is truthy: it ran the centred sigma
+        ({"top_n_sigma": 1.0, "top_n_sigma_centered": "False"}, r"^top_n_sigma_centered='False': must be True .* or False"),
+        ({"top_n_sigma_centered": None}, r"^top_n_sigma_centered=None: must be True"),
     ],
 )
 def test_sampling_config_rejects_bad_values(kwargs, match):

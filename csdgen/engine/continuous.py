@@ -44,7 +44,7 @@ import torch
 from ..acceptance import AcceptanceRule
 from ..models.base import ImageTokenModel
 from ..sampling import SamplingConfig
-from .generation import check_conditions, resolve_arguments
+from .generation import check_conditions, check_engine, resolve_arguments
 from ..sampling import as_integer, check_seed
 from .loop import _Loop, _signed64
 from .results import ImageStats
@@ -106,7 +106,8 @@ class ContinuousBatch:
             drains to empty, for the next batch.
 
     Attributes:
-        settings: the resolved settings (as :attr:`csdgen.GenerationResult.settings`, without seed).
+        settings: the resolved settings (as :attr:`csdgen.GenerationResult.settings`, without seed,
+            engine and compile: the batch's session decides those when it opens).
         forwards: model calls so far (iterations and admission prefills).
         rows_fed: sum over iterations of the images in the batch (mean occupancy: ``rows_fed / iterations``).
         iterations: iterations (:meth:`step` calls that ran a forward).
@@ -118,9 +119,7 @@ class ContinuousBatch:
     def __init__(self, model: ImageTokenModel, *, method: str | AcceptanceRule = "csd", window: int | str | None = None,
                  sampling: SamplingConfig | None = None, draft_init: str | None = None, refresh: str | None = None,
                  engine: str = "auto", compile: bool | None = None, capacity: int | None = None):
-        from ..models._static import check_engine
-
-        check_engine(engine)
+        check_engine(engine, compile)  # compile="yes" compiled (truthy), as generate refuses it
         if capacity is not None and (as_integer(capacity) is None or capacity < 1):
             raise ValueError(f"capacity={capacity!r}: allowed an integer >= 1 (batch slots)")
         capacity = None if capacity is None else as_integer(capacity)  # numpy's integers too

@@ -297,8 +297,10 @@ class _Loop:
     def _notify(self, session) -> None:
         if self.callback is not None:
             N = self.model.num_image_tokens
-            self.callback(StepInfo(self.steps, self.committed, self.tokens[:, :N], session, self.active_host.clone(),
-                                   self.decisions[:, :N], self.entropy[:, :N]))
+            # copies (on the device, no sync): the engine's buffers change at the next iteration, so a
+            # StepInfo kept by the callback (history.append) read the last iteration's values
+            self.callback(StepInfo(self.steps, self.committed.clone(), self.tokens[:, :N].clone(), session,
+                                   self.active_host.clone(), self.decisions[:, :N].clone(), self.entropy[:, :N].clone()))
 
     # -- one iteration --------------------------------------------------------------------------
 

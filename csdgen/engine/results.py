@@ -84,7 +84,9 @@ class ImageStats:
 
 @dataclass
 class StepInfo:
-    """What a ``callback`` sees after every forward (prefill included).
+    """What a ``callback`` sees after every forward (prefill included): the tensors are copies of
+    that moment, so a kept StepInfo still shows it; ``session`` is the live session (read it during
+    the call).
 
     Attributes:
         step: forwards of the batch so far.

@@ -114,11 +114,18 @@ def load_builtin_model(weights_dir: str | os.PathLike | None = None, *, quantize
     Raises:
         FileNotFoundError: if the weights are not there.
         ValueError: an empty path (``""``: ``Path("")`` would be the current folder); a ``quantize`` the
-            device or the installed packages cannot run (one line).
+            device or the installed packages cannot run; a ``device`` torch does not know, or CUDA
+            where none is visible (one line each).
     """
     if isinstance(weights_dir, str) and not weights_dir.strip():
         raise ValueError(f"weights_dir={weights_dir!r}: an empty path; allowed: a folder of the built-in model's "
                          f"weights, or None for the shipped ones")
+    if device is not None:  # torch's RuntimeError listed 20 device types; CUDA's absence was an AssertionError
+        from .dtypes import check_device
+
+        check_device(device)
+        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device={device!r}: no CUDA device is visible here; allowed: 'cpu' (or None)")
     key = None if weights_dir is None else str(weights_dir)
     if quantize is None:
         # moving the cached CPU model moved it for every other caller: load_builtin_model() after a
