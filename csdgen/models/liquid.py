@@ -88,10 +88,9 @@ def find_vqgan(folder: str | os.PathLike, vqgan_dir: str | os.PathLike | None = 
 def _vqgan_config(files: tuple[Path, Path] | None) -> VQGANConfig | None:
     if files is None:
         return None
-    import yaml
+    from ._vq_decoder import read_yaml
 
-    with open(files[0]) as f:
-        return VQGANConfig.from_dict(yaml.safe_load(f) or {})
+    return VQGANConfig.from_dict(read_yaml(files[0], "Chameleon's vqgan.yaml"))
 
 
 class LiquidPrompts:
