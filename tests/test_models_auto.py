@@ -193,6 +193,23 @@ def test_a_folder_without_tokenizer_files_is_refused_naming_it_when_prompts_are_
         load_model(folder, device="cpu")  # without prompts too: the processor is read with the folder
 
 
+def test_a_tokenizer_or_processor_file_cut_short_is_refused_naming_it(janus_dir, emu3_dir, tmp_path, capsys):
+    """Found by a new-user try-out: a tokenizer.json cut short gave "Unterminated string starting at: line 17 column 18"
+    with no file named (transformers' error)."""
+    for source, name, extra in ((janus_dir, "tokenizer.json", []), (janus_dir, "processor_config.json", []),
+                                (emu3_dir, "tokenizer_config.json", ["--height", str(HEIGHT), "--width", str(WIDTH)])):
+        folder = tmp_path / f"{source.name}-{name}"
+        shutil.copytree(source, folder)
+        (folder / name).write_text((source / name).read_text()[:300])
+        message = f"{str(folder / name)!r} is not valid JSON (line "
+        with pytest.raises(ValueError, match="^" + re.escape(message)):
+            load_model(folder, device="cpu", **({} if source == janus_dir else dict(height=HEIGHT, width=WIDTH)))
+        assert run("generate", "--model", folder, "--prompt", "a dog", "--device", "cpu", *extra,
+                   "--out", tmp_path / "o") == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0] and "expected a tokenizer or processor file" in err[0], err
+
+
 def test_a_cuda_device_where_none_is_visible_is_refused_in_one_line(janus_dir, tmp_path, capsys, monkeypatch):
     """Found by a new-user try-out: generate --model and serve --model with --device cuda on a machine without CUDA
     ended in torch's traceback "Torch not compiled with CUDA enabled" from the memory check; load_model too."""

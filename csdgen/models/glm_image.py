@@ -378,6 +378,10 @@ def load_processor(folder: Path | None) -> Any:
     if any((folder / name).is_file() for name in ("processor_config.json", "preprocessor_config.json")):
         from transformers import GlmImageProcessor
 
+        from ._transformers import check_json_files
+
+        check_json_files(folder)
+
         return GlmImageProcessor.from_pretrained(folder)
     from ._transformers import load_tokenizer
 
