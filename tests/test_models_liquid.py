@@ -14,6 +14,7 @@ images are constant); whether the release ties them is unverified, and the adapt
 """
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -242,6 +243,10 @@ def test_refusals_name_the_bad_value(checkpoint, liquid, tmp_path):
     (plain / "config.json").write_text(json.dumps({**config, "vocab_size": len(VOCAB)}))
     with pytest.raises(ValueError, match=r"vocab_size 59 - len\(tokenizer\) 59 = 0 image rows; allowed: Liquid's 8192"):
         LiquidImageModel.from_pretrained(plain)
+    # the folder is named (found by a new-user try-out: the line did not say which checkpoint), from load_model too
+    for load in (LiquidImageModel.from_pretrained, lambda f: auto.load_model(f, device="cpu")):
+        with pytest.raises(ValueError, match=rf"^{re.escape(repr(str(plain)))}: vocab_size 59 - len\(tokenizer\) 59"):
+            load(plain)
     with pytest.raises(ValueError, match="allowed: the VQGAN's n_embed 48"):
         other = tmp_path / "vq48"
         other.mkdir()
