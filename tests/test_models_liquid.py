@@ -247,6 +247,13 @@ def test_refusals_name_the_bad_value(checkpoint, liquid, tmp_path):
     for load in (LiquidImageModel.from_pretrained, lambda f: auto.load_model(f, device="cpu")):
         with pytest.raises(ValueError, match=rf"^{re.escape(repr(str(plain)))}: vocab_size 59 - len\(tokenizer\) 59"):
             load(plain)
+    cut = tmp_path / "cut-vqgan"  # a vqgan.ckpt cut short: refused before the weights are read (here they could not be)
+    shutil.copytree(checkpoint, cut)
+    (cut / "chameleon" / "vqgan.ckpt").write_bytes((cut / "chameleon" / "vqgan.ckpt").read_bytes()[:2000])
+    header = json.dumps({"x": {"dtype": "NOT-A-DTYPE", "shape": [1], "data_offsets": [0, 1]}}).encode()
+    (cut / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0")  # whole, unloadable
+    with pytest.raises(ValueError, match=r"vqgan.ckpt' is not a readable PyTorch checkpoint \(cut short"):
+        LiquidImageModel.from_pretrained(cut)
     with pytest.raises(ValueError, match="allowed: the VQGAN's n_embed 48"):
         other = tmp_path / "vq48"
         other.mkdir()
