@@ -210,6 +210,19 @@ def test_a_tokenizer_or_processor_file_cut_short_is_refused_naming_it(janus_dir,
         assert len(err) == 1 and message in err[0] and "expected a tokenizer or processor file" in err[0], err
 
 
+def test_vqgan_help_and_refusal_name_every_family_that_takes_it(janus_dir, tmp_path, capsys):
+    """Found by a new-user try-out: --help said --vqgan was for Chameleon-format checkpoints only and the refusal
+    left out Lumina-mGPT 2.0, while Liquid (its chameleon/ too) and Lumina-mGPT 2.0 (movqgan_270M.ckpt) take it."""
+    with pytest.raises(SystemExit):
+        run("generate", "--help")
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Lumina-mGPT, Anole and Liquid: Chameleon's VQGAN" in text and "(Liquid: also chameleon/)" in text
+    assert "Lumina-mGPT 2.0: movqgan_270M.ckpt or its folder" in text
+    with pytest.raises(ValueError, match=r"vqgan applies to Chameleon-format \(Lumina-mGPT, Anole, Lumina-mGPT 2.0\) "
+                                         r"and Liquid checkpoints only; .* is janus$"):
+        load_model(janus_dir, vqgan=str(tmp_path))
+
+
 def test_a_cuda_device_where_none_is_visible_is_refused_in_one_line(janus_dir, tmp_path, capsys, monkeypatch):
     """Found by a new-user try-out: generate --model and serve --model with --device cuda on a machine without CUDA
     ended in torch's traceback "Torch not compiled with CUDA enabled" from the memory check; load_model too."""

@@ -461,8 +461,10 @@ def add_checkpoint_files(g) -> None:
                    help="square image side in pixels (Lumina-mGPT: default the size its name says, e.g. "
                         "Lumina-mGPT-7B-768, else required)")
     g.add_argument("--vqgan", type=path_text, default=None, metavar="PATH",
-                   help="Chameleon-format checkpoints: Chameleon's VQGAN, its tokenizer/ folder holding vqgan.yaml and "
-                        "vqgan.ckpt (or the vqgan.ckpt file); default: found in the checkpoint folder or its tokenizer/. "
+                   help="the image decoder's files. Lumina-mGPT, Anole and Liquid: Chameleon's VQGAN, its tokenizer/ "
+                        "folder holding vqgan.yaml and vqgan.ckpt (or the vqgan.ckpt file); default: found in the "
+                        "checkpoint folder or its tokenizer/ (Liquid: also chameleon/). Lumina-mGPT 2.0: "
+                        "movqgan_270M.ckpt or its folder; default: the checkpoint folder, movqgan/ or movqgan/270M/. "
                         "Decodes images, and gives GSD/LANTERN the codebook Lumina-mGPT's files lack")
 
 
