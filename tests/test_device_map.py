@@ -114,6 +114,21 @@ def test_a_partial_device_map_places_every_other_module_on_the_device(janus_fold
                    "from 'model', 'lm_head' down (e.g. 'model.language_model.layers.0')")
 
 
+def test_torchao_quantisation_with_a_cpu_or_disk_map_is_refused_without_a_gpu(liquid_folder, tmp_path, monkeypatch):
+    """Found by a new-user try-out: --quantize int8 with a JSON map (cpu / disk modules) on a machine without CUDA
+    failed inside transformers (it quantises those layers on a GPU first) with a multi-page load report."""
+    pytest.importorskip("torchao")
+    from csdgen.models.auto import load_model
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for given in ({"model.layers.1": "disk"}, {"model.layers.0": "cpu"}):
+        with pytest.raises(ValueError, match=r"^--quantize int8 with --device-map placing modules on 'cpu' or 'disk': .* "
+                                             r"use --device-map auto, or leave out --quantize or --device-map$"):
+            load_model(liquid_folder, device="cpu", batch_size=None, device_map=given, quantize="int8",
+                       offload_folder=tmp_path / "o")
+    assert load_model(liquid_folder, device="cpu", batch_size=None, device_map={"": "cpu"}, quantize="int8").quantize == "int8"
+
+
 @pytest.mark.parametrize("value, expected", [
     ("auto", "auto"), ("balanced", "balanced"),
     ('{"model.layers.0": "cpu", "model.layers.1": "disk"}', {"model.layers.0": "cpu", "model.layers.1": "disk"}),
