@@ -393,7 +393,8 @@ def add_sampling(p: argparse.ArgumentParser, *, family_note: bool = False) -> No
                    help=f"0 or none = no top-k (default: the model's; built-in "
                         f"{'none' if d.top_k is None else d.top_k}{also})")
     p.add_argument("--top-p", type=number, default=None, metavar="P",
-                   help=f"nucleus mass (default: the model's; built-in {'none' if d.top_p is None else d.top_p}{also})")
+                   help=f"nucleus mass in (0, 1], 1 = no top-p (default: the model's; built-in "
+                        f"{'none' if d.top_p is None else d.top_p}{also})")
     if family_note:
         p.add_argument("--guidance-schedule", choices=GUIDANCE_SCHEDULES, default="family",
                        help="family: the family's own schedule of the guidance scale over the image (Lumina-mGPT 2.0's "
