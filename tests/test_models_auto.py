@@ -155,6 +155,11 @@ def test_a_cut_short_or_garbage_safetensors_file_is_refused_in_one_line_naming_i
     with pytest.raises(FileNotFoundError, match=r"names 1 shard\(s\) not in the folder: model-00002-of-00002.safetensors; "
                                                 r"copy every shard$"):
         load_model(sharded, device="cpu")
+    (sharded / "model-00002-of-00002.safetensors").write_bytes(whole)
+    (sharded / "stray.safetensors").write_bytes(b"\xff" * 50)  # not in the index: the loader does not read it
+    from csdgen.models._transformers import check_checkpoint
+
+    assert check_checkpoint(sharded, "Janus") == sharded
 
 
 def test_a_folder_without_tokenizer_files_is_refused_naming_it_when_prompts_are_text(janus_dir, emu3_dir, chameleon_dir,

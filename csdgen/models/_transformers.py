@@ -139,7 +139,8 @@ def check_weight_files(folder: Path) -> None:
     import json
 
     index = folder / "model.safetensors.index.json"
-    if index.is_file():
+    files = sorted(folder.glob("*.safetensors"))
+    if index.is_file():  # the shards it names are what the loader reads (another .safetensors beside them is not)
         from csdgen.jsonio import read_json
 
         shards = sorted(set((read_json(index, what="a safetensors index").get("weight_map") or {}).values()))
@@ -147,7 +148,10 @@ def check_weight_files(folder: Path) -> None:
         if missing:
             raise FileNotFoundError(f"{str(index)!r} names {len(missing)} shard(s) not in the folder: "
                                     f"{', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}; copy every shard")
-    for file in sorted(folder.glob("*.safetensors")):
+        files = [folder / name for name in shards]
+    elif (folder / "model.safetensors").is_file():
+        files = [folder / "model.safetensors"]
+    for file in files:
         size = file.stat().st_size
         problem = None
         with open(file, "rb") as f:
