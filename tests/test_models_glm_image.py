@@ -374,6 +374,25 @@ def decoder_root(glm, tmp_path_factory):
     return add_tiny_decoder(tmp_path_factory.mktemp("with-decoder") / "GLM-Image", glm)
 
 
+def test_a_pipeline_folder_with_an_empty_or_weightless_component_is_refused_naming_it(decoder_root, tmp_path):
+    """Found by a new-user try-out: an empty transformer/ (a copy cut short) passed the folder check and diffusers
+    refused it after the whole prior had run ("no file named config.json found in directory .../transformer")."""
+    import shutil
+
+    from csdgen.models.glm_image import missing_components, pipeline_problem
+
+    assert missing_components(decoder_root, given=("vision_language_encoder",)) == []
+    cut = tmp_path / "GLM-Image"
+    shutil.copytree(decoder_root, cut)
+    shutil.rmtree(cut / "transformer")
+    (cut / "transformer").mkdir()
+    for f in (cut / "vae").glob("*.safetensors"):
+        f.unlink()
+    assert missing_components(cut, given=("vision_language_encoder", "processor")) == \
+        ["transformer (empty: no config)", "vae (no weights)"]
+    assert f"{str(cut)!r} lacks transformer/ (empty: no config), vae/ (no weights) (model_index.json" in pipeline_problem(cut)
+
+
 def test_images_come_from_diffusers_pipeline_with_csdgens_tokens(decoder_root, monkeypatch):
     from diffusers import GlmImagePipeline
 
