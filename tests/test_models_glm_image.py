@@ -393,6 +393,18 @@ def test_a_pipeline_folder_with_an_empty_or_weightless_component_is_refused_nami
     assert f"{str(cut)!r} lacks transformer/ (empty: no config), vae/ (no weights) (model_index.json" in pipeline_problem(cut)
 
 
+def test_a_model_with_a_layer_on_disk_decodes_its_images(decoder_root, tmp_path):
+    """Found by a new-user try-out: with --device-map sending a decoder layer to disk, the tokens were made and then
+    diffusers' pipe.to(device) refused the pipeline ("You can't move a model that has some modules offloaded")."""
+    split = auto.load_model(decoder_root, device="cpu", batch_size=None, height=SIZE, width=SIZE,
+                            device_map={"model.language_model.layers.1": "disk"}, offload_folder=tmp_path / "o")
+    whole = auto.load_model(decoder_root, device="cpu", batch_size=None, height=SIZE, width=SIZE)
+    tokens = csdgen.generate(whole, PROMPTS[:1], method="ar", sampling=GREEDY).tokens
+    assert torch.equal(csdgen.generate(split, PROMPTS[:1], method="ar", sampling=GREEDY).tokens, tokens)
+    torch.testing.assert_close(split.decode_images(tokens, prompts=PROMPTS[:1]),
+                               whole.decode_images(tokens, prompts=PROMPTS[:1]), atol=1e-5, rtol=0)
+
+
 def test_images_come_from_diffusers_pipeline_with_csdgens_tokens(decoder_root, monkeypatch):
     from diffusers import GlmImagePipeline
 

@@ -578,7 +578,13 @@ class GlmImageModel(GlmImagePrompts, ImageTokenModel):
             finally:
                 diffusers_logging.set_verbosity(level)
             pipe.set_progress_bar_config(disable=True)
-            self._pipeline = pipe.to(self.device)
+            if getattr(self.backbone, "hf_device_map", None):  # split by a device map: accelerate places the AR model,
+                for name, part in pipe.components.items():  # and pipe.to() refuses a pipeline holding offloaded modules
+                    if name != "vision_language_encoder" and isinstance(part, torch.nn.Module):
+                        part.to(self.device)
+                self._pipeline = pipe
+            else:
+                self._pipeline = pipe.to(self.device)
         return self._pipeline
 
     def prior_token_ids(self, tokens: torch.Tensor) -> torch.Tensor:
