@@ -114,6 +114,40 @@ def test_a_partial_device_map_places_every_other_module_on_the_device(janus_fold
                    "from 'model', 'lm_head' down (e.g. 'model.language_model.layers.0')")
 
 
+def test_torchao_quantisation_with_a_cpu_or_disk_map_is_refused_without_a_gpu(liquid_folder, tmp_path, monkeypatch):
+    """Found by a new-user try-out: --quantize int8 with a JSON map (cpu / disk modules) on a machine without CUDA
+    failed inside transformers (it quantises those layers on a GPU first) with a multi-page load report."""
+    pytest.importorskip("torchao")
+    from csdgen.models.auto import load_model
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for given in ({"model.layers.1": "disk"}, {"model.layers.0": "cpu"}):
+        with pytest.raises(ValueError, match=r"^--quantize int8 with --device-map placing modules on 'cpu' or 'disk': .* "
+                                             r"use --device-map auto, or leave out --quantize or --device-map$"):
+            load_model(liquid_folder, device="cpu", batch_size=None, device_map=given, quantize="int8",
+                       offload_folder=tmp_path / "o")
+    assert load_model(liquid_folder, device="cpu", batch_size=None, device_map={"": "cpu"}, quantize="int8").quantize == "int8"
+
+
+def test_disk_offload_of_a_lumina_layout_checkpoint_is_refused_in_one_line(tmp_path):
+    """Found by a new-user try-out: Lumina-mGPT's per-shard q/k norms ([1, head_dim] in the files) with a layer on
+    disk ended in accelerate's "Trying to set a tensor of shape [1, 16] in 'weight' (which has shape [4, 16])";
+    a layer on the CPU loads (the norms are expanded as without a map)."""
+    from test_models_lumina2 import HEIGHT, WIDTH, build_checkpoint
+
+    from csdgen.models.auto import load_model
+
+    folder = build_checkpoint(tmp_path / "Lumina-mGPT-2.0")
+    with pytest.raises(ValueError, match=r"^--device-map: .* stores its q/k norms per model-parallel shard .* "
+                                         r"place them on 'cpu' or a GPU instead$"):
+        load_model(folder, device="cpu", batch_size=None, height=HEIGHT, width=WIDTH,
+                   device_map={"model.layers.1": "disk"}, offload_folder=tmp_path / "o")
+    whole = load_model(folder, device="cpu", batch_size=None, height=HEIGHT, width=WIDTH)
+    split = load_model(folder, device="cpu", batch_size=None, height=HEIGHT, width=WIDTH, device_map={"model.layers.1": "cpu"})
+    a = csdgen.generate(whole, ["red cat"], method="sjd", window=4, seed=5, engine="eager")
+    assert torch.equal(a.tokens, csdgen.generate(split, ["red cat"], method="sjd", window=4, seed=5).tokens)
+
+
 @pytest.mark.parametrize("value, expected", [
     ("auto", "auto"), ("balanced", "balanced"),
     ('{"model.layers.0": "cpu", "model.layers.1": "disk"}', {"model.layers.0": "cpu", "model.layers.1": "disk"}),

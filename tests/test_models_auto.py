@@ -155,6 +155,11 @@ def test_a_cut_short_or_garbage_safetensors_file_is_refused_in_one_line_naming_i
     with pytest.raises(FileNotFoundError, match=r"names 1 shard\(s\) not in the folder: model-00002-of-00002.safetensors; "
                                                 r"copy every shard$"):
         load_model(sharded, device="cpu")
+    (sharded / "model-00002-of-00002.safetensors").write_bytes(whole)
+    (sharded / "stray.safetensors").write_bytes(b"\xff" * 50)  # not in the index: the loader does not read it
+    from csdgen.models._transformers import check_checkpoint
+
+    assert check_checkpoint(sharded, "Janus") == sharded
 
 
 def test_a_folder_without_tokenizer_files_is_refused_naming_it_when_prompts_are_text(janus_dir, emu3_dir, chameleon_dir,
@@ -191,6 +196,36 @@ def test_a_folder_without_tokenizer_files_is_refused_naming_it_when_prompts_are_
                               f"preprocessor_config.json)") in err[0], err
     with pytest.raises(FileNotFoundError, match="no processor config"):
         load_model(folder, device="cpu")  # without prompts too: the processor is read with the folder
+
+
+def test_a_tokenizer_or_processor_file_cut_short_is_refused_naming_it(janus_dir, emu3_dir, tmp_path, capsys):
+    """Found by a new-user try-out: a tokenizer.json cut short gave "Unterminated string starting at: line 17 column 18"
+    with no file named (transformers' error)."""
+    for source, name, extra in ((janus_dir, "tokenizer.json", []), (janus_dir, "processor_config.json", []),
+                                (emu3_dir, "tokenizer_config.json", ["--height", str(HEIGHT), "--width", str(WIDTH)])):
+        folder = tmp_path / f"{source.name}-{name}"
+        shutil.copytree(source, folder)
+        (folder / name).write_text((source / name).read_text()[:300])
+        message = f"{str(folder / name)!r} is not valid JSON (line "
+        with pytest.raises(ValueError, match="^" + re.escape(message)):
+            load_model(folder, device="cpu", **({} if source == janus_dir else dict(height=HEIGHT, width=WIDTH)))
+        assert run("generate", "--model", folder, "--prompt", "a dog", "--device", "cpu", *extra,
+                   "--out", tmp_path / "o") == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0] and "expected a tokenizer or processor file" in err[0], err
+
+
+def test_vqgan_help_and_refusal_name_every_family_that_takes_it(janus_dir, tmp_path, capsys):
+    """Found by a new-user try-out: --help said --vqgan was for Chameleon-format checkpoints only and the refusal
+    left out Lumina-mGPT 2.0, while Liquid (its chameleon/ too) and Lumina-mGPT 2.0 (movqgan_270M.ckpt) take it."""
+    with pytest.raises(SystemExit):
+        run("generate", "--help")
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Lumina-mGPT, Anole and Liquid: Chameleon's VQGAN" in text and "(Liquid: also chameleon/)" in text
+    assert "Lumina-mGPT 2.0: movqgan_270M.ckpt or its folder" in text
+    with pytest.raises(ValueError, match=r"vqgan applies to Chameleon-format \(Lumina-mGPT, Anole, Lumina-mGPT 2.0\) "
+                                         r"and Liquid checkpoints only; .* is janus$"):
+        load_model(janus_dir, vqgan=str(tmp_path))
 
 
 def test_a_cuda_device_where_none_is_visible_is_refused_in_one_line(janus_dir, tmp_path, capsys, monkeypatch):

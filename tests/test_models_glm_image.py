@@ -374,6 +374,37 @@ def decoder_root(glm, tmp_path_factory):
     return add_tiny_decoder(tmp_path_factory.mktemp("with-decoder") / "GLM-Image", glm)
 
 
+def test_a_pipeline_folder_with_an_empty_or_weightless_component_is_refused_naming_it(decoder_root, tmp_path):
+    """Found by a new-user try-out: an empty transformer/ (a copy cut short) passed the folder check and diffusers
+    refused it after the whole prior had run ("no file named config.json found in directory .../transformer")."""
+    import shutil
+
+    from csdgen.models.glm_image import missing_components, pipeline_problem
+
+    assert missing_components(decoder_root, given=("vision_language_encoder",)) == []
+    cut = tmp_path / "GLM-Image"
+    shutil.copytree(decoder_root, cut)
+    shutil.rmtree(cut / "transformer")
+    (cut / "transformer").mkdir()
+    for f in (cut / "vae").glob("*.safetensors"):
+        f.unlink()
+    assert missing_components(cut, given=("vision_language_encoder", "processor")) == \
+        ["transformer (empty: no config)", "vae (no weights)"]
+    assert f"{str(cut)!r} lacks transformer/ (empty: no config), vae/ (no weights) (model_index.json" in pipeline_problem(cut)
+
+
+def test_a_model_with_a_layer_on_disk_decodes_its_images(decoder_root, tmp_path):
+    """Found by a new-user try-out: with --device-map sending a decoder layer to disk, the tokens were made and then
+    diffusers' pipe.to(device) refused the pipeline ("You can't move a model that has some modules offloaded")."""
+    split = auto.load_model(decoder_root, device="cpu", batch_size=None, height=SIZE, width=SIZE,
+                            device_map={"model.language_model.layers.1": "disk"}, offload_folder=tmp_path / "o")
+    whole = auto.load_model(decoder_root, device="cpu", batch_size=None, height=SIZE, width=SIZE)
+    tokens = csdgen.generate(whole, PROMPTS[:1], method="ar", sampling=GREEDY).tokens
+    assert torch.equal(csdgen.generate(split, PROMPTS[:1], method="ar", sampling=GREEDY).tokens, tokens)
+    torch.testing.assert_close(split.decode_images(tokens, prompts=PROMPTS[:1]),
+                               whole.decode_images(tokens, prompts=PROMPTS[:1]), atol=1e-5, rtol=0)
+
+
 def test_images_come_from_diffusers_pipeline_with_csdgens_tokens(decoder_root, monkeypatch):
     from diffusers import GlmImagePipeline
 

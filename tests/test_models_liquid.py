@@ -14,6 +14,7 @@ images are constant); whether the release ties them is unverified, and the adapt
 """
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -242,6 +243,17 @@ def test_refusals_name_the_bad_value(checkpoint, liquid, tmp_path):
     (plain / "config.json").write_text(json.dumps({**config, "vocab_size": len(VOCAB)}))
     with pytest.raises(ValueError, match=r"vocab_size 59 - len\(tokenizer\) 59 = 0 image rows; allowed: Liquid's 8192"):
         LiquidImageModel.from_pretrained(plain)
+    # the folder is named (found by a new-user try-out: the line did not say which checkpoint), from load_model too
+    for load in (LiquidImageModel.from_pretrained, lambda f: auto.load_model(f, device="cpu")):
+        with pytest.raises(ValueError, match=rf"^{re.escape(repr(str(plain)))}: vocab_size 59 - len\(tokenizer\) 59"):
+            load(plain)
+    cut = tmp_path / "cut-vqgan"  # a vqgan.ckpt cut short: refused before the weights are read (here they could not be)
+    shutil.copytree(checkpoint, cut)
+    (cut / "chameleon" / "vqgan.ckpt").write_bytes((cut / "chameleon" / "vqgan.ckpt").read_bytes()[:2000])
+    header = json.dumps({"x": {"dtype": "NOT-A-DTYPE", "shape": [1], "data_offsets": [0, 1]}}).encode()
+    (cut / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0")  # whole, unloadable
+    with pytest.raises(ValueError, match=r"vqgan.ckpt' is not a readable PyTorch checkpoint \(cut short"):
+        LiquidImageModel.from_pretrained(cut)
     with pytest.raises(ValueError, match="allowed: the VQGAN's n_embed 48"):
         other = tmp_path / "vq48"
         other.mkdir()

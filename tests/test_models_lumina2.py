@@ -19,6 +19,7 @@ Sizes: 32 x 64 pixels = 4 x 8 codes of 8 pixels (resolution tokens ``<reserved08
 
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -350,6 +351,15 @@ def test_errors_name_the_bad_value(checkpoint, lumina2, tmp_path):
     save_file(state, broken / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"1 decoder weights are in no weight file, e.g. \['model.layers.1.mlp.down_proj"):
         Lumina2ImageModel.from_pretrained(broken, height=HEIGHT, width=WIDTH)
+    # a movqgan_270M.ckpt cut short is refused before the weights are read (here they could not be); found by a
+    # new-user try-out: the MoVQGAN was read after the whole checkpoint
+    cut = tmp_path / "cut-movqgan"
+    shutil.copytree(checkpoint, cut)
+    (cut / "movqgan_270M.ckpt").write_bytes((cut / "movqgan_270M.ckpt").read_bytes()[:2000])
+    header = json.dumps({"x": {"dtype": "NOT-A-DTYPE", "shape": [1], "data_offsets": [0, 1]}}).encode()
+    (cut / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0")  # whole, unloadable
+    with pytest.raises(ValueError, match=r"movqgan_270M.ckpt' is not a readable PyTorch checkpoint \(cut short"):
+        Lumina2ImageModel.from_pretrained(cut, height=HEIGHT, width=WIDTH)
 
 
 def test_memory_estimate_counts_parameters_cache_and_buffers(checkpoint, lumina2):

@@ -166,6 +166,48 @@ def test_loading_the_released_file_layouts_and_the_errors(tmp_path):
         model.decode(torch.full((1, 2, 2), 16))
 
 
+def test_a_cut_or_garbage_decoder_file_is_refused_in_one_line_naming_it(tmp_path):
+    """Found by a new-user try-out: a movqgan_270M.ckpt / vqgan.ckpt cut short, or a vqgan.yaml / movqgan.yaml that is
+    no YAML, ended in torch's zip-reader or yaml's multi-line traceback; now one ValueError line names the file."""
+    from csdgen.models.chameleon_vqgan import ChameleonVQGANDecoder, VQGANConfig, load_vqgan_decoder
+
+    model = random_decoder(seed=2)
+    (tmp_path / "movqgan.yaml").write_text(yaml.safe_dump(TINY))
+    torch.save(model.state_dict(), tmp_path / "whole.ckpt")
+    whole = (tmp_path / "whole.ckpt").read_bytes()
+    ckpt = tmp_path / "movqgan_270M.ckpt"
+    for data, says in ((whole[: len(whole) // 2], "cut short, or not a torch.save file"), (b"", "cut short"),
+                       (b"\x80\x02garbage" * 50, "torch.load with weights_only=True: ")):
+        ckpt.write_bytes(data)
+        with pytest.raises(ValueError) as info:
+            load_movqgan_decoder(ckpt)
+        message = str(info.value)
+        assert message.startswith(f"{str(ckpt)!r} is not a readable PyTorch checkpoint (") and says in message
+        assert message.endswith("; copy or download it again") and "\n" not in message
+    ckpt.write_bytes(whole)
+    (tmp_path / "movqgan.yaml").write_text("model: [\n")
+    with pytest.raises(ValueError, match=r"^'.*movqgan.yaml' is not readable YAML \(line 2, column 1\); expected "
+                                         r"MoVQGAN's movqgan.yaml$"):
+        load_movqgan_decoder(ckpt)
+    (tmp_path / "movqgan.yaml").write_text("- a list\n")
+    with pytest.raises(ValueError, match=r"holds a list, expected MoVQGAN's movqgan.yaml \(a YAML mapping\)$"):
+        load_movqgan_decoder(ckpt)
+    spec = {"model": {"params": {"embed_dim": 8, "n_embed": 16, "ddconfig": {
+        "double_z": False, "z_channels": 8, "resolution": 16, "in_channels": 3, "out_ch": 3, "ch": 32,
+        "ch_mult": [1, 2], "num_res_blocks": 1, "attn_resolutions": [8], "dropout": 0.0}}}}
+    vq = tmp_path / "vq"
+    vq.mkdir()
+    (vq / "vqgan.yaml").write_text(yaml.safe_dump(spec))
+    torch.save({"state_dict": ChameleonVQGANDecoder(VQGANConfig.from_dict(spec)).state_dict()}, vq / "vqgan.ckpt")
+    load_vqgan_decoder(str(vq / "vqgan.yaml"), str(vq / "vqgan.ckpt"))
+    (vq / "vqgan.ckpt").write_bytes((vq / "vqgan.ckpt").read_bytes()[:2000])
+    with pytest.raises(ValueError, match=r"vqgan.ckpt' is not a readable PyTorch checkpoint \(cut short"):
+        load_vqgan_decoder(str(vq / "vqgan.yaml"), str(vq / "vqgan.ckpt"))
+    (vq / "vqgan.yaml").write_text("model: {params: [\n")
+    with pytest.raises(ValueError, match=r"vqgan.yaml' is not readable YAML .*; expected Chameleon's vqgan.yaml$"):
+        load_vqgan_decoder(str(vq / "vqgan.yaml"), str(vq / "vqgan.ckpt"))
+
+
 REPO = os.environ.get("CSDGEN_LUMINA2_REPO")
 
 

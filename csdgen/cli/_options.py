@@ -393,7 +393,8 @@ def add_sampling(p: argparse.ArgumentParser, *, family_note: bool = False) -> No
                    help=f"0 or none = no top-k (default: the model's; built-in "
                         f"{'none' if d.top_k is None else d.top_k}{also})")
     p.add_argument("--top-p", type=number, default=None, metavar="P",
-                   help=f"nucleus mass (default: the model's; built-in {'none' if d.top_p is None else d.top_p}{also})")
+                   help=f"nucleus mass in (0, 1], 1 = no top-p (default: the model's; built-in "
+                        f"{'none' if d.top_p is None else d.top_p}{also})")
     if family_note:
         p.add_argument("--guidance-schedule", choices=GUIDANCE_SCHEDULES, default="family",
                        help="family: the family's own schedule of the guidance scale over the image (Lumina-mGPT 2.0's "
@@ -461,8 +462,10 @@ def add_checkpoint_files(g) -> None:
                    help="square image side in pixels (Lumina-mGPT: default the size its name says, e.g. "
                         "Lumina-mGPT-7B-768, else required)")
     g.add_argument("--vqgan", type=path_text, default=None, metavar="PATH",
-                   help="Chameleon-format checkpoints: Chameleon's VQGAN, its tokenizer/ folder holding vqgan.yaml and "
-                        "vqgan.ckpt (or the vqgan.ckpt file); default: found in the checkpoint folder or its tokenizer/. "
+                   help="the image decoder's files. Lumina-mGPT, Anole and Liquid: Chameleon's VQGAN, its tokenizer/ "
+                        "folder holding vqgan.yaml and vqgan.ckpt (or the vqgan.ckpt file); default: found in the "
+                        "checkpoint folder or its tokenizer/ (Liquid: also chameleon/). Lumina-mGPT 2.0: "
+                        "movqgan_270M.ckpt or its folder; default: the checkpoint folder, movqgan/ or movqgan/270M/. "
                         "Decodes images, and gives GSD/LANTERN the codebook Lumina-mGPT's files lack")
 
 

@@ -139,7 +139,8 @@ def check_weight_files(folder: Path) -> None:
     import json
 
     index = folder / "model.safetensors.index.json"
-    if index.is_file():
+    files = sorted(folder.glob("*.safetensors"))
+    if index.is_file():  # the shards it names are what the loader reads (another .safetensors beside them is not)
         from csdgen.jsonio import read_json
 
         shards = sorted(set((read_json(index, what="a safetensors index").get("weight_map") or {}).values()))
@@ -147,7 +148,10 @@ def check_weight_files(folder: Path) -> None:
         if missing:
             raise FileNotFoundError(f"{str(index)!r} names {len(missing)} shard(s) not in the folder: "
                                     f"{', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}; copy every shard")
-    for file in sorted(folder.glob("*.safetensors")):
+        files = [folder / name for name in shards]
+    elif (folder / "model.safetensors").is_file():
+        files = [folder / "model.safetensors"]
+    for file in files:
         size = file.stat().st_size
         problem = None
         with open(file, "rb") as f:
@@ -197,11 +201,28 @@ def load_tokenizer(folder: str | os.PathLike, loader: Any = None):
     folder = Path(folder)
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         return None
+    check_json_files(folder)
     if loader is None:
         from transformers import AutoTokenizer as loader
     loaded = loader.from_pretrained(folder)
     check_tokenizer(getattr(loaded, "tokenizer", loaded), folder)
     return loaded
+
+
+#: the JSON files a tokenizer or processor folder may hold (each read by transformers without naming it on an error)
+TOKENIZER_JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                        "processor_config.json", "preprocessor_config.json", "chat_template.json")
+
+
+def check_json_files(folder: str | os.PathLike) -> None:
+    """Each of :data:`TOKENIZER_JSON_FILES` in ``folder`` is a JSON object: a file cut short is one ValueError line
+    naming it (transformers' own error names only the line and column of the JSON it could not read).
+    """
+    from csdgen.jsonio import read_json
+
+    for name in TOKENIZER_JSON_FILES:
+        if (Path(folder) / name).is_file():
+            read_json(Path(folder) / name, what="a tokenizer or processor file")
 
 
 def _pre_tokenizer_type(tokenizer: Any) -> str | None:

@@ -199,6 +199,44 @@ def check_codes(codes: torch.Tensor, n_embed: int) -> None:
         raise ValueError(f"codes outside 0..{n_embed - 1}")
 
 
+def read_yaml(path: Any, what: str) -> dict:
+    """A decoder's YAML config as a dict; a file that is no YAML mapping is one ValueError line naming it.
+
+    Args:
+        what: what the file should be, for the message (``"Chameleon's vqgan.yaml"``).
+    """
+    import yaml  # a dependency of transformers
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = yaml.safe_load(f)
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
+        raise ValueError(f"{str(path)!r} is not readable YAML{at}; expected {what}") from None
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{str(path)!r} holds a {type(value).__name__}, expected {what} (a YAML mapping)")
+    return value
+
+
+def load_checkpoint_file(path: Any) -> Any:
+    """``torch.load(path, weights_only=True)`` on the CPU; a file torch cannot read (cut short, not a checkpoint)
+    is one ValueError line naming it instead of torch's multi-line error from its zip reader."""
+    import pickle
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:  # torch's weights_only unpickler: garbage, or objects beside the tensors
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0].split(". ")[0]
+        raise ValueError(f"{str(path)!r} is not a readable PyTorch checkpoint (torch.load with weights_only=True: "
+                         f"{first}); copy or download it again") from None
+    except (RuntimeError, EOFError, ValueError, OSError):
+        raise ValueError(f"{str(path)!r} is not a readable PyTorch checkpoint (cut short, or not a torch.save file); "
+                         f"copy or download it again") from None
+
+
 def decoder_state(raw: Any, path: str) -> dict[str, torch.Tensor]:
     """The decoder's tensors (``decoder.*``, ``post_quant_conv.*``, ``quantize.embedding.*``) of a
     loaded checkpoint: a bare state dict or ``{"state_dict": ...}``. Raises ValueError otherwise."""
@@ -218,7 +256,7 @@ def load_checked_state(model: nn.Module, ckpt_path: str, *, what: str = "decoder
         ValueError: ``"PATH: N WHAT weights missing, e.g. [...]MISSING_HINT"`` or ``"PATH: shapes differ
             SHAPE_HINT for [...]SHAPE_ADVICE"``.
     """
-    state = decoder_state(torch.load(ckpt_path, map_location="cpu", weights_only=True), ckpt_path)
+    state = decoder_state(load_checkpoint_file(ckpt_path), ckpt_path)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     if missing:

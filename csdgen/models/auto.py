@@ -283,8 +283,8 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
         if value is not None and model_type != "emu3":
             raise ValueError(f"{name} applies to Emu3 checkpoints only; {str(path_or_id)!r} is {model_type}")
     if vqgan is not None and model_type not in ("chameleon", "gemma"):
-        raise ValueError(f"vqgan applies to Chameleon (Lumina-mGPT, Anole) and Liquid checkpoints only; {str(path_or_id)!r} "
-                         f"is {model_type}")
+        raise ValueError(f"vqgan applies to Chameleon-format (Lumina-mGPT, Anole, Lumina-mGPT 2.0) and Liquid checkpoints "
+                         f"only; {str(path_or_id)!r} is {model_type}")
     vqgan_dir = None
     if vqgan is not None and model_type == "gemma":  # Liquid takes the folder of vqgan.yaml + vqgan.ckpt
         vqgan_dir = Path(vqgan).parent if Path(vqgan).is_file() else Path(vqgan)

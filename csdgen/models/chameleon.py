@@ -440,6 +440,13 @@ def load_backbone(folder: str | os.PathLike, dtype: torch.dtype = torch.float32,
     shared = shared_norm_shapes(folder, config)
     if not shared:
         return load_pretrained(ChameleonForConditionalGeneration, folder, dtype=dtype, device=device)
+    from .quantize import current_options
+
+    device_map = current_options().device_map
+    if isinstance(device_map, dict) and "disk" in map(str, device_map.values()):
+        raise ValueError(f"--device-map: {str(folder)!r} stores its q/k norms per model-parallel shard (Lumina-mGPT's "
+                         f"layout), which csdgen expands after loading; layers offloaded to 'disk' cannot take that: "
+                         f"place them on 'cpu' or a GPU instead")
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the mismatch report is expected: those tensors are set below
     try:

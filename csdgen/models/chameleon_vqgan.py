@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ._vq_decoder import Decoder, DecoderConfig, Quantize, check_codes, load_checked_state
+from ._vq_decoder import Decoder, DecoderConfig, Quantize, check_codes, load_checked_state, read_yaml
 
 __all__ = ["VQGANConfig", "ChameleonVQGANDecoder", "load_vqgan_decoder", "vqgan_files"]
 
@@ -131,13 +131,10 @@ def load_vqgan_decoder(config_path: str, ckpt_path: str, device: str | torch.dev
     Raises:
         ValueError: a file is missing, or decoder weights are missing / of the wrong shape.
     """
-    import yaml  # a dependency of transformers
-
     for p in (config_path, ckpt_path):
         if not os.path.isfile(p):
             raise ValueError(f"VQGAN file {p!r} does not exist; need vqgan.yaml and vqgan.ckpt (Chameleon's tokenizer/ folder)")
-    with open(config_path) as f:
-        config = VQGANConfig.from_dict(yaml.safe_load(f) or {})
+    config = VQGANConfig.from_dict(read_yaml(config_path, "Chameleon's vqgan.yaml"))
     model = ChameleonVQGANDecoder(config)
     load_checked_state(model, ckpt_path, shape_hint=f"from {config_path}")
     return model.to(device=device, dtype=dtype).eval()

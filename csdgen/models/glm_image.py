@@ -378,6 +378,10 @@ def load_processor(folder: Path | None) -> Any:
     if any((folder / name).is_file() for name in ("processor_config.json", "preprocessor_config.json")):
         from transformers import GlmImageProcessor
 
+        from ._transformers import check_json_files
+
+        check_json_files(folder)
+
         return GlmImageProcessor.from_pretrained(folder)
     from ._transformers import load_tokenizer
 
@@ -401,7 +405,8 @@ def pipeline_problem(pipeline: Path | None, processor_given: bool = True) -> str
         return "GLM-Image's image decoder needs diffusers: pip install -c constraints.txt 'csdgen[glm]'"
     missing = missing_components(pipeline, given=("vision_language_encoder",) + (("processor",) if processor_given else ()))
     if missing:
-        return (f"the GLM-Image pipeline folder {str(pipeline)!r} lacks {', '.join(name + '/' for name in missing)} "
+        return (f"the GLM-Image pipeline folder {str(pipeline)!r} lacks "
+                f"{', '.join(name.replace(' ', '/ ', 1) if ' ' in name else name + '/' for name in missing)} "
                 f"(model_index.json lists them; the image decoder loads them): copy the whole zai-org/GLM-Image folder")
     return None
 
@@ -414,9 +419,18 @@ def missing_components(pipeline: Path, given: Sequence[str] = ()) -> list[str]:
     from csdgen.jsonio import read_json
 
     index = read_json(Path(pipeline) / "model_index.json", what="a diffusers pipeline index")
-    return [name for name, value in index.items()
-            if not name.startswith("_") and isinstance(value, list) and any(v is not None for v in value)
-            and name not in given and not (Path(pipeline) / name).is_dir()]
+    missing = []
+    for name, value in index.items():
+        if name.startswith("_") or not isinstance(value, list) or all(v is None for v in value) or name in given:
+            continue
+        folder = Path(pipeline) / name
+        if not folder.is_dir():
+            missing.append(name)
+        elif not any(folder.glob("*.json")):  # every component saves its config (config.json, scheduler_config.json, ...)
+            missing.append(f"{name} (empty: no config)")
+        elif name in DECODER_COMPONENTS and not any(any(folder.glob(pattern)) for pattern in ("*.safetensors", "*.bin")):
+            missing.append(f"{name} (no weights)")
+    return missing
 
 
 def decoder_parameters(pipeline: Path | None) -> int:
@@ -564,7 +578,13 @@ class GlmImageModel(GlmImagePrompts, ImageTokenModel):
             finally:
                 diffusers_logging.set_verbosity(level)
             pipe.set_progress_bar_config(disable=True)
-            self._pipeline = pipe.to(self.device)
+            if getattr(self.backbone, "hf_device_map", None):  # split by a device map: accelerate places the AR model,
+                for name, part in pipe.components.items():  # and pipe.to() refuses a pipeline holding offloaded modules
+                    if name != "vision_language_encoder" and isinstance(part, torch.nn.Module):
+                        part.to(self.device)
+                self._pipeline = pipe
+            else:
+                self._pipeline = pipe.to(self.device)
         return self._pipeline
 
     def prior_token_ids(self, tokens: torch.Tensor) -> torch.Tensor:

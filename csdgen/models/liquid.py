@@ -88,10 +88,9 @@ def find_vqgan(folder: str | os.PathLike, vqgan_dir: str | os.PathLike | None = 
 def _vqgan_config(files: tuple[Path, Path] | None) -> VQGANConfig | None:
     if files is None:
         return None
-    import yaml
+    from ._vq_decoder import read_yaml
 
-    with open(files[0]) as f:
-        return VQGANConfig.from_dict(yaml.safe_load(f) or {})
+    return VQGANConfig.from_dict(read_yaml(files[0], "Chameleon's vqgan.yaml"))
 
 
 class LiquidPrompts:
@@ -114,7 +113,7 @@ class LiquidPrompts:
     """
 
     def __init__(self, config: GemmaConfig, tokenizer: Any, vqgan: VQGANConfig | None = None, image_size: int | None = None,
-                 prompt_template: str = "{prompt}"):
+                 prompt_template: str = "{prompt}", folder: str | os.PathLike | None = None):
         if tokenizer is None:
             raise ValueError("a Liquid checkpoint needs its tokenizer (the rows are the reference's strings); "
                              "the folder has no tokenizer files")
@@ -124,8 +123,9 @@ class LiquidPrompts:
         expected = CODEBOOK_SIZE if vqgan is None else vqgan.n_embed
         if self.codebook_size != expected:
             what = "Liquid's 8192" if vqgan is None else f"the VQGAN's n_embed {expected}"
-            raise ValueError(f"vocab_size {config.vocab_size} - len(tokenizer) {self.offset} = {self.codebook_size} image "
-                             f"rows; allowed: {what} (a Gemma checkpoint without image tokens is not Liquid)")
+            where = "" if folder is None else f"{str(folder)!r}: "
+            raise ValueError(f"{where}vocab_size {config.vocab_size} - len(tokenizer) {self.offset} = {self.codebook_size} "
+                             f"image rows; allowed: {what} (a Gemma checkpoint without image tokens is not Liquid)")
         side, f = (RESOLUTION, DOWNSAMPLING) if vqgan is None else (vqgan.resolution, vqgan.downsampling)
         if image_size is not None and image_size != side:
             raise ValueError(f"Liquid image size {image_size}: allowed only {side} (its VQGAN's resolution)")
@@ -141,7 +141,7 @@ class LiquidPrompts:
     def from_folder(cls, folder: str | os.PathLike, vqgan_dir: str | os.PathLike | None = None, **kwargs) -> "LiquidPrompts":
         """From a checkpoint folder's config, tokenizer and VQGAN config (no weights read)."""
         config = GemmaConfig.from_pretrained(check_checkpoint(folder, "Liquid"))
-        return cls(config, load_tokenizer(folder), _vqgan_config(find_vqgan(folder, vqgan_dir)), **kwargs)
+        return cls(config, load_tokenizer(folder), _vqgan_config(find_vqgan(folder, vqgan_dir)), folder=folder, **kwargs)
 
     def cond_ids(self, condition: str | Sequence[int]) -> list[int]:
         """One condition -> its row: ``tokenizer(prompt + SUFFIX)`` for a string, ``[BOS] + ids + tokenizer(SUFFIX)`` for ids.
@@ -235,9 +235,10 @@ class LiquidImageModel(LiquidPrompts, ImageTokenModel):
         dtype = resolve_dtype(dtype)
         tokenizer = load_tokenizer(folder)
         files = find_vqgan(folder, vqgan_dir)
-        LiquidPrompts(GemmaConfig.from_pretrained(folder), tokenizer, _vqgan_config(files), image_size, prompt_template)
+        LiquidPrompts(GemmaConfig.from_pretrained(folder), tokenizer, _vqgan_config(files), image_size, prompt_template,
+                      folder=path)
+        vqgan = None if files is None else load_vqgan_decoder(str(files[0]), str(files[1]), device=device)  # before the weights
         backbone = load_pretrained(GemmaForCausalLM, folder, dtype=dtype, device=device)
-        vqgan = None if files is None else load_vqgan_decoder(str(files[0]), str(files[1]), device=device)
         return cls(backbone, tokenizer, vqgan, image_size, prompt_template)
 
     def start(self, conditions, batch_size, guided):

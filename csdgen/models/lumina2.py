@@ -348,6 +348,7 @@ class Lumina2ImageModel(LayoutImageModel, Lumina2Prompts, ImageTokenModel):
         Lumina2Prompts(config, height, width, tokenizer, prompt_template, uncond_context)  # refuse before reading weights
         image_vocabulary(config)
         movqgan_file = find_movqgan(folder, vqgan_dir)
+        movqgan = None if movqgan_file is None else load_movqgan_decoder(movqgan_file, device=device)  # before the weights
         level = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # the release holds no vqmodel weights: transformers would report them missing
         try:
@@ -358,7 +359,6 @@ class Lumina2ImageModel(LayoutImageModel, Lumina2Prompts, ImageTokenModel):
         if unread:
             raise ValueError(f"{str(folder)!r}: {len(unread)} decoder weights are in no weight file, e.g. {unread[:3]}")
         del backbone.model.vqmodel  # never used by Lumina-mGPT 2.0 (random here)
-        movqgan = None if movqgan_file is None else load_movqgan_decoder(movqgan_file, device=device)
         return cls(backbone, height, width, tokenizer, movqgan, prompt_template, uncond_context)
 
     def codebook_embeddings(self) -> torch.Tensor | None:

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._vq_decoder import Decoder, DecoderConfig, Quantize, check_codes, load_checked_state
+from ._vq_decoder import Decoder, DecoderConfig, Quantize, check_codes, load_checked_state, read_yaml
 
 __all__ = ["MoVQGANConfig", "MOVQGAN_270M", "MoVQGANDecoder", "load_movqgan_decoder", "find_movqgan"]
 
@@ -141,12 +141,9 @@ def load_movqgan_decoder(ckpt_path: str | os.PathLike, config: MoVQGANConfig | s
         beside = os.path.join(os.path.dirname(ckpt_path), CONFIG_NAME)
         config = beside if os.path.isfile(beside) else MoVQGANConfig()
     if not isinstance(config, MoVQGANConfig):
-        import yaml  # a dependency of transformers
-
         if not os.path.isfile(config):
             raise ValueError(f"MoVQGAN config {str(config)!r} does not exist")
-        with open(config) as f:
-            config = MoVQGANConfig.from_dict(yaml.safe_load(f) or {})
+        config = MoVQGANConfig.from_dict(read_yaml(config, f"MoVQGAN's {CONFIG_NAME}"))
     model = MoVQGANDecoder(config)
     load_checked_state(model, ckpt_path, what="MoVQGAN decoder",
                        missing_hint=f" (config ch={config.ch}, ch_mult={config.ch_mult}, num_res_blocks="

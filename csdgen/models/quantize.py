@@ -261,6 +261,11 @@ def load_pretrained(model_class: Any, folder: str | os.PathLike, *, dtype: torch
         with torch.device("meta"):
             skeleton = model_class._from_config(config) if hasattr(model_class, "_from_config") else model_class(config)
         device_map = complete_device_map(skeleton, device_map, str(torch.device(device)))
+        if options.quantize in ("int8", "int4", "fp8") and len(device_map) > 1 and \
+                {"cpu", "disk"} & set(map(str, device_map.values())) and not torch.cuda.is_available():
+            raise ValueError(f"--quantize {options.quantize} with --device-map placing modules on 'cpu' or 'disk': "
+                             f"transformers quantises those layers on a GPU first (torchao offload), and none is visible "
+                             f"here; use --device-map auto, or leave out --quantize or --device-map")
     if isinstance(device_map, dict) and "disk" in device_map.values():
         _check_offload(model_class, folder, device_map)
     if device_map is None:
