@@ -501,6 +501,20 @@ def test_compiled_sessions_reuse_the_models_buffers_and_steps(traced):
     _assert_steps_bound_to_their_buffers(model)
 
 
+def test_generate_gives_its_buffer_set_back_while_a_kept_step_holds_the_session(traced):
+    """A callback that keeps every StepInfo keeps the session alive (``info.session``); generate
+    still gives the model's buffer set back when it returns, so the next call decodes in the same
+    set instead of allocating a second one."""
+    model = _tiny_model()
+    first, second = [], []
+    kwargs = dict(method="sjd", window=4, sampling=GREEDY, engine="static", compile=True)  # a model-owned set
+    csdgen.generate(model, [0, 1, 2, 3], seed=1, callback=first.append, **kwargs)
+    buffers = first[0].session.buffers
+    assert buffers.free  # the kept steps hold the session, not the set
+    csdgen.generate(model, [0, 1, 2, 3], seed=2, callback=second.append, **kwargs)
+    assert second[0].session.buffers is buffers and _static.model_buffers(model) == [buffers]
+
+
 def test_a_compiled_batch_that_grows_equals_solo_generate_and_keeps_no_step_of_replaced_buffers(traced):
     """A ContinuousBatch without a capacity (1 slot) admits images past it twice: the session moves
     into larger buffer sets (4, then 8 slots); every image equals generate alone (float64), the

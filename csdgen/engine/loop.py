@@ -116,6 +116,18 @@ class _Loop:
     # -- main loop ------------------------------------------------------------------------------
 
     def run(self, conditions, batch_size, image_indices, settings) -> GenerationResult:
+        try:
+            return self._run(conditions, batch_size, image_indices, settings)
+        finally:
+            # the model-owned buffer set goes back to the model's store now, not when the session is
+            # garbage collected: a reference held elsewhere (a kept StepInfo's session, a cycle)
+            # would make the next call allocate a second set
+            session, self.session = getattr(self, "session", None), None
+            release = getattr(session, "release", None)
+            if release is not None:
+                release()
+
+    def _run(self, conditions, batch_size, image_indices, settings) -> GenerationResult:
         model = self.model
         N, dev = model.num_image_tokens, self.device
         _synchronize(dev)
