@@ -826,6 +826,18 @@ def test_auto_window_holds_width_1_without_its_evaluation_and_decides_the_same(c
             for by_width in by_rows.values():
                 by_width.update({w: 10 * t for w, t in by_width.items() if w > 1})
         monkeypatch.setattr(_AutoWindow, "choose", choose_checked)
+        original_observe = _AutoWindow.observe
+
+        def steady_observe(self, width, seconds, *args, **kwargs):
+            """Each iteration takes the time already learned for its width, at the pace already
+            learned: a machine busy with other work would move the times and rightly end a hold."""
+            rows = self._rows or 1
+            known = self.learned.times.get(rows, {}).get(self.bucket(width))
+            if known is not None:
+                seconds = known * self.pace(rows)
+            return original_observe(self, width, seconds, *args, **kwargs)
+
+        monkeypatch.setattr(_AutoWindow, "observe", steady_observe)
         for seed in range(3):
             csdgen.generate(cached_model, [0, 1, 2, 3], method="sjd", window="auto", sampling=sampling, seed=seed)
     finally:
