@@ -64,6 +64,9 @@ def test_replica_usage_errors_are_one_line_before_ray_starts(capsys):
     with pytest.raises(SystemExit):
         cli.main(["serve", "--replicas", "0"])
     assert "--replicas" in capsys.readouterr().err
+    assert cli.main(["serve", "--port", "0", "--replica-cpus", "2"]) == 2  # not silently one server
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--replica-cpus 2 needs --replicas N" in err, err
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen(1)
@@ -73,6 +76,44 @@ def test_replica_usage_errors_are_one_line_before_ray_starts(capsys):
         taken.close()
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot listen on 127.0.0.1:" in err
+
+
+@needs_ray
+def test_what_every_replica_would_refuse_is_one_line_before_ray_starts(capsys, monkeypatch, tmp_path):
+    import torch
+
+    from csdgen import cli
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    cases = [(["--weights", str(tmp_path / "none")], "no built-in weights in"), (["--top-p", "5"], "the --top-p option"),
+             (["--model", str(tmp_path / "none")], "no such folder")]
+    if not torch.cuda.is_available():  # else each replica gets a GPU
+        cases.append((["--device", "cuda"], "--device cuda: no CUDA device is visible here"))
+    for argv, words in cases:
+        assert cli.main(["serve", "--port", "0", "--replicas", "2", *argv]) == 2, argv
+        captured = capsys.readouterr()
+        assert captured.err.count("\n") == 1 and words in captured.err and not captured.out, (argv, captured)
+    import ray
+
+    assert not ray.is_initialized()
+
+
+def test_run_local_stops_on_sigterm_with_status_143_and_on_ctrl_c_with_130(monkeypatch):
+    import types
+
+    from csdgen.serve import deployment
+
+    calls = []
+    serve = types.SimpleNamespace(start=lambda **kw: calls.append("start"), shutdown=lambda: calls.append("serve down"),
+                                  run=lambda *a, **kw: calls.append("run"))
+    ray = types.SimpleNamespace(is_initialized=lambda: True, shutdown=lambda: calls.append("ray down"), serve=serve)
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setitem(sys.modules, "ray.serve", serve)
+    for sig, status in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
+        calls.clear()
+        assert deployment.run_local(object(), "127.0.0.1", 0, cpus=1,
+                                    on_ready=lambda: os.kill(os.getpid(), sig)) == status, sig
+        assert calls == ["start", "run", "serve down", "ray down"]
 
 
 def test_deployment_options_fix_the_replicas_or_autoscale_by_ongoing_requests():

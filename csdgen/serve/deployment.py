@@ -276,7 +276,7 @@ def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[], 
         cpus: CPUs the local Ray offers (at least what the replicas reserve).
 
     Returns:
-        130 after Ctrl-C or SIGTERM.
+        130 after Ctrl-C (SIGINT), 143 after SIGTERM (as one server).
     """
     import ray
     from ray import serve
@@ -287,7 +287,9 @@ def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[], 
         ray.init(num_cpus=max(os.cpu_count() or 1, cpus) if local else None, include_dashboard=False,
                  log_to_driver=True)
     # Ctrl-C and SIGTERM stop it, also where SIGINT came ignored (a command started with `&`)
-    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stopped_by = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: _interrupt(signum, stopped_by))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         serve.start(http_options={"host": host, "port": port})
         serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
@@ -297,7 +299,7 @@ def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[], 
             time.sleep(1)
     except KeyboardInterrupt:
         print("csdgen serve: stopping the replicas", file=sys.stderr, flush=True)
-        return 130
+        return 143 if stopped_by == [signal.SIGTERM] else 130
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -307,5 +309,7 @@ def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[], 
             ray.shutdown()
 
 
-def _interrupt(signum, frame):
+def _interrupt(signum, stopped_by: list):
+    if not stopped_by:  # the first signal says how it stopped (a second one, while stopping, changes nothing)
+        stopped_by.append(signum)
     raise KeyboardInterrupt
