@@ -125,6 +125,10 @@ def test_deployment_options_fix_the_replicas_or_autoscale_by_ongoing_requests():
     assert "num_replicas" not in scaled and scaled["ray_actor_options"]["num_gpus"] == 1
     assert scaled["autoscaling_config"] == {"min_replicas": 2, "initial_replicas": 2, "max_replicas": 5,
                                             "target_ongoing_requests": 16.0}
+    assert "logging_config" not in fixed  # no --log-level: Ray Serve's default
+    for level, ray_level in (("warning", "WARNING"), ("info", "INFO"), ("trace", "DEBUG")):  # --log-level reaches Ray
+        options = deployment_options(argparse.Namespace(max_batch=4, device=None, log_level=level), num_gpus=0)
+        assert options["logging_config"] == {"log_level": ray_level}
     cuda = deployment_options(argparse.Namespace(max_batch=4, device="cuda"))
     assert cuda["ray_actor_options"]["num_gpus"] == 1
     for bad, match in (({"replicas": 0}, "replicas=0"), ({"replicas": 3, "max_replicas": 2}, "max_replicas=2"),
@@ -248,6 +252,8 @@ def ray_replicas(tiny_weights):
         raise
     yield url
     assert _stop(proc, seen) == 130, "".join(seen)[-2000:]
+    # each replica logs as one server does (--log-level info): csdgen's access line per image request
+    assert any('"POST /v1/images/generations" 200 method=' in line for line in seen), "".join(seen)[-2000:]
 
 
 def _client(url: str):

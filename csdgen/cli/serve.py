@@ -332,7 +332,8 @@ def _run_replicas(args) -> int:
               f"on http://{host}:{port}/v1 (POST /v1/images/generations; {count} replicas on Ray Serve, max batch "
               f"{args.max_batch} each, {args.batching} batching; Ctrl-C stops it)", flush=True)
 
-    return run_local(app, args.host, port, cpus=args.replica_cpus * (args.max_replicas or args.replicas), on_ready=ready)
+    return run_local(app, args.host, port, cpus=args.replica_cpus * (args.max_replicas or args.replicas), on_ready=ready,
+                     log_level=args.log_level)
 
 
 def _check_before_ray(args) -> None:

@@ -134,6 +134,12 @@ class CsdgenReplica:
 
         self.pid = os.getpid()
         self.replica_id = _replica_id()
+        if getattr(args, "log_level", None) is not None:  # csdgen's start-up and access lines, as one server logs them
+            import logging.config
+
+            from csdgen.serve.logs import log_config
+
+            logging.config.dictConfig(log_config(args.log_level))
         threads = _use_assigned_cpus()
         served, capacity, _ = load(args)
         self.served, self.capacity = served, capacity
@@ -207,6 +213,11 @@ def gpus_for(args) -> int:
     return int(torch.cuda.is_available())
 
 
+def ray_log_level(level: str | None) -> str | None:
+    """Ray's log level name for ``--log-level`` (``trace``: ``DEBUG``, Ray has no lower level)."""
+    return None if level is None else "DEBUG" if level == "trace" else level.upper()
+
+
 def deployment_options(args, *, replicas: int = 1, max_replicas: int | None = None, num_cpus: float = 1,
                        num_gpus: int | None = None, target_ongoing_requests: float | None = None,
                        max_ongoing_requests: int | None = None) -> dict:
@@ -241,6 +252,8 @@ def deployment_options(args, *, replicas: int = 1, max_replicas: int | None = No
                "health_check_period_s": 5, "health_check_timeout_s": 30,
                # a replica stopped (scaled down, redeployed) takes no new request and finishes those it holds
                "graceful_shutdown_timeout_s": 60}
+    if getattr(args, "log_level", None) is not None:  # Ray Serve's own lines in the replicas (its access lines too)
+        options["logging_config"] = {"log_level": ray_log_level(args.log_level)}
     if max_replicas is None:
         options["num_replicas"] = int(replicas)
     else:
@@ -268,12 +281,14 @@ def application(load: Callable, args, **options):
     return cls.options(**opts).bind(load, args)
 
 
-def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[], None] | None = None) -> int:
+def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[], None] | None = None,
+              log_level: str = "info") -> int:
     """Start a local Ray (or join the one ``RAY_ADDRESS`` names) and Serve's HTTP proxy on
     ``host:port``, run ``app`` and wait until Ctrl-C or SIGTERM; then shut Serve and Ray down.
 
     Args:
         cpus: CPUs the local Ray offers (at least what the replicas reserve).
+        log_level: ``csdgen serve --log-level``: of Ray's lines in this process and of Serve's controller and proxy.
 
     Returns:
         130 after Ctrl-C (SIGINT), 143 after SIGTERM (as one server).
@@ -282,16 +297,19 @@ def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[], 
     from ray import serve
 
     os.environ.setdefault(PROXY_CALLBACK_VARIABLE, PROXY_CALLBACK)  # read by the proxy actor Ray starts
+    import logging
+
+    logging.getLogger("ray.serve").setLevel(ray_log_level(log_level))  # Serve's lines in this process
     if not ray.is_initialized():
         local = "RAY_ADDRESS" not in os.environ
         ray.init(num_cpus=max(os.cpu_count() or 1, cpus) if local else None, include_dashboard=False,
-                 log_to_driver=True)
+                 log_to_driver=True, logging_level=ray_log_level(log_level))
     # Ctrl-C and SIGTERM stop it, also where SIGINT came ignored (a command started with `&`)
     stopped_by = []
     previous = {sig: signal.signal(sig, lambda signum, frame: _interrupt(signum, stopped_by))
                 for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        serve.start(http_options={"host": host, "port": port})
+        serve.start(http_options={"host": host, "port": port}, logging_config={"log_level": ray_log_level(log_level)})
         serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
         if on_ready is not None:
             on_ready()
