@@ -84,7 +84,10 @@ def test_what_every_replica_would_refuse_is_one_line_before_ray_starts(capsys, m
 
     from csdgen import cli
 
+    from csdgen.serve import deployment
+
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(deployment, "run_local", lambda *a, **kw: 0)  # Ray never starts: a refusal missed returns 0
     cases = [(["--weights", str(tmp_path / "none")], "no built-in weights in"), (["--top-p", "5"], "the --top-p option"),
              (["--model", str(tmp_path / "none")], "no such folder")]
     if not torch.cuda.is_available():  # else each replica gets a GPU
@@ -93,9 +96,12 @@ def test_what_every_replica_would_refuse_is_one_line_before_ray_starts(capsys, m
         assert cli.main(["serve", "--port", "0", "--replicas", "2", *argv]) == 2, argv
         captured = capsys.readouterr()
         assert captured.err.count("\n") == 1 and words in captured.err and not captured.out, (argv, captured)
-    import ray
-
-    assert not ray.is_initialized()
+    # one GPU and two replicas of one GPU each: refused, where Ray would wait for a second GPU without end
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert cli.main(["serve", "--port", "0", "--replicas", "2", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--replicas 2: each replica takes one GPU of its own and this machine has 1" in err
 
 
 def test_run_local_stops_on_sigterm_with_status_143_and_on_ctrl_c_with_130(monkeypatch):

@@ -44,7 +44,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--port", type=opt.port(0), default=8000, help="TCP port (default 8000; 0: any free port)")
     p.add_argument("--max-batch", type=opt.count(), default=None, metavar="B",
                    help=f"most images decoding together (default: on cuda the largest batch the memory plan fits, "
-                        f"csdgen plan; on cpu {CPU_MAX_BATCH}; lowered to what memory allows)")
+                        f"csdgen plan; on cpu and with --replicas {CPU_MAX_BATCH}; lowered to what memory allows)")
     p.add_argument("--max-queue", type=opt.count(), default=256, metavar="Q",
                    help="most images waiting; requests beyond get 429 with Retry-After (default 256)")
     p.add_argument("--max-images", type=opt.count(), default=10, metavar="N",
@@ -340,7 +340,8 @@ def _check_before_ray(args) -> None:
     """What every replica of a local Ray would refuse at start, refused here in one line before Ray
     starts (a replica's failure is Ray's traceback, retried per replica): the built-in model (small)
     loaded once on the CPU and its request defaults checked; a checkpoint found, its family, dtype
-    and --quantize checked without reading its weights; --device cuda where no CUDA device is visible.
+    and --quantize checked without reading its weights; --device cuda where no CUDA device is visible, or
+    more replicas than GPUs (each takes one: Ray would wait for the missing ones without end).
 
     Raises:
         ValueError, OSError: one line naming the option, as one server's start gives.
@@ -353,6 +354,11 @@ def _check_before_ray(args) -> None:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is visible here; use --device cpu")
+    if args.device == "cuda" and args.replicas > torch.cuda.device_count():  # Ray would wait for GPUs forever
+        count = torch.cuda.device_count()
+        raise ValueError(f"--replicas {args.replicas}: each replica takes one GPU of its own and this machine has "
+                         f"{count}; allowed --replicas 1..{count} here (--max-replicas may ask for more), or "
+                         f"--device cpu")
     probe = copy.copy(args)
     probe.warmup = False
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
