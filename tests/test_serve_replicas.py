@@ -104,6 +104,19 @@ def test_what_every_replica_would_refuse_is_one_line_before_ray_starts(capsys, m
     assert err.count("\n") == 1 and "--replicas 2: each replica takes one GPU of its own and this machine has 1" in err
 
 
+@needs_ray
+def test_the_address_line_counts_the_replicas(capsys, monkeypatch):
+    from csdgen import cli
+    from csdgen.serve import deployment
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(deployment, "run_local", lambda *a, on_ready, **kw: on_ready() or 0)  # Ray never starts
+    for argv, count in ((["--replicas", "1"], "; 1 replica on Ray Serve,"), (["--replicas", "2"], "; 2 replicas on"),
+                        (["--replicas", "1", "--max-replicas", "3"], "; 1..3 replicas on Ray Serve,")):
+        assert cli.main(["serve", "--port", "0", "--device", "cpu", *argv]) == 0
+        assert count in capsys.readouterr().out
+
+
 def test_run_local_stops_on_sigterm_with_status_143_and_on_ctrl_c_with_130(monkeypatch):
     import types
 

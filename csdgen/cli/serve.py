@@ -325,11 +325,12 @@ def _run_replicas(args) -> int:
     if "RAY_ADDRESS" not in os.environ:  # a local Ray: its replicas run here, and fail as this process would
         _check_before_ray(args)
     host = f"[{args.host}]" if ":" in args.host else args.host
-    count = args.replicas if args.max_replicas is None else f"{args.replicas}..{args.max_replicas}"
+    count = (f"{args.replicas} replica{'s' if args.replicas > 1 else ''}" if args.max_replicas is None
+             else f"{args.replicas}..{args.max_replicas} replicas")
 
     def ready() -> None:
         print(f"csdgen serve: serving {args.served_name or ('csdgen-builtin' if args.model is None else args.model)} "
-              f"on http://{host}:{port}/v1 (POST /v1/images/generations; {count} replicas on Ray Serve, max batch "
+              f"on http://{host}:{port}/v1 (POST /v1/images/generations; {count} on Ray Serve, max batch "
               f"{args.max_batch} each, {args.batching} batching; Ctrl-C stops it)", flush=True)
 
     return run_local(app, args.host, port, cpus=args.replica_cpus * (args.max_replicas or args.replicas), on_ready=ready,
