@@ -110,11 +110,13 @@ def test_the_address_line_counts_the_replicas(capsys, monkeypatch):
     from csdgen.serve import deployment
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("RAY_DEDUP_LOGS", raising=False)
     monkeypatch.setattr(deployment, "run_local", lambda *a, on_ready, **kw: on_ready() or 0)  # Ray never starts
     for argv, count in ((["--replicas", "1"], "; 1 replica on Ray Serve,"), (["--replicas", "2"], "; 2 replicas on"),
                         (["--replicas", "1", "--max-replicas", "3"], "; 1..3 replicas on Ray Serve,")):
         assert cli.main(["serve", "--port", "0", "--device", "cpu", *argv]) == 0
         assert count in capsys.readouterr().out
+    assert os.environ["RAY_DEDUP_LOGS"] == "0"  # for the Ray it starts: every replica's lines as they come
 
 
 def test_run_local_stops_on_sigterm_with_status_143_and_on_ctrl_c_with_130(monkeypatch):
@@ -213,7 +215,8 @@ def test_the_proxy_answers_a_request_whose_replica_died_with_a_502_naming_it():
 def _spawn(*argv: str):
     """``csdgen serve ... --port 0`` in a subprocess (one torch thread), its output lines in a queue.
     It starts with SIGINT ignored, as a command started with ``&`` does: Ctrl-C must stop it all the same."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("RAY_DEDUP_LOGS", None)  # csdgen serve --replicas turns Ray's deduplication off itself
     proc = subprocess.Popen([sys.executable, "-m", "csdgen", "serve", "--port", "0", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
@@ -273,6 +276,8 @@ def ray_replicas(tiny_weights):
     assert _stop(proc, seen) == 130, "".join(seen)[-2000:]
     # each replica logs as one server does (--log-level info): csdgen's access line per image request
     assert any('"POST /v1/images/generations" 200 method=' in line for line in seen), "".join(seen)[-2000:]
+    # ... every line of every replica, none folded into another's by Ray's deduplication
+    assert not any("across cluster]" in line for line in seen), "".join(seen)[-2000:]
 
 
 def _client(url: str):

@@ -313,6 +313,9 @@ def _run_replicas(args) -> int:
     from csdgen.serve.app import bind_socket
     from csdgen.serve.deployment import application, run_local
 
+    # every replica's lines as they come (read by Ray when it is imported, below): Ray's deduplication held
+    # one replica's lines that looked like another's (start-up, access lines) and folded them into "[repeated Nx]"
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     args.max_batch = args.max_batch or CPU_MAX_BATCH  # each replica's target and admission limit
     if args.max_replicas is not None and args.max_replicas < args.replicas:
         raise ValueError(f"--max-replicas {args.max_replicas}: allowed at least --replicas ({args.replicas})")
