@@ -137,6 +137,30 @@ def test_run_local_stops_on_sigterm_with_status_143_and_on_ctrl_c_with_130(monke
         assert calls == ["start", "run", "serve down", "ray down"]
 
 
+def test_run_local_names_the_error_that_stopped_the_replicas_in_one_line(monkeypatch):
+    import types
+
+    from csdgen.serve import deployment
+
+    def run(*args, **kwargs):
+        raise RuntimeError("Deploying application csdgen failed: Failed to update the deployments ['CsdgenReplica'].")
+
+    calls = []
+    failed = types.SimpleNamespace(message="Traceback (most recent call last):\n  File ...\nValueError: request "
+                                           "defaults: top_p=5.0: must be null or in (0, 1] (the --top-p option)\n")
+    status = types.SimpleNamespace(applications={"csdgen": types.SimpleNamespace(
+        message="Failed to update the deployments ['CsdgenReplica'].", deployments={"CsdgenReplica": failed})})
+    serve = types.SimpleNamespace(start=lambda **kw: None, run=run, status=lambda: status,
+                                  shutdown=lambda: calls.append("serve down"))
+    ray = types.SimpleNamespace(is_initialized=lambda: True, shutdown=lambda: calls.append("ray down"), serve=serve)
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setitem(sys.modules, "ray.serve", serve)
+    with pytest.raises(ValueError, match=r"^the replicas did not start: ValueError: request defaults: top_p=5\.0: "
+                                         r"must be null or in \(0, 1\] \(the --top-p option\)$"):
+        deployment.run_local(object(), "127.0.0.1", 0, cpus=1)
+    assert calls == ["serve down", "ray down"]
+
+
 def test_deployment_options_fix_the_replicas_or_autoscale_by_ongoing_requests():
     args = argparse.Namespace(max_batch=16, device=None)
     fixed = deployment_options(args, replicas=3, num_gpus=0)

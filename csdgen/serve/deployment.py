@@ -292,6 +292,10 @@ def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[], 
 
     Returns:
         130 after Ctrl-C (SIGINT), 143 after SIGTERM (as one server).
+
+    Raises:
+        ValueError: the replicas did not start, naming the last line of a replica's error (Ray logs
+            its traceback above).
     """
     import ray
     from ray import serve
@@ -310,7 +314,10 @@ def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[], 
                 for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         serve.start(http_options={"host": host, "port": port}, logging_config={"log_level": ray_log_level(log_level)})
-        serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+        try:
+            serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+        except RuntimeError as exc:  # "Deploying application csdgen failed": the replicas did not start
+            raise ValueError(f"the replicas did not start: {_replica_failure(serve) or exc}") from None
         if on_ready is not None:
             on_ready()
         while True:
@@ -325,6 +332,21 @@ def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[], 
             serve.shutdown()
         finally:
             ray.shutdown()
+
+
+def _replica_failure(serve) -> str | None:
+    """The last line of the error that stopped a replica of the application (Serve's status message,
+    a traceback), or None when Serve gives none."""
+    try:
+        application = serve.status().applications[APP_NAME]
+        messages = [d.message for d in application.deployments.values()] + [application.message]
+    except Exception:  # Serve's controller is gone too: nothing more to say
+        return None
+    for message in messages:
+        lines = [line.strip() for line in str(message or "").splitlines() if line.strip()]
+        if lines:
+            return lines[-1]
+    return None
 
 
 def _interrupt(signum, stopped_by: list):
