@@ -119,6 +119,28 @@ def test_the_address_line_counts_the_replicas(capsys, monkeypatch):
     assert os.environ["RAY_DEDUP_LOGS"] == "0"  # for the Ray it starts: every replica's lines as they come
 
 
+def test_run_local_starts_a_ray_of_its_own_even_where_ray_start_runs_one_here(monkeypatch):
+    import types
+
+    from csdgen.serve import deployment
+
+    inits = []
+    serve = types.SimpleNamespace(start=lambda **kw: None, shutdown=lambda: None,
+                                  run=lambda *a, **kw: os.kill(os.getpid(), signal.SIGINT))
+    ray = types.SimpleNamespace(is_initialized=lambda: bool(inits), init=lambda **kw: inits.append(kw),
+                                shutdown=lambda: None, serve=serve)
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setitem(sys.modules, "ray.serve", serve)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert deployment.run_local(object(), "127.0.0.1", 0, cpus=3) == 130
+    # ray.init() alone joins a `ray start` cluster of this machine, and refuses num_cpus there
+    assert inits[0]["address"] == "local" and inits[0]["num_cpus"] >= 3
+    inits.clear()
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # a cluster named: joined as it is
+    assert deployment.run_local(object(), "127.0.0.1", 0, cpus=3) == 130
+    assert inits[0]["address"] is None and inits[0]["num_cpus"] is None
+
+
 def test_run_local_stops_on_sigterm_with_status_143_and_on_ctrl_c_with_130(monkeypatch):
     import types
 

@@ -306,8 +306,10 @@ def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[], 
     logging.getLogger("ray.serve").setLevel(ray_log_level(log_level))  # Serve's lines in this process
     if not ray.is_initialized():
         local = "RAY_ADDRESS" not in os.environ
-        ray.init(num_cpus=max(os.cpu_count() or 1, cpus) if local else None, include_dashboard=False,
-                 log_to_driver=True, logging_level=ray_log_level(log_level))
+        # "local": a Ray of its own, also where `ray start` runs one on this machine (which ray.init would join,
+        # refusing num_cpus there)
+        ray.init(address="local" if local else None, num_cpus=max(os.cpu_count() or 1, cpus) if local else None,
+                 include_dashboard=False, log_to_driver=True, logging_level=ray_log_level(log_level))
     # Ctrl-C and SIGTERM stop it, also where SIGINT came ignored (a command started with `&`)
     stopped_by = []
     previous = {sig: signal.signal(sig, lambda signum, frame: _interrupt(signum, stopped_by))
