@@ -141,6 +141,28 @@ def test_run_local_starts_a_ray_of_its_own_even_where_ray_start_runs_one_here(mo
     assert inits[0]["address"] is None and inits[0]["num_cpus"] is None
 
 
+def test_ctrl_c_while_ray_starts_stops_the_ray_it_started(monkeypatch):
+    import types
+
+    from csdgen.serve import deployment
+
+    calls = []
+
+    def init(**kwargs):  # Ctrl-C lands while Ray starts its processes
+        os.kill(os.getpid(), signal.SIGINT)
+        calls.append("ray up")
+
+    serve = types.SimpleNamespace(start=lambda **kw: calls.append("serve start"), run=lambda *a, **kw: None,
+                                  shutdown=lambda: calls.append("serve down"))
+    ray = types.SimpleNamespace(is_initialized=lambda: "ray up" in calls and "ray down" not in calls, init=init,
+                                shutdown=lambda: calls.append("ray down"), serve=serve)
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setitem(sys.modules, "ray.serve", serve)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert deployment.run_local(object(), "127.0.0.1", 0, cpus=1) == 130
+    assert calls == ["ray up", "serve down", "ray down"]  # its processes stopped; Serve never started
+
+
 def test_run_local_stops_on_sigterm_with_status_143_and_on_ctrl_c_with_130(monkeypatch):
     import types
 

@@ -304,17 +304,22 @@ def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[], 
     import logging
 
     logging.getLogger("ray.serve").setLevel(ray_log_level(log_level))  # Serve's lines in this process
-    if not ray.is_initialized():
-        local = "RAY_ADDRESS" not in os.environ
-        # "local": a Ray of its own, also where `ray start` runs one on this machine (which ray.init would join,
-        # refusing num_cpus there)
-        ray.init(address="local" if local else None, num_cpus=max(os.cpu_count() or 1, cpus) if local else None,
-                 include_dashboard=False, log_to_driver=True, logging_level=ray_log_level(log_level))
-    # Ctrl-C and SIGTERM stop it, also where SIGINT came ignored (a command started with `&`)
-    stopped_by = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: _interrupt(signum, stopped_by))
+    # Ctrl-C and SIGTERM stop it, also where SIGINT came ignored (a command started with `&`); one that comes
+    # while Ray starts is held until ray.init returns, so that the processes it started are stopped too
+    stopped_by: list = []
+    armed: list = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: _interrupt(signum, stopped_by, armed))
                 for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
+        if not ray.is_initialized():
+            local = "RAY_ADDRESS" not in os.environ
+            # "local": a Ray of its own, also where `ray start` runs one on this machine (which ray.init would join,
+            # refusing num_cpus there)
+            ray.init(address="local" if local else None, num_cpus=max(os.cpu_count() or 1, cpus) if local else None,
+                     include_dashboard=False, log_to_driver=True, logging_level=ray_log_level(log_level))
+        armed.append(True)
+        if stopped_by:  # a signal came while Ray started
+            raise KeyboardInterrupt
         serve.start(http_options={"host": host, "port": port}, logging_config={"log_level": ray_log_level(log_level)})
         try:
             serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
@@ -330,10 +335,11 @@ def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[], 
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
+        if ray.is_initialized():
+            try:
+                serve.shutdown()
+            finally:
+                ray.shutdown()
 
 
 def _replica_failure(serve) -> str | None:
@@ -351,7 +357,8 @@ def _replica_failure(serve) -> str | None:
     return None
 
 
-def _interrupt(signum, stopped_by: list):
+def _interrupt(signum, stopped_by: list, armed: list):
     if not stopped_by:  # the first signal says how it stopped (a second one, while stopping, changes nothing)
         stopped_by.append(signum)
-    raise KeyboardInterrupt
+    if armed:  # else Ray is starting: run_local stops once it has started
+        raise KeyboardInterrupt
