@@ -43,7 +43,7 @@ def test_application_options_are_csdgen_serve_options_checked_by_its_parser():
     assert parse_options({"warmup": "false"})[0].warmup is False
     with pytest.raises(ValueError, match=r"max-batch.*0.*>= 1"):
         parse_options({"max_batch": 0})
-    with pytest.raises(ValueError, match="windw"):
+    with pytest.raises(ValueError, match=r"csdgen serve: error: unrecognized arguments: --windw 8 \(options: csdgen serve"):
         parse_options({"windw": 8})
     with pytest.raises(ValueError, match=r"port=8000: the address is Ray Serve's"):
         parse_options({"port": 8000})
@@ -64,6 +64,9 @@ def test_replica_usage_errors_are_one_line_before_ray_starts(capsys):
     with pytest.raises(SystemExit):
         cli.main(["serve", "--replicas", "0"])
     assert "--replicas" in capsys.readouterr().err
+    assert cli.main(["serve", "--port", "0", "--replica-cpus", "2"]) == 2  # not silently one server
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--replica-cpus 2 needs --replicas N" in err, err
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen(1)
@@ -75,6 +78,133 @@ def test_replica_usage_errors_are_one_line_before_ray_starts(capsys):
     assert err.count("\n") == 1 and "cannot listen on 127.0.0.1:" in err
 
 
+@needs_ray
+def test_what_every_replica_would_refuse_is_one_line_before_ray_starts(capsys, monkeypatch, tmp_path):
+    import torch
+
+    from csdgen import cli
+
+    from csdgen.serve import deployment
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(deployment, "run_local", lambda *a, **kw: 0)  # Ray never starts: a refusal missed returns 0
+    cases = [(["--weights", str(tmp_path / "none")], "no built-in weights in"), (["--top-p", "5"], "the --top-p option"),
+             (["--model", str(tmp_path / "none")], "no such folder")]
+    if not torch.cuda.is_available():  # else each replica gets a GPU
+        cases.append((["--device", "cuda"], "--device cuda: no CUDA device is visible here"))
+    for argv, words in cases:
+        assert cli.main(["serve", "--port", "0", "--replicas", "2", *argv]) == 2, argv
+        captured = capsys.readouterr()
+        assert captured.err.count("\n") == 1 and words in captured.err and not captured.out, (argv, captured)
+    # one GPU and two replicas of one GPU each: refused, where Ray would wait for a second GPU without end
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert cli.main(["serve", "--port", "0", "--replicas", "2", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--replicas 2: each replica takes one GPU of its own and this machine has 1" in err
+
+
+@needs_ray
+def test_the_address_line_counts_the_replicas(capsys, monkeypatch):
+    from csdgen import cli
+    from csdgen.serve import deployment
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("RAY_DEDUP_LOGS", raising=False)
+    monkeypatch.setattr(deployment, "run_local", lambda *a, on_ready, **kw: on_ready() or 0)  # Ray never starts
+    for argv, count in ((["--replicas", "1"], "; 1 replica on Ray Serve,"), (["--replicas", "2"], "; 2 replicas on"),
+                        (["--replicas", "1", "--max-replicas", "3"], "; 1..3 replicas on Ray Serve,")):
+        assert cli.main(["serve", "--port", "0", "--device", "cpu", *argv]) == 0
+        assert count in capsys.readouterr().out
+    assert os.environ["RAY_DEDUP_LOGS"] == "0"  # for the Ray it starts: every replica's lines as they come
+
+
+def test_run_local_starts_a_ray_of_its_own_even_where_ray_start_runs_one_here(monkeypatch):
+    import types
+
+    from csdgen.serve import deployment
+
+    inits = []
+    serve = types.SimpleNamespace(start=lambda **kw: None, shutdown=lambda: None,
+                                  run=lambda *a, **kw: os.kill(os.getpid(), signal.SIGINT))
+    ray = types.SimpleNamespace(is_initialized=lambda: bool(inits), init=lambda **kw: inits.append(kw),
+                                shutdown=lambda: None, serve=serve)
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setitem(sys.modules, "ray.serve", serve)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert deployment.run_local(object(), "127.0.0.1", 0, cpus=3) == 130
+    # ray.init() alone joins a `ray start` cluster of this machine, and refuses num_cpus there
+    assert inits[0]["address"] == "local" and inits[0]["num_cpus"] >= 3
+    inits.clear()
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # a cluster named: joined as it is
+    assert deployment.run_local(object(), "127.0.0.1", 0, cpus=3) == 130
+    assert inits[0]["address"] is None and inits[0]["num_cpus"] is None
+
+
+def test_ctrl_c_while_ray_starts_stops_the_ray_it_started(monkeypatch):
+    import types
+
+    from csdgen.serve import deployment
+
+    calls = []
+
+    def init(**kwargs):  # Ctrl-C lands while Ray starts its processes
+        os.kill(os.getpid(), signal.SIGINT)
+        calls.append("ray up")
+
+    serve = types.SimpleNamespace(start=lambda **kw: calls.append("serve start"), run=lambda *a, **kw: None,
+                                  shutdown=lambda: calls.append("serve down"))
+    ray = types.SimpleNamespace(is_initialized=lambda: "ray up" in calls and "ray down" not in calls, init=init,
+                                shutdown=lambda: calls.append("ray down"), serve=serve)
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setitem(sys.modules, "ray.serve", serve)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert deployment.run_local(object(), "127.0.0.1", 0, cpus=1) == 130
+    assert calls == ["ray up", "serve down", "ray down"]  # its processes stopped; Serve never started
+
+
+def test_run_local_stops_on_sigterm_with_status_143_and_on_ctrl_c_with_130(monkeypatch):
+    import types
+
+    from csdgen.serve import deployment
+
+    calls = []
+    serve = types.SimpleNamespace(start=lambda **kw: calls.append("start"), shutdown=lambda: calls.append("serve down"),
+                                  run=lambda *a, **kw: calls.append("run"))
+    ray = types.SimpleNamespace(is_initialized=lambda: True, shutdown=lambda: calls.append("ray down"), serve=serve)
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setitem(sys.modules, "ray.serve", serve)
+    for sig, status in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
+        calls.clear()
+        assert deployment.run_local(object(), "127.0.0.1", 0, cpus=1,
+                                    on_ready=lambda: os.kill(os.getpid(), sig)) == status, sig
+        assert calls == ["start", "run", "serve down", "ray down"]
+
+
+def test_run_local_names_the_error_that_stopped_the_replicas_in_one_line(monkeypatch):
+    import types
+
+    from csdgen.serve import deployment
+
+    def run(*args, **kwargs):
+        raise RuntimeError("Deploying application csdgen failed: Failed to update the deployments ['CsdgenReplica'].")
+
+    calls = []
+    failed = types.SimpleNamespace(message="Traceback (most recent call last):\n  File ...\nValueError: request "
+                                           "defaults: top_p=5.0: must be null or in (0, 1] (the --top-p option)\n")
+    status = types.SimpleNamespace(applications={"csdgen": types.SimpleNamespace(
+        message="Failed to update the deployments ['CsdgenReplica'].", deployments={"CsdgenReplica": failed})})
+    serve = types.SimpleNamespace(start=lambda **kw: None, run=run, status=lambda: status,
+                                  shutdown=lambda: calls.append("serve down"))
+    ray = types.SimpleNamespace(is_initialized=lambda: True, shutdown=lambda: calls.append("ray down"), serve=serve)
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setitem(sys.modules, "ray.serve", serve)
+    with pytest.raises(ValueError, match=r"^the replicas did not start: ValueError: request defaults: top_p=5\.0: "
+                                         r"must be null or in \(0, 1\] \(the --top-p option\)$"):
+        deployment.run_local(object(), "127.0.0.1", 0, cpus=1)
+    assert calls == ["serve down", "ray down"]
+
+
 def test_deployment_options_fix_the_replicas_or_autoscale_by_ongoing_requests():
     args = argparse.Namespace(max_batch=16, device=None)
     fixed = deployment_options(args, replicas=3, num_gpus=0)
@@ -84,6 +214,10 @@ def test_deployment_options_fix_the_replicas_or_autoscale_by_ongoing_requests():
     assert "num_replicas" not in scaled and scaled["ray_actor_options"]["num_gpus"] == 1
     assert scaled["autoscaling_config"] == {"min_replicas": 2, "initial_replicas": 2, "max_replicas": 5,
                                             "target_ongoing_requests": 16.0}
+    assert "logging_config" not in fixed  # no --log-level: Ray Serve's default
+    for level, ray_level in (("warning", "WARNING"), ("info", "INFO"), ("trace", "DEBUG")):  # --log-level reaches Ray
+        options = deployment_options(argparse.Namespace(max_batch=4, device=None, log_level=level), num_gpus=0)
+        assert options["logging_config"] == {"log_level": ray_level}
     cuda = deployment_options(argparse.Namespace(max_batch=4, device="cuda"))
     assert cuda["ray_actor_options"]["num_gpus"] == 1
     for bad, match in (({"replicas": 0}, "replicas=0"), ({"replicas": 3, "max_replicas": 2}, "max_replicas=2"),
@@ -149,7 +283,8 @@ def test_the_proxy_answers_a_request_whose_replica_died_with_a_502_naming_it():
 def _spawn(*argv: str):
     """``csdgen serve ... --port 0`` in a subprocess (one torch thread), its output lines in a queue.
     It starts with SIGINT ignored, as a command started with ``&`` does: Ctrl-C must stop it all the same."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("RAY_DEDUP_LOGS", None)  # csdgen serve --replicas turns Ray's deduplication off itself
     proc = subprocess.Popen([sys.executable, "-m", "csdgen", "serve", "--port", "0", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
@@ -207,6 +342,10 @@ def ray_replicas(tiny_weights):
         raise
     yield url
     assert _stop(proc, seen) == 130, "".join(seen)[-2000:]
+    # each replica logs as one server does (--log-level info): csdgen's access line per image request
+    assert any('"POST /v1/images/generations" 200 method=' in line for line in seen), "".join(seen)[-2000:]
+    # ... every line of every replica, none folded into another's by Ray's deduplication
+    assert not any("across cluster]" in line for line in seen), "".join(seen)[-2000:]
 
 
 def _client(url: str):

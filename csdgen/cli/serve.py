@@ -9,6 +9,7 @@ leave those fields out. FastAPI, uvicorn and torch are imported by :func:`run` o
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import _options as opt
@@ -43,7 +44,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--port", type=opt.port(0), default=8000, help="TCP port (default 8000; 0: any free port)")
     p.add_argument("--max-batch", type=opt.count(), default=None, metavar="B",
                    help=f"most images decoding together (default: on cuda the largest batch the memory plan fits, "
-                        f"csdgen plan; on cpu {CPU_MAX_BATCH}; lowered to what memory allows)")
+                        f"csdgen plan; on cpu and with --replicas {CPU_MAX_BATCH}; lowered to what memory allows)")
     p.add_argument("--max-queue", type=opt.count(), default=256, metavar="Q",
                    help="most images waiting; requests beyond get 429 with Retry-After (default 256)")
     p.add_argument("--max-images", type=opt.count(), default=10, metavar="N",
@@ -79,8 +80,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     r.add_argument("--max-replicas", type=opt.count(maximum=1024), default=None, metavar="M",
                    help="with --replicas N: Ray Serve autoscales between N and M replicas by ongoing requests per "
                         "replica (target: --max-batch)")
-    r.add_argument("--replica-cpus", type=opt.count(maximum=1024), default=1, metavar="C",
-                   help="CPUs Ray reserves for each replica (default 1; its torch threads)")
+    r.add_argument("--replica-cpus", type=opt.count(maximum=1024), default=None, metavar="C",
+                   help="with --replicas N: CPUs Ray reserves for each replica (default 1; its torch threads)")
     g = p.add_argument_group("request defaults (a request's own fields win)")
     opt.add_method(g)
     opt.add_method_options(g, family_note=True, served=True)
@@ -137,24 +138,11 @@ def _load(args):
 
     from ._common import require_decoder
     from csdgen.models.auto import load_model
-    from csdgen.models.detect import family_of, read_config
-    from csdgen.models.dtypes import default_device
-    from csdgen.models.sources import resolve_checkpoint
 
-    folder = resolve_checkpoint(args.model)
-    read_config(folder)
-    family = family_of(folder, args.layout, args.model)
-    from csdgen.models.auto import check_tokenizer_files
-
-    check_tokenizer_files(folder, family)  # requests are text: refused here, naming the folder, before the weights
-    device = args.device or default_device()
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is visible here; use --device cpu")
-    dtype = choose_dtype(args, family, device)
-    from ._common import quantize_setup, split_note
+    folder, family, device, dtype = _checkpoint_checks(args)
+    from ._common import split_note
     from csdgen.models.plan import checkpoint_plan
 
-    quantize_setup(args, device)
     model = load_model(args.model, dtype=dtype, device=device, layout=args.layout, height=args.height, width=args.width,
                        image_size=args.image_size, batch_size=1, window=AUTO_MAX_WINDOW, guided=True,
                        prompt_template=args.prompt_template, vqgan=args.vqgan, max_memory_bytes=budget,
@@ -167,6 +155,34 @@ def _load(args):
                            guided=guided, device=device, free=budget, height=args.height, width=args.width,
                            image_size=args.image_size)
     return model, str(args.model), (Path(str(args.model)).name,), _plan_limit(plan), plan
+
+
+def _checkpoint_checks(args) -> tuple:
+    """``(folder, family, device, dtype)`` of ``--model``: what :func:`_load` checks before any weight is read
+    (the checkpoint found, its family and tokenizer files, the device, the dtype and --quantize for the device).
+
+    Raises:
+        ValueError: one line naming the option.
+    """
+    from ._common import quantize_setup
+    from csdgen.models.detect import family_of, read_config
+    from csdgen.models.dtypes import default_device
+    from csdgen.models.sources import resolve_checkpoint
+
+    import torch
+
+    from csdgen.models.auto import check_tokenizer_files
+
+    folder = resolve_checkpoint(args.model)
+    read_config(folder)
+    family = family_of(folder, args.layout, args.model)
+    check_tokenizer_files(folder, family)  # requests are text: refused here, naming the folder, before the weights
+    device = args.device or default_device()
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is visible here; use --device cpu")
+    dtype = choose_dtype(args, family, device)
+    quantize_setup(args, device)
+    return folder, family, device, dtype
 
 
 def _plan_limit(plan) -> int | None:
@@ -267,6 +283,9 @@ def run(args) -> int:
     if args.max_replicas is not None:
         raise ValueError(f"--max-replicas {args.max_replicas} needs --replicas N (the fewest replicas; Ray Serve "
                          f"autoscales between the two)")
+    if args.replica_cpus is not None:
+        raise ValueError(f"--replica-cpus {args.replica_cpus} needs --replicas N (one server here uses this "
+                         f"process's torch threads: set OMP_NUM_THREADS)")
     sock = bind_socket(args.host, args.port)  # a taken port fails before the model loads
     served, capacity, _ = served_model(args)
     app = create_app(served, capacity=capacity, max_queue=args.max_queue, batching=args.batching)
@@ -294,20 +313,61 @@ def _run_replicas(args) -> int:
     from csdgen.serve.app import bind_socket
     from csdgen.serve.deployment import application, run_local
 
+    # every replica's lines as they come (read by Ray when it is imported, below): Ray's deduplication held
+    # one replica's lines that looked like another's (start-up, access lines) and folded them into "[repeated Nx]"
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     args.max_batch = args.max_batch or CPU_MAX_BATCH  # each replica's target and admission limit
     if args.max_replicas is not None and args.max_replicas < args.replicas:
         raise ValueError(f"--max-replicas {args.max_replicas}: allowed at least --replicas ({args.replicas})")
+    args.replica_cpus = args.replica_cpus or 1
     sock = bind_socket(args.host, args.port)  # a taken port fails before Ray starts; 0: a free one for Ray's proxy
     port = sock.getsockname()[1]
     sock.close()
     app = application(served_model, args, replicas=args.replicas, max_replicas=args.max_replicas,
                       num_cpus=args.replica_cpus)
+    if "RAY_ADDRESS" not in os.environ:  # a local Ray: its replicas run here, and fail as this process would
+        _check_before_ray(args)
     host = f"[{args.host}]" if ":" in args.host else args.host
-    count = args.replicas if args.max_replicas is None else f"{args.replicas}..{args.max_replicas}"
+    count = (f"{args.replicas} replica{'s' if args.replicas > 1 else ''}" if args.max_replicas is None
+             else f"{args.replicas}..{args.max_replicas} replicas")
 
     def ready() -> None:
         print(f"csdgen serve: serving {args.served_name or ('csdgen-builtin' if args.model is None else args.model)} "
-              f"on http://{host}:{port}/v1 (POST /v1/images/generations; {count} replicas on Ray Serve, max batch "
+              f"on http://{host}:{port}/v1 (POST /v1/images/generations; {count} on Ray Serve, max batch "
               f"{args.max_batch} each, {args.batching} batching; Ctrl-C stops it)", flush=True)
 
-    return run_local(app, args.host, port, cpus=args.replica_cpus * (args.max_replicas or args.replicas), on_ready=ready)
+    return run_local(app, args.host, port, cpus=args.replica_cpus * (args.max_replicas or args.replicas), on_ready=ready,
+                     log_level=args.log_level)
+
+
+def _check_before_ray(args) -> None:
+    """What every replica of a local Ray would refuse at start, refused here in one line before Ray
+    starts (a replica's failure is Ray's traceback, retried per replica): the built-in model (small)
+    loaded once on the CPU and its request defaults checked; a checkpoint found, its family, dtype
+    and --quantize checked without reading its weights; --device cuda where no CUDA device is visible, or
+    more replicas than GPUs (each takes one: Ray would wait for the missing ones without end).
+
+    Raises:
+        ValueError, OSError: one line naming the option, as one server's start gives.
+    """
+    import contextlib
+    import copy
+    import io
+
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is visible here; use --device cpu")
+    if args.device == "cuda" and args.replicas > torch.cuda.device_count():  # Ray would wait for GPUs forever
+        count = torch.cuda.device_count()
+        raise ValueError(f"--replicas {args.replicas}: each replica takes one GPU of its own and this machine has "
+                         f"{count}; allowed --replicas 1..{count} here (--max-replicas may ask for more), or "
+                         f"--device cpu")
+    probe = copy.copy(args)
+    probe.warmup = False
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        if args.model is None:
+            probe.device = "cpu"  # no CUDA context in this process: the GPUs are the replicas'
+            served_model(probe)
+        else:
+            _checkpoint_checks(probe)

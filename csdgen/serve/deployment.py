@@ -134,6 +134,12 @@ class CsdgenReplica:
 
         self.pid = os.getpid()
         self.replica_id = _replica_id()
+        if getattr(args, "log_level", None) is not None:  # csdgen's start-up and access lines, as one server logs them
+            import logging.config
+
+            from csdgen.serve.logs import log_config
+
+            logging.config.dictConfig(log_config(args.log_level))
         threads = _use_assigned_cpus()
         served, capacity, _ = load(args)
         self.served, self.capacity = served, capacity
@@ -207,6 +213,11 @@ def gpus_for(args) -> int:
     return int(torch.cuda.is_available())
 
 
+def ray_log_level(level: str | None) -> str | None:
+    """Ray's log level name for ``--log-level`` (``trace``: ``DEBUG``, Ray has no lower level)."""
+    return None if level is None else "DEBUG" if level == "trace" else level.upper()
+
+
 def deployment_options(args, *, replicas: int = 1, max_replicas: int | None = None, num_cpus: float = 1,
                        num_gpus: int | None = None, target_ongoing_requests: float | None = None,
                        max_ongoing_requests: int | None = None) -> dict:
@@ -241,6 +252,8 @@ def deployment_options(args, *, replicas: int = 1, max_replicas: int | None = No
                "health_check_period_s": 5, "health_check_timeout_s": 30,
                # a replica stopped (scaled down, redeployed) takes no new request and finishes those it holds
                "graceful_shutdown_timeout_s": 60}
+    if getattr(args, "log_level", None) is not None:  # Ray Serve's own lines in the replicas (its access lines too)
+        options["logging_config"] = {"log_level": ray_log_level(args.log_level)}
     if max_replicas is None:
         options["num_replicas"] = int(replicas)
     else:
@@ -268,44 +281,84 @@ def application(load: Callable, args, **options):
     return cls.options(**opts).bind(load, args)
 
 
-def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[], None] | None = None) -> int:
+def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[], None] | None = None,
+              log_level: str = "info") -> int:
     """Start a local Ray (or join the one ``RAY_ADDRESS`` names) and Serve's HTTP proxy on
     ``host:port``, run ``app`` and wait until Ctrl-C or SIGTERM; then shut Serve and Ray down.
 
     Args:
         cpus: CPUs the local Ray offers (at least what the replicas reserve).
+        log_level: ``csdgen serve --log-level``: of Ray's lines in this process and of Serve's controller and proxy.
 
     Returns:
-        130 after Ctrl-C or SIGTERM.
+        130 after Ctrl-C (SIGINT), 143 after SIGTERM (as one server).
+
+    Raises:
+        ValueError: the replicas did not start, naming the last line of a replica's error (Ray logs
+            its traceback above).
     """
     import ray
     from ray import serve
 
     os.environ.setdefault(PROXY_CALLBACK_VARIABLE, PROXY_CALLBACK)  # read by the proxy actor Ray starts
-    if not ray.is_initialized():
-        local = "RAY_ADDRESS" not in os.environ
-        ray.init(num_cpus=max(os.cpu_count() or 1, cpus) if local else None, include_dashboard=False,
-                 log_to_driver=True)
-    # Ctrl-C and SIGTERM stop it, also where SIGINT came ignored (a command started with `&`)
-    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    import logging
+
+    logging.getLogger("ray.serve").setLevel(ray_log_level(log_level))  # Serve's lines in this process
+    # Ctrl-C and SIGTERM stop it, also where SIGINT came ignored (a command started with `&`); one that comes
+    # while Ray starts is held until ray.init returns, so that the processes it started are stopped too
+    stopped_by: list = []
+    armed: list = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: _interrupt(signum, stopped_by, armed))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        serve.start(http_options={"host": host, "port": port})
-        serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+        if not ray.is_initialized():
+            local = "RAY_ADDRESS" not in os.environ
+            # "local": a Ray of its own, also where `ray start` runs one on this machine (which ray.init would join,
+            # refusing num_cpus there)
+            ray.init(address="local" if local else None, num_cpus=max(os.cpu_count() or 1, cpus) if local else None,
+                     include_dashboard=False, log_to_driver=True, logging_level=ray_log_level(log_level))
+        armed.append(True)
+        if stopped_by:  # a signal came while Ray started
+            raise KeyboardInterrupt
+        serve.start(http_options={"host": host, "port": port}, logging_config={"log_level": ray_log_level(log_level)})
+        try:
+            serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+        except RuntimeError as exc:  # "Deploying application csdgen failed": the replicas did not start
+            raise ValueError(f"the replicas did not start: {_replica_failure(serve) or exc}") from None
         if on_ready is not None:
             on_ready()
         while True:
             time.sleep(1)
     except KeyboardInterrupt:
         print("csdgen serve: stopping the replicas", file=sys.stderr, flush=True)
-        return 130
+        return 143 if stopped_by == [signal.SIGTERM] else 130
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
+        if ray.is_initialized():
+            try:
+                serve.shutdown()
+            finally:
+                ray.shutdown()
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
+def _replica_failure(serve) -> str | None:
+    """The last line of the error that stopped a replica of the application (Serve's status message,
+    a traceback), or None when Serve gives none."""
+    try:
+        application = serve.status().applications[APP_NAME]
+        messages = [d.message for d in application.deployments.values()] + [application.message]
+    except Exception:  # Serve's controller is gone too: nothing more to say
+        return None
+    for message in messages:
+        lines = [line.strip() for line in str(message or "").splitlines() if line.strip()]
+        if lines:
+            return lines[-1]
+    return None
+
+
+def _interrupt(signum, stopped_by: list, armed: list):
+    if not stopped_by:  # the first signal says how it stopped (a second one, while stopping, changes nothing)
+        stopped_by.append(signum)
+    if armed:  # else Ray is starting: run_local stops once it has started
+        raise KeyboardInterrupt

@@ -68,7 +68,9 @@ def parse_options(options: dict[str, Any] | None) -> tuple[Any, dict]:
     message = io.StringIO()
     try:
         with contextlib.redirect_stderr(message):
-            args = parser.parse_args(["serve", *words])
+            args, extra = parser.parse_known_args(["serve", *words])
+            if extra:  # named by csdgen serve's own parser, as the command names them
+                parser.commands["serve"].error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit:
         text = message.getvalue().strip().splitlines()
         raise ValueError(f"csdgen.serve.replicas:app args {options!r}: {text[-1] if text else 'bad value'}") from None
