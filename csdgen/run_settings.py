@@ -87,14 +87,23 @@ def _comparable(settings: dict) -> dict:
 
 def _model_settings(model) -> dict:
     """The model's part of a record's settings: the built-in model as ``csdgen generate`` records it
-    (``"builtin"`` and its weights, ``"shipped"`` or the folder), another model by its class name;
-    and ``quantize`` where the model was quantised (``model.quantize``, as ``--quantize`` records it:
-    another target, other images)."""
+    (``"builtin"`` and its weights, ``"shipped"`` or the folder), another model by its class name,
+    and a checkpoint from :func:`csdgen.models.load_model` also by its folder (``checkpoint``), its
+    ``dtype`` and ``grid`` (another checkpoint, dtype or size is another target); and ``quantize``
+    where the model was quantised (``model.quantize``, as ``--quantize`` records it: another
+    target, other images)."""
     from csdgen.models.builtin import BuiltinModel
 
     quantized = {"quantize": model.quantize} if getattr(model, "quantize", None) else {}
     if not isinstance(model, BuiltinModel):
-        return {"model": type(model).__name__, **quantized}
+        loaded = {}
+        if getattr(model, "checkpoint", None) is not None:
+            loaded = {"checkpoint": str(model.checkpoint), "grid": [int(n) for n in model.grid]}
+            import torch
+
+            if isinstance(getattr(model, "dtype", None), torch.dtype):
+                loaded["dtype"] = str(model.dtype).removeprefix("torch.")
+        return {"model": type(model).__name__, **loaded, **quantized}
     from csdgen.builtin import DEFAULT_WEIGHTS_DIR
 
     folder = getattr(model.components, "weights_dir", None)

@@ -269,19 +269,26 @@ def test_save_run_records_a_quantised_model_as_csdgen_generate_quantize_does(wei
     assert capsys.readouterr().out.startswith("1 image (1 kept from an earlier run)")
 
 
-def test_save_run_records_a_checkpoint_model_by_its_class_name_as_docs_library_says(tmp_path, capsys):
-    """docs/library.md said csdgen generate resumes any save_run folder 'and back'; for a checkpoint
-    model save_run records the class name only, so csdgen generate --model refuses the folder (what
-    the page now says)."""
+def test_save_run_records_a_checkpoint_by_its_folder_dtype_and_grid_and_refuses_another_checkpoints_folder(
+        tmp_path, capsys):
+    """save_run records a checkpoint model (load_model) by its class name, folder, dtype and grid, so
+    a folder written with one checkpoint is refused to another checkpoint of the same family (it
+    resumed it, mixing two targets' images); csdgen generate --model records more and refuses the
+    folder too, as docs/library.md says."""
     import csdgen
     from csdgen.models.auto import load_model
     from test_models_janus import PROMPTS, build_checkpoint
 
-    folder = build_checkpoint(tmp_path / "janus")
-    csdgen.save_run(load_model(folder), PROMPTS[:1], tmp_path / "out", window=4, maps=False)
-    assert json.loads((tmp_path / "out" / "record.json").read_text())["settings"]["model"] == "JanusImageModel"
+    first, second = build_checkpoint(tmp_path / "janus-a"), build_checkpoint(tmp_path / "janus-b")
+    csdgen.save_run(load_model(first), PROMPTS[:1], tmp_path / "out", window=4, maps=False)
+    settings = json.loads((tmp_path / "out" / "record.json").read_text())["settings"]
+    assert settings["model"] == "JanusImageModel" and settings["checkpoint"] == str(Path(first))
+    assert settings["dtype"] == "float32" and len(settings["grid"]) == 2
+    csdgen.save_run(load_model(first), PROMPTS[:1], tmp_path / "out", window=4, maps=False)  # the same: resumes
+    with pytest.raises(ValueError, match="checkpoint"):
+        csdgen.save_run(load_model(second), PROMPTS[:1], tmp_path / "out", window=4, maps=False)
     capsys.readouterr()
-    assert run("generate", "--model", folder, "--prompt", PROMPTS[0], "-n", 1, "--window", 4, "--no-maps",
+    assert run("generate", "--model", first, "--prompt", PROMPTS[0], "-n", 1, "--window", 4, "--no-maps",
                "--out", tmp_path / "out") == 2
-    assert "model: \"JanusImageModel\" there" in capsys.readouterr().err  # (transformers' progress bars beside it)
-    assert "class name only" in (Path(__file__).resolve().parents[1] / "docs" / "library.md").read_text()
+    library = (Path(__file__).resolve().parents[1] / "docs" / "library.md").read_text()
+    assert "its folder, dtype and grid" in library

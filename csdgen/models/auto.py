@@ -243,6 +243,10 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
         need_decoder: refuse, after the other checks and before the weights, a checkpoint whose image
             decoder files are not there (:func:`require_decoder_files`; what the commands that write images ask).
 
+    Returns:
+        the family's image-token model, with ``checkpoint`` (the folder it was read from, which
+        :func:`csdgen.save_run` records), ``quantize`` and ``device_map`` set.
+
     Raises:
         FileNotFoundError: no such folder nor cached repo, or no config/weights.
         ValueError: an empty ``path_or_id`` (``""``, not the current folder); a ``device`` torch does not
@@ -326,6 +330,7 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
         model = _load_family(family, folder, dtype, device, height, width, layout, vqgan, vqgan_dir, prompt_template,
                              negative_prompt, positive_prompt)
     model.quantize = quantize  # what csdgen generate's first line and csdgen plan report
+    model.checkpoint = str(folder)  # what csdgen.save_run records, so a folder of another checkpoint is refused
     model.device_map = next((m.hf_device_map for m in vars(model).values() if getattr(m, "hf_device_map", None)),
                             None) if device_map is not None else None
     return model
