@@ -125,7 +125,7 @@ def test_run_local_starts_a_ray_of_its_own_even_where_ray_start_runs_one_here(mo
     from csdgen.serve import deployment
 
     inits = []
-    serve = types.SimpleNamespace(start=lambda **kw: None, shutdown=lambda: None,
+    serve = types.SimpleNamespace(start=lambda **kw: None, shutdown=lambda: None, delete=lambda name: None,
                                   run=lambda *a, **kw: os.kill(os.getpid(), signal.SIGINT))
     ray = types.SimpleNamespace(is_initialized=lambda: bool(inits), init=lambda **kw: inits.append(kw),
                                 shutdown=lambda: None, serve=serve)
@@ -139,6 +139,31 @@ def test_run_local_starts_a_ray_of_its_own_even_where_ray_start_runs_one_here(mo
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # a cluster named: joined as it is
     assert deployment.run_local(object(), "127.0.0.1", 0, cpus=3) == 130
     assert inits[0]["address"] is None and inits[0]["num_cpus"] is None
+
+
+def test_run_local_on_a_cluster_it_joined_deletes_only_its_application(monkeypatch):
+    """With RAY_ADDRESS (a cluster of others), stopping deletes the csdgen application and
+    disconnects: serve.shutdown() would remove every Serve application of that cluster."""
+    import types
+
+    from csdgen.serve import deployment
+
+    calls = []
+    serve = types.SimpleNamespace(start=lambda **kw: calls.append("start"), run=lambda *a, **kw: calls.append("run"),
+                                  shutdown=lambda: calls.append("serve down"),
+                                  delete=lambda name: calls.append(f"delete {name}"))
+    ray = types.SimpleNamespace(is_initialized=lambda: "init" in calls and "disconnect" not in calls,
+                                init=lambda **kw: calls.append("init"), shutdown=lambda: calls.append("disconnect"),
+                                serve=serve)
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setitem(sys.modules, "ray.serve", serve)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert deployment.run_local(object(), "127.0.0.1", 0, cpus=1, on_ready=lambda: os.kill(os.getpid(), signal.SIGINT)) == 130
+    assert calls == ["init", "start", "run", f"delete {deployment.APP_NAME}", "disconnect"]
+    calls.clear()
+    monkeypatch.delenv("RAY_ADDRESS")  # a Ray of its own: Serve and Ray stopped
+    assert deployment.run_local(object(), "127.0.0.1", 0, cpus=1, on_ready=lambda: os.kill(os.getpid(), signal.SIGINT)) == 130
+    assert calls == ["init", "start", "run", "serve down", "disconnect"]
 
 
 def test_ctrl_c_while_ray_starts_stops_the_ray_it_started(monkeypatch):

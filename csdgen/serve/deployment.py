@@ -284,7 +284,9 @@ def application(load: Callable, args, **options):
 def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[], None] | None = None,
               log_level: str = "info") -> int:
     """Start a local Ray (or join the one ``RAY_ADDRESS`` names) and Serve's HTTP proxy on
-    ``host:port``, run ``app`` and wait until Ctrl-C or SIGTERM; then shut Serve and Ray down.
+    ``host:port``, run ``app`` and wait until Ctrl-C or SIGTERM; then shut Serve and Ray down (a
+    cluster it joined: delete this application only and disconnect, so the cluster's other Serve
+    applications keep running).
 
     Args:
         cpus: CPUs the local Ray offers (at least what the replicas reserve).
@@ -310,9 +312,11 @@ def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[], 
     armed: list = []
     previous = {sig: signal.signal(sig, lambda signum, frame: _interrupt(signum, stopped_by, armed))
                 for sig in (signal.SIGINT, signal.SIGTERM)}
+    joined = deployed = False
     try:
         if not ray.is_initialized():
             local = "RAY_ADDRESS" not in os.environ
+            joined = not local
             # "local": a Ray of its own, also where `ray start` runs one on this machine (which ray.init would join,
             # refusing num_cpus there)
             ray.init(address="local" if local else None, num_cpus=max(os.cpu_count() or 1, cpus) if local else None,
@@ -321,6 +325,7 @@ def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[], 
         if stopped_by:  # a signal came while Ray started
             raise KeyboardInterrupt
         serve.start(http_options={"host": host, "port": port}, logging_config={"log_level": ray_log_level(log_level)})
+        deployed = True
         try:
             serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
         except RuntimeError as exc:  # "Deploying application csdgen failed": the replicas did not start
@@ -337,9 +342,12 @@ def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[], 
             signal.signal(sig, handler)
         if ray.is_initialized():
             try:
-                serve.shutdown()
+                if not joined:
+                    serve.shutdown()
+                elif deployed:  # serve.shutdown() would remove every application of the cluster
+                    serve.delete(APP_NAME)
             finally:
-                ray.shutdown()
+                ray.shutdown()  # a joined cluster keeps running: this process disconnects
 
 
 def _replica_failure(serve) -> str | None:
