@@ -29,6 +29,8 @@ import unicodedata
 from pathlib import PurePath
 from typing import Iterable, Mapping, Sequence
 
+from .integers import as_integer
+
 __all__ = ["ClassNames", "name_key", "RANDOM", "LIST_HINT"]
 
 #: the ``--class`` word for "a class drawn from the seed" (one per image)
@@ -90,16 +92,6 @@ def folder_error(path, exc: OSError) -> str:
         longest = max((len(part.encode()) for part in PurePath(path).parts), default=0)
         return f"{exc.strerror}: its longest name has {longest} bytes, the path {len(str(path))} characters"
     return exc.strerror or str(exc)
-
-
-def _integer(value) -> int | None:
-    """``value`` as Python's int if it is an integer (numpy's too: ``operator.index``), not a bool; else None."""
-    if isinstance(value, bool):
-        return None
-    try:
-        return operator.index(value)
-    except TypeError:
-        return None
 
 
 def _holding_word(key: str, keys) -> list[str]:
@@ -379,11 +371,11 @@ class ClassNames:
             ValueError: an unknown name, a bad index, an empty ``items`` list, ``count`` not an
                 integer >= 0, or ``seed`` not an integer in ``0 .. 2**63 - 1`` (as ``generate``'s).
         """
-        if _integer(count) is None or count < 0:
+        if as_integer(count) is None or count < 0:
             raise ValueError(f"count={count!r}: allowed an integer >= 0 (the number of images)")
-        if _integer(seed) is None or not 0 <= seed <= 2**63 - 1:  # random.Random took -1 and refused np.int64
+        if as_integer(seed) is None or not 0 <= seed <= 2**63 - 1:  # random.Random took -1 and refused np.int64
             raise ValueError(f"seed={seed!r}: allowed an integer in 0..{2**63 - 1} (2**63 - 1)")
-        count, seed = _integer(count), _integer(seed)
+        count, seed = as_integer(count), as_integer(seed)
         if items is None:
             if default == "spread":
                 return self.spread(count)

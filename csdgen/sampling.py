@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from .guidance import GuidanceSchedule
+from .integers import as_integer  # noqa: F401 (the engine and rules import it from here)
 
 __all__ = [
     "SamplingConfig",
@@ -53,20 +54,6 @@ def is_number(value) -> bool:
     and rule parameters are checked with it before any comparison, so a wrong type gets the
     one-line error naming its argument, not a bare TypeError naming none."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def as_integer(value) -> int | None:
-    """``value`` as Python's int if it is an integer (int, numpy's, a 0-d torch integer tensor:
-    ``operator.index``), not a bool; else None. Counts, indices and seeds are checked with it, so an
-    integer read from an array is taken as the int it is (as ``seed`` takes it)."""
-    import operator
-
-    if isinstance(value, bool):
-        return None
-    try:
-        return operator.index(value)
-    except TypeError:
-        return None
 
 
 class UnguidedSamplingWarning(UserWarning):
