@@ -250,14 +250,14 @@ def load_inception(path: str | os.PathLike, *, option: str = "--inception-weight
     model = InceptionFeatures()
     expected = model.state_dict()
     if not isinstance(state, dict):
-        raise ValueError(f"{path} is not a state dict (got {type(state).__name__})")
+        raise ValueError(f"{path} is not a state dict (got {type(state).__name__}); {option} takes torch-fidelity's {INCEPTION_FILE}")
     needed = [k for k in expected if not k.endswith("num_batches_tracked")]
     missing = [k for k in needed if k not in state]
     wrong = [k for k in needed if k in state and tuple(state[k].shape) != tuple(expected[k].shape)]
     if missing or wrong:
         example = (missing or wrong)[0]
         raise ValueError(f"{path} is not an FID Inception-v3 state dict: {len(missing)} keys missing, {len(wrong)} of another "
-                         f"shape (e.g. {example!r})")
+                         f"shape (e.g. {example!r}); {option} takes torch-fidelity's {INCEPTION_FILE}")
     model.load_state_dict({k: state[k] for k in needed}, strict=False)
     return model
 
