@@ -88,17 +88,24 @@ def load_clip(model: str | os.PathLike = DEFAULT_CLIP_MODEL, *, option: str = "-
     return clip.eval(), processor
 
 
+_FORMATS = "a uint8 tensor [B, 3, H, W], a uint8 array [B, H, W, 3] or a list of PIL images"
+
+
 def _to_pil(images) -> list[Image.Image]:
+    if isinstance(images, np.ndarray):  # what csdgen.evaluation.maps.to_uint8 returns
+        if images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8:
+            raise ValueError(f"images must be {_FORMATS}, got an array of {images.dtype} {tuple(images.shape)}")
+        return [Image.fromarray(np.ascontiguousarray(a)) for a in images]
     if isinstance(images, torch.Tensor):
         if images.dim() != 4 or images.shape[1] != 3 or images.dtype != torch.uint8:
-            raise ValueError(f"images must be a uint8 tensor [B, 3, H, W] or a list of PIL images, got "
+            raise ValueError(f"images must be {_FORMATS}, got "
                              f"{images.dtype} {tuple(images.shape)} (csdgen.evaluation.maps.to_uint8 converts [-1, 1] floats)")
         array = images.permute(0, 2, 3, 1).cpu().numpy()
         return [Image.fromarray(np.ascontiguousarray(a)) for a in array]
     out = []
     for image in images:
         if not isinstance(image, Image.Image):
-            raise ValueError(f"images must be a uint8 tensor [B, 3, H, W] or a list of PIL images, got a list of {type(image).__name__}")
+            raise ValueError(f"images must be {_FORMATS}, got a list of {type(image).__name__}")
         out.append(image.convert("RGB"))
     return out
 
@@ -138,7 +145,8 @@ class ClipScorer:
         """Cosine similarity of each image's CLIP embedding with its prompt's.
 
         Args:
-            images: ``[B, 3, H, W]`` uint8 tensor (0..255) or ``B`` PIL images.
+            images: ``[B, 3, H, W]`` uint8 tensor (0..255), ``[B, H, W, 3]`` uint8 array
+                (:func:`csdgen.evaluation.maps.to_uint8` of decoded images) or ``B`` PIL images.
             prompts: ``B`` strings (``prefix`` is put before each).
 
         Returns:
