@@ -139,3 +139,12 @@ def test_a_file_that_is_no_inception_state_dict_names_the_option_and_the_file_it
         assert "--inception-weights takes torch-fidelity's weights-inception-2015-12-05-6726825d.pth" in message
         assert "\n" not in message
 
+
+def test_a_float_batch_is_refused_quoting_the_batch_shape_given(tmp_path, weights):
+    """FidScorer.fid of a float [2, 3, 8, 8] batch said "got torch.float32 (1, 3, 8, 8)": the shape of one
+    image, not of what the caller passed (new-user try-out)."""
+    scorer = FidScorer(weights, _write_images(tmp_path / "real", 0))
+    with pytest.raises(ValueError) as info:
+        scorer.fid(torch.zeros(2, 3, 8, 8))
+    assert "uint8 tensor [B, 3, H, W]" in str(info.value) and "torch.float32 (2, 3, 8, 8)" in str(info.value)
+

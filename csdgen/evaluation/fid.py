@@ -326,6 +326,9 @@ class FidScorer:
         Returns:
             ``[B, 2048]`` float32 on the CPU.
         """
+        if isinstance(images, torch.Tensor) and (images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3):
+            # the whole batch's shape, not the one image the network's own check would quote
+            raise ValueError(f"FID images must be a uint8 tensor [B, 3, H, W] (0..255), got {images.dtype} {tuple(images.shape)}")
         batch = list(images) if not isinstance(images, torch.Tensor) else images
         out = []
         for start in range(0, len(batch), self.batch_size):
