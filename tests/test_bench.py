@@ -175,6 +175,21 @@ def test_janus_table_has_every_column_with_clip_fid_and_nll(tmp_path_factory, ti
     assert (out / "scores" / "clip.json").is_file() and (out / "scores" / "fid_reference.safetensors").is_file()
 
 
+def test_fid_note_counts_the_reference_images_not_every_file_of_the_folder(builtin_weights, weights, tmp_path):  # noqa: F811
+    """The report said "FID ... against 7 files" for a folder of 4 images, a text file and a subfolder: it
+    counted every entry, while FID reads the images only (new-user try-out)."""
+    from test_fid import _write_images
+
+    real = _write_images(tmp_path / "val", seed=3, count=4)
+    (real / "captions.json").write_text("{}")
+    (real / "annotations").mkdir()
+    (real / "annotations" / "0.png").write_bytes((real / "000.png").read_bytes())  # not read: not directly in the folder
+    out = tmp_path / "bench"
+    assert _bench(builtin_weights, out, "--limit", 2, "--inception-weights", weights, "--fid-reference", real) == 0
+    report = (out / "report.md").read_text()
+    assert f"FID: Inception-v3 pool features against 4 reference images in {real}" in report
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--prompts", "coco"], "--prompts coco: the built-in model takes class names"),
     (["--prompts", "imagenet"], "unknown prompt set 'imagenet': use one of coco, parti or the path of a prompt file"),

@@ -314,12 +314,13 @@ def _scorers(args, plan, device: str, out: Path):
         scorers.clip = ClipScorer(args.clip_model, device=device)
         scorers.notes.append(f"CLIP score: 100 * max(cos, 0) with {args.clip_model}")
     if args.inception_weights is not None:
-        from csdgen.evaluation.fid import FidScorer
+        from csdgen.evaluation.fid import FidScorer, image_files
 
         scorers.fid = FidScorer(args.inception_weights, args.fid_reference, device=device,
                                 cache=out / "scores" / "fid_reference.safetensors")
-        scorers.notes.append(f"FID: Inception-v3 pool features against {len(list(args.fid_reference.iterdir()))} files "
-                             f"in {args.fid_reference}")
+        # the images FID reads, not every entry of the folder (COCO folders hold annotation files, subfolders)
+        scorers.notes.append(f"FID: Inception-v3 pool features against {len(image_files(args.fid_reference))} reference "
+                             f"images in {args.fid_reference}")
     if plan.class_names is not None:
         from csdgen.evaluation.quality import QualityScorer
 
