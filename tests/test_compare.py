@@ -145,3 +145,15 @@ def test_sweep_runs_gsd_and_lantern_once_per_window_whatever_the_draft_inits():
     for method, per_window in (("gsd", 2), ("lantern", 1), ("csd", 2), ("sjd", 2)):
         assert sum(p.method == method for p in points) == per_window * 2, method
     assert {p.draft_init for p in points if p.method in ("gsd", "lantern")} == {"onehot"}
+
+
+def test_compare_refuses_the_last_seed_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    """compare --seed 2**63 - 1 (no seed + 1 for the noise floor) was refused only after the built-in
+    model had loaded (new-user try-out); the line now comes first."""
+    import csdgen.cli.compare as compare_cli
+    from csdgen.cli._options import MAX_SEED
+
+    monkeypatch.setattr(compare_cli, "builtin_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    err = cli_error(capsys, "compare", "-n", 2, "--seed", MAX_SEED, "--out", tmp_path / "c")
+    assert f"--seed {MAX_SEED}: compare's noise floor runs AR at seed + 1; allowed: 0..{MAX_SEED - 1}" in err
+    assert not (tmp_path / "c").exists()
