@@ -191,6 +191,33 @@ def test_fid_note_counts_the_reference_images_not_every_file_of_the_folder(built
 
 
 @pytest.mark.parametrize("extra, message", [
+    (["--clip-model", "MISSING/clip"], "--clip-model '"),
+    (["--inception-weights", "MISSING/w.pth", "--fid-reference", "REAL"], "FID Inception weights not found at"),
+    (["--inception-weights", "WEIGHTS", "--fid-reference", "MISSING/val"], "reference image folder"),
+    (["--inception-weights", "WEIGHTS", "--fid-reference", "EMPTY"], "no images"),
+    (["--fid-reference", "REAL"], "--fid-reference needs --inception-weights FILE"),
+])
+def test_missing_score_files_are_refused_before_the_model_loads(tmp_path, capsys, monkeypatch, extra, message):
+    """A missing --clip-model folder, Inception weights file or reference folder was reported only once the
+    model had loaded (minutes for a 7B checkpoint with --model; new-user try-out): now before."""
+    import csdgen.cli.bench as bench_cli
+
+    monkeypatch.setattr(bench_cli, "_builtin_plan", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(bench_cli, "_model_plan", lambda *a, **k: pytest.fail("the model was loaded"))
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "0.png").write_bytes(b"")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "w.pth").write_bytes(b"")
+    names = {"MISSING/clip": tmp_path / "no" / "clip", "MISSING/w.pth": tmp_path / "no" / "w.pth", "REAL": tmp_path / "real",
+             "MISSING/val": tmp_path / "no" / "val", "EMPTY": tmp_path / "empty", "WEIGHTS": tmp_path / "w.pth"}
+    argv = ["bench", "--limit", "2", "--out", str(tmp_path / "out"), *[str(names.get(e, e)) for e in extra]]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("extra, message", [
     (["--prompts", "coco"], "--prompts coco: the built-in model takes class names"),
     (["--prompts", "imagenet"], "unknown prompt set 'imagenet': use one of coco, parti or the path of a prompt file"),
     (["--prompts", "EMPTY"], "holds no prompts"),

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-__all__ = ["DEFAULT_CLIP_MODEL", "load_clip", "ClipScorer"]
+__all__ = ["DEFAULT_CLIP_MODEL", "check_clip_path", "load_clip", "ClipScorer"]
 
 #: Hugging Face id of the default CLIP model (OpenAI CLIP ViT-L/14, 224 px).
 DEFAULT_CLIP_MODEL = "openai/clip-vit-large-patch14"
@@ -45,6 +45,19 @@ def _path_like(name: str) -> bool:
     """A value meant as a path, not a repo id: it holds a path separator, or starts with ``.`` or ``~``
     (a repo id is ``owner/name`` with one ``/`` and no leading ``.``; ``\\``, ``./``, ``a/b/c`` are paths)."""
     return name.startswith((".", "~", "/")) or "\\" in name or name.count("/") > 1
+
+
+def check_clip_path(model: str | os.PathLike, *, option: str = "--clip-model") -> None:
+    """Refuse a value meant as a path (``./x``, ``~/x``, ``a/b/c``, absolute) that is no folder, without
+    loading anything (a command checks this before its own model loads).
+
+    Raises:
+        FileNotFoundError: one line, "no such folder", naming the option and what it takes.
+    """
+    name = str(model)
+    if not Path(name).expanduser().is_dir() and _path_like(name):  # no repo id: `hf download ./x` would be no help
+        raise FileNotFoundError(f"{option} {name!r}: no such folder; allowed: a folder holding a saved CLIP model "
+                                f"and processor, or a Hugging Face id in the local cache (default {DEFAULT_CLIP_MODEL})")
 
 
 def load_clip(model: str | os.PathLike = DEFAULT_CLIP_MODEL, *, option: str = "--clip-model"):
@@ -67,9 +80,7 @@ def load_clip(model: str | os.PathLike = DEFAULT_CLIP_MODEL, *, option: str = "-
 
     name = str(model)
     is_folder = Path(name).expanduser().is_dir()
-    if not is_folder and _path_like(name):  # no repo id: `hf download ./x` would be no help
-        raise FileNotFoundError(f"{option} {name!r}: no such folder; allowed: a folder holding a saved CLIP model "
-                                f"and processor, or a Hugging Face id in the local cache (default {DEFAULT_CLIP_MODEL})")
+    check_clip_path(name, option=option)
     source = str(Path(name).expanduser()) if is_folder else name
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the torchvision fallback notice of the image processor is noise here

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import nn
 
-__all__ = ["INCEPTION_FILE", "INCEPTION_URL", "IMAGE_SUFFIXES", "InceptionFeatures", "load_inception",
+__all__ = ["INCEPTION_FILE", "INCEPTION_URL", "IMAGE_SUFFIXES", "InceptionFeatures", "check_inception_path", "load_inception",
            "resize_bilinear_tf1", "image_files", "FidScorer"]
 
 #: File name of the FID Inception-v3 weights in torch-fidelity's release.
@@ -219,6 +219,18 @@ class InceptionFeatures(nn.Module):
         return self.network(self.preprocess(images))
 
 
+def check_inception_path(path: str | os.PathLike, *, option: str = "--inception-weights") -> None:
+    """Refuse a weights path that is no file, without reading it (a command checks this before its own model loads).
+
+    Raises:
+        FileNotFoundError: one line: what to download and which option to set.
+    """
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"FID Inception weights not found at {path} (csdgen never downloads): on a machine with "
+                                f"internet fetch {INCEPTION_URL}, copy it here and pass {option} FILE")
+
+
 def load_inception(path: str | os.PathLike, *, option: str = "--inception-weights") -> InceptionFeatures:
     """The FID Inception-v3 with weights from a local file (``.pth`` state dict or ``.safetensors``).
 
@@ -233,9 +245,7 @@ def load_inception(path: str | os.PathLike, *, option: str = "--inception-weight
         ValueError: the file is not an FID Inception-v3 state dict (one line).
     """
     path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"FID Inception weights not found at {path} (csdgen never downloads): on a machine with "
-                                f"internet fetch {INCEPTION_URL}, copy it here and pass {option} FILE")
+    check_inception_path(path, option=option)
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
