@@ -48,16 +48,29 @@ def _path_like(name: str) -> bool:
 
 
 def check_clip_path(model: str | os.PathLike, *, option: str = "--clip-model") -> None:
-    """Refuse a value meant as a path (``./x``, ``~/x``, ``a/b/c``, absolute) that is no folder, without
-    loading anything (a command checks this before its own model loads).
+    """Refuse a value meant as a path (``./x``, ``~/x``, ``a/b/c``, absolute) that is no folder, and a
+    Hugging Face id whose ``config.json`` is not in the local cache, without loading anything (a command
+    checks this before its own model loads).
 
     Raises:
-        FileNotFoundError: one line, "no such folder", naming the option and what it takes.
+        FileNotFoundError: one line: "no such folder", or what to download; naming the option.
     """
     name = str(model)
-    if not Path(name).expanduser().is_dir() and _path_like(name):  # no repo id: `hf download ./x` would be no help
+    if Path(name).expanduser().is_dir():
+        return
+    if _path_like(name):  # no repo id: `hf download ./x` would be no help
         raise FileNotFoundError(f"{option} {name!r}: no such folder; allowed: a folder holding a saved CLIP model "
                                 f"and processor, or a Hugging Face id in the local cache (default {DEFAULT_CLIP_MODEL})")
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(name, "config.json")
+    except Exception:  # noqa: BLE001 - not a valid repo id: not in the cache either
+        cached = None
+    if not isinstance(cached, str):
+        raise FileNotFoundError(
+            f"CLIP weights not found in the Hugging Face cache for {name!r} (csdgen never downloads): on a machine "
+            f"with internet run `hf download {name} --local-dir DIR`, copy DIR here and pass {option} DIR")
 
 
 def load_clip(model: str | os.PathLike = DEFAULT_CLIP_MODEL, *, option: str = "--clip-model"):
