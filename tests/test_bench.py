@@ -175,6 +175,49 @@ def test_janus_table_has_every_column_with_clip_fid_and_nll(tmp_path_factory, ti
     assert (out / "scores" / "clip.json").is_file() and (out / "scores" / "fid_reference.safetensors").is_file()
 
 
+def test_fid_note_counts_the_reference_images_not_every_file_of_the_folder(builtin_weights, weights, tmp_path):  # noqa: F811
+    """The report said "FID ... against 7 files" for a folder of 4 images, a text file and a subfolder: it
+    counted every entry, while FID reads the images only (new-user try-out)."""
+    from test_fid import _write_images
+
+    real = _write_images(tmp_path / "val", seed=3, count=4)
+    (real / "captions.json").write_text("{}")
+    (real / "annotations").mkdir()
+    (real / "annotations" / "0.png").write_bytes((real / "000.png").read_bytes())  # not read: not directly in the folder
+    out = tmp_path / "bench"
+    assert _bench(builtin_weights, out, "--limit", 2, "--inception-weights", weights, "--fid-reference", real) == 0
+    report = (out / "report.md").read_text()
+    assert f"FID: Inception-v3 pool features against 4 reference images in {real}" in report
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--clip-model", "MISSING/clip"], "--clip-model '"),
+    (["--clip-model", "csdgen-tests/no-such-clip"], "CLIP weights not found in the Hugging Face cache for 'csdgen-tests/no-such-clip'"),
+    (["--inception-weights", "MISSING/w.pth", "--fid-reference", "REAL"], "FID Inception weights not found at"),
+    (["--inception-weights", "WEIGHTS", "--fid-reference", "MISSING/val"], "reference image folder"),
+    (["--inception-weights", "WEIGHTS", "--fid-reference", "EMPTY"], "no images"),
+    (["--fid-reference", "REAL"], "--fid-reference needs --inception-weights FILE"),
+])
+def test_missing_score_files_are_refused_before_the_model_loads(tmp_path, capsys, monkeypatch, extra, message):
+    """A missing --clip-model folder, Inception weights file or reference folder was reported only once the
+    model had loaded (minutes for a 7B checkpoint with --model; new-user try-out): now before."""
+    import csdgen.cli.bench as bench_cli
+
+    monkeypatch.setattr(bench_cli, "_builtin_plan", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(bench_cli, "_model_plan", lambda *a, **k: pytest.fail("the model was loaded"))
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "0.png").write_bytes(b"")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "w.pth").write_bytes(b"")
+    names = {"MISSING/clip": tmp_path / "no" / "clip", "MISSING/w.pth": tmp_path / "no" / "w.pth", "REAL": tmp_path / "real",
+             "MISSING/val": tmp_path / "no" / "val", "EMPTY": tmp_path / "empty", "WEIGHTS": tmp_path / "w.pth"}
+    argv = ["bench", "--limit", "2", "--out", str(tmp_path / "out"), *[str(names.get(e, e)) for e in extra]]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--prompts", "coco"], "--prompts coco: the built-in model takes class names"),
     (["--prompts", "imagenet"], "unknown prompt set 'imagenet': use one of coco, parti or the path of a prompt file"),

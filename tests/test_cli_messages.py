@@ -130,6 +130,26 @@ def test_sweep_with_no_window_is_refused_while_other_grids_may_be_empty(capsys, 
     assert numbers(float)("") == []  # e.g. --csd-lam '' = no CSD curve
 
 
+@pytest.mark.parametrize("option, values, bad, allowed", [
+    ("--csd-lam", "0.1,-1", "-1.0", "finite numbers >= 0"),
+    ("--csd-lam", "nan", "nan", "finite numbers >= 0"),
+    ("--csd-delta", "0.65,2", "2.0", "numbers in [0, 1]"),
+    ("--addition-c", "inf", "inf", "finite numbers >= 0"),
+    ("--lantern-delta", "5", "5.0", "numbers in [0, 1]"),
+    ("--gsd-radius", "3,-1", "-1", "integers >= 0"),
+])
+def test_sweep_grid_value_out_of_range_is_refused_naming_the_option_before_any_model_loads(
+        capsys, tmp_path, monkeypatch, option, values, bad, allowed):
+    """A sweep's grid values were checked only by the rules, after the model had loaded (minutes for a
+    real checkpoint with --model), and the error named ``lam=-1.0``, not the option (new-user try-out)."""
+    import csdgen.cli.sweep as sweep
+
+    monkeypatch.setattr(sweep, "builtin_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    err = one_line_usage_error(capsys, "sweep", "-n", 2, option, values, "--out", tmp_path / "s")
+    assert f"argument {option}: '{values}': value {bad} is out of range; allowed: {allowed}" in err
+    assert not (tmp_path / "s").exists()
+
+
 def test_compile_prints_one_line_before_the_first_compiled_call(weights, tmp_path, capsys, monkeypatch):
     import csdgen.models._static_steps as static  # the compiled steps
 

@@ -112,6 +112,21 @@ def test_bad_inputs_are_one_line_errors(tiny_clip):
         scorer.score(torch.zeros(2, 3, 8, 8), ["a", "b"])
 
 
+def test_what_the_float_image_error_advises_is_accepted_the_to_uint8_array(tiny_clip):
+    """The error for float images says csdgen.evaluation.maps.to_uint8 converts them, but its
+    [B, H, W, 3] uint8 array was refused ("got a list of ndarray"; new-user try-out)."""
+    from csdgen.evaluation.maps import to_uint8
+
+    scorer = ClipScorer(tiny_clip)
+    floats = _images(2).float() / 127.5 - 1
+    with pytest.raises(ValueError, match="to_uint8"):
+        scorer.score(floats, PROMPTS[:2])
+    array = to_uint8(floats)  # [2, H, W, 3] uint8
+    assert torch.allclose(scorer.score(array, PROMPTS[:2]), scorer.score(_images(2), PROMPTS[:2]))
+    with pytest.raises(ValueError, match=r"uint8 array \[B, H, W, 3\]"):
+        scorer.score(array.astype("float32"), PROMPTS[:2])
+
+
 def test_missing_weights_say_what_to_download_and_where_to_point(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError) as info:
         ClipScorer("csdgen-tests/no-such-clip")  # not in any cache, and never fetched

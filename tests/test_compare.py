@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from csdgen import cli
 
@@ -129,3 +130,30 @@ def test_compare_noise_floor_row_is_ar_at_the_next_seed(weights, tmp_path):
     assert cli.main(["compare", "--weights", str(weights), "-n", "2", "--methods", "sjd", "--seed", "5", "--out", str(out)]) == 0
     assert json.loads((out / "run_ar.json").read_text())["key"]["seed"] == 5
     assert json.loads((out / "run_ar-seed2.json").read_text())["key"]["seed"] == 6
+
+
+def test_sweep_runs_gsd_and_lantern_once_per_window_whatever_the_draft_inits():
+    """sweep --draft-inits uniform,onehot listed every GSD and LANTERN point twice under one name (they
+    draft one-hot whatever the list says): duplicate rows and points, one run done twice (new-user try-out)."""
+    from csdgen.evaluation.sweep import SweepGrid, settings
+
+    grid = SweepGrid(csd_lam=[0.5], addition_c=[], gsd_radius=[1, 3], lantern_delta=[0.1], windows=[8, 16],
+                     draft_inits=["uniform", "onehot"], baselines=["ar", "sjd"])
+    points = settings(grid, torch.randn(10, 4))
+    names = [p.name for p in points]
+    assert len(names) == len(set(names))
+    for method, per_window in (("gsd", 2), ("lantern", 1), ("csd", 2), ("sjd", 2)):
+        assert sum(p.method == method for p in points) == per_window * 2, method
+    assert {p.draft_init for p in points if p.method in ("gsd", "lantern")} == {"onehot"}
+
+
+def test_compare_refuses_the_last_seed_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    """compare --seed 2**63 - 1 (no seed + 1 for the noise floor) was refused only after the built-in
+    model had loaded (new-user try-out); the line now comes first."""
+    import csdgen.cli.compare as compare_cli
+    from csdgen.cli._options import MAX_SEED
+
+    monkeypatch.setattr(compare_cli, "builtin_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    err = cli_error(capsys, "compare", "-n", 2, "--seed", MAX_SEED, "--out", tmp_path / "c")
+    assert f"--seed {MAX_SEED}: compare's noise floor runs AR at seed + 1; allowed: 0..{MAX_SEED - 1}" in err
+    assert not (tmp_path / "c").exists()

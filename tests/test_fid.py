@@ -125,3 +125,26 @@ def test_missing_or_wrong_inputs_are_one_line_errors(tmp_path, weights):
     with pytest.raises(ValueError, match=r"uint8 tensor \[B, 3, H, W\]"):
         scorer.fid(torch.zeros(2, 3, 8, 8))
     assert fid_module.IMAGE_SUFFIXES  # the reference reader's file types are public
+
+
+def test_a_file_that_is_no_inception_state_dict_names_the_option_and_the_file_it_takes(tmp_path):
+    """A CLIP checkpoint passed as --inception-weights got "... is not an FID Inception-v3 state dict: 470 keys
+    missing" without saying which option was wrong or what it takes (new-user try-out)."""
+    torch.save({"conv.weight": torch.zeros(1)}, tmp_path / "other.pth")
+    torch.save([1, 2], tmp_path / "list.pth")
+    for name in ("other.pth", "list.pth"):
+        with pytest.raises(ValueError) as info:
+            load_inception(tmp_path / name, option="--inception-weights")
+        message = str(info.value)
+        assert "--inception-weights takes torch-fidelity's weights-inception-2015-12-05-6726825d.pth" in message
+        assert "\n" not in message
+
+
+def test_a_float_batch_is_refused_quoting_the_batch_shape_given(tmp_path, weights):
+    """FidScorer.fid of a float [2, 3, 8, 8] batch said "got torch.float32 (1, 3, 8, 8)": the shape of one
+    image, not of what the caller passed (new-user try-out)."""
+    scorer = FidScorer(weights, _write_images(tmp_path / "real", 0))
+    with pytest.raises(ValueError) as info:
+        scorer.fid(torch.zeros(2, 3, 8, 8))
+    assert "uint8 tensor [B, 3, H, W]" in str(info.value) and "torch.float32 (2, 3, 8, 8)" in str(info.value)
+

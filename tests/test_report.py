@@ -93,6 +93,22 @@ def test_write_report_files(tmp_path):
     assert not list((tmp_path / "report").glob(".*.tmp"))  # atomic writes leave no temporary files
 
 
+def test_a_later_report_in_the_same_folder_removes_the_plots_and_texture_table_it_does_not_write(tmp_path):
+    """bench --methods ar after bench --methods ar,sjd,csd --clip-model ... in the same --out left the first
+    command's texture.csv (sjd and csd rows) and speed_quality_clip.png / _fid.png beside the new report,
+    which docs/bench.md says hold this command's methods (new-user try-out)."""
+    sources = SpeedSources()
+    g = torch.Generator().manual_seed(0)
+    sources.add(torch.randint(0, 4, (2, 16), generator=g), torch.rand(2, 16, generator=g), torch.rand(2, 3, 8, 8, generator=g), (4, 4))
+    folder = tmp_path / "report"
+    write_report(records(), folder, scores={"csd": {"fid": 21.5}}, texture={"csd": sources.summary()})
+    assert {"texture.csv", "speed_quality_clip.png", "speed_quality_fid.png"} <= {p.name for p in folder.iterdir()}
+    ar_only = [{k: v for k, v in r.items() if k != "clip"} for r in records() if r["method"] == "ar"]
+    written = write_report(ar_only, folder)
+    assert {p.name for p in folder.iterdir()} == set(written) == {"report.md", "report.csv", "acceptance_lengths.csv",
+                                                                 "speed_quality_nll.png"}
+
+
 def test_rank_files_merge_and_bad_records_are_one_line_errors(tmp_path):
     data = records()
     (tmp_path / "rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data[0::2]))

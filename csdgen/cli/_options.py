@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -306,9 +307,10 @@ def names_of(allowed: tuple[str, ...] | list[str], what: str, empty: bool = Fals
     return parse
 
 
-def numbers(kind, empty: bool = True, what: str = "value"):
+def numbers(kind, empty: bool = True, what: str = "value", check=None, allowed: str = ""):
     """Comma-separated numbers of ``kind``, none twice (an empty string = none, unless ``empty`` is
-    False: then at least one ``what`` is asked for)."""
+    False: then at least one ``what`` is asked for); ``check(value)`` False (or a non-finite float)
+    refuses the value, the message saying ``allowed`` (a sweep's grid is checked before any model loads)."""
     def parse(text: str) -> list:
         try:
             values = [kind(v) for v in text.split(",") if v.strip()]
@@ -316,6 +318,10 @@ def numbers(kind, empty: bool = True, what: str = "value"):
             raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated {kind.__name__} values") from None
         if not values and not empty:
             raise argparse.ArgumentTypeError(f"{text!r}: no {what} given; allowed: at least one, comma-separated, e.g. 16,32")
+        if check is not None:
+            bad = [v for v in values if not (math.isfinite(v) and check(v))]
+            if bad:
+                raise argparse.ArgumentTypeError(f"{text!r}: {what} {bad[0]!r} is out of range; allowed: {allowed}, comma-separated")
         _repeated(values, text, "value")
         return values
     parse.__name__ = f"{kind.__name__}_list"

@@ -298,15 +298,30 @@ def _floor(args):
     return floor
 
 
-def _scorers(args, plan, device: str, out: Path):
-    """The quality scorers, loaded before any image is generated (missing weights fail at once)."""
-    from csdgen.bench import Scorers
-
+def _check_score_files(args) -> None:
+    """The quality scores' options, checked before the model loads (minutes for a 7B checkpoint): FID's two
+    options together, a --clip-model path that is a folder, the Inception weights file, reference images."""
     if (args.inception_weights is None) != (args.fid_reference is None):
         given, other = (("--inception-weights", "--fid-reference DIR (a folder of real images, e.g. COCO val2017)")
                         if args.fid_reference is None else
                         ("--fid-reference", "--inception-weights FILE (torch-fidelity's weights-inception-2015-12-05-6726825d.pth)"))
         raise ValueError(f"{given} needs {other} for FID")
+    if args.clip_model is not None:
+        from csdgen.evaluation.clip_score import check_clip_path
+
+        check_clip_path(args.clip_model)
+    if args.inception_weights is not None:
+        from csdgen.evaluation.fid import check_inception_path, image_files
+
+        check_inception_path(args.inception_weights)
+        image_files(args.fid_reference)
+
+
+def _scorers(args, plan, device: str, out: Path):
+    """The quality scorers, loaded before any image is generated (missing weights fail at once)."""
+    from csdgen.bench import Scorers
+
+    _check_score_files(args)
     scorers = Scorers()
     if args.clip_model is not None:
         from csdgen.evaluation.clip_score import ClipScorer
@@ -314,12 +329,13 @@ def _scorers(args, plan, device: str, out: Path):
         scorers.clip = ClipScorer(args.clip_model, device=device)
         scorers.notes.append(f"CLIP score: 100 * max(cos, 0) with {args.clip_model}")
     if args.inception_weights is not None:
-        from csdgen.evaluation.fid import FidScorer
+        from csdgen.evaluation.fid import FidScorer, image_files
 
         scorers.fid = FidScorer(args.inception_weights, args.fid_reference, device=device,
                                 cache=out / "scores" / "fid_reference.safetensors")
-        scorers.notes.append(f"FID: Inception-v3 pool features against {len(list(args.fid_reference.iterdir()))} files "
-                             f"in {args.fid_reference}")
+        # the images FID reads, not every entry of the folder (COCO folders hold annotation files, subfolders)
+        scorers.notes.append(f"FID: Inception-v3 pool features against {len(image_files(args.fid_reference))} reference "
+                             f"images in {args.fid_reference}")
     if plan.class_names is not None:
         from csdgen.evaluation.quality import QualityScorer
 
@@ -377,6 +393,7 @@ def execute(args, adjust=None, title: str = "csdgen bench"):
     from csdgen import bench
 
     _floor(args)  # bad seeds fail before the model loads
+    _check_score_files(args)  # and missing CLIP / FID files
     device_type = args.device or ("cuda" if args.model != "builtin" and torch.cuda.is_available() else "cpu")
     if device_type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is visible here; use --device cpu")

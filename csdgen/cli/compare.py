@@ -69,6 +69,8 @@ def run(args) -> int:
     status = builtin_run_or_bench(args, _run_bench)
     if status is not None:
         return status
+    if args.seed >= MAX_SEED:  # before the model loads
+        raise ValueError(f"--seed {args.seed}: compare's noise floor runs AR at seed + 1; allowed: 0..{MAX_SEED - 1}")
     model, classes = builtin_model(args, fixed_window=True, spread=True)
     sampling = sampling_of(args)
     presets = method_presets(args.lam, args.delta, args.addition_c, model.codebook_embeddings(),
@@ -78,8 +80,6 @@ def run(args) -> int:
     check_draft_init(args, names, chosen=args.methods is not None)
     if "ar" not in names:
         names = ["ar"] + names
-    if args.seed >= MAX_SEED:
-        raise ValueError(f"--seed {args.seed}: compare's noise floor runs AR at seed + 1; allowed: 0..{MAX_SEED - 1}")
     scorer = QualityScorer(model)
     jobs = [MethodJob(n, {**presets[n], **opt.engine_kwargs(args)}, args.seed, args.window) for n in names]  # generate runs "ar" at window 1
     jobs.append(MethodJob("ar-seed2", {**presets["ar"], **opt.engine_kwargs(args)}, args.seed + 1, args.window))

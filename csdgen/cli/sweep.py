@@ -23,6 +23,14 @@ from ._common import builtin_model, check_gsd_radii, print_run_line, sampling_of
 _GRIDS = (("csd_lam", float, "CSD lambda values"), ("csd_delta", float, "CSD delta values (one curve each)"),
           ("addition_c", float, "Addition c values"), ("gsd_radius", int, "GSD radii"),
           ("lantern_delta", float, "LANTERN delta values"), ("windows", int, "windows, integers >= 1 (every method runs at each; auto is not swept)"))
+#: each grid's range, checked when the command line is read, before any model loads (the rules check the
+#: same ranges, but only once the model is loaded: minutes for a real checkpoint); the GSD radius's
+#: upper bound, V - 1, needs the codebook (check_gsd_radii)
+_RANGES = {"csd_lam": (lambda v: v >= 0, "finite numbers >= 0 (CSD's lambda)"),
+           "csd_delta": (lambda v: 0 <= v <= 1, "numbers in [0, 1] (CSD's total-variation threshold)"),
+           "addition_c": (lambda v: v >= 0, "finite numbers >= 0 (the Addition constant)"),
+           "gsd_radius": (lambda v: v >= 0, "integers >= 0 (GSD's rank radius)"),
+           "lantern_delta": (lambda v: 0 <= v <= 1, "numbers in [0, 1] (LANTERN's added-mass budget)")}
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -38,7 +46,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         default = getattr(grid, name)
         # every method runs at each window: an empty list of windows would run nothing but AR
         none = "" if name == "windows" else "; empty string = none"
-        kind_of = opt.window_list if name == "windows" else opt.numbers(kind)
+        kind_of = opt.window_list if name == "windows" else opt.numbers(kind, check=_RANGES[name][0], allowed=_RANGES[name][1])
         p.add_argument("--" + name.replace("_", "-"), type=kind_of, default=default, metavar="LIST",
                        help=f"{what}, comma-separated (default {','.join(map(str, default))}{none})")
     p.add_argument("--draft-inits", type=opt.names_of(opt.DRAFT_INITS, "draft initialisation", empty=True), default=grid.draft_inits,

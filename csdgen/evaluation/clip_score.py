@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-__all__ = ["DEFAULT_CLIP_MODEL", "load_clip", "ClipScorer"]
+__all__ = ["DEFAULT_CLIP_MODEL", "check_clip_path", "load_clip", "ClipScorer"]
 
 #: Hugging Face id of the default CLIP model (OpenAI CLIP ViT-L/14, 224 px).
 DEFAULT_CLIP_MODEL = "openai/clip-vit-large-patch14"
@@ -45,6 +45,32 @@ def _path_like(name: str) -> bool:
     """A value meant as a path, not a repo id: it holds a path separator, or starts with ``.`` or ``~``
     (a repo id is ``owner/name`` with one ``/`` and no leading ``.``; ``\\``, ``./``, ``a/b/c`` are paths)."""
     return name.startswith((".", "~", "/")) or "\\" in name or name.count("/") > 1
+
+
+def check_clip_path(model: str | os.PathLike, *, option: str = "--clip-model") -> None:
+    """Refuse a value meant as a path (``./x``, ``~/x``, ``a/b/c``, absolute) that is no folder, and a
+    Hugging Face id whose ``config.json`` is not in the local cache, without loading anything (a command
+    checks this before its own model loads).
+
+    Raises:
+        FileNotFoundError: one line: "no such folder", or what to download; naming the option.
+    """
+    name = str(model)
+    if Path(name).expanduser().is_dir():
+        return
+    if _path_like(name):  # no repo id: `hf download ./x` would be no help
+        raise FileNotFoundError(f"{option} {name!r}: no such folder; allowed: a folder holding a saved CLIP model "
+                                f"and processor, or a Hugging Face id in the local cache (default {DEFAULT_CLIP_MODEL})")
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(name, "config.json")
+    except Exception:  # noqa: BLE001 - not a valid repo id: not in the cache either
+        cached = None
+    if not isinstance(cached, str):
+        raise FileNotFoundError(
+            f"CLIP weights not found in the Hugging Face cache for {name!r} (csdgen never downloads): on a machine "
+            f"with internet run `hf download {name} --local-dir DIR`, copy DIR here and pass {option} DIR")
 
 
 def load_clip(model: str | os.PathLike = DEFAULT_CLIP_MODEL, *, option: str = "--clip-model"):
@@ -67,9 +93,7 @@ def load_clip(model: str | os.PathLike = DEFAULT_CLIP_MODEL, *, option: str = "-
 
     name = str(model)
     is_folder = Path(name).expanduser().is_dir()
-    if not is_folder and _path_like(name):  # no repo id: `hf download ./x` would be no help
-        raise FileNotFoundError(f"{option} {name!r}: no such folder; allowed: a folder holding a saved CLIP model "
-                                f"and processor, or a Hugging Face id in the local cache (default {DEFAULT_CLIP_MODEL})")
+    check_clip_path(name, option=option)
     source = str(Path(name).expanduser()) if is_folder else name
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the torchvision fallback notice of the image processor is noise here
@@ -88,17 +112,24 @@ def load_clip(model: str | os.PathLike = DEFAULT_CLIP_MODEL, *, option: str = "-
     return clip.eval(), processor
 
 
+_FORMATS = "a uint8 tensor [B, 3, H, W], a uint8 array [B, H, W, 3] or a list of PIL images"
+
+
 def _to_pil(images) -> list[Image.Image]:
+    if isinstance(images, np.ndarray):  # what csdgen.evaluation.maps.to_uint8 returns
+        if images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8:
+            raise ValueError(f"images must be {_FORMATS}, got an array of {images.dtype} {tuple(images.shape)}")
+        return [Image.fromarray(np.ascontiguousarray(a)) for a in images]
     if isinstance(images, torch.Tensor):
         if images.dim() != 4 or images.shape[1] != 3 or images.dtype != torch.uint8:
-            raise ValueError(f"images must be a uint8 tensor [B, 3, H, W] or a list of PIL images, got "
+            raise ValueError(f"images must be {_FORMATS}, got "
                              f"{images.dtype} {tuple(images.shape)} (csdgen.evaluation.maps.to_uint8 converts [-1, 1] floats)")
         array = images.permute(0, 2, 3, 1).cpu().numpy()
         return [Image.fromarray(np.ascontiguousarray(a)) for a in array]
     out = []
     for image in images:
         if not isinstance(image, Image.Image):
-            raise ValueError(f"images must be a uint8 tensor [B, 3, H, W] or a list of PIL images, got a list of {type(image).__name__}")
+            raise ValueError(f"images must be {_FORMATS}, got a list of {type(image).__name__}")
         out.append(image.convert("RGB"))
     return out
 
@@ -138,7 +169,8 @@ class ClipScorer:
         """Cosine similarity of each image's CLIP embedding with its prompt's.
 
         Args:
-            images: ``[B, 3, H, W]`` uint8 tensor (0..255) or ``B`` PIL images.
+            images: ``[B, 3, H, W]`` uint8 tensor (0..255), ``[B, H, W, 3]`` uint8 array
+                (:func:`csdgen.evaluation.maps.to_uint8` of decoded images) or ``B`` PIL images.
             prompts: ``B`` strings (``prefix`` is put before each).
 
         Returns:

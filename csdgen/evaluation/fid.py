@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import nn
 
-__all__ = ["INCEPTION_FILE", "INCEPTION_URL", "IMAGE_SUFFIXES", "InceptionFeatures", "load_inception",
+__all__ = ["INCEPTION_FILE", "INCEPTION_URL", "IMAGE_SUFFIXES", "InceptionFeatures", "check_inception_path", "load_inception",
            "resize_bilinear_tf1", "image_files", "FidScorer"]
 
 #: File name of the FID Inception-v3 weights in torch-fidelity's release.
@@ -219,6 +219,18 @@ class InceptionFeatures(nn.Module):
         return self.network(self.preprocess(images))
 
 
+def check_inception_path(path: str | os.PathLike, *, option: str = "--inception-weights") -> None:
+    """Refuse a weights path that is no file, without reading it (a command checks this before its own model loads).
+
+    Raises:
+        FileNotFoundError: one line: what to download and which option to set.
+    """
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"FID Inception weights not found at {path} (csdgen never downloads): on a machine with "
+                                f"internet fetch {INCEPTION_URL}, copy it here and pass {option} FILE")
+
+
 def load_inception(path: str | os.PathLike, *, option: str = "--inception-weights") -> InceptionFeatures:
     """The FID Inception-v3 with weights from a local file (``.pth`` state dict or ``.safetensors``).
 
@@ -233,9 +245,7 @@ def load_inception(path: str | os.PathLike, *, option: str = "--inception-weight
         ValueError: the file is not an FID Inception-v3 state dict (one line).
     """
     path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"FID Inception weights not found at {path} (csdgen never downloads): on a machine with "
-                                f"internet fetch {INCEPTION_URL}, copy it here and pass {option} FILE")
+    check_inception_path(path, option=option)
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
@@ -250,14 +260,14 @@ def load_inception(path: str | os.PathLike, *, option: str = "--inception-weight
     model = InceptionFeatures()
     expected = model.state_dict()
     if not isinstance(state, dict):
-        raise ValueError(f"{path} is not a state dict (got {type(state).__name__})")
+        raise ValueError(f"{path} is not a state dict (got {type(state).__name__}); {option} takes torch-fidelity's {INCEPTION_FILE}")
     needed = [k for k in expected if not k.endswith("num_batches_tracked")]
     missing = [k for k in needed if k not in state]
     wrong = [k for k in needed if k in state and tuple(state[k].shape) != tuple(expected[k].shape)]
     if missing or wrong:
         example = (missing or wrong)[0]
         raise ValueError(f"{path} is not an FID Inception-v3 state dict: {len(missing)} keys missing, {len(wrong)} of another "
-                         f"shape (e.g. {example!r})")
+                         f"shape (e.g. {example!r}); {option} takes torch-fidelity's {INCEPTION_FILE}")
     model.load_state_dict({k: state[k] for k in needed}, strict=False)
     return model
 
@@ -326,6 +336,9 @@ class FidScorer:
         Returns:
             ``[B, 2048]`` float32 on the CPU.
         """
+        if isinstance(images, torch.Tensor) and (images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3):
+            # the whole batch's shape, not the one image the network's own check would quote
+            raise ValueError(f"FID images must be a uint8 tensor [B, 3, H, W] (0..255), got {images.dtype} {tuple(images.shape)}")
         batch = list(images) if not isinstance(images, torch.Tensor) else images
         out = []
         for start in range(0, len(batch), self.batch_size):

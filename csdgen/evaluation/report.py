@@ -359,7 +359,9 @@ def write_report(records: list[dict] | Iterable[str | os.PathLike], out_dir: str
                  min_images: Mapping[str, int] | None = None) -> dict[str, Path]:
     """Write ``report.md``, ``report.csv``, ``acceptance_lengths.csv``, ``speed_quality_<score>.png``
     for each score some row has, and ``texture.csv`` when ``texture`` is given. Every file is
-    written atomically (temporary file, then rename), so a reader never sees half a report.
+    written atomically (temporary file, then rename), so a reader never sees half a report. A
+    ``speed_quality_<score>.png`` or ``texture.csv`` of an earlier report in ``out_dir`` that this
+    one does not write is removed.
 
     Args:
         records: bench records, or paths of JSON-line files holding them (e.g. one per rank).
@@ -435,5 +437,11 @@ def write_report(records: list[dict] | Iterable[str | os.PathLike], out_dir: str
         put(f"speed_quality_{score}.png", _plot(rows, score, reference))
     if texture_csv is not None:
         put("texture.csv", texture_csv)
+    # the files an earlier report in this folder wrote that this one does not (a score or a method it has not):
+    # left in place they would show another command's rows as this one's
+    stale = [f"speed_quality_{score}.png" for score in SCORES if score not in plots]
+    stale += [] if texture_csv is not None else ["texture.csv"]
+    for name in stale:
+        (out / name).unlink(missing_ok=True)
     put("report.md", "\n".join(md).rstrip() + "\n")
     return written

@@ -67,7 +67,8 @@ def _methods(grid: SweepGrid, codebook: torch.Tensor | None, entropy_unit: str) 
 
 
 def settings(grid: SweepGrid, codebook: torch.Tensor | None = None, entropy_unit: str = "nats") -> list[Setting]:
-    """Every setting of the grid (AR once, at window 1); GSD and LANTERN only with a codebook ``[V, D]``.
+    """Every setting of the grid (AR once, at window 1); GSD and LANTERN only with a codebook ``[V, D]``,
+    once per window and value (they always draft one-hot, whatever ``draft_inits`` lists).
 
     ``entropy_unit`` goes to every CSD rule.
 
@@ -88,8 +89,10 @@ def settings(grid: SweepGrid, codebook: torch.Tensor | None = None, entropy_unit
                 # the refresh is named (the papers' independent one unless the setting says coupled), so a
                 # setting means the same whatever generate's default refresh is
                 preset = {"draft_init": init if needed is None else needed, "refresh": "independent", **preset}
-                points.append(Setting(f"{tag}_W{window}_{preset['draft_init']}", method, parameter, value, window,
-                                      preset["draft_init"], preset))
+                name = f"{tag}_W{window}_{preset['draft_init']}"
+                if any(point.name == name for point in points):  # GSD, LANTERN: one-hot whatever --draft-inits
+                    continue
+                points.append(Setting(name, method, parameter, value, window, preset["draft_init"], preset))
     return points
 
 
