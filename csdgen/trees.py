@@ -77,7 +77,8 @@ def check_tree(tree) -> tuple[int, int] | None:
     if tree is None:
         return None
     ok = isinstance(tree, (tuple, list)) and len(tree) == 2 and all(as_integer(v) is not None for v in tree)
-    if not ok or tree[0] < 1 or tree[1] < 1 or tree[0] ** tree[1] > 4096:
+    # D is bounded before K**D is computed: (10**5, 10**7) would take minutes to raise to the power
+    if not ok or tree[0] < 1 or tree[1] < 1 or (tree[0] > 1 and (tree[1] > 12 or tree[0] ** tree[1] > 4096)):
         raise ValueError(f"tree={tree!r}: allowed None or (K, D) with integers K >= 1 (candidates per level), "
                          "D >= 1 (tree levels) and K**D <= 4096")
     return as_integer(tree[0]), as_integer(tree[1])

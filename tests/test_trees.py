@@ -276,3 +276,31 @@ def test_check_tree_takes_numpy_integers_as_ints():
     assert tree == (2, 3) and all(type(v) is int for v in tree)
     with pytest.raises(ValueError, match=r"^tree=\(2\.0, 2\): allowed None or \(K, D\) with integers"):
         check_tree((2.0, 2))
+
+
+def test_check_tree_refuses_huge_depth_at_once():
+    """tree=(10**5, 10**7) computed K**D (minutes of big-integer arithmetic) before refusing; K = 1 at any depth
+    is a chain and stays allowed; (2, 12) = 4096 leaves is the largest binary tree."""
+    import time
+
+    from csdgen.trees import check_tree
+
+    start = time.perf_counter()
+    for tree in [(10**5, 10**7), (2, 13), (4097, 1)]:
+        with pytest.raises(ValueError, match=r"K\*\*D <= 4096"):
+            check_tree(tree)
+    assert time.perf_counter() - start < 1.0
+    assert check_tree((2, 12)) == (2, 12) and check_tree((1, 10**7)) == (1, 10**7) and check_tree((4096, 1)) == (4096, 1)
+
+
+def test_cli_tree_shape_refuses_too_many_leaves_before_loading():
+    """--tree 100,5 loaded the model and then printed the library's 'tree=(100, 5)' line; --tree 100000,10000000
+    hung computing K**D. The option's parser now refuses K**D > 4096 in one line naming the value."""
+    import argparse
+
+    from csdgen.cli._options import tree_shape
+
+    for text in ["100,5", "2,13", "100000,10000000"]:
+        with pytest.raises(argparse.ArgumentTypeError, match=rf"^'{text}': .*allowed K\*\*D <= 4096"):
+            tree_shape(text)
+    assert tree_shape("2,12") == (2, 12) and tree_shape("1,40") == (1, 40) and tree_shape("3,2") == (3, 2)

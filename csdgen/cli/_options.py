@@ -229,8 +229,11 @@ def window(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"{text.strip()!r}: allowed an integer in 1..{MAX_IMAGES} or auto") from None
 
 
+MAX_TREE_LEAVES = 4096  #: K**D's bound (csdgen.trees.check_tree)
+
+
 def tree_shape(text: str) -> tuple[int, int]:
-    """``--tree K,D``: two integers >= 1 (candidates per level, tree levels), e.g. ``3,2``."""
+    """``--tree K,D``: two integers >= 1 (candidates per level, tree levels) with ``K**D <= 4096``, e.g. ``3,2``."""
     parts = text.replace("x", ",").split(",")
     try:
         k, d = (int(v) for v in parts)
@@ -238,6 +241,9 @@ def tree_shape(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"{text!r}: expected K,D with two integers >= 1, e.g. 3,2") from None
     if k < 1 or d < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: K and D must be integers >= 1, e.g. 3,2")
+    if k > 1 and (d > MAX_TREE_LEAVES.bit_length() or k**d > MAX_TREE_LEAVES):  # csdgen.trees.check_tree's bound,
+        # refused here before the model loads (d checked first: 10**5 ** 10**7 would take minutes to compute)
+        raise argparse.ArgumentTypeError(f"{text!r}: a tree of {k}**{d} leaves; allowed K**D <= {MAX_TREE_LEAVES}, e.g. 3,2")
     return k, d
 
 
