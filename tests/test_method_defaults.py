@@ -178,3 +178,18 @@ def test_method_and_auto_in_any_case_in_the_cli_the_server_and_the_library(built
     assert csdgen.generate(builtin, [0], method="sjd", window="AUTO", seed=2).settings["window"] == "auto"
     with pytest.raises(ValueError, match="window='autos': must be an integer >= 1"):
         csdgen.generate(builtin, [0], window="autos")
+
+
+def test_sweep_draft_inits_help_names_every_rule_that_forces_onehot():
+    """docs/frontier.md and sweep's --draft-inits help said only LANTERN runs with one-hot drafts; GSD does too
+    (a new-user try-out's sweep table showed gsd ... onehot). The help now names each rule the grid forces."""
+    from csdgen.cli import sweep as sweep_cli
+    from csdgen.evaluation.sweep import SweepGrid, settings
+
+    codebook = torch.randn(16, 4)
+    forced = {p.method for p in settings(SweepGrid(draft_inits=["uniform"]), codebook) if p.draft_init == "onehot"}
+    assert forced == {"gsd", "lantern"}
+    import argparse
+    parser = sweep_cli.add_parser(argparse.ArgumentParser().add_subparsers())
+    help_text = " ".join(parser.format_help().split())
+    assert "GSD and LANTERN always use onehot" in help_text

@@ -51,7 +51,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        help=f"{what}, comma-separated (default {','.join(map(str, default))}{none})")
     p.add_argument("--draft-inits", type=opt.names_of(opt.DRAFT_INITS, "draft initialisation", empty=True), default=grid.draft_inits,
                    metavar="LIST", help=f"comma-separated, of {','.join(opt.DRAFT_INITS)} (default "
-                                        f"{','.join(grid.draft_inits)}; LANTERN always uses onehot)")
+                                        f"{','.join(grid.draft_inits)}; GSD and LANTERN always use onehot)")
     p.add_argument("--baselines", type=opt.names_of(BASELINES, "baseline", empty=True), default=grid.baselines, metavar="LIST",
                    help=f"comma-separated, of {','.join(BASELINES)} (default {','.join(grid.baselines)}; "
                         f"empty string = none)")
