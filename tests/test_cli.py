@@ -234,8 +234,8 @@ def test_engine_option_reaches_generate_and_bad_values_are_refused(weights, tmp_
         assert run("generate", "--weights", weights, "-n", 1, "--out", tmp_path / str(i), "--method", "sjd",
                    "--window", 8, *extra) == 0
     assert seen == [(None, None, "static"), ("eager", None, "eager"), ("static", False, "static")]
-    assert run("generate", "--weights", weights, "-n", 1, "--out", tmp_path / "x", "--engine", "eager", "--compile") == 2
-    assert "compile=True with engine='eager'" in capsys.readouterr().err
+    assert "--compile with --engine eager: compiled forwards need the static engine" in usage_error(
+        capsys, "generate", "--weights", weights, "-n", 1, "--out", tmp_path / "x", "--engine", "eager", "--compile")
     assert "invalid choice: 'fast'" in usage_error(capsys, "generate", "--weights", weights, "--engine", "fast")
     parser = cli.build_parser()
     for command in ("compare", "bench", "sweep"):

@@ -262,8 +262,7 @@ def test_cli_tree_option(tmp_path, capsys):
     assert "tree" in record["images"]["0"] and len(record["images"]["0"]["tree"]["branch_wins"]) == 2
     assert "expected K,D" in usage_error(capsys, *argv[:-1], "3")
     ar = ["generate", "--weights", str(weights), "-n", "1", "--out", str(tmp_path / "ar"), "--method", "ar", "--tree", "2,1"]
-    assert cli.main(ar) == 2
-    assert "method='ar'" in capsys.readouterr().err
+    assert "--tree 2,1 with --method ar: a draft tree needs a speculative method" in usage_error(capsys, *ar)
 
 
 def test_check_tree_takes_numpy_integers_as_ints():
@@ -304,3 +303,17 @@ def test_cli_tree_shape_refuses_too_many_leaves_before_loading():
         with pytest.raises(argparse.ArgumentTypeError, match=rf"^'{text}': .*allowed K\*\*D <= 4096"):
             tree_shape(text)
     assert tree_shape("2,12") == (2, 12) and tree_shape("1,40") == (1, 40) and tree_shape("3,2") == (3, 2)
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["generate", "--tree", "3,2", "--method", "ar"], "--tree 3,2 with --method ar: a draft tree needs a speculative"),
+    (["generate", "--engine", "eager", "--compile"], "--compile with --engine eager: compiled forwards need the static"),
+    (["sweep", "--engine", "eager", "--compile"], "--compile with --engine eager: compiled forwards need the static"),
+    (["compare", "--engine", "eager", "--compile"], "--compile with --engine eager: compiled forwards need the static"),
+])
+def test_cli_refuses_tree_with_ar_and_compile_with_eager_before_loading(argv, expected, tmp_path, capsys):
+    """A new-user try-out found --tree with --method ar and --compile with --engine eager refused only after the
+    model loaded, in the library's wording (tree=(3, 2) with method='ar'); they are now usage errors naming the
+    options, in one line, before anything loads or --out is made."""
+    err = usage_error(capsys, *argv, "--out", tmp_path / "out", one_line=True)
+    assert expected in err and not (tmp_path / "out").exists()

@@ -83,6 +83,12 @@ def main(argv: list[str] | None = None) -> int:
         command = args.command
         if extra:  # named by the command's own parser, so the hint is `csdgen COMMAND --help`
             parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+        if getattr(args, "compile", None) and getattr(args, "engine", "auto") == "eager":  # before any model loads
+            parser.commands[args.command].error("--compile with --engine eager: compiled forwards need the static "
+                                                "engine; allowed: --engine static or auto with --compile, or --no-compile")
+        if getattr(args, "tree", None) is not None and getattr(args, "method", None) == "ar":
+            parser.commands[args.command].error(f"--tree {','.join(map(str, args.tree))} with --method ar: a draft "
+                                                "tree needs a speculative method (e.g. --method sjd)")
         from csdgen.atomic import undo_new_folders
 
         # a command refused once its --out was made (a value the loaded model checks) leaves no empty folder
