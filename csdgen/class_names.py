@@ -241,8 +241,9 @@ class ClassNames:
     def emoji_named_by_word(self, text: str, most: int = 3) -> str | None:
         """The shortest name of an emoji the model knows of but does not draw (``elsewhere``) that holds
         ``text`` as a whole word (``"unicorn"`` -> ``"unicorn face"``), where at most ``most`` such names
-        do (``"face"`` names too many to pick one); else ``None``."""
-        key = name_key(text)
+        do (``"face"`` names too many to pick one); else ``None``. A CLDR skin tone after the word is
+        ignored (``"thumbs up: medium skin tone"`` -> ``"thumbs up sign"``)."""
+        key = _SKIN_TONE.sub("", name_key(text))
         if not key:
             return None
         hits = _holding_word(key, self._elsewhere)

@@ -222,6 +222,17 @@ def test_a_word_of_one_known_emoji_name_is_read_as_that_emoji():
     assert "the nearest it draws: 'thumbs up sign', 'dog face'" in message and "\n" not in message
 
 
+def test_a_word_of_a_known_emoji_name_with_a_cldr_skin_tone_is_read_as_that_emoji():
+    """A new-user try-out found 'thumbs up: medium skin tone' (the built-in model's 'thumbs up' with CLDR's skin
+    tone, which docs/builtin.md says is ignored) answered 'unknown class' while 'thumbs up' was read as the emoji."""
+    classes = ClassNames.from_config(OFFERED_CONFIG)
+    with pytest.raises(ValueError) as exc:
+        classes.index("Waving: medium-dark skin tone")
+    message = str(exc.value)
+    assert "(read as the emoji 'waving hand sign') is not one of the 3 classes" in message
+    assert "the nearest it draws: 'thumbs up sign', 'dog face'" in message and "\n" not in message
+
+
 def test_a_word_of_too_many_known_emoji_names_gets_close_matches_instead():
     config = dict(OFFERED_CONFIG, other_classes=dict(
         OFFERED_CONFIG["other_classes"], names=["green apple", "green heart", "green book"],
