@@ -104,3 +104,25 @@ def test_the_cache_goes_under_the_keyword_the_installed_transformers_forward_tak
     session.prefill()
     session.forward(torch.tensor([[3, 5]]), 0)
     assert session.kv.cache.get_seq_length() == 3  # the prompt and the two image tokens were cached
+
+
+def test_cache_kwargs_traces_under_torch_compile_without_a_warning():
+    """A new-user try-out of `csdgen generate --compile` (docs/engine.md) saw Dynamo's UserWarning about an
+    lru_cache-wrapped function in cache_kwargs, with a code excerpt, on stderr; the keyword is now memoised in a
+    plain global, which Dynamo traces silently."""
+    import warnings
+
+    import torch
+
+    from csdgen.models._transformers import cache_kwargs
+
+    torch._dynamo.reset()
+
+    def forward(x):
+        return next(iter(cache_kwargs(x).values())) + 1
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = torch.compile(forward, backend="eager")(torch.zeros(2))
+    assert torch.equal(out, torch.ones(2))
+    assert not [w for w in caught if "lru_cache" in str(w.message)], [str(w.message)[:200] for w in caught]

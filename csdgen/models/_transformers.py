@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -74,14 +73,21 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 HEADROOM = 0.10
 
 
-@lru_cache(maxsize=1)
+_CACHE_KEYWORD: str | None = None
+
+
 def _cache_keyword() -> str:
-    import re
+    # memoised in a plain global, not functools.lru_cache: torch.compile traces through cache_kwargs and
+    # warned about the lru_cache wrapper (with a code excerpt) on every `csdgen generate --compile`
+    global _CACHE_KEYWORD
+    if _CACHE_KEYWORD is None:
+        import re
 
-    import transformers
+        import transformers
 
-    major, minor = (int(x) for x in re.match(r"(\d+)\.(\d+)", transformers.__version__).groups())
-    return "cache" if (major, minor) >= (5, 24) else "past_key_values"
+        major, minor = (int(x) for x in re.match(r"(\d+)\.(\d+)", transformers.__version__).groups())
+        _CACHE_KEYWORD = "cache" if (major, minor) >= (5, 24) else "past_key_values"
+    return _CACHE_KEYWORD
 
 
 def cache_kwargs(cache: Any) -> dict[str, Any]:
