@@ -317,3 +317,13 @@ def test_cli_refuses_tree_with_ar_and_compile_with_eager_before_loading(argv, ex
     options, in one line, before anything loads or --out is made."""
     err = usage_error(capsys, *argv, "--out", tmp_path / "out", one_line=True)
     assert expected in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["generate", "--tree", "-1,2"], "argument --tree: '-1,2': K and D must be integers >= 1"),
+    (["sweep", "--csd-lam", "-1,0.5"], "argument --csd-lam: -1.0 in '-1,0.5': allowed finite numbers >= 0"),
+])
+def test_cli_negative_list_values_are_named_not_taken_for_options(argv, expected, capsys):
+    """A new-user try-out found --tree -1,2 answered 'argument --tree: expected one argument' (argparse before
+    Python 3.13 reads '-1,2' as an option); the value is now read as a value and its type names it."""
+    assert expected in usage_error(capsys, *argv, one_line=True)

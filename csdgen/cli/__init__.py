@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import warnings
 
@@ -44,6 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     for module in COMMANDS.values():
         module.add_parser(sub)
     parser.commands = sub.choices  # command name -> its parser (main names it in usage errors)
+    for command in parser.commands.values():
+        # "--tree -1,2" / "--csd-lam -1,0.5": a value starting with a minus and a digit is a value (as argparse
+        # reads it from Python 3.13 on), so its option's type names it and what is allowed, not "expected one
+        # argument"; no csdgen option looks like a negative number
+        command._negative_number_matcher = re.compile(r"-\.?\d")
     return parser
 
 
