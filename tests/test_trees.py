@@ -321,7 +321,7 @@ def test_cli_refuses_tree_with_ar_and_compile_with_eager_before_loading(argv, ex
 
 @pytest.mark.parametrize("argv, expected", [
     (["generate", "--tree", "-1,2"], "argument --tree: '-1,2': K and D must be integers >= 1"),
-    (["sweep", "--csd-lam", "-1,0.5"], "argument --csd-lam: -1.0 in '-1,0.5': allowed finite numbers >= 0"),
+    (["sweep", "--csd-lam", "-1,0.5"], "argument --csd-lam: '-1,0.5': value -1.0 is out of range; allowed: finite numbers >= 0"),
 ])
 def test_cli_negative_list_values_are_named_not_taken_for_options(argv, expected, capsys):
     """A new-user try-out found --tree -1,2 answered 'argument --tree: expected one argument' (argparse before
