@@ -5,15 +5,20 @@ from __future__ import annotations
 import pytest
 
 from builtin_fixture import builtin, weights  # noqa: F401 (fixtures)
-from cli_helpers import cli_error
+from cli_helpers import cli_error, usage_error
 
 
-@pytest.mark.parametrize("option", [["--top-k", "1000000"], ["--guidance-scale", "1e308"], ["--temperature", "1e-300"],
-                                    ["--engine", "eager", "--compile"]])
+@pytest.mark.parametrize("option", [["--top-k", "1000000"], ["--guidance-scale", "1e308"], ["--temperature", "1e-300"]])
 def test_generate_refused_after_the_model_loads_leaves_no_output_folder(weights, tmp_path, capsys, option):
     out = tmp_path / "new" / "deeper" / "out"
     cli_error(capsys, "generate", "--weights", weights, "-n", 2, "--window", 8, *option, "--out", out)
     assert not (tmp_path / "new").exists()  # neither the folder nor the parents the command made
+
+
+def test_generate_refused_as_a_usage_error_leaves_no_output_folder(weights, tmp_path, capsys):
+    out = tmp_path / "new" / "deeper" / "out"
+    usage_error(capsys, "generate", "--weights", weights, "-n", 2, "--engine", "eager", "--compile", "--out", out)
+    assert not (tmp_path / "new").exists()
 
 
 def test_a_refused_command_keeps_folders_that_existed_before(weights, tmp_path, capsys):
