@@ -80,6 +80,19 @@ def split_note(args, model) -> None:
              "so it runs on the eager engine (each layer's KV cache stays with its layer)")
 
 
+def refuse_missing_cuda(device) -> None:
+    """``--device cuda`` where no CUDA device is visible: one line, before anything loads.
+
+    Raises:
+        ValueError: naming ``--device cuda`` and the device to use instead.
+    """
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device is visible here; use --device cpu")
+
+
 def quantize_setup(args, device) -> None:
     """Refuse ``--quantize`` the device or installed packages cannot run, before any weight is read (one line)."""
     from csdgen.models.quantize import check_quantize
@@ -306,8 +319,6 @@ def builtin_model(args, fixed_window: bool = False, spread: bool = False):
         ValueError: unknown class (one line with close matches), bad sampling settings, no CUDA.
         FileNotFoundError: no built-in weights.
     """
-    import torch
-
     from csdgen.models.builtin import load_builtin_model
 
     for name in ("image_size", "vqgan"):
@@ -316,8 +327,7 @@ def builtin_model(args, fixed_window: bool = False, spread: bool = False):
                              f"and its own VQ decoder")
     apply_preset(args)
     device = args.device or "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is visible here; use --device cpu")
+    refuse_missing_cuda(device)
     choose_dtype(args, "builtin", device)  # float32: refuses another --dtype
     refuse_builtin_device_map(args)
     quantize_setup(args, device)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from . import _options as opt
 from ._common import (check_draft_init, choose_dtype, clamp_window, fill_defaults, model_defaults, note, print_run_line,
-                      sampling_of, writable)
+                      refuse_missing_cuda, sampling_of, writable)
 from ._options import COMPARE_METHODS
 
 #: the built-in model's default number of prompts (its classes spread over the categories)
@@ -395,8 +395,7 @@ def execute(args, adjust=None, title: str = "csdgen bench"):
     _floor(args)  # bad seeds fail before the model loads
     _check_score_files(args)  # and missing CLIP / FID files
     device_type = args.device or ("cuda" if args.model != "builtin" and torch.cuda.is_available() else "cpu")
-    if device_type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is visible here; use --device cpu")
+    refuse_missing_cuda(device_type)
     rank, world, local = bench.distributed(device_type)
     try:
         device = f"cuda:{local}" if device_type == "cuda" else "cpu"

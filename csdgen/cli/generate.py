@@ -15,7 +15,7 @@ from pathlib import Path
 from . import _options as opt
 from ._common import (add_plan, builtin_model, cap_builtin_batch, check_gsd_radii, checkpoint_setup, choose_dtype,
                       clamp_window, fill_defaults, model_defaults, needs_model, note, print_run_line, quantize_setup,
-                      refuse_unfit_tree, require_decoder, sampling_of, split_note, writable)
+                      refuse_missing_cuda, refuse_unfit_tree, require_decoder, sampling_of, split_note, writable)
 
 #: options of ``--model`` only (the built-in model refuses them; ``--dtype`` auto / float32 it takes)
 MODEL_ONLY = ("prompts", "prompts_file", "layout", "height", "width", "image_size", "negative_prompt", "positive_prompt",
@@ -170,8 +170,6 @@ def _known_settings(args, folder, family: str, dtype: str, device: str, prompts:
 
 def model_job(args):
     """The run plan of a checkpoint (``--model``) and its batch size."""
-    import torch
-
     from csdgen.engine import AUTO_MAX_WINDOW
     from csdgen.models.auto import load_model
     from csdgen.models.dtypes import default_device
@@ -186,8 +184,7 @@ def model_job(args):
     conditions = [prompts[i % len(prompts)] for i in range(args.num_images or len(prompts))]
     batch_size = min(args.batch_size, len(conditions))
     device = args.device or default_device()
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is visible here; use --device cpu")
+    refuse_missing_cuda(device)
     dtype = choose_dtype(args, family, device)
     quantize_setup(args, device)
     widest = AUTO_MAX_WINDOW if args.window == "auto" else args.window

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from . import _options as opt
+from ._common import refuse_missing_cuda
 
 #: the window the plan assumes when none is given: the widest ``window="auto"`` runs
 DEFAULT_NOTE = "default: the widest window='auto' runs"
@@ -61,11 +62,7 @@ def run(args) -> int:
     from csdgen.models.dtypes import default_device
 
     device = args.device or default_device()
-    if device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError("--device cuda: no CUDA device is visible here; use --device cpu")
+    refuse_missing_cuda(device)
     window = args.window or AUTO_MAX_WINDOW
     if args.guidance_scale is not None:  # as generate checks it (a negative or NaN scale was planned as guided)
         from csdgen.sampling import SamplingConfig

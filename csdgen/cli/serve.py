@@ -13,7 +13,7 @@ import os
 import sys
 
 from . import _options as opt
-from ._common import choose_dtype
+from ._common import choose_dtype, refuse_missing_cuda
 
 BATCHING = ("continuous", "static")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's (csdgen.serve.logs.LOG_LEVELS)
@@ -101,10 +101,8 @@ PLAN_MAX_BATCH = 256
 
 
 def _load(args):
-    """``(model, name, aliases, memory_limit, plan)``: the model, how many images its memory holds (the
-    plan's largest batch; None: unknown), its memory plan."""
-    import torch
-
+    """``(model, name, aliases, plan)``: the model, its served name and aliases, its memory plan (whose
+    largest batch is how many images its memory holds)."""
     from csdgen.engine import AUTO_MAX_WINDOW
 
     budget = None if args.max_memory is None else int(args.max_memory * 2**30)
@@ -120,8 +118,7 @@ def _load(args):
         from csdgen.models.builtin import load_builtin_model
 
         device = args.device or "cpu"
-        if device == "cuda" and not torch.cuda.is_available():
-            raise ValueError("--device cuda: no CUDA device is visible here; use --device cpu")
+        refuse_missing_cuda(device)
         choose_dtype(args, "builtin", device)
         from ._common import quantize_setup, refuse_builtin_device_map
         from csdgen.models.plan import builtin_plan
@@ -131,7 +128,7 @@ def _load(args):
         model = load_builtin_model(args.weights, quantize=args.quantize, device=device)
         plan = builtin_plan(model, batch_size=args.max_batch or CPU_MAX_BATCH, window=AUTO_MAX_WINDOW, guided=True,
                             quantize=args.quantize, device=model.device, free=budget)
-        return model, "csdgen-builtin", ("builtin",), _plan_limit(plan), plan
+        return model, "csdgen-builtin", ("builtin",), plan
     if args.weights is not None:
         raise ValueError("--weights is for the built-in model; with --model the checkpoint folder holds the weights")
     from pathlib import Path
@@ -154,7 +151,7 @@ def _load(args):
                            window=min(AUTO_MAX_WINDOW, model.num_image_tokens - 1), dtype=dtype, quantize=args.quantize,
                            guided=guided, device=device, free=budget, height=args.height, width=args.width,
                            image_size=args.image_size)
-    return model, str(args.model), (Path(str(args.model)).name,), _plan_limit(plan), plan
+    return model, str(args.model), (Path(str(args.model)).name,), plan
 
 
 def _checkpoint_checks(args) -> tuple:
@@ -169,8 +166,6 @@ def _checkpoint_checks(args) -> tuple:
     from csdgen.models.dtypes import default_device
     from csdgen.models.sources import resolve_checkpoint
 
-    import torch
-
     from csdgen.models.auto import check_tokenizer_files
 
     folder = resolve_checkpoint(args.model)
@@ -178,17 +173,10 @@ def _checkpoint_checks(args) -> tuple:
     family = family_of(folder, args.layout, args.model)
     check_tokenizer_files(folder, family)  # requests are text: refused here, naming the folder, before the weights
     device = args.device or default_device()
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is visible here; use --device cpu")
+    refuse_missing_cuda(device)
     dtype = choose_dtype(args, family, device)
     quantize_setup(args, device)
     return folder, family, device, dtype
-
-
-def _plan_limit(plan) -> int | None:
-    """The most images the batch admits: the memory plan's largest batch (what the run line's plan
-    says; None: the free memory is unknown, no limit)."""
-    return plan.largest_batch()
 
 
 def _served_name(text: str) -> str:
@@ -239,15 +227,15 @@ def served_model(args):
 
     from ._common import add_plan, clamp_window, note, print_run_line
 
-    model, name, aliases, limit, plan = _load(args)
+    model, name, aliases, plan = _load(args)
+    largest = plan.largest_batch()  # the most images the memory plan fits (None: free memory unknown)
     if args.max_batch is None:  # on cuda the plan's largest batch; on cpu CPU_MAX_BATCH (both capped by memory below)
-        largest = plan.largest_batch()
         args.max_batch = max(1, min(largest, PLAN_MAX_BATCH)) if model.device.type == "cuda" and largest else CPU_MAX_BATCH
     from dataclasses import replace
 
     add_plan(args, replace(plan, batch_size=args.max_batch))
     print_run_line(args, file=sys.stdout)  # the first line: model, device, dtype and why, the memory plan
-    limit = args.max_batch if limit is None else limit  # free memory unknown: --max-batch alone
+    limit = args.max_batch if largest is None else largest  # free memory unknown: --max-batch alone
     if limit < 1:
         raise ValueError(f"not even one image fits in the memory allowed ({args.max_memory} GiB with --max-memory, "
                          f"or what {model.device.type} has free); raise --max-memory or use another device")
@@ -356,8 +344,7 @@ def _check_before_ray(args) -> None:
 
     import torch
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is visible here; use --device cpu")
+    refuse_missing_cuda(args.device)
     if args.device == "cuda" and args.replicas > torch.cuda.device_count():  # Ray would wait for GPUs forever
         count = torch.cuda.device_count()
         raise ValueError(f"--replicas {args.replicas}: each replica takes one GPU of its own and this machine has "
