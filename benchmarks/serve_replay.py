@@ -191,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None and not args.json.parent.is_dir():
         p.error(f"--json {args.json}: its folder {args.json.parent} does not exist")
     from csdgen.cli.serve import _warmup
+    from csdgen.torch_threads import call_in_thread
     from csdgen.serve.schemas import parse_request
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
@@ -200,8 +201,10 @@ def main(argv: list[str] | None = None) -> int:
                          f"device {args.device}", "load_average_start": os.getloadavg(), "cells": []}
     print(f"# {record['command']} (commit {commit or 'unknown'})\n# {record['machine']}, load average {os.getloadavg()[0]:.2f}", flush=True)
     for method in methods:
-        served = served_builtin(args.device, method, args.max_batch)
-        _warmup(served.model, parse_request({"prompt": "0"}, served), args.max_batch, served.engine_kwargs)
+        # loaded and warmed up in a thread that ends with them, as csdgen serve does (csdgen.torch_threads)
+        served = call_in_thread(served_builtin, args.device, method, args.max_batch)
+        call_in_thread(_warmup, served.model, parse_request({"prompt": "0"}, served), args.max_batch,
+                       served.engine_kwargs)
         capacity = args.capacity
         if capacity is None:
             capacity = one_at_a_time_throughput(served, args.capacity_seconds) * args.max_batch

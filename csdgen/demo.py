@@ -433,7 +433,12 @@ def serve(model_path: str | None = None, host: str = "127.0.0.1", port: int | No
         from csdgen.serve.app import bind_socket
 
         bind_socket(host, port).close()
-    model, name, defaults = load_demo_model(model_path, weights, image_size=image_size, vqgan=vqgan, dtype=dtype)
+    from .torch_threads import call_in_thread
+
+    # loaded in a thread that ends with the load: the thread of a run then holds the process's only
+    # OpenMP pool (csdgen.torch_threads)
+    model, name, defaults = call_in_thread(load_demo_model, model_path, weights, image_size=image_size, vqgan=vqgan,
+                                           dtype=dtype)
     app = build_app(model, model_name=name, defaults=defaults)
     app.queue(default_concurrency_limit=1)
     # quiet: Gradio's own banner suggests share=True, which this page never uses

@@ -222,6 +222,14 @@ def served_model(args):
     Raises:
         ValueError: one line naming the option and what is allowed.
     """
+    from csdgen.torch_threads import call_in_thread
+
+    # loading and warming up run in a thread that ends with them: the scheduler's thread then holds
+    # the process's only OpenMP pool (csdgen.torch_threads)
+    return call_in_thread(_served_model, args)
+
+
+def _served_model(args):
     from csdgen.serve import ServeDefaults, ServedModel
     from csdgen.serve.schemas import APIError, parse_request
 

@@ -114,6 +114,10 @@ class Scheduler:
         # in the batch, and the seconds of the last iteration
         self._in_batch: collections.deque[float] = collections.deque(maxlen=self.PACE_IMAGES)
         self._iteration_seconds: float | None = None
+        import torch
+
+        #: torch CPU threads the scheduler thread decodes with: the constructing thread's count
+        self.threads = torch.get_num_threads()
         self._thread = threading.Thread(target=self._run, name="csdgen-scheduler", daemon=True)
         if metrics is not None:
             metrics.capacity.set(self.capacity)
@@ -123,7 +127,7 @@ class Scheduler:
     def start(self) -> None:
         from .worker import ImageWorker
 
-        self._worker = ImageWorker(self.served.model)
+        self._worker = ImageWorker(self.served.model)  # returns once its thread runs torch on one thread
         self._thread.start()
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -208,6 +212,9 @@ class Scheduler:
             self.metrics.occupancy.set(self.occupancy)
 
     def _run(self) -> None:
+        from csdgen.torch_threads import set_threads
+
+        set_threads(self.threads)  # its own count, after the image worker's one (csdgen.torch_threads)
         while True:
             with self._cond:
                 while not self._stop and not self._queue and not self._cancels and not self.occupancy:

@@ -9,7 +9,9 @@ request's partial images and its final image reach it in the order they were mad
 On CUDA the scheduler copies the tokens to the host (``[N]`` int64, a small copy after the
 iteration that finished them), and the worker runs the VQ decoder on a CUDA stream of its own, so
 the decode overlaps the batch's next forwards instead of waiting in line behind them. On the CPU
-there is no stream: the worker is a thread beside the scheduler's.
+there is no stream: the worker is a thread beside the scheduler's, and its torch work runs on one
+CPU thread, so that the scheduler's thread holds the process's only OpenMP pool
+(:mod:`csdgen.torch_threads`: a second pool slows every iteration on a CPU).
 
 A failed decode fails its item only (the callback's ``error``); :meth:`ImageWorker.close` drains
 the queue for at most ``timeout`` seconds and returns the items it could not finish, so that their
@@ -71,8 +73,14 @@ class ImageWorker:
         self._current: Work | None = None
         self._closing = False
         self._stream = decode_stream(model.device)
+        self._ready = threading.Event()
+        threads = torch.get_num_threads()
         self._thread = threading.Thread(target=self._run, name="csdgen-images", daemon=True)
         self._thread.start()
+        self._ready.wait()
+        # its one thread also became torch's process-wide count: the caller's own count is put back
+        # there, for the threads started after this one (the scheduler's)
+        torch.set_num_threads(threads)
 
     @property
     def pending(self) -> int:
@@ -126,6 +134,12 @@ class ImageWorker:
         return images.partial_png(self.model, work.tokens, work.committed)
 
     def _run(self) -> None:
+        from csdgen.torch_threads import single_threaded
+
+        try:
+            single_threaded()
+        finally:
+            self._ready.set()
         while True:
             with self._cond:
                 while not self._items and not self._closing:
