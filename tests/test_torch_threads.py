@@ -166,3 +166,19 @@ def test_the_demo_loads_its_model_off_the_calling_thread(monkeypatch):
     with pytest.raises(Stop):
         demo.serve(port=0, block=False)
     assert seen["thread"] is not threading.current_thread()
+
+
+def test_a_served_model_decodes_its_probe_image_off_the_calling_thread(cached_model, monkeypatch):
+    """ServedModel decodes one image to learn the image size: not on the thread that makes it
+    (often the main one, which would then hold an OpenMP pool beside the scheduler's)."""
+    seen = {}
+    real = images.image_size
+
+    def size(model):
+        seen["thread"] = threading.current_thread()
+        return real(model)
+
+    monkeypatch.setattr(images, "image_size", size)
+    served = ServedModel(slow_model(cached_model, 0.0), "slow")
+    assert served.size == real(served.model)
+    assert seen["thread"] is not threading.current_thread() and not seen["thread"].is_alive()

@@ -80,7 +80,11 @@ class ServedModel:
         self.model, self.name = model, name
         self.engine_kwargs = {"engine": engine, "compile": compile}
         self.names = [name, *[a for a in aliases if a and a != name]]
-        self.size = image_size(model)
+        from csdgen.torch_threads import call_in_thread
+
+        # one decode, in a thread that ends with it: the caller's thread (often the main one) then
+        # holds no OpenMP pool beside the scheduler's (csdgen.torch_threads)
+        self.size = call_in_thread(image_size, model)
         self.size_text = f"{self.size[0]}x{self.size[1]}"
         self.defaults = defaults or ServeDefaults()
         sampling = default_sampling(model)  # a family's top-k >= this codebook: no top-k (as generate)
