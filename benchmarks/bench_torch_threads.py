@@ -31,6 +31,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from csdgen.cli._options import count  # noqa: E402  (the CLI's own argument check)
+
 LAYOUTS = ("one thread", "pools", "one pool")
 
 _CHILD = r"""
@@ -87,14 +91,11 @@ print(json.dumps(result))
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
-    p.add_argument("--iterations", type=int, default=100, help="timed iterations per run (default 100)")
-    p.add_argument("--repeats", type=int, default=3, help="runs per batch size (default 3; the median is printed)")
+    p.add_argument("--threads", type=count(1), default=2, help="torch threads (default 2)")
+    p.add_argument("--iterations", type=count(1), default=100, help="timed iterations per run (default 100)")
+    p.add_argument("--repeats", type=count(1), default=3, help="runs per batch size (default 3; the median is printed)")
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = p.parse_args(argv)
-    if args.threads < 1 or args.iterations < 1 or args.repeats < 1:
-        p.error(f"--threads {args.threads}, --iterations {args.iterations}, --repeats {args.repeats}: allowed "
-                f"integers >= 1")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     print(f"# python benchmarks/bench_torch_threads.py {' '.join(sys.argv[1:] if argv is None else argv)} "
           f"(commit {commit or 'unknown'})")

@@ -35,15 +35,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from csdgen.cli._options import count, numbers  # noqa: E402  (the CLI's own argument checks)
 
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: allowed integers >= 1, comma-separated")
-    return values
+positive_ints = numbers(int, empty=False, check=lambda v: v >= 1, allowed="integers >= 1")
 
 
 def iteration_ms(model, method: str, images: int, width: int, iterations: int) -> float:
@@ -79,14 +73,12 @@ def steady(model, method: str, images: int, window, iterations: int) -> tuple[fl
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--method", default="csd", help="decoding method (default csd)")
-    p.add_argument("--images", type=_ints, default=[4, 12], help="images in the batch (default 4,12)")
-    p.add_argument("--widths", type=_ints, default=[1, 2, 4, 8, 16], help="fixed widths (default 1,2,4,8,16)")
-    p.add_argument("--iterations", type=int, default=40, help="timed iterations per width (default 40)")
-    p.add_argument("--steady", type=int, default=1200, help="iterations of the kept-busy batch per width (default 1200)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--images", type=positive_ints, default=[4, 12], help="images in the batch (default 4,12)")
+    p.add_argument("--widths", type=positive_ints, default=[1, 2, 4, 8, 16], help="fixed widths (default 1,2,4,8,16)")
+    p.add_argument("--iterations", type=count(1), default=40, help="timed iterations per width (default 40)")
+    p.add_argument("--steady", type=count(1), default=1200, help="iterations of the kept-busy batch per width (default 1200)")
+    p.add_argument("--threads", type=count(1), default=None, help="torch threads (default: torch's)")
     args = p.parse_args(argv)
-    if args.iterations < 1 or args.steady < 1:
-        p.error(f"--iterations {args.iterations}, --steady {args.steady}: allowed integers >= 1")
     if args.threads:
         torch.set_num_threads(args.threads)
     from csdgen.models.builtin import load_builtin_model

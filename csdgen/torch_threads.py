@@ -62,16 +62,19 @@ def set_threads(count: int) -> None:
     thread, and the count threads that start torch afterwards take).
 
     Raises:
-        ValueError: ``count`` below 1.
+        ValueError: ``count`` not an integer >= 1 (numpy's and torch's integers are taken).
     """
     import torch
 
-    if int(count) < 1:
+    from .integers import as_integer
+
+    value = as_integer(count)
+    if value is None or value < 1:
         raise ValueError(f"count={count!r}: allowed an integer >= 1")
     # torch sets a thread's count from its process-wide one the first time the thread asks for it,
     # even after a set_num_threads of its own: ask first, so that this setting is the one that stays
     torch.get_num_threads()
-    torch.set_num_threads(int(count))
+    torch.set_num_threads(value)
 
 
 def single_threaded() -> None:

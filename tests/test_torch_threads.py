@@ -42,8 +42,8 @@ def test_call_in_thread_raises_what_the_call_raised(error):
     assert caught.value is error
 
 
-@pytest.mark.parametrize("count", [0, -2])
-def test_set_threads_refuses_a_count_below_one(count):
+@pytest.mark.parametrize("count", [0, -2, 1.5, True])
+def test_set_threads_refuses_what_is_not_an_integer_of_one_or_more(count):
     with pytest.raises(ValueError, match=f"count={count}: allowed an integer >= 1"):
         set_threads(count)
 
