@@ -17,8 +17,11 @@ then, for every number of concurrent clients, runs the clients for ``--duration`
 clock starts when every client is ready, so each sends at least one request): each
 client sends requests of n = 1..4 images (uniform, its own random stream) back to back, a random
 class and seed each, and waits for the answer. Requests still open at the end are waited for and
-counted. Per cell: requests, images, images per second (images / seconds from the first request
-to the last answer), p50 / p95 latency per request, mean batch occupancy (from the server's
+counted. With ``--per-client K`` each client sends exactly K requests instead: the same ones for
+every method and batching, so every cell decodes the same images (at 1 client a 30-second window
+holds a dozen requests of 1 to 4 images, and which of them fall inside it moves images/s). Per
+cell: requests, images, images per second (images / seconds from the first request to the last
+answer), p50 / p95 latency per request, mean batch occupancy (from the server's
 /metrics: images in the batch summed over iterations / iterations) and errors (non-200 answers
 and failed connections; must be 0).
 
@@ -118,8 +121,10 @@ def metrics(url: str) -> dict[str, float]:
     return out
 
 
-def run_clients(url: str, clients: int, duration: float, method: str, num_classes: int, seed: int) -> dict:
-    """``clients`` threads sending requests back to back for ``duration`` seconds (module docstring)."""
+def run_clients(url: str, clients: int, duration: float, method: str, num_classes: int, seed: int,
+                per_client: int | None = None) -> dict:
+    """``clients`` threads sending requests back to back for ``duration`` seconds, or ``per_client``
+    requests each where given (module docstring)."""
     results: list[tuple[float, float, int, int]] = []  # (sent, answered, status, images)
     lock = threading.Lock()
     clock: dict[str, float] = {}
@@ -134,7 +139,9 @@ def run_clients(url: str, clients: int, duration: float, method: str, num_classe
         rng = random.Random(seed * 1000 + k)
         with httpx.Client(timeout=3600) as http:
             ready.wait()
-            while time.perf_counter() < clock["stop_at"]:
+            sent_count = 0
+            while (sent_count < per_client) if per_client else (time.perf_counter() < clock["stop_at"]):
+                sent_count += 1
                 n = rng.randint(1, 4)
                 body = {"prompt": str(rng.randrange(num_classes)), "n": n, "seed": rng.randrange(2**31),
                         "method": method, "window": "auto"}
@@ -364,7 +371,7 @@ def check_offline(url: str, model, method: str, requests: int, seed: int) -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    from csdgen.cli._options import count, real
+    from csdgen.cli._options import count, numbers, real
 
     positive = real(0.0, low_open=True, allowed="a number > 0")
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -373,6 +380,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default=",".join(MODES), help=f"batchings (default {','.join(MODES)})")
     p.add_argument("--max-batch", type=int, default=16, help="--max-batch of continuous and static (default 16)")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of load per cell (default 60)")
+    p.add_argument("--per-client", type=numbers(int, empty=False, check=lambda v: v >= 1, allowed="integers >= 1"),
+                   default=None,
+                   help="closed loop: each client sends this many requests instead of loading for --duration (the "
+                        "same requests for every method and batching: their image counts, classes and seeds); one "
+                        "number, or one per --clients entry")
+    p.add_argument("--repeat", type=count(1), default=1,
+                   help="closed loop: run every method and batching this many times, in turn (the machine's speed "
+                        "drifts between runs; each round's ratio over the first method compares neighbours)")
     p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")),
                    help="the server's torch threads (default $OMP_NUM_THREADS or 2)")
     p.add_argument("--check", type=int, default=4, help="fixed-window requests checked against offline per server (0: none)")
@@ -403,6 +418,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.url:
         return load_url(args, argv)
     clients = [int(c) for c in args.clients.split(",")]
+    per_client = args.per_client
+    if per_client is not None:
+        if len(per_client) == 1:
+            per_client = per_client * len(clients)
+        if len(per_client) != len(clients):
+            p.error(f"--per-client {','.join(map(str, args.per_client))}: allowed one number, or one per --clients "
+                    f"entry ({len(clients)})")
     methods = args.methods.split(",")
     modes = args.modes.split(",")
     load_start = os.getloadavg()
@@ -433,24 +455,25 @@ def main(argv: list[str] | None = None) -> int:
             args.json.write_text(json.dumps({"command": command, "machine": machine, "capacities": capacities,
                                              "rows": open_rows}, indent=2))
         return 0
-    for method in methods:
+    for round_, method in [(r, m) for r in range(args.repeat) for m in methods]:  # in turn, round by round
         for mode in modes:
             proc, url = start_server(mode, method, args.max_batch, args.threads, extra)
             try:
                 httpx.post(url + "/v1/images/generations", json={"prompt": "0", "method": method, "seed": 0},
                            timeout=3600)  # warm-up
-                for n_clients in clients:
+                for k, n_clients in enumerate(clients):
                     before = metrics(url)
-                    cell = run_clients(url, n_clients, args.duration, method, num_classes, args.seed)
+                    cell = run_clients(url, n_clients, args.duration, method, num_classes, args.seed,
+                                       per_client[k] if per_client else None)
                     after = metrics(url)
                     iterations = after["csdgen_batch_iterations_total"] - before["csdgen_batch_iterations_total"]
                     rows_fed = after["csdgen_batch_rows_total"] - before["csdgen_batch_rows_total"]
-                    cell.update(method=method, mode=mode, clients=n_clients,
+                    cell.update(method=method, mode=mode, clients=n_clients, round=round_,
                                 max_batch=1 if mode == "one-at-a-time" else args.max_batch,
                                 occupancy=rows_fed / iterations if iterations else 0.0)
                     rows.append(cell)
                     print(json.dumps(cell), flush=True)
-                if args.check and model is not None:
+                if args.check and model is not None and round_ == 0:
                     check = check_offline(url, model, method, args.check, args.seed)
                     check.update(method=method, mode=mode)
                     checks.append(check)
@@ -482,10 +505,13 @@ def load_url(args, argv) -> int:
     at a time, so not reported there)."""
     label = args.modes if args.modes != ",".join(MODES) else "url"
     url, rows = args.url.rstrip("/").removesuffix("/v1"), []
+    counts = [int(c) for c in args.clients.split(",")]
+    per_client = (args.per_client * len(counts) if args.per_client and len(args.per_client) == 1 else args.per_client)
     for method in args.methods.split(","):
         httpx.post(url + "/v1/images/generations", json={"prompt": "0", "method": method, "seed": 0}, timeout=3600)
-        for count in [int(c) for c in args.clients.split(",")]:
-            cell = run_clients(url, count, args.duration, method, _num_classes(), args.seed)
+        for k, count in enumerate(counts):
+            cell = run_clients(url, count, args.duration, method, _num_classes(), args.seed,
+                               per_client[k] if per_client else None)
             cell.update(method=method, mode=label, clients=count, max_batch=args.max_batch, occupancy=float("nan"))
             rows.append(cell)
             print(json.dumps(cell), flush=True)
@@ -516,16 +542,22 @@ def _fractions(text: str) -> list[float]:
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown: one row per (method, batching, clients), with continuous's speed-up over the others."""
-    lines = ["| method | batching | max batch | clients | requests | images | images/s | p50 s | p95 s | mean occupancy | "
-             "errors | continuous / this |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    index = {(r["method"], r["mode"], r["clients"]): r for r in rows}
+    """Markdown: one row per (round, method, batching, clients), with continuous's speed-up over the
+    others and the images/s over the first method's in the same round, batching and clients."""
+    first = rows[0]["method"] if rows else ""
+    lines = ["| round | method | batching | max batch | clients | requests | images | images/s | p50 s | p95 s | "
+             f"mean occupancy | errors | continuous / this | over {first} |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    index = {(r["method"], r["mode"], r["clients"], r.get("round", 0)): r for r in rows}
     for r in rows:
-        cont = index.get((r["method"], "continuous", r["clients"]))
+        key = r.get("round", 0)
+        cont = index.get((r["method"], "continuous", r["clients"], key))
         ratio = f"{cont['images_per_second'] / r['images_per_second']:.2f}x" if cont and r["images_per_second"] else "-"
-        lines.append(f"| {r['method']} | {r['mode']} | {r['max_batch']} | {r['clients']} | {r['requests']} | {r['images']} | "
-                     f"{r['images_per_second']:.2f} | {r['p50']:.1f} | {r['p95']:.1f} | {r['occupancy']:.1f} | {r['errors']} | "
-                     f"{ratio} |")
+        base = index.get((first, r["mode"], r["clients"], key))
+        over = f"{r['images_per_second'] / base['images_per_second']:.2f}x" if base and base["images_per_second"] else "-"
+        lines.append(f"| {key} | {r['method']} | {r['mode']} | {r['max_batch']} | {r['clients']} | {r['requests']} | "
+                     f"{r['images']} | {r['images_per_second']:.2f} | {r['p50']:.1f} | {r['p95']:.1f} | {r['occupancy']:.1f} | "
+                     f"{r['errors']} | {ratio} | {over} |")
     return "\n".join(lines)
 
 

@@ -137,3 +137,97 @@ def test_a_served_batch_calibrates_against_the_tokens_its_rows_could_commit():
     for _ in range(50):
         auto.observe(8, 0.01, None, None, tokens=(3 + 3 + 3 + 8) / 4)  # all it could: 3 each, 8 for the far row
     assert auto.calibration() == pytest.approx(1.0, abs=0.01)  # uncapped: 3.25 drafts a row against 7 (0.7, the floor)
+
+
+#: E(W) of drafts that each pass with probability 0.3: what the chooser's counts predict in the
+#: tests below, where the drafts of a settled window pass at 0.8 (GEOMETRIC)
+PESSIMISTIC = np.cumsum(0.3 ** (WIDTHS - 1))
+
+
+def _pessimistic_chooser(times_by_slots: dict[int, np.ndarray]) -> _AutoWindow:
+    """A served chooser whose counts predict drafts passing at 0.3 (:data:`PESSIMISTIC`), past its warm-up."""
+    auto = _served_chooser(times_by_slots)
+    auto.learned.counts.rejected[:] = 7e5
+    return auto
+
+
+def _serve(auto: _AutoWindow, seconds: np.ndarray, iterations: int, tokens: np.ndarray = GEOMETRIC,
+           rows: int = 4, image: int = 256) -> list[int]:
+    """``iterations`` of a kept-busy served batch of ``rows`` images at staggered places of their images
+    (a finished row is replaced by a new image): each iteration commits ``tokens[W - 1]`` per row (the
+    settled window's mean, capped by the row's end) in ``seconds[W - 1]``. Returns the widths chosen."""
+    left = np.linspace(image - 1, 1, rows + 2)[1:-1].round()
+    widths = []
+    for _ in range(iterations):
+        width = auto.choose(int(left.max()), rows, remaining=left.astype(np.int64))
+        committed = np.minimum(tokens[width - 1], left)
+        auto.observe(width, float(seconds[width - 1]), None, None, tokens=float(committed.mean()))
+        left = left - np.round(committed)
+        left[left < 1] = image - 1  # the next image joins
+        widths.append(width)
+    return widths
+
+
+def test_a_served_batch_calibrates_each_width_by_its_own_settled_iterations():
+    """Counts that predict every width too low (drafts passing at 0.3 where a settled window's pass
+    at 0.8) held a served batch at width 1 while width 4 commits the most per second: each width
+    is calibrated by what its settled iterations commit, the trials find it and the batch moves.
+    Control: the one calibration factor of the width held (and its range) leaves it at width 1."""
+    seconds = 0.004 + 0.002 * WIDTHS  # 4 rows, a forward's cost in batch x width: widths 1, 2, 4, 8 cost 6, 8, 12, 20 ms
+    rates = GEOMETRIC / seconds
+    # widths 3-5 commit the most per second, 1.46x width 1; as the counts predict, every wider width is slower
+    assert int(rates.argmax()) + 1 == 4 and rates[3] > 1.4 * rates[0] and (PESSIMISTIC / seconds)[1:].max() < rates[0]
+    auto = _pessimistic_chooser({4: seconds})
+    widths = _serve(auto, seconds, 600)
+    late = widths[-200:]
+    assert max(set(late), key=late.count) >= 2 and late.count(1) < 20, sorted(set(late))
+    factors = auto.served_calibration()
+    assert factors[1] > 2.0  # width 2: (1.8 - 1) measured drafts over (1.3 - 1) predicted, 2.67
+    # the control: the global calibration alone (what a served batch used before)
+    control = _pessimistic_chooser({4: seconds})
+    control.served_calibration = lambda: np.full(control.max_width, control.calibration())
+    late = _serve(control, seconds, 600)[-200:]
+    assert late.count(1) > 150
+
+
+def test_a_served_batch_counts_no_iteration_of_rows_that_just_began_or_of_an_unsettled_window():
+    auto = _served_chooser({4: np.full(32, 0.01)})
+    auto.choose(255, 4, remaining=np.full(4, 255))  # four new images: the image is 255 positions long
+    auto._run_width, auto._run = 8, 20
+    auto.observe(8, 0.01, None, None, tokens=1.0)
+    assert auto._served == {}  # every row within two windows of its start
+    auto.choose(255, 4, remaining=np.array([255, 200, 150, 100]))  # one young row of four: counted
+    auto.observe(8, 0.01, None, None, tokens=2.0)
+    assert auto._served[8][2] == 1.0
+    auto.choose(255, 4, remaining=np.array([240, 200, 150, 100]))
+    auto._run_width, auto._run = 16, 0  # a switch to 16: its first iterations hold fresh drafts
+    for _ in range(auto._settle(16, auto._expected()[15]) - 1):
+        auto.observe(16, 0.01, None, None, tokens=1.0)
+    assert 16 not in auto._served
+    auto.observe(16, 0.01, None, None, tokens=1.0)
+    assert auto._served[16][2] == 1.0
+    # a width not measured takes the factor of the measured ones nearest it (log2 W); none: the one factor
+    factors = auto.served_calibration()
+    assert factors[11] == pytest.approx(np.interp(np.log2(12), [3, 4], [factors[7], factors[15]]))
+    assert factors[31] == factors[15] and factors[1] == factors[7]
+    assert np.all(_served_chooser({}).served_calibration() == 1.0)
+
+
+def test_a_served_batch_trial_runs_until_its_window_settles_and_then_measures():
+    seconds = 0.004 + 0.002 * WIDTHS
+    auto = _pessimistic_chooser({4: seconds})
+    auto._held = 1
+    auto._run_width, auto._run = 1, 50
+    left = np.array([200, 150, 100, 50])
+    auto._last_turn, auto._turns = -100, 0  # the next choose is an up turn
+    first = auto.choose(255, 4, remaining=left)
+    assert first == 2
+    trial = [first] + list(auto.plan)
+    assert len(trial) == auto._settle(2, auto._expected()[1]) + auto.SERVED_MEASURE
+    # a width that costs more than SERVED_TRIAL_COST iterations of the width held: a short trial (its time)
+    dear = 0.006 * np.where(WIDTHS == 1, 1.0, 3.0 * WIDTHS)
+    auto = _served_chooser({4: dear})
+    auto.learned.counts.rejected[:] = 0.0  # every draft passes: width 2 is predicted near the best
+    auto._held, auto._run_width, auto._run = 1, 1, 50
+    auto._last_turn, auto._turns = -100, 0
+    assert auto.choose(255, 4, remaining=left) == 2 and len(auto.plan) + 1 == auto.EXPLORE_RUN

@@ -186,4 +186,6 @@ class _AcceptanceModel:
             self._raw = self.expected_tokens()
             self._tokens_at = (version, self.count)
         raw = self._raw if limit is None else self.ramp_tokens(self._run_width or 1, limit)
+        if getattr(self, "_served_batch", False):  # a served batch: each width its own factor
+            return 1.0 + (raw - 1.0) * self.served_calibration()
         return 1.0 + (raw - 1.0) * self.calibration()

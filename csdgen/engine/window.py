@@ -65,7 +65,12 @@ class _AutoWindow(_AcceptanceModel, _CostModel):
     alone), and every iteration of the bucket measures it. A bucket met with fewer than two
     widths measured gets its own warm-up (:attr:`WARM_PLAN`), not only the first one. Where the
     forward's time grows with batch x width (a full batch on a CPU) the choice is then width 1, and
-    wider as the batch thins. Admissions are not priced: a joining image costs one prefill whatever
+    wider as the batch thins. Its predicted drafts are calibrated width by width, each by its own settled
+    iterations (:meth:`served_calibration`), and its trials of a wider width last until their drafts
+    settle and are then measured (:attr:`SERVED_MEASURE`), the least measured width predicted near the
+    best first (the one calibration of the width held, measured on trials that ended while their drafts
+    were fresh, held a batch of 4 images at width 1 where width 8 commits 1.19x its tokens per second).
+    Admissions are not priced: a joining image costs one prefill whatever
     the width (on the built-in model, 2-core CPU under load, one thread: 21-33 ms for one image
     joining a running static batch of 15, whose iterations took 25-45 ms), a cost per image, so per
     token the same at every width, which moves no choice.
@@ -144,6 +149,34 @@ class _AutoWindow(_AcceptanceModel, _CostModel):
     #: prior: CSD at batch 2 ran width 1 for 2102 of its iterations, 8.4 % behind window 32
     LAG_WEIGHT = 0.5
     LAG_PRIOR = 16.0  # drafts added to the laggard's and the mean's count (:meth:`laggard_ratio`)
+    #: a served batch calibrates each width on its own (:meth:`served_calibration`): the decay, per
+    #: counted iteration of that width, of its sums of measured and predicted drafts (a memory of about
+    #: 50 iterations: images come and go, so the batch's acceptance moves with them)
+    SERVED_DECAY = 0.98
+    #: ... the drafts at the one factor of the width held (:meth:`calibration`) each width's sums start from
+    SERVED_PRIOR = 4.0
+    #: ... the range a width's factor is kept in: wider than :attr:`CALIBRATION_RANGE`, because short trials
+    #: from width 1 (their slots start fresh, every draft twice refined at most) pull the age counts down:
+    #: on the built-in model at 4 images the counts predicted 2.17 tokens per forward at width 16, where a
+    #: steady width 16 commits 3.40 (benchmarks/results/served_widths.md)
+    SERVED_RANGE = (0.4, 3.0)
+    #: ... an iteration of width W counts once W has run ``ceil(W / E(W))`` iterations in a row (every slot
+    #: then holds a draft of the run) plus this many (its last slots' drafts refined twice)
+    SERVED_SETTLE = 2
+    #: ... and a served batch's trial of a wider width runs its settling plus this many counted iterations
+    #: (at most :attr:`SERVED_RUN_MAX`), whatever it costs: a trial that ends before its drafts settle
+    #: measures the fresh drafts of its first forwards, never the width (at 4 images the 3-8-iteration
+    #: trials of width 8 committed 1.34 tokens per forward where steady width 8 commits 2.37, and the batch
+    #: held width 1 for 1180 of 1200 iterations at 0.84x width 8's tokens per second)
+    SERVED_MEASURE = 4
+    SERVED_RUN_MAX = 16
+    #: ... where an iteration of it costs at most this many of the width held; a dearer one gets a trial of
+    #: :attr:`EXPLORE_RUN` iterations, which measures its time only (16 slots on the built-in model, 2-core
+    #: CPU: three 11-iteration trials of width 16, 4x a width-1 iteration each, cost about 4 % of a 50-second load)
+    SERVED_TRIAL_COST = 2.5
+    #: ... and counts only where at most this share of its rows are within two windows of their image's
+    #: start (a row's first forwards test fresh drafts: a batch of new images is no width's steady state)
+    SERVED_YOUNG = 0.25
 
     def __init__(self, max_width: int, learned: _Learned | None = None, wide_margin: float = 0.0):
         self.max_width = max_width
@@ -165,6 +198,10 @@ class _AutoWindow(_AcceptanceModel, _CostModel):
         self._warmed: list[int] = []  # the buckets the warm-up measured, in order (:meth:`_warm_stops`)
         self._warmed_rows: frozenset[int] = frozenset()  # the batch sizes (slots) a warm-up began at
         self._left: np.ndarray | None = None  # a served batch: each row's positions left at the last choose
+        self._served_batch = False  # choose was given remaining (a served batch: served_calibration)
+        #: a served batch: width -> [measured, predicted] decayed drafts per row and forward (served_calibration)
+        self._served: dict[int, list[float]] = {}
+        self._image_len = 0  # a served batch: the most positions a row was seen with left (its image's length)
         self._remeasure: int | None = None  # a bucket measured again: its smaller time is kept
         #: (rows, bucket) whose held iterations last read the pace, and how many in a row (:attr:`SWITCH_WEIGHT`)
         self._pace_reader: tuple[int, int] | None = None
@@ -209,6 +246,8 @@ class _AutoWindow(_AcceptanceModel, _CostModel):
         batch bucket), which is what its time depends on."""
         self.count += 1
         if remaining is not None:  # a served batch's rows: positions left (observe's calibration)
+            self._served_batch = True
+            self._image_len = max(self._image_len, int(np.max(remaining, initial=0)))
             self._left = np.maximum(np.asarray(remaining, dtype=np.int64).reshape(-1), 1)
             self._left = self._left if self._left.size else None
         pace = self.pace(rows)  # the log's predicted seconds are at the present pace
@@ -293,6 +332,10 @@ class _AutoWindow(_AcceptanceModel, _CostModel):
             up = turn % 2
             width_one = not up and down_turn % self.DOWN_EVERY != 0
             other = 1 if width_one else self._neighbour(best, limit, up)
+            if self._served_batch and up:  # the least measured wider width predicted near the best
+                near = [w for w in self._tops(best, limit) if rate[w - 1] >= self.EXPLORE_WITHIN * rate[best - 1]]
+                if near:
+                    other = min(near, key=lambda w: (self._served.get(w, [0.0, 0.0, 0.0])[2], w))
             # from width 1 the next width up is tried even when predicted slower: a width-1 forward
             # reaches no draft, so the acceptance estimates would never change again (a pessimistic
             # start would stick); always while the refined drafts at depth 0 are thinly counted,
@@ -305,7 +348,10 @@ class _AutoWindow(_AcceptanceModel, _CostModel):
                     # a long trial only where the wider width costs little more (batch 1: 32 is 1.3x
                     # 16); where it costs several narrow iterations (batch 16: 16 is 4x 1), three
                     run = self.EXPLORE_RUN
-                    if seconds[other - 1] <= self.LONG_TRIAL_COST * seconds[best - 1]:
+                    if self._served_batch and seconds[other - 1] <= self.SERVED_TRIAL_COST * seconds[best - 1]:
+                        # settled, then measured (SERVED_MEASURE)
+                        run = int(min(self._settle(other, tokens[other - 1]) + self.SERVED_MEASURE, self.SERVED_RUN_MAX))
+                    elif seconds[other - 1] <= self.LONG_TRIAL_COST * seconds[best - 1]:
                         run = int(np.clip(np.ceil(other / tokens[best - 1]), self.EXPLORE_RUN, self.EXPLORE_RUN_MAX))
                     self.plan = [other] * (run - 1)
         self._pending = (choice, float(tokens[choice - 1]), float(seconds[choice - 1]))
@@ -486,7 +532,18 @@ class _AutoWindow(_AcceptanceModel, _CostModel):
         self._lag_kept, self._lag_pending = (self._lag_pending if width == 1 else None), None
         self._run = self._run + 1 if width == self._run_width else 1
         self._run_width = width
-        if (tokens is not None and width > 1 and width == self._held and self._raw is not None
+        if tokens is not None and width > 1 and self._served_batch and self._raw is not None and self._left is not None:
+            # a served batch: every settled iteration of any width calibrates that width (served_calibration)
+            young = float((self._left > self._image_len - 2 * width).mean())
+            if young <= self.SERVED_YOUNG and self._run >= self._settle(width, self._expected()[width - 1]):
+                raw = float(batch_tokens(self._raw[:width], np.minimum(self._left, width))[-1]) / self._left.size
+                prior = self.SERVED_PRIOR
+                sums = self._served.setdefault(width, [prior * self.calibration(), prior, 0.0])
+                sums[0] = self.SERVED_DECAY * sums[0] + max(tokens - 1.0, 0.0)
+                sums[1] = self.SERVED_DECAY * sums[1] + max(raw - 1.0, 0.0)
+                sums[2] += 1.0  # iterations counted (the trials' order: the least measured first)
+                self._one_held = None
+        elif (tokens is not None and width > 1 and width == self._held and self._raw is not None
                 and self._run >= np.ceil(width / self._expected()[width - 1])):
             # a steady iteration of the width held: the calibration's sums (calibration)
             counts.measured_drafts = self.CALIBRATION_DECAY * counts.measured_drafts + max(tokens - 1.0, 0.0)
@@ -503,6 +560,35 @@ class _AutoWindow(_AcceptanceModel, _CostModel):
             entry["predicted_seconds"] += self._pending[2]
             entry["measured_seconds"] += seconds
         self._pending = None
+
+    def _tops(self, width: int, limit: int) -> list[int]:
+        """The widths wider than ``width`` (up to ``limit``) a served batch's trial may take: the buckets'
+        tops (``buckets``) or, without buckets, the powers of two, and ``limit``."""
+        tops = self.buckets if self.buckets is not None else tuple(2 ** k for k in range(1, self.max_width.bit_length() + 1))
+        return sorted({min(b, limit) for b in tops if width < b} | ({limit} if limit > width else set()))
+
+    def _settle(self, width: int, tokens: float) -> int:
+        """Iterations in a row at ``width`` before one counts for a served batch's calibration: ``ceil(width /
+        tokens) + SERVED_SETTLE`` (``tokens``: predicted per row and forward, taken as at least 1)."""
+        return int(np.ceil(width / max(float(tokens), 1.0))) + self.SERVED_SETTLE
+
+    def served_calibration(self) -> np.ndarray:
+        """``[max_width]`` float64: the factor a served batch's predicted drafts per forward (``E(W) - 1``)
+        are multiplied by at each width W = 1 .. max_width, in place of the one :meth:`calibration`.
+
+        A served batch's rows are at every place of their images and its widths change with its size, so
+        the acceptance model's error differs by width and is measured where it is: each width's settled
+        iterations (:meth:`_settle`; a trial's too) add their measured and predicted drafts per row (each
+        row's prediction capped by its own image end, :func:`batch_tokens`) to decayed sums
+        (:attr:`SERVED_DECAY`) that start at :attr:`SERVED_PRIOR` drafts at :meth:`calibration`; the factor
+        is their ratio within :attr:`SERVED_RANGE`. A width not measured takes the factor of the nearest
+        measured ones, interpolated in log2(W) (constant past the ends); with none measured, :meth:`calibration`."""
+        if not self._served:
+            return np.full(self.max_width, self.calibration())
+        low, high = self.SERVED_RANGE
+        widths = sorted(self._served)
+        factors = [min(max(self._served[w][0] / max(self._served[w][1], 1e-9), low), high) for w in widths]
+        return np.interp(np.log2(np.arange(1, self.max_width + 1)), np.log2(widths), factors)
 
     def summary(self) -> dict[int, dict[str, float]]:
         """Per chosen width: iterations, and the mean predicted / measured tokens per image and seconds
