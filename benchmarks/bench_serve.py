@@ -6,14 +6,17 @@ Not a test: it starts servers, loads them and prints. Run from the project root:
     python benchmarks/bench_serve.py --clients 1,16 --methods csd --duration 20   # a quick look
 
 For every decoding method (AR, SJD, CSD; window "auto") and every batching it starts one
-``csdgen serve`` process on the built-in model (its own port, ``--threads`` threads):
+``csdgen serve`` process on the built-in model (its own port, ``--threads`` threads; all of them
+first, an idle one using no CPU):
 
 * ``continuous``: ``--max-batch B`` (images join the running batch at every iteration);
 * ``one-at-a-time``: ``--max-batch 1`` (one image decodes at a time: requests one at a time);
 * ``static``: ``--batching static --max-batch B`` (a batch filled from the queue, run to its
   end, then the next);
 
-then, for every number of concurrent clients, runs the clients for ``--duration`` seconds (the
+then, for every number of concurrent clients, with the servers in turn (``--repeat R``: R rounds
+of it; this CPU's speed drifts by up to a quarter between runs minutes apart, so each cell is
+compared with its neighbours, the table's last column), runs the clients for ``--duration`` seconds (the
 clock starts when every client is ready, so each sends at least one request): each
 client sends requests of n = 1..4 images (uniform, its own random stream) back to back, a random
 class and seed each, and waits for the answer. Requests still open at the end are waited for and
@@ -386,8 +389,9 @@ def main(argv: list[str] | None = None) -> int:
                         "same requests for every method and batching: their image counts, classes and seeds); one "
                         "number, or one per --clients entry")
     p.add_argument("--repeat", type=count(1), default=1,
-                   help="closed loop: run every method and batching this many times, in turn (the machine's speed "
-                        "drifts between runs; each round's ratio over the first method compares neighbours)")
+                   help="closed loop: rounds of every cell (each round runs every client count with the methods and "
+                        "batchings in turn: the machine's speed drifts, and each cell's ratio over the first method "
+                        "compares neighbours)")
     p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")),
                    help="the server's torch threads (default $OMP_NUM_THREADS or 2)")
     p.add_argument("--check", type=int, default=4, help="fixed-window requests checked against offline per server (0: none)")
@@ -455,13 +459,21 @@ def main(argv: list[str] | None = None) -> int:
             args.json.write_text(json.dumps({"command": command, "machine": machine, "capacities": capacities,
                                              "rows": open_rows}, indent=2))
         return 0
-    for round_, method in [(r, m) for r in range(args.repeat) for m in methods]:  # in turn, round by round
-        for mode in modes:
-            proc, url = start_server(mode, method, args.max_batch, args.threads, extra)
-            try:
+    # every server starts first and stays up (an idle one waits on its queue, using no CPU); then every
+    # cell runs with the methods and batchings in turn, so that neighbouring cells share the machine's pace
+    servers: dict[tuple[str, str], str] = {}
+    procs = []
+    try:
+        for method in methods:
+            for mode in modes:
+                proc, url = start_server(mode, method, args.max_batch, args.threads, extra)
+                procs.append(proc)
+                servers[(method, mode)] = url
                 httpx.post(url + "/v1/images/generations", json={"prompt": "0", "method": method, "seed": 0},
                            timeout=3600)  # warm-up
-                for k, n_clients in enumerate(clients):
+        for round_ in range(args.repeat):
+            for k, n_clients in enumerate(clients):
+                for (method, mode), url in servers.items():
                     before = metrics(url)
                     cell = run_clients(url, n_clients, args.duration, method, num_classes, args.seed,
                                        per_client[k] if per_client else None)
@@ -473,17 +485,20 @@ def main(argv: list[str] | None = None) -> int:
                                 occupancy=rows_fed / iterations if iterations else 0.0)
                     rows.append(cell)
                     print(json.dumps(cell), flush=True)
-                if args.check and model is not None and round_ == 0:
-                    check = check_offline(url, model, method, args.check, args.seed)
-                    check.update(method=method, mode=mode)
-                    checks.append(check)
-                    print(json.dumps(check), flush=True)
-            finally:
-                proc.terminate()
-                try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        for (method, mode), url in servers.items():
+            if args.check and model is not None:
+                check = check_offline(url, model, method, args.check, args.seed)
+                check.update(method=method, mode=mode)
+                checks.append(check)
+                print(json.dumps(check), flush=True)
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
     load_end = os.getloadavg()
     machine = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, server threads {args.threads}, "
                f"load average {load_start[0]:.1f} at start, {load_end[0]:.1f} at end{'; ' + args.note if args.note else ''}")

@@ -150,3 +150,26 @@ def test_bench_serve_open_loop_reduced_run_reports_latency_and_queue_wait(tmp_pa
     assert cell["requests"] >= 1 and cell["answered"] == cell["requests"] and cell["lost"] == cell["errors"] == 0
     assert cell["images"] >= cell["requests"] and cell["p50"] <= cell["p95"] <= cell["p99"] and cell["queue_wait"] >= 0
     assert cell["occupancy"] >= 1.0
+
+
+def test_bench_serve_closed_loop_per_client_sends_the_same_requests_every_round(tmp_path):
+    from builtin_fixture import make_tiny_weights
+
+    weights = make_tiny_weights(tmp_path / "weights")
+    out = tmp_path / "closed.json"
+    run = subprocess.run(
+        [sys.executable, "benchmarks/bench_serve.py", "--clients", "1,2", "--per-client", "2,1", "--repeat", "2",
+         "--methods", "ar", "--modes", "continuous", "--check", "0", "--threads", "1", "--weights", str(weights),
+         "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-2000:] + run.stdout[-2000:]
+    import json
+
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["round"], r["clients"], r["requests"]) for r in rows] == [(0, 1, 2), (0, 2, 2), (1, 1, 2), (1, 2, 2)]
+    # the same requests in both rounds: the same images
+    assert [r["images"] for r in rows[:2]] == [r["images"] for r in rows[2:]] and all(r["errors"] == 0 for r in rows)
+    assert "| 1 | ar | continuous | 16 | 2 | 2 | " in run.stdout and "over ar |" in run.stdout, run.stdout
+    bad = subprocess.run([sys.executable, "benchmarks/bench_serve.py", "--clients", "1,2", "--per-client", "2,1,3"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--per-client 2,1,3: allowed one number, or one per --clients entry (2)" in bad.stderr
