@@ -111,15 +111,22 @@ def main(argv: list[str] | None = None) -> int:
     model = call_in_thread(load_builtin_model)
     results = []
 
+    failed: list[BaseException] = []
+
     def body() -> None:
-        if args.threads is not None:
-            set_threads(args.threads)
-        for method, window in args.configs:
-            results.append((method, window, run(model, method, window, args.clients, args.per_client, args.seed)))
+        try:
+            if args.threads is not None:
+                set_threads(args.threads)
+            for method, window in args.configs:
+                results.append((method, window, run(model, method, window, args.clients, args.per_client, args.seed)))
+        except (ValueError, RuntimeError) as exc:  # a bad method or window (the engine's message), a failed worker
+            failed.append(exc)
 
     thread = threading.Thread(target=body)
     thread.start()
     thread.join()
+    if failed:
+        p.error(str(failed[0]))
     import torch
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()

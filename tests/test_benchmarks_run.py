@@ -173,3 +173,12 @@ def test_bench_serve_closed_loop_per_client_sends_the_same_requests_every_round(
     bad = subprocess.run([sys.executable, "benchmarks/bench_serve.py", "--clients", "1,2", "--per-client", "2,1,3"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--per-client 2,1,3: allowed one number, or one per --clients entry (2)" in bad.stderr
+
+
+def test_served_closed_loop_names_a_bad_configuration():
+    bad = subprocess.run([sys.executable, "benchmarks/served_closed_loop.py", "--configs", "csd:0"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "'csd:0': allowed method:window, window an integer >= 1 or auto" in bad.stderr
+    unknown = subprocess.run([sys.executable, "benchmarks/served_closed_loop.py", "--configs", "foo:auto"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert unknown.returncode == 2 and "unknown method 'foo'" in unknown.stderr and "Traceback" not in unknown.stderr
