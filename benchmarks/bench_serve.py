@@ -419,8 +419,6 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = p.parse_known_args(argv)
     if args.weights is not None:
         extra += ["--weights", str(args.weights)]
-    if args.url:
-        return load_url(args, argv)
     clients = [int(c) for c in args.clients.split(",")]
     per_client = args.per_client
     if per_client is not None:
@@ -429,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
         if len(per_client) != len(clients):
             p.error(f"--per-client {','.join(map(str, args.per_client))}: allowed one number, or one per --clients "
                     f"entry ({len(clients)})")
+    if args.url:
+        return load_url(args, argv, clients, per_client)
     methods = args.methods.split(",")
     modes = args.modes.split(",")
     load_start = os.getloadavg()
@@ -514,17 +514,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def load_url(args, argv) -> int:
+def load_url(args, argv, clients: list[int], per_client: list[int] | None) -> int:
     """``--url``: every method and client count against the running server at ``args.url`` (no
     offline check; mean occupancy from its /metrics, which behind Ray Serve's proxy is one replica's
-    at a time, so not reported there)."""
+    at a time, so not reported there). ``clients``: the client counts; ``per_client``: the requests
+    each client sends at each of them (None: ``--duration`` seconds of load), as main resolved them."""
     label = args.modes if args.modes != ",".join(MODES) else "url"
     url, rows = args.url.rstrip("/").removesuffix("/v1"), []
-    counts = [int(c) for c in args.clients.split(",")]
-    per_client = (args.per_client * len(counts) if args.per_client and len(args.per_client) == 1 else args.per_client)
     for method in args.methods.split(","):
         httpx.post(url + "/v1/images/generations", json={"prompt": "0", "method": method, "seed": 0}, timeout=3600)
-        for k, count in enumerate(counts):
+        for k, count in enumerate(clients):
             cell = run_clients(url, count, args.duration, method, _num_classes(), args.seed,
                                per_client[k] if per_client else None)
             cell.update(method=method, mode=label, clients=count, max_batch=args.max_batch, occupancy=float("nan"))
