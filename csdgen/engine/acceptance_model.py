@@ -186,6 +186,9 @@ class _AcceptanceModel:
             self._raw = self.expected_tokens()
             self._tokens_at = (version, self.count)
         raw = self._raw if limit is None else self.ramp_tokens(self._run_width or 1, limit)
-        if getattr(self, "_served_batch", False):  # a served batch: each width its own factor
-            return 1.0 + (raw - 1.0) * self.served_calibration()
-        return 1.0 + (raw - 1.0) * self.calibration()
+        return 1.0 + (raw - 1.0) * self._factors()
+
+    def _factors(self):
+        """What :meth:`_expected` multiplies the drafts per forward by: :meth:`calibration` (a float); a
+        chooser that calibrates width by width returns ``[max_width]`` float64 factors instead."""
+        return self.calibration()

@@ -198,7 +198,6 @@ class _AutoWindow(_AcceptanceModel, _CostModel):
         self._warmed: list[int] = []  # the buckets the warm-up measured, in order (:meth:`_warm_stops`)
         self._warmed_rows: frozenset[int] = frozenset()  # the batch sizes (slots) a warm-up began at
         self._left: np.ndarray | None = None  # a served batch: each row's positions left at the last choose
-        self._served_batch = False  # choose was given remaining (a served batch: served_calibration)
         #: a served batch: width -> [measured, predicted] decayed drafts per row and forward (served_calibration)
         self._served: dict[int, list[float]] = {}
         self._image_len = 0  # a served batch: the most positions a row was seen with left (its image's length)
@@ -246,10 +245,10 @@ class _AutoWindow(_AcceptanceModel, _CostModel):
         batch bucket), which is what its time depends on."""
         self.count += 1
         if remaining is not None:  # a served batch's rows: positions left (observe's calibration)
-            self._served_batch = True
-            self._image_len = max(self._image_len, int(np.max(remaining, initial=0)))
             self._left = np.maximum(np.asarray(remaining, dtype=np.int64).reshape(-1), 1)
             self._left = self._left if self._left.size else None
+            if self._left is not None:
+                self._image_len = max(self._image_len, int(self._left.max()))
         pace = self.pace(rows)  # the log's predicted seconds are at the present pace
         hold = self._one_held
         if (hold is not None and limit >= self.max_width and hold[0] == (rows, lag, self.learned.counts.version)
@@ -532,7 +531,7 @@ class _AutoWindow(_AcceptanceModel, _CostModel):
         self._lag_kept, self._lag_pending = (self._lag_pending if width == 1 else None), None
         self._run = self._run + 1 if width == self._run_width else 1
         self._run_width = width
-        if tokens is not None and width > 1 and self._served_batch and self._raw is not None and self._left is not None:
+        if tokens is not None and width > 1 and self._served_batch and self._raw is not None:
             # a served batch: every settled iteration of any width calibrates that width (served_calibration)
             young = float((self._left > self._image_len - 2 * width).mean())
             if young <= self.SERVED_YOUNG and self._run >= self._settle(width, self._expected()[width - 1]):
@@ -560,6 +559,16 @@ class _AutoWindow(_AcceptanceModel, _CostModel):
             entry["predicted_seconds"] += self._pending[2]
             entry["measured_seconds"] += seconds
         self._pending = None
+
+    @property
+    def _served_batch(self) -> bool:
+        """Whether this chooser prices a served batch: :meth:`choose` was given its rows' positions left."""
+        return self._left is not None
+
+    def _factors(self):
+        """A served batch's drafts are scaled width by width (:meth:`served_calibration`), any other
+        batch's by the one :meth:`calibration`."""
+        return self.served_calibration() if self._served_batch else self.calibration()
 
     def _tops(self, width: int, limit: int) -> list[int]:
         """The widths wider than ``width`` (up to ``limit``) a served batch's trial may take: the buckets'
