@@ -2,7 +2,7 @@
 
 Not a test: it loads the built-in model and prints. Run from the project root:
 
-    python benchmarks/served_closed_loop.py --threads 2 --clients 1 --per-client 16 --configs ar:1,sjd:auto,sjd:16,csd:auto,csd:16
+    python benchmarks/served_closed_loop.py --threads 2 --clients 1 --per-client 4 --rounds 6 --configs ar:1,sjd:auto,csd:auto
 
 One :class:`csdgen.engine.ContinuousBatch` of 16 static slots (the server's), fed as
 ``benchmarks/bench_serve.py``'s closed loop feeds ``csdgen serve``: each of ``--clients`` clients
@@ -15,6 +15,12 @@ last image of the one before finishes. The finished images' tokens go to the ser
 the first admission to the last image encoded), its ratio over the first configuration, and the
 widths the iterations ran.
 
+With ``--rounds R`` every configuration runs ``--per-client`` requests per client in turn, R times,
+each keeping its batch (its ``auto`` state) and its clients' streams from one round to the next, as a
+running server would: each round's ratio compares configurations run next to each other in time
+(this 2-core CPU's speed drifts by up to a quarter between runs minutes apart), and the table gives
+each round's ratio and their median.
+
 The model loads in a thread that ends with the load and the batch runs on another thread
 (:mod:`csdgen.torch_threads`), as in ``csdgen serve``.
 """
@@ -26,6 +32,7 @@ import collections
 import os
 import platform
 import random
+import statistics
 import subprocess
 import sys
 import threading
@@ -50,55 +57,82 @@ def configs(text: str) -> list[tuple[str, int | str]]:
     return out
 
 
-def run(model, method: str, window, clients: int, per_client: int, seed: int) -> dict:
-    """One closed loop (module docstring); returns images, seconds, images per second and the widths run."""
-    from csdgen.engine import ContinuousBatch
-    from csdgen.serve.worker import ImageWorker, Work
+class Loop:
+    """One configuration's closed loop (module docstring): its batch, its image worker and its clients'
+    random streams, kept from one round to the next as a running server keeps them."""
 
-    batch = ContinuousBatch(model, method=method, window=window, capacity=16)
-    worker = ImageWorker(model)
-    streams = [random.Random(seed * 1000 + c) for c in range(clients)]
-    left: dict[int, int] = {}  # client -> images of its request still decoding
-    owner: dict[int, int] = {}  # batch handle -> client
-    sent = collections.Counter()
-    errors: list[Exception] = []
+    def __init__(self, model, method: str, window, clients: int, seed: int):
+        from csdgen.engine import ContinuousBatch
+        from csdgen.serve.worker import ImageWorker
 
-    def send(client: int) -> None:
-        rng = streams[client]
-        sent[client] += 1
-        n = rng.randint(1, 4)
-        image_seed = rng.randrange(2**31)
-        handles = batch.admit([rng.randrange(model.num_classes)] * n, [image_seed] * n, list(range(n)))
-        left[client] = n
-        owner.update((h, client) for h in handles)
+        self.model, self.clients = model, clients
+        self.batch = ContinuousBatch(model, method=method, window=window, capacity=16)
+        self.worker = ImageWorker(model)
+        self.streams = [random.Random(seed * 1000 + c) for c in range(clients)]
 
-    began = time.perf_counter()
-    for client in range(clients):
-        send(client)
-    images = 0
-    while left:
-        for image in batch.step():
-            worker.submit(Work(image.tokens, None, lambda png: None, errors.append))
-            client = owner.pop(image.handle)
-            left[client] -= 1
-            images += 1
-            if left[client] == 0:
-                del left[client]
-                if sent[client] < per_client:
-                    send(client)
-    unfinished = worker.close(600)
-    seconds = time.perf_counter() - began
-    if errors or unfinished:
-        raise RuntimeError(f"the image worker failed: {errors[:1]}, {len(unfinished)} unfinished")
-    widths = collections.Counter(batch.widths)
-    return {"images": images, "seconds": seconds, "images_per_second": images / seconds,
-            "widths": dict(widths.most_common(6)), "iterations": batch.iterations}
+    def round(self, per_client: int) -> dict:
+        """Each client sends ``per_client`` requests (the next ones of its stream), one at a time; returns
+        images, seconds (first admission to the last image encoded), images per second and the widths run."""
+        from csdgen.serve.worker import Work
+
+        batch, model = self.batch, self.model
+        left: dict[int, int] = {}  # client -> images of its request still decoding
+        owner: dict[int, int] = {}  # batch handle -> client
+        sent = collections.Counter()
+        errors: list[Exception] = []
+        encoded = threading.Condition()
+        counts = {"submitted": 0, "ended": 0}  # images handed to the worker; encoded or failed (under encoded)
+
+        def send(client: int) -> None:
+            rng = self.streams[client]
+            sent[client] += 1
+            n = rng.randint(1, 4)
+            image_seed = rng.randrange(2**31)
+            handles = batch.admit([rng.randrange(model.num_classes)] * n, [image_seed] * n, list(range(n)))
+            left[client] = n
+            owner.update((h, client) for h in handles)
+
+        def ended(result) -> None:  # the worker's thread: a PNG, or the exception of a failed decode
+            with encoded:
+                counts["ended"] += 1
+                if isinstance(result, Exception):
+                    errors.append(result)
+                encoded.notify()
+
+        began, start = time.perf_counter(), len(batch.widths)
+        for client in range(self.clients):
+            send(client)
+        images = 0
+        while left:
+            for image in batch.step():
+                counts["submitted"] += 1
+                self.worker.submit(Work(image.tokens, None, ended, ended))
+                client = owner.pop(image.handle)
+                left[client] -= 1
+                images += 1
+                if left[client] == 0:
+                    del left[client]
+                    if sent[client] < per_client:
+                        send(client)
+        with encoded:
+            finished = encoded.wait_for(lambda: counts["ended"] == counts["submitted"], 600)
+        if not finished or errors:
+            raise RuntimeError(f"the image worker failed: {errors[:1] or 'images not encoded in 600 s'}")
+        seconds = time.perf_counter() - began
+        return {"images": images, "seconds": seconds, "images_per_second": images / seconds,
+                "widths": collections.Counter(batch.widths[start:]), "iterations": len(batch.widths) - start}
+
+    def close(self) -> None:
+        self.worker.close(600)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--clients", type=count(1), default=1, help="concurrent clients (default 1)")
-    p.add_argument("--per-client", type=count(1), default=16, help="requests each client sends (default 16)")
+    p.add_argument("--per-client", type=count(1), default=16,
+                   help="requests each client sends in each round (default 16)")
+    p.add_argument("--rounds", type=count(1), default=1,
+                   help="rounds: every configuration runs one round in turn, keeping its batch (default 1)")
     p.add_argument("--configs", type=configs, default=configs("ar:1,sjd:auto,csd:auto"),
                    help="method:window pairs, comma-separated; the first is the baseline (default ar:1,sjd:auto,csd:auto)")
     p.add_argument("--threads", type=count(1), default=None, help="torch threads (default: torch's)")
@@ -109,18 +143,24 @@ def main(argv: list[str] | None = None) -> int:
     from csdgen.torch_threads import call_in_thread, set_threads
 
     model = call_in_thread(load_builtin_model)
-    results = []
+    results: list[list[dict]] = [[] for _ in args.configs]  # per configuration, one result per round
 
     failed: list[BaseException] = []
 
     def body() -> None:
+        loops = []
         try:
             if args.threads is not None:
                 set_threads(args.threads)
-            for method, window in args.configs:
-                results.append((method, window, run(model, method, window, args.clients, args.per_client, args.seed)))
+            loops.extend(Loop(model, method, window, args.clients, args.seed) for method, window in args.configs)
+            for _ in range(args.rounds):
+                for k, loop in enumerate(loops):
+                    results[k].append(loop.round(args.per_client))
         except (ValueError, RuntimeError) as exc:  # a bad method or window (the engine's message), a failed worker
             failed.append(exc)
+        finally:
+            for loop in loops:
+                loop.close()
 
     thread = threading.Thread(target=body)
     thread.start()
@@ -134,14 +174,26 @@ def main(argv: list[str] | None = None) -> int:
           f"(commit {commit or 'unknown'})")
     print(f"# {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, torch threads "
           f"{args.threads or torch.get_num_threads()}, load average {os.getloadavg()[0]:.2f}\n")
-    print("| method | window | images | seconds | images/s | over the first | iterations | widths run (most frequent) |")
-    print("|---|---|---|---|---|---|---|---|")
-    base = results[0][2]["images_per_second"] if results else 1.0
-    for method, window, r in results:
-        widths = ", ".join(f"{w}: {n}" for w, n in r["widths"].items())
-        print(f"| {method} | {window} | {r['images']} | {r['seconds']:.1f} | {r['images_per_second']:.3f} | "
-              f"{r['images_per_second'] / base:.2f}x | {r['iterations']} | {widths} |")
+    print(table(args.configs, results))
     return 0
+
+
+def table(configs: list[tuple[str, int | str]], results: list[list[dict]]) -> str:
+    """The markdown table: per configuration, its images and seconds over all rounds, images per second,
+    its ratio over the first configuration in each round (the rounds run in turn, so each ratio compares
+    neighbours in time: this CPU's speed drifts between runs) and their median, iterations and widths."""
+    lines = ["| method | window | images | seconds | images/s | over the first, by round | median | iterations "
+             "| widths run (most frequent) |", "|---|---|---|---|---|---|---|---|---|"]
+    for (method, window), rounds in zip(configs, results):
+        images = sum(r["images"] for r in rounds)
+        seconds = sum(r["seconds"] for r in rounds)
+        ratios = [r["images_per_second"] / b["images_per_second"] for r, b in zip(rounds, results[0])]
+        widths = sum((r["widths"] for r in rounds), collections.Counter())
+        shown = ", ".join(f"{w}: {n}" for w, n in widths.most_common(6))
+        lines.append(f"| {method} | {window} | {images} | {seconds:.1f} | {images / seconds:.3f} | "
+                     f"{', '.join(f'{x:.2f}' for x in ratios)} | {statistics.median(ratios):.2f}x | "
+                     f"{sum(r['iterations'] for r in rounds)} | {shown} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

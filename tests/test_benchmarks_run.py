@@ -182,3 +182,16 @@ def test_served_closed_loop_names_a_bad_configuration():
     unknown = subprocess.run([sys.executable, "benchmarks/served_closed_loop.py", "--configs", "foo:auto"],
                              cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert unknown.returncode == 2 and "unknown method 'foo'" in unknown.stderr and "Traceback" not in unknown.stderr
+
+
+def test_served_closed_loop_runs_the_configurations_in_turn_round_by_round():
+    run = subprocess.run([sys.executable, "benchmarks/served_closed_loop.py", "--threads", "1", "--per-client", "1",
+                          "--rounds", "2", "--configs", "ar:1,sjd:4"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    rows = [line.split(" | ") for line in run.stdout.splitlines() if line.startswith("| ar |") or line.startswith("| sjd |")]
+    assert [r[0] for r in rows] == ["| ar", "| sjd"]
+    # the same requests for both configurations (the same images), one ratio per round and their median
+    assert rows[0][2] == rows[1][2] and rows[0][5] == "1.00, 1.00" and rows[0][6] == "1.00x"
+    ratios = [float(x) for x in rows[1][5].split(", ")]
+    assert len(ratios) == 2 and abs(float(rows[1][6].rstrip("x")) - sum(ratios) / 2) <= 0.006  # both printed to 0.01
