@@ -45,6 +45,12 @@ Every check prints one line ``check NAME STATUS figures [goal: ...] (seconds, pe
   ``benchmarks/serve_replay.py``: the server's scheduler in one process, requests of n = 1..4
   images arriving as a Poisson process at 0.6 and 0.9 of the capacity (one-at-a-time throughput x
   16 slots, measured), 30 s of arrivals, continuous against static batching, CSD window auto.
+* ``serve_closed`` (figure; goal: served SJD and CSD, window auto, at least 0.97x AR's images per
+  second at every client count and 1.3x at one client): ``benchmarks/served_closed_loop.py``, the
+  server's closed loop without HTTP (its batch of 16 slots and its image worker) at 1, 4, 16 and 32
+  clients, each client's requests of n = 1..4 images one at a time, AR, SJD and CSD in turn for three
+  rounds; the median over the rounds after the first of each client count (the first compiles the
+  shapes it meets).
 * ``quant`` (figure): ms per forward (widths 1 and 32, eager engine, batch 1 guided, half the image
   cached) and weight bytes of the Janus-Pro-7B-sized random Llama in bfloat16, torchao int8
   weight-only (:func:`csdgen.models.quantize.quantize_module`) and bitsandbytes nf4 (CUDA, when
@@ -870,6 +876,34 @@ def check_serve_open(ctx: Context) -> Outcome:
                    + f"; {errors} errors", goal)
 
 
+def check_serve_closed(ctx: Context) -> Outcome:
+    """The server's closed loop without HTTP (benchmarks/served_closed_loop.py): SJD's and CSD's images per
+    second (window auto) over AR's at 1, 4, 16 and 32 clients."""
+    skip = serve_skip()
+    if skip is not None:
+        return skip
+    goal = "SJD and CSD >= 0.97x AR at every client count, >= 1.3x at 1 client"
+    if ctx.quick:
+        options = ["--clients", "1", "--per-client", "1", "--rounds", "1", "--configs", "ar:1,csd:4"]
+    else:
+        options = ["--clients", "1,4,16,32", "--per-client", "3,1,1,1", "--rounds", "3", "--configs",
+                   "ar:1,sjd:auto,csd:auto"]
+    report = run_benchmark(ctx, "served_closed_loop.py", options)
+    if isinstance(report, Outcome):
+        return report
+    cells = report["cells"]
+    ctx.record(cells=cells)
+    by_clients: dict[int, list[str]] = {}
+    for cell in cells:
+        if cell["method"] == "ar":
+            continue
+        ratios = [r["over_first"] for r in cell["rounds"]]
+        kept = ratios[1:] or ratios  # the first round of a client count compiles the shapes it meets
+        by_clients.setdefault(cell["clients"], []).append(f"{cell['method'].upper()} {statistics.median(kept):.2f}x")
+    parts = [f"{clients} client{'s' if clients > 1 else ''}: {', '.join(figures)}" for clients, figures in by_clients.items()]
+    return Outcome("INFO", "images/s over AR (auto window, median of rounds): " + "; ".join(parts), goal)
+
+
 @dataclass(frozen=True)
 class Check:
     """A check: its function, its time bound on a GPU in seconds, and whether a failure is a failed run."""
@@ -888,6 +922,7 @@ CHECKS: dict[str, Check] = {
     "forward": Check(check_forward, 180, False),  # 4 compiles of a 30-layer model
     "speedup": Check(check_speedup, 60, False),
     "serve_open": Check(check_serve_open, 150, False),
+    "serve_closed": Check(check_serve_closed, 180, False),
     "dtype": Check(check_dtype, 40, True),
     "compile": Check(check_compile, 45, False),
     "serve": Check(check_serve, 90, False),

@@ -19,7 +19,9 @@ With ``--rounds R`` every configuration runs ``--per-client`` requests per clien
 each keeping its batch (its ``auto`` state) and its clients' streams from one round to the next, as a
 running server would: each round's ratio compares configurations run next to each other in time
 (this 2-core CPU's speed drifts by up to a quarter between runs minutes apart), and the table gives
-each round's ratio and their median.
+each round's ratio and their median. ``--clients 1,4,16,32`` runs one cell per client count (each with
+its own ``--per-client``, one number or one per entry), the batches kept from one cell to the next;
+``--device cuda`` runs the model there; ``--json PATH`` writes every round's figures.
 
 The model loads in a thread that ends with the load and the batch runs on another thread
 (:mod:`csdgen.torch_threads`), as in ``csdgen serve``.
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import platform
 import random
@@ -61,18 +64,19 @@ class Loop:
     """One configuration's closed loop (module docstring): its batch, its image worker and its clients'
     random streams, kept from one round to the next as a running server keeps them."""
 
-    def __init__(self, model, method: str, window, clients: int, seed: int):
+    def __init__(self, model, method: str, window, seed: int):
         from csdgen.engine import ContinuousBatch
         from csdgen.serve.worker import ImageWorker
 
-        self.model, self.clients = model, clients
+        self.model, self.seed = model, seed
         self.batch = ContinuousBatch(model, method=method, window=window, capacity=16)
         self.worker = ImageWorker(model)
-        self.streams = [random.Random(seed * 1000 + c) for c in range(clients)]
+        self.streams: dict[tuple[int, int], random.Random] = {}  # (clients, client) -> its requests
 
-    def round(self, per_client: int) -> dict:
-        """Each client sends ``per_client`` requests (the next ones of its stream), one at a time; returns
-        images, seconds (first admission to the last image encoded), images per second and the widths run."""
+    def round(self, clients: int, per_client: int) -> dict:
+        """Each of ``clients`` clients sends ``per_client`` requests (the next ones of its stream: the
+        same for every configuration), one at a time; returns images, seconds (first admission to the
+        last image encoded), images per second, iterations and the widths run."""
         from csdgen.serve.worker import Work
 
         batch, model = self.batch, self.model
@@ -84,7 +88,8 @@ class Loop:
         counts = {"submitted": 0, "ended": 0}  # images handed to the worker; encoded or failed (under encoded)
 
         def send(client: int) -> None:
-            rng = self.streams[client]
+            key = (clients, client)
+            rng = self.streams.setdefault(key, random.Random(self.seed * 100_000 + clients * 1000 + client))
             sent[client] += 1
             n = rng.randint(1, 4)
             image_seed = rng.randrange(2**31)
@@ -100,7 +105,7 @@ class Loop:
                 encoded.notify()
 
         began, start = time.perf_counter(), len(batch.widths)
-        for client in range(self.clients):
+        for client in range(clients):
             send(client)
         images = 0
         while left:
@@ -126,25 +131,55 @@ class Loop:
         self.worker.close(600)
 
 
+def per_client_counts(text: str) -> list[int]:
+    """``--per-client``: integers >= 1, comma-separated (one, or one per ``--clients`` entry)."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed integers >= 1, comma-separated")
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
+    from csdgen.cli._options import numbers
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--clients", type=count(1), default=1, help="concurrent clients (default 1)")
-    p.add_argument("--per-client", type=count(1), default=16,
-                   help="requests each client sends in each round (default 16)")
+    p.add_argument("--clients", type=numbers(int, empty=False, check=lambda v: v >= 1, allowed="integers >= 1"),
+                   default=[1], help="concurrent clients, one number or several comma-separated, each a cell (default 1)")
+    p.add_argument("--per-client", type=per_client_counts, default=[16],
+                   help="requests each client sends in each round: one number, or one per --clients entry (default 16)")
     p.add_argument("--rounds", type=count(1), default=1,
                    help="rounds: every configuration runs one round in turn, keeping its batch (default 1)")
     p.add_argument("--configs", type=configs, default=configs("ar:1,sjd:auto,csd:auto"),
                    help="method:window pairs, comma-separated; the first is the baseline (default ar:1,sjd:auto,csd:auto)")
     p.add_argument("--threads", type=count(1), default=None, help="torch threads (default: torch's)")
+    p.add_argument("--device", default="cpu", help="where the model runs: cpu (default), cuda or cuda:N")
+    p.add_argument("--json", type=Path, default=None, help="write every figure here (JSON)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    per_client = args.per_client * len(args.clients) if len(args.per_client) == 1 else args.per_client
+    if len(per_client) != len(args.clients):
+        p.error(f"--per-client {','.join(map(str, args.per_client))}: allowed one number, or one per --clients "
+                f"entry ({len(args.clients)})")
+    if args.json is not None and not args.json.parent.is_dir():
+        p.error(f"--json {args.json}: its folder {args.json.parent} does not exist")
+
+    import torch
 
     from csdgen.models.builtin import load_builtin_model
     from csdgen.torch_threads import call_in_thread, set_threads
 
-    model = call_in_thread(load_builtin_model)
-    results: list[list[dict]] = [[] for _ in args.configs]  # per configuration, one result per round
-
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        p.error(f"--device {args.device!r}: allowed cpu, cuda or cuda:N")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: CUDA is not available here; allowed: cpu")
+    model = call_in_thread(load_builtin_model, device=device)
+    #: per client count, per configuration, one result per round
+    results = {c: [[] for _ in args.configs] for c in args.clients}
     failed: list[BaseException] = []
 
     def body() -> None:
@@ -152,10 +187,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if args.threads is not None:
                 set_threads(args.threads)
-            loops.extend(Loop(model, method, window, args.clients, args.seed) for method, window in args.configs)
-            for _ in range(args.rounds):
-                for k, loop in enumerate(loops):
-                    results[k].append(loop.round(args.per_client))
+            loops.extend(Loop(model, method, window, args.seed) for method, window in args.configs)
+            for clients, requests in zip(args.clients, per_client):
+                for _ in range(args.rounds):
+                    for k, loop in enumerate(loops):
+                        results[clients][k].append(loop.round(clients, requests))
         except (ValueError, RuntimeError) as exc:  # a bad method or window (the engine's message), a failed worker
             failed.append(exc)
         finally:
@@ -167,21 +203,35 @@ def main(argv: list[str] | None = None) -> int:
     thread.join()
     if failed:
         p.error(str(failed[0]))
-    import torch
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    print(f"# python benchmarks/served_closed_loop.py {' '.join(argv if argv is not None else sys.argv[1:])} "
-          f"(commit {commit or 'unknown'})")
-    print(f"# {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, torch threads "
-          f"{args.threads or torch.get_num_threads()}, load average {os.getloadavg()[0]:.2f}\n")
-    print(table(args.configs, results))
+    command = f"python benchmarks/served_closed_loop.py {' '.join(argv if argv is not None else sys.argv[1:])}"
+    threads = args.threads or torch.get_num_threads()
+    print(f"# {command} (commit {commit or 'unknown'})")
+    print(f"# {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, torch threads {threads}, "
+          f"device {device}, load average {os.getloadavg()[0]:.2f}\n")
+    for clients in args.clients:
+        print(f"{clients} client{'s' if clients > 1 else ''}:\n")
+        print(table(args.configs, results[clients]) + "\n")
+    if args.json is not None:
+        cells = [{"clients": clients, "method": method, "window": window,
+                  "rounds": [{**{k: v for k, v in r.items() if k != "widths"},
+                              "widths": {str(w): n for w, n in r["widths"].most_common()},
+                              "over_first": r["images_per_second"] / b["images_per_second"]}
+                             for r, b in zip(rounds, results[clients][0])]}
+                 for clients in args.clients for (method, window), rounds in zip(args.configs, results[clients])]
+        report = {"command": command, "commit": commit, "device": str(device), "threads": threads, "cells": cells}
+        partial = args.json.with_name(args.json.name + ".partial")
+        partial.write_text(json.dumps(report, indent=1))
+        os.replace(partial, args.json)  # atomic: a reader never sees half a file
     return 0
 
 
 def table(configs: list[tuple[str, int | str]], results: list[list[dict]]) -> str:
-    """The markdown table: per configuration, its images and seconds over all rounds, images per second,
-    its ratio over the first configuration in each round (the rounds run in turn, so each ratio compares
-    neighbours in time: this CPU's speed drifts between runs) and their median, iterations and widths."""
+    """The markdown table of one client count: per configuration, its images and seconds over all rounds,
+    images per second, its ratio over the first configuration in each round (the rounds run in turn, so
+    each ratio compares neighbours in time: this CPU's speed drifts between runs) and their median,
+    iterations and widths."""
     lines = ["| method | window | images | seconds | images/s | over the first, by round | median | iterations "
              "| widths run (most frequent) |", "|---|---|---|---|---|---|---|---|---|"]
     for (method, window), rounds in zip(configs, results):

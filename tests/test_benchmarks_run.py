@@ -195,3 +195,6 @@ def test_served_closed_loop_runs_the_configurations_in_turn_round_by_round():
     assert rows[0][2] == rows[1][2] and rows[0][5] == "1.00, 1.00" and rows[0][6] == "1.00x"
     ratios = [float(x) for x in rows[1][5].split(", ")]
     assert len(ratios) == 2 and abs(float(rows[1][6].rstrip("x")) - sum(ratios) / 2) <= 0.006  # both printed to 0.01
+    bad = subprocess.run([sys.executable, "benchmarks/served_closed_loop.py", "--clients", "1,4", "--per-client", "2,1,1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--per-client 2,1,1: allowed one number, or one per --clients entry (2)" in bad.stderr

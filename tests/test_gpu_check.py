@@ -126,7 +126,7 @@ def test_a_failed_or_stopped_correctness_check_fails_the_run(monkeypatch, capsys
     assert g.main(["--device", "cpu"]) == 0
 
 
-@pytest.mark.parametrize("check", ["check_serve", "check_serve_open"])
+@pytest.mark.parametrize("check", ["check_serve", "check_serve_open", "check_serve_closed"])
 def test_serve_is_skipped_in_one_line_where_the_server_cannot_be_imported(monkeypatch, check):
     g = _gpu_check()
     monkeypatch.setattr(g, "serve_missing", lambda: ["fastapi", "uvicorn"])
@@ -145,6 +145,20 @@ def test_serve_open_replays_arrivals_into_both_batchings_and_reports_their_p95(t
     cells = json.loads((tmp_path / "gpu_check.json").read_text())["checks"]["serve_open"]["details"]["cells"]
     assert [c["mode"] for c in cells] == ["continuous", "static"]
     assert cells[0]["requests"] == cells[1]["requests"] >= 1 and all(c["errors"] == 0 and c["p95"] > 0 for c in cells)
+
+
+def test_serve_closed_runs_the_closed_loop_in_turn_and_reports_speculation_over_ar(tmp_path):
+    """The closed-loop check on the CPU (reduced: one client, one request, AR against CSD at window 4):
+    benchmarks/served_closed_loop.py runs the same request under both."""
+    run = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--device", "cpu", "--quick", "--out", str(tmp_path),
+                          "--only", "serve_closed"], cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    line = next(line for line in run.stdout.splitlines() if line.startswith("check serve_closed"))
+    assert line.split()[2] == "INFO" and "1 client: CSD " in line and "goal: SJD and CSD >= 0.97x AR" in line, line
+    cells = json.loads((tmp_path / "gpu_check.json").read_text())["checks"]["serve_closed"]["details"]["cells"]
+    assert [(c["clients"], c["method"]) for c in cells] == [(1, "ar"), (1, "csd")]
+    assert cells[0]["rounds"][0]["images"] == cells[1]["rounds"][0]["images"] >= 1
+    assert cells[0]["rounds"][0]["over_first"] == 1.0 and cells[1]["rounds"][0]["over_first"] > 0
 
 
 def test_bad_arguments_are_refused_in_one_line(capsys):
