@@ -7,8 +7,9 @@ Not a test: it loads the built-in model and prints. Run from the project root:
 One :class:`csdgen.engine.ContinuousBatch` of 16 static slots (the server's), fed as
 ``benchmarks/bench_serve.py``'s closed loop feeds ``csdgen serve``: each of ``--clients`` clients
 has one request of n = 1..4 images (uniform, its own random stream: the same requests for every
-configuration) in the batch at a time and sends its next one, ``--per-client`` in all, when the
-last image of the one before finishes. The finished images' tokens go to the server's image worker
+configuration) in the server at a time and sends its next one, ``--per-client`` in all, when the
+last image of the one before finishes. As in the server, images beyond the 16 slots wait in a queue
+and join the batch, oldest first, at the next iteration boundary after a slot frees. The finished images' tokens go to the server's image worker
 (VQ decoding and PNG encoding on its own thread, :class:`csdgen.serve.worker.ImageWorker`), as in
 ``csdgen serve``. No HTTP, no JSON: the decoding engine and the worker only. Per configuration
 (``method:window``, a fixed width or ``auto``): images per second (images over the seconds from
@@ -60,6 +61,10 @@ def configs(text: str) -> list[tuple[str, int | str]]:
     return out
 
 
+#: the batch's slots: ``csdgen serve``'s default --max-batch (more images wait in its queue)
+CAPACITY = 16
+
+
 class Loop:
     """One configuration's closed loop (module docstring): its batch, its image worker and its clients'
     random streams, kept from one round to the next as a running server keeps them."""
@@ -69,7 +74,7 @@ class Loop:
         from csdgen.serve.worker import ImageWorker
 
         self.model, self.seed = model, seed
-        self.batch = ContinuousBatch(model, method=method, window=window, capacity=16)
+        self.batch = ContinuousBatch(model, method=method, window=window, capacity=CAPACITY)
         self.worker = ImageWorker(model)
         self.streams: dict[tuple[int, int], random.Random] = {}  # (clients, client) -> its requests
 
@@ -80,8 +85,9 @@ class Loop:
         from csdgen.serve.worker import Work
 
         batch, model = self.batch, self.model
-        left: dict[int, int] = {}  # client -> images of its request still decoding
+        left: dict[int, int] = {}  # client -> images of its request still waiting or decoding
         owner: dict[int, int] = {}  # batch handle -> client
+        waiting: collections.deque = collections.deque()  # (client, class, seed, image index), oldest first
         sent = collections.Counter()
         errors: list[Exception] = []
         encoded = threading.Condition()
@@ -93,9 +99,15 @@ class Loop:
             sent[client] += 1
             n = rng.randint(1, 4)
             image_seed = rng.randrange(2**31)
-            handles = batch.admit([rng.randrange(model.num_classes)] * n, [image_seed] * n, list(range(n)))
+            condition = rng.randrange(model.num_classes)
+            waiting.extend((client, condition, image_seed, i) for i in range(n))
             left[client] = n
-            owner.update((h, client) for h in handles)
+
+        def admit() -> None:  # the server's admission: the oldest waiting images, up to the free slots, one prefill
+            take = [waiting.popleft() for _ in range(min(len(waiting), CAPACITY - batch.size))]
+            if take:
+                handles = batch.admit([t[1] for t in take], [t[2] for t in take], [t[3] for t in take])
+                owner.update((h, t[0]) for h, t in zip(handles, take))
 
         def ended(result) -> None:  # the worker's thread: a PNG, or the exception of a failed decode
             with encoded:
@@ -109,6 +121,7 @@ class Loop:
             send(client)
         images = 0
         while left:
+            admit()
             for image in batch.step():
                 counts["submitted"] += 1
                 self.worker.submit(Work(image.tokens, None, ended, ended))
