@@ -3,6 +3,7 @@ someone runs it for a figure is found here instead (bench_overhead broke at batc
 began refusing an image index given twice, and nobody saw it until a figure was owed)."""
 
 import os
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -184,11 +185,15 @@ def test_served_closed_loop_names_a_bad_configuration():
     assert unknown.returncode == 2 and "unknown method 'foo'" in unknown.stderr and "Traceback" not in unknown.stderr
 
 
-def test_served_closed_loop_runs_the_configurations_in_turn_round_by_round():
+def test_served_closed_loop_runs_the_configurations_in_turn_round_by_round(tmp_path):
+    out = tmp_path / "closed.json"
     run = subprocess.run([sys.executable, "benchmarks/served_closed_loop.py", "--threads", "1", "--per-client", "1",
-                          "--rounds", "2", "--configs", "ar:1,sjd:4"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300)
+                          "--rounds", "2", "--configs", "ar:1,sjd:4", "--json", str(out)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
+    cells = json.loads(out.read_text())["cells"]  # what benchmarks/gpu_check.py's serve_closed reads
+    assert [(c["clients"], c["method"], c["window"], len(c["rounds"])) for c in cells] == [(1, "ar", 1, 2), (1, "sjd", 4, 2)]
+    assert all(r["over_first"] == 1.0 for r in cells[0]["rounds"]) and cells[1]["rounds"][0]["images"] >= 1
     rows = [line.split(" | ") for line in run.stdout.splitlines() if line.startswith("| ar |") or line.startswith("| sjd |")]
     assert [r[0] for r in rows] == ["| ar", "| sjd"]
     # the same requests for both configurations (the same images), one ratio per round and their median
