@@ -182,14 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from csdgen.models.builtin import load_builtin_model
+    from csdgen.models.dtypes import check_device
     from csdgen.torch_threads import call_in_thread, set_threads
 
     try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        p.error(f"--device {args.device!r}: allowed cpu, cuda or cuda:N")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        p.error(f"--device {args.device}: CUDA is not available here; allowed: cpu")
+        device = torch.device(check_device(args.device))
+    except ValueError as exc:
+        p.error(f"--device: {exc}")
     model = call_in_thread(load_builtin_model, device=device)
     #: per client count, per configuration, one result per round
     results = {c: [[] for _ in args.configs] for c in args.clients}
@@ -216,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     thread.join()
     if failed:
         p.error(str(failed[0]))
+    for by_config in results.values():  # each round's ratio over the first configuration's same round
+        for rounds in by_config:
+            for r, first in zip(rounds, by_config[0]):
+                r["over_first"] = r["images_per_second"] / first["images_per_second"]
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     command = f"python benchmarks/served_closed_loop.py {' '.join(argv if argv is not None else sys.argv[1:])}"
@@ -228,10 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         print(table(args.configs, results[clients]) + "\n")
     if args.json is not None:
         cells = [{"clients": clients, "method": method, "window": window,
-                  "rounds": [{**{k: v for k, v in r.items() if k != "widths"},
-                              "widths": {str(w): n for w, n in r["widths"].most_common()},
-                              "over_first": r["images_per_second"] / b["images_per_second"]}
-                             for r, b in zip(rounds, results[clients][0])]}
+                  "rounds": [{**r, "widths": {str(w): n for w, n in r["widths"].most_common()}} for r in rounds]}
                  for clients in args.clients for (method, window), rounds in zip(args.configs, results[clients])]
         report = {"command": command, "commit": commit, "device": str(device), "threads": threads, "cells": cells}
         partial = args.json.with_name(args.json.name + ".partial")
@@ -250,7 +250,7 @@ def table(configs: list[tuple[str, int | str]], results: list[list[dict]]) -> st
     for (method, window), rounds in zip(configs, results):
         images = sum(r["images"] for r in rounds)
         seconds = sum(r["seconds"] for r in rounds)
-        ratios = [r["images_per_second"] / b["images_per_second"] for r, b in zip(rounds, results[0])]
+        ratios = [r["over_first"] for r in rounds]
         widths = sum((r["widths"] for r in rounds), collections.Counter())
         shown = ", ".join(f"{w}: {n}" for w, n in widths.most_common(6))
         lines.append(f"| {method} | {window} | {images} | {seconds:.1f} | {images / seconds:.3f} | "

@@ -134,21 +134,15 @@ def test_serve_is_skipped_in_one_line_where_the_server_cannot_be_imported(monkey
     assert outcome.status == "SKIP" and outcome.line.startswith("fastapi, uvicorn cannot be imported here")
 
 
-def _quick_serve_check(tmp_path, name: str) -> tuple[str, list[dict]]:
-    """``gpu_check.py --device cpu --quick --only NAME``: its line (an INFO one) and its JSON cells."""
-    run = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--device", "cpu", "--quick", "--out", str(tmp_path),
-                          "--only", name], cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    line = next(line for line in run.stdout.splitlines() if line.startswith(f"check {name}"))
-    assert line.split()[2] == "INFO", line
-    return line, json.loads((tmp_path / "gpu_check.json").read_text())["checks"][name]["details"]["cells"]
-
-
 def test_serve_open_replays_arrivals_into_both_batchings_and_reports_their_p95(tmp_path):
     """The open-loop check on the CPU (reduced: 2 slots, 3 s of arrivals): benchmarks/serve_replay.py
     runs the server's scheduler for continuous and static batching on the same arrivals."""
-    line, cells = _quick_serve_check(tmp_path, "serve_open")
-    assert "x static's" in line and "0 errors" in line, line
+    run = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--device", "cpu", "--quick", "--out", str(tmp_path),
+                          "--only", "serve_open"], cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    line = next(line for line in run.stdout.splitlines() if line.startswith("check serve_open"))
+    assert line.split()[2] == "INFO" and "x static's" in line and "0 errors" in line, line
+    cells = json.loads((tmp_path / "gpu_check.json").read_text())["checks"]["serve_open"]["details"]["cells"]
     assert [c["mode"] for c in cells] == ["continuous", "static"]
     assert cells[0]["requests"] == cells[1]["requests"] >= 1 and all(c["errors"] == 0 and c["p95"] > 0 for c in cells)
 
