@@ -373,17 +373,32 @@ def check_offline(url: str, model, method: str, requests: int, seed: int) -> dic
             "errors": errors}
 
 
+def per_client_counts(parser: argparse.ArgumentParser, per_client: list[int], clients: list[int]) -> list[int]:
+    """``--per-client``, one count per ``--clients`` entry: a single number stands for every entry;
+    another length exits through ``parser.error`` naming both."""
+    if len(per_client) == 1:
+        return per_client * len(clients)
+    if len(per_client) != len(clients):
+        parser.error(f"--per-client {','.join(map(str, per_client))}: allowed one number, or one per --clients "
+                     f"entry ({len(clients)})")
+    return per_client
+
+
 def main(argv: list[str] | None = None) -> int:
-    from csdgen.cli._options import count, numbers, real
+    from csdgen.cli._options import METHODS, count, names_of, numbers, real
 
     positive = real(0.0, low_open=True, allowed="a number > 0")
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--clients", default="1,4,16,32", help="concurrent clients per cell (default 1,4,16,32)")
-    p.add_argument("--methods", default="ar,sjd,csd", help="decoding methods, window auto (default ar,sjd,csd)")
-    p.add_argument("--modes", default=",".join(MODES), help=f"batchings (default {','.join(MODES)})")
-    p.add_argument("--max-batch", type=int, default=16, help="--max-batch of continuous and static (default 16)")
-    p.add_argument("--duration", type=float, default=60.0, help="seconds of load per cell (default 60)")
-    p.add_argument("--per-client", type=numbers(int, empty=False, check=lambda v: v >= 1, allowed="integers >= 1"),
+    p.add_argument("--clients", type=numbers(int, empty=False, check=lambda v: v >= 1, allowed="integers >= 1"),
+                   default=[1, 4, 16, 32], help="concurrent clients per cell (default 1,4,16,32)")
+    p.add_argument("--methods", type=names_of(METHODS, "method"), default=["ar", "sjd", "csd"],
+                   help="decoding methods, window auto (default ar,sjd,csd)")
+    p.add_argument("--modes", type=names_of(MODES, "batching"), default=list(MODES),
+                   help=f"batchings (default {','.join(MODES)})")
+    p.add_argument("--max-batch", type=count(1), default=16, help="--max-batch of continuous and static (default 16)")
+    p.add_argument("--duration", type=positive, default=60.0, help="seconds of load per cell (default 60)")
+    p.add_argument("--per-client", type=numbers(int, empty=False, check=lambda v: v >= 1, allowed="integers >= 1",
+                                                distinct=False),
                    default=None,
                    help="closed loop: each client sends this many requests instead of loading for --duration (the "
                         "same requests for every method and batching: their image counts, classes and seeds); one "
@@ -419,18 +434,11 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = p.parse_known_args(argv)
     if args.weights is not None:
         extra += ["--weights", str(args.weights)]
-    clients = [int(c) for c in args.clients.split(",")]
-    per_client = args.per_client
-    if per_client is not None:
-        if len(per_client) == 1:
-            per_client = per_client * len(clients)
-        if len(per_client) != len(clients):
-            p.error(f"--per-client {','.join(map(str, args.per_client))}: allowed one number, or one per --clients "
-                    f"entry ({len(clients)})")
+    clients = args.clients
+    per_client = None if args.per_client is None else per_client_counts(p, args.per_client, clients)
     if args.url:
         return load_url(args, argv, clients, per_client)
-    methods = args.methods.split(",")
-    modes = args.modes.split(",")
+    methods, modes = args.methods, args.modes
     load_start = os.getloadavg()
     model = None
     if args.check and args.arrivals == "closed":
@@ -519,9 +527,9 @@ def load_url(args, argv, clients: list[int], per_client: list[int] | None) -> in
     offline check; mean occupancy from its /metrics, which behind Ray Serve's proxy is one replica's
     at a time, so not reported there). ``clients``: the client counts; ``per_client``: the requests
     each client sends at each of them (None: ``--duration`` seconds of load), as main resolved them."""
-    label = args.modes if args.modes != ",".join(MODES) else "url"
+    label = ",".join(args.modes) if args.modes != list(MODES) else "url"
     url, rows = args.url.rstrip("/").removesuffix("/v1"), []
-    for method in args.methods.split(","):
+    for method in args.methods:
         httpx.post(url + "/v1/images/generations", json={"prompt": "0", "method": method, "seed": 0}, timeout=3600)
         for k, count in enumerate(clients):
             cell = run_clients(url, count, args.duration, method, _num_classes(), args.seed,

@@ -45,8 +45,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from csdgen.cli._options import count  # noqa: E402  (the CLI's own argument checks)
+from bench_serve import per_client_counts  # noqa: E402  (--per-client read as the HTTP benchmark reads it)
+from csdgen.cli._options import count, numbers  # noqa: E402  (the CLI's own argument checks)
 
 
 def configs(text: str) -> list[tuple[str, int | str]]:
@@ -144,24 +146,12 @@ class Loop:
         self.worker.close(600)
 
 
-def per_client_counts(text: str) -> list[int]:
-    """``--per-client``: integers >= 1, comma-separated (one, or one per ``--clients`` entry)."""
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: allowed integers >= 1, comma-separated")
-    return values
-
-
 def main(argv: list[str] | None = None) -> int:
-    from csdgen.cli._options import numbers
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--clients", type=numbers(int, empty=False, check=lambda v: v >= 1, allowed="integers >= 1"),
                    default=[1], help="concurrent clients, one number or several comma-separated, each a cell (default 1)")
-    p.add_argument("--per-client", type=per_client_counts, default=[16],
+    p.add_argument("--per-client", type=numbers(int, empty=False, check=lambda v: v >= 1, allowed="integers >= 1",
+                                                distinct=False), default=[16],
                    help="requests each client sends in each round: one number, or one per --clients entry (default 16)")
     p.add_argument("--rounds", type=count(1), default=1,
                    help="rounds: every configuration runs one round in turn, keeping its batch (default 1)")
@@ -172,10 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="write every figure here (JSON)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    per_client = args.per_client * len(args.clients) if len(args.per_client) == 1 else args.per_client
-    if len(per_client) != len(args.clients):
-        p.error(f"--per-client {','.join(map(str, args.per_client))}: allowed one number, or one per --clients "
-                f"entry ({len(args.clients)})")
+    per_client = per_client_counts(p, args.per_client, args.clients)
     if args.json is not None and not args.json.parent.is_dir():
         p.error(f"--json {args.json}: its folder {args.json.parent} does not exist")
 

@@ -132,6 +132,30 @@ def test_bench_serve_poisson_arrivals_are_seeded_and_bounded_in_count_and_time()
         bench.poisson_arrivals(0, 10, 60.0, 7, seed=3)
 
 
+def test_bench_serve_refuses_bad_load_arguments_naming_them_and_takes_repeated_per_client_counts(capsys):
+    import pytest
+
+    bench = _bench_serve()
+    for argv, message in [(["--clients", "x"], "'x': expected comma-separated int values"),
+                          (["--clients", "0"], "value 0 is out of range; allowed: integers >= 1"),
+                          (["--methods", "csd,foo"], "unknown method 'foo'; allowed: ar, sjd, csd"),
+                          (["--modes", "bar"], "unknown batching 'bar'; allowed: continuous, one-at-a-time, static"),
+                          (["--max-batch", "0"], "--max-batch: 0: must be an integer >= 1"),
+                          (["--duration", "-1"], "--duration: '-1': allowed a number > 0"),
+                          (["--clients", "1,4", "--per-client", "4,2,1"], "--per-client 4,2,1: allowed one number, or one per --clients entry (2)")]:
+        with pytest.raises(SystemExit) as stop:
+            bench.main(argv)
+        assert stop.value.code == 2 and message in capsys.readouterr().err, argv
+    from csdgen.cli._options import numbers
+
+    assert numbers(int, distinct=False)("4,2,1,1") == [4, 2, 1, 1]  # --per-client's reading: repeats kept
+    with pytest.raises(bench.argparse.ArgumentTypeError, match="given twice"):
+        numbers(int)("4,2,1,1")  # --clients': every count once
+    parser = bench.argparse.ArgumentParser()
+    assert bench.per_client_counts(parser, [4, 2, 1, 1], [1, 4, 16, 32]) == [4, 2, 1, 1]  # a count may repeat
+    assert bench.per_client_counts(parser, [3], [1, 4]) == [3, 3]
+
+
 def test_bench_serve_open_loop_reduced_run_reports_latency_and_queue_wait(tmp_path):
     from builtin_fixture import make_tiny_weights
 

@@ -313,10 +313,11 @@ def names_of(allowed: tuple[str, ...] | list[str], what: str, empty: bool = Fals
     return parse
 
 
-def numbers(kind, empty: bool = True, what: str = "value", check=None, allowed: str = ""):
-    """Comma-separated numbers of ``kind``, none twice (an empty string = none, unless ``empty`` is
-    False: then at least one ``what`` is asked for); ``check(value)`` False (or a non-finite float)
-    refuses the value, the message saying ``allowed`` (a sweep's grid is checked before any model loads)."""
+def numbers(kind, empty: bool = True, what: str = "value", check=None, allowed: str = "", distinct: bool = True):
+    """Comma-separated numbers of ``kind``, none twice unless ``distinct`` is False (an empty string =
+    none, unless ``empty`` is False: then at least one ``what`` is asked for); ``check(value)`` False
+    (or a non-finite float) refuses the value, the message saying ``allowed`` (a sweep's grid is
+    checked before any model loads)."""
     def parse(text: str) -> list:
         try:
             values = [kind(v) for v in text.split(",") if v.strip()]
@@ -328,7 +329,8 @@ def numbers(kind, empty: bool = True, what: str = "value", check=None, allowed: 
             bad = [v for v in values if not (math.isfinite(v) and check(v))]
             if bad:
                 raise argparse.ArgumentTypeError(f"{text!r}: {what} {bad[0]!r} is out of range; allowed: {allowed}, comma-separated")
-        _repeated(values, text, "value")
+        if distinct:
+            _repeated(values, text, "value")
         return values
     parse.__name__ = f"{kind.__name__}_list"
     return parse
