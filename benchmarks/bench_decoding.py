@@ -169,7 +169,7 @@ def _method_list(text: str) -> list[str]:
     return names
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["builtin", "random"], default="builtin")
     parser.add_argument("--batches", type=_batch_list, default=[1, 2, 16], help="batch sizes (default 1,2,16)")
@@ -186,7 +186,7 @@ def main() -> None:
                         help="fewest batches each cell decodes per round (default 4), at batch sizes where --images gives fewer")
     parser.add_argument("--timing-repeats", type=count(1), default=5)
     parser.add_argument("--no-profile", action="store_true", help="skip the verify-share runs")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     per_round = {batch: max(-(-args.images // batch), args.min_batches) for batch in args.batches}
     widest = max(args.batches, key=lambda b: per_round[b] * b)
     if per_round[widest] * widest > 1000:
