@@ -16,3 +16,30 @@ def as_integer(value) -> int | None:
         return operator.index(value)
     except TypeError:
         return None
+
+
+def integers_per_image(name: str, values, count: int, low: int | None = None, high: int | None = None) -> list[int]:
+    """``values`` (argument ``name``) as one Python int per image of ``count``, each in ``low .. high``
+    where given: numpy's and torch's integers are taken (:func:`as_integer`; ``np.arange(8, 16)``).
+    ``generate``'s ``image_indices`` and ``ContinuousBatch.admit``'s ``seeds`` and ``image_indices``.
+
+    Raises:
+        ValueError: a bare value (``seeds=3`` for one image is still a list of one: the message gives
+            ``[3]``), a wrong count, or a value that is not such an integer; the message names the
+            argument, the values (the first 8 of a long list) and what is allowed.
+    """
+    images = f"{count} image{'s' * (count != 1)}"
+    bounds = ("" if low is None and high is None else f" >= {low}" if high is None
+              else f" in {low}..{high}" + (" (2**63 - 1)" if high == 2**63 - 1 else ""))
+    try:
+        given = list(values)
+    except TypeError:
+        raise ValueError(f"{name}={values!r}: allowed a list of one integer{bounds} per image ({images}), "
+                         f"e.g. [{values!r}]") from None
+    out = [as_integer(v) for v in given]
+    if len(out) != count or any(v is None or (low is not None and v < low) or (high is not None and v > high)
+                                for v in out):
+        shown = given if len(given) <= 8 else f"[{', '.join(map(str, given[:8]))}, ...]"
+        raise ValueError(f"{name}={shown} ({len(given)} value{'s' * (len(given) != 1)} for {images}): "
+                         f"allowed one integer{bounds} per image")
+    return out

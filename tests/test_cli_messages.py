@@ -102,10 +102,36 @@ def test_a_sampling_value_out_of_range_is_named_by_its_option(capsys, option, va
 
 
 @pytest.mark.parametrize("command", ["compare", "bench"])
-@pytest.mark.parametrize("methods", ["", ",,"])
-def test_empty_methods_are_refused_with_the_allowed_list(capsys, tmp_path, command, methods):
+@pytest.mark.parametrize("methods, message", [("", "no method given; allowed: ar, sjd,"),
+                                              (",,", "',,': an empty item; allowed: ar, sjd,")])
+def test_empty_methods_are_refused_with_the_allowed_list(capsys, tmp_path, command, methods, message):
     err = one_line_usage_error(capsys, command, "--methods", methods, "--out", tmp_path)
-    assert "no method given; allowed: ar, sjd," in err and "csd-coupled" in err
+    assert message in err and "csd-coupled" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["sweep", "--csd-lam", "0.5,,1"], "argument --csd-lam: '0.5,,1': an empty item; allowed: finite numbers >= 0"),
+    (["sweep", "--csd-lam", ",0.5"], "argument --csd-lam: ',0.5': an empty item; allowed: finite numbers >= 0"),
+    (["sweep", "--gsd-radius", "1, ,3"], "argument --gsd-radius: '1, ,3': an empty item; allowed: integers >= 0"),
+    (["sweep", "--windows", "16,,32"], "argument --windows: '16,,32': an empty item; allowed: integers >= 1"),
+    (["sweep", "--windows", "16,"], "argument --windows: '16,': an empty item; allowed: integers >= 1"),
+    (["sweep", "--baselines", "ar,,sjd"], "argument --baselines: 'ar,,sjd': an empty item; allowed: ar, sjd, sjd-coupled"),
+    (["sweep", "--draft-inits", "uniform,"], "argument --draft-inits: 'uniform,': an empty item; allowed: uniform, onehot"),
+    (["bench", "--methods", "ar,,csd"], "argument --methods: 'ar,,csd': an empty item; allowed: ar, sjd,"),
+    (["bench", "--seeds", "0,,1"], "argument --seeds: '0,,1': an empty item; allowed: integer seeds in 0.."),
+])
+def test_an_empty_list_item_is_refused_not_dropped(capsys, argv, message):
+    """``--csd-lam 0.5,,1`` ran as ``0.5,1`` and ``--windows 16,,32`` as ``16,32``: the user probably
+    meant a value there. An entirely empty string still means none where the option says so."""
+    with pytest.raises(SystemExit) as stop:  # the parser alone: before the fix the command would run
+        cli.build_parser().parse_known_args(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and message in err, err
+    from csdgen.cli._options import names_of, numbers
+
+    assert numbers(float)("") == numbers(float)("  ") == []
+    assert names_of(("ar", "sjd"), "baseline", empty=True)("") == []
+    assert numbers(float)(" 0.5 , 1") == [0.5, 1.0]
 
 
 @pytest.mark.parametrize("argv, twice", [

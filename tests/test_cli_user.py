@@ -298,6 +298,25 @@ def test_window_longer_than_the_image_is_clamped_with_a_note(weights, tmp_path, 
     assert json.loads((out / "record.json").read_text())["settings"]["window"] == 256
 
 
+def test_sweep_windows_longer_than_the_image_run_once_at_its_length_with_a_note(weights, tmp_path, capsys):
+    """``sweep --windows 300,400`` capped both at the 256-token image without a word and printed two rows
+    of one setting, labelled 300 and 400; now they run once, as window 256, with generate's note."""
+    out = tmp_path / "s"
+    assert run("sweep", "--weights", weights, "-n", 2, "--batch-size", 2, "--windows", "300,16,400",
+               "--csd-lam", "0.5", "--addition-c", "", "--gsd-radius", "", "--lantern-delta", "",
+               "--baselines", "", "--out", out) == 0
+    assert "csdgen: note: --windows 300,400 are longer than the image (256 tokens): using 256 once\n" in capsys.readouterr().err
+    rows = json.loads((out / "sweep.json").read_text())
+    assert [(r["method"], r["window"]) for r in rows] == [("csd", 256), ("csd", 16)]
+    from csdgen.cli._common import longer_than_image
+    from csdgen.cli.sweep import fit_windows
+
+    assert fit_windows([16, 32], 256) == [16, 32]
+    assert fit_windows([256, 300], 256) == [256]
+    assert longer_than_image([300], 256, "--windows", once=True) == \
+        "--windows 300 is longer than the image (256 tokens): using 256 once"
+
+
 def test_top_k_that_is_not_a_number_names_the_value(capsys):
     err = usage_error(capsys, "generate", "--top-k", "abc")
     assert "argument --top-k: 'abc': expected an integer >= 1, or 0 / none for no top-k" in err

@@ -251,7 +251,7 @@ def test_admit_names_a_count_mismatch_and_allows_a_repeated_seed_and_index(float
     """One seed for two images is named as such; the same (seed, image index) twice in one admission
     is allowed (two requests of a server may ask for the same image) and gives the same image twice."""
     batch = ContinuousBatch(float64_model, method="sjd", window=4, sampling=GUIDED)
-    with pytest.raises(ValueError, match=r"seeds=\[3\] \(1 value for 2 images\): allowed an integer per image"):
+    with pytest.raises(ValueError, match=r"^seeds=\[3\] \(1 value for 2 images\): allowed one integer per image$"):
         batch.admit([0, 1], [3], [0, 1])
     first, second = batch.admit([2, 2], [3, 3], [0, 0])
     done = {}
@@ -304,6 +304,26 @@ def test_admit_names_a_bare_condition_or_seed_and_the_batch_takes_a_numpy_capaci
     with pytest.raises(ValueError, match=r"^seeds=3: allowed a list of one integer per image \(1 image\), e\.g\. \[3\]$"):
         batch.admit([1], 3, [0])
     assert batch.size == 0 and len(batch.admit([1], [3], [0])) == 1
+
+
+def test_admit_checks_image_indices_as_generate_does_with_the_same_message(float64_model):
+    """admit's image_indices had a check of its own (no upper bound): an index past int64 ended in
+    'Overflow when unpacking long long', naming neither the argument nor what is allowed, where
+    generate names it. One helper (csdgen.integers.integers_per_image) now checks both."""
+    import numpy as np
+
+    batch = ContinuousBatch(float64_model, method="sjd", window=4, sampling=GUIDED)
+    for bad in ([2**63], [-1], [1.0], 5):
+        with pytest.raises(ValueError) as admitted:
+            batch.admit([1], [0], bad)
+        with pytest.raises(ValueError) as generated:
+            csdgen.generate(float64_model, [1], method="sjd", window=4, sampling=GUIDED, image_indices=bad)
+        assert str(admitted.value) == str(generated.value), bad
+        assert str(admitted.value).startswith(f"image_indices={bad!r}"), str(admitted.value)
+    with pytest.raises(ValueError, match=r"^image_indices=\[9223372036854775808\] \(1 value for 1 image\): allowed one "
+                                         r"integer in 0\.\.9223372036854775807 \(2\*\*63 - 1\) per image$"):
+        batch.admit([1], [0], [2**63])
+    assert batch.size == 0 and len(batch.admit([1], [np.int64(0)], np.array([2**63 - 1]))) == 1
 
 
 def test_a_continuous_batch_refuses_a_compile_that_is_not_a_bool_as_generate_does(float64_model):

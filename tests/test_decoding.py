@@ -407,7 +407,7 @@ def test_image_indices_take_numpy_and_torch_integers_and_name_a_bare_int(cached_
                            plain.tokens)
     with pytest.raises(ValueError, match=r"^image_indices=5: allowed a list of one integer .* \(1 image\), e\.g\. \[5\]$"):
         csdgen.generate(cached_model, [0], window=4, image_indices=5)
-    with pytest.raises(ValueError, match=r"^image_indices=\[1\.0\]: allowed one integer in 0\.\..* per image \(1 image\)$"):
+    with pytest.raises(ValueError, match=r"^image_indices=\[1\.0\] \(1 value for 1 image\): allowed one integer in 0\.\..* per image$"):
         csdgen.generate(cached_model, [0], window=4, image_indices=[1.0])
 
 

@@ -268,9 +268,17 @@ def sampling_of(args):
 def clamp_window(window: int | str, num_tokens: int) -> int | str:
     """``window`` capped at the image length, with a note when it was larger (``"auto"`` as is)."""
     if window != "auto" and window > num_tokens:
-        note(f"--window {window} is longer than the image ({num_tokens} tokens): using {num_tokens}")
+        note(longer_than_image([window], num_tokens))
         return num_tokens
     return window
+
+
+def longer_than_image(windows: list[int], num_tokens: int, option: str = "--window", once: bool = False) -> str:
+    """The note on windows capped at the image length (:func:`clamp_window`; sweep's ``--windows``, whose
+    capped windows run ``once``): ``--window 1000 is longer than the image (256 tokens): using 256``."""
+    given = ",".join(map(str, windows))
+    return (f"{option} {given} {'is' if len(windows) == 1 else 'are'} longer than the image ({num_tokens} tokens): "
+            f"using {num_tokens}{' once' if once else ''}")
 
 
 def class_items(given: list[str] | None, classes) -> list[str] | None:

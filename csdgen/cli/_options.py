@@ -209,9 +209,21 @@ def seed(text: str) -> int:
     return value
 
 
+def items(text: str, allowed: str) -> list[str]:
+    """The comma-separated items of ``text``, stripped; ``[]`` for an empty string (the callers say whether
+    none is allowed). An empty item (``0.5,,1``, ``16,``) is refused, the message saying ``allowed``: the
+    user probably meant a value there."""
+    if not text.strip():
+        return []
+    values = [v.strip() for v in text.split(",")]
+    if "" in values:
+        raise argparse.ArgumentTypeError(f"{text!r}: an empty item; allowed: {allowed}")
+    return values
+
+
 def seeds(text: str) -> list[int]:
     """Comma-separated run seeds, each in 0 .. 2**63 - 1, no repeats (a repeat would run every image twice)."""
-    values = [seed(v) for v in text.split(",") if v.strip()]
+    values = [seed(v) for v in items(text, f"integer seeds in 0..{MAX_SEED}, comma-separated")]
     repeated = sorted({v for v in values if values.count(v) > 1})
     if repeated:
         raise argparse.ArgumentTypeError(f"{text!r}: seed {repeated[0]} is given twice; allowed: distinct seeds")
@@ -267,11 +279,6 @@ def top_k(text: str) -> int:
     return value
 
 
-def names(text: str) -> list[str]:
-    """Comma-separated names (empty items dropped)."""
-    return [c.strip() for c in text.split(",") if c.strip()]
-
-
 def _repeated(values: list, text: str, what: str) -> None:
     """Refuse a value listed twice (it would run twice and print duplicate rows)."""
     repeated = [v for i, v in enumerate(values) if v in values[:i]]
@@ -301,7 +308,7 @@ def names_of(allowed: tuple[str, ...] | list[str], what: str, empty: bool = Fals
     """Comma-separated names, each one of ``allowed``, none twice (``empty``: an empty string = none,
     else an empty list is refused)."""
     def parse(text: str) -> list[str]:
-        values = names(text)
+        values = items(text, f"{', '.join(allowed)}, comma-separated")
         bad = [v for v in values if v not in allowed]
         if bad:
             raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(map(repr, bad))}; allowed: {', '.join(allowed)}")
@@ -319,8 +326,9 @@ def numbers(kind, empty: bool = True, what: str = "value", check=None, allowed: 
     (or a non-finite float) refuses the value, the message saying ``allowed`` (a sweep's grid is
     checked before any model loads)."""
     def parse(text: str) -> list:
+        given = items(text, f"{allowed or kind.__name__ + ' values'}, comma-separated")
         try:
-            values = [kind(v) for v in text.split(",") if v.strip()]
+            values = [kind(v) for v in given]
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated {kind.__name__} values") from None
         if not values and not empty:
@@ -341,9 +349,7 @@ def window_list(text: str) -> list[int]:
     at least one. ``auto`` is not swept: a sweep compares fixed windows (auto picks its width from timing)."""
     allowed = "allowed: integers >= 1, comma-separated, e.g. 16,32 (auto is not swept: a sweep compares fixed windows)"
     values = []
-    for item in (v.strip() for v in text.split(",")):
-        if not item:
-            continue
+    for item in items(text, allowed[9:]):
         try:
             value = _int(item)
         except ValueError:

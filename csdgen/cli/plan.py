@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from . import _options as opt
-from ._common import refuse_missing_cuda
+from ._common import clamp_window, refuse_missing_cuda
 
 #: the window the plan assumes when none is given: the widest ``window="auto"`` runs
 DEFAULT_NOTE = "default: the widest window='auto' runs"
@@ -91,6 +91,8 @@ def run(args) -> int:
         from csdgen.models.plan import builtin_plan
 
         model = load_builtin_model(args.weights)
+        if args.window is not None:  # generate's note on a window longer than the image
+            clamp_window(args.window, model.num_image_tokens)
         plan = builtin_plan(model, batch_size=args.batch_size, window=min(window, model.num_image_tokens - 1),
                             guided=guided, quantize=args.quantize, device=device)
     else:

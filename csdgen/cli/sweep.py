@@ -18,7 +18,7 @@ import argparse
 from csdgen.evaluation.sweep import BASELINES, SweepGrid
 
 from . import _options as opt
-from ._common import builtin_model, check_gsd_radii, print_run_line, sampling_of, writable
+from ._common import builtin_model, check_gsd_radii, longer_than_image, note, print_run_line, sampling_of, writable
 
 _GRIDS = (("csd_lam", float, "CSD lambda values"), ("csd_delta", float, "CSD delta values (one curve each)"),
           ("addition_c", float, "Addition c values"), ("gsd_radius", int, "GSD radii"),
@@ -69,6 +69,18 @@ def _grid(args) -> SweepGrid:
                      args.windows, args.draft_inits, args.baselines)
 
 
+def fit_windows(windows: list[int], num_tokens: int) -> list[int]:
+    """``--windows`` capped at the image length, as generate caps ``--window`` and with its note, each
+    width run once: ``300,400`` on a 256-token image ran twice at 256 as two rows of one setting; now
+    once, as window 256, with one note naming the windows that became it."""
+    longer = [w for w in windows if w > num_tokens]
+    if not longer:
+        return windows
+    fitted = list(dict.fromkeys(min(w, num_tokens) for w in windows))
+    note(longer_than_image(longer, num_tokens, "--windows", once=len(longer) > 1 or num_tokens in windows))
+    return fitted
+
+
 def _run_bench(args) -> int:
     """sweep = bench with one method per setting; the sweep table and frontier plot from bench's report."""
     import csv
@@ -86,11 +98,11 @@ def _run_bench(args) -> int:
         from csdgen.models.base import optional_codebook
 
         check_gsd_radii(args.gsd_radius, plan.model)
+        args.windows = fit_windows(args.windows, plan.model.num_image_tokens)
         points.extend(settings(_grid(args), optional_codebook(plan.model), entropy_unit=args.entropy_unit))
         if not points:
             raise ValueError("nothing to sweep: every grid (--csd-lam, --addition-c, ...) and --baselines is empty")
-        methods = {p.name: {**p.preset, "window": min(p.window, plan.model.num_image_tokens), **opt.engine_kwargs(args)}
-                   for p in points}
+        methods = {p.name: {**p.preset, "window": p.window, **opt.engine_kwargs(args)} for p in points}
         return dataclasses.replace(plan, methods=methods, settings={**plan.settings, "command": "sweep"})
 
     done = bench_cli.execute(bench_cli.bench_namespace(args, seeds=[args.seed], floor_seed="none", methods=["ar"],
@@ -135,6 +147,7 @@ def run(args) -> int:
     args.window = args.lam = args.delta = None  # a sweep sets these per point; filled only to validate the rest
     model, classes = builtin_model(args, spread=True)
     sampling = sampling_of(args)
+    args.windows = fit_windows(args.windows, model.num_image_tokens)
     grid = _grid(args)
     check_gsd_radii(args.gsd_radius, model)
     points = settings(grid, model.codebook_embeddings(), entropy_unit=args.entropy_unit)
@@ -143,7 +156,7 @@ def run(args) -> int:
     out = writable(args.out)
     scorer = QualityScorer(model)
     rows = []
-    jobs = [MethodJob(p.name, {**p.preset, **opt.engine_kwargs(args)}, args.seed, min(p.window, model.num_image_tokens)) for p in points]
+    jobs = [MethodJob(p.name, {**p.preset, **opt.engine_kwargs(args)}, args.seed, p.window) for p in points]
     print_run_line(args)  # the run's first line: model, device, dtype and why
     with locked_runs(model, jobs, classes, args, sampling, out, "sweep") as runs:
         for point, run_ in zip(points, runs):

@@ -42,10 +42,11 @@ from typing import Any, Sequence
 import torch
 
 from ..acceptance import AcceptanceRule
+from ..integers import integers_per_image
 from ..models.base import ImageTokenModel
 from ..sampling import SamplingConfig
 from .generation import check_conditions, check_engine, resolve_arguments
-from ..sampling import as_integer, check_seed
+from ..sampling import MAX_SEED, as_integer, check_seed
 from .loop import _Loop, _signed64
 from .results import ImageStats
 
@@ -65,24 +66,6 @@ class FinishedImage:
     handle: int
     tokens: torch.Tensor
     stats: ImageStats
-
-
-def _integers(name: str, values: Sequence[int], count: int, minimum: int | None) -> list[int]:
-    try:
-        given = list(values)
-    except TypeError:  # seeds=0 for one image: still a list of one
-        raise ValueError(f"{name}={values!r}: allowed a list of one integer per image ({count} image"
-                         f"{'s' * (count != 1)}), e.g. [{values!r}]") from None
-    values = [as_integer(v) for v in given]  # numpy's and torch's integers too
-    ok = len(values) == count and all(v is not None for v in values)
-    if ok and minimum is not None:
-        ok = all(v >= minimum for v in values)
-    if not ok:
-        values = given
-        allowed = "an integer" if minimum is None else f"an integer >= {minimum}"
-        given = f"{len(values)} value{'s' * (len(values) != 1)} for {count} image{'s' * (count != 1)}"
-        raise ValueError(f"{name}={values!r} ({given}): allowed {allowed} per image, one per condition")
-    return values
 
 
 class ContinuousBatch:
@@ -187,7 +170,7 @@ class ContinuousBatch:
             seeds: one seed per image (an integer 0 .. 2**63 - 1, as ``generate``'s ``seed``).
                 Unlike ``generate``, a seed and image index may repeat (two requests of a server
                 may ask for the same image; each image then gets the same tokens).
-            image_indices: one index >= 0 per image (``generate``'s ``image_indices``).
+            image_indices: one index in 0 .. 2**63 - 1 per image (``generate``'s ``image_indices``).
 
         Returns:
             one handle (int) per image, in order.
@@ -202,8 +185,8 @@ class ContinuousBatch:
         k = len(conditions)
         if k == 0:
             return []
-        seeds = [_signed64(check_seed(s, "seeds")) for s in _integers("seeds", seeds, k, None)]
-        indices = _integers("image_indices", image_indices, k, 0)
+        seeds = [_signed64(check_seed(s, "seeds")) for s in integers_per_image("seeds", seeds, k)]
+        indices = integers_per_image("image_indices", image_indices, k, 0, MAX_SEED)
         loop = self._loop
         if self.size and not self.admits_while_running:
             raise ValueError(f"{type(loop.session).__name__} cannot admit rows into a running batch")

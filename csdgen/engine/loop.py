@@ -10,8 +10,9 @@ import torch
 
 from ..drafting import init_drafts
 from ..guidance import guidance_at, guidance_table
+from ..integers import integers_per_image
 from ..models._static import open_engine
-from ..sampling import ENTROPY_EPS, MAX_SEED, as_integer, entropy, invalid_logits, sample, stream_uniforms, target_probs
+from ..sampling import ENTROPY_EPS, MAX_SEED, entropy, invalid_logits, sample, stream_uniforms, target_probs
 from ..transfer import to_device
 from .results import Decision, GenerationResult, ImageStats, StepInfo
 from .streams import _INIT, _KINDS, _Y
@@ -218,16 +219,7 @@ class _Loop:
     def _image_indices(self, image_indices, B: int) -> torch.Tensor:
         if image_indices is None:
             return torch.arange(B, device=self.device)
-        try:
-            given = list(image_indices)
-        except TypeError:  # image_indices=5: one index is still a list of one
-            raise ValueError(f"image_indices={image_indices!r}: allowed a list of one integer in 0..{MAX_SEED} "
-                             f"(2**63 - 1) per image ({B} image{'s' * (B != 1)}), e.g. [{image_indices!r}]") from None
-        values = [as_integer(v) for v in given]  # numpy's and torch's integers too (np.arange(8, 16))
-        if len(values) != B or not all(v is not None and 0 <= v <= MAX_SEED for v in values):
-            values = given
-            shown = values if len(values) <= 8 else f"[{', '.join(map(str, values[:8]))}, ...] ({len(values)} values)"
-            raise ValueError(f"image_indices={shown}: allowed one integer in 0..{MAX_SEED} (2**63 - 1) per image ({B} image{'s' * (B != 1)})")
+        values = integers_per_image("image_indices", image_indices, B, 0, MAX_SEED)
         twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
         if twice is not None:  # one seed and index is one random stream: the two images would share every draw
             raise ValueError(f"image_indices: index {twice} is given twice; allowed: distinct indices (images with the "
