@@ -319,6 +319,26 @@ def test_the_queue_limit_gives_429_with_retry_after(cached_model):
         assert post(server, {"prompt": "2", "seed": 3}).status_code == 200
 
 
+def test_a_request_that_would_pass_the_queue_limit_gets_429_naming_its_images_and_the_room_left(cached_model):
+    """The queue holds 1 image of at most 2: a request of 2 would pass the limit and gets 429 (the
+    queue is not full); the message says how many images it asked and how many wait (it said "the
+    queue is full: 1 images waiting")."""
+    model, running = _slow_server(cached_model, capacity=1, max_queue=2)
+    with running as server:
+        decoding = _raw_request(server, {"prompt": "0", "n": 1, "seed": 1})
+        wait_for(lambda: metric(server.url, "csdgen_batch_occupancy") == 1)
+        waiting = _raw_request(server, {"prompt": "1", "n": 1, "seed": 1})
+        wait_for(lambda: metric(server.url, "csdgen_queue_depth") == 1)
+        refused = post(server, {"prompt": "2", "n": 2, "seed": 3})
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "queue_full"
+        message = refused.json()["error"]["message"]
+        assert "n=2" in message and "1 image waiting" in message and "at most 2" in message, message
+        assert "is full" not in message, message
+        assert post(server, {"prompt": "2", "n": 1, "seed": 3}).status_code == 200  # 1 + 1 fits
+        decoding.close()
+        waiting.close()
+
+
 def test_retry_after_of_a_full_queue_is_the_queues_expected_wait(cached_model):
     """Images take about 48 forwards x 0.05 s in the batch (measured on a first request): with 2
     images decoding (capacity 2) and 2 waiting, a 429's Retry-After is about that time x 2 waiting /

@@ -186,8 +186,12 @@ class Scheduler:
             if not self.alive:
                 raise APIError(503, "the server is not serving (stopping, or its scheduler failed); retry later",
                                code="unavailable", headers={"Retry-After": "5"})
-            if self._queue and len(self._queue) + request.n > self.max_queue:
-                raise APIError(429, f"the queue is full: {len(self._queue)} images waiting, at most {self.max_queue}; "
+            waiting = len(self._queue)
+            if waiting and waiting + request.n > self.max_queue:  # the queue need not be full to refuse n images
+                alone = (f" (a request of more than {self.max_queue} images is taken only into an empty queue)"
+                         if request.n > self.max_queue else "")
+                raise APIError(429, f"n={request.n}: the queue has no room for this request's images: {waiting} "
+                                    f"image{'' if waiting == 1 else 's'} waiting, at most {self.max_queue}{alone}; "
                                     f"retry after the Retry-After seconds", code="queue_full",
                                headers={"Retry-After": str(self.retry_after())})
             self._queue.extend(_Image(job, i) for i in range(request.n))
