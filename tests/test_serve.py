@@ -678,6 +678,25 @@ def test_serve_commands_in_the_readme_and_docs_parse():
     assert found >= 3
 
 
+def test_every_field_the_server_accepts_is_in_the_docs_request_table():
+    """docs/serve.md lists a request's fields and says any other is refused: the fields the server
+    accepts are its table's and the null-only sentence's (``user`` and ``safety_identifier`` were
+    accepted but not listed)."""
+    import re
+    from pathlib import Path
+
+    from csdgen.serve.schemas import CSDGEN_FIELDS, NULL_ONLY_FIELDS, OPENAI_FIELDS
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "serve.md").read_text()
+    section = text.split("## Requests", 1)[1].split("The answer:", 1)[0]
+    table = "\n".join(line.split("|")[1] for line in section.splitlines() if line.startswith("| `"))
+    listed = set(re.findall(r"`([a-z_]+)`", table))
+    null_only = section.split("are accepted only as null", 1)[0].rsplit("\n\n", 1)[1]
+    assert set(OPENAI_FIELDS + CSDGEN_FIELDS) - listed == set()
+    assert listed - set(OPENAI_FIELDS + CSDGEN_FIELDS) == set()
+    assert set(NULL_ONLY_FIELDS) == set(re.findall(r"`([a-z_]+)`", null_only))
+
+
 def test_serve_refresh_defaults_to_the_methods_refresh_as_generate_does():
     """`csdgen serve` without --refresh leaves a request's refresh to the method's default (coupled for
     SJD and CSD), as csdgen.generate does; it used to force independent, so served images differed
