@@ -697,6 +697,37 @@ def test_every_field_the_server_accepts_is_in_the_docs_request_table():
     assert set(NULL_ONLY_FIELDS) == set(re.findall(r"`([a-z_]+)`", null_only))
 
 
+def test_a_served_model_keeps_its_familys_guidance_schedule_unless_the_server_says_constant(cached_model):
+    """A model with a guidance schedule of its own (Lumina-mGPT 2.0's ``reference_guidance``) is
+    served with it, as ``csdgen generate`` runs it: a request's image has the tokens of
+    ``csdgen.generate`` with the model's schedule (the server built every request's sampling
+    without it, and ``--guidance-schedule constant`` was accepted and ignored); with
+    ``guidance_schedule="constant"`` the scale is constant, as ``generate --guidance-schedule constant``."""
+    from csdgen.guidance import LinearGuidance
+    from csdgen.sampling import SamplingConfig
+    from csdgen.serve.schemas import parse_request
+
+    model = tiny_model(cached_model)
+    model.reference_guidance = LinearGuidance(floor=1.0)
+    body = {"prompt": "1", "seed": 5, "window": 4, "guidance_scale": 3.0, "return_tokens": True}
+    scheduled = parse_request(body, ServedModel(model, "tiny"))
+    assert scheduled.batch_kwargs["sampling"].guidance_schedule == LinearGuidance(floor=1.0)
+    assert scheduled.settings["guidance_schedule"] == {"name": "linear", "floor": 1.0}
+    constant = parse_request(body, ServedModel(model, "tiny", defaults=ServeDefaults(guidance_schedule="constant")))
+    assert constant.batch_kwargs["sampling"].guidance_schedule is None and "guidance_schedule" not in constant.settings
+    assert scheduled.key != constant.key
+    with pytest.raises(ValueError, match="guidance_schedule='wavy': allowed family, constant"):
+        ServeDefaults(guidance_schedule="wavy")
+    with BackgroundServer(create_app(ServedModel(model, "tiny"), capacity=2)) as server:
+        served = post(server, body).json()["data"][0]["csdgen"]["tokens"]
+    offline = csdgen.generate(model, ["1"], seed=5, image_indices=[0], window=4,
+                              sampling=SamplingConfig(guidance_scale=3.0, guidance_schedule=LinearGuidance(floor=1.0)))
+    flat = csdgen.generate(model, ["1"], seed=5, image_indices=[0], window=4,
+                           sampling=SamplingConfig(guidance_scale=3.0))
+    assert offline.tokens[0].tolist() != flat.tokens[0].tolist()  # the schedule changes this image
+    assert served == offline.tokens[0].tolist()
+
+
 def test_serve_refresh_defaults_to_the_methods_refresh_as_generate_does():
     """`csdgen serve` without --refresh leaves a request's refresh to the method's default (coupled for
     SJD and CSD), as csdgen.generate does; it used to force independent, so served images differed
