@@ -229,7 +229,9 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
                        f"GET /v1/models, GET /health, GET /metrics")
             code = "unknown_url"
         elif exc.status_code == 405:
+            allow = sorted(m.strip() for m in (getattr(exc, "headers", None) or {}).get("Allow", "").split(",") if m.strip())
             message = f"{request.method} is not allowed on {request.url.path}"
+            message += f"; allowed: {', '.join(allow)}" if allow else ""
             code = "method_not_allowed"
         else:
             message, code = str(exc.detail), None
