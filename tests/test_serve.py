@@ -839,3 +839,39 @@ def test_a_top_k_of_0_in_a_request_or_the_servers_defaults_means_no_top_k(cached
     with pytest.raises(APIError, match="allowed 1..") as refused:
         parse_request({"prompt": "0", "top_k": model.codebook_size + 1}, served)
     assert refused.value.status == 400
+
+
+def test_a_request_the_model_rejects_at_admission_leaves_no_image_in_the_queue(cached_model, monkeypatch):
+    """A request of 3 images at a batch of 2 that the model rejects when its images join (a 400):
+    its third image stayed in the queue and joined the next admission, failing the request queued
+    behind it (same settings) with it. Now the rejected request's images leave the queue with its
+    400, and the next request is admitted alone."""
+    import asyncio
+
+    from csdgen.serve.scheduler import Scheduler
+    from csdgen.serve.schemas import parse_request
+
+    model = tiny_model(cached_model)
+    start = model.start
+
+    def picky_start(conditions, batch_size, guided):  # the model refuses class 4 when its rows open
+        if any(int(c) == 4 for c in conditions):
+            raise ValueError("class 4 refused here")
+        return start(conditions, batch_size, guided)
+
+    model.start = picky_start
+    served = ServedModel(model, "tiny", defaults=ServeDefaults(method="ar"))
+    scheduler = Scheduler(served, capacity=2, max_queue=8)
+    monkeypatch.setattr(Scheduler, "alive", property(lambda self: True))  # its thread is not needed here
+    loop = asyncio.new_event_loop()
+    try:
+        rejected = scheduler.submit(parse_request({"prompt": "4", "n": 3, "seed": 1}, served), loop, asyncio.Queue())
+        fine = scheduler.submit(parse_request({"prompt": "1", "n": 1, "seed": 2}, served), loop, asyncio.Queue())
+        scheduler._admit(scheduler._take())  # the first 2 of the rejected request's 3 images
+        assert rejected.finished and scheduler.waiting == 1
+        take = scheduler._take()
+        assert [im.job for im in take] == [fine]
+        scheduler._admit(take)
+        assert not fine.finished and scheduler.occupancy == 1
+    finally:
+        loop.close()

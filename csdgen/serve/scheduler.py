@@ -311,8 +311,12 @@ class Scheduler:
                 sampling = take[0].job.request.batch_kwargs["sampling"]
                 message = f"guidance_scale={sampling.guidance_scale:g}, temperature={sampling.temperature:g}: {exc}"
                 param = "temperature" if sampling.temperature and abs(sampling.guidance_scale) < 1e30 else "guidance_scale"
-            for job in {id(im.job): im.job for im in take}.values():
+            rejected = {id(im.job): im.job for im in take}
+            for job in rejected.values():
                 self._fail(job, APIError(400, message, param=param, code="invalid_value"))
+            with self._cond:  # their images still waiting leave too: they would join the next admission and fail it
+                self._queue = collections.deque(im for im in self._queue if id(im.job) not in rejected)
+                self._gauges()
             return
         except Exception:
             self._admitting = [im.job for im in take]  # they fail with the batch (_fail_batch)
