@@ -319,6 +319,26 @@ def test_the_queue_limit_gives_429_with_retry_after(cached_model):
         assert post(server, {"prompt": "2", "seed": 3}).status_code == 200
 
 
+def test_a_request_that_would_pass_the_queue_limit_gets_429_naming_its_images_and_the_room_left(cached_model):
+    """The queue holds 1 image of at most 2: a request of 2 would pass the limit and gets 429 (the
+    queue is not full); the message says how many images it asked and how many wait (it said "the
+    queue is full: 1 images waiting")."""
+    model, running = _slow_server(cached_model, capacity=1, max_queue=2)
+    with running as server:
+        decoding = _raw_request(server, {"prompt": "0", "n": 1, "seed": 1})
+        wait_for(lambda: metric(server.url, "csdgen_batch_occupancy") == 1)
+        waiting = _raw_request(server, {"prompt": "1", "n": 1, "seed": 1})
+        wait_for(lambda: metric(server.url, "csdgen_queue_depth") == 1)
+        refused = post(server, {"prompt": "2", "n": 2, "seed": 3})
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "queue_full"
+        message = refused.json()["error"]["message"]
+        assert "n=2" in message and "1 image waiting" in message and "at most 2" in message, message
+        assert "is full" not in message, message
+        assert post(server, {"prompt": "2", "n": 1, "seed": 3}).status_code == 200  # 1 + 1 fits
+        decoding.close()
+        waiting.close()
+
+
 def test_retry_after_of_a_full_queue_is_the_queues_expected_wait(cached_model):
     """Images take about 48 forwards x 0.05 s in the batch (measured on a first request): with 2
     images decoding (capacity 2) and 2 waiting, a 429's Retry-After is about that time x 2 waiting /
@@ -658,6 +678,56 @@ def test_serve_commands_in_the_readme_and_docs_parse():
     assert found >= 3
 
 
+def test_every_field_the_server_accepts_is_in_the_docs_request_table():
+    """docs/serve.md lists a request's fields and says any other is refused: the fields the server
+    accepts are its table's and the null-only sentence's (``user`` and ``safety_identifier`` were
+    accepted but not listed)."""
+    import re
+    from pathlib import Path
+
+    from csdgen.serve.schemas import CSDGEN_FIELDS, NULL_ONLY_FIELDS, OPENAI_FIELDS
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "serve.md").read_text()
+    section = text.split("## Requests", 1)[1].split("The answer:", 1)[0]
+    table = "\n".join(line.split("|")[1] for line in section.splitlines() if line.startswith("| `"))
+    listed = set(re.findall(r"`([a-z_]+)`", table))
+    null_only = section.split("are accepted only as null", 1)[0].rsplit("\n\n", 1)[1]
+    assert set(OPENAI_FIELDS + CSDGEN_FIELDS) - listed == set()
+    assert listed - set(OPENAI_FIELDS + CSDGEN_FIELDS) == set()
+    assert set(NULL_ONLY_FIELDS) == set(re.findall(r"`([a-z_]+)`", null_only))
+
+
+def test_a_served_model_keeps_its_familys_guidance_schedule_unless_the_server_says_constant(cached_model):
+    """A model with a guidance schedule of its own (Lumina-mGPT 2.0's ``reference_guidance``) is
+    served with it, as ``csdgen generate`` runs it: a request's image has the tokens of
+    ``csdgen.generate`` with the model's schedule (the server built every request's sampling
+    without it, and ``--guidance-schedule constant`` was accepted and ignored); with
+    ``guidance_schedule="constant"`` the scale is constant, as ``generate --guidance-schedule constant``."""
+    from csdgen.guidance import LinearGuidance
+    from csdgen.sampling import SamplingConfig
+    from csdgen.serve.schemas import parse_request
+
+    model = tiny_model(cached_model)
+    model.reference_guidance = LinearGuidance(floor=1.0)
+    body = {"prompt": "1", "seed": 5, "window": 4, "guidance_scale": 3.0, "return_tokens": True}
+    scheduled = parse_request(body, ServedModel(model, "tiny"))
+    assert scheduled.batch_kwargs["sampling"].guidance_schedule == LinearGuidance(floor=1.0)
+    assert scheduled.settings["guidance_schedule"] == {"name": "linear", "floor": 1.0}
+    constant = parse_request(body, ServedModel(model, "tiny", defaults=ServeDefaults(guidance_schedule="constant")))
+    assert constant.batch_kwargs["sampling"].guidance_schedule is None and "guidance_schedule" not in constant.settings
+    assert scheduled.key != constant.key
+    with pytest.raises(ValueError, match="guidance_schedule='wavy': allowed family, constant"):
+        ServeDefaults(guidance_schedule="wavy")
+    with BackgroundServer(create_app(ServedModel(model, "tiny"), capacity=2)) as server:
+        served = post(server, body).json()["data"][0]["csdgen"]["tokens"]
+    offline = csdgen.generate(model, ["1"], seed=5, image_indices=[0], window=4,
+                              sampling=SamplingConfig(guidance_scale=3.0, guidance_schedule=LinearGuidance(floor=1.0)))
+    flat = csdgen.generate(model, ["1"], seed=5, image_indices=[0], window=4,
+                           sampling=SamplingConfig(guidance_scale=3.0))
+    assert offline.tokens[0].tolist() != flat.tokens[0].tolist()  # the schedule changes this image
+    assert served == offline.tokens[0].tolist()
+
+
 def test_serve_refresh_defaults_to_the_methods_refresh_as_generate_does():
     """`csdgen serve` without --refresh leaves a request's refresh to the method's default (coupled for
     SJD and CSD), as csdgen.generate does; it used to force independent, so served images differed
@@ -769,3 +839,39 @@ def test_a_top_k_of_0_in_a_request_or_the_servers_defaults_means_no_top_k(cached
     with pytest.raises(APIError, match="allowed 1..") as refused:
         parse_request({"prompt": "0", "top_k": model.codebook_size + 1}, served)
     assert refused.value.status == 400
+
+
+def test_a_request_the_model_rejects_at_admission_leaves_no_image_in_the_queue(cached_model, monkeypatch):
+    """A request of 3 images at a batch of 2 that the model rejects when its images join (a 400):
+    its third image stayed in the queue and joined the next admission, failing the request queued
+    behind it (same settings) with it. Now the rejected request's images leave the queue with its
+    400, and the next request is admitted alone."""
+    import asyncio
+
+    from csdgen.serve.scheduler import Scheduler
+    from csdgen.serve.schemas import parse_request
+
+    model = tiny_model(cached_model)
+    start = model.start
+
+    def picky_start(conditions, batch_size, guided):  # the model refuses class 4 when its rows open
+        if any(int(c) == 4 for c in conditions):
+            raise ValueError("class 4 refused here")
+        return start(conditions, batch_size, guided)
+
+    model.start = picky_start
+    served = ServedModel(model, "tiny", defaults=ServeDefaults(method="ar"))
+    scheduler = Scheduler(served, capacity=2, max_queue=8)
+    monkeypatch.setattr(Scheduler, "alive", property(lambda self: True))  # its thread is not needed here
+    loop = asyncio.new_event_loop()
+    try:
+        rejected = scheduler.submit(parse_request({"prompt": "4", "n": 3, "seed": 1}, served), loop, asyncio.Queue())
+        fine = scheduler.submit(parse_request({"prompt": "1", "n": 1, "seed": 2}, served), loop, asyncio.Queue())
+        scheduler._admit(scheduler._take())  # the first 2 of the rejected request's 3 images
+        assert rejected.finished and scheduler.waiting == 1
+        take = scheduler._take()
+        assert [im.job for im in take] == [fine]
+        scheduler._admit(take)
+        assert not fine.finished and scheduler.occupancy == 1
+    finally:
+        loop.close()

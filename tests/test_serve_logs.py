@@ -154,3 +154,35 @@ def test_an_internal_error_mid_stream_is_an_error_event_counted_and_logged_as_50
         lines = wait_for(lambda: [x for x in records.records if x.name == access_log.name], timeout=TIMEOUT)
         assert metric(server.url, "csdgen_requests_total", {"status": "500"}) == 1
     assert [x.status_code for x in lines] == [500]
+
+
+def test_a_second_ctrl_c_stops_the_server_at_once_without_a_traceback(cached_model, records):
+    """Ctrl-C twice (uvicorn's force quit) skipped the app's shutdown: asyncio then cancelled the
+    lifespan task and uvicorn logged its CancelledError traceback as an ERROR. The app's shutdown
+    (the scheduler's stop and the stop line) runs all the same, and nothing is logged as an error."""
+    import signal
+    import threading
+
+    from csdgen.serve.app import _server, bind_socket
+
+    app = create_app(ServedModel(tiny_model(cached_model), "tiny"), capacity=2)
+    ready = threading.Event()
+    server = _server(app, ready.set, "info")
+    records.attach()
+    logging.getLogger("uvicorn.error").addHandler(records)
+    sock = bind_socket("127.0.0.1", 0)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    try:
+        thread.start()
+        assert ready.wait(TIMEOUT)
+        server.handle_exit(signal.SIGINT, None)  # the signal handler's work (signals reach the main thread only)
+        server.handle_exit(signal.SIGINT, None)  # the second Ctrl-C: force quit
+        thread.join(TIMEOUT)
+        assert not thread.is_alive()
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(records)
+        sock.close()
+    errors = [r.getMessage() for r in records.records if r.levelno >= logging.ERROR]
+    assert not errors, errors
+    said = [r.getMessage() for r in records.records if r.name == log.name]
+    assert said[-1].startswith("stopped after ") and not app.state.scheduler.alive

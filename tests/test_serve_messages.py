@@ -351,3 +351,15 @@ def test_serve_health_answers_head_as_get_without_a_body(tiny_server):
     head = httpx.head(tiny_server.url + "/health", timeout=TIMEOUT)
     assert head.status_code == 200 and head.content == b""
     assert httpx.get(tiny_server.url + "/health", timeout=TIMEOUT).json()["status"] == "ok"
+
+
+def test_a_route_with_another_method_is_a_405_that_says_which_methods_it_allows(tiny_server):
+    """Every error names what is allowed (docs/serve.md); a 405 said only "GET is not allowed on
+    /v1/images/generations"."""
+    for method, path, allowed in [("GET", "/v1/images/generations", "POST"), ("POST", "/health", "GET, HEAD"),
+                                  ("DELETE", "/v1/models", "GET")]:
+        r = httpx.request(method, tiny_server.url + path, timeout=TIMEOUT)
+        assert r.status_code == 405
+        error = error_of(r)
+        assert error["code"] == "method_not_allowed"
+        assert error["message"] == f"{method} is not allowed on {path}; allowed: {allowed}", error["message"]

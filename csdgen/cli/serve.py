@@ -258,7 +258,7 @@ def _served_model(args):
                              delta=args.delta, entropy_unit=args.entropy_unit, addition_c=args.addition_c,
                              gsd_radius=args.gsd_radius, lantern_delta=args.lantern_delta, draft_init=args.draft_init,
                              refresh=args.refresh, partial_every=args.partial_every,
-                             max_images=args.max_images)
+                             max_images=args.max_images, guidance_schedule=args.guidance_schedule)
     served = ServedModel(model, args.served_name or name, aliases=aliases, defaults=defaults,
                          engine=getattr(args, "engine", "auto"), compile=getattr(args, "compile", None))
     try:  # the defaults are checked as a request would be: a bad --top-p fails here, not on every request

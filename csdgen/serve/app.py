@@ -229,7 +229,9 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
                        f"GET /v1/models, GET /health, GET /metrics")
             code = "unknown_url"
         elif exc.status_code == 405:
+            allow = sorted(m.strip() for m in (getattr(exc, "headers", None) or {}).get("Allow", "").split(",") if m.strip())
             message = f"{request.method} is not allowed on {request.url.path}"
+            message += f"; allowed: {', '.join(allow)}" if allow else ""
             code = "method_not_allowed"
         else:
             message, code = str(exc.detail), None
@@ -483,6 +485,12 @@ def _server(app, on_ready: Callable[[], None] | None, log_level: str = "warning"
             if notify is not None:  # waiting requests get 503 within the graceful period, not a cancelled task
                 notify()
             await super().shutdown(sockets=sockets)
+            done = getattr(self.lifespan, "shutdown_event", None)
+            if self.force_exit and done is not None and not done.is_set():
+                # a second Ctrl-C (uvicorn's force quit) skips the waits for connections and the app's
+                # shutdown; asyncio then cancelled the lifespan task and uvicorn logged its CancelledError
+                # traceback. The app's shutdown stops the scheduler within an iteration: it runs all the same
+                await self.lifespan.shutdown()
 
     # uvicorn's access lines are off: the image requests get csdgen's own (csdgen.serve.logs), and a
     # line per /health or /metrics poll would bury them

@@ -186,8 +186,12 @@ class Scheduler:
             if not self.alive:
                 raise APIError(503, "the server is not serving (stopping, or its scheduler failed); retry later",
                                code="unavailable", headers={"Retry-After": "5"})
-            if self._queue and len(self._queue) + request.n > self.max_queue:
-                raise APIError(429, f"the queue is full: {len(self._queue)} images waiting, at most {self.max_queue}; "
+            waiting = len(self._queue)
+            if waiting and waiting + request.n > self.max_queue:  # the queue need not be full to refuse n images
+                alone = (f" (a request of more than {self.max_queue} images is taken only into an empty queue)"
+                         if request.n > self.max_queue else "")
+                raise APIError(429, f"n={request.n}: the queue has no room for this request's images: {waiting} "
+                                    f"image{'' if waiting == 1 else 's'} waiting, at most {self.max_queue}{alone}; "
                                     f"retry after the Retry-After seconds", code="queue_full",
                                headers={"Retry-After": str(self.retry_after())})
             self._queue.extend(_Image(job, i) for i in range(request.n))
@@ -307,8 +311,12 @@ class Scheduler:
                 sampling = take[0].job.request.batch_kwargs["sampling"]
                 message = f"guidance_scale={sampling.guidance_scale:g}, temperature={sampling.temperature:g}: {exc}"
                 param = "temperature" if sampling.temperature and abs(sampling.guidance_scale) < 1e30 else "guidance_scale"
-            for job in {id(im.job): im.job for im in take}.values():
+            rejected = {id(im.job): im.job for im in take}
+            for job in rejected.values():
                 self._fail(job, APIError(400, message, param=param, code="invalid_value"))
+            with self._cond:  # their images still waiting leave too: they would join the next admission and fail it
+                self._queue = collections.deque(im for im in self._queue if id(im.job) not in rejected)
+                self._gauges()
             return
         except Exception:
             self._admitting = [im.job for im in take]  # they fail with the batch (_fail_batch)

@@ -45,6 +45,8 @@ CSDGEN_FIELDS = ("method", "window", "seed", "guidance_scale", "temperature", "t
                  "entropy_unit", "addition_c", "gsd_radius", "lantern_delta", "draft_init", "refresh", "return_tokens",
                  "partial_every")
 MAX_PROMPT_CHARS = 32_000
+#: ``ServeDefaults.guidance_schedule`` (``csdgen serve --guidance-schedule``)
+GUIDANCE_SCHEDULES = ("family", "constant")
 #: a request's seed is an integer in 0 .. 2**63 - 1 (csdgen.sampling.MAX_SEED); the default is drawn from that range
 SEED_BITS = 63
 
@@ -110,6 +112,13 @@ class ServeDefaults:
     refresh: str | None = None
     partial_every: int = 8
     max_images: int = 10
+    #: ``"family"``: the model's own guidance schedule (``model.reference_guidance``, Lumina-mGPT 2.0's),
+    #: as ``csdgen generate`` runs it; ``"constant"``: the guidance scale at every position
+    guidance_schedule: str = "family"
+
+    def __post_init__(self) -> None:
+        if self.guidance_schedule not in GUIDANCE_SCHEDULES:
+            raise ValueError(f"guidance_schedule={self.guidance_schedule!r}: allowed {', '.join(GUIDANCE_SCHEDULES)}")
 
 
 @dataclass
@@ -334,7 +343,9 @@ def parse_request(body: Any, served) -> ImageRequest:
         raise _bad("top_k", f"top_k={top_k}: allowed 1..{V} (the codebook size), or 0 / null for no top-k")
     try:
         given = {k: values[k] for k in ("guidance_scale", "temperature", "top_p") if values[k] is not None}
-        sampling = SamplingConfig(**given, top_k=top_k)
+        # the model's own guidance schedule (a server-wide setting, as generate's --guidance-schedule)
+        schedule = getattr(served.model, "reference_guidance", None) if d.guidance_schedule == "family" else None
+        sampling = SamplingConfig(**given, top_k=top_k, guidance_schedule=schedule)
     except ValueError as exc:
         message = str(exc).replace("must be None or", "must be null or")  # JSON's word
         raise _bad(_param_of(str(exc), ("guidance_scale", "temperature", "top_k", "top_p"), "guidance_scale"),
@@ -388,7 +399,7 @@ def parse_request(body: Any, served) -> ImageRequest:
     if names:  # which class "100" or "Red Apple" decoded to (answered back: revised_prompt, csdgen.class)
         label = {"class": names[condition], "class_index": int(condition)}
     key = (settings["method"], repr(rule_obj), window, draft_init, refresh, sampling.guidance_scale, sampling.temperature,
-           sampling.top_k, sampling.top_p)
+           sampling.top_k, sampling.top_p, sampling.guidance_schedule)
     batch_kwargs = {"method": rule_obj, "window": window, "sampling": sampling, "draft_init": draft_init,
                     "refresh": refresh}
     return ImageRequest(prompt=prompt, condition=condition, n=n, seed=seed, key=key, batch_kwargs=batch_kwargs,
