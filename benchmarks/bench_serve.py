@@ -34,7 +34,9 @@ image_indices=[i])`` offline (token agreement: float32 batching lets a few token
 goal is >= 99 %).
 
 ``--url URL`` loads a server already running instead (one ``csdgen serve``, or ``csdgen serve
---replicas N`` on Ray Serve), for every method and client count, without the offline check.
+--replicas N`` on Ray Serve), for every method and client count, without the offline check; the
+table's batching and max batch are the server's own, as its ``/health`` answers them, and its
+classes those of ``--weights`` (the weights the server runs).
 
 The table (Markdown) and every figure (``--json``) are printed / written at the end, with the
 command, the machine (CPU count, load average at the start and end) and the batch sizes.
@@ -414,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="write every figure here")
     p.add_argument("--note", default="", help="a line about the machine's state (e.g. 'under load')")
     p.add_argument("--url", default=None, help="load this running server instead of starting servers (any csdgen "
-                   "serve: one process, or Ray Serve replicas); --modes is then its label in the table (default url)")
+                   "serve: one process, or Ray Serve replicas); its batching and max batch are read from its /health")
     p.add_argument("--weights", type=Path, default=None,
                    help="built-in model weights folder, for the servers and the check (default: shipped with csdgen)")
     g = p.add_argument_group("open loop (--arrivals poisson; module docstring)")
@@ -527,14 +529,18 @@ def load_url(args, argv, clients: list[int], per_client: list[int] | None) -> in
     offline check; mean occupancy from its /metrics, which behind Ray Serve's proxy is one replica's
     at a time, so not reported there). ``clients``: the client counts; ``per_client``: the requests
     each client sends at each of them (None: ``--duration`` seconds of load), as main resolved them."""
-    label = ",".join(args.modes) if args.modes != list(MODES) else "url"
     url, rows = args.url.rstrip("/").removesuffix("/v1"), []
+    # the server's own batching and batch capacity (--max-batch, capped by its memory), as its /health
+    # answers them (behind Ray Serve's proxy: one replica's, every replica started alike)
+    health = httpx.get(url + "/health", timeout=60).json()
+    label = health.get("batching", "url")
     for method in args.methods:
         httpx.post(url + "/v1/images/generations", json={"prompt": "0", "method": method, "seed": 0}, timeout=3600)
         for k, count in enumerate(clients):
-            cell = run_clients(url, count, args.duration, method, _num_classes(), args.seed,
+            cell = run_clients(url, count, args.duration, method, _num_classes(args.weights), args.seed,
                                per_client[k] if per_client else None)
-            cell.update(method=method, mode=label, clients=count, max_batch=args.max_batch, occupancy=float("nan"))
+            cell.update(method=method, mode=label, clients=count, max_batch=health.get("capacity", "?"),
+                        occupancy=float("nan"))
             rows.append(cell)
             print(json.dumps(cell), flush=True)
     command = "python benchmarks/bench_serve.py " + " ".join(argv if argv is not None else sys.argv[1:])

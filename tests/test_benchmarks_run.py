@@ -162,6 +162,25 @@ def test_bench_serve_refuses_bad_load_arguments_naming_them_and_takes_repeated_p
     assert bench.per_client_counts(parser, [3], [1, 4]) == [3, 3]
 
 
+def test_bench_serve_against_a_running_server_reports_its_own_batching_and_max_batch(tmp_path, capsys):
+    """``--url``: the table's batching and max batch are the server's (its /health), not the
+    benchmark's own --modes and --max-batch defaults, and prompts are classes of --weights."""
+    from builtin_fixture import make_tiny_weights
+
+    from csdgen.models.builtin import load_builtin_model
+    from csdgen.serve import BackgroundServer, ServedModel, create_app
+
+    weights = make_tiny_weights(tmp_path / "weights")
+    bench = _bench_serve()
+    app = create_app(ServedModel(load_builtin_model(weights), "tiny"), capacity=3, batching="static")
+    with BackgroundServer(app) as server:
+        bench.main(["--url", server.url, "--clients", "1", "--per-client", "2", "--methods", "ar",
+                    "--weights", str(weights), "--json", str(tmp_path / "url.json")])
+    rows = json.loads((tmp_path / "url.json").read_text())["rows"]
+    assert [(r["mode"], r["max_batch"], r["requests"], r["errors"]) for r in rows] == [("static", 3, 2, 0)]
+    assert "| ar | static | 3 | 1 |" in capsys.readouterr().out
+
+
 def test_bench_serve_open_loop_reduced_run_reports_latency_and_queue_wait(tmp_path):
     from builtin_fixture import make_tiny_weights
 
