@@ -48,18 +48,19 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_serve import per_client_counts  # noqa: E402  (--per-client read as the HTTP benchmark reads it)
-from csdgen.cli._options import count, numbers  # noqa: E402  (the CLI's own argument checks)
+from csdgen.cli._options import METHODS, count, numbers, one_of  # noqa: E402  (the CLI's own argument checks)
 
 
 def configs(text: str) -> list[tuple[str, int | str]]:
-    """``method:window`` pairs, comma-separated (window: an integer >= 1 or ``auto``)."""
+    """``method:window`` pairs, comma-separated (method: one of csdgen's, any case; window: an integer
+    >= 1 or ``auto``), refused in one line before the model loads."""
     out = []
     for item in text.split(","):
         method, _, window = item.partition(":")
         if not method or not (window == "auto" or window.isdigit() and int(window) >= 1):
             raise argparse.ArgumentTypeError(f"{item!r}: allowed method:window, window an integer >= 1 or auto "
                                              f"(e.g. csd:auto)")
-        out.append((method, window if window == "auto" else int(window)))
+        out.append((one_of(METHODS, "method")(method), window if window == "auto" else int(window)))
     return out
 
 
