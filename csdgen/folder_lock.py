@@ -19,11 +19,42 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["FolderBusy", "folder_lock"]
+__all__ = ["FolderBusy", "folder_lock", "refuse_busy"]
 
 
 class FolderBusy(ValueError):
     """Another process holds the lock (a ValueError: the CLI prints it as one line)."""
+
+
+_WRITING = "another csdgen run writing into it now (generate, compare, sweep, save_run or bench)"
+
+
+def refuse_busy(folder: str | os.PathLike) -> None:
+    """Raise :class:`FolderBusy` now where a whole-folder run (generate, compare, sweep, save_run)
+    holds ``folder``'s lock, so that a command is refused before it loads its model; the run takes
+    the lock itself later (:func:`folder_lock`). A folder not there yet, or not readable, passes
+    (:func:`folder_lock` and the command's own checks answer for it).
+
+    The probe is a shared lock, taken and dropped at once: it does not conflict with a bench's
+    shared lock on the folder, nor hold anything afterwards.
+    """
+    try:
+        import fcntl
+    except ImportError:
+        return
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FolderBusy(f"{str(folder)!r} is in use by {_WRITING}; wait for it to finish, or choose another "
+                             f"--out") from None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 @contextmanager
@@ -52,7 +83,7 @@ def folder_lock(folder: str | os.PathLike, what: str = "csdgen run", file: str |
         try:
             fcntl.flock(folder_fd, (fcntl.LOCK_EX if file is None else fcntl.LOCK_SH) | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = ("another csdgen run writing into it now (generate, compare, sweep, save_run or bench)" if file is None
+            holder = (_WRITING if file is None
                       else "another csdgen run writing the whole folder now (generate, compare, sweep or save_run)")
             raise FolderBusy(f"{str(folder)!r} is in use by {holder}{busy}") from None
         try:

@@ -60,6 +60,7 @@ def run(args) -> int:
     from csdgen.evaluation.compare import method_presets, score_run, table_rows, to_csv, to_markdown
     from csdgen.evaluation.maps import image_grid, save_png, to_uint8
     from csdgen.evaluation.quality import QualityScorer
+    from csdgen.folder_lock import refuse_busy
     from csdgen.runs import MethodJob
     from csdgen.sampling import MAX_SEED
 
@@ -71,6 +72,7 @@ def run(args) -> int:
         return status
     if args.seed >= MAX_SEED:  # before the model loads
         raise ValueError(f"--seed {args.seed}: compare's noise floor runs AR at seed + 1; allowed: 0..{MAX_SEED - 1}")
+    refuse_busy(args.out)  # before the model loads; locked_runs takes the lock
     model, classes = builtin_model(args, fixed_window=True, spread=True)
     sampling = sampling_of(args)
     presets = method_presets(args.lam, args.delta, args.addition_c, model.codebook_embeddings(),
