@@ -96,3 +96,22 @@ def test_the_busy_probe_leaves_a_bench_folder_to_the_bench_and_holds_nothing(tmp
     refuse_busy(tmp_path)
     with folder_lock(tmp_path):  # the probe left nothing held
         pass
+
+
+@pytest.mark.parametrize("holder", [{}, {"what": "bench", "file": "records/rank0.jsonl"}], ids=["generate", "bench"])
+def test_a_bench_into_a_busy_folder_is_refused_before_the_model_loads(weights, tmp_path, capsys, monkeypatch, holder):
+    """As generate, compare and sweep: a bench (also compare or sweep with --prompts) into a folder
+    another run writes now loaded its model before its lock refused it."""
+    import csdgen.models.builtin as builtin
+    from csdgen.folder_lock import folder_lock
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded for a bench into a busy folder")
+
+    monkeypatch.setattr(builtin, "load_builtin_model", no_load)
+    out = tmp_path / "bench"
+    (out / "records").mkdir(parents=True)
+    with folder_lock(out, **holder):
+        err = cli_error(capsys, "bench", "--weights", weights, "--limit", 1, "--methods", "ar", "--window", 4,
+                        "--out", out)
+    assert "is in use by another" in err and str(out) in err
