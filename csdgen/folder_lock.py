@@ -37,15 +37,16 @@ def refuse_busy(folder: str | os.PathLike, file: str | os.PathLike | None = None
     (:func:`folder_lock`, with the same ``file``). A folder or file not there yet, or not readable,
     passes (:func:`folder_lock` and the command's own checks answer for it).
 
-    Each probe is taken and dropped at once: the folder's is a shared lock (a bench's shared lock on
-    the folder passes), the file's an exclusive one, as :func:`folder_lock` takes them.
+    Each probe is the lock :func:`folder_lock` takes, taken and dropped at once: without ``file`` an
+    exclusive lock on the folder (a bench writing there refuses it too); with ``file`` a shared one
+    on the folder (the other ranks of one torchrun pass) and an exclusive one on the file.
     """
     try:
         import fcntl
     except ImportError:
         return
     busy = "; wait for it to finish, or choose another --out"
-    probes = [(Path(folder), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0), fcntl.LOCK_SH,
+    probes = [(Path(folder), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0), fcntl.LOCK_EX if file is None else fcntl.LOCK_SH,
                _WRITING if file is None else _WHOLE)]
     if file is not None:
         probes.append((Path(folder) / file, os.O_RDONLY, fcntl.LOCK_EX, f"another {what} running now"))

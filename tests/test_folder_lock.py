@@ -87,14 +87,18 @@ def test_a_busy_folder_is_refused_before_the_model_loads(weights, tmp_path, caps
     assert "is in use by another csdgen run" in err and str(out) in err
 
 
-def test_the_busy_probe_leaves_a_bench_folder_to_the_bench_and_holds_nothing(tmp_path):
-    from csdgen.folder_lock import folder_lock, refuse_busy
+def test_the_busy_probe_refuses_what_the_lock_refuses_and_holds_nothing(tmp_path):
+    from csdgen.folder_lock import FolderBusy, folder_lock, refuse_busy
 
     refuse_busy(tmp_path / "missing")  # not there yet: free
-    with folder_lock(tmp_path, "bench", file="records/rank0.jsonl"):  # a bench's shared lock on the folder
-        refuse_busy(tmp_path)
+    with folder_lock(tmp_path, "bench", file="records/rank0.jsonl"):  # a bench, still writing
+        with pytest.raises(FolderBusy, match="in use by another csdgen run writing into it now"):
+            refuse_busy(tmp_path)  # a generate
+        with pytest.raises(FolderBusy, match="in use by another bench running now"):
+            refuse_busy(tmp_path, file="records/rank0.jsonl")  # a second bench
+        refuse_busy(tmp_path, file="records/rank1.jsonl")  # its own rank 1 shares the folder
     refuse_busy(tmp_path)
-    with folder_lock(tmp_path):  # the probe left nothing held
+    with folder_lock(tmp_path):  # the probes left nothing held
         pass
 
 
