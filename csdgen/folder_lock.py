@@ -19,11 +19,50 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["FolderBusy", "folder_lock"]
+__all__ = ["FolderBusy", "folder_lock", "refuse_busy"]
 
 
 class FolderBusy(ValueError):
     """Another process holds the lock (a ValueError: the CLI prints it as one line)."""
+
+
+_WRITING = "another csdgen run writing into it now (generate, compare, sweep, save_run or bench)"
+_WHOLE = "another csdgen run writing the whole folder now (generate, compare, sweep or save_run)"
+
+
+def refuse_busy(folder: str | os.PathLike, file: str | os.PathLike | None = None, what: str = "bench") -> None:
+    """Raise :class:`FolderBusy` now where a whole-folder run (generate, compare, sweep, save_run)
+    holds ``folder``'s lock, or, with ``file``, another ``what`` holds that file's lock, so that a
+    command is refused before it loads its model; the run takes the lock itself later
+    (:func:`folder_lock`, with the same ``file``). A folder or file not there yet, or not readable,
+    passes (:func:`folder_lock` and the command's own checks answer for it).
+
+    Each probe is the lock :func:`folder_lock` takes, taken and dropped at once: without ``file`` an
+    exclusive lock on the folder (a bench writing there refuses it too); with ``file`` a shared one
+    on the folder (the other ranks of one torchrun pass) and an exclusive one on the file.
+    """
+    try:
+        import fcntl
+    except ImportError:
+        return
+    busy = "; wait for it to finish, or choose another --out"
+    probes = [(Path(folder), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0), fcntl.LOCK_EX if file is None else fcntl.LOCK_SH,
+               _WRITING if file is None else _WHOLE)]
+    if file is not None:
+        probes.append((Path(folder) / file, os.O_RDONLY, fcntl.LOCK_EX, f"another {what} running now"))
+    for path, flags, kind, holder in probes:
+        try:
+            fd = os.open(path, flags)
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, kind | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise FolderBusy(f"{str(folder)!r} is in use by {holder}{busy}") from None
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
 
 @contextmanager
@@ -52,8 +91,7 @@ def folder_lock(folder: str | os.PathLike, what: str = "csdgen run", file: str |
         try:
             fcntl.flock(folder_fd, (fcntl.LOCK_EX if file is None else fcntl.LOCK_SH) | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = ("another csdgen run writing into it now (generate, compare, sweep, save_run or bench)" if file is None
-                      else "another csdgen run writing the whole folder now (generate, compare, sweep or save_run)")
+            holder = _WRITING if file is None else _WHOLE
             raise FolderBusy(f"{str(folder)!r} is in use by {holder}{busy}") from None
         try:
             if file is None:

@@ -157,3 +157,19 @@ def test_compare_refuses_the_last_seed_before_the_model_loads(tmp_path, capsys, 
     err = cli_error(capsys, "compare", "-n", 2, "--seed", MAX_SEED, "--out", tmp_path / "c")
     assert f"--seed {MAX_SEED}: compare's noise floor runs AR at seed + 1; allowed: 0..{MAX_SEED - 1}" in err
     assert not (tmp_path / "c").exists()
+
+
+def test_compare_help_and_docs_give_the_seeds_compare_takes():
+    """compare --help said "run seed, 0..2**63 - 1" and docs/cli.md "--seed + 1, whatever --seed is",
+    but compare refuses 2**63 - 1 (its ar-seed2 row runs at seed + 1); both now say 0..2**63 - 2."""
+    import argparse
+
+    from csdgen.cli._options import MAX_SEED
+
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {name: next(a.help for a in sub.choices[name]._actions if a.dest == "seed") for name in ("compare", "generate")}
+    assert f"0..{MAX_SEED - 1}" in helps["compare"] and f"0..{MAX_SEED}" not in helps["compare"]
+    assert f"0..{MAX_SEED}" in helps["generate"]
+    doc = " ".join((Path(__file__).parents[1] / "docs" / "cli.md").read_text().split())
+    assert "whatever `--seed` is" not in doc and "compare takes seeds up to 2^63 - 2" in doc

@@ -67,3 +67,55 @@ def test_generate_and_bench_into_one_folder_refuse_each_other(weights, tmp_path,
         err = cli_error(capsys, "bench", "--weights", weights, "--limit", 1, "--methods", "ar", "--floor-seed", "none",
                         "--window", 4, "--out", out)
         assert "is in use by another csdgen run writing the whole folder now" in err, err
+
+
+@pytest.mark.parametrize("command", ["generate", "compare", "sweep"])
+def test_a_busy_folder_is_refused_before_the_model_loads(weights, tmp_path, capsys, monkeypatch, command):
+    """The lock was first taken when the run started writing, after the model had loaded: a second
+    command into a busy folder loaded its model (seconds for the built-in model, the whole checkpoint
+    with --model) before being refused. It is now refused before any weight is read."""
+    import csdgen.models.builtin as builtin
+    from csdgen.folder_lock import folder_lock
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded for a run into a busy folder")
+
+    monkeypatch.setattr(builtin, "load_builtin_model", no_load)
+    out = tmp_path / "out"
+    with folder_lock(out, "csdgen generate"):  # the first run, still writing
+        err = cli_error(capsys, command, "--weights", weights, "-n", 2, "--out", out)
+    assert "is in use by another csdgen run" in err and str(out) in err
+
+
+def test_the_busy_probe_refuses_what_the_lock_refuses_and_holds_nothing(tmp_path):
+    from csdgen.folder_lock import FolderBusy, folder_lock, refuse_busy
+
+    refuse_busy(tmp_path / "missing")  # not there yet: free
+    with folder_lock(tmp_path, "bench", file="records/rank0.jsonl"):  # a bench, still writing
+        with pytest.raises(FolderBusy, match="in use by another csdgen run writing into it now"):
+            refuse_busy(tmp_path)  # a generate
+        with pytest.raises(FolderBusy, match="in use by another bench running now"):
+            refuse_busy(tmp_path, file="records/rank0.jsonl")  # a second bench
+        refuse_busy(tmp_path, file="records/rank1.jsonl")  # its own rank 1 shares the folder
+    refuse_busy(tmp_path)
+    with folder_lock(tmp_path):  # the probes left nothing held
+        pass
+
+
+@pytest.mark.parametrize("holder", [{}, {"what": "bench", "file": "records/rank0.jsonl"}], ids=["generate", "bench"])
+def test_a_bench_into_a_busy_folder_is_refused_before_the_model_loads(weights, tmp_path, capsys, monkeypatch, holder):
+    """As generate, compare and sweep: a bench (also compare or sweep with --prompts) into a folder
+    another run writes now loaded its model before its lock refused it."""
+    import csdgen.models.builtin as builtin
+    from csdgen.folder_lock import folder_lock
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded for a bench into a busy folder")
+
+    monkeypatch.setattr(builtin, "load_builtin_model", no_load)
+    out = tmp_path / "bench"
+    (out / "records").mkdir(parents=True)
+    with folder_lock(out, **holder):
+        err = cli_error(capsys, "bench", "--weights", weights, "--limit", 1, "--methods", "ar", "--window", 4,
+                        "--out", out)
+    assert "is in use by another" in err and str(out) in err

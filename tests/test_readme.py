@@ -257,3 +257,16 @@ def test_fixed_window_across_batch_sizes_holds_what_the_readme_says():
     assert "bit-identical images for any `--batch-size`" not in readme
     assert "summation order" in readme and "same batch size" in readme
     assert "same images for any --batch-size" not in " ".join(cli_help_of("generate").split())
+
+
+def test_docs_name_each_sweep_grid_option_with_its_default():
+    """docs/cli.md named none of sweep's grid options (--csd-lam, ..., --windows) nor its window 16,
+    so a reader of "compare uses window 32" could not tell that sweep's CSD rows run at 16; each is
+    named with the default the parser has."""
+    args = cli.build_parser().parse_args(["sweep"])
+    doc = " ".join(CLI_DOC.split())
+    for option in ("--csd-lam", "--csd-delta", "--addition-c", "--gsd-radius", "--lantern-delta", "--windows",
+                   "--draft-inits", "--baselines"):
+        default = ",".join(str(v) for v in getattr(args, option[2:].replace("-", "_")))
+        assert f"`{option}` ({default}" in doc, (option, default)
+    assert f"`sweep` runs at `--windows {','.join(map(str, args.windows))}`" in doc

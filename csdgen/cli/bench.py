@@ -391,12 +391,15 @@ def execute(args, adjust=None, title: str = "csdgen bench"):
     from tqdm import tqdm
 
     from csdgen import bench
+    from csdgen.folder_lock import refuse_busy
 
     _floor(args)  # bad seeds fail before the model loads
     _check_score_files(args)  # and missing CLIP / FID files
     device_type = args.device or ("cuda" if args.model != "builtin" and torch.cuda.is_available() else "cpu")
     refuse_missing_cuda(device_type)
     rank, world, local = bench.distributed(device_type)
+    # a folder another run writes now is refused before the model loads (run_shard takes the lock)
+    refuse_busy(args.out, file=f"{bench.RECORDS_DIR}/rank{rank}.jsonl", what=f"bench (its process of rank {rank})")
     try:
         device = f"cuda:{local}" if device_type == "cuda" else "cpu"
         plan = _builtin_plan(args, device) if args.model == "builtin" else _model_plan(args, device)

@@ -27,7 +27,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                    "cached run_<method>.json/.safetensors per method into --out. With --model and/or "
                                    "--prompts it runs as csdgen bench with these methods (records, resume, report.md) "
                                    "and writes its table as compare.md and compare.csv.")
-    opt.add_builtin_model(p, n_default="64", batch_default=16, out_default="compare", n_minimum=2, spread=True)
+    opt.add_builtin_model(p, n_default="64", batch_default=16, out_default="compare", n_minimum=2, spread=True,
+                          seed_help=f"0..{opt.MAX_SEED - 1}: the noise floor row ar-seed2 runs AR at seed + 1")
     p.add_argument("--methods", type=opt.names_of(COMPARE_METHODS, "method"), default=None,
                    help=f"comma-separated, of {','.join(COMPARE_METHODS)} (default: all; ar is always run)")
     opt.add_method_options(p, fixed_window=True)
@@ -60,6 +61,7 @@ def run(args) -> int:
     from csdgen.evaluation.compare import method_presets, score_run, table_rows, to_csv, to_markdown
     from csdgen.evaluation.maps import image_grid, save_png, to_uint8
     from csdgen.evaluation.quality import QualityScorer
+    from csdgen.folder_lock import refuse_busy
     from csdgen.runs import MethodJob
     from csdgen.sampling import MAX_SEED
 
@@ -71,6 +73,7 @@ def run(args) -> int:
         return status
     if args.seed >= MAX_SEED:  # before the model loads
         raise ValueError(f"--seed {args.seed}: compare's noise floor runs AR at seed + 1; allowed: 0..{MAX_SEED - 1}")
+    refuse_busy(args.out)  # before the model loads; locked_runs takes the lock
     model, classes = builtin_model(args, fixed_window=True, spread=True)
     sampling = sampling_of(args)
     presets = method_presets(args.lam, args.delta, args.addition_c, model.codebook_embeddings(),

@@ -234,8 +234,10 @@ def run(args) -> int:
 
     from tqdm import tqdm
 
+    from csdgen.folder_lock import refuse_busy
     from csdgen.runs import run_plan
 
+    refuse_busy(args.out)  # before the model loads; run_plan takes the lock
     plan, batch_size = model_job(args) if args.model is not None else builtin_job(args)
     out = writable(args.out)
     N = plan.model.num_image_tokens
