@@ -31,42 +31,18 @@ _WHOLE = "another csdgen run writing the whole folder now (generate, compare, sw
 
 
 def refuse_busy(folder: str | os.PathLike, file: str | os.PathLike | None = None, what: str = "bench") -> None:
-    """Raise :class:`FolderBusy` now where a whole-folder run (generate, compare, sweep, save_run)
-    holds ``folder``'s lock, or, with ``file``, another ``what`` holds that file's lock, so that a
-    command is refused before it loads its model; the run takes the lock itself later
-    (:func:`folder_lock`, with the same ``file``). A folder or file not there yet, or not readable,
-    passes (:func:`folder_lock` and the command's own checks answer for it).
-
-    Each probe is the lock :func:`folder_lock` takes, taken and dropped at once: without ``file`` an
-    exclusive lock on the folder (a bench writing there refuses it too); with ``file`` a shared one
-    on the folder (the other ranks of one torchrun pass) and an exclusive one on the file.
+    """Raise :class:`FolderBusy` now where :func:`folder_lock` with the same arguments would be
+    refused, so that a command is refused before it loads its model (the run takes the lock itself
+    later). The locks are taken and dropped at once; nothing is created: a folder or file not there
+    yet passes (no run can hold it).
     """
-    try:
-        import fcntl
-    except ImportError:
-        return
-    busy = "; wait for it to finish, or choose another --out"
-    probes = [(Path(folder), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0), fcntl.LOCK_EX if file is None else fcntl.LOCK_SH,
-               _WRITING if file is None else _WHOLE)]
-    if file is not None:
-        probes.append((Path(folder) / file, os.O_RDONLY, fcntl.LOCK_EX, f"another {what} running now"))
-    for path, flags, kind, holder in probes:
-        try:
-            fd = os.open(path, flags)
-        except OSError:
-            continue
-        try:
-            try:
-                fcntl.flock(fd, kind | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise FolderBusy(f"{str(folder)!r} is in use by {holder}{busy}") from None
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
+    with folder_lock(folder, what, file, create=False):
+        pass
 
 
 @contextmanager
-def folder_lock(folder: str | os.PathLike, what: str = "csdgen run", file: str | os.PathLike | None = None) -> Iterator[None]:
+def folder_lock(folder: str | os.PathLike, what: str = "csdgen run", file: str | os.PathLike | None = None, *,
+                create: bool = True) -> Iterator[None]:
     """Hold an exclusive lock on ``folder`` (or on ``file`` inside it) for the ``with`` block.
 
     Args:
@@ -74,6 +50,8 @@ def folder_lock(folder: str | os.PathLike, what: str = "csdgen run", file: str |
         what: what runs there, for the message (e.g. ``"csdgen generate"``).
         file: lock this file (created, opened for appending, never truncated) and hold a shared lock
             on the folder: processes locking other files share the folder, a whole-folder lock excludes them.
+        create: False: create nothing; a folder or file that is not there is not locked
+            (:func:`refuse_busy`'s probe).
 
     Raises:
         FolderBusy: another process holds the lock (naming the folder).
@@ -84,9 +62,16 @@ def folder_lock(folder: str | os.PathLike, what: str = "csdgen run", file: str |
         yield
         return
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    if create:
+        folder.mkdir(parents=True, exist_ok=True)
     busy = "; wait for it to finish, or choose another --out"
-    folder_fd = os.open(folder, os.O_RDONLY)
+    try:
+        folder_fd = os.open(folder, os.O_RDONLY | (0 if create else getattr(os, "O_DIRECTORY", 0)))
+    except OSError:
+        if create:
+            raise
+        yield  # not there, not a folder or not readable: no run holds it; the command's own checks answer
+        return
     try:
         try:
             fcntl.flock(folder_fd, (fcntl.LOCK_EX if file is None else fcntl.LOCK_SH) | fcntl.LOCK_NB)
@@ -97,8 +82,15 @@ def folder_lock(folder: str | os.PathLike, what: str = "csdgen run", file: str |
             if file is None:
                 yield
                 return
-            (folder / file).parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(folder / file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            if create:
+                (folder / file).parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(folder / file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            else:
+                try:
+                    fd = os.open(folder / file, os.O_RDONLY)
+                except OSError:  # not there yet: no run holds it
+                    yield
+                    return
             try:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
