@@ -57,7 +57,8 @@ from csdgen.sampling import SamplingConfig
 
 
 def load_model(kind: str):
-    """The built-in model, or a random Llama of the same size (``--model random``)."""
+    """The built-in model, or a random Llama of about its size (``--model random``: 8 layers against its 10,
+    MLP width 512 against its 768; the same hidden size, codebook and grid)."""
     if kind == "builtin":
         from csdgen.models.builtin import load_builtin_model
 
@@ -68,7 +69,7 @@ def load_model(kind: str):
                                          num_heads=8)
     with torch.no_grad():
         model.backbone.lm_head.weight.mul_(4.0)
-    return model, "random Llama (8 layers, hidden 256, V 1024, 1911 classes, 16x16: the built-in model's shapes)"
+    return model, "random Llama (8 layers, hidden 256, V 1024, 1911 classes, 16x16; the built-in model has 10 layers)"
 
 
 def forward_times(model, batch: int, widths: list[int], sampling: SamplingConfig, repeats: int) -> dict[int, float]:

@@ -6,7 +6,7 @@ Not a test. From the project root (one torch thread unless --threads):
     python benchmarks/engine_agreement.py --dtype bfloat16 --seeds 0,1
 
 Per seed and class set (the classes of ``ClassNames.spread`` from offsets 0, 8, 16, ... and the
-set [0, 1, 955, 1910] padded with the next spread classes), three runs of ``csdgen.generate``
+set [0, 1, C // 2, C - 1] of the model's C classes padded with the next spread classes), three runs of ``csdgen.generate``
 with ``image_indices`` 0..7: eager engine at batch 8, static engine at batch 8, and the static
 engine at batch 1 (each image alone, its own image index). It prints one line per comparison
 (eager vs static at batch 8; static batch 1 vs batch 8): images identical, tokens equal, and the
@@ -52,7 +52,8 @@ def main(argv=None) -> int:
     B = args.batch
     spread = model.classes.spread(B * (args.sets + 1))
     sets = [spread[i * B:(i + 1) * B] for i in range(args.sets)]
-    fixed = [0, 1, 955, 1910]
+    C = len(model.classes.names)
+    fixed = list(dict.fromkeys([0, 1, C // 2, C - 1]))  # the first, the middle and the last class
     sets.append(fixed + [c for c in spread if c not in fixed][: B - len(fixed)])
     guided = model.defaults.guidance_scale != 1.0
     totals = {"eager-static": [0, 0, 0.0, 0], "b1-b8": [0, 0, 0.0, 0]}
