@@ -526,7 +526,7 @@ def test_two_replicas_on_two_ports_give_the_same_image(tiny_weights):
     assert any(re.search(r'INFO: +127\.0\.0\.1:\d+ - "POST /v1/images/generations" 200 method=csd images=2/2 '
                          r'forwards=\d+ step_compression=[\d.]+ seconds=[\d.]+$', line) for line in said), said
     assert any("shutting down: 0 image requests still waiting get 503" in line for line in said), said
-    assert any(re.search(r"stopped after \d+ s: 1 image requests answered, 2 images sent$", line) for line in said), said
+    assert any(re.search(r"stopped after \d+ s: 1 image request answered, 2 images sent$", line) for line in said), said
 
 
 def test_serve_usage_errors_are_one_line(capsys, tiny_weights):

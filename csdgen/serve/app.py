@@ -211,8 +211,9 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
             yield
         finally:
             await run_in_threadpool(scheduler.stop)
-            log.info("stopped after %.0f s: %d image requests answered, %d images sent", time.perf_counter() - began,
-                     totals["requests"], totals["images"])
+            requests, images = totals["requests"], totals["images"]
+            log.info("stopped after %.0f s: %d image request%s answered, %d image%s sent", time.perf_counter() - began,
+                     requests, "s" * (requests != 1), images, "s" * (images != 1))
 
     app = FastAPI(title="csdgen serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
                   default_response_class=SafeJSONResponse)
