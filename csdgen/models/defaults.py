@@ -74,7 +74,7 @@ FAMILY_DEFAULTS: dict[str, FamilyDefaults] = {
     ),
     "builtin": FamilyDefaults(
         3.0, 1.0, None, 32, 0.5, 0.65,
-        sources="measured on the built-in model, 64 images per setting (benchmarks/results/builtin_1911_classes.md)",
+        sources="measured on the built-in model's earlier (1,911-class) weights, 64 images per setting (benchmarks/results/builtin_1911_classes.md)",
     ),
 }
 
