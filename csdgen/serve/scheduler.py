@@ -241,10 +241,12 @@ class Scheduler:
                 self._gauges()
         self._shutdown()
 
-    def _drop_waiting(self, cancels: list[Job]) -> int:
-        if not cancels:
+    def _drop_waiting(self, jobs) -> int:
+        """Remove the waiting images of ``jobs`` (cancelled, rejected or failed) from the queue; the
+        caller holds ``self._cond``. Returns how many left."""
+        if not jobs:
             return 0
-        gone = {id(j) for j in cancels}
+        gone = {id(j) for j in jobs}
         before = len(self._queue)
         self._queue = collections.deque(im for im in self._queue if id(im.job) not in gone)
         return before - len(self._queue)
@@ -315,7 +317,7 @@ class Scheduler:
             for job in rejected.values():
                 self._fail(job, APIError(400, message, param=param, code="invalid_value"))
             with self._cond:  # their images still waiting leave too: they would join the next admission and fail it
-                self._queue = collections.deque(im for im in self._queue if id(im.job) not in rejected)
+                self._drop_waiting(list(rejected.values()))
                 self._gauges()
             return
         except Exception:
@@ -434,8 +436,7 @@ class Scheduler:
         for job in jobs.values():
             self._fail(job, error)
         with self._cond:  # their images still waiting are dropped too
-            failed = set(jobs)
-            self._queue = collections.deque(im for im in self._queue if id(im.job) not in failed)
+            self._drop_waiting(list(jobs.values()))
         self._rows.clear()
         if self._key is not None:
             self._batches.pop(self._key, None)
