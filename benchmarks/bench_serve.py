@@ -388,6 +388,7 @@ def per_client_counts(parser: argparse.ArgumentParser, per_client: list[int], cl
 
 def main(argv: list[str] | None = None) -> int:
     from csdgen.cli._options import METHODS, count, names_of, numbers, real
+    from csdgen.jsonio import write_json
 
     positive = real(0.0, low_open=True, allowed="a number > 0")
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -466,8 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(open_table(open_rows))
         if args.json:
-            args.json.write_text(json.dumps({"command": command, "machine": machine, "capacities": capacities,
-                                             "rows": open_rows}, indent=2))
+            write_json({"command": command, "machine": machine, "capacities": capacities, "rows": open_rows}, args.json)
         return 0
     # every server starts first and stays up (an idle one waits on its queue, using no CPU); then every
     # cell runs with the methods and batchings in turn, so that neighbouring cells share the machine's pace
@@ -520,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
         for c in checks:
             print(f"| {c['method']} | {c['mode']} | {c['images']} | {c['exact']} | {c['min_agreement']:.3f} | {c['errors']} |")
     if args.json:
-        args.json.write_text(json.dumps({"command": command, "machine": machine, "rows": rows, "checks": checks}, indent=2))
+        write_json({"command": command, "machine": machine, "rows": rows, "checks": checks}, args.json)
     return 0
 
 
@@ -548,7 +548,9 @@ def load_url(args, argv, clients: list[int], per_client: list[int] | None) -> in
           f"{os.getloadavg()[0]:.1f} at end{'; ' + args.note if args.note else ''}\n")
     print(table(rows))
     if args.json:
-        args.json.write_text(json.dumps({"command": command, "rows": rows}, indent=2))
+        from csdgen.jsonio import write_json
+
+        write_json({"command": command, "rows": rows}, args.json)
     return 0
 
 

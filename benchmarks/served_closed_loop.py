@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import platform
 import random
@@ -169,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from csdgen.jsonio import write_json
     from csdgen.models.builtin import load_builtin_model
     from csdgen.models.dtypes import check_device
     from csdgen.torch_threads import call_in_thread, set_threads
@@ -221,10 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         cells = [{"clients": clients, "method": method, "window": window,
                   "rounds": [{**r, "widths": {str(w): n for w, n in r["widths"].most_common()}} for r in rounds]}
                  for clients in args.clients for (method, window), rounds in zip(args.configs, results[clients])]
-        report = {"command": command, "commit": commit, "device": str(device), "threads": threads, "cells": cells}
-        partial = args.json.with_name(args.json.name + ".partial")
-        partial.write_text(json.dumps(report, indent=1))
-        os.replace(partial, args.json)  # atomic: a reader never sees half a file
+        write_json({"command": command, "commit": commit, "device": str(device), "threads": threads, "cells": cells},
+                   args.json)  # atomic: a reader never sees half a file
     return 0
 
 
