@@ -197,6 +197,9 @@ def test_cli_choices_equal_the_engines():
 
     assert _options.METHODS == METHODS and _options.DRAFT_INITS == DRAFT_INITS and _options.REFRESH_MODES == REFRESH_MODES
     assert _options.ONE_HOT_INITS == ONE_HOT_INITS
+    from csdgen.serve.schemas import GUIDANCE_SCHEDULES
+
+    assert _options.GUIDANCE_SCHEDULES == GUIDANCE_SCHEDULES  # what serve's --guidance-schedule offers, its defaults take
     model = load_builtin_model()
     for name in METHODS:  # the table the command line reads without torch says what each rule needs
         assert _options.method_draft_init(name) == resolve_method(name, model, {})[0].draft_init, name
