@@ -2,7 +2,7 @@
 
 :class:`StaticBuffers` holds per layer ``[R, heads, T, head_dim]`` keys and values, the write
 columns, the cached ids and the prompt rows; :class:`StaticRowCache` is a transformers ``Cache``
-whose layers scatter a forward's columns at each row's own offset instead of concatenating. A
+whose layers write a forward's columns at each row's own offset instead of concatenating. A
 model's buffer sets are pooled (:func:`model_buffers`), so a new session of the same shape reuses them.
 """
 
@@ -19,6 +19,11 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from ._static_shapes import StepShape
 
 __all__ = ["StaticRowCache", "StaticBuffers", "model_buffers"]
+
+
+def _row_numbers(rows: int, columns: int, device: torch.device) -> torch.Tensor:
+    """``[rows, columns]`` int64: row ``r`` holds ``r`` in every column (the first index of an index_put)."""
+    return torch.arange(rows, device=device)[:, None].expand(rows, columns)
 
 
 class _RowLayer(CacheLayerMixin):
@@ -48,11 +53,16 @@ class _RowLayer(CacheLayerMixin):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        R, H, S, D = key_states.shape
+        R, S = key_states.shape[0], key_states.shape[2]
         write = self._owner().write[:R, :S]
         keys, values = self.keys[:R], self.values[:R]
-        keys.scatter_(2, write[:, None, :, None].expand(R, H, S, D), key_states)
-        values.scatter_(2, write[:, None, :, None].expand(R, values.shape[1], S, values.shape[-1]), value_states)
+        # column s of row r goes to cache column write[r, s]: an index_put over (row, column) pairs, not a
+        # scatter_ along the columns. On a CPU, scatter_ of bfloat16 took 63 us against index_put's 6 (8 rows,
+        # 8 heads, 300 columns, 2 threads; torch 2.13), a third of a bfloat16 forward of the built-in model
+        # at 4 images; in float32 the two cost the same.
+        rows = _row_numbers(R, S, write.device)
+        keys.transpose(1, 2).index_put_((rows, write), key_states.transpose(1, 2))
+        values.transpose(1, 2).index_put_((rows, write), value_states.transpose(1, 2))
         visible = self._owner().visible
         return keys[:, :, :visible], values[:, :, :visible]
 
@@ -71,7 +81,7 @@ class StaticRowCache(Cache):
 
     Before a forward of ``S`` columns over physical rows ``0 .. R - 1`` the session fills
     ``write[:R, :S]`` (int64, on the device) with the cache column of each new column and sets
-    ``visible``; every layer's ``update`` scatters its keys and values there (no concatenation)
+    ``visible``; every layer's ``update`` writes its keys and values there (no concatenation)
     and returns columns ``0 .. visible - 1`` of those rows, which the caller's 4-D mask restricts.
     ``visible`` is the columns in use rounded up to :data:`VISIBLE_STEP`, or to
     :data:`COMPILED_VISIBLE_STEP` for compiled steps (each rounding one compiled shape), so that
@@ -119,7 +129,8 @@ class StaticRowCache(Cache):
             view = buffer[:rows]
             H, D = view.shape[1], view.shape[3]
             moved = view.gather(2, source[:, None, :, None].expand(rows, H, source.shape[1], D))
-            view.scatter_(2, target[:, None, :, None].expand(rows, H, target.shape[1], D), moved)
+            view.transpose(1, 2).index_put_((_row_numbers(rows, target.shape[1], target.device), target),
+                                            moved.transpose(1, 2))  # not scatter_: see _RowLayer.update
 
 
 class StaticBuffers:
