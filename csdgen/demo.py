@@ -368,7 +368,8 @@ def load_demo_model(model_path: str | None = None, weights: str | None = None, *
     """The page's model: the built-in model (offline, default) or a checkpoint (``--model``, never downloaded).
 
     ``image_size``, ``vqgan`` and ``dtype`` go to :func:`csdgen.models.auto.load_model` (``--image-size``,
-    ``--vqgan``, ``--dtype``; None: the family's default on the device); the built-in model is float32.
+    ``--vqgan``, ``--dtype``; None: the family's default on the device); ``dtype`` to
+    :func:`~csdgen.models.builtin.load_builtin_model` for the built-in model (None: float32).
 
     Returns:
         ``(model, name, defaults)``.
@@ -379,7 +380,7 @@ def load_demo_model(model_path: str | None = None, weights: str | None = None, *
     if model_path is None:
         from csdgen.models.builtin import load_builtin_model
 
-        return load_builtin_model(weights), "built-in model", FAMILY_DEFAULTS["builtin"]
+        return load_builtin_model(weights, dtype=dtype), "built-in model", FAMILY_DEFAULTS["builtin"]
     from csdgen.models.auto import check_tokenizer_files, load_model, require_decoder
     from csdgen.models.detect import family_of
     from csdgen.models.dtypes import default_device

@@ -87,7 +87,8 @@ def _comparable(settings: dict) -> dict:
 
 def _model_settings(model) -> dict:
     """The model's part of a record's settings: the built-in model as ``csdgen generate`` records it
-    (``"builtin"`` and its weights, ``"shipped"`` or the folder), another model by its class name,
+    (``"builtin"`` and its weights, ``"shipped"`` or the folder, and its ``dtype`` where not float32),
+    another model by its class name,
     and a checkpoint from :func:`csdgen.models.load_model` also by its folder (``checkpoint``), its
     ``dtype`` and ``grid`` (another checkpoint, dtype or size is another target); and ``quantize``
     where the model was quantised (``model.quantize``, as ``--quantize`` records it: another
@@ -108,7 +109,9 @@ def _model_settings(model) -> dict:
 
     folder = getattr(model.components, "weights_dir", None)
     shipped = folder is None or Path(folder).resolve() == DEFAULT_WEIGHTS_DIR
-    return {"model": "builtin", "weights": "shipped" if shipped else str(folder), **quantized}
+    dtype = str(model.backbone.dtype).removeprefix("torch.")  # float32 unrecorded: records before bfloat16 resume
+    cast = {"dtype": dtype} if dtype != "float32" else {}
+    return {"model": "builtin", "weights": "shipped" if shipped else str(folder), **cast, **quantized}
 
 
 def run_settings(model, *, seed: int = 0, method="csd", window=None, sampling=None, draft_init=None, refresh=None,

@@ -310,8 +310,9 @@ def test_one_option_needing_model_says_needs(capsys, tmp_path):
     assert "--vqgan needs --model" in err, err
     err = cli_error(capsys, "serve", "--layout", "anole")
     assert "--layout needs --model" in err, err
-    err = cli_error(capsys, "serve", "--dtype", "bfloat16")  # float32 is the built-in model's own
-    assert "--dtype bfloat16: the built-in model runs in float32 only; allowed for it: auto, float32" in err, err
+    err = cli_error(capsys, "serve", "--dtype", "float16")  # float32 and bfloat16 are the built-in model's
+    assert "--dtype float16: the built-in model runs in float32 or bfloat16; allowed for it: auto, float32, bfloat16" \
+        in err, err
 
 
 def test_list_classes_into_a_closed_pipe_stops_quietly():

@@ -341,8 +341,9 @@ def test_model_only_option_grammar(tmp_path, capsys):
     assert run("generate", "--prompt", "a dog", "--layout", "anole", "--out", tmp_path / "o") == 2
     assert "--prompt, --layout need --model" in capsys.readouterr().err
     # --dtype is no checkpoint-only option: the built-in model says which dtypes it takes
-    assert run("generate", "--dtype", "bfloat16", "--out", tmp_path / "o") == 2
-    assert "--dtype bfloat16: the built-in model runs in float32 only; allowed for it: auto, float32" in capsys.readouterr().err
+    assert run("generate", "--dtype", "float16", "--out", tmp_path / "o") == 2
+    assert ("--dtype float16: the built-in model runs in float32 or bfloat16; allowed for it: auto, float32, bfloat16"
+            in capsys.readouterr().err)
 
 
 def test_class_names_any_case_and_the_help_says_how_to_list_them(weights, tmp_path, capsys):

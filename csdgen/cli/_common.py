@@ -44,16 +44,23 @@ def choose_dtype(args, family: str, device) -> str:
     (:func:`print_run_line` prints it when decoding starts).
 
     Raises:
-        ValueError: ``--dtype`` other than auto / float32 for the built-in model (it runs in float32 only).
+        ValueError: ``--dtype`` other than auto / float32 / bfloat16 for the built-in model, or bfloat16 with
+            ``--quantize`` (it is quantised from float32).
     """
     import torch
 
     from csdgen.models.dtypes import resolve_dtype
 
     given = getattr(args, "dtype", None)
-    if family == "builtin" and given not in (None, "auto", "float32"):
-        raise ValueError(f"--dtype {given}: the built-in model runs in float32 only; allowed for it: auto, float32 "
-                         f"(bfloat16 and float16 need --model PATH, a checkpoint)")
+    if family == "builtin":
+        from csdgen.models.builtin import BUILTIN_DTYPES
+
+        if given not in (None, "auto", *BUILTIN_DTYPES):
+            raise ValueError(f"--dtype {given}: the built-in model runs in {' or '.join(BUILTIN_DTYPES)}; allowed for "
+                             f"it: {', '.join(('auto',) + BUILTIN_DTYPES)} (float16 needs --model PATH, a checkpoint)")
+    if family == "builtin" and given == "bfloat16" and getattr(args, "quantize", None):
+        raise ValueError(f"--dtype bfloat16 with --quantize {args.quantize}: the built-in model is quantised from "
+                         f"float32; allowed: one of the two")
     dtype, reason = resolve_dtype(given, device, family)
     name = str(dtype).removeprefix("torch.")
     what = "the built-in model" if family == "builtin" else f"{family} ({getattr(args, 'model', '')})"
@@ -336,10 +343,10 @@ def builtin_model(args, fixed_window: bool = False, spread: bool = False):
     apply_preset(args)
     device = args.device or "cpu"
     refuse_missing_cuda(device)
-    choose_dtype(args, "builtin", device)  # float32: refuses another --dtype
+    dtype = choose_dtype(args, "builtin", device)  # float32 or bfloat16: refuses another --dtype
     refuse_builtin_device_map(args)
     quantize_setup(args, device)
-    model = load_builtin_model(args.weights, quantize=getattr(args, "quantize", None), device=device)
+    model = load_builtin_model(args.weights, quantize=getattr(args, "quantize", None), device=device, dtype=dtype)
     defaults = model_defaults(model, "builtin")
     fill_defaults(args, defaults)
     default_window(args, defaults, fixed_window)

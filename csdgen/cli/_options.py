@@ -512,7 +512,7 @@ def add_dtype(g) -> None:
     """``--dtype``: one of :data:`DTYPES` in any case (default None = auto: :func:`csdgen.models.dtypes.resolve_dtype`)."""
     g.add_argument("--dtype", type=one_of(DTYPES, "dtype"), metavar="{" + ",".join(DTYPES) + "}", default=None,
                    help="the model's dtype (default auto: on cuda the family's reference dtype, bfloat16 for every "
-                        "released family; float32 on cpu; the built-in model float32 only); the acceptance "
+                        "released family; float32 on cpu and for the built-in model, which also takes bfloat16); the acceptance "
                         "arithmetic is float32 whatever the model's dtype")
 
 

@@ -85,12 +85,12 @@ def run(args) -> int:
                                       (("--prompt-length",), "takes a class, not a prompt"),
                                       (("--layout",), "is not a Chameleon checkpoint")) if set(flags) & set(given)]
             raise ValueError(f"{needs_model(given)} PATH (a checkpoint); the built-in model {' and '.join(why)}")
-        if args.dtype not in (None, "auto", "float32"):
-            raise ValueError(f"--dtype {args.dtype}: the built-in model runs in float32 only; allowed for it: auto, float32")
         from csdgen.models.builtin import load_builtin_model
         from csdgen.models.plan import builtin_plan
 
-        model = load_builtin_model(args.weights)
+        from ._common import choose_dtype
+
+        model = load_builtin_model(args.weights, dtype=choose_dtype(args, "builtin", device))
         if args.window is not None:  # generate's note on a window longer than the image
             clamp_window(args.window, model.num_image_tokens)
         plan = builtin_plan(model, batch_size=args.batch_size, window=min(window, model.num_image_tokens - 1),

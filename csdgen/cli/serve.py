@@ -119,13 +119,13 @@ def _load(args):
 
         device = args.device or "cpu"
         refuse_missing_cuda(device)
-        choose_dtype(args, "builtin", device)
+        dtype = choose_dtype(args, "builtin", device)
         from ._common import quantize_setup, refuse_builtin_device_map
         from csdgen.models.plan import builtin_plan
 
         refuse_builtin_device_map(args)
         quantize_setup(args, device)
-        model = load_builtin_model(args.weights, quantize=args.quantize, device=device)
+        model = load_builtin_model(args.weights, quantize=args.quantize, device=device, dtype=dtype)
         plan = builtin_plan(model, batch_size=args.max_batch or CPU_MAX_BATCH, window=AUTO_MAX_WINDOW, guided=True,
                             quantize=args.quantize, device=model.device, free=budget)
         return model, "csdgen-builtin", ("builtin",), plan

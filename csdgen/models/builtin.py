@@ -2,9 +2,9 @@
 
 Shipped inside the package (``csdgen/builtin/weights``, trained by
 ``python -m csdgen.builtin.train``), so csdgen generates images on a fresh machine with no
-download. 64 x 64 RGB images, 16 x 16 = 256 tokens, codebook of 1024, 1,911 classes: the Noto
-emoji, named by their Unicode names in lower case ("red apple", "dog face"; aliases: the
-emoji's short names, "apple"), see ``csdgen/builtin/README.md``.
+download. 64 x 64 RGB images, 16 x 16 = 256 tokens, codebook of 1024, the classes its config.json
+lists (94 Noto emoji in the shipped weights), named by their Unicode names in lower case ("red apple",
+"dog face"; aliases: the emoji's short names, "apple"), see ``csdgen/builtin/README.md``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ..class_names import ClassNames
 from .defaults import FAMILY_DEFAULTS
 from .llama import ClassConditionalLlama
 
-__all__ = ["BuiltinModel", "load_builtin_model"]
+__all__ = ["BUILTIN_DTYPES", "BuiltinModel", "load_builtin_model"]
 
 
 class BuiltinModel(ClassConditionalLlama):
@@ -80,16 +80,33 @@ class BuiltinModel(ClassConditionalLlama):
         return self.components.vq.embeddings.detach()
 
 
+#: the dtypes the built-in model's AR transformer runs in (its VQ decoder and classifier stay float32)
+BUILTIN_DTYPES = ("float32", "bfloat16")
+
+
 @lru_cache(maxsize=4)
-def _load(weights_dir: str | None, device: str | None = None) -> BuiltinModel:
-    """The model of ``weights_dir`` on ``device`` (None: the CPU it loads onto), one per process and pair:
-    a model moved to another device is another object, so the CPU model others hold stays on the CPU."""
+def _load(weights_dir: str | None, device: str | None = None, dtype: str = "float32") -> BuiltinModel:
+    """The model of ``weights_dir`` on ``device`` (None: the CPU it loads onto) in ``dtype``, one per process
+    and triple: a model moved to another device or dtype is another object, so the float32 CPU model others
+    hold stays as it is."""
     from csdgen.builtin import load_components
 
     model = BuiltinModel(load_components(weights_dir))
     if device is not None:
         _move(model, device)
+    if dtype != "float32":
+        _cast(model, getattr(torch, dtype))
     return model
+
+
+def _cast(model: BuiltinModel, dtype: torch.dtype) -> None:
+    """The AR transformer in ``dtype``. On a CPU its attention is transformers' ``eager`` one (two matmuls
+    and a float32 softmax): torch's CPU ``scaled_dot_product_attention`` kernel in bfloat16 took 153 us
+    against 67 at one query of 2 rows, 1458 against 306 at 24 rows (8 heads of 32, 320 columns, 2 threads,
+    torch 2.13), where in float32 the two cost the same (benchmarks/results/builtin_bfloat16.md)."""
+    model.components.ar.to(dtype)
+    if model.device.type == "cpu":
+        model.components.ar.set_attn_implementation("eager")
 
 
 def _move(model: BuiltinModel, device) -> None:
@@ -99,9 +116,10 @@ def _move(model: BuiltinModel, device) -> None:
 
 
 def load_builtin_model(weights_dir: str | os.PathLike | None = None, *, quantize: str | None = None,
-                       device: str | torch.device | None = None) -> BuiltinModel:
-    """Load the built-in model offline (cached per process, one per weights folder and device, unless
-    ``quantize`` is given).
+                       device: str | torch.device | None = None,
+                       dtype: str | torch.dtype | None = None) -> BuiltinModel:
+    """Load the built-in model offline (cached per process, one per weights folder, device and dtype,
+    unless ``quantize`` is given).
 
     Args:
         weights_dir: folder holding ``config.json`` and the ``*.safetensors`` files; default:
@@ -110,13 +128,23 @@ def load_builtin_model(weights_dir: str | os.PathLike | None = None, *, quantize
             AR model's decoder layers are quantised by torchao (:func:`csdgen.models.quantize.quantize_module`);
             the VQ decoder and classifier stay float32.
         device: where the model goes (default: where it was loaded, the CPU).
+        dtype: what its AR transformer computes in, a name of :data:`BUILTIN_DTYPES` or its torch dtype
+            (None or ``"auto"``: float32, the dtype it was trained and measured in). ``bfloat16`` draws from
+            float32's distribution within bfloat16's rounding (tests/test_builtin_bfloat16.py) and runs
+            faster where the processor has bfloat16 instructions (benchmarks/results/builtin_bfloat16.md);
+            the VQ decoder and the classifier stay float32.
 
     Raises:
         FileNotFoundError: if the weights are not there.
         ValueError: an empty path (``""``: ``Path("")`` would be the current folder); a ``quantize`` the
             device or the installed packages cannot run; a ``device`` torch does not know, or CUDA
-            where none is visible (one line each).
+            where none is visible; a ``dtype`` not in :data:`BUILTIN_DTYPES`, or ``quantize`` with a
+            dtype other than float32 (one line each).
     """
+    dtype_name = _dtype_name(dtype)
+    if quantize is not None and dtype_name != "float32":
+        raise ValueError(f"quantize={quantize!r} with dtype={dtype_name!r}: the built-in model is quantised from "
+                         f"float32; allowed: one of the two")
     if isinstance(weights_dir, str) and not weights_dir.strip():
         raise ValueError(f"weights_dir={weights_dir!r}: an empty path; allowed: a folder of the built-in model's "
                          f"weights, or None for the shipped ones")
@@ -130,7 +158,8 @@ def load_builtin_model(weights_dir: str | os.PathLike | None = None, *, quantize
     if quantize is None:
         # moving the cached CPU model moved it for every other caller: load_builtin_model() after a
         # load_builtin_model(device="cuda") was on CUDA
-        model = _load(key, None if device is None or torch.device(device) == torch.device("cpu") else str(device))
+        model = _load(key, None if device is None or torch.device(device) == torch.device("cpu") else str(device),
+                      dtype_name)
     else:
         from csdgen.builtin import load_components
 
@@ -144,3 +173,15 @@ def load_builtin_model(weights_dir: str | os.PathLike | None = None, *, quantize
         quantize_module(model.backbone, quantize, model.device)
     model.quantize = quantize
     return model
+
+
+def _dtype_name(dtype) -> str:
+    """``dtype`` (None, ``"auto"``, a name of :data:`BUILTIN_DTYPES` or its torch dtype) as a name of
+    :data:`BUILTIN_DTYPES`; anything else: ValueError naming it and the allowed ones."""
+    if dtype is None or dtype == "auto":
+        return "float32"
+    name = str(dtype).removeprefix("torch.") if isinstance(dtype, torch.dtype) else dtype
+    if name not in BUILTIN_DTYPES:
+        raise ValueError(f"dtype={dtype!r}: the built-in model runs in {' or '.join(BUILTIN_DTYPES)}; "
+                         f"allowed: {', '.join(('auto',) + BUILTIN_DTYPES)}")
+    return name

@@ -71,9 +71,9 @@ def builtin_plan(model, *, batch_size: int, window: int, guided: bool = True, qu
                  tree: tuple[int, int] | None = None) -> MemoryPlan:
     """The memory plan of the built-in model (or any :class:`~csdgen.models.llama.ClassConditionalLlama`).
 
-    Weights: the AR model's parameters at float32 with its decoder layers quantised as ``quantize``
-    (:func:`~csdgen.models.memory.planned_weight_bytes`; an AR model already quantised counts as it
-    is), plus the VQ decoder and classifier as loaded. Sequence: the class token and the ``N``
+    Weights: the AR model's parameters in its dtype (float32 or bfloat16) with its decoder layers quantised
+    as ``quantize`` (:func:`~csdgen.models.memory.planned_weight_bytes`; an AR model already quantised counts
+    as it is, float32), plus the VQ decoder and classifier as loaded; its cache and activations in its dtype. Sequence: the class token and the ``N``
     image positions. Window buffers: the engine's float32 logits and target, draft and residual
     distributions over the codebook, ``(rows + 3) * F * V * 4`` for a forward of ``F`` tokens
     (:func:`forward_width`: ``W + 1``; with a draft tree its ``S`` nodes, padded to the width bucket,
@@ -93,18 +93,20 @@ def builtin_plan(model, *, batch_size: int, window: int, guided: bool = True, qu
     backbone = model.backbone
     cfg = backbone.config
     quantized = any(type(p) not in (torch.Tensor, torch.nn.Parameter) for p in backbone.parameters())
-    weights = module_bytes(backbone) if quantized else planned_weight_bytes(backbone, torch.float32, quantize)
+    dtype = torch.float32 if quantized else backbone.dtype
+    size = dtype.itemsize
+    weights = module_bytes(backbone) if quantized else planned_weight_bytes(backbone, dtype, quantize)
     components = getattr(model, "components", None)
     if components is not None:
         weights += module_bytes(components.vq) + module_bytes(components.classifier)
     rows = 2 if guided else 1
     fed = forward_width(window, tree)
     sequence = engine_cache_positions(1, model.num_image_tokens, fed if tree else 0)  # the class token, then the image
-    kv = kv_cache_bytes(cfg, rows, sequence, 4)
+    kv = kv_cache_bytes(cfg, rows, sequence, size)
     buffers = (rows + 3) * fed * model.codebook_size * 4
-    activations = _window_activations(cfg, rows, fed, 1, sequence, cfg.vocab_size, 4)
+    activations = _window_activations(cfg, rows, fed, 1, sequence, cfg.vocab_size, size)
     what = "the built-in model" if components is not None else type(model).__name__
-    return MemoryPlan(what, torch.device(device).type, "float32", quantize, batch_size, window, rows, weights, kv, buffers,
+    return MemoryPlan(what, torch.device(device).type, str(dtype).removeprefix("torch."), quantize, batch_size, window, rows, weights, kv, buffers,
                       activations, free_memory(device) if free is None else free, tree=_tree_of(tree, window))
 
 

@@ -1,0 +1,99 @@
+"""The shipped built-in model in bfloat16 (``load_builtin_model(dtype="bfloat16")``, ``--dtype bfloat16``):
+only its transformer is cast, its logits are float32's within bfloat16's rounding, its images are
+recognised as float32's are, and a run records the dtype so that it never resumes a float32 folder."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import csdgen
+from csdgen.evaluation.agreement import teacher_forced_logits
+from csdgen.models.builtin import load_builtin_model
+
+
+@pytest.fixture(scope="module")
+def models():
+    return load_builtin_model(), load_builtin_model(dtype="bfloat16")
+
+
+def test_only_the_transformer_is_cast_and_each_dtype_is_cached_apart(models):
+    float32, bfloat16 = models
+    assert bfloat16 is not float32
+    assert load_builtin_model(dtype=torch.bfloat16) is bfloat16
+    assert load_builtin_model(dtype="auto") is float32 and load_builtin_model(dtype=torch.float32) is float32
+    assert float32.backbone.dtype == torch.float32 and bfloat16.backbone.dtype == torch.bfloat16
+    for module in (bfloat16.components.vq, bfloat16.components.classifier):
+        assert {p.dtype for p in module.parameters()} == {torch.float32}
+    # on a CPU: transformers' matmul attention in bfloat16, torch's kernel in float32 (the shipped numbers)
+    assert bfloat16.backbone.config._attn_implementation == "eager"
+    assert float32.backbone.config._attn_implementation == "sdpa"
+
+
+def test_bfloat16_logits_are_float32_logits_within_bfloat16_rounding(models):
+    """Teacher-forced over a float32 CSD run's tokens, static engine, both guided rows: every logit within
+    bfloat16's rounding of float32's (8 significant bits over 10 layers), and the target distributions
+    close in total variation; the control, another class's float32 logits, is far outside both bounds."""
+    float32, bfloat16 = models
+    classes = [0, 1]
+    tokens = csdgen.generate(float32, classes, method="csd", window=16, seed=0).tokens
+    exact = teacher_forced_logits(float32, classes, tokens, guided=True, engine="static", window=16)
+    rounded = teacher_forced_logits(bfloat16, classes, tokens, guided=True, engine="static", window=16)
+    assert rounded[0].dtype == torch.bfloat16
+    for a, b in zip(exact, rounded):
+        torch.testing.assert_close(b.float(), a, atol=0.25, rtol=0.05)
+    tv = 0.5 * (exact[0].softmax(-1) - rounded[0].float().softmax(-1)).abs().sum(-1)
+    assert tv.mean() < 0.03 and tv.max() < 0.25, (tv.mean(), tv.max())
+    other = teacher_forced_logits(float32, classes[::-1], tokens, guided=False, engine="static", window=16)[0]
+    control = 0.5 * (exact[0].softmax(-1) - other.softmax(-1)).abs().sum(-1)
+    assert control.mean() > 5 * tv.mean(), (control.mean(), tv.mean())
+
+
+def test_bfloat16_images_are_recognised_as_float32_ones_are(models):
+    """The default classes, one CSD image each (window auto): the classifier names as many bfloat16 images
+    as float32 ones, give or take one, and the step compression is within 15 % of float32's."""
+    from csdgen.builtin.train_classifier import classify
+
+    float32, bfloat16 = models
+    classes = list(float32.default_classes or range(8))[:8]
+    named, compression = [], []
+    for model in models:
+        result = csdgen.generate(model, classes, method="csd", window="auto", seed=0)
+        predicted = classify(model.components.classifier, model.decode_images(result.tokens))
+        named.append(sum(int(p) == c for p, c in zip(predicted.tolist(), classes)))
+        compression.append(result.step_compression)
+    assert named[1] >= named[0] - 1 and named[0] >= len(classes) // 2, named
+    assert abs(compression[1] / compression[0] - 1) < 0.15, compression
+
+
+def test_another_dtype_or_bfloat16_with_quantize_is_one_line():
+    with pytest.raises(ValueError, match=r"^dtype='float16': the built-in model runs in float32 or bfloat16; "
+                                         r"allowed: auto, float32, bfloat16$"):
+        load_builtin_model(dtype="float16")
+    with pytest.raises(ValueError, match=r"^quantize='int8' with dtype='bfloat16': the built-in model is quantised "
+                                         r"from float32; allowed: one of the two$"):
+        load_builtin_model(quantize="int8", dtype="bfloat16")
+
+
+def test_a_bfloat16_run_records_its_dtype_and_a_float32_record_does_not(models):
+    """Records written before bfloat16 existed hold no dtype and still resume in float32."""
+    from csdgen.run_settings import run_settings
+
+    float32, bfloat16 = models
+    assert "dtype" not in run_settings(float32)
+    assert run_settings(bfloat16)["dtype"] == "bfloat16"
+
+
+def test_generate_dtype_bfloat16_runs_and_refuses_to_resume_a_float32_folder(tmp_path, capsys):
+    from csdgen.cli import main
+
+    out = tmp_path / "o"
+    assert main(["generate", "--class", "red apple", "-n", "1", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["generate", "--class", "red apple", "-n", "1", "--dtype", "bfloat16", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "holds a run with other settings" in err and "bfloat16" in err, err
+    other = tmp_path / "b"
+    assert main(["generate", "--class", "red apple", "-n", "1", "--dtype", "bfloat16", "--out", str(other)]) == 0
+    assert "bfloat16 (as given)" in capsys.readouterr().err
+    assert list(other.glob("0000_*.png"))
