@@ -420,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
                    "serve: one process, or Ray Serve replicas); its batching and max batch are read from its /health")
     p.add_argument("--weights", type=Path, default=None,
                    help="built-in model weights folder, for the servers and the check (default: shipped with csdgen)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="the built-in model's dtype, for the servers and the check (default float32)")
     g = p.add_argument_group("open loop (--arrivals poisson; module docstring)")
     g.add_argument("--arrivals", choices=ARRIVALS, default="closed",
                    help="closed: --clients send back to back (default); poisson: requests arrive at --rate")
@@ -437,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = p.parse_known_args(argv)
     if args.weights is not None:
         extra += ["--weights", str(args.weights)]
+    extra += ["--dtype", args.dtype]
     clients = args.clients
     per_client = None if args.per_client is None else per_client_counts(p, args.per_client, clients)
     if args.url:
@@ -450,13 +453,13 @@ def main(argv: list[str] | None = None) -> int:
         from csdgen.models.builtin import load_builtin_model
 
         torch.set_num_threads(args.threads)
-        model = load_builtin_model(args.weights) if args.weights is not None else load_builtin_model()
+        model = load_builtin_model(args.weights, dtype=args.dtype)
     num_classes = model.num_classes if model is not None else _num_classes(args.weights)
     rows, checks = [], []
     if args.arrivals == "poisson":
         open_rows, capacities = open_loop(args, extra, methods, modes, args.rate, num_classes)
         load_end = os.getloadavg()
-        machine = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, server threads {args.threads}, "
+        machine = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, server threads {args.threads}, {args.dtype}, "
                    f"load average {load_start[0]:.1f} at start, {load_end[0]:.1f} at end{'; ' + args.note if args.note else ''}")
         command = "python benchmarks/bench_serve.py " + " ".join(argv if argv is not None else sys.argv[1:])
         print(f"\n{command}\n{machine}\n")
@@ -510,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
     load_end = os.getloadavg()
-    machine = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, server threads {args.threads}, "
+    machine = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, server threads {args.threads}, {args.dtype}, "
                f"load average {load_start[0]:.1f} at start, {load_end[0]:.1f} at end{'; ' + args.note if args.note else ''}")
     command = "python benchmarks/bench_serve.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"\n{command}\n{machine}\n")

@@ -159,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="method:window pairs, comma-separated; the first is the baseline (default ar:1,sjd:auto,csd:auto)")
     p.add_argument("--threads", type=count(1), default=None, help="torch threads (default: torch's)")
     p.add_argument("--device", default="cpu", help="where the model runs: cpu (default), cuda or cuda:N")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="the built-in model's dtype (default float32)")
     p.add_argument("--json", type=Path, default=None, help="write every figure here (JSON)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -177,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.device(check_device(args.device))
     except ValueError as exc:
         p.error(f"--device: {exc}")
-    model = call_in_thread(load_builtin_model, device=device)
+    model = call_in_thread(load_builtin_model, device=device, dtype=args.dtype)
     #: per client count, per configuration, one result per round
     results = {c: [[] for _ in args.configs] for c in args.clients}
     failed: list[BaseException] = []
@@ -213,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = args.threads or torch.get_num_threads()
     print(f"# {command} (commit {commit or 'unknown'})")
     print(f"# {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, torch threads {threads}, "
-          f"device {device}, load average {os.getloadavg()[0]:.2f}\n")
+          f"device {device}, {args.dtype}, load average {os.getloadavg()[0]:.2f}\n")
     for clients in args.clients:
         print(f"{clients} client{'s' if clients > 1 else ''}:\n")
         print(table(args.configs, results[clients]) + "\n")

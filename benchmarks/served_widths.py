@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iterations", type=count(1), default=40, help="timed iterations per width (default 40)")
     p.add_argument("--steady", type=count(1), default=1200, help="iterations of the kept-busy batch per width (default 1200)")
     p.add_argument("--threads", type=count(1), default=None, help="torch threads (default: torch's)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="the built-in model's dtype (default float32)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -87,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     threads = torch.get_num_threads()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     print(f"# python benchmarks/served_widths.py {' '.join(sys.argv[1:] if argv is None else argv)} (commit {commit})")
-    print(f"# {platform.machine()}, {os.cpu_count()} CPUs, torch threads {threads}, load average {os.getloadavg()[0]:.2f}")
-    model = call_in_thread(load_builtin_model)
+    print(f"# {platform.machine()}, {os.cpu_count()} CPUs, torch threads {threads}, {args.dtype}, load average {os.getloadavg()[0]:.2f}")
+    model = call_in_thread(load_builtin_model, dtype=args.dtype)
 
     def on_thread(fn, *a):
         def run():
