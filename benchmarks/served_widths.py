@@ -10,7 +10,8 @@ Two tables, each on a :class:`csdgen.engine.ContinuousBatch` of 16 static slots 
   ``--iterations`` iterations at each fixed width of ``--widths`` (milliseconds);
 * **tokens per forward**: K images kept decoding (a finished image replaced at the next
   boundary, as a busy server does) for ``--steady`` iterations per fixed width: the mean step
-  compression of the images that finished; then the same with ``window="auto"``: the widths it
+  compression of the images that finished and the image tokens committed per second (the first
+  width's rate the unit: list width 1 first); then the same with ``window="auto"``: the widths it
   chose, and per chosen width the tokens per forward it predicted against those measured
   (``auto_log``'s figures, :meth:`csdgen.engine.window._AutoWindow.summary`).
 
@@ -55,19 +56,24 @@ def iteration_ms(model, method: str, images: int, width: int, iterations: int) -
     return statistics.median(times) * 1e3
 
 
-def steady(model, method: str, images: int, window, iterations: int) -> tuple[float, int, object]:
-    """(mean step compression of the images that finished, their count, the batch)."""
+def steady(model, method: str, images: int, window, iterations: int) -> tuple[float, int, object, float]:
+    """(mean step compression of the images that finished, their count, the batch, image tokens committed
+    per second over the iterations, admissions included)."""
     from csdgen.engine import ContinuousBatch
 
     batch = ContinuousBatch(model, method=method, window=window, capacity=16)
     rng, seed, compression = random.Random(1), 0, []
+    began = time.perf_counter()
     for _ in range(iterations):
         if batch.size < images:
             k = images - batch.size
             batch.admit([rng.randrange(10) for _ in range(k)], list(range(seed, seed + k)), [0] * k)
             seed += k
         compression += [image.stats.step_compression for image in batch.step()]
-    return (statistics.mean(compression) if compression else float("nan")), len(compression), batch
+    seconds = time.perf_counter() - began
+    lengths, _ = batch.progress(batch.handles) if batch.size else ([], None)
+    committed = len(compression) * model.num_image_tokens + sum(lengths) - len(lengths)  # admitted at length 1
+    return (statistics.mean(compression) if compression else float("nan")), len(compression), batch, committed / seconds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,11 +111,14 @@ def main(argv: list[str] | None = None) -> int:
         row = [on_thread(iteration_ms, model, args.method, k, w, args.iterations) for w in args.widths]
         print(f"| {k} | " + " | ".join(f"{t:.1f}" for t in row) + " |", flush=True)
     print(f"\ntokens per forward ({args.method}, images kept decoding, {args.steady} iterations):\n")
-    print("| images | window | step compression (images) | auto: widths chosen | auto: predicted / measured tokens per forward, by width |")
-    print("|---|---|---|---|---|")
+    print("| images | window | step compression (images) | tokens per second (over width 1) | auto: widths chosen | "
+          "auto: predicted / measured tokens per forward, by width |")
+    print("|---|---|---|---|---|---|")
     for k in args.images:
+        first = None
         for w in [*args.widths, "auto"]:
-            compression, n, batch = on_thread(steady, model, args.method, k, w, args.steady)
+            compression, n, batch, rate = on_thread(steady, model, args.method, k, w, args.steady)
+            first = first or rate
             chosen = predicted = ""
             if w == "auto":
                 widths = batch.widths
@@ -117,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
                 summary = batch._loop.auto.summary()
                 predicted = "; ".join(f"{x}: {e['predicted_tokens']:.2f} / {e['measured_tokens']:.2f}"
                                       for x, e in sorted(summary.items()) if e["iterations"] >= 5)
-            print(f"| {k} | {w} | {compression:.2f} ({n}) | {chosen} | {predicted} |", flush=True)
+            print(f"| {k} | {w} | {compression:.2f} ({n}) | {rate:.0f} ({rate / first:.2f}x) | {chosen} | {predicted} |",
+                  flush=True)
     return 0
 
 
