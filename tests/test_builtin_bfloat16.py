@@ -97,3 +97,27 @@ def test_generate_dtype_bfloat16_runs_and_refuses_to_resume_a_float32_folder(tmp
     assert main(["generate", "--class", "red apple", "-n", "1", "--dtype", "bfloat16", "--out", str(other)]) == 0
     assert "bfloat16 (as given)" in capsys.readouterr().err
     assert list(other.glob("0000_*.png"))
+
+
+def test_plan_sizes_a_bfloat16_model_in_bfloat16(capsys):
+    """plan refused --dtype bfloat16 for the built-in model; it now plans the transformer's weights, cache
+    and activations at 2 bytes (the VQ decoder and classifier stay float32)."""
+    from csdgen.cli import main
+
+    lines = {}
+    for dtype in ("float32", "bfloat16"):
+        assert main(["plan", "--dtype", dtype]) == 0
+        lines[dtype] = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines() if line.strip())
+    assert lines["bfloat16"]["dtype"] == "bfloat16" and lines["float32"]["dtype"] == "float32"
+    kv = {d: float(lines[d]["KV"].split()[1]) for d in lines}  # "KV cache 60.0 MiB (...)"
+    assert kv["bfloat16"] == kv["float32"] / 2
+    weights = {d: float(lines[d]["weights"].split()[0]) for d in lines}
+    assert weights["bfloat16"] < weights["float32"]
+
+
+def test_demo_loads_the_builtin_model_in_the_dtype_given():
+    from csdgen.demo import load_demo_model
+
+    model, name, _ = load_demo_model(None, None, dtype="bfloat16")
+    assert model.backbone.dtype == torch.bfloat16 and name == "built-in model"
+    assert load_demo_model(None, None)[0].backbone.dtype == torch.float32
