@@ -79,8 +79,36 @@ def test_every_family_loads_int8_with_only_its_decoder_layers_quantised_and_gene
     ar = csdgen.generate(model, [condition], method="ar", sampling=sampling)
     sjd = csdgen.generate(model, [condition], method="sjd", window=4, sampling=sampling)
     csd = csdgen.generate(model, [condition], method="csd", window=4, sampling=sampling)
-    assert torch.equal(sjd.tokens, ar.tokens) and torch.equal(csd.tokens, ar.tokens)  # greedy: exact on the int8 target
+    for other in (sjd, csd):  # greedy: exact on the int8 target, up to a tie within the kernels' rounding
+        _assert_greedy_equal_up_to_a_tie(model, condition, guided, sampling.guidance_scale, ar.tokens, other.tokens)
     assert int(ar.tokens.max()) < model.codebook_size
+
+
+#: top-2 gap of the guided logits below which greedy may take either token: torchao's int8 weight-only matmul
+#: rounds a window of 4 rows and a single row apart by about 1e-5 on some CPUs (Xeon with AMX, float32)
+TIE = 1e-4
+
+
+def _assert_greedy_equal_up_to_a_tie(model, condition, guided, scale, ar_tokens, other_tokens):
+    """``other_tokens`` ``[1, N]`` equals greedy AR's ``ar_tokens``, or first differs from it where the target's
+    top two logits (on AR's path, one position per forward) are within :data:`TIE` and are the two tokens taken."""
+    from csdgen.sampling import apply_guidance
+
+    differ = (ar_tokens != other_tokens).nonzero()
+    if differ.numel() == 0:
+        return
+    at = int(differ[0, 1])
+    session = model.start([condition], 1, guided)
+    out = session.prefill()
+    for i in range(at):
+        out = session.forward(ar_tokens[:, i:i + 1], torch.tensor([i]))
+    logits = apply_guidance(out.cond[0, -1].float(), None if out.uncond is None else out.uncond[0, -1].float(), scale)
+    top = logits.topk(2)
+    taken = {int(ar_tokens[0, at]), int(other_tokens[0, at])}
+    gap = float(top.values[0] - top.values[1])
+    assert gap < TIE and taken == set(top.indices.tolist()), (
+        f"greedy differs from AR at image position {at} of {ar_tokens.shape[1]}: tokens {sorted(taken)}, "
+        f"top two {top.indices.tolist()} {gap=:.3g}")
 
 
 def test_the_quantised_target_differs_from_the_float_one(tmp_path_factory):
