@@ -92,17 +92,15 @@ TIE = 1e-4
 def _assert_greedy_equal_up_to_a_tie(model, condition, guided, scale, ar_tokens, other_tokens):
     """``other_tokens`` ``[1, N]`` equals greedy AR's ``ar_tokens``, or first differs from it where the target's
     top two logits (on AR's path, one position per forward) are within :data:`TIE` and are the two tokens taken."""
+    from csdgen.evaluation.agreement import teacher_forced_logits
     from csdgen.sampling import apply_guidance
 
     differ = (ar_tokens != other_tokens).nonzero()
     if differ.numel() == 0:
         return
     at = int(differ[0, 1])
-    session = model.start([condition], 1, guided)
-    out = session.prefill()
-    for i in range(at):
-        out = session.forward(ar_tokens[:, i:i + 1], torch.tensor([i]))
-    logits = apply_guidance(out.cond[0, -1].float(), None if out.uncond is None else out.uncond[0, -1].float(), scale)
+    cond, uncond = teacher_forced_logits(model, [condition], ar_tokens, guided=guided, window=1)
+    logits = apply_guidance(cond[0, at].float(), None if uncond is None else uncond[0, at].float(), scale)
     top = logits.topk(2)
     taken = {int(ar_tokens[0, at]), int(other_tokens[0, at])}
     gap = float(top.values[0] - top.values[1])
