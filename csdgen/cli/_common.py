@@ -58,9 +58,9 @@ def choose_dtype(args, family: str, device) -> str:
         if given not in (None, "auto", *BUILTIN_DTYPES):
             raise ValueError(f"--dtype {given}: the built-in model runs in {' or '.join(BUILTIN_DTYPES)}; allowed for "
                              f"it: {', '.join(('auto',) + BUILTIN_DTYPES)} (float16 needs --model PATH, a checkpoint)")
-    if family == "builtin" and given == "bfloat16" and getattr(args, "quantize", None):
-        raise ValueError(f"--dtype bfloat16 with --quantize {args.quantize}: the built-in model is quantised from "
-                         f"float32; allowed: one of the two")
+        if given == "bfloat16" and getattr(args, "quantize", None):
+            raise ValueError(f"--dtype bfloat16 with --quantize {args.quantize}: the built-in model is quantised from "
+                             f"float32; allowed: one of the two")
     dtype, reason = resolve_dtype(given, device, family)
     name = str(dtype).removeprefix("torch.")
     what = "the built-in model" if family == "builtin" else f"{family} ({getattr(args, 'model', '')})"

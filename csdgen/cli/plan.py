@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from . import _options as opt
-from ._common import clamp_window, refuse_missing_cuda
+from ._common import choose_dtype, clamp_window, refuse_missing_cuda
 
 #: the window the plan assumes when none is given: the widest ``window="auto"`` runs
 DEFAULT_NOTE = "default: the widest window='auto' runs"
@@ -87,8 +87,6 @@ def run(args) -> int:
             raise ValueError(f"{needs_model(given)} PATH (a checkpoint); the built-in model {' and '.join(why)}")
         from csdgen.models.builtin import load_builtin_model
         from csdgen.models.plan import builtin_plan
-
-        from ._common import choose_dtype
 
         model = load_builtin_model(args.weights, dtype=choose_dtype(args, "builtin", device))
         if args.window is not None:  # generate's note on a window longer than the image
