@@ -14,16 +14,26 @@ requests submitted from an asyncio loop in this process at their arrival times. 
 between continuous and static batching here belongs to the batching, not to the HTTP stack, and
 a run on a GPU costs one model load instead of one server start per cell.
 
-* the **capacity** (images per second): ``--capacity``, or measured as in ``bench_serve.py``:
-  one-at-a-time throughput (a scheduler with one batch slot, requests of one image back to back
-  for ``--capacity-seconds``) x ``--max-batch``;
+* the **capacity** (images per second): ``--capacity``; or with ``--saturated`` the continuous
+  scheduler's throughput over a burst (requests of n = 1..4 images, at least 4 x ``--max-batch``
+  of them, all at once: what it sustains with its queue never empty; on a CPU, where a batch's
+  forward costs more the more images it holds, one-at-a-time throughput x max batch is beyond
+  what the machine serves); or measured as in ``bench_serve.py``: one-at-a-time throughput (a
+  scheduler with one batch slot, requests of one image back to back for ``--capacity-seconds``)
+  x ``--max-batch``;
 * for every method, rate and batching: the arrivals at ``rate x capacity`` images per second for
-  at most ``--duration`` seconds and ``--requests`` requests, every request waited for;
+  at most ``--duration`` seconds and ``--requests`` requests, every request waited for; with
+  ``--repeat R``, R rounds, each with arrivals of its own (seed ``--seed + round``) and the
+  batchings in turn (reversed on odd rounds), so that the machine's drift over minutes falls on
+  both;
 * per cell: requests, images, images per second (images answered / seconds from the start of the
   arrivals to the last answer), p50 / p95 / p99 latency per request (arrival to its last image
   encoded), the mean queue wait per image (the scheduler's waiting images sampled
   every 0.1 s, integrated, over the images), mean batch occupancy (images in the batch summed over
-  iterations / iterations), errors; per rate, continuous p95 over static p95.
+  iterations / iterations), errors, and (``--json``) every request's arrival, images and latency;
+  per rate, continuous p95 over static p95; then, pooled over the rounds, every answered
+  request's latency per method, rate and batching: p50 / p95 / p99 and continuous p95 over static
+  (with each round's own ratio beside it).
 
 Before the first cell the server's ``--warmup`` runs (:func:`csdgen.cli.serve._warmup`: the
 compiled steps of every batch and width bucket, where the device compiles), and each scheduler
@@ -56,13 +66,13 @@ MODES = ("continuous", "static")
 positive = real(0.0, low_open=True, allowed="a number > 0")
 
 
-def served_builtin(device: str, method: str, max_batch: int):
+def served_builtin(device: str, method: str, max_batch: int, dtype: str = "float32"):
     """The built-in model as ``csdgen serve`` serves it (defaults: ``method``, window auto; up to
     ``max_batch`` images per request, for the warm-up request)."""
     from csdgen.models.builtin import load_builtin_model
     from csdgen.serve import ServeDefaults, ServedModel
 
-    model = load_builtin_model(device=device)
+    model = load_builtin_model(device=device, dtype=dtype)
     defaults = ServeDefaults(method=method, window="auto", max_images=max(10, max_batch))
     return ServedModel(model, "csdgen-builtin", defaults=defaults)
 
@@ -132,7 +142,51 @@ def replay(served, arrivals: list[dict], mode: str, max_batch: int, sample: floa
             "images_per_second": images / out["seconds"], "p50": statistics.median(ok) if ok else None,
             "p95": quantile(ok, 0.95) if ok else None, "p99": quantile(ok, 0.99) if ok else None,
             "queue_wait": out["queue_image_seconds"] / max(1, sum(a["n"] for a in arrivals)),
-            "occupancy": rows / iterations if iterations else 0.0, "errors": len(arrivals) - len(ok)}
+            "occupancy": rows / iterations if iterations else 0.0, "errors": len(arrivals) - len(ok),
+            # per request: arrival (s from the start), images, seconds to its last image (None: an error)
+            "latencies": [[round(a["at"], 3), a["n"], None if error else round(s, 3)]
+                          for a, (s, error) in zip(arrivals, out["answers"])]}
+
+
+def pooled(cells: list[dict]) -> list[dict]:
+    """Per method, rate and batching: the p50 / p95 / p99 of every answered request of all its rounds, and
+    (continuous) its p95 over static's and the rounds' own ratios."""
+    groups: dict[tuple, list[dict]] = {}
+    for c in cells:
+        groups.setdefault((c["method"], c["rate"], c["mode"]), []).append(c)
+    out = []
+    for (method, rate, mode), group in groups.items():
+        ok = sorted(s for c in group for _, _, s in c["latencies"] if s is not None)
+        out.append({"method": method, "rate": rate, "mode": mode, "requests": sum(c["requests"] for c in group),
+                    "p50": statistics.median(ok) if ok else float("nan"), "p95": quantile(ok, 0.95),
+                    "p99": quantile(ok, 0.99)})
+    by_key = {(c["method"], c["rate"], c["mode"]): c for c in out}
+    for c in out:
+        static = by_key.get((c["method"], c["rate"], "static"))
+        if c["mode"] == "continuous" and static and static["p95"]:
+            c["p95_over_static"] = c["p95"] / static["p95"]
+            c["p95_over_static_by_round"] = [x["p95_over_static"] for x in cells
+                                             if (x["method"], x["rate"], x["mode"]) == (c["method"], c["rate"], "continuous")
+                                             and "p95_over_static" in x]
+    return out
+
+
+def saturated_throughput(served, max_batch: int, seed: int) -> float:
+    """Images per second of a continuous scheduler of ``max_batch`` slots given requests of n = 1..4
+    images totalling at least ``4 * max_batch``, all at once (after one untimed request of
+    ``max_batch`` images): what the server sustains with its queue never empty."""
+    import random
+
+    rng = random.Random(seed)
+    burst, images = [], 0
+    while images < 4 * max_batch:
+        n = rng.randint(1, 4)
+        burst.append({"at": 0.0, "n": n, "prompt": str(rng.randrange(served.model.num_classes)), "seed": rng.randrange(2**31)})
+        images += n
+    cell = replay(served, burst, "continuous", max_batch)
+    if cell["errors"]:
+        raise RuntimeError(f"{cell['errors']} request(s) of the capacity burst failed")
+    return cell["images_per_second"]
 
 
 def _counter(metrics, name: str) -> float:
@@ -168,11 +222,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=_fractions, default=[0.3, 0.6, 0.9], help="fractions of the capacity (default 0.3,0.6,0.9)")
     p.add_argument("--capacity", type=positive, default=None, help="images per second (default: measured)")
     p.add_argument("--capacity-seconds", type=positive, default=20.0, help="seconds of the capacity measurement (default 20)")
+    p.add_argument("--saturated", action="store_true",
+                   help="capacity: the continuous scheduler's throughput over a burst of 4 x --max-batch images")
+    p.add_argument("--repeat", type=count(1), default=1,
+                   help="rounds per rate, each with its own arrivals (seed --seed + round), batchings in turn (default 1)")
     p.add_argument("--max-batch", type=count(1), default=16, help="batch slots (default 16)")
     p.add_argument("--duration", type=positive, default=150.0, help="most seconds of arrivals per cell (default 150)")
     p.add_argument("--requests", type=count(1), default=200, help="most requests per cell (default 200)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu or cuda (default cpu)")
     p.add_argument("--threads", type=count(1), default=None, help="torch threads (default: torch's)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="the built-in model's dtype, as csdgen serve --dtype (default float32)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None, help="write every figure here")
     args = p.parse_args(argv)
@@ -198,45 +258,59 @@ def main(argv: list[str] | None = None) -> int:
     record = {"command": "python benchmarks/serve_replay.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "commit": commit or None,
               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, "
-                         f"device {args.device}", "load_average_start": os.getloadavg(), "cells": []}
+                         f"device {args.device}, {args.dtype}", "load_average_start": os.getloadavg(), "cells": []}
     print(f"# {record['command']} (commit {commit or 'unknown'})\n# {record['machine']}, load average {os.getloadavg()[0]:.2f}", flush=True)
     for method in methods:
         # loaded and warmed up in a thread that ends with them, as csdgen serve does (csdgen.torch_threads)
-        served = call_in_thread(served_builtin, args.device, method, args.max_batch)
+        served = call_in_thread(served_builtin, args.device, method, args.max_batch, args.dtype)
         call_in_thread(_warmup, served.model, parse_request({"prompt": "0"}, served), args.max_batch,
                        served.engine_kwargs)
-        capacity = args.capacity
-        if capacity is None:
+        capacity, how = args.capacity, "given"
+        if capacity is None and args.saturated:
+            capacity, how = saturated_throughput(served, args.max_batch, args.seed), "a burst's throughput"
+        elif capacity is None:
             capacity = one_at_a_time_throughput(served, args.capacity_seconds) * args.max_batch
-        print(f"# {method}: capacity {capacity:.2f} images/s ({'given' if args.capacity else 'measured'})", flush=True)
-        every = {rate: poisson_arrivals(rate * capacity, args.requests, args.duration, served.model.num_classes, args.seed)
-                 for rate in args.rate}  # all checked before the first cell runs
-        empty = [rate for rate, arrivals in every.items() if not arrivals]
+            how = "one at a time x max batch"
+        print(f"# {method}: capacity {capacity:.2f} images/s ({how})", flush=True)
+        record.setdefault("capacities", {})[method] = {"images_per_second": capacity, "from": how}
+        # round r draws its arrivals with seed --seed + r; all checked before the first cell runs
+        every = {(rate, r): poisson_arrivals(rate * capacity, args.requests, args.duration, served.model.num_classes,
+                                             args.seed + r) for rate in args.rate for r in range(args.repeat)}
+        empty = sorted({rate for (rate, _), arrivals in every.items() if not arrivals})
         if empty:
             p.error(f"--rate {','.join(map(str, empty))} of {capacity:.2f} images/s: no request arrives within "
                     f"--duration {args.duration:g} s; allowed a longer --duration or a higher rate")
-        for rate, arrivals in every.items():
+        for (rate, r), arrivals in every.items():
             offered = sum(a["n"] for a in arrivals) / args.duration
             cells = {}
-            for mode in modes:
+            for mode in (modes if r % 2 == 0 else modes[::-1]):  # odd rounds in reverse: drift falls on both
                 cell = replay(served, arrivals, mode, args.max_batch)
-                cell.update(method=method, rate=rate, capacity=capacity, offered_images_per_second=offered)
+                cell.update(method=method, rate=rate, capacity=capacity, offered_images_per_second=offered, round=r)
                 cells[mode] = cell
                 record["cells"].append(cell)
-                print(json.dumps(cell), flush=True)
+                print(json.dumps({k: v for k, v in cell.items() if k != "latencies"}), flush=True)
             if "continuous" in cells and "static" in cells and cells["static"]["p95"]:
                 ratio = cells["continuous"]["p95"] / cells["static"]["p95"]
                 cells["continuous"]["p95_over_static"] = ratio
-                print(f"# {method} rate {rate}: continuous p95 {ratio:.2f}x static's", flush=True)
+                print(f"# {method} rate {rate} round {r}: continuous p95 {ratio:.2f}x static's", flush=True)
     record["load_average_end"] = os.getloadavg()
-    print("\n| method | rate | requests | offered images/s | batching | images/s | p50 s | p95 s | p99 s | "
+    record["pooled"] = pooled(record["cells"])
+    print("\n| method | rate | round | requests | offered images/s | batching | images/s | p50 s | p95 s | p99 s | "
           "queue wait per image, s | mean occupancy | errors | continuous p95 over static |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for c in record["cells"]:
         ratio = f"{c['p95_over_static']:.2f}x" if "p95_over_static" in c else ""
-        print(f"| {c['method']} | {c['rate']} | {c['requests']} | {c['offered_images_per_second']:.2f} | {c['mode']} | "
+        print(f"| {c['method']} | {c['rate']} | {c['round']} | {c['requests']} | {c['offered_images_per_second']:.2f} | {c['mode']} | "
               f"{c['images_per_second']:.2f} | {c['p50']:.2f} | {c['p95']:.2f} | {c['p99']:.2f} | {c['queue_wait']:.2f} | "
               f"{c['occupancy']:.1f} | {c['errors']} | {ratio} |")
+    print("\nPooled over rounds (every answered request of a method, rate and batching):\n")
+    print("| method | rate | batching | requests | p50 s | p95 s | p99 s | continuous p95 over static | by round |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for c in record["pooled"]:
+        ratio = f"{c['p95_over_static']:.2f}x" if "p95_over_static" in c else ""
+        rounds = ", ".join(f"{v:.2f}" for v in c.get("p95_over_static_by_round", []))
+        print(f"| {c['method']} | {c['rate']} | {c['mode']} | {c['requests']} | {c['p50']:.2f} | {c['p95']:.2f} | "
+              f"{c['p99']:.2f} | {ratio} | {rounds} |")
     if args.json:
         from csdgen.atomic import write_text_atomic
 
