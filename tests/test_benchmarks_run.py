@@ -260,3 +260,66 @@ def test_served_closed_loop_runs_the_configurations_in_turn_round_by_round(tmp_p
     bad = subprocess.run([sys.executable, "benchmarks/served_closed_loop.py", "--clients", "1,4", "--per-client", "2,1,1"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--per-client 2,1,1: allowed one number, or one per --clients entry (2)" in bad.stderr
+
+
+def _script(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_admission_model_latencies_are_exact_on_cases_worked_by_hand():
+    """benchmarks/admission_model.py: every image in a batch of b advances at thr(b) / b; static batching
+    waits for the batch in flight to drain, continuous batching does not, a cap makes images queue."""
+    import pytest
+
+    model = _script("admission_model")
+    one = lambda b: 1.0 * b  # noqa: E731  (memory-bound: every row at one image per second)
+    two = [{"at": 0.0, "n": 1}, {"at": 0.5, "n": 1}]
+    for policy, want in ((("static",), [1.0, 1.5]), (("continuous", 16), [1.0, 1.0]), (("continuous", 1), [1.0, 1.5])):
+        got = model.simulate(two, one, policy, 16, 0.0, seed=0)
+        assert got == [pytest.approx(w) for w in want], (policy, got)
+    flat = lambda b: 2.0 if b else 0.0  # noqa: E731  (compute-bound: the batch commits 2 images/s whatever it holds)
+    # a request of 2 images alone: each at 1 image/s -> 1 s; a third image joining at 0.5 s slows both
+    got = model.simulate([{"at": 0.0, "n": 2}, {"at": 0.5, "n": 1}], flat, ("continuous", 16), 16, 0.0, seed=0)
+    # 0..0.5: 2 rows at 1/s (0.5 done each); then 3 rows at 2/3 /s: the first two finish at 0.5 + 0.75 = 1.25,
+    # the third has 0.5 of work left, alone at 2/s: 0.25 s more -> 1.5 - 0.5 = 1.0
+    assert got == [pytest.approx(1.25), pytest.approx(1.0)], got
+
+
+def test_admission_model_names_a_bad_curve_and_prints_every_policy_against_static(capsys):
+    import pytest
+
+    model = _script("admission_model")
+    for curve, says in (("16", "'16' is not rows:images_per_second"), ("0:1", "allowed rows >= 1"),
+                        ("2:1,2:3", "each once"), ("2:-1", "images per second > 0")):
+        with pytest.raises(SystemExit):
+            model.main(["--curve", curve])
+        assert says in capsys.readouterr().err, curve
+    assert model.main(["--memory-bound", "0.5", "--seeds", "1", "--duration", "60", "--rate", "0.6", "--caps", "16,8"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| 0.6 |")]
+    assert [r.split(" | ")[1] for r in rows] == ["static", "continuous 16", "continuous 8", "continuous 8..16"]
+    assert rows[0].endswith("| 1.00x |") and "capacity thr(16) = 8.00 images/s" in out
+
+
+def test_serve_replay_pools_the_rounds_latencies_and_keeps_each_rounds_ratio():
+    replay = _script("serve_replay")
+
+    def cell(mode, r, latencies, ratio=None):
+        c = {"method": "csd", "rate": 0.6, "mode": mode, "round": r, "requests": len(latencies),
+             "latencies": [[float(i), 1, s] for i, s in enumerate(latencies)]}
+        if ratio is not None:
+            c["p95_over_static"] = ratio
+        return c
+
+    cells = [cell("continuous", 0, [1.0, 2.0, None], 0.5), cell("static", 0, [4.0, 4.0, 4.0]),
+             cell("static", 1, [2.0, 2.0]), cell("continuous", 1, [3.0, 3.0], 1.5)]
+    pooled = {c["mode"]: c for c in replay.pooled(cells)}
+    assert pooled["continuous"]["requests"] == 5 and pooled["static"]["requests"] == 5
+    assert pooled["continuous"]["p95"] == 3.0 and pooled["static"]["p95"] == 4.0  # the request that failed is left out
+    assert pooled["continuous"]["p95_over_static"] == 0.75
+    assert pooled["continuous"]["p95_over_static_by_round"] == [0.5, 1.5] and "p95_over_static" not in pooled["static"]
