@@ -11,7 +11,8 @@ of static batching's depends on how the batch's throughput grows with its rows, 
 property of the device: this script asks the question of the curve alone.
 
 **The model.** A served batch of ``b`` images commits ``thr(b)`` images per second (``--curve``:
-``rows:images_per_second`` pairs, interpolated linearly; measure them with ``served_widths.py
+``rows:images_per_second`` pairs, one of them at 1 row and the last at ``--max-batch`` rows or
+more, interpolated linearly; measure them with ``served_widths.py
 --images ... --widths 1`` plus ``auto``, tokens per second over the image's tokens; or
 ``--memory-bound S``: ``thr(b) = S * b``, a forward of ``b`` rows costing what one row's does, as
 on a device that reads the same weights for any batch up to ``--max-batch``). Every image in the
@@ -31,7 +32,10 @@ Policies:
 * ``continuous c..C``: ``c`` while at most ``--hold`` images wait, ``C`` = ``--max-batch`` beyond.
 
 Per rate and policy: p50 and p95 latency (the mean over ``--seeds`` arrival draws of
-``--duration`` seconds each) and the p95 over static batching's.
+``--duration`` seconds each), the p95 over static batching's, and served over offered (``--duration``
+over the time of the last answer: 1 when the policy keeps up; a row marked "queue grew" serves
+less than is offered, so its p95 grows with ``--duration`` and a ratio against it holds for that
+duration only: static batching's own capacity is below ``thr(--max-batch)``, its batches drain).
 
 It models the batch only: no admission cost (a prefill forward on a CPU costs about half an
 iteration of 16 images), no window choice (the curve's own), no HTTP.
@@ -40,6 +44,7 @@ iteration of 16 images), no window choice (the curve's own), no HTTP.
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import statistics
 import sys
@@ -52,11 +57,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_serve import _fractions, poisson_arrivals, quantile  # noqa: E402  (the same arrivals and quantiles)
 
 
+QUEUE_GREW = 0.9  #: served / offered below this: the policy's queue grew through the run
+
+
 def parse_curve(text: str) -> tuple[np.ndarray, np.ndarray]:
     """``"1:0.55,2:0.86,..."`` -> (rows ``[K]`` int, images per second ``[K]`` float), rows increasing.
 
     Raises:
-        ValueError: a pair that is not ``rows:images_per_second``, rows < 1 or repeated, a rate <= 0."""
+        ValueError: a pair that is not ``rows:images_per_second``, rows < 1 or repeated, a rate that is
+            not a finite number > 0, fewer than two pairs, or no pair at 1 row (the curve is read
+            between its rows only: one image alone must be measured, not assumed)."""
     rows, rates = [], []
     for part in text.split(","):
         try:
@@ -64,10 +74,13 @@ def parse_curve(text: str) -> tuple[np.ndarray, np.ndarray]:
             b, r = int(b), float(r)
         except ValueError:
             raise ValueError(f"--curve {text!r}: {part!r} is not rows:images_per_second (e.g. 16:1.9)") from None
-        if b < 1 or not r > 0 or b in rows:
-            raise ValueError(f"--curve {text!r}: {part!r}: allowed rows >= 1, each once, and images per second > 0")
+        if b < 1 or not 0 < r < math.inf or b in rows:
+            raise ValueError(f"--curve {text!r}: {part!r}: allowed rows >= 1, each once, and images per second "
+                             f"a finite number > 0")
         rows.append(b)
         rates.append(r)
+    if len(rows) < 2 or 1 not in rows:
+        raise ValueError(f"--curve {text!r}: allowed two or more pairs, one of them at 1 row (e.g. 1:0.8,16:2.9)")
     order = np.argsort(rows)
     return np.array(rows)[order], np.array(rates)[order]
 
@@ -77,7 +90,7 @@ def simulate(arrivals: list[dict], thr, policy: tuple, max_batch: int, spread: f
     between events (an arrival, an image finishing) the batch's rows and their speed are constant.
 
     ``policy``: ``("static",)``, ``("continuous", c)`` or ``("continuous", c, C, hold)``."""
-    rng = random.Random(seed)
+    rng = random.Random(10**9 + seed)  # the images' work: a stream apart from the arrivals' (seeded 0, 1, ...)
     queue: list[tuple[int, float]] = []  # (request, work) waiting, first come first served
     batch: list[list] = []  # [request, work left]
     left = [a["n"] for a in arrivals]
@@ -121,55 +134,69 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--memory-bound", type=float, metavar="S", help="thr(b) = S x b: one row's images per second")
     p.add_argument("--max-batch", type=int, default=16, help="batch slots (default 16)")
     p.add_argument("--rate", type=_fractions, default=[0.3, 0.6, 0.9], help="fractions of thr(max batch) (default 0.3,0.6,0.9)")
-    p.add_argument("--caps", default="16,12,8,6", help="continuous caps c (default 16,12,8,6; above --max-batch: dropped)")
+    p.add_argument("--caps", default="16,12,8", help="continuous caps c, 1 .. --max-batch (default 16,12,8)")
     p.add_argument("--hold", type=int, default=4, help="continuous c..C: images waiting beyond which C applies (default 4)")
     p.add_argument("--spread", type=float, default=0.15, help="standard deviation of an image's work (default 0.15)")
     p.add_argument("--duration", type=float, default=300.0, help="seconds of arrivals per draw (default 300)")
     p.add_argument("--seeds", type=int, default=8, help="arrival draws per cell (default 8)")
     args = p.parse_args(argv)
-    if args.max_batch < 1 or args.seeds < 1 or not args.duration > 0 or args.spread < 0:
-        p.error(f"--max-batch {args.max_batch}, --seeds {args.seeds}, --duration {args.duration:g}, --spread {args.spread:g}: "
-                f"allowed max batch >= 1, seeds >= 1, duration > 0, spread >= 0")
+    if (args.max_batch < 1 or args.seeds < 1 or args.hold < 0 or not 0 < args.duration < math.inf
+            or not 0 <= args.spread < math.inf):
+        p.error(f"--max-batch {args.max_batch}, --seeds {args.seeds}, --hold {args.hold}, --duration {args.duration:g}, "
+                f"--spread {args.spread:g}: allowed max batch >= 1, seeds >= 1, hold >= 0, duration a finite number > 0, "
+                f"spread a finite number >= 0")
     if args.memory_bound is not None:
-        if not args.memory_bound > 0:
-            p.error(f"--memory-bound {args.memory_bound:g}: allowed images per second > 0")
+        if not 0 < args.memory_bound < math.inf:
+            p.error(f"--memory-bound {args.memory_bound:g}: allowed images per second, a finite number > 0")
         rows, rates = np.array([1, args.max_batch]), np.array([args.memory_bound, args.memory_bound * args.max_batch])
     else:
         try:
             rows, rates = parse_curve(args.curve)
         except ValueError as exc:
             p.error(str(exc))
+        if rows[-1] < args.max_batch:
+            p.error(f"--max-batch {args.max_batch}: beyond the curve's last row {rows[-1]}; allowed --max-batch <= {rows[-1]} "
+                    f"or a curve measured up to it")
 
     def thr(b: int) -> float:
         return float(np.interp(b, rows, rates))
 
     try:
-        caps = sorted({int(c) for c in args.caps.split(",") if c.strip()}, reverse=True)
+        caps = sorted({int(c) for c in args.caps.split(",")}, reverse=True)
     except ValueError:
-        p.error(f"--caps {args.caps!r}: allowed integers >= 1, comma-separated")
-    caps = [c for c in caps if 1 <= c <= args.max_batch]
+        caps = []
+    if not caps or not all(1 <= c <= args.max_batch for c in caps):
+        p.error(f"--caps {args.caps!r}: allowed integers 1 .. --max-batch {args.max_batch}, comma-separated")
     policies = [("static",)] + [("continuous", c) for c in caps]
     policies += [("continuous", c, args.max_batch, args.hold) for c in caps if c < args.max_batch]
     capacity = thr(args.max_batch)
     print(f"# python benchmarks/admission_model.py {' '.join(sys.argv[1:] if argv is None else argv)}")
     print(f"# capacity thr({args.max_batch}) = {capacity:.2f} images/s; per row at 1 / {args.max_batch} rows: "
           f"{thr(1):.2f} / {capacity / args.max_batch:.2f} images/s")
-    print("\n| rate | policy | p50 s | p95 s | p95 over static |\n|---|---|---|---|---|")
+    print("\n| rate | policy | p50 s | p95 s | p95 over static | served / offered |\n|---|---|---|---|---|---|")
     for rate in args.rate:
         draws = [poisson_arrivals(rate * capacity, 10**6, args.duration, 1, seed) for seed in range(args.seeds)]
         figures = {}
         for policy in policies:
-            p50s, p95s = [], []
+            p50s, p95s, served = [], [], []
             for seed, arrivals in enumerate(draws):
-                latency = sorted(simulate(arrivals, thr, policy, args.max_batch, args.spread, seed))
+                latency = simulate(arrivals, thr, policy, args.max_batch, args.spread, seed)
+                # served / offered: the images over the time to the last answer, over the images over --duration
+                last = max(a["at"] + s for a, s in zip(arrivals, latency))
+                served.append(args.duration / max(last, args.duration))
+                latency.sort()
                 p50s.append(statistics.median(latency))
                 p95s.append(quantile(latency, 0.95))
-            figures[policy] = (statistics.mean(p50s), statistics.mean(p95s))
+            figures[policy] = (statistics.mean(p50s), statistics.mean(p95s), statistics.mean(served))
         static = figures[("static",)][1]
-        for policy, (p50, p95) in figures.items():
+        for policy, (p50, p95, served) in figures.items():
             name = "static" if policy[0] == "static" else (f"continuous {policy[1]}" if len(policy) == 2
                                                            else f"continuous {policy[1]}..{policy[2]}")
-            print(f"| {rate:g} | {name} | {p50:.1f} | {p95:.1f} | {p95 / static:.2f}x |")
+            mark = " (queue grew)" if served < QUEUE_GREW else ""
+            print(f"| {rate:g} | {name} | {p50:.1f} | {p95:.1f} | {p95 / static:.2f}x | {served:.2f}{mark} |")
+    print(f"\n(queue grew): the last answer came more than {1 / QUEUE_GREW - 1:.0%} of --duration after the arrivals "
+          f"ended: that policy serves less than is offered, its queue grows through the run and its p95 grows with "
+          f"--duration (a ratio against it holds for this --duration only).")
     return 0
 
 

@@ -294,16 +294,26 @@ def test_admission_model_names_a_bad_curve_and_prints_every_policy_against_stati
     import pytest
 
     model = _script("admission_model")
-    for curve, says in (("16", "'16' is not rows:images_per_second"), ("0:1", "allowed rows >= 1"),
-                        ("2:1,2:3", "each once"), ("2:-1", "images per second > 0")):
+    curve = "1:0.8,16:2.9"
+    for args, says in ((["--curve", "16"], "'16' is not rows:images_per_second"),
+                       (["--curve", "0:1"], "allowed rows >= 1"), (["--curve", "1:1,1:3"], "each once"),
+                       (["--curve", "1:1,2:-1"], "a finite number > 0"), (["--curve", "1:1,16:inf"], "a finite number > 0"),
+                       (["--curve", "4:1.4,16:2.9"], "one of them at 1 row"), (["--curve", "1:0.8"], "two or more pairs"),
+                       (["--curve", curve, "--max-batch", "32"], "--max-batch 32: beyond the curve's last row 16"),
+                       (["--curve", curve, "--caps", "0"], "--caps '0': allowed integers 1 .. --max-batch 16"),
+                       (["--curve", curve, "--caps", "32"], "--caps '32'"), (["--curve", curve, "--hold", "-1"], "hold >= 0"),
+                       (["--curve", curve, "--spread", "nan"], "spread a finite number >= 0"),
+                       (["--memory-bound", "inf"], "--memory-bound inf: allowed")):
         with pytest.raises(SystemExit):
-            model.main(["--curve", curve])
-        assert says in capsys.readouterr().err, curve
+            model.main(args)
+        assert says in capsys.readouterr().err, args
     assert model.main(["--memory-bound", "0.5", "--seeds", "1", "--duration", "60", "--rate", "0.6", "--caps", "16,8"]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| 0.6 |")]
     assert [r.split(" | ")[1] for r in rows] == ["static", "continuous 16", "continuous 8", "continuous 8..16"]
-    assert rows[0].endswith("| 1.00x |") and "capacity thr(16) = 8.00 images/s" in out
+    assert " | 1.00x | " in rows[0] and "capacity thr(16) = 8.00 images/s" in out
+    # a cap of 8 at 0.6 of 16 slots' throughput is past its own capacity: its queue grows, and the table says so
+    assert rows[2].endswith("(queue grew) |") and not rows[1].endswith("(queue grew) |")
 
 
 def test_serve_replay_pools_the_rounds_latencies_and_keeps_each_rounds_ratio():
