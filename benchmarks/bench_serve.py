@@ -180,11 +180,18 @@ def quantile(ordered: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def poisson_arrivals(rate: float, requests: int, duration: float, num_classes: int, seed: int) -> list[dict]:
+def poisson_arrivals(rate: float, requests: int, duration: float, num_classes: int, seed: int,
+                     exact: bool = False) -> list[dict]:
     """Open-loop arrivals: ``rate`` images per second (> 0) as requests of n = 1..4 images at exponential
     gaps (mean ``MEAN_IMAGES / rate`` seconds), at most ``requests`` of them and none after ``duration``
     seconds. Returns one dict per request, in order: ``at`` (seconds from the start), ``n``, ``prompt``
     (a class id as text) and ``seed``; the same for the same arguments.
+
+    A draw of a few minutes offers up to a fifth more or less than ``rate`` (the count of requests and
+    their sizes vary). With ``exact`` the draw's arrival times are scaled by one factor so that its
+    images over ``images / rate`` seconds are exactly ``rate`` (the draw's order and relative gaps
+    kept, the last arrival at most ``images / rate`` seconds in): "0.9 of capacity" then offers 0.9
+    of it in every draw.
 
     Raises:
         ValueError: a rate, duration or request count <= 0, or fewer than one class."""
@@ -199,6 +206,10 @@ def poisson_arrivals(rate: float, requests: int, duration: float, num_classes: i
             break
         out.append({"at": at, "n": rng.randint(1, 4), "prompt": str(rng.randrange(num_classes)),
                     "seed": rng.randrange(2**31)})
+    if exact and out:
+        factor = sum(a["n"] for a in out) / rate / duration
+        for a in out:
+            a["at"] *= factor
     return out
 
 

@@ -22,7 +22,8 @@ a run on a GPU costs one model load instead of one server start per cell.
   scheduler with one batch slot, requests of one image back to back for ``--capacity-seconds``)
   x ``--max-batch``;
 * for every method, rate and batching: the arrivals at ``rate x capacity`` images per second for
-  at most ``--duration`` seconds and ``--requests`` requests, every request waited for; with
+  at most ``--duration`` seconds and ``--requests`` requests, every request waited for (with
+  ``--exact-rate`` each draw's times scaled so that it offers exactly that rate); with
   ``--repeat R``, R rounds, each with arrivals of its own (seed ``--seed + round``) and the
   batchings in turn (reversed on odd rounds), so that the machine's drift over minutes falls on
   both;
@@ -224,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--capacity-seconds", type=positive, default=20.0, help="seconds of the capacity measurement (default 20)")
     p.add_argument("--saturated", action="store_true",
                    help="capacity: the continuous scheduler's throughput over a burst of 4 x --max-batch images")
+    p.add_argument("--exact-rate", action="store_true",
+                   help="scale each draw's arrival times so that it offers exactly rate x capacity (bench_serve.poisson_arrivals)")
     p.add_argument("--repeat", type=count(1), default=1,
                    help="rounds per rate, each with its own arrivals (seed --seed + round), batchings in turn (default 1)")
     p.add_argument("--max-batch", type=count(1), default=16, help="batch slots (default 16)")
@@ -275,13 +278,15 @@ def main(argv: list[str] | None = None) -> int:
         record.setdefault("capacities", {})[method] = {"images_per_second": capacity, "from": how}
         # round r draws its arrivals with seed --seed + r; all checked before the first cell runs
         every = {(rate, r): poisson_arrivals(rate * capacity, args.requests, args.duration, served.model.num_classes,
-                                             args.seed + r) for rate in args.rate for r in range(args.repeat)}
+                                             args.seed + r, exact=args.exact_rate)
+                 for rate in args.rate for r in range(args.repeat)}
         empty = sorted({rate for (rate, _), arrivals in every.items() if not arrivals})
         if empty:
             p.error(f"--rate {','.join(map(str, empty))} of {capacity:.2f} images/s: no request arrives within "
                     f"--duration {args.duration:g} s; allowed a longer --duration or a higher rate")
         for (rate, r), arrivals in every.items():
-            offered = sum(a["n"] for a in arrivals) / args.duration
+            images = sum(a["n"] for a in arrivals)
+            offered = rate * capacity if args.exact_rate else images / args.duration
             cells = {}
             for mode in (modes if r % 2 == 0 else modes[::-1]):  # odd rounds in reverse: drift falls on both
                 cell = replay(served, arrivals, mode, args.max_batch)

@@ -136,6 +136,14 @@ def test_bench_serve_poisson_arrivals_are_seeded_and_bounded_in_count_and_time()
     assert len(bench.poisson_arrivals(5.0, 10, 60.0, 7, seed=3)) == 10  # bounded by the count
     with pytest.raises(ValueError, match="rate=0"):
         bench.poisson_arrivals(0, 10, 60.0, 7, seed=3)
+    # exact: the same draw, its times scaled by one factor so that it offers exactly the rate
+    exact = bench.poisson_arrivals(5.0, 1000, 60.0, 7, seed=3, exact=True)
+    images = sum(a["n"] for a in exact)
+    factor = images / 5.0 / 60.0
+    assert factor != pytest.approx(1.0, abs=1e-3)  # this draw offered other than 5 images/s
+    assert [(a["n"], a["prompt"], a["seed"]) for a in exact] == [(a["n"], a["prompt"], a["seed"]) for a in arrivals]
+    assert [a["at"] for a in exact] == pytest.approx([a["at"] * factor for a in arrivals])
+    assert exact[-1]["at"] <= images / 5.0
 
 
 def test_bench_serve_refuses_bad_load_arguments_naming_them_and_takes_repeated_per_client_counts(capsys):
