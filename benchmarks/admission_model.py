@@ -56,6 +56,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_serve import _fractions, poisson_arrivals, quantile  # noqa: E402  (the same arrivals and quantiles)
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from csdgen.cli._options import count, numbers, real  # noqa: E402  (the CLI's own argument checks)
+
 
 QUEUE_GREW = 0.9  #: served / offered below this: the policy's queue grew through the run
 
@@ -131,23 +135,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--curve", help="rows:images_per_second pairs, comma-separated (the batch's measured throughput)")
-    g.add_argument("--memory-bound", type=float, metavar="S", help="thr(b) = S x b: one row's images per second")
-    p.add_argument("--max-batch", type=int, default=16, help="batch slots (default 16)")
+    g.add_argument("--memory-bound", type=real(0.0, low_open=True, allowed="images per second, a finite number > 0"),
+                   metavar="S", help="thr(b) = S x b: one row's images per second")
+    p.add_argument("--max-batch", type=count(1), default=16, help="batch slots (default 16)")
     p.add_argument("--rate", type=_fractions, default=[0.3, 0.6, 0.9], help="fractions of thr(max batch) (default 0.3,0.6,0.9)")
-    p.add_argument("--caps", default="16,12,8", help="continuous caps c, 1 .. --max-batch (default 16,12,8)")
-    p.add_argument("--hold", type=int, default=4, help="continuous c..C: images waiting beyond which C applies (default 4)")
-    p.add_argument("--spread", type=float, default=0.15, help="standard deviation of an image's work (default 0.15)")
-    p.add_argument("--duration", type=float, default=300.0, help="seconds of arrivals per draw (default 300)")
-    p.add_argument("--seeds", type=int, default=8, help="arrival draws per cell (default 8)")
+    p.add_argument("--caps", type=numbers(int, empty=False, what="cap", check=lambda c: c >= 1, allowed="integers >= 1"),
+                   default=[16, 12, 8], help="continuous caps c, 1 .. --max-batch (default 16,12,8)")
+    p.add_argument("--hold", type=count(0), default=4, help="continuous c..C: images waiting beyond which C applies (default 4)")
+    p.add_argument("--spread", type=real(0.0, allowed="a finite number >= 0"), default=0.15, help="standard deviation of an image's work (default 0.15)")
+    p.add_argument("--duration", type=real(0.0, low_open=True, allowed="a finite number > 0"), default=300.0, help="seconds of arrivals per draw (default 300)")
+    p.add_argument("--seeds", type=count(1), default=8, help="arrival draws per cell (default 8)")
     args = p.parse_args(argv)
-    if (args.max_batch < 1 or args.seeds < 1 or args.hold < 0 or not 0 < args.duration < math.inf
-            or not 0 <= args.spread < math.inf):
-        p.error(f"--max-batch {args.max_batch}, --seeds {args.seeds}, --hold {args.hold}, --duration {args.duration:g}, "
-                f"--spread {args.spread:g}: allowed max batch >= 1, seeds >= 1, hold >= 0, duration a finite number > 0, "
-                f"spread a finite number >= 0")
     if args.memory_bound is not None:
-        if not 0 < args.memory_bound < math.inf:
-            p.error(f"--memory-bound {args.memory_bound:g}: allowed images per second, a finite number > 0")
         rows, rates = np.array([1, args.max_batch]), np.array([args.memory_bound, args.memory_bound * args.max_batch])
     else:
         try:
@@ -161,12 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     def thr(b: int) -> float:
         return float(np.interp(b, rows, rates))
 
-    try:
-        caps = sorted({int(c) for c in args.caps.split(",")}, reverse=True)
-    except ValueError:
-        caps = []
-    if not caps or not all(1 <= c <= args.max_batch for c in caps):
-        p.error(f"--caps {args.caps!r}: allowed integers 1 .. --max-batch {args.max_batch}, comma-separated")
+    caps = sorted(args.caps, reverse=True)
+    if caps[0] > args.max_batch:
+        p.error(f"--caps {','.join(map(str, args.caps))}: cap {caps[0]} is beyond --max-batch {args.max_batch}; "
+                f"allowed integers 1 .. {args.max_batch}, comma-separated")
     policies = [("static",)] + [("continuous", c) for c in caps]
     policies += [("continuous", c, args.max_batch, args.hold) for c in caps if c < args.max_batch]
     capacity = thr(args.max_batch)

@@ -308,10 +308,11 @@ def test_admission_model_names_a_bad_curve_and_prints_every_policy_against_stati
                        (["--curve", "1:1,2:-1"], "a finite number > 0"), (["--curve", "1:1,16:inf"], "a finite number > 0"),
                        (["--curve", "4:1.4,16:2.9"], "one of them at 1 row"), (["--curve", "1:0.8"], "two or more pairs"),
                        (["--curve", curve, "--max-batch", "32"], "--max-batch 32: beyond the curve's last row 16"),
-                       (["--curve", curve, "--caps", "0"], "--caps '0': allowed integers 1 .. --max-batch 16"),
-                       (["--curve", curve, "--caps", "32"], "--caps '32'"), (["--curve", curve, "--hold", "-1"], "hold >= 0"),
-                       (["--curve", curve, "--spread", "nan"], "spread a finite number >= 0"),
-                       (["--memory-bound", "inf"], "--memory-bound inf: allowed")):
+                       (["--curve", curve, "--caps", "0"], "--caps: '0': cap 0 is out of range; allowed: integers >= 1"),
+                       (["--curve", curve, "--caps", "32"], "--caps 32: cap 32 is beyond --max-batch 16"),
+                       (["--curve", curve, "--hold", "-1"], "--hold: -1: must be an integer >= 0"),
+                       (["--curve", curve, "--spread", "nan"], "--spread: 'nan': allowed a finite number >= 0"),
+                       (["--memory-bound", "inf"], "--memory-bound: 'inf': allowed images per second")):
         with pytest.raises(SystemExit):
             model.main(args)
         assert says in capsys.readouterr().err, args
