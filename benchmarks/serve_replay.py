@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
 import statistics
@@ -176,14 +177,13 @@ def saturated_throughput(served, max_batch: int, seed: int) -> float:
     """Images per second of a continuous scheduler of ``max_batch`` slots given requests of n = 1..4
     images totalling at least ``4 * max_batch``, all at once (after one untimed request of
     ``max_batch`` images): what the server sustains with its queue never empty."""
-    import random
-
-    rng = random.Random(seed)
     burst, images = [], 0
-    while images < 4 * max_batch:
-        n = rng.randint(1, 4)
-        burst.append({"at": 0.0, "n": n, "prompt": str(rng.randrange(served.model.num_classes)), "seed": rng.randrange(2**31)})
-        images += n
+    # requests drawn as the open loop draws them (4 x max_batch requests hold at least that many images), all at once
+    for request in poisson_arrivals(1.0, 4 * max_batch, math.inf, served.model.num_classes, seed):
+        if images >= 4 * max_batch:
+            break
+        burst.append({**request, "at": 0.0})
+        images += request["n"]
     cell = replay(served, burst, "continuous", max_batch)
     if cell["errors"]:
         raise RuntimeError(f"{cell['errors']} request(s) of the capacity burst failed")
