@@ -4,7 +4,7 @@ Not a test: it times and prints. From the project root:
 
     python benchmarks/bench_builtin_dtype.py --threads 2
 
-Three tables, every figure a median, the two dtypes timed in turn (float32, bfloat16, float32,
+Four tables, every figure a median, the two dtypes timed in turn (float32, bfloat16, float32,
 bfloat16) so that both see the machine at the same pace:
 
 1. kernels: a cache write of one column per row (``scatter_`` against ``index_put_``, 8 rows, 8 heads of
@@ -12,7 +12,9 @@ bfloat16) so that both see the machine at the same pace:
    matmuls and a float32 softmax, transformers' ``eager`` attention) at 2 and 24 rows, 320 columns;
 2. one static-session forward of the built-in model (``bench_session_forward.median_forward``) at
    batch 1, 4, 12 and 16 and the widths the auto window runs there (guided: twice the rows);
-3. ``csdgen.generate`` of 1 and 4 images (the default classes, seeds 0..``--seeds``-1) with AR, SJD
+3. attention: the same bfloat16 forwards with transformers' ``eager`` attention and with ``sdpa``, the
+   rows at one position and spread over the image (as a served batch's are), the two in turn;
+4. ``csdgen.generate`` of 1 and 4 images (the default classes, seeds 0..``--seeds``-1) with AR, SJD
    and CSD at window ``auto``: seconds, and each method's speed over AR's in the same dtype.
 """
 
@@ -99,6 +101,29 @@ def forwards(models) -> list[str]:
     return lines
 
 
+def attention(models) -> list[str]:
+    """bfloat16 forwards with each transformers attention (the other implementation set for its forwards,
+    then the chosen one back): which one :func:`csdgen.models.builtin.cpu_bfloat16_attention` should pick here."""
+    model = models[1]
+    backbone = model.components.ar
+    chosen = backbone.config._attn_implementation
+    lines = ["| batch | width | eager ms | sdpa ms | sdpa over eager | rows' positions |", "|---|---|---|---|---|---|"]
+    try:
+        for batch, widths in FORWARDS:
+            for width in widths:
+                for spread in (False, True):
+                    t = {}
+                    for name in ("eager", "sdpa", "eager", "sdpa"):
+                        backbone.set_attn_implementation(name)
+                        t.setdefault(name, []).append(median_forward(model, "static", batch, width, 127, 40, spread=spread))
+                    eager, sdpa = min(t["eager"]), min(t["sdpa"])
+                    lines.append(f"| {batch} | {width} | {1e3 * eager:.2f} | {1e3 * sdpa:.2f} | {sdpa / eager:.2f}x | "
+                                 f"{'spread over the image' if spread else 'all at 127'} |")
+    finally:
+        backbone.set_attn_implementation(chosen)
+    return lines
+
+
 def runs(models, seeds: int) -> list[str]:
     lines = ["| images | method | float32 s | bfloat16 s | float32 over AR | bfloat16 over AR | "
              "step compression float32 / bfloat16 |", "|---|---|---|---|---|---|---|"]
@@ -128,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     p.add_argument("--seeds", type=int, default=4, help="seeds per run size (default 4)")
-    p.add_argument("--skip", choices=["kernels", "forwards", "runs"], action="append", default=[])
+    p.add_argument("--skip", choices=["kernels", "forwards", "attention", "runs"], action="append", default=[])
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     models = [load_builtin_model(dtype=d) for d in DTYPES]
@@ -140,8 +165,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# python benchmarks/bench_builtin_dtype.py {' '.join(argv if argv is not None else sys.argv[1:])} "
           f"(commit {commit or 'unknown'})")
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-          f"{args.threads} threads, load average {os.getloadavg()[0]:.2f}\n")
+          f"{args.threads} threads, load average {os.getloadavg()[0]:.2f}")
+    print(f"# bfloat16 attention on this CPU: {models[1].components.ar.config._attn_implementation} "
+          f"(csdgen.models.builtin.cpu_bfloat16_attention)\n")
     for name, table in (("kernels", lambda: kernels()), ("forwards", lambda: forwards(models)),
+                        ("attention", lambda: attention(models)),
                         ("runs", lambda: runs(models, args.seeds))):
         if name not in args.skip:
             print("\n".join(table()) + "\n", flush=True)

@@ -18,7 +18,7 @@ from ..class_names import ClassNames
 from .defaults import FAMILY_DEFAULTS
 from .llama import ClassConditionalLlama
 
-__all__ = ["BUILTIN_DTYPES", "BuiltinModel", "load_builtin_model"]
+__all__ = ["BUILTIN_DTYPES", "BuiltinModel", "cpu_bfloat16_attention", "load_builtin_model"]
 
 
 class BuiltinModel(ClassConditionalLlama):
@@ -100,13 +100,36 @@ def _load(weights_dir: str | None, device: str | None = None, dtype: str = "floa
 
 
 def _cast(model: BuiltinModel, dtype: torch.dtype) -> None:
-    """The AR transformer in ``dtype``. On a CPU its attention is transformers' ``eager`` one (two matmuls
-    and a float32 softmax): torch's CPU ``scaled_dot_product_attention`` kernel in bfloat16 took 153 us
-    against 67 at one query of 2 rows, 1458 against 306 at 24 rows (8 heads of 32, 320 columns, 2 threads,
-    torch 2.13), where in float32 the two cost the same (benchmarks/results/builtin_bfloat16.md)."""
+    """The AR transformer in ``dtype``; on a CPU, its attention :func:`cpu_bfloat16_attention`."""
     model.components.ar.to(dtype)
     if model.device.type == "cpu":
-        model.components.ar.set_attn_implementation("eager")
+        model.components.ar.set_attn_implementation(cpu_bfloat16_attention())
+
+
+def cpu_bfloat16_attention(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The transformers attention the built-in model runs in bfloat16 on this CPU: ``"sdpa"`` (torch's
+    ``scaled_dot_product_attention``) where the CPU has AMX bfloat16 tiles (the ``amx_bf16`` flag of
+    ``cpuinfo``), else ``"eager"`` (two matmuls and a float32 softmax); ``"eager"`` where ``cpuinfo``
+    cannot be read (not Linux).
+
+    Which one is faster depends on the CPU, not on the shapes (benchmarks/results/builtin_bfloat16.md,
+    2 threads, torch 2.13, 8 heads of 32, one query, 320 columns): on an AMD EPYC with ``avx512_bf16``
+    and no AMX, torch's kernel took 108 us against the matmuls' 77 at 2 rows and 1227 against 327 at 24;
+    on an Intel Xeon with AMX, 41 us against 149 at 2 rows and 447 against 758 at 24, and a
+    bfloat16 forward of the model with ``sdpa`` took 0.59-0.99x the ``eager`` one at 1-16 images. A rule on the
+    CPU's flags, not a timing at load: a timing could choose differently from one process to the next,
+    and the two round differently in bfloat16, so the same seed could draw another image.
+    """
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags") and "amx_bf16" in line.split(":", 1)[-1].split():
+                    return "sdpa"
+                if line.startswith("flags"):
+                    return "eager"  # the first processor's flags: every core of one machine has the same
+    except OSError:
+        pass
+    return "eager"
 
 
 def _move(model: BuiltinModel, device) -> None:
