@@ -108,6 +108,43 @@ def test_static_session_admits_rows_that_read_as_a_fresh_session(device_model, g
         old.admit(other)
 
 
+@pytest.mark.parametrize("guided", [False, True])
+def test_admission_into_a_slot_with_stale_entries_reads_as_a_fresh_session(device_model, guided):
+    """An admission copies only the columns the new rows use (their prompt), so a freed slot keeps its
+    old keys and values past them: with those set to large finite values (another image's entries at
+    their worst), the admitted row's cache and the next forward's logits still equal a fresh session's.
+    The control: the same garbage written inside the admitted row's prompt columns breaks the check."""
+    model = device_model
+    torch.manual_seed(0)
+    tokens = torch.randint(0, model.codebook_size, (3, model.num_image_tokens))
+    old = open_engine(model.start([0, 1, 2], None, guided), "static", False, capacity=3)
+    old.prefill()
+    old.forward(tokens[:, :9], start=torch.tensor([0, 0, 0]), widths=torch.tensor([9, 9, 9]))
+    old.rollback(torch.tensor([7, 3, 5]))
+    old.select_rows(torch.tensor([0, 1]))  # the third image leaves: its slot is free, its entries stay
+    free = old._physical(torch.tensor([2]))
+    for layer in old.kv.cache.layers:
+        for buffer in (layer.keys, layer.values):
+            buffer[free.to(buffer.device)] = 1e4
+    new = open_engine(model.start([4], None, guided), "static", False)
+    new.prefill()
+    old.admit(new)
+    assert old.batch_size == 3 and old.capacity == 3 and old.cache_lengths.tolist() == [7, 3, 0]
+
+    class Info:  # what assert_rows_match_fresh reads
+        session, rows = old, torch.arange(3)
+        committed = torch.tensor([8, 4, 1])
+
+    Info.tokens = tokens
+    assert_rows_match_fresh(model, [0, 1, 4], guided, Info)
+    assert_next_window_matches_alone(model, old, tokens, guided, 1e-4)
+    slot = old._slots[2:3]
+    for layer in old.kv.cache.layers:
+        layer.keys[old._physical(slot).to(layer.keys.device), :, old._P - 1] = 1e4
+    with pytest.raises(AssertionError):
+        assert_rows_match_fresh(model, [0, 1, 4], guided, Info)
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(engine="fast"), r"engine='fast': allowed 'auto', 'static', 'eager'"),
     (dict(engine="eager", compile=True), r"compile=True with engine='eager'"),
