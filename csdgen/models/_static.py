@@ -379,12 +379,14 @@ class StaticSession(StaticRows, StaticTrees, RaggedSession):
         if self._lengths is not None:
             raise ValueError("prefill runs once per session")
         R, P, dev = self._rows_of_bucket(self._bucket), self._P, self._dev
-        self.kv.cache.visible = self.width
+        # the prompt attends over its own columns (rounded as a step's), not the whole cache width
+        self._set_visible(0)
         valid = self._prompt_valid_T[:R, :P]
         positions = (valid.long().cumsum(1) - 1).clamp(min=0)
         s = torch.arange(P)
-        t = torch.arange(self.width)
-        allowed = (self._prompt_valid_T[:R, None, :] & (t[None, None] <= s[None, :, None])) | (t[None, None] == s[None, :, None])
+        t = torch.arange(self.kv.cache.visible)
+        allowed = ((self._prompt_valid_T[:R, None, : len(t)] & (t[None, None] <= s[None, :, None]))
+                   | (t[None, None] == s[None, :, None]))
         write = s.expand(R, P)
         out = torch.full((R, 1), P - 1, dtype=torch.long)
         with torch.no_grad():
