@@ -1,0 +1,97 @@
+"""What one image joining a running served batch costs, and its parts.
+
+Not a test: it loads the built-in model and prints. From the project root:
+
+    python benchmarks/admission_cost.py --threads 2 --dtype bfloat16
+
+A :class:`csdgen.engine.ContinuousBatch` (CSD, window ``auto``, 16 static slots, as ``csdgen serve``
+runs it) holds 15 images decoding; then, ``--admissions`` times, one image leaves (cancelled) when the
+batch is full, one joins (``admit``) and the batch runs two iterations. Printed: the median
+milliseconds of an admission and of its parts (the new images' session opened by the model, its
+static counterpart, their prefill forward, the copy of their rows into the running session), and of
+a 16-image iteration timed right after, so that the admission reads against the machine's pace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def _timed(owner, name: str, label: str, times: dict) -> None:
+    original = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        began = time.perf_counter()
+        out = original(*args, **kwargs)
+        times.setdefault(label, []).append(time.perf_counter() - began)
+        return out
+
+    setattr(owner, name, wrapper)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from csdgen.cli._options import count
+    from csdgen.engine import ContinuousBatch
+    import csdgen.models._static as static
+    from csdgen.models.builtin import load_builtin_model
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=count(), default=None, help="torch threads (default: torch's)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="the built-in model's dtype (default float32)")
+    p.add_argument("--admissions", type=count(), default=40, help="admissions timed (default 40)")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = load_builtin_model(dtype=args.dtype)
+    batch = ContinuousBatch(model, method="csd", window="auto", capacity=16)
+    batch.admit([i % 10 for i in range(15)], list(range(15)), [0] * 15)
+    for _ in range(30):
+        batch.step()
+    times: dict[str, list[float]] = {}
+    _timed(model, "start", "model.start (the new images' session)", times)
+    _timed(static, "make_static", "make_static (its static counterpart)", times)
+    _timed(batch._loop, "_prefill", "prefill forward and first tokens", times)
+    _timed(static.StaticSession, "admit", "copy into the running session", times)
+    total = []
+    for i in range(args.admissions):
+        if batch.size >= 16:
+            batch.cancel([batch.handles[0]])
+        began = time.perf_counter()
+        batch.admit([i % 10], [100 + i], [0])
+        total.append(time.perf_counter() - began)
+        for _ in range(2):
+            batch.step()
+    iterations = []
+    for _ in range(20):
+        began = time.perf_counter()
+        batch.step()
+        iterations.append(time.perf_counter() - began)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        commit = ""
+    print(f"# python benchmarks/admission_cost.py {' '.join(argv if argv is not None else sys.argv[1:])} "
+          f"(commit {commit or 'unknown'})")
+    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch threads "
+          f"{torch.get_num_threads()}, {args.dtype}, load average {os.getloadavg()[0]:.2f}\n")
+    print("| what | ms, median | count |\n|---|---|---|")
+    print(f"| one image's admission into a batch of 15 | {1e3 * statistics.median(total):.2f} | {len(total)} |")
+    for label, values in times.items():
+        print(f"| of which: {label} | {1e3 * statistics.median(values):.2f} | {len(values)} |")
+    print(f"| an iteration of the batch, {batch.size} images | {1e3 * statistics.median(iterations):.2f} | "
+          f"{len(iterations)} |")
+
+
+if __name__ == "__main__":
+    main()
