@@ -18,12 +18,14 @@ import argparse
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_header import command_line  # noqa: E402
 
 
 def _timed(owner, name: str, label: str, times: dict) -> None:
@@ -76,13 +78,7 @@ def main(argv: list[str] | None = None) -> None:
         began = time.perf_counter()
         batch.step()
         iterations.append(time.perf_counter() - began)
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip()
-    except OSError:
-        commit = ""
-    print(f"# python benchmarks/admission_cost.py {' '.join(argv if argv is not None else sys.argv[1:])} "
-          f"(commit {commit or 'unknown'})")
+    print(command_line("admission_cost.py", argv))
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch threads "
           f"{torch.get_num_threads()}, {args.dtype}, load average {os.getloadavg()[0]:.2f}\n")
     print("| what | ms, median | count |\n|---|---|---|")

@@ -24,7 +24,6 @@ import argparse
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_header import command_line  # noqa: E402
 from bench_session_forward import median_forward  # noqa: E402
 
 import csdgen  # noqa: E402
@@ -157,13 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     models = [load_builtin_model(dtype=d) for d in DTYPES]
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip()
-    except OSError:
-        commit = ""
-    print(f"# python benchmarks/bench_builtin_dtype.py {' '.join(argv if argv is not None else sys.argv[1:])} "
-          f"(commit {commit or 'unknown'})")
+    print(command_line("bench_builtin_dtype.py", argv))
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
           f"{args.threads} threads, load average {os.getloadavg()[0]:.2f}")
     print(f"# bfloat16 attention on this CPU: {models[1].components.ar.config._attn_implementation} "

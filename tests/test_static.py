@@ -74,6 +74,25 @@ def test_auto_picks_static_for_transformers_sessions_and_eager_for_the_rest(cach
     assert static_refusal(known_joint.model.start(None, 2, False)).startswith("its session (_FunctionSession)")
 
 
+def _admit_class_4_and_check(model, old, tokens, guided):
+    """Admit one prefilled image of class 4 into ``old`` (rows of classes 0 and 1 cached to image positions
+    7 and 3, fed from ``tokens``), check that every row reads as a fresh session and that the next
+    forward's logits equal each row's own; returns what assert_rows_match_fresh read."""
+    new = open_engine(model.start([4], None, guided), "static", False)
+    new.prefill()
+    old.admit(new)
+    assert old.batch_size == 3 and old.cache_lengths.tolist() == [7, 3, 0]
+
+    class Info:  # what assert_rows_match_fresh reads
+        session, rows = old, torch.arange(3)
+        committed = torch.tensor([8, 4, 1])
+
+    Info.tokens = tokens
+    assert_rows_match_fresh(model, [0, 1, 4], guided, Info)
+    assert_next_window_matches_alone(model, old, tokens, guided, 1e-4)
+    return Info
+
+
 @pytest.mark.device
 @pytest.mark.parametrize("guided", [False, True])
 def test_static_session_admits_rows_that_read_as_a_fresh_session(device_model, guided):
@@ -87,19 +106,9 @@ def test_static_session_admits_rows_that_read_as_a_fresh_session(device_model, g
     old.prefill()
     old.forward(tokens[:2, :9], start=torch.tensor([0, 0]), widths=torch.tensor([9, 9]))
     old.rollback(torch.tensor([7, 3]))
-    new = open_engine(model.start([4], None, guided), "static", False)
-    new.prefill()
     assert old.supports_admission and old.capacity == 2
-    old.admit(new)
-    assert old.batch_size == 3 and old.capacity >= 3 and old.cache_lengths.tolist() == [7, 3, 0]
-
-    class Info:  # what assert_rows_match_fresh reads
-        session, rows = old, torch.arange(3)
-        committed = torch.tensor([8, 4, 1])
-
-    Info.tokens = tokens
-    assert_rows_match_fresh(model, [0, 1, 4], guided, Info)
-    assert_next_window_matches_alone(model, old, tokens, guided, 1e-4)
+    _admit_class_4_and_check(model, old, tokens, guided)
+    assert old.capacity >= 3
     with pytest.raises(ValueError, match="another model|cannot join"):
         old.admit(model.start([1], None, guided))  # a ragged session: not this cache's layout
     other = open_engine(model.start([1], None, not guided), "static", False)
@@ -126,23 +135,13 @@ def test_admission_into_a_slot_with_stale_entries_reads_as_a_fresh_session(devic
     for layer in old.kv.cache.layers:
         for buffer in (layer.keys, layer.values):
             buffer[free.to(buffer.device)] = 1e4
-    new = open_engine(model.start([4], None, guided), "static", False)
-    new.prefill()
-    old.admit(new)
-    assert old.batch_size == 3 and old.capacity == 3 and old.cache_lengths.tolist() == [7, 3, 0]
-
-    class Info:  # what assert_rows_match_fresh reads
-        session, rows = old, torch.arange(3)
-        committed = torch.tensor([8, 4, 1])
-
-    Info.tokens = tokens
-    assert_rows_match_fresh(model, [0, 1, 4], guided, Info)
-    assert_next_window_matches_alone(model, old, tokens, guided, 1e-4)
+    info = _admit_class_4_and_check(model, old, tokens, guided)
+    assert old.capacity == 3
     slot = old._slots[2:3]
     for layer in old.kv.cache.layers:
         layer.keys[old._physical(slot).to(layer.keys.device), :, old._P - 1] = 1e4
     with pytest.raises(AssertionError):
-        assert_rows_match_fresh(model, [0, 1, 4], guided, Info)
+        assert_rows_match_fresh(model, [0, 1, 4], guided, info)
 
 
 @pytest.mark.parametrize("kwargs, match", [
