@@ -206,6 +206,36 @@ def test_run_local_stops_on_sigterm_with_status_143_and_on_ctrl_c_with_130(monke
         assert calls == ["start", "run", "serve down", "ray down"]
 
 
+def test_sigterm_stops_the_replicas_where_ray_took_sigterm_at_its_start(monkeypatch):
+    """Ray's core installs its own SIGTERM handler when it starts (one that aborts the process and leaves
+    Ray's processes running): run_local takes SIGTERM back after ray.init."""
+    import types
+
+    from csdgen.serve import deployment
+
+    calls = []
+
+    def rays_handler(signum, frame):  # Ray's aborts the process
+        raise RuntimeError("SIGTERM went to Ray's handler")
+
+    def init(**kwargs):  # as Ray's core does
+        signal.signal(signal.SIGTERM, rays_handler)
+        calls.append("ray up")
+
+    serve = types.SimpleNamespace(start=lambda **kw: calls.append("start"), shutdown=lambda: calls.append("serve down"),
+                                  run=lambda *a, **kw: calls.append("run"))
+    ray = types.SimpleNamespace(is_initialized=lambda: "ray up" in calls and "ray down" not in calls, init=init,
+                                shutdown=lambda: calls.append("ray down"), serve=serve)
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setitem(sys.modules, "ray.serve", serve)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    before = signal.getsignal(signal.SIGTERM)
+    assert deployment.run_local(object(), "127.0.0.1", 0, cpus=1,
+                                on_ready=lambda: os.kill(os.getpid(), signal.SIGTERM)) == 143
+    assert calls == ["ray up", "start", "run", "serve down", "ray down"]
+    assert signal.getsignal(signal.SIGTERM) is before  # the caller's handler back
+
+
 def test_run_local_names_the_error_that_stopped_the_replicas_in_one_line(monkeypatch):
     import types
 
@@ -339,14 +369,14 @@ def _address(proc, lines, seen, timeout: float = 180) -> str:
     raise AssertionError(f"csdgen serve did not start within {timeout} s: {''.join(seen)[-4000:]}")
 
 
-def _stop(proc, seen) -> int:
+def _stop(proc, seen, sig=signal.SIGINT) -> int:
     if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
     try:
         return proc.wait(90)
     except subprocess.TimeoutExpired:
         proc.kill()
-        raise AssertionError(f"csdgen serve did not stop within 90 s of Ctrl-C: {''.join(seen)[-2000:]}")
+        raise AssertionError(f"csdgen serve did not stop within 90 s of {sig.name}: {''.join(seen)[-2000:]}")
 
 
 @pytest.fixture(scope="module")
@@ -358,7 +388,11 @@ def tiny_weights(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ray_replicas(tiny_weights):
-    """``csdgen serve --replicas 2`` (max batch 4 each): its base URL; Ctrl-C stops it (status 130)."""
+    """``csdgen serve --replicas 2`` (max batch 4 each): its base URL; SIGTERM stops it (status 143), and
+    every process of the Ray it started with it (Ctrl-C's 130: tests/test_serve.py's one server, and
+    run_local's tests above)."""
+    import psutil
+
     proc, lines, seen = _spawn("--replicas", "2", "--weights", str(tiny_weights), "--max-batch", "4")
     try:
         url = _address(proc, lines, seen)
@@ -366,7 +400,12 @@ def ray_replicas(tiny_weights):
         _stop(proc, seen)
         raise
     yield url
-    assert _stop(proc, seen) == 130, "".join(seen)[-2000:]
+    rays = psutil.Process(proc.pid).children(recursive=True)  # Ray's processes: its store, node manager, workers
+    assert _stop(proc, seen, signal.SIGTERM) == 143, "".join(seen)[-2000:]
+    _, left = psutil.wait_procs(rays, timeout=60)
+    for leftover in left:
+        leftover.kill()
+    assert not left, [str(p) for p in left]
     # each replica logs as one server does (--log-level info): csdgen's access line per image request
     assert any('"POST /v1/images/generations" 200 method=' in line for line in seen), "".join(seen)[-2000:]
     # ... every line of every replica, none folded into another's by Ray's deduplication

@@ -310,8 +310,11 @@ def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[], 
     # while Ray starts is held until ray.init returns, so that the processes it started are stopped too
     stopped_by: list = []
     armed: list = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: _interrupt(signum, stopped_by, armed))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def on_signal(signum, frame):
+        _interrupt(signum, stopped_by, armed)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     joined = deployed = False
     try:
         if not ray.is_initialized():
@@ -321,6 +324,10 @@ def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[], 
             # refusing num_cpus there)
             ray.init(address="local" if local else None, num_cpus=max(os.cpu_count() or 1, cpus) if local else None,
                      include_dashboard=False, log_to_driver=True, logging_level=ray_log_level(log_level))
+            # Ray's core installs a SIGTERM handler of its own in this process, one that aborts it (status 134,
+            # Ray's processes left running): ours again, so that SIGTERM stops it all as Ctrl-C does
+            for sig in previous:
+                signal.signal(sig, on_signal)
         armed.append(True)
         if stopped_by:  # a signal came while Ray started
             raise KeyboardInterrupt
