@@ -163,6 +163,20 @@ def test_bad_bodies_and_routes_get_4xx_and_the_server_still_answers(server):
     with pytest.raises(openai.BadRequestError) as caught:
         client(server).images.generate(prompt="0", extra_body={"window": -3})
     assert caught.value.status_code == 400 and caught.value.body["param"] == "window"
+    # a body past 512 KiB: 413 naming its size, declared or streamed (chunked, no Content-Length), and a body
+    # just under the limit read whole (its unknown field named)
+    from csdgen.serve.schemas import MAX_BODY_BYTES
+
+    big = json.dumps({"prompt": "0", "user": "a" * (30 * 1024 * 1024)}).encode()
+    for sent in (big, iter([big[:1000], big[1000:]])):
+        huge = httpx.post(server.url + "/v1/images/generations", content=sent, timeout=TIMEOUT)
+        assert huge.status_code == 413 and huge.json()["error"]["code"] == "request_too_large", huge.text
+        told = f"{len(big)} bytes" if isinstance(sent, bytes) else f"more than {MAX_BODY_BYTES} bytes"
+        assert f"the request body has {told}; allowed at most {MAX_BODY_BYTES}" in huge.json()["error"]["message"]
+    under = json.dumps({"prompt": "0", "what": "a" * (MAX_BODY_BYTES - 100)}).encode()
+    assert len(under) <= MAX_BODY_BYTES
+    answer = httpx.post(server.url + "/v1/images/generations", content=under, timeout=TIMEOUT)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "what", answer.text[:300]
     assert post(server, {"prompt": "0", "seed": 2, "window": 4}).status_code == 200  # still serving
     health = httpx.get(server.url + "/health", timeout=TIMEOUT).json()
     assert health["status"] == "ok" and health["model"] == "tiny"

@@ -55,6 +55,27 @@ def _post_tiny(tiny_server, body):
     return httpx.post(tiny_server.url + "/v1/images/generations", json=body, timeout=120)
 
 
+def test_a_connection_that_cannot_be_asked_counts_as_a_client_gone_not_a_server_error():
+    """Behind Ray Serve, Ctrl-C kills the proxy actor holding the connection first: asking whether the
+    client left raised ActorDiedError, logged as an internal error and answered 500."""
+    import asyncio
+
+    from csdgen.serve.app import _client_gone
+
+    class Connection:
+        def __init__(self, answer):
+            self.answer = answer
+
+        async def is_disconnected(self):
+            if isinstance(self.answer, Exception):
+                raise self.answer
+            return self.answer
+
+    assert asyncio.run(_client_gone(Connection(RuntimeError("The actor died unexpectedly")))) is True
+    assert asyncio.run(_client_gone(Connection(False))) is False
+    assert asyncio.run(_client_gone(Connection(True))) is True
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_shutdown_while_a_request_runs_answers_503_unavailable_with_retry_after(cached_model, caplog, stream):
     """(The code was ``server_shutting_down`` without ``Retry-After``, where
@@ -102,8 +123,10 @@ def test_shutdown_while_a_request_runs_a_cancelled_handler_answers_503_not_a_tra
     (route,) = [r for r in app.routes if getattr(r, "path", "") == "/v1/images/generations"]
 
     class FakeRequest:
-        async def body(self):
-            return json.dumps({"prompt": "0", "n": 1, "seed": 1}).encode()
+        headers: dict = {}
+
+        async def stream(self):
+            yield json.dumps({"prompt": "0", "n": 1, "seed": 1}).encode()
 
         async def is_disconnected(self):
             return False

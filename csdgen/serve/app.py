@@ -48,7 +48,7 @@ from starlette.requests import ClientDisconnect
 from .logs import AccessLine, log, log_config
 from .metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from .scheduler import Scheduler
-from .schemas import APIError, ServeDefaults, error_body, parse_request
+from .schemas import MAX_BODY_BYTES, MAX_PROMPT_CHARS, APIError, ServeDefaults, error_body, parse_request
 
 __all__ = ["ServedModel", "create_app", "run_server", "BackgroundServer", "bind_socket"]
 
@@ -123,6 +123,40 @@ class ServedModel:
             raise APIError(400, message, param="prompt", code="invalid_value") from None
         lengths = getattr(session, "prompt_lengths", None)
         return prompt, int(lengths[0]) if lengths is not None and len(lengths) else 0
+
+
+async def _read_body(request) -> bytes:
+    """The request's body, at most :data:`~csdgen.serve.schemas.MAX_BODY_BYTES` bytes.
+
+    Raises:
+        APIError: 413 ``request_too_large`` naming the size (the declared ``Content-Length``, else the bytes
+            read past the limit) and the limit. A larger body is read on and dropped, up to 64 times the
+            limit, so that the client, still sending, reads the answer instead of a broken connection.
+        starlette.requests.ClientDisconnect: the client went away before its body arrived.
+    """
+    declared = request.headers.get("content-length", "")
+    size, chunks = 0, []
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size <= MAX_BODY_BYTES:
+            chunks.append(chunk)
+        elif size > 64 * MAX_BODY_BYTES:
+            break
+    if size > MAX_BODY_BYTES:
+        told = f"{declared} bytes" if declared.isdigit() else f"more than {MAX_BODY_BYTES} bytes"
+        raise APIError(413, f"the request body has {told}; allowed at most {MAX_BODY_BYTES} (a prompt of at most "
+                            f"{MAX_PROMPT_CHARS} characters and the other fields)", code="request_too_large")
+    return b"".join(chunks)
+
+
+async def _client_gone(request) -> bool:
+    """Whether the client of ``request`` went away: Starlette's ``is_disconnected``, or True where asking
+    fails (behind Ray Serve the proxy actor that held the connection died, as at Ctrl-C of ``csdgen serve
+    --replicas``: ``ActorDiedError``; a request with no one to answer is a client gone, not a server error)."""
+    try:
+        return await request.is_disconnected()
+    except Exception:
+        return True
 
 
 def _json_safe(value: Any) -> Any:
@@ -296,7 +330,7 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
 
     async def _generations(request: Request, line: AccessLine):
         try:
-            raw = await request.body()
+            raw = await _read_body(request)
         except ClientDisconnect:  # the client went away before its body arrived: nothing to answer
             answered(line, 499)
             return Response(status_code=499)
@@ -326,7 +360,7 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
                 try:
                     event = await asyncio.wait_for(events.get(), POLL_SECONDS)
                 except asyncio.TimeoutError:
-                    if await request.is_disconnected():
+                    if await _client_gone(request):
                         scheduler.cancel(job)
                         answered(line, 499)
                         return Response(status_code=499)

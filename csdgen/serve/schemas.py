@@ -45,6 +45,9 @@ CSDGEN_FIELDS = ("method", "window", "seed", "guidance_scale", "temperature", "t
                  "entropy_unit", "addition_c", "gsd_radius", "lantern_delta", "draft_init", "refresh", "return_tokens",
                  "partial_every")
 MAX_PROMPT_CHARS = 32_000
+#: bytes a request body may hold: a prompt of MAX_PROMPT_CHARS characters of up to 4 bytes each (or
+#: their 12-byte JSON escapes), with room for the other fields; a larger body gets a 413 unread
+MAX_BODY_BYTES = 512 * 1024
 #: ``ServeDefaults.guidance_schedule`` (``csdgen serve --guidance-schedule``)
 GUIDANCE_SCHEDULES = ("family", "constant")
 #: a request's seed is an integer in 0 .. 2**63 - 1 (csdgen.sampling.MAX_SEED); the default is drawn from that range
