@@ -214,6 +214,13 @@ def test_one_condition_not_in_a_list_is_named_in_one_line(builtin, tmp_path):
     with pytest.raises(ValueError, match=r"^conditions=2: give a list"):
         csdgen.save_run(builtin, 2, tmp_path / "o", window=16)
     assert not (tmp_path / "o").exists()
+
+    class Result:  # a GenerationResult given where its conditions belong: every token in its repr
+        def __repr__(self):
+            return "Result(tokens=" + "616, " * 5000 + ")"
+
+    with pytest.raises(ValueError, match=r"^conditions=<a Result>: give a list \(one condition per image\), e\.g\. \[0, 'red apple'\]$"):
+        csdgen.save_run(builtin, Result(), tmp_path / "o", window=16)
     for bad in ("red apple", 2):
         with pytest.raises(ValueError, match=rf"^conditions={bad!r}: give a list \(one class per image\), e\.g\. \[{bad!r}\]$"):
             builtin.class_ids(bad)

@@ -225,7 +225,8 @@ def check_conditions(conditions, name: str = "conditions") -> None:
     class index ``33``: ``TypeError: 'int' object is not iterable`` from deep inside the model).
 
     Raises:
-        ValueError: ``"conditions='red apple': give a list, e.g. ['red apple']"``, ``"conditions=33: ..."``.
+        ValueError: ``"conditions='red apple': give a list, e.g. ['red apple']"``, ``"conditions=33: ..."``
+            (an object whose repr is longer than 80 characters named by its type: ``conditions=<a GenerationResult>``).
     """
     if isinstance(conditions, (str, bytes)):
         from ..class_names import shown
@@ -236,7 +237,11 @@ def check_conditions(conditions, name: str = "conditions") -> None:
         try:
             iter(conditions)
         except TypeError:
-            raise ValueError(f"{name}={conditions!r}: give a list (one condition per image), e.g. [{conditions!r}]") from None
+            text = repr(conditions)
+            if len(text) > 80:  # an object of another kind (a GenerationResult): its type, not its every field
+                raise ValueError(f"{name}=<a {type(conditions).__name__}>: give a list (one condition per image), "
+                                 "e.g. [0, 'red apple']") from None
+            raise ValueError(f"{name}={text}: give a list (one condition per image), e.g. [{text}]") from None
 
 
 def _out_of_memory(exc: RuntimeError) -> bool:
