@@ -325,7 +325,7 @@ def _run_plan(plan: RunPlan, out: Path, batch_size: int, seed: int, maps: bool, 
             if missing:
                 notes.append(f"{len(missing)} kept image{'s' if len(missing) > 1 else ''} ({missing[0]}"
                              f"{', ...' if len(missing) > 1 else ''}) {'have' if len(missing) > 1 else 'has'} no "
-                             f"acceptance map (the earlier run wrote none, e.g. --no-maps); maps need the decoding "
+                             f"acceptance map (deleted, or the earlier run wrote none: --no-maps); maps need the decoding "
                              f"statistics: delete those images to make them again with maps, or use another --out")
         kept_batches = {v.get("batch") for v in images.values()}
         batch_list = [b for b in old.get("batches", []) if b.get("batch") in kept_batches]

@@ -126,6 +126,19 @@ def test_resume_without_no_maps_in_a_no_maps_folder_says_maps_are_missing(weight
     assert err.count("\n") == 1 and "2 kept images" in err and "no acceptance map" in err and "--no-maps" in err
 
 
+def test_resume_after_a_map_was_deleted_says_which_kept_image_has_none(weights, tmp_path, capsys):
+    out = tmp_path / "m"
+    assert run("generate", "--weights", weights, "-n", 2, "--window", 8, "--out", out) == 0
+    maps = sorted(out.glob("*_map.png"))
+    assert len(maps) == 2
+    maps[1].unlink()
+    capsys.readouterr()
+    assert run("generate", "--weights", weights, "-n", 2, "--window", 8, "--out", out) == 0
+    err = capsys.readouterr().err
+    shown = maps[1].name.replace("_map.png", ".png")
+    assert f"1 kept image ({shown}) has no acceptance map (deleted, or the earlier run wrote none: --no-maps)" in err
+
+
 def test_file_names_keep_whole_words_up_to_40_characters():
     from csdgen.runs import slug
 
