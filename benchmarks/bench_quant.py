@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,9 @@ from csdgen.models.builtin import load_builtin_model
 from csdgen.models.memory import format_bytes, module_bytes
 from csdgen.models.plan import builtin_plan
 from csdgen.models.quantize import check_quantize, quantize_module
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_header import commit as checkout_commit  # noqa: E402
 
 METHODS = ("ar", "sjd", "csd")
 
@@ -113,8 +115,7 @@ def main(argv=None) -> int:
             rows += run_model("random Llama ~100M", random_llama, q, [i % 16 for i in range(args.images)],
                               args.batch_size, args.seed)
     params = sum(p.numel() for p in random_llama().backbone.parameters())
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
+    commit = checkout_commit()
     import torchao
 
     text = "\n".join([

@@ -32,6 +32,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_header import command_line, commit as checkout_commit  # noqa: E402
 
 from csdgen.cli._options import count  # noqa: E402  (the CLI's own argument check)
 
@@ -96,9 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=count(1), default=3, help="runs per batch size (default 3; the median is printed)")
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = p.parse_args(argv)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    print(f"# python benchmarks/bench_torch_threads.py {' '.join(sys.argv[1:] if argv is None else argv)} "
-          f"(commit {commit or 'unknown'})")
+    commit = checkout_commit()
+    print(command_line("bench_torch_threads.py", argv))
     print(f"# {platform.machine()}, {os.cpu_count()} CPUs, torch threads {args.threads}, load average "
           f"{os.getloadavg()[0]:.2f}")
     rows = {}

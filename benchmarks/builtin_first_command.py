@@ -30,6 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_header import commit as checkout_commit  # noqa: E402
+
 SUMMARY = re.compile(r"step compression ([0-9.]+)x, decoding ([0-9.]+) s in all")
 
 
@@ -105,8 +108,7 @@ def main(argv=None) -> dict:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     env = dict(os.environ)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).resolve().parent).stdout.strip()
+    commit = checkout_commit()
     result = {"command": "csdgen generate --out DIR (and --window 16), fresh processes, alternating",
               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "commit": commit,
               "threads": "torch default", "dtype": "float32"}

@@ -50,7 +50,6 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -60,6 +59,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from bench_header import commit as checkout_commit  # noqa: E402
 from bench_serve import _fractions, poisson_arrivals, quantile  # noqa: E402  (the same arrivals and figures as the HTTP benchmark)
 
 from csdgen.cli._options import count, real  # noqa: E402
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     from csdgen.torch_threads import call_in_thread
     from csdgen.serve.schemas import parse_request
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = checkout_commit()
     record = {"command": "python benchmarks/serve_replay.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "commit": commit or None,
               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, "

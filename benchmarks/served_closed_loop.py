@@ -36,7 +36,6 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -46,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from bench_header import commit as checkout_commit  # noqa: E402
 from bench_serve import per_client_counts  # noqa: E402  (--per-client read as the HTTP benchmark reads it)
 from csdgen.cli._options import METHODS, count, numbers, one_of  # noqa: E402  (the CLI's own argument checks)
 
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             for r, first in zip(rounds, by_config[0]):
                 r["over_first"] = r["images_per_second"] / first["images_per_second"]
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = checkout_commit()
     command = f"python benchmarks/served_closed_loop.py {' '.join(argv if argv is not None else sys.argv[1:])}"
     threads = args.threads or torch.get_num_threads()
     print(f"# {command} (commit {commit or 'unknown'})")

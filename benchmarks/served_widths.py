@@ -26,7 +26,6 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,6 +34,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_header import command_line  # noqa: E402
 
 from csdgen.cli._options import count, numbers  # noqa: E402  (the CLI's own argument checks)
 
@@ -93,8 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     from csdgen.torch_threads import call_in_thread, set_threads
 
     threads = torch.get_num_threads()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    print(f"# python benchmarks/served_widths.py {' '.join(sys.argv[1:] if argv is None else argv)} (commit {commit})")
+    print(command_line("served_widths.py", argv))
     print(f"# {platform.machine()}, {os.cpu_count()} CPUs, torch threads {threads}, {args.dtype}, load average {os.getloadavg()[0]:.2f}")
     model = call_in_thread(load_builtin_model, dtype=args.dtype)
 
