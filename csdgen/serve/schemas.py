@@ -46,7 +46,7 @@ CSDGEN_FIELDS = ("method", "window", "seed", "guidance_scale", "temperature", "t
                  "partial_every")
 MAX_PROMPT_CHARS = 32_000
 #: bytes a request body may hold: a prompt of MAX_PROMPT_CHARS characters of up to 4 bytes each (or
-#: their 12-byte JSON escapes), with room for the other fields; a larger body gets a 413 unread
+#: their 12-byte JSON escapes), with room for the other fields; a larger body gets a 413, its bytes past this not kept
 MAX_BODY_BYTES = 512 * 1024
 #: ``ServeDefaults.guidance_schedule`` (``csdgen serve --guidance-schedule``)
 GUIDANCE_SCHEDULES = ("family", "constant")
