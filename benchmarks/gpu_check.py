@@ -89,8 +89,11 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere: this checkout's csdgen
     sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
+
+from bench_header import commit as checkout_commit  # noqa: E402  (the device machine's copy may have no .git, or no git)
 
 #: float32: largest allowed |logit difference| between engines
 TOL_F32_LOGIT = 1e-3
@@ -1024,13 +1027,9 @@ def environment(device: torch.device) -> dict:
     import transformers
 
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
-    try:  # the device machine's copy of the tree may have no .git, or no git
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    except OSError:
-        commit = subprocess.CompletedProcess([], 1, "", "")
     return {"device": str(device), "device_name": name, "torch": torch.__version__,
             "transformers": transformers.__version__, "python": platform.python_version(),
-            "commit": commit.stdout.strip() if commit.returncode == 0 else None, "threads": torch.get_num_threads()}
+            "commit": checkout_commit() or None, "threads": torch.get_num_threads()}
 
 
 def parse_args(argv):
