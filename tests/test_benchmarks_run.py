@@ -270,6 +270,26 @@ def test_served_closed_loop_runs_the_configurations_in_turn_round_by_round(tmp_p
     assert bad.returncode == 2 and "--per-client 2,1,1: allowed one number, or one per --clients entry (2)" in bad.stderr
 
 
+def test_served_interleaved_takes_turns_and_gives_each_segment_its_ratio_to_the_first(tmp_path):
+    out = tmp_path / "interleaved.json"
+    run = subprocess.run([sys.executable, "benchmarks/served_interleaved.py", "--threads", "1", "--images", "2",
+                          "--segments", "2", "--segment-iterations", "3", "--configs", "ar:1,sjd:2", "--json", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("# python benchmarks/served_interleaved.py --threads 1")
+    ar, sjd = json.loads(out.read_text())["rows"]
+    assert (ar["method"], ar["window"], sjd["method"], sjd["window"]) == ("ar", 1, "sjd", 2)
+    assert ar["ratios"] == [1.0, 1.0] and ar["ratio_median"] == 1.0 and len(sjd["ratios"]) == 2
+    # the batch is refilled before every iteration, so AR commits exactly one token per row and iteration
+    assert ar["tokens_per_row_iteration"] == 1.0 and ar["widths"] == "1: 9"  # warm-up segment included
+    assert sjd["widths"].startswith("2: ") and sjd["tokens_per_row_iteration"] >= 1.0
+    lines = [line for line in run.stdout.splitlines() if line.startswith("| ar:1 |") or line.startswith("| sjd:2 |")]
+    assert len(lines) == 2 and lines[0].split(" | ")[1:3] == ["1.00x", "1.00, 1.00"]
+    bad = subprocess.run([sys.executable, "benchmarks/served_interleaved.py", "--images", "17"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--images: 17: allowed at most 16" in bad.stderr
+
+
 def _script(name: str):
     import importlib.util
 

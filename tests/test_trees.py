@@ -126,6 +126,16 @@ def test_tree_statistics_and_acceptance_map(device_model):
     assert sum(t for s in out.images for t in s.summary()["tree"]["branch_wins"][0][1:]) > 0
 
 
+def test_tree_deeper_than_the_window_runs_window_minus_one_levels_and_keeps_the_tree_asked(cached_model):
+    out = csdgen.generate(cached_model, [0, 1, 2], method="sjd", window=4, tree=(2, 5), seed=4)
+    assert out.settings["tree"] == [2, 5]  # the settings keep what was asked for
+    for s in out.images:
+        levels = s.summary()["tree"]["tokens_per_level"]
+        assert len(levels) == 5 and levels[3:] == [0, 0]  # a window of 4 slots holds 3 tree levels
+        assert bool((s.branches[:, 3:] == -1).all())  # -1: a level no iteration reached
+    assert all(sum(s.summary()["tree"]["tokens_per_level"][:3]) > 0 for s in out.images)
+
+
 @pytest.mark.device
 def test_tree_images_do_not_depend_on_the_batch(cached_model, test_device):
     """Exact in float64 (in float32 a batched kernel's rounding can tip a draw: tests compare logits there)."""
