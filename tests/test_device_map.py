@@ -151,7 +151,7 @@ def test_disk_offload_of_a_lumina_layout_checkpoint_is_refused_in_one_line(tmp_p
 @pytest.mark.parametrize("value, expected", [
     ("auto", "auto"), ("balanced", "balanced"),
     ('{"model.layers.0": "cpu", "model.layers.1": "disk"}', {"model.layers.0": "cpu", "model.layers.1": "disk"}),
-    ('{"lm_head": 0}', {"lm_head": 0}),
+    ('{"lm_head": "cpu"}', {"lm_head": "cpu"}), ({"lm_head": "disk"}, {"lm_head": "disk"}),
 ])
 def test_device_map_values(value, expected):
     from csdgen.models.quantize import parse_device_map
@@ -170,6 +170,30 @@ def test_bad_device_maps_are_refused_in_one_line(value, says):
         parse_device_map(value)
     message = str(info.value)
     assert says in message and "\n" not in message and message.startswith(f"--device-map {value}")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+@pytest.mark.parametrize("value, says", [
+    ('{"model.layers.1": "cuda:0"}', "'model.layers.1': 'cuda:0' names a CUDA device and none is visible here; use 'cpu' or 'disk'"),
+    ('{"": "cuda"}', "'': 'cuda' names a CUDA device and none is visible here"),
+    ('{"lm_head": 0}', "'lm_head': 0 names a CUDA device and none is visible here"),
+    ('{"lm_head": "foo"}', "'lm_head': 'foo' is not a device; allowed 'cpu', 'disk', 'cuda', 'cuda:N' or N"),
+    ('{"lm_head": "meta"}', "'lm_head': 'meta' is not a device csdgen places weights on"),
+    ({"lm_head": "cuda:1"}, "--device-map {\"lm_head\": \"cuda:1\"}: 'lm_head': 'cuda:1' names a CUDA device"),
+])
+def test_device_map_devices_this_machine_lacks_are_refused_before_loading(value, says, capsys):
+    from csdgen.cli import main
+    from csdgen.models.quantize import parse_device_map
+
+    with pytest.raises(ValueError) as info:
+        parse_device_map(value)
+    assert says in str(info.value) and "\n" not in str(info.value)
+    if isinstance(value, str):  # the CLI refuses it while reading its arguments: one line, status 2
+        with pytest.raises(SystemExit) as stop:
+            main(["generate", "--model", "no/such/folder", "--prompt", "x", "--device-map", value])
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says.split(" names")[0].split(" is not")[0] in err
 
 
 def test_offloading_the_whole_decoder_to_disk_is_refused_in_one_line(janus_folder, tmp_path):

@@ -107,28 +107,56 @@ def parse_device_map(text: str | dict | None) -> str | dict | None:
 
     Args:
         text: None; one of :data:`DEVICE_MAP_CHOICES`; a JSON object mapping module names to a
-            device (``"cpu"``, ``"cuda:0"``, ``0``, ``"disk"``); or that dict.
+            device (``"cpu"``, ``"cuda"``, ``"cuda:0"``, ``0`` (CUDA device 0), ``"disk"``); or that dict.
 
     Raises:
-        ValueError: anything else (one line naming the value and what is allowed).
+        ValueError: anything else, or a CUDA device this machine does not have (one line naming the
+            value and what is allowed).
     """
-    if text is None or isinstance(text, dict) and text:
+    if text is None:
         return text
     allowed = f"allowed {', '.join(DEVICE_MAP_CHOICES)} or a JSON object of module -> device, e.g. " \
               f"'{{\"model.layers.0\": \"cpu\", \"model.layers.1\": \"disk\"}}'"
     if isinstance(text, str) and text in DEVICE_MAP_CHOICES:
         return text
-    if isinstance(text, str) and text.lstrip().startswith("{"):
+    if isinstance(text, dict):
+        value, shown = text, json.dumps(text) if all(isinstance(k, str) for k in text) else repr(text)
+    elif isinstance(text, str) and text.lstrip().startswith("{"):
         try:
-            value = json.loads(text)
+            value, shown = json.loads(text), text
         except json.JSONDecodeError as exc:
             raise ValueError(f"--device-map {text}: not valid JSON ({exc.msg}); {allowed}") from None
-        bad = [f"{k!r}: {v!r}" for k, v in value.items() if not isinstance(k, str) or not (
-            isinstance(v, int) and not isinstance(v, bool) and v >= 0 or isinstance(v, str) and v)]
-        if not value or bad:
-            raise ValueError(f"--device-map {text}: {'; '.join(bad) or 'empty'}; {allowed}")
-        return value
-    raise ValueError(f"--device-map {text}: {allowed}")
+    else:
+        raise ValueError(f"--device-map {text}: {allowed}")
+    bad = [f"{k!r}: {v!r}" for k, v in value.items() if not isinstance(k, str) or not (
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 or isinstance(v, str) and v)]
+    if not value or bad:
+        raise ValueError(f"--device-map {shown}: {'; '.join(bad) or 'empty'}; {allowed}")
+    for module, place in value.items():
+        problem = _device_problem(place)
+        if problem:
+            raise ValueError(f"--device-map {shown}: {module!r}: {place!r} {problem}")
+    return value
+
+
+def _device_problem(place: int | str) -> str:
+    """Why ``place`` (a device map's value) cannot hold weights on this machine ("" when it can)."""
+    if place == "disk":
+        return ""
+    try:
+        device = torch.device("cuda", place) if isinstance(place, int) else torch.device(place)  # accelerate reads an int so
+    except (RuntimeError, ValueError):
+        return "is not a device; allowed 'cpu', 'disk', 'cuda', 'cuda:N' or N (CUDA device N)"
+    if device.type == "cpu":
+        return ""
+    if device.type != "cuda":
+        return "is not a device csdgen places weights on; allowed 'cpu', 'disk', 'cuda', 'cuda:N' or N"
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        return "names a CUDA device and none is visible here; use 'cpu' or 'disk'"
+    if device.index is not None and device.index >= count:
+        return f"names CUDA device {device.index}; this machine has {count} (0..{count - 1})"
+    return ""
 
 
 @dataclass(frozen=True)
