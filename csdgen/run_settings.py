@@ -9,6 +9,7 @@ with the values that differ.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,19 @@ def _differing_part(a: str, b: str) -> tuple[str, str]:
 _NOT_COMPARED = ("preset",)
 
 
+def same_checkpoint(settings: dict) -> dict:
+    """``settings`` with a checkpoint compared by its folder: ``checkpoint`` (a path) as its absolute,
+    resolved form, and ``model`` (the name the user gave: a folder or a repo id) left out when
+    ``checkpoint`` is there: ``ck/Janus``, ``ck/Janus/`` and its absolute path name the same weights. A relative ``checkpoint`` (records written before it was
+    recorded resolved) is read from the current folder."""
+    checkpoint = settings.get("checkpoint")
+    if not isinstance(checkpoint, str):
+        return settings
+    out = {k: v for k, v in settings.items() if k != "model"}
+    out["checkpoint"] = os.path.realpath(checkpoint)
+    return out
+
+
 def _comparable(settings: dict) -> dict:
     """A record's settings as resuming compares them: without :data:`_NOT_COMPARED`, AR's without
     ``draft_init`` and ``refresh`` (it has no drafts), a ``draft_init`` of null (records written before
@@ -72,7 +86,7 @@ def _comparable(settings: dict) -> dict:
     (:func:`csdgen.sampling.apply_top_p` keeps every token at 1: the same images)."""
     from csdgen.acceptance import RULES
 
-    settings = {k: v for k, v in settings.items() if k not in _NOT_COMPARED}
+    settings = {k: v for k, v in same_checkpoint(settings).items() if k not in _NOT_COMPARED}
     method = settings.get("method")
     if method == "ar":  # AR has no drafts: records written before run_settings left these out for it hold them
         settings.pop("draft_init", None)

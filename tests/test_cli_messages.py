@@ -503,6 +503,32 @@ def test_a_model_run_into_a_folder_of_other_settings_is_refused_before_the_weigh
     assert "holds a run with other settings" in err and differs in err
 
 
+def test_a_checkpoint_spelt_another_way_resumes_its_run(janus_folder, tmp_path, capsys, monkeypatch):
+    """The same folder with a trailing slash, relative or absolute, from another working folder: the same run
+    (the record keeps the folder resolved); a record that kept it relative still resumes from where it ran."""
+    out = tmp_path / "out"
+    common = ["--prompt", "a cat", "-n", 1, "--window", 4, "--no-maps", "--out", out]
+    assert run("generate", "--model", janus_folder, *common) == 0
+    record = json.loads((out / "record.json").read_text())["settings"]
+    assert record["checkpoint"] == str(Path(janus_folder).resolve()) and record["model"] == janus_folder
+    folder = Path(janus_folder)
+    monkeypatch.chdir(folder.parent)
+    for spelt in (janus_folder + "/", folder.name, f"./{folder.name}/"):
+        capsys.readouterr()
+        assert run("generate", "--model", spelt, *common) == 0, capsys.readouterr().err
+    assert len(list(out.glob("*.png"))) == 1
+    # a record written when the folder was kept as given (relative), resumed from the same working folder
+    data = json.loads((out / "record.json").read_text())
+    data["settings"].update(checkpoint=folder.name, model=folder.name)
+    (out / "record.json").write_text(json.dumps(data))
+    assert run("generate", "--model", janus_folder, *common) == 0, capsys.readouterr().err
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a cat\n")
+    bench = ["bench", "--prompts", prompts, "--methods", "sjd", "--window", 4, "--out", tmp_path / "b"]
+    assert run(*bench, "--model", janus_folder) == 0
+    assert run(*bench, "--model", f"./{folder.name}/") == 0, capsys.readouterr().err
+
+
 def test_generate_and_demo_take_model_builtin_as_the_built_in_model(weights, tmp_path, capsys):
     out = tmp_path / "g"
     assert run("generate", "--model", "builtin", "--weights", weights, "--class", "dog face", "-n", 1, "--window", 4,

@@ -183,6 +183,18 @@ def test_generate_says_the_plan_in_its_first_line(tmp_path, capsys):
     assert "KV cache" in first and "peak" in first and "largest batch" in first
 
 
+def test_generate_plans_a_checkpoints_ar_run_at_window_1(janus_folder, tmp_path, capsys):
+    """AR feeds one token per forward whatever --window says: its memory plan (and the batch memory allows) is
+    window 1's, not the widest auto window's."""
+    firsts = []
+    for argv in (["--method", "ar"], ["--method", "ar", "--window", "8"], ["--method", "sjd", "--window", "1"]):
+        assert run("generate", "--model", janus_folder, "--prompt", "a red fox", "-n", 1, "--no-maps",
+                   "--out", tmp_path / argv[1] / argv[-1], *argv) == 0
+        firsts.append(next(line for line in capsys.readouterr().err.splitlines() if "memory plan" in line))
+    plans = [line.split("memory plan: ")[1] for line in firsts]
+    assert plans[0] == plans[1] == plans[2], plans
+
+
 def test_a_tree_plan_counts_the_nodes_each_forward_feeds():
     from csdgen.models._transformers import kv_cache_bytes
     from csdgen.models.builtin import load_builtin_model

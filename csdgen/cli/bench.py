@@ -13,6 +13,7 @@ csdgen bench ...`` shards the prompts over N processes.
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -163,7 +164,7 @@ def _model_plan(args, device: str):
     quantize_setup(args, device)
     from csdgen.bench import check_settings
 
-    known = {"model": str(args.model), "checkpoint": str(folder), "family": family, "dtype": dtype,
+    known = {"model": str(args.model), "checkpoint": os.path.realpath(folder), "family": family, "dtype": dtype,
              "device": device.split(":")[0], "prompts": _prompts_setting(args, "coco"),
              "negative_prompt": args.negative_prompt, "positive_prompt": args.positive_prompt,
              "prompt_template": args.prompt_template, "lam": args.lam, "delta": args.delta,
@@ -178,7 +179,7 @@ def _model_plan(args, device: str):
     split_note(args, model)
     fill_defaults(args, model_defaults(model, family))
     args.window = clamp_window(args.window, model.num_image_tokens)
-    settings = {"model": str(args.model), "checkpoint": str(folder), "family": family, "dtype": dtype,
+    settings = {"model": str(args.model), "checkpoint": os.path.realpath(folder), "family": family, "dtype": dtype,
                 "device": device.split(":")[0], "grid": list(model.grid), "prompts": _prompts_setting(args, "coco"),
                 "negative_prompt": args.negative_prompt, "positive_prompt": args.positive_prompt,
                 "prompt_template": args.prompt_template,

@@ -10,6 +10,7 @@ images upscaled x2 by nearest neighbour to 128 x 128; checkpoints at their own s
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from . import _options as opt
@@ -156,7 +157,7 @@ def _read_prompts(args) -> list[str]:
 def _known_settings(args, folder, family: str, dtype: str, device: str, prompts: list[str]) -> dict:
     """The part of a ``--model`` run's settings known before the weights are read, as the record keeps
     them (:func:`model_job` records the same values once the model is loaded)."""
-    known = {"model": str(args.model), "checkpoint": str(folder), "family": family, "dtype": dtype, "device": device,
+    known = {"model": str(args.model), "checkpoint": os.path.realpath(folder), "family": family, "dtype": dtype, "device": device,
              "prompts": prompts, "negative_prompt": args.negative_prompt, "positive_prompt": args.positive_prompt,
              "prompt_template": args.prompt_template, "method": args.method}
     if args.seed is not None:
@@ -187,7 +188,8 @@ def model_job(args):
     refuse_missing_cuda(device)
     dtype = choose_dtype(args, family, device)
     quantize_setup(args, device)
-    widest = AUTO_MAX_WINDOW if args.window == "auto" else args.window
+    # AR decodes one token per forward whatever --window says (_ar_window): its memory is planned at window 1
+    widest = 1 if args.method == "ar" else AUTO_MAX_WINDOW if args.window == "auto" else args.window
     refuse_other_record(args.out, _known_settings(args, folder, family, dtype, device, prompts))  # before the weights
     if args.tree is not None:  # before the weights are read: load_model's own check counts a chain window
         refuse_unfit_tree(checkpoint_plan(folder, family, batch_size=batch_size, window=widest, dtype=dtype,
@@ -213,7 +215,7 @@ def model_job(args):
     args.window = clamp_window(args.window, model.num_image_tokens)
     _ar_window(args)
     rule = _rule(args, model)  # GSD's and LANTERN's options need the codebook
-    settings = {**_run_settings(args, model, rule, sampling), "model": str(args.model), "checkpoint": str(folder),
+    settings = {**_run_settings(args, model, rule, sampling), "model": str(args.model), "checkpoint": os.path.realpath(folder),
                 "family": family, "dtype": dtype, "device": device, "grid": list(model.grid), "prompts": prompts,
                 "negative_prompt": args.negative_prompt, "positive_prompt": args.positive_prompt,
                 "prompt_template": args.prompt_template}
