@@ -162,6 +162,35 @@ def test_a_cut_short_or_garbage_safetensors_file_is_refused_in_one_line_naming_i
     assert check_checkpoint(sharded, "Janus") == sharded
 
 
+def test_a_cut_short_pytorch_bin_file_or_a_missing_bin_shard_is_refused_in_one_line_naming_it(janus_dir, tmp_path, capsys):
+    """Found by a new-user try-out: a pytorch_model.bin cut to half gave torch's "failed finding central directory"
+    traceback from inside the loader; a pytorch_model.bin.index.json naming a missing shard a bare "No such file"."""
+    from safetensors.torch import load_file
+
+    from csdgen.models._transformers import check_checkpoint
+
+    whole = without_weights(janus_dir, tmp_path / "bin")
+    torch.save(load_file(janus_dir / "model.safetensors"), whole / "pytorch_model.bin")  # torch's zip format
+    assert check_checkpoint(whole, "Janus") == whole
+    data = (whole / "pytorch_model.bin").read_bytes()
+    cut = without_weights(janus_dir, tmp_path / "bincut")
+    (cut / "pytorch_model.bin").write_bytes(data[: len(data) // 2])
+    message = (f"{str(cut / 'pytorch_model.bin')!r} is not a whole torch weight file: a zip archive of {len(data) // 2} "
+               f"bytes without its end (cut short); copy or download it again")
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        load_model(cut, device="cpu")
+    assert run("generate", "--model", cut, "--prompt", "a dog", "--device", "cpu", "--out", tmp_path / "o") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and not (tmp_path / "o").exists()
+    sharded = without_weights(janus_dir, tmp_path / "binshards")
+    (sharded / "pytorch_model-00001-of-00002.bin").write_bytes(data)
+    (sharded / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": {
+        "a": "pytorch_model-00001-of-00002.bin", "b": "pytorch_model-00002-of-00002.bin"}}))
+    with pytest.raises(FileNotFoundError, match=r"pytorch_model.bin.index.json' names 1 shard\(s\) not in the folder: "
+                                                r"pytorch_model-00002-of-00002.bin; copy every shard$"):
+        load_model(sharded, device="cpu")
+
+
 def test_a_folder_without_tokenizer_files_is_refused_naming_it_when_prompts_are_text(janus_dir, emu3_dir, chameleon_dir,
                                                                                       tmp_path, capsys):
     """Found by a new-user try-out: csdgen generate on a copy without its tokenizer said "the checkpoint has no
@@ -382,6 +411,7 @@ def test_cli_emu3_prompts_file_overrides_and_family_defaults(emu3_dir, tmp_path,
         ([], "--model needs prompts"),
         (["--prompt", "a dog", "--weights", "w"], "--weights is for the built-in model"),
         (["--prompts-file", "/nonexistent/prompts.txt"], "does not exist"),
+        (["--prompts-file", "/"], "--prompts-file '/' is a folder; allowed: a text file, one prompt per line"),
         (["--prompt", "a dog", "--layout", "anole"], "Chameleon checkpoints only"),
         (["--prompt", "a dog", "--negative-prompt", "ugly"], "Emu3 checkpoints only"),
         (["--prompt", "a dog", "--positive-prompt", ""], "Emu3 checkpoints only"),

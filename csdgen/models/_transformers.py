@@ -134,48 +134,79 @@ def check_checkpoint(path: str | os.PathLike, family: str) -> Path:
 
 
 def check_weight_files(folder: Path) -> None:
-    """The folder's safetensors files are whole (their headers read and their data present) and the shards its
-    ``model.safetensors.index.json`` names are there; a file cut short by a download or a copy is named here, in
-    one line, not by a traceback from the loader after the rest has been read.
+    """The folder's weight files are whole and the shards its index names are there; a file cut short by a
+    download or a copy is named here, in one line, not by a traceback from the loader after the rest has been
+    read. The files checked are those transformers reads: the safetensors files (their headers read and their
+    data present), else, in a folder without them, the ``pytorch_model*.bin`` files (a zip archive, torch's
+    format since 1.6, must end with its central directory: a copy cut short does not).
 
     Raises:
-        FileNotFoundError: a shard the index names is missing.
-        ValueError: a safetensors file whose header cannot be read or whose data is shorter than its header says.
+        FileNotFoundError: a shard ``model.safetensors.index.json`` or ``pytorch_model.bin.index.json`` names is missing.
+        ValueError: a safetensors file whose header cannot be read or whose data is shorter than its header says;
+            a ``.bin`` zip archive without its end (cut short).
     """
-    import json
+    import zipfile
 
-    index = folder / "model.safetensors.index.json"
     files = sorted(folder.glob("*.safetensors"))
-    if index.is_file():  # the shards it names are what the loader reads (another .safetensors beside them is not)
-        from csdgen.jsonio import read_json
-
-        shards = sorted(set((read_json(index, what="a safetensors index").get("weight_map") or {}).values()))
-        missing = [name for name in shards if not (folder / name).is_file()]
-        if missing:
-            raise FileNotFoundError(f"{str(index)!r} names {len(missing)} shard(s) not in the folder: "
-                                    f"{', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}; copy every shard")
-        files = [folder / name for name in shards]
+    named = _indexed_shards(folder / "model.safetensors.index.json")
+    if named is not None:  # the shards it names are what the loader reads (another .safetensors beside them is not)
+        files = named
     elif (folder / "model.safetensors").is_file():
         files = [folder / "model.safetensors"]
     for file in files:
-        size = file.stat().st_size
-        problem = None
+        _check_safetensors(file)
+    if files:
+        return
+    bins = _indexed_shards(folder / "pytorch_model.bin.index.json")
+    if bins is None:
+        bins = [folder / "pytorch_model.bin"] if (folder / "pytorch_model.bin").is_file() else []
+    for file in bins:
         with open(file, "rb") as f:
-            head = f.read(8)
-            length = int.from_bytes(head, "little") if len(head) == 8 else None
-            if length is None or length > size - 8:
-                problem = f"its header cannot be read ({size} bytes)"
+            zipped = f.read(4) == b"PK\x03\x04"  # else torch's older pickle format: nothing to check cheaply
+        if zipped and not zipfile.is_zipfile(file):
+            raise ValueError(f"{str(file)!r} is not a whole torch weight file: a zip archive of {file.stat().st_size} "
+                             f"bytes without its end (cut short); copy or download it again")
+
+
+def _indexed_shards(index: Path) -> list[Path] | None:
+    """The shard files a ``*.index.json`` names (None: no such index).
+
+    Raises:
+        FileNotFoundError: a shard it names is not in the folder."""
+    if not index.is_file():
+        return None
+    from csdgen.jsonio import read_json
+
+    shards = sorted(set((read_json(index, what="a weight index").get("weight_map") or {}).values()))
+    missing = [name for name in shards if not (index.parent / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{str(index)!r} names {len(missing)} shard(s) not in the folder: "
+                                f"{', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}; copy every shard")
+    return [index.parent / name for name in shards]
+
+
+def _check_safetensors(file: Path) -> None:
+    """One safetensors file: its header read, its data as long as the header says (ValueError naming it)."""
+    import json
+
+    size = file.stat().st_size
+    problem = None
+    with open(file, "rb") as f:
+        head = f.read(8)
+        length = int.from_bytes(head, "little") if len(head) == 8 else None
+        if length is None or length > size - 8:
+            problem = f"its header cannot be read ({size} bytes)"
+        else:
+            try:
+                header = json.loads(f.read(length))
+                end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+            except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+                problem = "its header is not a safetensors header"
             else:
-                try:
-                    header = json.loads(f.read(length))
-                    end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
-                except (ValueError, TypeError, KeyError, IndexError, AttributeError):
-                    problem = "its header is not a safetensors header"
-                else:
-                    if 8 + length + end > size:
-                        problem = f"it holds {size} bytes, its header promises {8 + length + end}: cut short"
-        if problem:
-            raise ValueError(f"{str(file)!r} is not a whole safetensors file: {problem}; copy or download it again")
+                if 8 + length + end > size:
+                    problem = f"it holds {size} bytes, its header promises {8 + length + end}: cut short"
+    if problem:
+        raise ValueError(f"{str(file)!r} is not a whole safetensors file: {problem}; copy or download it again")
 
 
 #: the text the tokenizer check encodes (issue 16: "a red cat")
