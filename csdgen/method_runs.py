@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .jsonio import read_json, write_json
-from .run_settings import settings_difference
+from .run_settings import sampling_record, settings_difference
 
 __all__ = ["MethodRun", "MethodJob", "run_methods", "run_method"]
 
@@ -236,10 +236,9 @@ def _job_key(job: MethodJob, sampling) -> tuple[dict, dict]:
     """``(key, legacy)``: what a job's cache records and compares on resume (name, seed, window, sampling
     and preset; AR's window left out: AR decodes one token a step whatever the window), and the
     ``repr`` form that caches written before kept for sampling and preset (still resumed when equal)."""
-    from dataclasses import asdict
 
     key = {"name": job.name, "seed": job.seed, "window": None if _is_ar(job.preset) else job.window,
-           "sampling": asdict(sampling), "preset": _preset_key(job.preset)}
+           "sampling": sampling_record(sampling), "preset": _preset_key(job.preset)}
     return key, {"sampling": repr(sampling), "preset": repr(job.preset)}
 
 

@@ -26,9 +26,29 @@ def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: obj}
 
 
+def sampling_record(sampling) -> dict:
+    """A :class:`csdgen.SamplingConfig` as records keep it: its fields, the guidance schedule by its
+    :meth:`~csdgen.guidance.GuidanceSchedule.options` (``{"name": ..., **parameters}``: two schedules
+    with the same parameters, e.g. ``LinearGuidance(4)`` and ``Lumina2Guidance(4)``, are other targets)."""
+    record = asdict(sampling)
+    if sampling.guidance_schedule is not None:
+        record["guidance_schedule"] = sampling.guidance_schedule.options()
+    return record
+
+
+def _named_schedule(previous: dict, current: dict) -> dict:
+    """``previous`` with a guidance schedule recorded without its name (records written before the name
+    was kept) given ``current``'s name where the parameters are the same (resumed, as before)."""
+    old = (previous.get("sampling") or {}).get("guidance_schedule") if isinstance(previous.get("sampling"), dict) else None
+    new = (current.get("sampling") or {}).get("guidance_schedule") if isinstance(current.get("sampling"), dict) else None
+    if isinstance(old, dict) and "name" not in old and isinstance(new, dict) and "name" in new:
+        return {**previous, "sampling": {**previous["sampling"], "guidance_schedule": {"name": new["name"], **old}}}
+    return previous
+
+
 def settings_difference(previous: dict, current: dict) -> list[str]:
     """``"key: A there, B here"`` for every (nested, dotted) setting whose value differs."""
-    old, new = _flatten(previous), _flatten(current)
+    old, new = _flatten(_named_schedule(previous, current)), _flatten(current)
     missing = object()
     lines = []
     for key in sorted(set(old) | set(new)):
@@ -162,7 +182,7 @@ def run_settings(model, *, seed: int = 0, method="csd", window=None, sampling=No
             name in METHODS and repr(resolve_method(name, model)[0]) == text)):
         text = repr(name)  # the rule the name makes (a rule of the caller's own, not a method name: its repr)
     settings = {**_model_settings(model), "method": name, "rule": text, "window": window, "seed": resolved["seed"],
-                "draft_init": draft_init, "refresh": resolved["refresh"], "sampling": asdict(sampling)}
+                "draft_init": draft_init, "refresh": resolved["refresh"], "sampling": sampling_record(sampling)}
     if name == "ar":  # no drafts to initialise or refresh
         del settings["draft_init"], settings["refresh"]
     if preset is not None:

@@ -18,6 +18,7 @@ from csdgen.engine.loop import _Loop
 from csdgen.guidance import GuidanceSchedule, LinearGuidance, guidance_at, guidance_table
 from csdgen.models import FunctionModel
 from csdgen.sampling import SamplingConfig, target_probs
+from builtin_fixture import builtin, weights  # noqa: F401 (fixtures)
 from conftest import KnownJoint
 from test_lossless import P_FAIL, P_PASS, SAMPLES, chi_square_pvalue
 
@@ -140,3 +141,39 @@ def test_linear_guidance_takes_a_numpy_floor_as_a_float_and_refuses_a_bool():
     for bad in (True, -1, float("inf"), "1"):
         with pytest.raises(ValueError, match=rf"^floor={bad!r}: allowed a finite number >= 0$"):
             LinearGuidance(floor=bad)
+
+
+@dataclass(frozen=True)
+class FlatGuidance(LinearGuidance):
+    """The same parameters as LinearGuidance, another schedule (tests only): the scale itself everywhere."""
+
+    name = "flat"
+
+    def scales(self, scale, num_image_tokens, grid):
+        return torch.full((num_image_tokens,), float(scale), dtype=torch.float64)
+
+
+def test_a_record_names_its_schedule_and_resume_tells_two_schedules_of_the_same_parameters_apart(builtin, tmp_path):
+    """Found by a new-user try-out: records kept a schedule's parameters only ({"floor": 4.0}), so a run with
+    Lumina-mGPT 2.0's schedule resumed into a folder of LinearGuidance(4) images (another target)."""
+    import json
+
+    from csdgen.runs import save_run
+
+    out = tmp_path / "run"
+
+    def run(schedule):
+        return save_run(builtin, [0, 1], out, seed=1, maps=False, method="sjd", window=4,
+                        sampling=SamplingConfig(guidance_scale=3.0, guidance_schedule=schedule))
+
+    run(LinearGuidance(1.0))
+    record = json.loads((out / "record.json").read_text())
+    assert record["settings"]["sampling"]["guidance_schedule"] == {"name": "linear", "floor": 1.0}
+    run(LinearGuidance(1.0))  # the same run resumes
+    with pytest.raises(ValueError, match=r'other settings \(sampling.guidance_schedule.name: "linear" there, "flat" here\)'):
+        run(FlatGuidance(1.0))
+    record["settings"]["sampling"]["guidance_schedule"] = {"floor": 1.0}  # as records kept it before the name
+    (out / "record.json").write_text(json.dumps(record))
+    run(LinearGuidance(1.0))  # still resumes: the parameters agree
+    with pytest.raises(ValueError, match=r"sampling.guidance_schedule.floor: 1.0 there, 2.0 here"):
+        run(LinearGuidance(2.0))

@@ -453,7 +453,7 @@ def test_cli_generate_uses_the_family_defaults_schedule_and_decoder(checkpoint, 
     record = json.loads((tmp_path / "a" / "record.json").read_text())
     settings = record["settings"]
     assert settings["family"] == "lumina-mgpt-2" and settings["grid"] == [ROWS, COLS]
-    assert settings["sampling"]["guidance_scale"] == 12 and settings["sampling"]["guidance_schedule"] == {"floor": 4.0}
+    assert settings["sampling"]["guidance_scale"] == 12 and settings["sampling"]["guidance_schedule"] == {"name": "lumina-mgpt-2", "floor": 4.0}
     assert settings["sampling"]["top_k"] is None and settings["sampling"]["temperature"] == 1.0
     assert sorted(p.name for p in (tmp_path / "a").glob("*.png")) == ["0000_red-cat.png", "0001_red-cat.png"]
     assert run("generate", "--model", checkpoint, "--prompt", "red cat", "--guidance-schedule", "constant",

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import asdict
 from pathlib import Path
 
 from . import _options as opt
@@ -243,7 +242,9 @@ def sampling_text(sampling) -> str:
 
 
 def _method_settings(args, sampling) -> dict:
-    settings = {"window": args.window, "sampling": asdict(sampling), "lam": args.lam, "delta": args.delta,
+    from csdgen.run_settings import sampling_record
+
+    settings = {"window": args.window, "sampling": sampling_record(sampling), "lam": args.lam, "delta": args.delta,
                 "addition_c": args.addition_c, "entropy_unit": args.entropy_unit, "draft_init": args.draft_init}
     if getattr(args, "preset", None) is not None:  # absent without one: earlier benches still resume
         settings["preset"] = args.preset
