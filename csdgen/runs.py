@@ -194,6 +194,11 @@ def _load_record(out: Path, plan: RunPlan) -> dict | None:
     return record
 
 
+#: settings a record holds only when they are set (``quantize``: a quantised model); ``None`` in
+#: :func:`refuse_other_record`'s ``known`` says "not set", which a record without the key agrees with
+OPTIONAL_SETTINGS = ("quantize",)
+
+
 def refuse_other_record(out: str | os.PathLike, known: dict) -> None:
     """Refuse, before a model is read, a folder whose ``record.json`` holds a run with other values of
     the settings ``known`` so far (checkpoint, dtype, device, method, prompts ...): with a 7B model the
@@ -214,6 +219,9 @@ def refuse_other_record(out: str | os.PathLike, known: dict) -> None:
     if not isinstance(settings, dict):
         return
     old, new = _comparable(settings), _comparable(known)
+    for key in OPTIONAL_SETTINGS:  # recorded only when set: a record without one ran without it
+        if key in new:
+            old.setdefault(key, None)
     differ = settings_difference({k: old[k] for k in new if k in old}, new)
     if differ:
         raise ValueError(f"{str(out)!r} holds a run with other settings ({'; '.join(differ)}); "

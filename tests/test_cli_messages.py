@@ -503,6 +503,27 @@ def test_a_model_run_into_a_folder_of_other_settings_is_refused_before_the_weigh
     assert "holds a run with other settings" in err and differs in err
 
 
+def test_a_model_run_dropping_or_adding_quantize_is_refused_before_the_weights_are_read(
+        janus_folder, tmp_path, capsys, monkeypatch):
+    """Found by a new-user try-out: a record keeps ``quantize`` only when set, so a rerun without --quantize into
+    a quantised run's folder was refused only after the weights were read."""
+    quantised, plain = tmp_path / "q", tmp_path / "p"
+    common = ["generate", "--model", janus_folder, "--prompt", "a cat", "-n", 1, "--window", 4, "--no-maps"]
+    assert run(*common, "--quantize", "int8", "--out", quantised) == 0
+    assert run(*common, "--out", plain) == 0
+    capsys.readouterr()
+    import csdgen.models.auto
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the weights were read before the refusal")
+
+    monkeypatch.setattr(csdgen.models.auto, "load_model", no_load)
+    err = cli_error(capsys, *common, "--out", quantised)
+    assert 'holds a run with other settings (quantize: "int8" there, null here)' in err, err
+    err = cli_error(capsys, *common, "--quantize", "int8", "--out", plain)
+    assert 'holds a run with other settings (quantize: null there, "int8" here)' in err, err
+
+
 def test_a_checkpoint_spelt_another_way_resumes_its_run(janus_folder, tmp_path, capsys, monkeypatch):
     """The same folder with a trailing slash, relative or absolute, from another working folder: the same run
     (the record keeps the folder resolved); a record that kept it relative still resumes from where it ran."""

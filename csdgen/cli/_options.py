@@ -397,7 +397,9 @@ def add_builtin_model(p: argparse.ArgumentParser, *, n_default: str, batch_defau
                    help=f"number of images (default {n_default})")
     p.add_argument("--seed", type=seed, default=0, help=f"run seed, {seed_help} (default 0)")
     p.add_argument("--batch-size", type=count(), default=batch_default, metavar="B",
-                   help=f"images per batch (default {batch_default}; lowered to what memory allows)")
+                   help=f"images per batch (default {batch_default}; the built-in model's lowered to what memory allows"
+                        + ("; with --model one memory does not hold is refused, naming the largest that fits)"
+                           if checkpoints else ")"))
     p.add_argument("--device", choices=DEVICES, default=None,
                    help="default cpu" + ("; with --model cuda when available" if checkpoints else ""))
     p.add_argument("--out", type=folder, default=Path(out_default), help=f"output folder (default ./{out_default})")

@@ -136,6 +136,9 @@ def builtin_job(args):
 def _read_prompts(args) -> list[str]:
     prompts = [p for p in args.prompts or [] if p.strip()]
     if args.prompts_file is not None:
+        if args.prompts_file.is_dir():
+            raise ValueError(f"--prompts-file {str(args.prompts_file)!r} is a folder; allowed: a text file, one prompt "
+                             f"per line")
         if not args.prompts_file.is_file():
             raise FileNotFoundError(f"--prompts-file {str(args.prompts_file)!r} does not exist")
         from csdgen.prompts import read_prompt_text
@@ -164,8 +167,7 @@ def _known_settings(args, folder, family: str, dtype: str, device: str, prompts:
         known["seed"] = args.seed
     if args.method in ("csd", "addition"):  # their rule's options; GSD's and LANTERN's need the codebook
         known["rule"] = repr(_rule(args))
-    if getattr(args, "quantize", None):
-        known["quantize"] = args.quantize
+    known["quantize"] = getattr(args, "quantize", None)  # None: a record without it (refuse_other_record)
     return known
 
 

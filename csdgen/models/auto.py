@@ -128,7 +128,8 @@ def _no_decoder(family: str, name, folder: Path) -> str:
     """The one line saying which decoder files a checkpoint of ``family`` lacks and where they go."""
     if family == "lumina-mgpt-2":
         return (f"{str(name)!r} has no image decoder: give --vqgan PATH (movqgan_270M.ckpt, SberAI's MoVQGAN 270M, "
-                f"which Lumina-mGPT 2.0 decodes with) or copy it into {str(folder)!r} or {str(folder / 'movqgan' / '270M')!r}")
+                f"which Lumina-mGPT 2.0 decodes with) or copy it into {str(folder)!r}, {str(folder / 'movqgan')!r} or "
+                f"{str(folder / 'movqgan' / '270M')!r}")
     places = [folder, folder / "tokenizer"]
     if family == "liquid":  # where Liquid's evaluation code keeps them, looked in too
         places.insert(1, folder / "chameleon")
