@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .jsonio import read_json, write_json
-from .run_settings import sampling_record, settings_difference
+from .run_settings import defaults_resolved, sampling_record, settings_difference
 
 __all__ = ["MethodRun", "MethodJob", "run_methods", "run_method"]
 
@@ -251,7 +251,7 @@ def _comparable_key(key: dict, current: dict, legacy: dict | None = None) -> dic
             out[name] = current[name]
     if current.get("window") is None and current.get("preset", {}).get("method") == "ar":
         out.pop("window", None)
-    return out
+    return defaults_resolved(out)
 
 
 def _is_ar(preset: dict) -> bool:

@@ -99,6 +99,27 @@ def same_checkpoint(settings: dict) -> dict:
     return out
 
 
+def defaults_resolved(settings: dict) -> dict:
+    """``settings`` (a bench manifest's, a compare or sweep cache key's) with values that mean the
+    default written as the default, so that an option given at its default is the same run: a
+    ``sampling.top_p`` of 1 as none (top-p 1 keeps every token), a ``draft_init`` of null (top level
+    or in ``preset``) as ``"uniform"`` (what a rule that needs no drafts of its own starts from; a
+    rule that needs its own has it set there, :func:`csdgen.evaluation.compare.method_presets`), and
+    ``compile: false`` on a CPU as unset (compilation is on for CUDA only by default)."""
+    out = dict(settings)
+    sampling = out.get("sampling")
+    if isinstance(sampling, dict) and sampling.get("top_p") == 1:
+        out["sampling"] = {**sampling, "top_p": None}
+    if "draft_init" in out and out["draft_init"] is None:
+        out["draft_init"] = "uniform"
+    preset = out.get("preset")
+    if isinstance(preset, dict) and "draft_init" in preset and preset["draft_init"] is None:
+        out["preset"] = {**preset, "draft_init": "uniform"}
+    if out.get("compile") is False and out.get("device") == "cpu":
+        del out["compile"]
+    return out
+
+
 def _comparable(settings: dict) -> dict:
     """A record's settings as resuming compares them: without :data:`_NOT_COMPARED`, AR's without
     ``draft_init`` and ``refresh`` (it has no drafts), a ``draft_init`` of null (records written before

@@ -251,6 +251,21 @@ def test_unknown_prompt_set_for_a_checkpoint_is_one_line(tmp_path, capsys):
     assert "unknown prompt set 'imagenet': use one of coco, parti or the path of a prompt file" in err and "\n" not in err
 
 
+def test_options_given_at_their_default_resume_the_same_bench(builtin_weights, reference, tmp_path, capsys):
+    """Found by a new-user try-out: --draft-init uniform, --top-p 1 and --no-compile (on a CPU) were refused as
+    other settings, though each is what the run used ("compared resolved", docs/cli.md)."""
+    import shutil
+
+    out = tmp_path / "bench"
+    shutil.copytree(reference, out)
+    before = (out / "records.jsonl").read_text()
+    assert _bench(builtin_weights, out, "--draft-init", "uniform", "--top-p", "1", "--no-compile") == 0, \
+        capsys.readouterr().err
+    assert (out / "records.jsonl").read_text() == before  # every image resumed, none made again
+    assert _bench(builtin_weights, out, "--draft-init", "onehot") == 2
+    assert 'holds a bench with other settings (draft_init: "uniform" there, "onehot" here)' in capsys.readouterr().err
+
+
 def test_other_settings_are_refused_naming_the_difference(builtin_weights, reference, capsys):
     assert _bench(builtin_weights, reference, "--lam", "0.9") == 2
     assert "holds a bench with other settings (lam: 0.5 there, 0.9 here)" in capsys.readouterr().err

@@ -61,6 +61,20 @@ def test_compare_times_ar_after_a_warm_up_so_ar_and_ar_seed2_agree(weights, tmp_
                          (0, "ar", (2, 3)), (0, "sjd", (2, 3)), (1, "ar", (2, 3))]
 
 
+def test_compare_options_given_at_their_default_resume_the_same_runs(weights, tmp_path, capsys):
+    """Found by a new-user try-out: --draft-init uniform and --top-p 1 were refused as other settings."""
+    out = tmp_path / "compare"
+    common = ["compare", "--weights", weights, "--methods", "sjd", "--window", 8, "--batch-size", 2, "-n", 2,
+              "--out", out]
+    assert run(*common) == 0
+    before = _cache_state(out)
+    assert run(*common, "--draft-init", "uniform", "--top-p", 1) == 0, capsys.readouterr().err
+    assert _cache_state(out) == before
+    capsys.readouterr()
+    err = cli_error(capsys, *common, "--draft-init", "onehot")
+    assert 'holds a run with other settings (preset.draft_init: "uniform" there, "onehot" here)' in err, err
+
+
 def test_compare_into_a_folder_with_other_settings_refuses_and_loses_no_cached_run(weights, tmp_path, capsys):
     out = tmp_path / "compare"
     common = ["compare", "--weights", weights, "--methods", "csd", "--window", 8, "--batch-size", 2, "--out", out]
@@ -95,7 +109,7 @@ def test_ar_cache_is_kept_when_only_settings_ar_does_not_use_change(weights, tmp
     assert {k: v for k, v in _cache_state(out).items() if k.startswith("run_ar")} == ar  # read, not regenerated
     capsys.readouterr()
     err = cli_error(capsys, *common, "--methods", "sjd", "--window", 8, "--draft-init", "onehot")
-    assert 'run_sjd.json' in err and '(preset.draft_init: null there, "onehot" here)' in err
+    assert 'run_sjd.json' in err and '(preset.draft_init: "uniform" there, "onehot" here)' in err
 
 
 def test_floor_seed_equal_to_a_run_seed_is_refused(weights, capsys, tmp_path):
