@@ -403,3 +403,12 @@ def test_methods_run_interleaved_prompt_by_prompt_with_the_speed_noise_floor_and
     md = (out / "report.md").read_text()
     assert f"- Speed noise floor: latency ar@seed1 / ar = {ratio:.3f} " in md
     assert "Frechet distance (classifier features) rests on too few images to mean anything: 2 per row" in md
+
+
+def test_a_limit_past_the_prompt_file_says_how_many_prompts_run(builtin_weights, tmp_path, capsys):
+    """Found by a new-user try-out: --limit 5 on a file of 2 prompts ran 2 without a word."""
+    prompts = tmp_path / "classes.txt"
+    prompts.write_text("0\n1\n")  # the tiny weights' first two classes
+    assert _bench_ar(builtin_weights, tmp_path / "b", "--prompts", prompts, "--limit", 5) == 0
+    assert f"csdgen: note: --limit 5: {prompts} holds 2 prompt(s); running those" in capsys.readouterr().err
+    assert len((tmp_path / "b" / "records.jsonl").read_text().splitlines()) == 2

@@ -85,11 +85,15 @@ def _floor_seed(text: str):
 def _load(load_prompts, source, args):
     """``load_prompts`` with its limit/offset messages naming the options (``--offset 9999: allowed ...``)."""
     try:
-        return load_prompts(source, args.limit, args.offset)
+        prompts = load_prompts(source, args.limit, args.offset)
     except ValueError as exc:
         if str(exc).startswith(("offset ", "limit ")):
             raise ValueError(f"--{exc}") from None
         raise
+    if args.limit is not None and len(prompts) < args.limit:
+        after = f" after --offset {args.offset}" if args.offset else ""
+        note(f"--limit {args.limit}: {source} holds {len(prompts)} prompt(s){after}; running those")
+    return prompts
 
 
 def _builtin_prompts(args, classes):

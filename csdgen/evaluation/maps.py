@@ -35,7 +35,7 @@ def to_uint8(images: torch.Tensor) -> np.ndarray:
 SIDE_BRANCH_COLOUR = (150, 60, 200)
 
 #: titles of the three panels of an acceptance map
-PANEL_TITLES = ("image", "target entropy (nats)", "decisions over entropy")
+PANEL_TITLES = ("image", "target entropy (nats)", "decisions")
 TITLE_H = 14  #: pixels of the title strip above the panels
 LEGEND_H = 28  #: pixels of the two legend rows below them (decision colours; entropy scale)
 
