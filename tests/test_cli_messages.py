@@ -524,6 +524,20 @@ def test_a_model_run_dropping_or_adding_quantize_is_refused_before_the_weights_a
     assert 'holds a run with other settings (quantize: null there, "int8" here)' in err, err
 
 
+def test_a_model_run_whose_out_is_a_file_is_refused_before_the_weights_are_read(janus_folder, tmp_path, capsys,
+                                                                                   monkeypatch):
+    import csdgen.models.auto
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the weights were read before the refusal")
+
+    monkeypatch.setattr(csdgen.models.auto, "load_model", no_load)
+    (tmp_path / "file").write_text("")
+    for out in (tmp_path / "file", tmp_path / "file" / "inside"):
+        err = cli_error(capsys, "generate", "--model", janus_folder, "--prompt", "a cat", "--out", out)
+        assert "a file, not a folder; choose another with --out" in err, err
+
+
 def test_a_checkpoint_spelt_another_way_resumes_its_run(janus_folder, tmp_path, capsys, monkeypatch):
     """The same folder with a trailing slash, relative or absolute, from another working folder: the same run
     (the record keeps the folder resolved); a record that kept it relative still resumes from where it ran."""

@@ -115,23 +115,37 @@ def print_run_line(args, file=None) -> None:
         args.run_line = None
 
 
+def _cannot_be_made(folder: Path, exc: OSError) -> ValueError:  # e.g. "File name too long": not even looked at
+    return ValueError(f"output folder {shown_path(folder)!r} cannot be made ({folder_error(folder, exc)}); "
+                      f"choose another with --out")
+
+
+def refuse_file_out(folder: Path) -> None:
+    """Refuse, without making anything, an output folder that is a file or lies inside one (a check that can
+    run before a model's weights are read; :func:`writable` makes the folder later).
+
+    Raises:
+        ValueError: naming the folder and the file, with "choose another with --out".
+    """
+    try:
+        blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    except OSError as exc:
+        raise _cannot_be_made(folder, exc) from None
+    if blocker is not None:  # mkdir would say "File exists", which reads as if the folder were there
+        where = "is" if blocker == folder else f"is inside {shown_path(blocker)!r}, which is"
+        raise ValueError(f"output folder {shown_path(folder)!r} {where} a file, not a folder; choose another with --out")
+
+
 def writable(folder: Path) -> Path:
     """Create ``folder`` and check that files can be written there.
 
     Raises:
         ValueError: naming the folder (:func:`shown_path`) and the reason, with "choose another with --out".
     """
-    def cannot_be_made(exc: OSError) -> ValueError:  # e.g. "File name too long": the path cannot even be looked at
-        return ValueError(f"output folder {shown_path(folder)!r} cannot be made ({folder_error(folder, exc)}); "
-                          f"choose another with --out")
+    def cannot_be_made(exc: OSError) -> ValueError:
+        return _cannot_be_made(folder, exc)
 
-    try:
-        blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
-    except OSError as exc:
-        raise cannot_be_made(exc) from None
-    if blocker is not None:  # mkdir would say "File exists", which reads as if the folder were there
-        where = "is" if blocker == folder else f"is inside {shown_path(blocker)!r}, which is"
-        raise ValueError(f"output folder {shown_path(folder)!r} {where} a file, not a folder; choose another with --out")
+    refuse_file_out(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         # a probe name of its own: ranks under torchrun check the same folder at once, and a shared name let

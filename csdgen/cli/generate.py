@@ -229,7 +229,7 @@ def model_job(args):
 def run(args) -> int:
     from contextlib import ExitStack
 
-    from ._common import compile_note, list_classes
+    from ._common import compile_note, list_classes, refuse_file_out
 
     if args.list_classes is not None:
         if args.model is not None:
@@ -242,6 +242,7 @@ def run(args) -> int:
     from csdgen.runs import run_plan
 
     refuse_busy(args.out)  # before the model loads; run_plan takes the lock
+    refuse_file_out(args.out)  # before the weights are read (minutes for 7B); writable makes the folder after
     plan, batch_size = model_job(args) if args.model is not None else builtin_job(args)
     out = writable(args.out)
     N = plan.model.num_image_tokens
