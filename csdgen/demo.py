@@ -36,6 +36,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from PIL import Image
@@ -412,13 +413,15 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def serve(model_path: str | None = None, host: str = "127.0.0.1", port: int | None = None, *, weights: str | None = None,
-          block: bool = True, image_size: int | None = None, vqgan: str | None = None, dtype: str | None = None):
+          block: bool = True, image_size: int | None = None, vqgan: str | None = None, dtype: str | None = None,
+          on_loaded: Callable[[], None] | None = None):
     """Load the model, build the page and serve it on ``host:port`` (no share link, analytics off).
 
     Args:
         port: TCP port; None = Gradio's first free port from 7860; 0 = any free port (:func:`free_port`).
         block: wait until interrupted (the command) or return at once (tests).
         image_size, vqgan, dtype: for a checkpoint, as :func:`load_demo_model` takes them.
+        on_loaded: called once the model is loaded and checked (the command prints its run line there).
 
     Returns:
         The launched ``gradio.Blocks`` (when ``block`` is False).
@@ -440,6 +443,8 @@ def serve(model_path: str | None = None, host: str = "127.0.0.1", port: int | No
     # OpenMP pool (csdgen.torch_threads)
     model, name, defaults = call_in_thread(load_demo_model, model_path, weights, image_size=image_size, vqgan=vqgan,
                                            dtype=dtype)
+    if on_loaded is not None:
+        on_loaded()
     app = build_app(model, model_name=name, defaults=defaults)
     app.queue(default_concurrency_limit=1)
     # quiet: Gradio's own banner suggests share=True, which this page never uses

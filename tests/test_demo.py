@@ -295,6 +295,18 @@ def test_demo_serves_the_builtin_weights_folder_given_with_weights(tmp_path, mon
     assert err.startswith("csdgen: error: --weights is for the built-in model;"), err
 
 
+def test_demo_prints_its_run_line_only_once_the_model_is_loaded(tmp_path, capsys):
+    """Found by a new-user try-out: the run line ("csdgen demo: ... on cpu, float32") came first, then the
+    refusal of a checkpoint that could not be served."""
+    from cli_helpers import run
+    from test_models_chameleon import build_checkpoint
+
+    folder = build_checkpoint(str(tmp_path / "Lumina-mGPT-7B"))  # no size in its name: refused at loading
+    assert run("demo", "--model", folder, "--port", 0) == 2
+    captured = capsys.readouterr()
+    assert "csdgen demo:" not in captured.out and "--image-size" in captured.err, captured
+
+
 # --- the page in a real browser --------------------------------------------------------------
 
 

@@ -50,7 +50,7 @@ def run(args) -> int:
         from csdgen.models.sources import resolve_checkpoint
 
         dtype = choose_dtype(args, family_of(resolve_checkpoint(args.model), None, args.model), default_device())
-    print_run_line(args, file=sys.stdout)  # the first line: model, device, dtype and why
+    # the first line once the model is loaded and checked: model, device, dtype and why
     serve(args.model, host=args.host, port=args.port, weights=args.weights, image_size=args.image_size, vqgan=args.vqgan,
-          dtype=dtype)
+          dtype=dtype, on_loaded=lambda: print_run_line(args, file=sys.stdout))
     return 0
