@@ -85,15 +85,19 @@ def _floor_seed(text: str):
 def _load(load_prompts, source, args):
     """``load_prompts`` with its limit/offset messages naming the options (``--offset 9999: allowed ...``)."""
     try:
-        prompts = load_prompts(source, args.limit, args.offset)
+        return load_prompts(source, args.limit, args.offset)
     except ValueError as exc:
         if str(exc).startswith(("offset ", "limit ")):
             raise ValueError(f"--{exc}") from None
         raise
+
+
+def _limit_note(args, source, prompts: list) -> None:
+    """One note when ``--limit`` asks for more prompts than ``source`` holds (after the prompts are checked:
+    an error about them comes alone)."""
     if args.limit is not None and len(prompts) < args.limit:
         after = f" after --offset {args.offset}" if args.offset else ""
         note(f"--limit {args.limit}: {source} holds {len(prompts)} prompt(s){after}; running those")
-    return prompts
 
 
 def _builtin_prompts(args, classes):
@@ -143,6 +147,7 @@ def _builtin_plan(args, device: str):
     _fixed_window(args)
     model, _ = builtin_model(args, fixed_window=True)  # loads, moves to the device, fills the defaults, clamps the window
     prompts, indices = _builtin_prompts(args, model.classes)
+    _limit_note(args, args.prompts, prompts)
     sampling = sampling_of(args)
     settings = {"model": "builtin", "weights": "shipped" if args.weights is None else str(args.weights),
                 "device": device.split(":")[0], "prompts": _prompts_setting(args, "classes spread over the categories"), **_method_settings(args, sampling),
@@ -179,6 +184,7 @@ def _model_plan(args, device: str):
                        prompts=[p.text for p in prompts], prompt_template=args.prompt_template, vqgan=args.vqgan,
                        quantize=args.quantize, device_map=args.device_map, need_decoder=True)
     require_decoder(model, str(args.model), folder)
+    _limit_note(args, args.prompts or "coco", prompts)
     split_note(args, model)
     fill_defaults(args, model_defaults(model, family))
     args.window = clamp_window(args.window, model.num_image_tokens)
