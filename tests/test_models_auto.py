@@ -280,14 +280,15 @@ def test_check_memory_equals_the_adapters_estimate_and_refuses_with_a_batch_that
     room = lambda n: int(n / (1 - auto.HEADROOM)) + 1  # available memory whose usable part is n bytes
     assert check(janus_dir, "janus", 4, 16, "float32", device="cpu", max_memory_bytes=room(need[4])) == need[4]
     with pytest.raises(ValueError, match=r"^janus at batch size 4, window 16, float32, prompts of 128 tokens needs about .* GiB "
-                                         r"but cpu has .* GiB available \(.* GiB after keeping 10% free\); try --batch-size 2$"):
+                                         r"but cpu has .* GiB available \(.* GiB after keeping 10% free\); try batch_size=2 "
+                                         r"\(--batch-size 2 on the command line\)$"):
         check(janus_dir, "janus", 4, 16, "float32", device="cpu", max_memory_bytes=room(need[2] + need[3] >> 1))
-    with pytest.raises(ValueError, match="try --batch-size [123]$"):  # the headroom is kept: need[4] alone is not enough
+    with pytest.raises(ValueError, match=r"try batch_size=[123] \(--batch-size [123] on the command line\)$"):  # the headroom is kept: need[4] alone is not enough
         check(janus_dir, "janus", 4, 16, "float32", device="cpu", max_memory_bytes=need[4])
     calls = []  # the estimate is computed once, whatever the batch size
     real = memory_check.estimate_memory
     monkeypatch.setattr(memory_check, "estimate_memory", lambda *a, **k: calls.append(1) or real(*a, **k))
-    with pytest.raises(ValueError, match="try --batch-size 1"):
+    with pytest.raises(ValueError, match="try batch_size=1 "):
         check(janus_dir, "janus", 64, 16, "float32", device="cpu", max_memory_bytes=room(need[1]))
     assert len(calls) == 1
     monkeypatch.undo()

@@ -193,7 +193,8 @@ def check_memory(path: str | os.PathLike, family: str, batch_size: int, window: 
     if need <= estimate.usable(have):
         return need
     fits = min(estimate.largest_batch(have), batch_size - 1)
-    hint = f"try --batch-size {fits}" if fits >= 1 else "even batch size 1 does not fit: try a smaller dtype, image or another device"
+    # named both ways: the library's callers pass batch_size=, the commands' users --batch-size
+    hint = f"try batch_size={fits} (--batch-size {fits} on the command line)" if fits >= 1 else "even batch size 1 does not fit: try a smaller dtype, image or another device"
     length = DEFAULT_PROMPT_LENGTH if prompt_length is None else prompt_length
     raise ValueError(
         f"{family} at batch size {batch_size}, window {window}, {str(dtype).removeprefix('torch.')}, prompts of {length} tokens "
