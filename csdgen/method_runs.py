@@ -236,7 +236,6 @@ def _job_key(job: MethodJob, sampling) -> tuple[dict, dict]:
     """``(key, legacy)``: what a job's cache records and compares on resume (name, seed, window, sampling
     and preset; AR's window left out: AR decodes one token a step whatever the window), and the
     ``repr`` form that caches written before kept for sampling and preset (still resumed when equal)."""
-
     key = {"name": job.name, "seed": job.seed, "window": None if _is_ar(job.preset) else job.window,
            "sampling": sampling_record(sampling), "preset": _preset_key(job.preset)}
     return key, {"sampling": repr(sampling), "preset": repr(job.preset)}

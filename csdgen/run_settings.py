@@ -39,8 +39,11 @@ def sampling_record(sampling) -> dict:
 def _named_schedule(previous: dict, current: dict) -> dict:
     """``previous`` with a guidance schedule recorded without its name (records written before the name
     was kept) given ``current``'s name where the parameters are the same (resumed, as before)."""
-    old = (previous.get("sampling") or {}).get("guidance_schedule") if isinstance(previous.get("sampling"), dict) else None
-    new = (current.get("sampling") or {}).get("guidance_schedule") if isinstance(current.get("sampling"), dict) else None
+    def schedule(settings: dict):
+        sampling = settings.get("sampling")
+        return sampling.get("guidance_schedule") if isinstance(sampling, dict) else None
+
+    old, new = schedule(previous), schedule(current)
     if isinstance(old, dict) and "name" not in old and isinstance(new, dict) and "name" in new:
         return {**previous, "sampling": {**previous["sampling"], "guidance_schedule": {"name": new["name"], **old}}}
     return previous
@@ -89,14 +92,24 @@ _NOT_COMPARED = ("preset",)
 def same_checkpoint(settings: dict) -> dict:
     """``settings`` with a checkpoint compared by its folder: ``checkpoint`` (a path) as its absolute,
     resolved form, and ``model`` (the name the user gave: a folder or a repo id) left out when
-    ``checkpoint`` is there: ``ck/Janus``, ``ck/Janus/`` and its absolute path name the same weights. A relative ``checkpoint`` (records written before it was
-    recorded resolved) is read from the current folder."""
+    ``checkpoint`` is there: ``ck/Janus``, ``ck/Janus/`` and its absolute path name the same weights.
+    A relative ``checkpoint`` (records written before it was recorded resolved) is read from the
+    current folder."""
     checkpoint = settings.get("checkpoint")
     if not isinstance(checkpoint, str):
         return settings
     out = {k: v for k, v in settings.items() if k != "model"}
     out["checkpoint"] = os.path.realpath(checkpoint)
     return out
+
+
+def _top_p_one_as_none(settings: dict) -> dict:
+    """``settings`` with a ``sampling.top_p`` of 1 as none: :func:`csdgen.sampling.apply_top_p` keeps every
+    token at 1, so both make the same images."""
+    sampling = settings.get("sampling")
+    if isinstance(sampling, dict) and sampling.get("top_p") == 1:
+        return {**settings, "sampling": {**sampling, "top_p": None}}
+    return settings
 
 
 def defaults_resolved(settings: dict) -> dict:
@@ -106,10 +119,7 @@ def defaults_resolved(settings: dict) -> dict:
     or in ``preset``) as ``"uniform"`` (what a rule that needs no drafts of its own starts from; a
     rule that needs its own has it set there, :func:`csdgen.evaluation.compare.method_presets`), and
     ``compile: false`` on a CPU as unset (compilation is on for CUDA only by default)."""
-    out = dict(settings)
-    sampling = out.get("sampling")
-    if isinstance(sampling, dict) and sampling.get("top_p") == 1:
-        out["sampling"] = {**sampling, "top_p": None}
+    out = dict(_top_p_one_as_none(settings))  # a copy: the caller's settings stay as they are
     if "draft_init" in out and out["draft_init"] is None:
         out["draft_init"] = "uniform"
     preset = out.get("preset")
@@ -134,10 +144,7 @@ def _comparable(settings: dict) -> dict:
         settings.pop("refresh", None)
     if "draft_init" in settings and settings["draft_init"] is None and method in RULES:
         settings["draft_init"] = RULES[method].draft_init or "uniform"
-    sampling = settings.get("sampling")
-    if isinstance(sampling, dict) and sampling.get("top_p") == 1:  # top-p 1 keeps every token: no top-p
-        settings["sampling"] = {**sampling, "top_p": None}
-    return settings
+    return _top_p_one_as_none(settings)
 
 
 def _model_settings(model) -> dict:

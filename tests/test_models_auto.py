@@ -132,6 +132,16 @@ def test_missing_weights_raise_the_adapters_error(janus_dir, emu3_dir, chameleon
         load_model(without_weights(chameleon_dir, tmp_path / "chameleon"), height=12, width=16, device="cpu")
 
 
+def _refused_in_one_line(folder, message: str, capsys, tmp_path) -> None:
+    """``load_model(folder)`` raises ValueError with exactly ``message``; ``csdgen generate`` prints it as its one
+    error line (status 2) and makes no output folder."""
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        load_model(folder, device="cpu")
+    assert run("generate", "--model", folder, "--prompt", "a dog", "--device", "cpu", "--out", tmp_path / "o") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and not (tmp_path / "o").exists()
+
+
 def test_a_cut_short_or_garbage_safetensors_file_is_refused_in_one_line_naming_it(janus_dir, tmp_path, capsys):
     """Found by a new-user try-out: a truncated or garbage model.safetensors gave safetensors' traceback ("header too
     large") from inside the loader; an index naming a missing shard gave transformers' long error."""
@@ -143,11 +153,7 @@ def test_a_cut_short_or_garbage_safetensors_file_is_refused_in_one_line_naming_i
         folder = without_weights(janus_dir, tmp_path / name)
         (folder / "model.safetensors").write_bytes(data)
         message = f"{str(folder / 'model.safetensors')!r} is not a whole safetensors file: {problem}; copy or download it again"
-        with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
-            load_model(folder, device="cpu")
-        assert run("generate", "--model", folder, "--prompt", "a dog", "--device", "cpu", "--out", tmp_path / "o") == 2
-        err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and message in err[0] and not (tmp_path / "o").exists()
+        _refused_in_one_line(folder, message, capsys, tmp_path)
     sharded = without_weights(janus_dir, tmp_path / "sharded")
     (sharded / "model-00001-of-00002.safetensors").write_bytes(whole)
     (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
@@ -177,11 +183,7 @@ def test_a_cut_short_pytorch_bin_file_or_a_missing_bin_shard_is_refused_in_one_l
     (cut / "pytorch_model.bin").write_bytes(data[: len(data) // 2])
     message = (f"{str(cut / 'pytorch_model.bin')!r} is not a whole torch weight file: a zip archive of {len(data) // 2} "
                f"bytes without its end (cut short); copy or download it again")
-    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
-        load_model(cut, device="cpu")
-    assert run("generate", "--model", cut, "--prompt", "a dog", "--device", "cpu", "--out", tmp_path / "o") == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and message in err[0] and not (tmp_path / "o").exists()
+    _refused_in_one_line(cut, message, capsys, tmp_path)
     sharded = without_weights(janus_dir, tmp_path / "binshards")
     (sharded / "pytorch_model-00001-of-00002.bin").write_bytes(data)
     (sharded / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": {

@@ -142,9 +142,6 @@ def writable(folder: Path) -> Path:
     Raises:
         ValueError: naming the folder (:func:`shown_path`) and the reason, with "choose another with --out".
     """
-    def cannot_be_made(exc: OSError) -> ValueError:
-        return _cannot_be_made(folder, exc)
-
     refuse_file_out(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -157,7 +154,7 @@ def writable(folder: Path) -> Path:
         import errno
 
         if exc.errno == errno.ENAMETOOLONG:
-            raise cannot_be_made(exc) from None
+            raise _cannot_be_made(folder, exc) from None
         raise ValueError(f"output folder {shown_path(folder)!r} is not writable ({exc.strerror}); choose another with "
                          f"--out") from None
     return folder
