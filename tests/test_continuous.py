@@ -68,6 +68,46 @@ def test_admitted_rows_hold_the_cache_of_a_fresh_session(float64_model, guided):
     assert_next_window_matches_alone(model, old, tokens, guided, 1e-9)
 
 
+@pytest.mark.device
+@pytest.mark.parametrize("guided", [False, True])
+def test_an_unprefilled_admission_takes_its_prefill_in_the_next_window(float64_model, guided):
+    """A static session admits rows with one-token prompts without a forward (cache length -1); the
+    next forward, at start -1 with one slot, returns for them the logits a prefill returns, beside rows
+    halfway through their images; rolled back, every row's cache equals a fresh session's."""
+    from csdgen.models._static import make_static
+
+    model = float64_model
+    torch.manual_seed(0)
+    tokens = torch.randint(0, model.codebook_size, (3, model.num_image_tokens))
+    running = make_static(model.start([0, 1], None, guided))
+    running.prefill()
+    running.forward(tokens[:2, :9], start=torch.tensor([0, 0]), widths=torch.tensor([9, 9]))
+    running.rollback(torch.tensor([7, 3]))
+    new = make_static(model.start([4], None, guided))
+    assert running.can_admit_unprefilled(new)
+    running.admit_unprefilled(new)
+    assert running.batch_size == 3 and running.cache_lengths.tolist() == [7, 3, -1]
+    window = torch.stack([tokens[0, 7:11], tokens[1, 3:7], tokens[2, 0:4]])  # row 2's slot 0 is its class token
+    out = running.forward(window, start=torch.tensor([7, 3, -1]), widths=torch.tensor([4, 2, 1]))
+    prefill = model.start([4], None, guided).prefill()
+    torch.testing.assert_close(out.cond[2, :1], prefill.cond[0], atol=1e-9, rtol=1e-9)
+    if guided:
+        torch.testing.assert_close(out.uncond[2, :1], prefill.uncond[0], atol=1e-9, rtol=1e-9)
+    running.rollback(torch.tensor([7, 3, 0]))
+
+    class Info:  # what assert_rows_match_fresh reads
+        session, rows, committed = running, torch.arange(3), torch.tensor([8, 4, 1])
+
+    Info.tokens = tokens
+    assert_rows_match_fresh(model, [0, 1, 4], guided, Info)
+    done = make_static(model.start([2], None, guided))
+    done.prefill()
+    with pytest.raises(ValueError, match="must not be prefilled"):
+        running.admit_unprefilled(done)
+    with pytest.raises(ValueError, match="prefill"):
+        running.admit(make_static(model.start([2], None, guided)))
+
+
 def test_admit_refuses_other_guidance_and_unprefilled_sessions(float64_model):
     running = float64_model.start([0], None, True)
     running.prefill()
@@ -208,6 +248,7 @@ def test_prompts_of_other_lengths_join_a_running_janus_batch(tmp_path):
         elif step > max(prompts):
             break
     assert set(done) == set(prompts.values())
+    assert batch.forwards == batch.iterations + 3  # text prompts: every admission runs its own prefill
     for prompt, tokens in done.items():
         alone = csdgen.generate(janus, [prompt], method="sjd", window=5, sampling=JANUS_GREEDY)
         assert torch.equal(tokens, alone.tokens[0]), prompt
@@ -234,8 +275,12 @@ def test_a_continuous_batch_runs_the_static_session_and_grows_its_capacity(float
     session = seen[0][0]
     assert isinstance(session, StaticSession) and seen[0][1:] == (2, 2)
     assert all(s is session for s, _, _ in seen) and max(c for _, c, _ in seen) >= max(n for _, _, n in seen) > 2
-    eager = _drive(ContinuousBatch(float64_model, method="sjd", window=4, sampling=GUIDED, engine="eager"), arrivals)
+    eager_batch = ContinuousBatch(float64_model, method="sjd", window=4, sampling=GUIDED, engine="eager")
+    eager = _drive(eager_batch, arrivals)
     assert set(done) == set(eager) and len(done) == 6
+    # the static batch prefilled only its first images (an empty batch); the two later waves took
+    # their prefill in the next iteration's window; the eager batch ran a prefill per wave
+    assert static.forwards == static.iterations + 1 and eager_batch.forwards == eager_batch.iterations + 3
     for (seed, index), image in eager.items():
         alone = csdgen.generate(float64_model, [CLASS_OF[(seed, index)]], method="sjd", window=4, sampling=GUIDED,
                                 seed=seed, image_indices=[index])

@@ -10,7 +10,13 @@ verify, commit, roll back) cut at its iteration boundary:
 * :meth:`ContinuousBatch.admit` opens a session for the new images (``model.start``), runs
   their prefill (token 0 of each image) and joins its rows to the running session
   (:meth:`csdgen.models.base.DecodingSession.admit`): every row keeps its own positions and
-  cache length, so an admitted image sits beside images halfway through theirs;
+  cache length, so an admitted image sits beside images halfway through theirs. Into a running
+  static session, images whose prompts are one token (a class-conditional model such as the
+  built-in one) join unprefilled
+  (:meth:`csdgen.models._static_rows.StaticRows.admit_unprefilled`) and take their prefill in the
+  first slot of the next iteration's window, where it costs one more column of a forward the batch
+  runs anyway instead of a forward of its own; token 0 is drawn as the prefill draws it (the same
+  target, the same uniform), so the image's tokens are the same either way;
 * :meth:`ContinuousBatch.step` runs one iteration for every image in the batch and returns the
   images it completed, whose rows leave the batch;
 * :meth:`ContinuousBatch.cancel` removes images (a client went away) at once.
@@ -91,7 +97,7 @@ class ContinuousBatch:
     Attributes:
         settings: the resolved settings (as :attr:`csdgen.GenerationResult.settings`, without seed,
             engine and compile: the batch's session decides those when it opens).
-        forwards: model calls so far (iterations and admission prefills).
+        forwards: model calls so far (iterations and the admission prefills that ran a forward of their own).
         rows_fed: sum over iterations of the images in the batch (mean occupancy: ``rows_fed / iterations``).
         iterations: iterations (:meth:`step` calls that ran a forward).
 
@@ -163,7 +169,9 @@ class ContinuousBatch:
     # -- joining and leaving -------------------------------------------------------------------------
 
     def admit(self, conditions: Sequence[Any], seeds: Sequence[int], image_indices: Sequence[int]) -> list[int]:
-        """Open the new images' session, run their prefill and join their rows to the batch.
+        """Open the new images' session, run their prefill and join their rows to the batch (into a
+        running static batch, images whose prompts are one token join unprefilled: their prefill is
+        the first slot of the next :meth:`step`'s window, see the module docstring).
 
         Args:
             conditions: one condition per new image (what ``model.start`` takes).
@@ -177,7 +185,8 @@ class ContinuousBatch:
 
         Raises:
             ValueError: conditions the model rejects or not in a list, bad seeds or indices, non-finite logits at
-                the prefill (the batch is unchanged), or a running batch whose session cannot
+                the prefill (the batch is unchanged; a prefill taken in the next iteration's window
+                raises from :meth:`step` instead), or a running batch whose session cannot
                 admit rows (:attr:`admits_while_running` False).
         """
         check_conditions(conditions)  # a bare name was read letter by letter, a bare index was a TypeError
@@ -202,25 +211,31 @@ class ContinuousBatch:
         slots = torch.arange(B0, B0 + k, device=dev)
         loop.indices[slots] = torch.tensor(indices, dtype=torch.long, device=dev)
         loop.seeds[slots] = torch.tensor(seeds, dtype=torch.long, device=dev)
+        fold = bool(self.size and self.N > 1 and getattr(loop.session, "can_admit_unprefilled", None)
+                    and loop.session.can_admit_unprefilled(new))
         try:
-            bad = loop._prefill(new, slots)
-            if bool(bad):  # the model's logits, or the sampling settings overflowing float32 (as generate says)
-                raise ValueError(f"at the prefill of these images: {loop._non_finite_message()}")
+            if fold:  # their prefill is the first slot of the next iteration's window (loop._iterate)
+                loop.session.admit_unprefilled(new)
+                loop.committed[slots] = 0
+            else:
+                bad = loop._prefill(new, slots)
+                if bool(bad):  # the model's logits, or the sampling settings overflowing float32 (as generate says)
+                    raise ValueError(f"at the prefill of these images: {loop._non_finite_message()}")
             if self.size == 0:
                 loop.session = new
                 self.admits_while_running = bool(getattr(new, "supports_admission", False))
                 if loop.auto is not None:  # a static session prices widths per bucket
                     loop.auto.buckets = getattr(new, "width_buckets", None)
                 loop._probe = loop._probe and getattr(new, "rollback_probe", True)
-            else:
+            elif not fold:
                 loop.session.admit(new)
         except BaseException:
             self._truncate(B0)
             raise
-        self.forwards += 1
+        self.forwards += 0 if fold else 1
         loop.active = torch.cat([loop.active, slots])
         loop.active_host = torch.cat([loop.active_host, slots.cpu()])
-        loop.committed_host = torch.cat([loop.committed_host, torch.ones(k, dtype=torch.long)])
+        loop.committed_host = torch.cat([loop.committed_host, torch.full((k,), 0 if fold else 1, dtype=torch.long)])
         handles = list(range(self._next, self._next + k))
         self._next += k
         self._handles += handles

@@ -186,12 +186,15 @@ class _Loop:
         """
         N, session = self.model.num_image_tokens, self.session
         c_host = self.committed_host[self.active_host]
-        limit = int((N - c_host).max())
+        # a row admitted unprefilled (c 0) takes its prefill in this window's first slot and is then
+        # where a prefilled one starts: the window is chosen as for that one (c 1)
+        left = N - c_host.clamp(min=1)
+        limit = int(left.max())
         if self.auto is not None:
             if self.batch_priced:  # a served batch: priced row by row, timed by the slots the forward runs
                 A = len(self.active_host)
                 slots = getattr(session, "batch_slots", A)
-                width = min(self.auto.choose(limit, slots, 1.0, remaining=(N - c_host).numpy()), limit)
+                width = min(self.auto.choose(limit, slots, 1.0, remaining=left.numpy()), limit)
             else:
                 lag = self.auto.laggard_ratio(c_host, self.steps) if self.paced_by_laggard else 1.0
                 width = min(self.auto.choose(limit, len(self.active_host), lag), limit)
@@ -335,6 +338,15 @@ class _Loop:
         c = self.committed[rows]  # [A]
         widths = (N - c).clamp(max=W)  # [A] valid output slots per image
         widths_host = (N - c_host).clamp(max=W)
+        # rows admitted unprefilled (ContinuousBatch.admit, committed length 0): their window is one
+        # slot, fed their prompt's last token (the session's, at start -1), and they commit token 0 as
+        # a prefill does (_prefill_first)
+        unprefilled = c_host == 0
+        fold = bool(unprefilled.any())
+        if fold:
+            first = c == 0
+            widths = torch.where(first, 1, widths)
+            widths_host = torch.where(unprefilled, 1, widths_host)
         u = self._uniforms(rows, W)
         x, p = self._drafts(rows, c, W, u[_INIT])
         if self._counting(W):
@@ -346,7 +358,8 @@ class _Loop:
             widths_host = fed_widths - 1
             widths = (N - c).clamp(max=W + 1) - 1
             fed_width = W + 1
-        inputs = self.tokens[rows].gather(1, (c - 1)[:, None] + torch.arange(fed_width, device=dev))
+        columns = (c - 1)[:, None] + torch.arange(fed_width, device=dev)
+        inputs = self.tokens[rows].gather(1, columns.clamp(min=0) if fold else columns)
         if self.profile:
             _synchronize(dev)
             t0 = time.perf_counter()
@@ -363,6 +376,8 @@ class _Loop:
             t1 = time.perf_counter()
         h = entropy(q, eps=ENTROPY_EPS)  # [A, W] once: the statistics' and CSD's relaxation's
         verdict = verify(self.rule, self.refresh, x, p, q, widths, u, target_entropy=h)
+        if fold:
+            verdict = _prefill_first(verdict, first, q, u)
         if self.profile:
             _synchronize(dev)
             self.timings["forward"] += t1 - t0
@@ -446,6 +461,18 @@ class _Loop:
             stats.append(ImageStats(steps=int(steps[b, 0]), num_tokens=N, committed_per_step=row[row >= 0].tolist(),
                                     decisions=decisions[b], entropy=entropies[b]))
         return stats
+
+
+def _prefill_first(verdict: Verdict, first: torch.Tensor, q: torch.Tensor, u: torch.Tensor) -> Verdict:
+    """The verdict with the rows ``first`` (``[A]`` bool: admitted unprefilled, a one-slot window at
+    position 0) committing token 0 as :meth:`_Loop._prefill` does: sampled from the target ``q[:, 0]``
+    with the image's prefill uniform (draw kind ``_Y``, slot 0 of its forward 0; ``u`` ``[_KINDS, A, W]``),
+    decision SAMPLED, no draft accepted. So an image gets the same tokens whether it was prefilled
+    at its admission or in the next iteration."""
+    tokens, decisions = verdict.tokens.clone(), verdict.decisions.clone()
+    tokens[:, 0] = torch.where(first, sample(q[:, 0], u[_Y, :, 0]), tokens[:, 0])
+    decisions[:, 0] = torch.where(first, torch.full_like(decisions[:, 0], int(Decision.SAMPLED)), decisions[:, 0])
+    return Verdict(torch.where(first, 0, verdict.accepted), tokens, decisions)
 
 
 def _signed64(seed: int) -> int:

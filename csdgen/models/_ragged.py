@@ -216,15 +216,18 @@ class RaggedSession(DecodingSession):
         self._lengths = torch.cat([self._lengths, other._lengths])
         self.batch_size = B1 + B2
 
-    def _check_admission(self, other) -> None:
+    def _check_admission(self, other, unprefilled: bool = False) -> None:
         """Raise ValueError unless ``other`` can join this session (:meth:`admit`): a prefilled
-        session of the same class and model, guidance and image layout."""
+        session (``unprefilled``: one not prefilled) of the same class and model, guidance and image layout."""
         if type(other) is not type(self) or getattr(other, "model", None) is not getattr(self, "model", None):
             raise ValueError(f"admit: a {type(other).__name__} cannot join a {type(self).__name__} of another model")
         if other.guided != self.guided:
             raise ValueError(f"admit: guided={other.guided} rows cannot join a session with guided={self.guided}")
-        if self._lengths is None or other._lengths is None:
-            raise ValueError("admit: both sessions must be prefilled first (call prefill())")
+        if self._lengths is None:
+            raise ValueError("admit: this session must be prefilled first (call prefill())")
+        if (other._lengths is None) != unprefilled:
+            raise ValueError("admit_unprefilled: the joining session must not be prefilled" if unprefilled else
+                             "admit: both sessions must be prefilled first (call prefill())")
         if (other.cols, other.row_end, other.num_image_tokens) != (self.cols, self.row_end, self.num_image_tokens):
             raise ValueError("admit: the sessions lay their images out differently (cols, row end, image length)")
 

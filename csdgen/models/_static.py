@@ -307,9 +307,13 @@ class StaticSession(StaticRows, StaticTrees, RaggedSession):
             ids.scatter_(1, torch.where(ends.bool(), col + 1, S), self.row_end)
         ids = ids[:, :S]
         out = col + ends
+        # a row admitted unprefilled (start -1, admit_unprefilled) feeds its prompt's last token first
+        unprefilled = start == -1
         if self.guided:
             ids, region, out = ids.repeat_interleave(2, 0), region.repeat_interleave(2, 0), out.repeat_interleave(2, 0)
+            unprefilled = unprefilled.repeat_interleave(2, 0)
         R = ids.shape[0]
+        ids = torch.cat([torch.where(unprefilled, self._prompt_phys_ids[:R, -1], ids[:, 0])[:, None], ids[:, 1:]], 1)
         prompt = self._prompt_dev[:R]
         column = torch.arange(S, device=dev)
         write = self._P + region[:, None] + column  # [R, S] cache column of every new column

@@ -27,6 +27,35 @@ class StaticRows:
             ValueError: another model, guidance or image layout; a session not prefilled.
         """
         self._check_admission(other)
+        self._join(other, prefilled=True)
+
+    def can_admit_unprefilled(self, other) -> bool:
+        """Whether ``other`` (a static session not yet prefilled) can join by :meth:`admit_unprefilled`:
+        images without row ends, and every row's prompt (conditional and unconditional) one token long."""
+        return self.row_end is None and other.row_end is None and bool((other.prompt_lengths == 1).all())
+
+    def admit_unprefilled(self, other) -> None:
+        """Join the images of ``other`` (a static session of the same model, guidance and image layout,
+        not prefilled; :meth:`can_admit_unprefilled`) into free batch slots without a forward of their
+        own: their prompt rows are registered and nothing is cached. Their prefill is then the first
+        column of their next window: such a row has cache length -1 and :meth:`forward` takes it at
+        ``start=-1`` (``widths`` 1), feeding its prompt's one token at the last prompt column (position
+        0) and returning the logits of image position 0, what :meth:`prefill` would have returned
+        (tested against a prefilled admission). The engine folds it into the running batch's next
+        iteration (:meth:`csdgen.engine.ContinuousBatch.admit`): an admission then costs no forward.
+
+        Raises:
+            ValueError: another model, guidance or image layout; a prefilled session, or one with a
+                longer prompt or row ends (:meth:`can_admit_unprefilled`).
+        """
+        self._check_admission(other, unprefilled=True)
+        if not self.can_admit_unprefilled(other):
+            raise ValueError("admit_unprefilled: only images without row ends whose prompts are one token long "
+                             f"(prompt lengths {sorted(set(other.prompt_lengths.tolist()))}, row end {other.row_end})")
+        self._join(other, prefilled=False)
+
+    def _join(self, other, prefilled: bool) -> None:
+        """:meth:`admit` (``prefilled``) or :meth:`admit_unprefilled` after their checks."""
         B, k = self.batch_size, other.batch_size
         if B + k > self.capacity:
             self._grow_capacity(slot_bucket(B + k) if self.compile else max(B + k, 2 * self.capacity))
@@ -44,8 +73,8 @@ class StaticRows:
         # prompt alone). Columns past them are never attended unmasked (a row writes each region column
         # before a query reads it), so they are neither copied nor cleared: copying the whole width cost an
         # admission 6-7 ms of its 22-27 (one image into a running batch of 15, built-in model, 2-core CPU)
-        used = min(n, other._P + (int(other._region[other._slots].max()) if other.batch_size else 0))
-        for mine, theirs in zip(self.kv.cache.layers, other.kv.cache.layers):
+        used = min(n, other._P + (int(other._region[other._slots].max()) if other.batch_size else 0)) if prefilled else 0
+        for mine, theirs in zip(self.kv.cache.layers, other.kv.cache.layers) if used or shift else ():
             for name in ("keys", "values"):
                 target, source = getattr(mine, name), getattr(theirs, name)
                 if shift:  # the prompt's left padding in this cache (masked; cleared as the buffers start)
@@ -65,7 +94,7 @@ class StaticRows:
         self._region[slots] = other._region[other._slots]
         self._join_prompts(other)  # the logical rows, ordered as the ragged session orders them
         self._slots = torch.cat([self._slots, slots])
-        self._lengths = torch.cat([self._lengths, other._lengths])
+        self._lengths = torch.cat([self._lengths, other._lengths if prefilled else torch.full((k,), -1, dtype=torch.long)])
         self.batch_size = B + k
         self._bucket = bucket
 

@@ -7,7 +7,8 @@ scheduler thread loops:
    leave the running batch (:meth:`csdgen.engine.ContinuousBatch.cancel`);
 2. **admission** (the iteration boundary): waiting images join the running batch, oldest
    first, up to the capacity (``--max-batch`` and the memory estimate), all those of one round
-   in one prefill (:meth:`~csdgen.engine.ContinuousBatch.admit`). Images share a batch only
+   in one prefill (:meth:`~csdgen.engine.ContinuousBatch.admit`; into a running static batch,
+   images whose prompt is one token take it in the next iteration's window). Images share a batch only
    when they share its settings (method, window, drafting, sampling: one rule and one forward
    for all); when the oldest waiting image has other settings, admission stops and the batch
    drains, then the batch of those settings runs. ``batching="static"`` admits only into an
@@ -23,7 +24,8 @@ whatever else shares its batch (:mod:`csdgen.engine.continuous`).
 
 Faults stay local: an admission the model rejects fails the requests admitted with it; an
 exception inside the model during an iteration ends the requests with images in that batch
-(500, naming the exception) and the batch is dropped; the thread goes on serving. An image the
+(500, naming the exception) and the batch is dropped (non-finite logits at a prefill taken in an
+iteration's window are such an exception); the thread goes on serving. An image the
 worker cannot decode ends its request (500). When the scheduler stops, the requests still waiting
 or decoding get 503, and the worker finishes the images it holds (for at most ``DRAIN_SECONDS``;
 the requests of those it could not finish get 503 too).
@@ -305,6 +307,7 @@ class Scheduler:
         conditions = [im.job.request.condition for im in take]
         seeds = [im.job.request.seed for im in take]
         indices = [im.index for im in take]
+        forwards = batch.forwards
         try:
             handles = batch.admit(conditions, seeds, indices)
         except ValueError as exc:  # the model rejected these images' conditions: they fail, the batch goes on
@@ -327,8 +330,8 @@ class Scheduler:
         for h, im in zip(handles, take):
             self._rows[h] = im
             im.admitted = now
-        if self.metrics is not None:
-            self.metrics.forwards.inc()
+        if self.metrics is not None and batch.forwards > forwards:  # a prefill forward (none where it is folded)
+            self.metrics.forwards.inc(batch.forwards - forwards)
 
     def _step(self) -> None:
         batch = self._batch
