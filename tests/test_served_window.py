@@ -103,8 +103,10 @@ def test_a_served_batch_priced_row_by_row_keeps_one_host_sync_per_iteration(cach
                 batch.admit([seed % 5], [seed], [0])
                 seed += 1
     assert counter.iterations == 16 and max(batch.widths) > 1 and seed > 9
-    # inside the iteration (_Loop._advance: the chooser, the forward, the verify) the verify results'
-    # read and nothing else; images finishing (their tokens) and joining (their prefill) read apart
+    assert batch.forwards == batch.iterations + 1  # the later images took their prefill in an iteration's window
+    # inside the iteration (_Loop._advance: the chooser, the forward, the verify, the prefills it
+    # carries) the verify results' read and nothing else; images finishing (their tokens) and joining
+    # (their session) read apart
     inside = [sum("_advance" in event.where for event in counter.syncs(k)) for k in range(1, 17)]
     assert inside == [1] * 16, counter.summary()
 
