@@ -74,7 +74,8 @@ class StaticRows:
         # before a query reads it), so they are neither copied nor cleared: copying the whole width cost an
         # admission 6-7 ms of its 22-27 (one image into a running batch of 15, built-in model, 2-core CPU)
         used = min(n, other._P + (int(other._region[other._slots].max()) if other.batch_size else 0)) if prefilled else 0
-        for mine, theirs in zip(self.kv.cache.layers, other.kv.cache.layers) if used or shift else ():
+        layers = zip(self.kv.cache.layers, other.kv.cache.layers) if used or shift else ()  # unprefilled: nothing cached
+        for mine, theirs in layers:
             for name in ("keys", "values"):
                 target, source = getattr(mine, name), getattr(theirs, name)
                 if shift:  # the prompt's left padding in this cache (masked; cleared as the buffers start)
