@@ -8,8 +8,9 @@ tests run them, do not share counters). Names:
 * ``csdgen_images_total``: images completed; ``csdgen_images_cancelled_total``: images whose
   client went away (removed from the batch or the queue);
 * ``csdgen_forwards_total``: model forwards (iterations of the running batch and the admission
-  prefills that run a forward of their own: not those taken in an iteration's window); ``csdgen_batch_iterations_total`` and ``csdgen_batch_rows_total`` (images in the
-  batch, summed over iterations): mean batch occupancy = rows / iterations;
+  prefills that run a forward of their own: not those taken in an iteration's window);
+  ``csdgen_batch_iterations_total`` and ``csdgen_batch_rows_total`` (images in the batch, summed
+  over iterations): mean batch occupancy = rows / iterations;
 * ``csdgen_queue_depth``: images waiting; ``csdgen_batch_occupancy``: images in the running
   batch now; ``csdgen_batch_capacity``: the most it admits (``--max-batch`` and the memory
   estimate);
