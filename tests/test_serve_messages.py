@@ -321,6 +321,19 @@ def test_serve_deeply_nested_json_is_a_400_invalid_json_not_a_500(tiny_server):
     assert _post_tiny(tiny_server, {"prompt": "1", "seed": 0, "method": "ar"}).status_code == 200
 
 
+def test_serve_a_key_given_twice_is_a_400_naming_it(tiny_server):
+    """(Python's decoder kept the last value without a word: n 1 then n 4 drew four images.)"""
+    r = _post_raw(tiny_server, b'{"prompt":"1","seed":0,"method":"ar","n":1,"n":4}')
+    assert r.status_code == 400
+    error = error_of(r)
+    assert error["code"] == "invalid_json" and error["param"] == "n" and "'n' more than once" in error["message"]
+    r = _post_raw(tiny_server, b'{"prompt":"1","windw\\ud800":1,"windw\\ud800":2}')  # echoed as its escape
+    assert r.status_code == 400 and error_of(r)["param"] == "windw\\ud800"
+    r.content.decode("utf-8")
+    # the control: the same keys once each
+    assert _post_raw(tiny_server, b'{"prompt":"1","seed":0,"method":"ar","n":1}').status_code == 200
+
+
 def test_serve_lone_surrogate_in_a_field_name_is_a_400_in_valid_utf8(tiny_server):
     """(The param echoed the name: its answer could not be encoded and the client got a 500.)"""
     r = _post_raw(tiny_server, b'{"prompt":"1","windw\\ud800":1}')

@@ -125,6 +125,27 @@ class ServedModel:
         return prompt, int(lengths[0]) if lengths is not None and len(lengths) else 0
 
 
+class _RepeatedKey(ValueError):
+    """A JSON object of the request body gives ``key`` twice (:func:`_unique_keys`)."""
+
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' ``object_pairs_hook``: the object as a dict, refusing a key given twice.
+
+    Raises:
+        _RepeatedKey: a key appears more than once (Python's decoder would keep the last value without a word)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _RepeatedKey(key)
+        out[key] = value
+    return out
+
+
 async def _read_body(request) -> bytes:
     """The request's body, at most :data:`~csdgen.serve.schemas.MAX_BODY_BYTES` bytes.
 
@@ -335,7 +356,11 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
             answered(line, 499)
             return Response(status_code=499)
         try:
-            body = json.loads(raw)
+            body = json.loads(raw, object_pairs_hook=_unique_keys)
+        except _RepeatedKey as exc:
+            raise APIError(400, f"the request body gives the key {exc.key!r} more than once in one object; allowed: "
+                                f"each key once (JSON leaves a repeated key's value undefined, RFC 8259 section 4)",
+                           param=exc.key, code="invalid_json") from None
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise APIError(400, f"the request body is not valid JSON ({exc}); allowed: a JSON object with a prompt",
                            code="invalid_json") from None
