@@ -308,9 +308,10 @@ def test_weights_that_do_not_match_their_config_are_named_in_one_line(tmp_path, 
 def test_one_option_needing_model_says_needs(capsys, tmp_path):
     err = cli_error(capsys, "demo", "--vqgan", tmp_path)
     assert "--vqgan needs --model" in err, err
-    err = cli_error(capsys, "serve", "--layout", "anole")
+    err = cli_error(capsys, "serve", "--layout", "anole", "--port", 0)
     assert "--layout needs --model" in err, err
-    err = cli_error(capsys, "serve", "--dtype", "float16")  # float32 and bfloat16 are the built-in model's
+    # --port 0: serve binds its port before the model loads, and 8000 may be another test's at this moment
+    err = cli_error(capsys, "serve", "--dtype", "float16", "--port", 0)  # float32 and bfloat16 are the built-in model's
     assert "--dtype float16: the built-in model runs in float32 or bfloat16; allowed for it: auto, float32, bfloat16" \
         in err, err
 
