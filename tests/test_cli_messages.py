@@ -247,7 +247,7 @@ def test_generate_fewer_images_into_a_fuller_folder_reports_the_images_asked_for
 
 def test_class_of_only_commas_is_quoted_as_given(weights, tmp_path, capsys):
     err = cli_error(capsys, "generate", "--weights", weights, "--class", ",", "--out", tmp_path / "g")
-    assert err.startswith("csdgen: error: --class ',': no class given"), err
+    assert err.startswith("csdgen generate: error: --class ',': no class given"), err
 
 
 def test_a_missing_prompts_file_is_called_a_missing_file(weights, tmp_path, capsys):
@@ -594,7 +594,7 @@ def test_docs_say_compare_with_prompts_refuses_class_and_n_as_it_does(capsys, tm
 
 def test_an_empty_prompt_is_called_empty_not_missing(capsys, tmp_path):
     err = cli_error(capsys, "generate", "--model", tmp_path, "--prompt", " ", "--out", tmp_path / "g")
-    assert err.startswith("csdgen: error: --prompt ' ' is empty; allowed: a prompt with some text"), err
+    assert err.startswith("csdgen generate: error: --prompt ' ' is empty; allowed: a prompt with some text"), err
 
 
 def test_a_model_bench_into_a_folder_of_other_settings_is_refused_before_the_weights_are_read(

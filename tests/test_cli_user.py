@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -141,7 +142,7 @@ def test_ctrl_c_during_start_up_is_one_line(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr("csdgen.cli.generate.builtin_job", interrupted)
     assert run("generate", "--out", tmp_path / "o") == 130
     err = capsys.readouterr().err
-    assert err.startswith("csdgen: interrupted;") and err.count("\n") == 1
+    assert err.startswith("csdgen generate: interrupted;") and err.count("\n") == 1
 
 
 def test_sigint_while_importing_gives_no_traceback(tmp_path):
@@ -153,7 +154,7 @@ def test_sigint_while_importing_gives_no_traceback(tmp_path):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
-    assert "Traceback" not in err and "csdgen: interrupted;" in err
+    assert "Traceback" not in err and re.search(r"^csdgen( generate)?: interrupted;", err, re.M), err
 
 
 def test_error_during_a_run_starts_its_own_line(weights, tmp_path, capsys, monkeypatch):
@@ -164,7 +165,7 @@ def test_error_during_a_run_starts_its_own_line(weights, tmp_path, capsys, monke
     assert run("generate", "--weights", weights, "-n", 2, "--batch-size", 1, "--out", tmp_path / "o") == 2
     err = capsys.readouterr().err
     last = err.rstrip("\n").split("\n")[-1]
-    assert last == "csdgen: error: No space left on device"  # the reason, without [Errno 28]
+    assert last == "csdgen generate: error: No space left on device"  # the reason, without [Errno 28]
 
 
 # ---- 5. fast help: no torch before a command runs ----

@@ -292,7 +292,7 @@ def test_demo_serves_the_builtin_weights_folder_given_with_weights(tmp_path, mon
     assert run("demo", "--weights", weights, "--port", 0) == 0
     assert served["model"] is None and served["weights"] == str(weights)
     err = cli_error(capsys, "demo", "--model", tmp_path / "checkpoint", "--weights", weights)
-    assert err.startswith("csdgen: error: --weights is for the built-in model;"), err
+    assert err.startswith("csdgen demo: error: --weights is for the built-in model;"), err
 
 
 def test_demo_prints_its_run_line_only_once_the_model_is_loaded(tmp_path, capsys):

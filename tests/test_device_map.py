@@ -110,7 +110,7 @@ def test_a_partial_device_map_places_every_other_module_on_the_device(janus_fold
     assert main(["generate", "--model", janus_folder, "--prompt", "a dog", "--device", "cpu", "--out", str(tmp_path / "g"),
                  "--device-map", '{"model.layers.1": "disk"}']) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err == ("csdgen: error: --device-map: 'model.layers.1' is not a module of this model; its modules are named "
+    assert err == ("csdgen generate: error: --device-map: 'model.layers.1' is not a module of this model; its modules are named "
                    "from 'model', 'lm_head' down (e.g. 'model.language_model.layers.0')")
 
 

@@ -134,14 +134,14 @@ def test_plan_takes_the_builtin_weights_folder_its_error_points_to(tmp_path, cap
                   in (("tiny", tiny), ("shipped", shipped))}
     assert weights_of["tiny"] != weights_of["shipped"] and "KiB" in weights_of["tiny"]  # the folder's model was planned
     err = cli_error(capsys, "plan", "--model", tmp_path / "checkpoint", "--weights", weights)
-    assert err.startswith("csdgen: error: --weights is for the built-in model;"), err
+    assert err.startswith("csdgen plan: error: --weights is for the built-in model;"), err
 
 
 @pytest.mark.parametrize("scale", ["-1", "nan", "inf"])
 def test_plan_refuses_the_guidance_scales_generate_refuses(scale, capsys):
     """A negative, NaN or infinite --guidance-scale was planned as a guided run; generate refuses it."""
     err = cli_error(capsys, "plan", "--guidance-scale", scale)
-    assert err == f"csdgen: error: --guidance-scale {float(scale):g}: must be a finite number >= 0\n", err
+    assert err == f"csdgen plan: error: --guidance-scale {float(scale):g}: must be a finite number >= 0\n", err
     assert "must be a finite number >= 0" in cli_error(capsys, "generate", "--guidance-scale", scale, "-n", 1)
 
 
@@ -149,7 +149,7 @@ def test_plan_refuses_the_layout_and_prompt_length_a_run_of_the_checkpoint_refus
     """--layout on a Janus checkpoint and a --prompt-length past its positions were planned (the latter
     as 4,774 GiB, "largest batch 0"); generate refuses both, and now plan does, in the same words."""
     err = cli_error(capsys, "plan", "--model", janus_folder, "--layout", "anole")
-    assert err == f"csdgen: error: --layout anole applies to Chameleon checkpoints only; {janus_folder!r} is janus\n"
+    assert err == f"csdgen plan: error: --layout anole applies to Chameleon checkpoints only; {janus_folder!r} is janus\n"
     import json
     from pathlib import Path
 
@@ -169,7 +169,7 @@ def test_plan_refuses_the_layout_and_prompt_length_a_run_of_the_checkpoint_refus
 ])
 def test_plan_of_the_builtin_model_says_why_a_checkpoint_option_does_not_apply(argv, reason, capsys):
     """--prompt-length and --layout were refused because "the built-in model has one size"."""
-    assert cli_error(capsys, "plan", *argv) == f"csdgen: error: {reason}\n"
+    assert cli_error(capsys, "plan", *argv) == f"csdgen plan: error: {reason}\n"
 
 
 def test_generate_says_the_plan_in_its_first_line(tmp_path, capsys):
@@ -240,7 +240,7 @@ def test_generate_refuses_a_tree_too_large_for_one_image_in_one_line(tmp_path, c
     monkeypatch.setattr("csdgen.models.memory_check.available_memory", lambda device: 4 * 2**30)
     err = cli_error(capsys, "generate", "-n", 1, "--class", 3, "--no-maps", "--method", "sjd", "--tree", "2,12",
                     "--window", 16, "--out", tmp_path / "o")
-    assert err.startswith("csdgen: error: --tree 2,12 at window 16 feeds 8194 nodes a forward: one image needs about "), err
+    assert err.startswith("csdgen generate: error: --tree 2,12 at window 16 feeds 8194 nodes a forward: one image needs about "), err
     assert "4.00 GiB free" in err and "allowed: a smaller tree" in err
     assert not (tmp_path / "o").exists()
 
@@ -267,6 +267,6 @@ def test_generate_refuses_a_checkpoint_tree_too_large_before_reading_the_weights
     monkeypatch.setattr("csdgen.models.plan.free_memory", lambda device: 2**30)
     err = cli_error(capsys, "generate", "--model", janus_folder, "--prompt", "a cat", "--device", "cpu", "--no-maps",
                     "--method", "sjd", "--tree", "2,12", "--window", 14, "--out", tmp_path / "o")
-    assert err.startswith("csdgen: error: --tree 2,12 at window 14 feeds "), err
+    assert err.startswith("csdgen generate: error: --tree 2,12 at window 14 feeds "), err
     assert "allowed: a smaller tree" in err
     assert not (tmp_path / "o").exists()

@@ -266,7 +266,7 @@ def test_a_cuda_device_where_none_is_visible_is_refused_in_one_line(janus_dir, t
     for command, extra in (("generate", ["--prompt", "a dog", "--out", tmp_path / "o"]), ("serve", ["--port", 0])):
         assert run(command, "--model", janus_dir, "--device", "cuda", *extra) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert err == ["csdgen: error: --device cuda: no CUDA device is visible here; use --device cpu"], (command, err)
+        assert err == [f"csdgen {command}: error: --device cuda: no CUDA device is visible here; use --device cpu"], (command, err)
     for device in ("cuda", "cuda:1"):
         with pytest.raises(ValueError, match=f"^device='{device}': no CUDA device is visible here; allowed: 'cpu'$"):
             load_model(janus_dir, device=device)

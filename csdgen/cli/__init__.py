@@ -53,9 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _error(message: str) -> None:
-    # progress bars are closed (``with``) before an error reaches here, so the line is free
-    sys.stderr.write(f"csdgen: {message}\n")
+def _error(message: str, command: str | None = None) -> None:
+    # progress bars are closed (``with``) before an error reaches here, so the line is free; the
+    # prefix is the command's, as argparse's own errors have it (``csdgen serve: error: ...``)
+    sys.stderr.write(f"csdgen{' ' + command if command else ''}: {message}\n")
     sys.stderr.flush()
 
 
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             warnings.filterwarnings("ignore", message=r"sampling=SamplingConfig\(.*\) runs unguided")
             return args.run(args)
     except ValueError as exc:
-        _error(f"error: {exc}")
+        _error(f"error: {exc}", command)
         return 2
     except BrokenPipeError:  # the reader closed the pipe (`--list-classes | head`): stop quietly, as ls does
         try:
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             from ..class_names import shown_path
 
             message += f": {shown_path(exc.filename)!r}"
-        _error(f"error: {message}")
+        _error(f"error: {message}", command)
         return 2
     except KeyboardInterrupt:
         if command in ("demo", "serve"):  # a server writes nothing to resume
@@ -126,5 +127,5 @@ def main(argv: list[str] | None = None) -> int:
         else:
             # "anything already written": a Ctrl-C while the model loads has written nothing
             _error("interrupted; anything already written is kept (images, or compare's finished methods): "
-                   "rerun the same command to resume")
+                   "rerun the same command to resume", command)
         return 130
