@@ -118,13 +118,23 @@ def defaults_resolved(settings: dict) -> dict:
     ``sampling.top_p`` of 1 as none (top-p 1 keeps every token), a ``draft_init`` of null (top level
     or in ``preset``) as ``"uniform"`` (what a rule that needs no drafts of its own starts from; a
     rule that needs its own has it set there, :func:`csdgen.evaluation.compare.method_presets`), and
-    ``compile: false`` on a CPU as unset (compilation is on for CUDA only by default)."""
+    ``compile: false`` on a CPU as unset (compilation is on for CUDA only by default). An ``engine`` of
+    ``"static"`` (top level or in ``preset``) is unset too: ``engine="auto"`` runs the static engine
+    wherever it applies and an explicit ``"static"`` is refused where it does not, so the two are one
+    run. A bench's ``preset`` name (``"paper"``, kept for information) is dropped: its settings are
+    recorded resolved beside it, and the same settings given one by one are the same run."""
     out = dict(_top_p_one_as_none(settings))  # a copy: the caller's settings stay as they are
     if "draft_init" in out and out["draft_init"] is None:
         out["draft_init"] = "uniform"
+    if isinstance(out.get("preset"), str):
+        del out["preset"]
+    if out.get("engine") == "static":
+        del out["engine"]
     preset = out.get("preset")
     if isinstance(preset, dict) and "draft_init" in preset and preset["draft_init"] is None:
-        out["preset"] = {**preset, "draft_init": "uniform"}
+        out["preset"] = preset = {**preset, "draft_init": "uniform"}
+    if isinstance(preset, dict) and preset.get("engine") == "static":
+        out["preset"] = {k: v for k, v in preset.items() if k != "engine"}
     if out.get("compile") is False and out.get("device") == "cpu":
         del out["compile"]
     return out

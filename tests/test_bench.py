@@ -252,14 +252,16 @@ def test_unknown_prompt_set_for_a_checkpoint_is_one_line(tmp_path, capsys):
 
 
 def test_options_given_at_their_default_resume_the_same_bench(builtin_weights, reference, tmp_path, capsys):
-    """Found by a new-user try-out: --draft-init uniform, --top-p 1 and --no-compile (on a CPU) were refused as
-    other settings, though each is what the run used ("compared resolved", docs/cli.md)."""
+    """Found by a new-user try-out: --draft-init uniform, --top-p 1, --no-compile (on a CPU) and --engine static
+    (what the default engine runs for the built-in model) were refused as other settings, though each is what
+    the run used ("compared resolved", docs/cli.md)."""
     import shutil
 
     out = tmp_path / "bench"
     shutil.copytree(reference, out)
     before = (out / "records.jsonl").read_text()
-    assert _bench(builtin_weights, out, "--draft-init", "uniform", "--top-p", "1", "--no-compile") == 0, \
+    assert _bench(builtin_weights, out, "--draft-init", "uniform", "--top-p", "1", "--no-compile", "--engine",
+                  "static") == 0, \
         capsys.readouterr().err
     assert (out / "records.jsonl").read_text() == before  # every image resumed, none made again
     assert _bench(builtin_weights, out, "--draft-init", "onehot") == 2
@@ -301,6 +303,21 @@ def test_bench_image_is_csdgen_generate_image_at_the_same_seed_and_window(builti
 def _bench_ar(weights_dir, out, *extra):
     return cli.main(["bench", "--weights", str(weights_dir), "--out", str(out), "--methods", "ar", "--window", "8",
                      "--floor-seed", "none", *map(str, extra)])
+
+
+def test_a_paper_preset_bench_resumes_with_its_settings_given_one_by_one(builtin_weights, tmp_path, capsys):
+    """docs/cli.md: the record's "preset" is for information, and the same settings spelt out resume the run
+    (the name was compared: 'preset: "paper" there, unset here')."""
+    out = tmp_path / "b"
+    assert _bench_ar(builtin_weights, out, "--limit", "1", "--preset", "paper", "--window", "16") == 0
+    before = (out / "records.jsonl").read_text()
+    assert json.loads((out / "bench.json").read_text())["settings"]["preset"] == "paper"
+    capsys.readouterr()
+    assert _bench_ar(builtin_weights, out, "--limit", "1", "--draft-init", "uniform", "--lam", "0.5", "--delta", "0.65",
+                     "--window", "16") == 0, capsys.readouterr().err
+    assert (out / "records.jsonl").read_text() == before  # resumed, nothing made again
+    assert _bench_ar(builtin_weights, out, "--limit", "1", "--preset", "paper", "--lam", "0.9", "--window", "16") == 2
+    assert "(lam: 0.5 there, 0.9 here)" in capsys.readouterr().err  # the control: another setting is still refused
 
 
 def test_bench_resume_with_another_engine_is_refused(builtin_weights, tmp_path, capsys):

@@ -62,13 +62,14 @@ def test_compare_times_ar_after_a_warm_up_so_ar_and_ar_seed2_agree(weights, tmp_
 
 
 def test_compare_options_given_at_their_default_resume_the_same_runs(weights, tmp_path, capsys):
-    """Found by a new-user try-out: --draft-init uniform and --top-p 1 were refused as other settings."""
+    """Found by a new-user try-out: --draft-init uniform, --top-p 1 and --engine static (what the default engine
+    runs for the built-in model) were refused as other settings."""
     out = tmp_path / "compare"
     common = ["compare", "--weights", weights, "--methods", "sjd", "--window", 8, "--batch-size", 2, "-n", 2,
               "--out", out]
     assert run(*common) == 0
     before = _cache_state(out)
-    assert run(*common, "--draft-init", "uniform", "--top-p", 1) == 0, capsys.readouterr().err
+    assert run(*common, "--draft-init", "uniform", "--top-p", 1, "--engine", "static") == 0, capsys.readouterr().err
     assert _cache_state(out) == before
     capsys.readouterr()
     err = cli_error(capsys, *common, "--draft-init", "onehot")
