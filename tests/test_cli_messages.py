@@ -117,6 +117,8 @@ def test_empty_methods_are_refused_with_the_allowed_list(capsys, tmp_path, comma
     (["sweep", "--windows", "16,"], "argument --windows: '16,': an empty item; allowed: integers >= 1"),
     (["sweep", "--baselines", "ar,,sjd"], "argument --baselines: 'ar,,sjd': an empty item; allowed: ar, sjd, sjd-coupled"),
     (["sweep", "--draft-inits", "uniform,"], "argument --draft-inits: 'uniform,': an empty item; allowed: uniform, onehot"),
+    # every method but AR runs once per draft initialisation: none would leave a sweep of AR alone
+    (["sweep", "--draft-inits", ""], "argument --draft-inits: '': no draft initialisation given; allowed: uniform, onehot"),
     (["bench", "--methods", "ar,,csd"], "argument --methods: 'ar,,csd': an empty item; allowed: ar, sjd,"),
     (["bench", "--seeds", "0,,1"], "argument --seeds: '0,,1': an empty item; allowed: integer seeds in 0.."),
 ])

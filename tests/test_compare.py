@@ -147,6 +147,15 @@ def test_compare_noise_floor_row_is_ar_at_the_next_seed(weights, tmp_path):
     assert json.loads((out / "run_ar-seed2.json").read_text())["key"]["seed"] == 6
 
 
+def test_a_sweep_grid_without_draft_inits_is_refused():
+    """Every method but AR runs once per draft initialisation: an empty list left a sweep of AR alone."""
+    from csdgen.evaluation.sweep import SweepGrid, settings
+
+    with pytest.raises(ValueError, match=r"draft_inits=\[\]: .* allowed: at least one of uniform, onehot"):
+        settings(SweepGrid(draft_inits=[]))
+    assert len(settings(SweepGrid(draft_inits=["uniform"]))) > 1  # the control
+
+
 def test_sweep_runs_gsd_and_lantern_once_per_window_whatever_the_draft_inits():
     """sweep --draft-inits uniform,onehot listed every GSD and LANTERN point twice under one name (they
     draft one-hot whatever the list says): duplicate rows and points, one run done twice (new-user try-out)."""

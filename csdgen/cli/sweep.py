@@ -49,7 +49,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         kind_of = opt.window_list if name == "windows" else opt.numbers(kind, check=_RANGES[name][0], allowed=_RANGES[name][1])
         p.add_argument("--" + name.replace("_", "-"), type=kind_of, default=default, metavar="LIST",
                        help=f"{what}, comma-separated (default {','.join(map(str, default))}{none})")
-    p.add_argument("--draft-inits", type=opt.names_of(opt.DRAFT_INITS, "draft initialisation", empty=True), default=grid.draft_inits,
+    p.add_argument("--draft-inits", type=opt.names_of(opt.DRAFT_INITS, "draft initialisation"), default=grid.draft_inits,
                    metavar="LIST", help=f"comma-separated, of {','.join(opt.DRAFT_INITS)} (default "
                                         f"{','.join(grid.draft_inits)}; GSD and LANTERN always use onehot)")
     p.add_argument("--baselines", type=opt.names_of(BASELINES, "baseline", empty=True), default=grid.baselines, metavar="LIST",

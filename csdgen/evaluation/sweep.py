@@ -73,8 +73,14 @@ def settings(grid: SweepGrid, codebook: torch.Tensor | None = None, entropy_unit
     ``entropy_unit`` goes to every CSD rule.
 
     Raises:
-        ValueError: an unknown baseline name, or a bad parameter value (from the rules).
+        ValueError: an unknown baseline name, no draft initialisation (every method but AR runs once per
+            entry of ``draft_inits``), or a bad parameter value (from the rules).
     """
+    if not grid.draft_inits:
+        from csdgen.drafting import DRAFT_INITS
+
+        raise ValueError(f"draft_inits=[]: every method but AR runs once per draft initialisation; allowed: at least "
+                         f"one of {', '.join(DRAFT_INITS)}")
     unknown = [b for b in grid.baselines if b not in BASELINES]
     if unknown:
         raise ValueError(f"unknown baselines {', '.join(map(repr, unknown))}; allowed: {', '.join(BASELINES)}")
