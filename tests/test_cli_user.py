@@ -145,6 +145,21 @@ def test_ctrl_c_during_start_up_is_one_line(monkeypatch, capsys, tmp_path):
     assert err.startswith("csdgen generate: interrupted;") and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("command, kept", [("compare", "the images already decoded are kept (run_*.json"),
+                                           ("sweep", "the images already decoded are kept (run_*.json"),
+                                           ("bench", "the records and images already written are kept")])
+def test_ctrl_c_says_what_the_interrupted_command_keeps(command, kept, monkeypatch, capsys, tmp_path):
+    """(bench and sweep said "images, or compare's finished methods", the words of generate and compare.)"""
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(f"csdgen.cli.{command}.run", interrupted)
+    assert run(command, "--out", tmp_path / "o") == 130
+    err = capsys.readouterr().err
+    assert err.startswith(f"csdgen {command}: interrupted; {kept}") and err.count("\n") == 1, err
+    assert err.endswith(": rerun the same command to resume\n"), err
+
+
 def test_sigint_while_importing_gives_no_traceback(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "csdgen", "generate", "-n", "1", "--out", str(tmp_path / "o")],

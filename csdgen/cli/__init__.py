@@ -53,6 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: what an interrupted command keeps for its rerun, by command (its Ctrl-C line says it)
+_KEPT = {"generate": "the images already written are kept",
+         "compare": "the images already decoded are kept (run_*.json and .safetensors in --out)",
+         "sweep": "the images already decoded are kept (run_*.json and .safetensors in --out)",
+         "bench": "the records and images already written are kept"}
+
+
 def _error(message: str, command: str | None = None) -> None:
     # progress bars are closed (``with``) before an error reaches here, so the line is free; the
     # prefix is the command's, as argparse's own errors have it (``csdgen serve: error: ...``)
@@ -125,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         if command in ("demo", "serve"):  # a server writes nothing to resume
             print(f"csdgen {command}: stopped", file=sys.stderr, flush=True)
         else:
-            # "anything already written": a Ctrl-C while the model loads has written nothing
-            _error("interrupted; anything already written is kept (images, or compare's finished methods): "
-                   "rerun the same command to resume", command)
+            # "already written": a Ctrl-C while the model loads has written nothing
+            _error(f"interrupted; {_KEPT.get(command, 'anything already written is kept')}: rerun the same command "
+                   f"to resume", command)
         return 130
