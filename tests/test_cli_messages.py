@@ -379,7 +379,7 @@ def test_ctrl_c_before_anything_is_written_does_not_say_something_was(monkeypatc
     monkeypatch.setattr("csdgen.cli.generate.builtin_job", interrupted)
     assert run("generate", "--out", tmp_path / "o") == 130
     err = capsys.readouterr().err
-    assert "anything already written is kept" in err and "what was written" not in err
+    assert "the images already written are kept" in err and "what was written" not in err
     assert not (tmp_path / "o").exists()
 
 

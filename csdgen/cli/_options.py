@@ -10,6 +10,7 @@ in ``--help`` are read from ``csdgen/models/defaults.py`` and the shipped built-
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import math
@@ -198,14 +199,16 @@ def port(minimum: int):
 MAX_SEED = 2**63 - 1
 
 
-def seed(text: str) -> int:
-    """A run seed: an integer in 0 .. 2**63 - 1 (larger ones would alias smaller ones' random streams)."""
+def seed(text: str, top: int = MAX_SEED) -> int:
+    """A run seed: an integer in 0 .. ``top`` (default 2**63 - 1: larger ones would alias smaller ones'
+    random streams; a command that also runs seed + 1 takes one less)."""
+    shown = f"{top} (2**63 - {2**63 - top})"
     try:
         value = _int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer seed in 0..{MAX_SEED}") from None
-    if not 0 <= value <= MAX_SEED:
-        raise argparse.ArgumentTypeError(f"{value}: outside the seed range; allowed: an integer in 0..{MAX_SEED} (2**63 - 1)")
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer seed in 0..{shown}") from None
+    if not 0 <= value <= top:
+        raise argparse.ArgumentTypeError(f"{value}: outside the seed range; allowed: an integer in 0..{shown}")
     return value
 
 
@@ -374,7 +377,7 @@ def folder(text: str) -> Path:
 
 def add_builtin_model(p: argparse.ArgumentParser, *, n_default: str, batch_default: int, out_default: str,
                       n_minimum: int = 1, checkpoints: bool = False, spread: bool = False,
-                      seed_help: str = f"0..{MAX_SEED}") -> None:
+                      seed_help: str = f"0..{MAX_SEED}", seed_max: int = MAX_SEED) -> None:
     """The built-in model, its classes, the image count, seed, batch size, device and output folder
     (``spread``: the default classes are spread over the categories, for measurements; ``seed_help``:
     the seeds the command takes, for ``--help``)."""
@@ -395,7 +398,8 @@ def add_builtin_model(p: argparse.ArgumentParser, *, n_default: str, batch_defau
     why = " (the Frechet distance compares sets of images)" if n_minimum > 1 else ""
     p.add_argument("-n", "--num-images", type=count(n_minimum, why), default=None, metavar="N",
                    help=f"number of images (default {n_default})")
-    p.add_argument("--seed", type=seed, default=0, help=f"run seed, {seed_help} (default 0)")
+    p.add_argument("--seed", type=functools.partial(seed, top=seed_max) if seed_max != MAX_SEED else seed, default=0,
+                   help=f"run seed, {seed_help} (default 0)")
     p.add_argument("--batch-size", type=count(), default=batch_default, metavar="B",
                    help=f"images per batch (default {batch_default}; the built-in model's lowered to what memory allows"
                         + ("; with --model one memory does not hold is refused, naming the largest that fits)"
