@@ -427,5 +427,5 @@ def test_a_limit_past_the_prompt_file_says_how_many_prompts_run(builtin_weights,
     prompts = tmp_path / "classes.txt"
     prompts.write_text("0\n1\n")  # the tiny weights' first two classes
     assert _bench_ar(builtin_weights, tmp_path / "b", "--prompts", prompts, "--limit", 5) == 0
-    assert f"csdgen: note: --limit 5: {prompts} holds 2 prompt(s); running those" in capsys.readouterr().err
+    assert f"csdgen bench: note: --limit 5: {prompts} holds 2 prompt(s); running those" in capsys.readouterr().err
     assert len((tmp_path / "b" / "records.jsonl").read_text().splitlines()) == 2

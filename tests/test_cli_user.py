@@ -324,7 +324,7 @@ def test_sweep_windows_longer_than_the_image_run_once_at_its_length_with_a_note(
     assert run("sweep", "--weights", weights, "-n", 2, "--batch-size", 2, "--windows", "300,16,400",
                "--csd-lam", "0.5", "--addition-c", "", "--gsd-radius", "", "--lantern-delta", "",
                "--baselines", "", "--out", out) == 0
-    assert "csdgen: note: --windows 300,400 are longer than the image (256 tokens): using 256 once\n" in capsys.readouterr().err
+    assert "csdgen sweep: note: --windows 300,400 are longer than the image (256 tokens): using 256 once\n" in capsys.readouterr().err
     rows = json.loads((out / "sweep.json").read_text())
     assert [(r["method"], r["window"]) for r in rows] == [("csd", 256), ("csd", 16)]
     from csdgen.cli._common import longer_than_image

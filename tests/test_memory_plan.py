@@ -112,7 +112,7 @@ def test_plan_notes_a_window_longer_than_the_image_as_generate_does(capsys):
 
     assert run("plan", "--batch-size", 1, "--window", 1000, "--device", "cpu") == 0
     captured = capsys.readouterr()
-    assert captured.err == f"csdgen: note: {longer_than_image([1000], 256)}\n"
+    assert captured.err == f"csdgen plan: note: {longer_than_image([1000], 256)}\n"
     assert "--window 1000 is longer than the image (256 tokens): using 256" in captured.err
     assert "window 255\n" in captured.out
     assert run("plan", "--batch-size", 1, "--window", 256, "--device", "cpu") == 0

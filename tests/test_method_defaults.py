@@ -129,7 +129,7 @@ def test_compare_default_methods_with_draft_init_uniform_notes_gsd_and_lantern_r
 def test_options_the_method_does_not_use_get_a_note(weights, tmp_path, capsys, argv, expected):
     assert run("generate", "--weights", weights, "-n", 1, "--window", 4, "--no-maps", *argv, "--out", tmp_path / "g") == 0
     err = capsys.readouterr().err
-    assert f"csdgen: note: {expected}; it is not used" in err, err
+    assert f"csdgen generate: note: {expected}; it is not used" in err, err
 
 
 def test_preset_paper_with_ar_gives_no_note_about_a_window_the_user_did_not_give(weights, tmp_path, capsys):

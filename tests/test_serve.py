@@ -618,7 +618,7 @@ def test_serve_clamps_a_window_default_longer_than_the_image_with_a_note(capsys,
     served = seen["served"]
     N = served.model.num_image_tokens
     err = capsys.readouterr().err
-    assert err == f"csdgen: note: --window 5000 is longer than the image ({N} tokens): using {N}\n"
+    assert err == f"csdgen serve: note: --window 5000 is longer than the image ({N} tokens): using {N}\n"
     assert served.defaults.window == N
     assert parse_request({"prompt": "0", "seed": 0}, served).batch_kwargs["window"] == N
     with pytest.raises(APIError) as caught:

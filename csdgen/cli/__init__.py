@@ -19,7 +19,7 @@ import re
 import sys
 import warnings
 
-from . import bench, compare, demo, generate, plan, serve, sweep
+from . import _common, bench, compare, demo, generate, plan, serve, sweep
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -90,11 +90,18 @@ def entry() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``csdgen`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    try:
+        return _main(argv)
+    finally:
+        _common.running["command"] = None  # notes printed after it (a test's own call) name no command
+
+
+def _main(argv: list[str] | None) -> int:
     command = None
     try:
         parser = build_parser()
         args, extra = parser.parse_known_args(argv)
-        command = args.command
+        command = _common.running["command"] = args.command
         if extra:  # named by the command's own parser, so the hint is `csdgen COMMAND --help`
             parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
         if getattr(args, "compile", None) and getattr(args, "engine", "auto") == "eager":  # before any model loads

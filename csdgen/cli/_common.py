@@ -18,9 +18,20 @@ from ..class_names import folder_error, shown_path
 SAMPLING_KEYS = ("guidance_scale", "temperature", "top_k", "top_p", "lam", "delta")
 
 
+#: the running command (set by :func:`csdgen.cli.main`): its notes and warnings start ``csdgen COMMAND:``, as
+#: its errors and argparse's do
+running: dict[str, str | None] = {"command": None}
+
+
+def prefix() -> str:
+    """``"csdgen COMMAND"`` for the running command, ``"csdgen"`` outside one (a test calling a helper)."""
+    command = running["command"]
+    return f"csdgen {command}" if command else "csdgen"
+
+
 def note(message: str) -> None:
-    """A one-line note on stderr (``csdgen: note: ...``)."""
-    print(f"csdgen: note: {message}", file=sys.stderr, flush=True)
+    """A one-line note on stderr (``csdgen COMMAND: note: ...``)."""
+    print(f"{prefix()}: note: {message}", file=sys.stderr, flush=True)
 
 
 #: printed once before the first compiled forward of a run with ``--compile`` (a CPU compile looks like a hang)
@@ -445,7 +456,7 @@ def require_decoder(model, name, folder: Path) -> None:
 
 
 #: printed once when --temperature 0 is given with --model
-GREEDY_WARNING = ("csdgen: warning: --temperature 0 is greedy decoding, known to give flat or black images on these "
+GREEDY_WARNING = ("--temperature 0 is greedy decoding, known to give flat or black images on these "
                   "models; use it for checks (greedy equivalence), sample with the family's temperature for pictures")
 
 
@@ -485,7 +496,7 @@ def checkpoint_setup(args, *, fixed_window: bool):
 
         sampling = replace(sampling, guidance_schedule=family_guidance(family))
     if args.temperature == 0:
-        print(GREEDY_WARNING, file=sys.stderr)
+        print(f"{prefix()}: warning: {GREEDY_WARNING}", file=sys.stderr)
     return folder, family, sampling
 
 
