@@ -265,6 +265,13 @@ def test_a_missing_weights_folder_is_not_told_to_train(tmp_path, capsys):
     assert "no such folder" in err and "train" not in err, err
 
 
+def test_a_weights_folder_without_config_says_what_is_missing(tmp_path, capsys):
+    """(It said "no built-in weights in DIR; run python -m csdgen.builtin.train": not what was missing.)"""
+    (tmp_path / "w").mkdir()
+    err = cli_error(capsys, "generate", "--weights", tmp_path / "w", "-n", 1, "--out", tmp_path / "g")
+    assert "it holds no config.json; give the folder that holds config.json and the .safetensors files" in err, err
+
+
 def _shipped_copy(folder: Path) -> Path:
     import shutil
 

@@ -144,7 +144,9 @@ def load_components(weights_dir: str | os.PathLike | None = None) -> BuiltinComp
         raise FileNotFoundError(f"no built-in weights in {wdir}: no such folder; give the folder that holds config.json "
                                 f"and the .safetensors files (or leave --weights out for the shipped weights)")
     if not (wdir / "config.json").is_file():
-        raise FileNotFoundError(f"no built-in weights in {wdir}; run python -m csdgen.builtin.train")
+        raise FileNotFoundError(f"no built-in weights in {wdir}: it holds no config.json; give the folder that holds "
+                                f"config.json and the .safetensors files (or leave --weights out for the shipped "
+                                f"weights; python -m csdgen.builtin.train writes such a folder)")
     path = wdir / "config.json"
     config = _read_config(path)
     vq = _build("vq", path, lambda: VQTokenizer(VQConfig(**config["vq"])))
