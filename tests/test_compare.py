@@ -12,7 +12,7 @@ import torch
 from csdgen import cli
 
 from builtin_fixture import weights  # noqa: F401 (fixtures)
-from cli_helpers import cli_error, run
+from cli_helpers import cli_error, one_line_usage_error, run
 
 
 def _cache_state(folder: Path) -> dict:
@@ -173,13 +173,16 @@ def test_sweep_runs_gsd_and_lantern_once_per_window_whatever_the_draft_inits():
 
 def test_compare_refuses_the_last_seed_before_the_model_loads(tmp_path, capsys, monkeypatch):
     """compare --seed 2**63 - 1 (no seed + 1 for the noise floor) was refused only after the built-in
-    model had loaded (new-user try-out); the line now comes first."""
+    model had loaded (new-user try-out); argparse refuses it now, naming compare's own range, as it
+    does a negative seed."""
     import csdgen.cli.compare as compare_cli
     from csdgen.cli._options import MAX_SEED
 
     monkeypatch.setattr(compare_cli, "builtin_model", lambda *a, **k: pytest.fail("the model was loaded"))
-    err = cli_error(capsys, "compare", "-n", 2, "--seed", MAX_SEED, "--out", tmp_path / "c")
-    assert f"--seed {MAX_SEED}: compare's noise floor runs AR at seed + 1; allowed: 0..{MAX_SEED - 1}" in err
+    for bad in (MAX_SEED, -1):
+        err = one_line_usage_error(capsys, "compare", "-n", 2, "--seed", bad, "--out", tmp_path / "c")
+        assert f"argument --seed: {bad}: outside the seed range; allowed: an integer in 0..{MAX_SEED - 1} (2**63 - 2)" \
+            in err, err
     assert not (tmp_path / "c").exists()
 
 
