@@ -60,10 +60,10 @@ _KEPT = {"generate": "the images already written are kept",
          "bench": "the records and images already written are kept"}
 
 
-def _error(message: str, command: str | None = None) -> None:
+def _error(message: str) -> None:
     # progress bars are closed (``with``) before an error reaches here, so the line is free; the
-    # prefix is the command's, as argparse's own errors have it (``csdgen serve: error: ...``)
-    sys.stderr.write(f"csdgen{' ' + command if command else ''}: {message}\n")
+    # prefix is the running command's, as argparse's own errors have it (``csdgen serve: error: ...``)
+    sys.stderr.write(f"{_common.prefix()}: {message}\n")
     sys.stderr.flush()
 
 
@@ -119,7 +119,7 @@ def _main(argv: list[str] | None) -> int:
             warnings.filterwarnings("ignore", message=r"sampling=SamplingConfig\(.*\) runs unguided")
             return args.run(args)
     except ValueError as exc:
-        _error(f"error: {exc}", command)
+        _error(f"error: {exc}")
         return 2
     except BrokenPipeError:  # the reader closed the pipe (`--list-classes | head`): stop quietly, as ls does
         try:
@@ -133,13 +133,13 @@ def _main(argv: list[str] | None) -> int:
             from ..class_names import shown_path
 
             message += f": {shown_path(exc.filename)!r}"
-        _error(f"error: {message}", command)
+        _error(f"error: {message}")
         return 2
     except KeyboardInterrupt:
         if command in ("demo", "serve"):  # a server writes nothing to resume
-            print(f"csdgen {command}: stopped", file=sys.stderr, flush=True)
+            print(f"{_common.prefix()}: stopped", file=sys.stderr, flush=True)
         else:
             # "already written": a Ctrl-C while the model loads has written nothing
             _error(f"interrupted; {_KEPT.get(command, 'anything already written is kept')}: rerun the same command "
-                   f"to resume", command)
+                   f"to resume")
         return 130
