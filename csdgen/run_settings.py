@@ -123,18 +123,17 @@ def defaults_resolved(settings: dict) -> dict:
     wherever it applies and an explicit ``"static"`` is refused where it does not, so the two are one
     run. A bench's ``preset`` name (``"paper"``, kept for information) is dropped: its settings are
     recorded resolved beside it, and the same settings given one by one are the same run."""
-    out = dict(_top_p_one_as_none(settings))  # a copy: the caller's settings stay as they are
-    if "draft_init" in out and out["draft_init"] is None:
-        out["draft_init"] = "uniform"
+    def level(values: dict) -> dict:  # the rules that hold at the top level and in ``preset`` alike (a copy)
+        out = {k: v for k, v in values.items() if not (k == "engine" and v == "static")}
+        if "draft_init" in out and out["draft_init"] is None:
+            out["draft_init"] = "uniform"
+        return out
+
+    out = level(_top_p_one_as_none(settings))  # a copy: the caller's settings stay as they are
     if isinstance(out.get("preset"), str):
         del out["preset"]
-    if out.get("engine") == "static":
-        del out["engine"]
-    preset = out.get("preset")
-    if isinstance(preset, dict) and "draft_init" in preset and preset["draft_init"] is None:
-        out["preset"] = preset = {**preset, "draft_init": "uniform"}
-    if isinstance(preset, dict) and preset.get("engine") == "static":
-        out["preset"] = {k: v for k, v in preset.items() if k != "engine"}
+    elif isinstance(out.get("preset"), dict):
+        out["preset"] = level(out["preset"])
     if out.get("compile") is False and out.get("device") == "cpu":
         del out["compile"]
     return out
