@@ -377,10 +377,10 @@ def folder(text: str) -> Path:
 
 def add_builtin_model(p: argparse.ArgumentParser, *, n_default: str, batch_default: int, out_default: str,
                       n_minimum: int = 1, checkpoints: bool = False, spread: bool = False,
-                      seed_help: str = f"0..{MAX_SEED}", seed_max: int = MAX_SEED) -> None:
+                      seed_max: int = MAX_SEED, seed_note: str = "") -> None:
     """The built-in model, its classes, the image count, seed, batch size, device and output folder
-    (``spread``: the default classes are spread over the categories, for measurements; ``seed_help``:
-    the seeds the command takes, for ``--help``)."""
+    (``spread``: the default classes are spread over the categories, for measurements; ``seed_max``:
+    the largest seed the command takes, ``seed_note`` why, for ``--help``)."""
     classes = builtin_class_names()
     example = next((n for n in ("red apple", "dog face") if n in classes), classes[0] if classes else "")
     shipped = (f"the {len(classes):,} classes of the shipped model, e.g. {example!r}; " if classes else "")
@@ -398,8 +398,8 @@ def add_builtin_model(p: argparse.ArgumentParser, *, n_default: str, batch_defau
     why = " (the Frechet distance compares sets of images)" if n_minimum > 1 else ""
     p.add_argument("-n", "--num-images", type=count(n_minimum, why), default=None, metavar="N",
                    help=f"number of images (default {n_default})")
-    p.add_argument("--seed", type=functools.partial(seed, top=seed_max) if seed_max != MAX_SEED else seed, default=0,
-                   help=f"run seed, {seed_help} (default 0)")
+    p.add_argument("--seed", type=functools.partial(seed, top=seed_max), default=0,
+                   help=f"run seed, 0..{seed_max}{': ' + seed_note if seed_note else ''} (default 0)")
     p.add_argument("--batch-size", type=count(), default=batch_default, metavar="B",
                    help=f"images per batch (default {batch_default}; the built-in model's lowered to what memory allows"
                         + ("; with --model one memory does not hold is refused, naming the largest that fits)"

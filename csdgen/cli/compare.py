@@ -28,8 +28,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                    "--prompts it runs as csdgen bench with these methods (records, resume, report.md) "
                                    "and writes its table as compare.md and compare.csv.")
     opt.add_builtin_model(p, n_default="64", batch_default=16, out_default="compare", n_minimum=2, spread=True,
-                          seed_help=f"0..{opt.MAX_SEED - 1}: the noise floor row ar-seed2 runs AR at seed + 1",
-                          seed_max=opt.MAX_SEED - 1)
+                          seed_max=opt.MAX_SEED - 1, seed_note="the noise floor row ar-seed2 runs AR at seed + 1")
     p.add_argument("--methods", type=opt.names_of(COMPARE_METHODS, "method"), default=None,
                    help=f"comma-separated, of {','.join(COMPARE_METHODS)} (default: all; ar is always run)")
     opt.add_method_options(p, fixed_window=True)
