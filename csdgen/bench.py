@@ -282,7 +282,10 @@ def _run_shard(plan: BenchPlan, out: Path, rank: int, world: int, on_record, on_
 def _class_consistency(plan: BenchPlan, position: int, tokens) -> float:
     import torch
 
-    images = plan.model.decode_images(tokens)
+    from csdgen.evaluation.maps import from_uint8
+    from csdgen.run_images import decoded_pixels
+
+    images = from_uint8(decoded_pixels(plan.model, tokens))  # as the record's PNG holds it, like the row scores
     with torch.no_grad():
         probs = plan.model.components.classifier(images.float()).softmax(-1)
     return float(probs[0, plan.model.class_ids([plan.conditions[position]])[0]])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Sequence
 
-__all__ = ["batches", "generate_batches", "MAX_SCALE", "check_scale", "pil_images", "builtin_bytes_per_image", "builtin_batch_limit"]
+__all__ = ["batches", "generate_batches", "MAX_SCALE", "check_scale", "pil_images", "decoded_pixels", "builtin_bytes_per_image", "builtin_batch_limit"]
 
 
 def batches(indices: int | Sequence[int], batch_size: int) -> list[list[int]]:
@@ -98,12 +98,14 @@ def pil_images(model, result_or_tokens, scale: int = 1, conditions=None) -> list
                         f"[B, N] int64")
     if len(tokens) == 0:  # no images: none to decode (numpy cannot concatenate an empty list)
         return []
-    return _to_pil(_decode(model, tokens, conditions), scale)
+    return _to_pil(decoded_pixels(model, tokens, conditions), scale)
 
 
-def _decode(model, tokens, conditions=None):
-    """``[B, H, W, 3]`` uint8, decoded image by image: a pixel never depends on the batch it was decoded in
-    (batched convolutions round differently), so the files do not depend on the batch size.
+def decoded_pixels(model, tokens, conditions=None):
+    """The 8-bit pixels of image tokens ``[B, N]`` int64, as the saved files hold them: ``[B, H, W, 3]`` uint8
+    (numpy), decoded image by image. A pixel never depends on the batch it was decoded in (batched
+    convolutions round differently), so neither the files nor a score computed on these pixels depends
+    on the batch size.
 
     A model whose decoder reads the prompt too (``decode_takes_prompts``: GLM-Image's glyph encoder)
     gets each image's condition when it is a prompt string."""

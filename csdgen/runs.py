@@ -36,7 +36,7 @@ from .jsonio import read_json, write_json
 from .run_settings import run_settings, settings_difference, _comparable
 from .run_images import (
     batches, builtin_batch_limit, builtin_bytes_per_image, check_scale, generate_batches, MAX_SCALE, pil_images,
-    _decode, _to_pil,
+    _to_pil, decoded_pixels,
 )
 from .method_runs import MethodJob, MethodRun, run_method, run_methods
 
@@ -239,7 +239,7 @@ def _map_png(plan: RunPlan, pixels, stats):
 def _write_batch(plan: RunPlan, out: Path, indices: list[int], result, batch: int, images: dict, maps: bool) -> None:
     from csdgen.evaluation.maps import save_png
 
-    pixels = _decode(plan.model, result.tokens, [plan.conditions[i] for i in indices])
+    pixels = decoded_pixels(plan.model, result.tokens, [plan.conditions[i] for i in indices])
     pil = _to_pil(pixels, plan.scale)
     for j, i in enumerate(indices):
         stats, name = result.images[j], plan.names[i]

@@ -200,3 +200,28 @@ def test_compare_help_and_docs_give_the_seeds_compare_takes():
     assert f"0..{MAX_SEED}" in helps["generate"]
     doc = " ".join((Path(__file__).parents[1] / "docs" / "cli.md").read_text().split())
     assert "whatever `--seed` is" not in doc and "compare takes seeds up to 2^63 - 2" in doc
+
+
+def test_compare_scores_the_images_bench_scores_from_its_pngs(weights, tmp_path):
+    """The same tokens give the same Frechet distance and class consistency in ``compare`` (decoded
+    in memory) as in ``bench`` (written as 8-bit PNGs and read back): both score the 8-bit images."""
+    from csdgen.bench_scores import _read_png
+    from csdgen.evaluation.compare import score_run
+    from csdgen.evaluation.maps import save_png
+    from csdgen.evaluation.quality import QualityScorer
+    from csdgen.models.builtin import load_builtin_model
+    from csdgen.runs import MethodRun, pil_images
+
+    model = load_builtin_model(weights)
+    scorer = QualityScorer(model)
+    tokens = torch.randint(0, model.codebook_size, (6, model.num_image_tokens), generator=torch.Generator().manual_seed(0))
+    classes = [i % model.num_classes for i in range(len(tokens))]
+    run_ = MethodRun("sjd", tokens, [1] * 6, [1.0] * 6, [1.0] * 6, 1.0, {})
+    scores, _ = score_run(model, scorer, run_, classes, batch=4)
+    for i, image in enumerate(pil_images(model, tokens)):
+        save_png(image, tmp_path / f"{i}.png")
+    read = torch.stack([_read_png(tmp_path / f"{i}.png") for i in range(len(tokens))]).float() / 127.5 - 1
+    assert scores["frechet_distance"] == scorer.frechet_distance(read)
+    assert scores["class_consistency"] == float(scorer.class_consistency(read, classes).mean())
+    unrounded = torch.cat([model.decode_images(tokens[:4]), model.decode_images(tokens[4:])])
+    assert scorer.frechet_distance(unrounded) != scores["frechet_distance"]  # control: the rounding shows

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 
 from csdgen.acceptance import CSD, GSD, Addition, JacobiMatch, Lantern
+from csdgen.evaluation.maps import from_uint8
+from csdgen.run_images import decoded_pixels
 from csdgen.runs import MethodRun
 
 __all__ = ["lantern_preset", "method_presets", "score_run", "table_rows", "to_markdown", "to_csv"]
@@ -62,8 +64,12 @@ def method_presets(lam: float = 0.5, delta: float = 0.65, addition_c: float = 0.
 
 
 def score_run(model, scorer, run: MethodRun, classes: list, batch: int = 64) -> tuple[dict[str, float], torch.Tensor]:
-    """Quality scores of one run (class consistency as mean p(class) and top-1 agreement, Frechet distance, NLL) and its decoded images ``[M, 3, H, W]``."""
-    images = torch.cat([model.decode_images(run.tokens[i : i + batch]) for i in range(0, len(run.tokens), batch)])
+    """Quality scores of one run (class consistency as mean p(class) and top-1 agreement, Frechet distance, NLL) and its decoded images ``[M, 3, H, W]``.
+
+    The images are scored as their 8-bit files hold them (:func:`~csdgen.run_images.decoded_pixels`), so the
+    scores equal those ``csdgen bench`` computes from its PNGs for the same tokens. ``batch``: images per
+    NLL forward."""
+    images = from_uint8(decoded_pixels(model, run.tokens))
     nll = torch.cat([scorer.nll(run.tokens[i : i + batch], classes[i : i + batch]) for i in range(0, len(classes), batch)])
     scores = {
         "class_consistency": float(scorer.class_consistency(images, classes).mean()),

@@ -16,7 +16,7 @@ from PIL import Image, ImageDraw
 
 from csdgen.decisions import Decision
 
-__all__ = ["COLOURS", "SIDE_BRANCH_COLOUR", "PANEL_TITLES", "to_uint8", "acceptance_map", "save_png", "image_grid"]
+__all__ = ["COLOURS", "SIDE_BRANCH_COLOUR", "PANEL_TITLES", "to_uint8", "from_uint8", "acceptance_map", "save_png", "image_grid"]
 
 COLOURS = {
     Decision.SAMPLED: (60, 110, 230),  # blue: plain or bonus sample
@@ -29,6 +29,13 @@ COLOURS = {
 def to_uint8(images: torch.Tensor) -> np.ndarray:
     """Images ``[B, 3, H, W]`` float in [-1, 1] -> ``[B, H, W, 3]`` uint8."""
     return ((images.detach().float().clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 1).cpu().numpy()
+
+
+def from_uint8(pixels) -> torch.Tensor:
+    """8-bit pixels ``[B, H, W, 3]`` uint8 (numpy or torch; :func:`to_uint8`'s layout, a PNG's values) ->
+    ``[B, 3, H, W]`` float32 in [-1, 1], as ``x / 127.5 - 1``, contiguous (a convolution over a permuted view
+    rounds differently, so scores would depend on the layout)."""
+    return torch.as_tensor(np.asarray(pixels)).permute(0, 3, 1, 2).contiguous().float() / 127.5 - 1
 
 
 #: purple: a draft accepted from a side branch of a draft tree (``ImageStats.side_branch``)
