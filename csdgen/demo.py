@@ -28,9 +28,11 @@ served by the local server, and the server binds 127.0.0.1 unless told otherwise
 from __future__ import annotations
 
 import asyncio
+import atexit
 import html
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -56,6 +58,8 @@ __all__ = ["free_port", "METHOD_LABELS", "DemoSettings", "Frame", "DemoCancelled
 
 #: seconds Ctrl-C waits for the page server to close before the command ends anyway
 CLOSE_SECONDS = 5.0
+#: seconds a copy of the page's images stays in Gradio's cache: a run deletes older ones as it starts
+CACHE_AGE_SECONDS = 600
 
 
 def _sampling(defaults: FamilyDefaults, guidance_scale: float, vocab_size: int, schedule=None) -> SamplingConfig:
@@ -103,6 +107,48 @@ class _RunFiles:
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def own_cache() -> Path:
+    """Point Gradio's cache (``GRADIO_TEMP_DIR``, read as the page is built) at a new folder of this
+    process's, inside the one it named before (default: the system's temporary folder), and return it.
+
+    Gradio copies every image the page shows into its cache, about 3 previews a second per panel,
+    and deletes only some of them when it closes; its own folder is shared by every Gradio app on the
+    machine. A folder of the demo's own can be removed whole (:func:`remove_cache`)."""
+    base = os.environ.get("GRADIO_TEMP_DIR") or tempfile.gettempdir()
+    Path(base).mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="csdgen-demo-cache-", dir=base))
+    os.environ["GRADIO_TEMP_DIR"] = str(folder)
+    return folder
+
+
+def sweep_cache(age_s: float) -> int:
+    """Delete the files of the demo's cache folder (:func:`own_cache`) last written more than ``age_s``
+    seconds ago, and the folders that leaves empty; returns the files deleted. Does nothing where the
+    cache is not the demo's own."""
+    folder = Path(os.environ.get("GRADIO_TEMP_DIR", ""))
+    if not folder.name.startswith("csdgen-demo-cache-") or not folder.is_dir():
+        return 0
+    cutoff, emptied = time.time() - age_s, []
+    for path in list(folder.rglob("*")):
+        try:
+            if path.is_file() and path.stat().st_mtime < cutoff:
+                path.unlink()
+                emptied.append(path.parent)
+        except FileNotFoundError:  # deleted meanwhile
+            pass
+    for sub in set(emptied) - {folder}:  # a run sweeps as it starts, while no other run writes
+        try:
+            sub.rmdir()
+        except OSError:  # still holds a newer file
+            pass
+    return len(emptied)
+
+
+def remove_cache(folder: Path) -> None:
+    """Remove the demo's cache folder (:func:`own_cache`) and every file in it."""
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 class _Cancels:
@@ -275,6 +321,7 @@ def build_app(model, *, model_name: str = "built-in model", defaults: FamilyDefa
                 yield {progress: _progress_html("cancelled before it started", 0, total)}
                 return
             yield first
+            sweep_cache(CACHE_AGE_SECONDS)
             pngs = _RunFiles()
             iterator = watch(model, settings, sampling, cancel, min_interval=0.3)  # ~3 previews a second
             try:
@@ -423,6 +470,11 @@ def serve(model_path: str | None = None, host: str = "127.0.0.1", port: int | No
         image_size, vqgan, dtype: for a checkpoint, as :func:`load_demo_model` takes them.
         on_loaded: called once the model is loaded and checked (the command prints its run line there).
 
+    The page's images are cached in a folder of this process's (:func:`own_cache`: ``GRADIO_TEMP_DIR`` is
+    set to it), removed when the command stops (Ctrl-C: status 130; SIGTERM: status 143) or, with
+    ``block=False``, when the process exits; a run deletes the copies older than
+    :data:`CACHE_AGE_SECONDS` as it starts.
+
     Returns:
         The launched ``gradio.Blocks`` (when ``block`` is False).
 
@@ -445,27 +497,52 @@ def serve(model_path: str | None = None, host: str = "127.0.0.1", port: int | No
                                            dtype=dtype)
     if on_loaded is not None:
         on_loaded()
-    app = build_app(model, model_name=name, defaults=defaults)
-    app.queue(default_concurrency_limit=1)
-    # quiet: Gradio's own banner suggests share=True, which this page never uses
-    app.launch(server_name=host, server_port=port, share=False, inbrowser=False, prevent_thread_lock=True,
-               show_error=False, ssr_mode=False, footer_links=[], quiet=True, css=_CSS, theme=_theme())
-    print(f"csdgen demo: serving {name} on http://{host}:{app.server_port}/ (Ctrl-C stops it)", flush=True)
-    if block:
-        # not app.block_thread(): it catches Ctrl-C itself, prints its own line and returns, so the
-        # command ended with status 0 instead of "csdgen demo: stopped" and 130 (csdgen.cli.main)
-        try:
-            while True:
-                time.sleep(0.5)
-        except KeyboardInterrupt:
-            # Gradio's close waits for its server thread to finish; bounded, so Ctrl-C always ends
-            # the command (on a busy machine it waited past 30 s), and the process exit ends the rest
-            closer = threading.Thread(target=app.close, daemon=True)
-            closer.start()
-            closer.join(CLOSE_SECONDS)
-            if closer.is_alive():  # the server's threads would keep the interpreter from exiting
+    cache = own_cache()
+    try:
+        app = build_app(model, model_name=name, defaults=defaults)
+        app.queue(default_concurrency_limit=1)
+        # quiet: Gradio's own banner suggests share=True, which this page never uses
+        app.launch(server_name=host, server_port=port, share=False, inbrowser=False, prevent_thread_lock=True,
+                   show_error=False, ssr_mode=False, footer_links=[], quiet=True, css=_CSS, theme=_theme())
+    except BaseException:  # Ctrl-C while it starts included
+        remove_cache(cache)
+        raise
+    line = f"csdgen demo: serving {name} on http://{host}:{app.server_port}/ (Ctrl-C stops it)"
+    if not block:
+        print(line, flush=True)
+        atexit.register(remove_cache, cache)
+        return app
+    # not app.block_thread(): it catches Ctrl-C itself, prints its own line and returns, so the
+    # command ended with status 0 instead of "csdgen demo: stopped" and 130 (csdgen.cli.main)
+    previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() else None
+    try:
+        print(line, flush=True)  # inside: a Ctrl-C just after the page answers still closes it
+        while True:
+            time.sleep(0.5)
+    except (KeyboardInterrupt, _Terminated) as stop:
+        status = 143 if isinstance(stop, _Terminated) else 130  # as csdgen serve ends on each
+        # Gradio's close waits for its server thread to finish; bounded, so Ctrl-C always ends
+        # the command (on a busy machine it waited past 30 s), and the process exit ends the rest
+        closer = threading.Thread(target=app.close, kwargs={"verbose": False}, daemon=True)  # no unprefixed line
+        closer.start()
+        closer.join(CLOSE_SECONDS)
+        remove_cache(cache)
+        if closer.is_alive():  # the server's threads would keep the interpreter from exiting
+            if status == 130:
                 print("csdgen demo: stopped", file=sys.stderr, flush=True)
-                sys.stdout.flush()
-                os._exit(130)
-            raise
-    return app
+            sys.stdout.flush()
+            os._exit(status)
+        if status == 143:
+            raise SystemExit(143) from None
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class _Terminated(Exception):
+    """SIGTERM while the demo serves: it stops as on Ctrl-C, with status 143 and no line."""
+
+
+def _terminate(signum, frame):
+    raise _Terminated()

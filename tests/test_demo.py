@@ -322,7 +322,7 @@ def demo_server(tmp_path, request):
     ``request.node.demo_process``)."""
     port = _free_port()
     log = (tmp_path / "server.log").open("w")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "GRADIO_TEMP_DIR": str(tmp_path / "gradio")}
     # SIGINT as from a terminal: a harness that runs the suite in the background ignores it, and an
     # ignored SIGINT is inherited (Python then installs no Ctrl-C handler)
     proc = subprocess.Popen([sys.executable, "-m", "csdgen", "demo", "--port", str(port)], stdout=log,
@@ -456,13 +456,33 @@ def test_ctrl_c_on_a_running_demo_says_stopped_with_status_130(demo_server, tmp_
     thread... closing server." and returned, so ``csdgen demo`` ended with status 0 (a newcomer's
     a user's run); now it ends as every command does after Ctrl-C: one line, status 130."""
     demo = request.node.demo_process
+    assert len(list((tmp_path / "gradio").glob("csdgen-demo-cache-*"))) == 1
     demo.send_signal(signal.SIGINT)
     assert demo.wait(timeout=30) == 130
+    assert list((tmp_path / "gradio").rglob("*")) == []  # its image cache went with it
     log = (tmp_path / "server.log").read_text()
     assert log.rstrip().endswith("csdgen demo: stopped") and "Keyboard interruption" not in log
 
 
-def test_ctrl_c_ends_the_demo_even_where_the_page_server_does_not_close(monkeypatch, capsys):
+def test_the_demo_removes_its_cached_images_when_stopped(demo_server, tmp_path, request):
+    """Gradio copies every preview the page shows into its cache (about 3 a second per panel) and
+    deleted only some when it closed: after a run and SIGTERM nothing of the demo's is left, and the
+    status is 143, as ``csdgen serve``'s."""
+    from gradio_client import Client
+
+    demo = request.node.demo_process
+    client = Client(demo_server, verbose=False, download_files=False)
+    client.predict("red apple", ["ar"], "16", 0.5, 0.65, 3.0, "0", api_name="/on_run")
+    cached = [p for p in (tmp_path / "gradio").rglob("*.png")]
+    assert len(cached) >= 3  # the run's image and maps at least
+    demo.send_signal(signal.SIGTERM)
+    assert demo.wait(timeout=30) == 143
+    assert list((tmp_path / "gradio").iterdir()) == []
+    log = (tmp_path / "server.log").read_text()
+    assert "Closing server" not in log  # Gradio's own line, without the csdgen demo prefix
+
+
+def test_ctrl_c_ends_the_demo_even_where_the_page_server_does_not_close(monkeypatch, capsys, tmp_path):
     """Gradio's close waits for its server thread; where it does not return, Ctrl-C still ends the
     command within CLOSE_SECONDS, saying it stopped, with status 130."""
     import threading
@@ -479,7 +499,7 @@ def test_ctrl_c_ends_the_demo_even_where_the_page_server_does_not_close(monkeypa
         def launch(self, **kwargs):
             pass
 
-        def close(self):
+        def close(self, verbose=True):
             threading.Event().wait(60)
 
     def interrupted(seconds):
@@ -488,6 +508,7 @@ def test_ctrl_c_ends_the_demo_even_where_the_page_server_does_not_close(monkeypa
     def exit_now(code):
         raise SystemExit(code)
 
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))  # serve points it at a cache folder of its own
     monkeypatch.setattr(demo, "load_demo_model", lambda *a, **k: (None, "a model", {}))
     monkeypatch.setattr(demo, "build_app", lambda *a, **k: Hanging())
     monkeypatch.setattr(demo, "CLOSE_SECONDS", 0.2)
@@ -496,3 +517,4 @@ def test_ctrl_c_ends_the_demo_even_where_the_page_server_does_not_close(monkeypa
     with pytest.raises(SystemExit) as exc:
         demo.serve(port=7)
     assert exc.value.code == 130 and "csdgen demo: stopped" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # the cache folder removed before the exit

@@ -72,7 +72,7 @@ def test_ctrl_c_on_the_demo_says_stopped_not_generates_resume_hint(monkeypatch, 
     assert err.strip() == "csdgen demo: stopped", err
 
 
-def test_demo_port_0_means_any_free_port_as_serve_does(monkeypatch, capsys):
+def test_demo_port_0_means_any_free_port_as_serve_does(monkeypatch, capsys, tmp_path):
     import socket
 
     import csdgen.demo
@@ -92,6 +92,7 @@ def test_demo_port_0_means_any_free_port_as_serve_does(monkeypatch, capsys):
             self.server_port = server_port
 
     monkeypatch.undo()
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))  # serve points it at a cache folder of its own
     monkeypatch.setattr(csdgen.demo, "load_demo_model", lambda *a, **kw: (None, "stub", None))
     monkeypatch.setattr(csdgen.demo, "build_app", lambda *a, **kw: Page())
     page = csdgen.demo.serve(port=0, block=False)
@@ -137,3 +138,33 @@ def test_the_demo_run_unguided_by_its_user_gives_no_unguided_sampling_warning(bu
         events = list(watch(builtin, settings_, csdgen.SamplingConfig(), threading.Event(), min_interval=0.0))
     assert events[-1][0] == "end"
     assert not [w for w in caught if issubclass(w.category, csdgen.UnguidedSamplingWarning)]
+
+
+def test_a_run_sweeps_only_old_files_of_the_demos_own_cache(tmp_path, monkeypatch):
+    """``sweep_cache`` deletes the cached copies older than its age and the folders they leave empty,
+    keeps the newer ones, and leaves a cache folder that is not the demo's own alone."""
+    import os
+    import time
+
+    from csdgen.demo import sweep_cache
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "shared"))
+    base = tmp_path / "shared"
+    (base / "h1").mkdir(parents=True)
+    (base / "h1" / "old.png").write_bytes(b"x")
+    old = time.time() - 3600
+    os.utime(base / "h1" / "old.png", (old, old))
+    assert sweep_cache(600) == 0 and (base / "h1" / "old.png").exists()  # not the demo's own: untouched
+
+    from csdgen.demo import own_cache
+
+    own = own_cache()
+    assert own.parent == base and os.environ["GRADIO_TEMP_DIR"] == str(own)
+    for name, age in (("a", 3600), ("b", 3600), ("c", 5)):
+        (own / name).mkdir()
+        (own / name / "x.png").write_bytes(b"x")
+        t = time.time() - age
+        os.utime(own / name / "x.png", (t, t))
+        os.utime(own / name, (t, t))
+    assert sweep_cache(600) == 2
+    assert sorted(p.name for p in own.iterdir()) == ["c"] and (own / "c" / "x.png").exists()
