@@ -71,6 +71,10 @@ _TY, _TACC, _TRES, _TBONUS, _TSIB = range(TREE_KINDS)
 def check_tree(tree) -> tuple[int, int] | None:
     """Validate ``tree=(K, D)``: None, or two integers ``K >= 1`` (candidates per level), ``D >= 1`` (levels).
 
+    Returns:
+        ``(K, D)`` as ints; None for None and for ``K = 1`` (one candidate per level has no side branch:
+        it is the plain window, run and recorded as no tree).
+
     Raises:
         ValueError: naming the bad value and what is allowed.
     """
@@ -81,7 +85,8 @@ def check_tree(tree) -> tuple[int, int] | None:
     if not ok or tree[0] < 1 or tree[1] < 1 or (tree[0] > 1 and (tree[1] > 12 or tree[0] ** tree[1] > 4096)):
         raise ValueError(f"tree={tree!r}: allowed None or (K, D) with integers K >= 1 (candidates per level), "
                          "D >= 1 (tree levels) and K**D <= 4096")
-    return as_integer(tree[0]), as_integer(tree[1])
+    K, D = as_integer(tree[0]), as_integer(tree[1])
+    return None if K == 1 else (K, D)
 
 
 @dataclass(frozen=True)

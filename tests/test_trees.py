@@ -94,6 +94,20 @@ def test_greedy_tree_equals_ar(cached_model, tree, window, guided):
     assert out.steps < ar.steps
 
 
+def test_one_candidate_per_level_is_the_plain_window(cached_model):
+    """tree=(1, D) has no side branch: it runs and is recorded as no tree (it ran the tree verifier
+    with other random streams, so the same seed drew another image and its folder refused a rerun
+    without --tree)."""
+    from csdgen.run_settings import run_settings
+
+    kwargs = dict(method="sjd", window=8, seed=3)
+    plain = csdgen.generate(cached_model, [0, 1], **kwargs)
+    chain = csdgen.generate(cached_model, [0, 1], tree=(1, 2), **kwargs)
+    assert torch.equal(chain.tokens, plain.tokens) and chain.steps == plain.steps
+    assert run_settings(cached_model, tree=(1, 2), **kwargs) == run_settings(cached_model, **kwargs)
+    assert "tree" in run_settings(cached_model, tree=(2, 2), **kwargs)  # control: a real tree is recorded
+
+
 @pytest.mark.parametrize("guided", [False, True])
 @pytest.mark.device
 def test_cache_after_every_compaction_equals_fresh_prefill(device_model, guided):
@@ -289,7 +303,7 @@ def test_check_tree_takes_numpy_integers_as_ints():
 
 def test_check_tree_refuses_huge_depth_at_once():
     """tree=(10**5, 10**7) computed K**D (minutes of big-integer arithmetic) before refusing; K = 1 at any depth
-    is a chain and stays allowed; (2, 12) = 4096 leaves is the largest binary tree."""
+    is a chain, allowed as the plain window (None); (2, 12) = 4096 leaves is the largest binary tree."""
     import time
 
     from csdgen.trees import check_tree
@@ -299,7 +313,7 @@ def test_check_tree_refuses_huge_depth_at_once():
         with pytest.raises(ValueError, match=r"K\*\*D <= 4096"):
             check_tree(tree)
     assert time.perf_counter() - start < 1.0
-    assert check_tree((2, 12)) == (2, 12) and check_tree((1, 10**7)) == (1, 10**7) and check_tree((4096, 1)) == (4096, 1)
+    assert check_tree((2, 12)) == (2, 12) and check_tree((1, 10**7)) is None and check_tree((4096, 1)) == (4096, 1)
 
 
 def test_cli_tree_shape_refuses_too_many_leaves_before_loading():
@@ -312,7 +326,7 @@ def test_cli_tree_shape_refuses_too_many_leaves_before_loading():
     for text in ["100,5", "2,13", "100000,10000000"]:
         with pytest.raises(argparse.ArgumentTypeError, match=rf"^'{text}': .*allowed K\*\*D <= 4096"):
             tree_shape(text)
-    assert tree_shape("2,12") == (2, 12) and tree_shape("1,40") == (1, 40) and tree_shape("3,2") == (3, 2)
+    assert tree_shape("2,12") == (2, 12) and tree_shape("1,40") is None and tree_shape("3,2") == (3, 2)
 
 
 @pytest.mark.parametrize("argv, expected", [

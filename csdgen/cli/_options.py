@@ -247,8 +247,9 @@ def window(text: str) -> int | str:
 MAX_TREE_LEAVES = 4096  #: K**D's bound (csdgen.trees.check_tree)
 
 
-def tree_shape(text: str) -> tuple[int, int]:
-    """``--tree K,D``: two integers >= 1 (candidates per level, tree levels) with ``K**D <= 4096``, e.g. ``3,2``."""
+def tree_shape(text: str) -> tuple[int, int] | None:
+    """``--tree K,D``: two integers >= 1 (candidates per level, tree levels) with ``K**D <= 4096``, e.g. ``3,2``;
+    None for ``K = 1``, the plain window (as :func:`csdgen.trees.check_tree`)."""
     parts = text.replace("x", ",").split(",")
     try:
         k, d = (int(v) for v in parts)
@@ -259,7 +260,7 @@ def tree_shape(text: str) -> tuple[int, int]:
     if k > 1 and (d > MAX_TREE_LEAVES.bit_length() or k**d > MAX_TREE_LEAVES):  # csdgen.trees.check_tree's bound,
         # refused here before the model loads (d checked first: 10**5 ** 10**7 would take minutes to compute)
         raise argparse.ArgumentTypeError(f"{text!r}: a tree of {k}**{d} leaves; allowed K**D <= {MAX_TREE_LEAVES}, e.g. 3,2")
-    return k, d
+    return None if k == 1 else (k, d)
 
 
 def number(text: str) -> float:

@@ -41,7 +41,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     opt.add_rule_options(p)
     p.add_argument("--tree", type=opt.tree_shape, default=None, metavar="K,D",
                    help="draft tree: K candidates at each of the window's first D draft positions, verified exactly "
-                        "(default: none; e.g. 3,2; docs/frontier.md)")
+                        "(default: none; e.g. 3,2; K = 1 is the plain window; docs/frontier.md)")
     opt.add_sampling(p, family_note=True)
     p.add_argument("--no-maps", action="store_true", help="do not write acceptance maps")
     g = p.add_argument_group("checkpoints (--model)")

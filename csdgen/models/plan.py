@@ -33,14 +33,14 @@ def forward_width(window: int, tree: tuple[int, int] | None = None) -> int:
     Raises:
         ValueError: a bad ``tree`` (:func:`csdgen.trees.check_tree`).
     """
-    if tree is None:
-        return int(window) + 1
     from csdgen.trees import check_tree, tree_nodes
 
     from ._static_shapes import width_bucket
 
-    K, D = check_tree(tree)
-    return width_bucket(tree_nodes(K, D, int(window)))
+    tree = check_tree(tree)
+    if tree is None:  # K = 1 included: the plain window
+        return int(window) + 1
+    return width_bucket(tree_nodes(*tree, int(window)))
 
 
 def engine_cache_positions(prompt_width: int, image_columns: int, tree_columns: int = 0) -> int:
