@@ -206,3 +206,21 @@ def test_offloading_the_whole_decoder_to_disk_is_refused_in_one_line(janus_folde
     with pytest.raises(ValueError, match=r"'model.language_model' -> disk .* offload decoder layers "
                                          r"\('model.language_model.layers.N'\) instead"):
         load_model(janus_folder, device="cpu", batch_size=None, device_map=placed, offload_folder=tmp_path / "o")
+
+
+def test_a_temporary_offload_folder_is_removed_with_its_model(liquid_folder, tmp_path, monkeypatch):
+    """Without ``offload_folder`` a disk map offloads into a temporary folder, which stayed in /tmp after
+    every run (with a .bin checkpoint, a copy of the offloaded weights): it now goes with the model."""
+    import gc
+    import tempfile
+
+    from csdgen.models.auto import load_model, model_skeleton
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    placed = split_map(model_skeleton(liquid_folder, "liquid", torch.float32))
+    split = load_model(liquid_folder, device="cpu", batch_size=None, device_map=placed)
+    assert len(list(tmp_path.glob("csdgen-offload-*"))) == 1
+    assert csdgen.generate(split, ["a red dog"], method="sjd", window=4, seed=5).tokens.shape[0] == 1
+    del split
+    gc.collect()
+    assert list(tmp_path.glob("csdgen-offload-*")) == []

@@ -36,7 +36,9 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
 import tempfile
+import weakref
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -166,7 +168,8 @@ class LoadOptions:
     Attributes:
         quantize: None or a :data:`QUANTIZE_CHOICES` value.
         device_map: None or what :func:`parse_device_map` returns.
-        offload_folder: where ``"disk"`` modules go (None: a temporary folder when needed).
+        offload_folder: where ``"disk"`` modules go (None: a temporary folder when needed, removed with the
+            model that uses it or when the process exits).
     """
 
     quantize: str | None = None
@@ -299,9 +302,18 @@ def load_pretrained(model_class: Any, folder: str | os.PathLike, *, dtype: torch
     if device_map is None:
         device_map = {"": str(torch.device(device))}
     extra["device_map"] = device_map
+    own = None  # a temporary offload folder of this model's: removed with the model (or at exit)
     if _offloads(device_map):
-        extra["offload_folder"] = options.offload_folder or tempfile.mkdtemp(prefix="csdgen-offload-")
-    return model_class.from_pretrained(folder, dtype=dtype, **kwargs, **extra)
+        extra["offload_folder"] = options.offload_folder or (own := tempfile.mkdtemp(prefix="csdgen-offload-"))
+    try:
+        model = model_class.from_pretrained(folder, dtype=dtype, **kwargs, **extra)
+    except BaseException:
+        if own is not None:
+            shutil.rmtree(own, ignore_errors=True)
+        raise
+    if own is not None:
+        weakref.finalize(model, shutil.rmtree, own, ignore_errors=True)
+    return model
 
 
 def complete_device_map(model: torch.nn.Module, device_map: dict, default: str) -> dict:
