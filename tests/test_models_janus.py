@@ -222,6 +222,43 @@ def test_missing_folder_and_missing_weights(tmp_path, checkpoint):
         JanusImageModel.from_pretrained(tmp_path)
 
 
+def test_tokenizer_files_without_their_config_are_one_line_naming_the_folder(tmp_path, checkpoint):
+    """tokenizer.json without tokenizer_config.json (which defines the image tokens) ended in
+    transformers' AttributeError traceback from inside JanusProcessor."""
+    import shutil
+
+    from csdgen.models.auto import load_model
+
+    folder = tmp_path / "partial"
+    shutil.copytree(checkpoint, folder)
+    (folder / "tokenizer_config.json").unlink()
+    with pytest.raises(ValueError, match=r"partial': its tokenizer files \(tokenizer.json, processor_config.json\) do "
+                                         r"not make a JanusProcessor \(.*image_token\); copy the checkpoint's tokenizer_config.json"):
+        load_model(folder)
+
+
+@pytest.mark.parametrize("key, change, message", [
+    ("num_hidden_layers", 1, r"config.json asks for weights its files do not hold \(9, e.g. model.language_model.layers.2\."),
+    ("vocab_size", 1, r"config.json does not fit its weights \(1 of another shape: model.language_model.embed_tokens.weight "
+                      r"is \[64, 64\] in the files, \[65, 64\] by config.json\)"),
+])
+def test_a_config_that_does_not_fit_the_weights_is_refused(tmp_path, checkpoint, key, change, message):
+    """A config.json naming a layer more than the files hold decoded with a layer transformers started at
+    random (saying so only in its load report); another vocab_size ended in its RuntimeError traceback."""
+    import json
+    import shutil
+
+    from csdgen.models.auto import load_model
+
+    folder = tmp_path / "edited"
+    shutil.copytree(checkpoint, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["text_config"][key] += change
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=message):
+        load_model(folder)
+
+
 def test_bad_resolution(checkpoint, janus):
     with pytest.raises(ValueError, match="image_size=384: .* allowed: 24"):
         JanusImageModel.from_pretrained(checkpoint, image_size=384)

@@ -233,7 +233,10 @@ def load_tokenizer(folder: str | os.PathLike, loader: Any = None):
     folder's tokenizer.json.
 
     Raises:
-        ValueError: the loaded tokenizer does not encode as its tokenizer.json (see :func:`check_tokenizer`).
+        ValueError: the loaded tokenizer does not encode as its tokenizer.json (see :func:`check_tokenizer`), or
+            ``loader`` cannot be built from the folder's files (a processor asking its tokenizer for a special
+            token that a missing tokenizer_config.json would define: transformers' AttributeError), naming the
+            folder.
     """
     folder = Path(folder)
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
@@ -241,7 +244,13 @@ def load_tokenizer(folder: str | os.PathLike, loader: Any = None):
     check_json_files(folder)
     if loader is None:
         from transformers import AutoTokenizer as loader
-    loaded = loader.from_pretrained(folder)
+    try:
+        loaded = loader.from_pretrained(folder)
+    except AttributeError as exc:
+        present = [name for name in TOKENIZER_JSON_FILES if (folder / name).is_file()]
+        raise ValueError(f"{str(folder)!r}: its tokenizer files ({', '.join(present)}) do not make a "
+                         f"{getattr(loader, '__name__', 'tokenizer')} ({exc}); copy the checkpoint's tokenizer_config.json "
+                         f"and special_tokens_map.json into it") from None
     check_tokenizer(getattr(loaded, "tokenizer", loaded), folder)
     return loaded
 

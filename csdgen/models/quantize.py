@@ -274,7 +274,7 @@ def load_pretrained(model_class: Any, folder: str | os.PathLike, *, dtype: torch
     """
     options = current_options()
     if options.quantize is None and options.device_map is None:
-        return model_class.from_pretrained(folder, dtype=dtype, **kwargs).to(device)
+        return checked_from_pretrained(model_class, folder, dtype=dtype, **kwargs).to(device)
     extra: dict[str, Any] = {}
     if options.quantize is not None:
         check_quantize(options.quantize, device)
@@ -306,7 +306,7 @@ def load_pretrained(model_class: Any, folder: str | os.PathLike, *, dtype: torch
     if _offloads(device_map):
         extra["offload_folder"] = options.offload_folder or (own := tempfile.mkdtemp(prefix="csdgen-offload-"))
     try:
-        model = model_class.from_pretrained(folder, dtype=dtype, **kwargs, **extra)
+        model = checked_from_pretrained(model_class, folder, dtype=dtype, **kwargs, **extra)
     except BaseException:
         if own is not None:
             shutil.rmtree(own, ignore_errors=True)
@@ -314,6 +314,42 @@ def load_pretrained(model_class: Any, folder: str | os.PathLike, *, dtype: torch
     if own is not None:
         weakref.finalize(model, shutil.rmtree, own, ignore_errors=True)
     return model
+
+
+def checked_from_pretrained(model_class: Any, folder: str | os.PathLike, **kwargs) -> torch.nn.Module:
+    """``model_class.from_pretrained(folder, **kwargs)``, refusing weights that do not fit the folder's config.json.
+
+    transformers initialises at random a weight the config asks for and the files lack, saying so only in
+    its load report, and ends a weight of another shape in a RuntimeError after that report. Either
+    would decode from random weights or end in a traceback; here both are one ValueError. Weights the
+    files hold beyond the config's are left to transformers' report.
+
+    Raises:
+        ValueError: a decoder layer, embedding or output weight missing from the files (e.g. config.json
+            names more layers than they hold), or a weight whose shape differs from the config's (e.g.
+            another ``vocab_size``), unless the caller passes ``ignore_mismatched_sizes=True`` (it then
+            sets those weights itself), naming the folder, the first such weights and how many.
+    """
+    allow_mismatch = bool(kwargs.pop("ignore_mismatched_sizes", False))
+    model, info = model_class.from_pretrained(folder, ignore_mismatched_sizes=True, output_loading_info=True, **kwargs)
+    missing = [k for k in info.get("missing_keys", ()) if any(part in k for part in _REQUIRED_WEIGHTS)]
+    if missing:
+        raise ValueError(f"{str(folder)!r}: config.json asks for weights its files do not hold ({len(missing)}, e.g. "
+                         f"{', '.join(sorted(missing)[:2])}); transformers would start them at random. Check that "
+                         f"config.json (e.g. num_hidden_layers) is the one saved with these weights")
+    mismatched = [] if allow_mismatch else list(info.get("mismatched_keys", ()))
+    if mismatched:
+        first = mismatched[0]
+        what = (f"{first[0]} is {list(first[1])} in the files, {list(first[2])} by config.json"
+                if isinstance(first, (tuple, list)) and len(first) == 3 else str(first))
+        raise ValueError(f"{str(folder)!r}: config.json does not fit its weights ({len(mismatched)} of another shape: "
+                         f"{what}); check that config.json (e.g. vocab_size, hidden_size) is the one saved with these "
+                         f"weights")
+    return model
+
+
+#: parts of a weight's name that a checkpoint cannot do without (checked by :func:`checked_from_pretrained`)
+_REQUIRED_WEIGHTS = (".layers.", "embed_tokens", "lm_head")  # not the VQ model: Lumina-mGPT files lack it (a VQGAN of its own)
 
 
 def complete_device_map(model: torch.nn.Module, device_map: dict, default: str) -> dict:
