@@ -107,16 +107,18 @@ def test_csdgen_plan_prints_the_plan_of_the_builtin_model_and_of_a_checkpoint(ja
 
 def test_plan_notes_a_window_longer_than_the_image_as_generate_does(capsys):
     """``plan --window 1000`` planned the widest window a run opens (255 on the built-in model's 256-token
-    images) without the note ``generate --window 1000`` prints; now the same note, from the same function."""
+    images) without the note ``generate --window 1000`` prints; now the same note, from the same function,
+    and the table shows the window the note names (it showed 255 under "using 256")."""
     from csdgen.cli._common import longer_than_image
 
     assert run("plan", "--batch-size", 1, "--window", 1000, "--device", "cpu") == 0
     captured = capsys.readouterr()
     assert captured.err == f"csdgen plan: note: {longer_than_image([1000], 256)}\n"
     assert "--window 1000 is longer than the image (256 tokens): using 256" in captured.err
-    assert "window 255\n" in captured.out
+    assert "window 256\n" in captured.out
     assert run("plan", "--batch-size", 1, "--window", 256, "--device", "cpu") == 0
-    assert capsys.readouterr().err == ""
+    captured = capsys.readouterr()
+    assert captured.err == "" and "window 256\n" in captured.out
 
 
 def test_plan_takes_the_builtin_weights_folder_its_error_points_to(tmp_path, capsys):

@@ -89,9 +89,9 @@ def run(args) -> int:
         from csdgen.models.plan import builtin_plan
 
         model = load_builtin_model(args.weights, dtype=choose_dtype(args, "builtin", device))
-        if args.window is not None:  # generate's note on a window longer than the image
-            clamp_window(args.window, model.num_image_tokens)
-        plan = builtin_plan(model, batch_size=args.batch_size, window=min(window, model.num_image_tokens - 1),
+        if args.window is not None:  # generate's note on a window longer than the image, and its window
+            window = clamp_window(args.window, model.num_image_tokens)
+        plan = builtin_plan(model, batch_size=args.batch_size, window=min(window, model.num_image_tokens),
                             guided=guided, quantize=args.quantize, device=device)
     else:
         if args.weights is not None:
