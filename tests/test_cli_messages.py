@@ -101,6 +101,15 @@ def test_a_sampling_value_out_of_range_is_named_by_its_option(capsys, option, va
     assert str(raised.value) == message
 
 
+def test_a_top_k_beyond_the_codebook_is_named_by_its_option(capsys, tmp_path):
+    """The codebook is known once the model is loaded, so the library refuses ``top_k=1025``; the
+    command said so in the library's words (``top_k=1025 exceeds ...``), not by its option."""
+    assert run("generate", "--top-k", 1025, "-n", 1, "--out", tmp_path / "out") == 2
+    err = capsys.readouterr().err
+    assert err == "csdgen generate: error: --top-k 1025: exceeds the codebook size V=1024; allowed: 1..1024\n"
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("command", ["compare", "bench"])
 @pytest.mark.parametrize("methods, message", [("", "no method given; allowed: ar, sjd,"),
                                               (",,", "',,': an empty item; allowed: ar, sjd,")])

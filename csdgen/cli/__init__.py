@@ -119,7 +119,9 @@ def _main(argv: list[str] | None) -> int:
             warnings.filterwarnings("ignore", message=r"sampling=SamplingConfig\(.*\) runs unguided")
             return args.run(args)
     except ValueError as exc:
-        _error(f"error: {exc}")
+        from ._common import option_named
+
+        _error(f"error: {option_named(str(exc))}")  # a sampling value the loaded model refuses, by its option
         return 2
     except BrokenPipeError:  # the reader closed the pipe (`--list-classes | head`): stop quietly, as ls does
         try:

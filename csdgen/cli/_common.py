@@ -285,13 +285,20 @@ def sampling_of(args):
         return SamplingConfig(guidance_scale=args.guidance_scale, temperature=args.temperature, top_k=args.top_k,
                               top_p=args.top_p)
     except ValueError as error:
-        text = str(error)
-        for name in ("guidance_scale", "temperature", "top_k", "top_p"):
-            if text.startswith(name + "="):
-                value, _, rest = text[len(name) + 1:].partition(": ")
-                rest = rest.replace("must be None or ", "must be ")  # None is the library's "off"
-                raise ValueError(f"--{name.replace('_', '-')} {value}: {rest}") from None
-        raise
+        raise ValueError(option_named(str(error))) from None
+
+
+def option_named(text: str) -> str:
+    """A library message about a sampling argument (``top_k=1025 exceeds ...``) as the CLI names the option
+    (``--top-k 1025: exceeds ...``); any other message as it is."""
+    for name in ("guidance_scale", "temperature", "top_k", "top_p"):
+        if text.startswith(name + "="):
+            tail = text[len(name) + 1:]
+            # "top_p=2.0: must be ..." or "top_k=1025 exceeds the codebook size ...": the value ends at ": " or " "
+            value, _, rest = tail.partition(": " if tail.find(": ") == tail.find(" ") - 1 else " ")
+            rest = rest.replace("must be None or ", "must be ")  # None is the library's "off"
+            return f"--{name.replace('_', '-')} {value}: {rest}"
+    return text
 
 
 def clamp_window(window: int | str, num_tokens: int) -> int | str:
