@@ -59,10 +59,16 @@ def settings_difference(previous: dict, current: dict) -> list[str]:
         if a != b:
             if isinstance(a, str) and isinstance(b, str) and max(len(a), len(b)) > 60:
                 a, b = _differing_part(a, b)
-            there = "unset" if a is missing else json.dumps(a)
-            here = "unset" if b is missing else json.dumps(b)
+            unset = _BUILTIN_UNSET.get(key, "unset") if current.get("model") == "builtin" else "unset"
+            there = unset if a is missing else json.dumps(a)
+            here = unset if b is missing else json.dumps(b)
             lines.append(f"{key}: {there} there, {here} here")
     return lines
+
+
+#: what a setting left out of the built-in model's record means (its float32 is not recorded, so that records
+#: made before it had a dtype resume)
+_BUILTIN_UNSET = {"dtype": '"float32" (the default)'}
 
 
 def _differing_part(a: str, b: str) -> tuple[str, str]:

@@ -113,11 +113,14 @@ def test_generate_dtype_bfloat16_runs_and_refuses_to_resume_a_float32_folder(tmp
     capsys.readouterr()
     assert main(["generate", "--class", "red apple", "-n", "1", "--dtype", "bfloat16", "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "holds a run with other settings" in err and "bfloat16" in err, err
+    assert 'other settings (dtype: "float32" (the default) there, "bfloat16" here)' in err, err
     other = tmp_path / "b"
     assert main(["generate", "--class", "red apple", "-n", "1", "--dtype", "bfloat16", "--out", str(other)]) == 0
     assert "bfloat16 (as given)" in capsys.readouterr().err
     assert list(other.glob("0000_*.png"))
+    # the other way round: the float32 left out is named, not "unset" (a default with a value)
+    assert main(["generate", "--class", "red apple", "-n", "1", "--out", str(other)]) == 2
+    assert 'other settings (dtype: "bfloat16" there, "float32" (the default) here)' in capsys.readouterr().err
 
 
 def test_plan_sizes_a_bfloat16_model_in_bfloat16(capsys):
