@@ -65,7 +65,8 @@ def parse_inputs(model, condition: Any, methods: list[str] | None, window: Any, 
     Args:
         model: the page's model; a model with ``class_ids`` takes a class name (any case and spacing, a
             short name), an index or ``random`` (a class drawn from the seed), any other a prompt.
-        window: an integer >= 1 (text or number), or ``"auto"`` where :func:`window_auto_supported`.
+        window: an integer in 1 .. the image's tokens (ASCII digits, or an integral number), or ``"auto"``
+            where :func:`window_auto_supported`.
 
     Raises:
         ValueError: empty condition, unknown class (with close matches), no or unknown methods, bad
@@ -91,13 +92,16 @@ def parse_inputs(model, condition: Any, methods: list[str] | None, window: Any, 
             raise ValueError("window='auto': this csdgen's engine has no automatic window; allowed: an integer >= 1")
         parsed_window: int | str = "auto"
     else:
-        try:
-            parsed_window = int(float(window_text)) if float(window_text).is_integer() else -1
-        except ValueError:
-            parsed_window = -1
-        if parsed_window < 1:
-            raise ValueError(f"window={window!r}: allowed: an integer >= 1 (1 = AR)"
-                             + (" or auto" if window_auto_supported() else ""))
+        # as --window reads it: the text field's ASCII digits (no exponent: "1e3" is refused); from an API
+        # client also an integral float; at most the image's tokens (a wider window has nothing to draft)
+        if isinstance(window, float):
+            parsed_window = int(window) if math.isfinite(window) and window.is_integer() else -1
+        else:
+            parsed_window = int(window_text) if window_text.isascii() and window_text.isdigit() else -1
+        N = model.num_image_tokens
+        if not 1 <= parsed_window <= N:
+            raise ValueError(f"window={_clip(window)}: allowed: an integer >= 1 (1 = AR) and at most the image's "
+                             f"{N} tokens" + (", or auto" if window_auto_supported() else ""))
     lam_value = _number("lambda", lam, "a number >= 0")
     delta_value = _number("delta", delta, "a number in [0, 1]")
     guidance = _number("guidance scale", guidance_scale, "a number >= 0 (0 = no guidance)")

@@ -81,9 +81,10 @@ def test_inputs_are_checked_with_one_line_messages(builtin):
         with pytest.raises(ValueError) as info:
             _parse(builtin, **{name: None})
         assert str(info.value).startswith(f"{field}: the field holds no number; allowed: a number"), str(info.value)
-    for text in ("abc", "2.5", "-3"):
-        with pytest.raises(ValueError, match="allowed: an integer >= 1"):
+    for text in ("abc", "2.5", "-3", "1e3", "999999999", "257", 257.0, float("inf"), "", "٣"):  # as --window reads it
+        with pytest.raises(ValueError, match="allowed: an integer >= 1 .* at most the image's 256 tokens"):
             _parse(builtin, window=text)
+    assert _parse(builtin, window=" 256 ").window == 256 and _parse(builtin, window=16).window == 16
     if window_auto_supported():
         assert _parse(builtin, window="auto").window == "auto"
     else:
