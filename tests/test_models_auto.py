@@ -317,6 +317,11 @@ def test_load_model_refuses_before_reading_weights(janus_dir, emu3_dir, chameleo
         (chameleon_dir, "chameleon", dict(height=10, width=16), "height=10: allowed positive multiples of 4"),
         (chameleon_dir, "Anole-tiny", dict(prompts=["red " * 70]), r"prompt of 72 tokens \+ image of 66 positions"),
         (chameleon_dir, "chameleon", dict(height=12, width=16, prompt_template="{prompt} {seed}"), r"allowed fields"),
+        # the memory check's inputs (batch size 0, -1 and 2.5 and a bare prompt string were taken as they came)
+        (janus_dir, "janus", dict(batch_size=0), r"batch_size=0: allowed an integer >= 1"),
+        (janus_dir, "janus", dict(batch_size=2.5), r"batch_size=2.5: allowed an integer >= 1"),
+        (janus_dir, "janus", dict(window=-1), r"window=-1: allowed an integer >= 1"),
+        (janus_dir, "janus", dict(prompts="a red dog"), r"prompts='a red dog': allowed a list of prompt strings"),
     ]:
         broken = without_weights(source, tmp_path / f"broken-{len(list(tmp_path.iterdir()))}-{name}")
         header = json.dumps({"x": {"dtype": "NOT-A-DTYPE", "shape": [1], "data_offsets": [0, 1]}}).encode()

@@ -53,6 +53,12 @@ def test_refusals_are_one_line_naming_the_value_and_what_is_allowed(tmp_path):
     with pytest.raises(ValueError, match=r"has no \{prompt\}"):
         format_prompt("a picture", "x", 1, 1)
     assert format_prompt("{prompt} at {width}x{height}", "x", 16, 12) == "x at 16x12"
+    # a template reaching into a field prompted the model with "<class 'str'> x"; "{prompt!r:>4}" holds a
+    # {prompt} field (it was said to have none)
+    for template in ("{prompt.__class__} {prompt}", "{prompt[0]}", "{width.real} {prompt}"):
+        with pytest.raises(ValueError, match=r"reaches into a field; allowed fields: \{prompt\}, \{width\}, \{height\}"):
+            format_prompt(template, "x", 1, 1)
+    assert format_prompt("{prompt!r:>4}", "x", 1, 1) == " 'x'"
     with pytest.raises(ValueError, match=r"'<s>' is not in the checkpoint's vocabulary"):
         token_id("<s>", {"<pad>": 1})
     assert token_id("<s>", {"<s>": 0, "<pad>": 1}) == 0

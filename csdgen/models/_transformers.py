@@ -27,6 +27,8 @@ version).
 from __future__ import annotations
 
 import os
+import re
+import string
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -347,10 +349,20 @@ def format_prompt(template: str, prompt: str, width: int, height: int) -> str:
     """``template.format(prompt=, width=, height=)`` (pixels).
 
     Raises:
-        ValueError: a template without ``{prompt}`` or with other fields.
+        ValueError: a template without a ``{prompt}`` field, with other fields, or reaching into a field
+            (``{prompt.__class__}``, ``{prompt[0]}``: format's attribute and index access).
     """
-    if "{prompt}" not in template:
-        raise ValueError(f"prompt template {template!r} has no {{prompt}}; allowed fields: {{prompt}}, {{width}}, {{height}}")
+    allowed = "allowed fields: {prompt}, {width}, {height}"
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as exc:  # "Single '}' encountered in format string"
+        raise ValueError(f"prompt template {template!r}: {exc!s}; {allowed} (double other braces)") from None
+    reaching = [name for name in names if name not in ("prompt", "width", "height") and
+                re.split(r"[.\[]", name, maxsplit=1)[0] in ("prompt", "width", "height")]
+    if reaching:
+        raise ValueError(f"prompt template {template!r}: {{{reaching[0]}}} reaches into a field; {allowed} as they are")
+    if "prompt" not in names:
+        raise ValueError(f"prompt template {template!r} has no {{prompt}}; {allowed}")
     try:
         return template.format(prompt=prompt, width=width, height=height)
     except (KeyError, IndexError, ValueError) as exc:

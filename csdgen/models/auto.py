@@ -256,6 +256,9 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
             does not encode as its tokenizer.json.
         TypeError: ``path_or_id`` neither a path / repo id nor a supported transformers model.
     """
+    if isinstance(prompts, str) or (prompts is not None and not all(isinstance(p, str) for p in prompts)):
+        raise ValueError(f"prompts={prompts!r:.80}: allowed a list of prompt strings (the run's, for the length and "
+                         f"memory checks) or None")
     if not isinstance(path_or_id, (str, os.PathLike)):
         from .loaded import from_model
 
@@ -272,6 +275,11 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
         return model
     if processor is not None:
         raise ValueError("processor= applies to an in-memory model; a checkpoint folder's own tokenizer files are used")
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise ValueError(f"batch_size={batch_size!r}: allowed an integer >= 1 (the images decoded together, for the "
+                         f"memory check) or None (no check)")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"window={window!r}: allowed an integer >= 1 (the widest window, for the memory check) or None")
     if device is not None:
         check_device(device)  # before the folder is looked for: torch's own error lists 20 device types
     from csdgen.prompts import check_text
