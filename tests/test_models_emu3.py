@@ -318,6 +318,19 @@ def test_bad_resolution_raises_value_error_naming_what_is_allowed(checkpoint, si
         Emu3ImageModel.from_pretrained(checkpoint, height=size[0], width=size[1])
 
 
+def test_a_negative_prompt_too_long_for_the_positions_is_named_as_such(checkpoint):
+    """With the default negative prompt (its row longer than the tiny model's positions) the refusal blamed a
+    9-character prompt: 'prompt of 203 tokens ...; allowed: prompts up to 83 tokens'."""
+    from csdgen.models.auto import load_model
+
+    with pytest.raises(ValueError, match=r"^the negative prompt's row of \d+ tokens \+ image of \d+ positions = \d+ > "
+                                         r"max_position_embeddings=128; allowed: a negative prompt \(negative_prompt=, "
+                                         r"--negative-prompt\) whose row takes at most \d+ tokens$"):
+        load_model(checkpoint, height=HEIGHT, width=WIDTH, prompts=["a red cat"])
+    with pytest.raises(ValueError, match=r"^prompt of \d+ tokens"):  # control: a short negative prompt, a long prompt
+        load_model(checkpoint, height=HEIGHT, width=WIDTH, negative_prompt=NEGATIVE, prompts=["x" * 100])
+
+
 def test_bad_conditions_and_dtype(emu3, checkpoint):
     with pytest.raises(ValueError, match="non-empty list"):
         emu3.start(None, 2, guided=False)

@@ -292,9 +292,20 @@ class Emu3Prompts:
         """Refuse a prompt of ``prompt_length`` tokens too long for ``max_position_embeddings`` with the image.
 
         Raises:
-            ValueError: naming both lengths and the longest prompt allowed.
+            ValueError: naming both lengths and the longest prompt allowed; where the unconditional row (the
+                negative prompt, the same for every image) is what does not fit, naming it and the longest
+                negative prompt allowed instead.
         """
-        check_sequence_length(prompt_length, self.image_length, self.config.text_config.max_position_embeddings)
+        limit = self.config.text_config.max_position_embeddings
+        if prompt_length + self.image_length > limit > self.image_length and (
+                self.tokenizer is not None or not isinstance(self.negative_prompt, str)):
+            negative = len(self.prompt_ids(self.negative_prompt))
+            if negative + self.image_length > limit:
+                raise ValueError(
+                    f"the negative prompt's row of {negative} tokens + image of {self.image_length} positions = "
+                    f"{negative + self.image_length} > max_position_embeddings={limit}; allowed: a negative prompt "
+                    f"(negative_prompt=, --negative-prompt) whose row takes at most {limit - self.image_length} tokens")
+        check_sequence_length(prompt_length, self.image_length, limit)
 
     def prompt_length(self, conditions: Sequence[str | Sequence[int]]) -> int:
         """Tokens of the longest row (cond or uncond) before the first visual token."""
