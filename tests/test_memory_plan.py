@@ -151,7 +151,7 @@ def test_plan_refuses_the_layout_and_prompt_length_a_run_of_the_checkpoint_refus
     """--layout on a Janus checkpoint and a --prompt-length past its positions were planned (the latter
     as 4,774 GiB, "largest batch 0"); generate refuses both, and now plan does, in the same words."""
     err = cli_error(capsys, "plan", "--model", janus_folder, "--layout", "anole")
-    assert err == f"csdgen plan: error: --layout anole applies to Chameleon checkpoints only; {janus_folder!r} is janus\n"
+    assert err == f"csdgen plan: error: --layout anole applies to Chameleon checkpoints only; {janus_folder!r} is janus (Janus-Pro)\n"
     import json
     from pathlib import Path
 

@@ -119,7 +119,8 @@ def test_nonexistent_path_says_what_was_looked_for_and_how_to_get_it(tmp_path):
 
 def test_unknown_model_type_lists_the_supported_families(janus_dir, tmp_path):
     folder = config_only(janus_dir, tmp_path / "llama", model_type="llama")
-    with pytest.raises(ValueError, match=r"model_type='llama'; supported families: janus, emu3, chameleon, glm_image, gemma"):
+    with pytest.raises(ValueError, match=r"model_type='llama'; supported: janus \(Janus-Pro\), emu3 \(Emu3\), chameleon \(Lumina-mGPT 1.0 "
+                                         r"and 2.0, Anole\), glm_image \(GLM-Image\), gemma \(Liquid\)"):
         load_model(folder)
 
 
@@ -255,7 +256,7 @@ def test_vqgan_help_and_refusal_name_every_family_that_takes_it(janus_dir, tmp_p
     assert "Lumina-mGPT, Anole and Liquid: Chameleon's VQGAN" in text and "(Liquid: also chameleon/)" in text
     assert "Lumina-mGPT 2.0: movqgan_270M.ckpt or its folder" in text
     with pytest.raises(ValueError, match=r"vqgan applies to Chameleon-format \(Lumina-mGPT, Anole, Lumina-mGPT 2.0\) "
-                                         r"and Liquid checkpoints only; .* is janus$"):
+                                         r"and Liquid checkpoints only; .* is janus \(Janus-Pro\)$"):
         load_model(janus_dir, vqgan=str(tmp_path))
 
 

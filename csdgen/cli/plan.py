@@ -96,7 +96,7 @@ def run(args) -> int:
     else:
         if args.weights is not None:
             raise ValueError("--weights is for the built-in model; with --model the checkpoint folder holds the weights")
-        from csdgen.models.detect import family_of, model_type_of
+        from csdgen.models.detect import family_of, model_type_named, model_type_of
         from csdgen.models.dtypes import resolve_dtype
         from csdgen.models.sources import resolve_checkpoint
         from csdgen.models.plan import checkpoint_plan
@@ -104,7 +104,7 @@ def run(args) -> int:
         folder = resolve_checkpoint(args.model)
         model_type = model_type_of(folder)
         if args.layout is not None and model_type != "chameleon":  # as generate refuses it (it was planned as given)
-            raise ValueError(f"--layout {args.layout} applies to Chameleon checkpoints only; {args.model!r} is {model_type}")
+            raise ValueError(f"--layout {args.layout} applies to Chameleon checkpoints only; {args.model!r} is {model_type_named(model_type)}")
         family = family_of(folder, args.layout, args.model)
         dtype = resolve_dtype(args.dtype, device, family)[0]
         plan = checkpoint_plan(folder, family, batch_size=args.batch_size, window=window, dtype=dtype,

@@ -28,7 +28,7 @@ import torch
 from ._transformers import HEADROOM, check_checkpoint
 from .base import ImageTokenModel
 from .defaults import family_defaults_table
-from .detect import FAMILIES, MODEL_TYPES, family_guidance, family_of, guess_layout, model_folder, model_type_of, read_config
+from .detect import FAMILIES, MODEL_TYPES, family_guidance, family_of, guess_layout, model_folder, model_type_named, model_type_of, read_config
 from .dtypes import DTYPE_CHOICES, FAMILY_GPU_DTYPES, _dtype, check_device, default_device, default_dtype, resolve_dtype
 from .memory_check import (DEFAULT_PROMPT_LENGTH, MODEL_CLASSES, available_memory, check_memory, estimate_memory,
                            estimate_memory_bytes, model_skeleton, quantized_weight_bytes)
@@ -291,13 +291,13 @@ def load_model(path_or_id: Any, *, dtype: torch.dtype | str | None = None, devic
     folder = resolve_checkpoint(path_or_id)
     model_type = model_type_of(folder)
     if layout is not None and model_type != "chameleon":
-        raise ValueError(f"layout={layout!r} applies to Chameleon checkpoints only; {str(path_or_id)!r} is {model_type}")
+        raise ValueError(f"layout={layout!r} applies to Chameleon checkpoints only; {str(path_or_id)!r} is {model_type_named(model_type)}")
     for name, value in (("negative_prompt", negative_prompt), ("positive_prompt", positive_prompt)):
         if value is not None and model_type != "emu3":
-            raise ValueError(f"{name} applies to Emu3 checkpoints only; {str(path_or_id)!r} is {model_type}")
+            raise ValueError(f"{name} applies to Emu3 checkpoints only; {str(path_or_id)!r} is {model_type_named(model_type)}")
     if vqgan is not None and model_type not in ("chameleon", "gemma"):
         raise ValueError(f"vqgan applies to Chameleon-format (Lumina-mGPT, Anole, Lumina-mGPT 2.0) and Liquid checkpoints "
-                         f"only; {str(path_or_id)!r} is {model_type}")
+                         f"only; {str(path_or_id)!r} is {model_type_named(model_type)}")
     vqgan_dir = None
     if vqgan is not None and model_type == "gemma":  # Liquid takes the folder of vqgan.yaml + vqgan.ckpt
         vqgan_dir = Path(vqgan).parent if Path(vqgan).is_file() else Path(vqgan)

@@ -40,6 +40,16 @@ __all__ = ["MODEL_TYPES", "FAMILIES", "model_folder", "read_config", "model_type
 #: config.json ``model_type`` -> the adapter that drives it
 MODEL_TYPES = {"janus": "JanusImageModel", "emu3": "Emu3ImageModel", "chameleon": "ChameleonImageModel",
                "glm_image": "GlmImageModel", "gemma": "LiquidImageModel"}
+#: model_type -> the families a user knows it as (messages name both)
+MODEL_TYPE_NAMES = {"janus": "Janus-Pro", "emu3": "Emu3", "chameleon": "Lumina-mGPT 1.0 and 2.0, Anole",
+                    "glm_image": "GLM-Image", "gemma": "Liquid"}
+
+
+def model_type_named(model_type: str) -> str:
+    """``"gemma (Liquid)"``: a supported ``model_type`` with the families it holds, for messages."""
+    return f"{model_type} ({MODEL_TYPE_NAMES[model_type]})" if model_type in MODEL_TYPE_NAMES else repr(model_type)
+
+
 #: model_type -> FAMILY_DEFAULTS key, where the two differ only by name
 _FAMILY_OF_TYPE = {"glm_image": "glm-image", "gemma": "liquid"}
 #: a diffusers pipeline index's class -> its AR model's subfolder
@@ -100,7 +110,8 @@ def model_type_of(path: str | os.PathLike) -> str:
     model_type = config.get("model_type")
     if model_type not in MODEL_TYPES:
         builtin = model_type is None and "class_names" in config and "codebook_size" in config  # csdgen/builtin/weights
-        raise ValueError(f"{str(path)!r} has model_type={model_type!r}; supported families: {', '.join(MODEL_TYPES)}"
+        raise ValueError(f"{str(path)!r} has model_type={model_type!r}; supported: "
+                         f"{', '.join(map(model_type_named, MODEL_TYPES))}"
                          + ("; it is a built-in model's weights folder: give it as --weights FOLDER (and leave --model "
                             "out, or --model builtin)" if builtin else ""))
     return model_type
