@@ -298,6 +298,8 @@ def test_admit_names_a_count_mismatch_and_allows_a_repeated_seed_and_index(float
     batch = ContinuousBatch(float64_model, method="sjd", window=4, sampling=GUIDED)
     with pytest.raises(ValueError, match=r"^seeds=\[3\] \(1 value for 2 images\): allowed one integer per image$"):
         batch.admit([0, 1], [3], [0, 1])
+    with pytest.raises(ValueError, match=r"^seeds\[1\]=-1: outside the seed range"):  # the bad one of the list named
+        batch.admit([0, 1], [3, -1], [0, 1])
     first, second = batch.admit([2, 2], [3, 3], [0, 0])
     done = {}
     while batch.size:

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -106,7 +106,7 @@ class ContinuousBatch:
     """
 
     def __init__(self, model: ImageTokenModel, *, method: str | AcceptanceRule = "csd", window: int | str | None = None,
-                 sampling: SamplingConfig | None = None, draft_init: str | None = None, refresh: str | None = None,
+                 sampling: SamplingConfig | Mapping[str, Any] | None = None, draft_init: str | None = None, refresh: str | None = None,
                  engine: str = "auto", compile: bool | None = None, capacity: int | None = None):
         check_engine(engine, compile)  # compile="yes" compiled (truthy), as generate refuses it
         if capacity is not None and (as_integer(capacity) is None or capacity < 1):
@@ -194,7 +194,7 @@ class ContinuousBatch:
         k = len(conditions)
         if k == 0:
             return []
-        seeds = [_signed64(check_seed(s, "seeds")) for s in integers_per_image("seeds", seeds, k)]
+        seeds = [_signed64(check_seed(s, f"seeds[{i}]")) for i, s in enumerate(integers_per_image("seeds", seeds, k))]
         indices = integers_per_image("image_indices", image_indices, k, 0, MAX_SEED)
         loop = self._loop
         if self.size and not self.admits_while_running:
