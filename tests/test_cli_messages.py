@@ -110,6 +110,21 @@ def test_a_top_k_beyond_the_codebook_is_named_by_its_option(capsys, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("library, cli_text", [
+    ("engine='static' cannot be used: the model is split across devices; allowed: engine='eager' for this model",
+     "--engine static cannot be used: the model is split across devices; allowed: --engine eager for this model"),
+    ("vqgan_dir='ck/x' lacks vqgan.yaml or vqgan.ckpt", "--vqgan 'ck/x' lacks vqgan.yaml or vqgan.ckpt"),
+    ("top_p=2.0: must be None or in (0, 1]", "--top-p 2.0: must be in (0, 1]"),
+    ("prompt of 9 tokens + image of 20 positions", "prompt of 9 tokens + image of 20 positions"),  # no argument: as is
+])
+def test_library_messages_reach_the_user_with_the_options_names(library, cli_text):
+    """Refusals raised by the library once the model is loaded named its arguments (engine='eager',
+    vqgan_dir=) where the user typed options."""
+    from csdgen.cli._common import option_named
+
+    assert option_named(library) == cli_text
+
+
 @pytest.mark.parametrize("command", ["compare", "bench"])
 @pytest.mark.parametrize("methods, message", [("", "no method given; allowed: ar, sjd,"),
                                               (",,", "',,': an empty item; allowed: ar, sjd,")])

@@ -289,8 +289,13 @@ def sampling_of(args):
 
 
 def option_named(text: str) -> str:
-    """A library message about a sampling argument (``top_k=1025 exceeds ...``) as the CLI names the option
-    (``--top-k 1025: exceeds ...``); any other message as it is."""
+    """A library message about an argument as the CLI names its option: a sampling argument's
+    (``top_k=1025 exceeds ...`` -> ``--top-k 1025: exceeds ...``), ``engine='static'`` -> ``--engine static``,
+    ``vqgan_dir='x'`` -> ``--vqgan 'x'``; any other message as it is."""
+    import re
+
+    text = re.sub(r"\bengine='(\w+)'", r"--engine \1", text)
+    text = re.sub(r"\bvqgan_dir=", "--vqgan ", text)
     for name in ("guidance_scale", "temperature", "top_k", "top_p"):
         if text.startswith(name + "="):
             tail = text[len(name) + 1:]
