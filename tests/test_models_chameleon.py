@@ -507,6 +507,7 @@ def test_lumina_without_vq_weights(checkpoint, tmp_path, capsys):
         model.decode_images(torch.zeros(1, 48, dtype=torch.long))
     assert csdgen.generate(model, PROMPTS, method="sjd", window=4, sampling=GUIDED).tokens.shape == (2, 48)  # no codebook needed
     reference = load_vqgan_decoder(os.path.join(checkpoint, "vqgan.yaml"), os.path.join(checkpoint, "vqgan.ckpt"))
+    assert reference.source == os.path.join(checkpoint, "vqgan.ckpt")  # named when it does not fit a checkpoint
     from csdgen.models.chameleon_vqgan import vqgan_files
 
     release = tmp_path / "chameleon" / "tokenizer"  # Chameleon's release folder: the files in its tokenizer/

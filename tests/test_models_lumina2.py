@@ -342,6 +342,10 @@ def test_errors_name_the_bad_value(checkpoint, lumina2, tmp_path):
     with pytest.raises(ValueError, match="MoVQGAN has n_embed=16"):
         Lumina2ImageModel(lumina2.backbone, HEIGHT, WIDTH, lumina2.tokenizer,
                           MoVQGANDecoder(MoVQGANConfig(ch=32, ch_mult=[1, 1, 1, 1], n_embed=16, resolution=64)))
+    read = MoVQGANDecoder(MoVQGANConfig(ch=32, ch_mult=[1, 1, 1, 1], n_embed=16, resolution=64))
+    read.source = "/elsewhere/movqgan_270M.ckpt"  # as load_movqgan_decoder sets it
+    with pytest.raises(ValueError, match=r"^MoVQGAN \(/elsewhere/movqgan_270M.ckpt\) has n_embed=16, .*: give its own MoVQGAN"):
+        Lumina2ImageModel(lumina2.backbone, HEIGHT, WIDTH, lumina2.tokenizer, read)
     with pytest.raises(ValueError, match=r"prompt of 90 tokens \+ image of 40 positions = 130 > max_position_embeddings=128"):
         csdgen.generate(lumina2, [[4] * 89], method="ar")
     broken = tmp_path / "broken"

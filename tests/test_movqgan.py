@@ -142,6 +142,7 @@ def test_loading_the_released_file_layouts_and_the_errors(tmp_path):
         torch.save(raw, path)
         loaded = load_movqgan_decoder(path)  # movqgan.yaml beside the file
         assert torch.equal(loaded.decode(codes), model.decode(codes)), i
+        assert loaded.source == str(path)  # named when it does not fit a checkpoint
     assert find_movqgan(tmp_path) == str(tmp_path / "movqgan_270M.ckpt")
     (tmp_path / "movqgan" / "270M").mkdir(parents=True)
     other = tmp_path / "other"

@@ -523,8 +523,9 @@ class ChameleonImageModel(LayoutImageModel, ChameleonPrompts, ImageTokenModel):
 
     def _check_vqgan(self, vqgan: ChameleonVQGANDecoder, f: int) -> None:
         if vqgan.config.n_embed != self.codebook_size or vqgan.config.downsampling != f:
-            raise ValueError(f"VQGAN has n_embed={vqgan.config.n_embed}, downsampling {vqgan.config.downsampling}; "
-                             f"the checkpoint needs {self.codebook_size} and {f}")
+            where = f" ({vqgan.source})" if getattr(vqgan, "source", None) else ""
+            raise ValueError(f"VQGAN{where} has n_embed={vqgan.config.n_embed}, downsampling {vqgan.config.downsampling}; "
+                             f"the checkpoint needs {self.codebook_size} and {f}: give its own VQGAN (--vqgan)")
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, dtype: torch.dtype | str = torch.float32,

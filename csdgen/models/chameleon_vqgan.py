@@ -137,4 +137,5 @@ def load_vqgan_decoder(config_path: str, ckpt_path: str, device: str | torch.dev
     config = VQGANConfig.from_dict(read_yaml(config_path, "Chameleon's vqgan.yaml"))
     model = ChameleonVQGANDecoder(config)
     load_checked_state(model, ckpt_path, shape_hint=f"from {config_path}")
+    model.source = str(ckpt_path)  #: the file read, for messages
     return model.to(device=device, dtype=dtype).eval()

@@ -318,8 +318,10 @@ class Lumina2ImageModel(LayoutImageModel, Lumina2Prompts, ImageTokenModel):
         self.vqgan = movqgan
         if movqgan is not None and (movqgan.config.n_embed != self.codebook_size
                                     or movqgan.config.downsampling != PIXELS_PER_TOKEN):
-            raise ValueError(f"MoVQGAN has n_embed={movqgan.config.n_embed}, downsampling {movqgan.config.downsampling}; "
-                             f"the checkpoint needs {self.codebook_size} and {PIXELS_PER_TOKEN}")
+            where = f" ({movqgan.source})" if getattr(movqgan, "source", None) else ""
+            raise ValueError(f"MoVQGAN{where} has n_embed={movqgan.config.n_embed}, downsampling {movqgan.config.downsampling}; "
+                             f"the checkpoint needs {self.codebook_size} and {PIXELS_PER_TOKEN}: give its own MoVQGAN "
+                             f"(--vqgan)")
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, dtype: torch.dtype | str = torch.float32,

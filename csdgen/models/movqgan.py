@@ -150,6 +150,7 @@ def load_movqgan_decoder(ckpt_path: str | os.PathLike, config: MoVQGANConfig | s
                                     f"{config.num_res_blocks}; another model size needs its {CONFIG_NAME} beside the file)",
                        shape_hint=f"from the config (ch={config.ch}, ch_mult={config.ch_mult}, n_embed={config.n_embed})",
                        shape_advice=f"; put the model's {CONFIG_NAME} beside the file")
+    model.source = str(ckpt_path)  #: the file read, for messages
     return model.to(device=device, dtype=dtype).eval()
 
 
