@@ -100,6 +100,9 @@ def test_csdgen_plan_prints_the_plan_of_the_builtin_model_and_of_a_checkpoint(ja
         assert f"\n{row} " in out, out
     assert run("plan", "--batch-size", 1, "--guidance-scale", 1) == 0  # not "1 images x 1 rows"
     assert "\nbatch           1 image x 1 row, window 32\n" in capsys.readouterr().out
+    # a batch that does not fit: the table all the same, and status 1 for a script (it was 0)
+    assert run("plan", "--batch-size", 1_000_000) == 1
+    assert "\nfits            no: the largest batch that fits is " in capsys.readouterr().out
     assert run("plan", "--model", janus_folder, "--quantize", "int8", "--device", "cpu") == 0
     out = capsys.readouterr().out
     assert "janus (" in out and "decoder layers int8" in out and "largest batch" in out

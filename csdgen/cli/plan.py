@@ -112,4 +112,4 @@ def run(args) -> int:
                                prompt_length=args.prompt_length, height=args.height, width=args.width,
                                image_size=args.image_size, check_positions=True)
     print(plan.table())
-    return 0
+    return 0 if plan.fits() else 1  # as test(1): a script can tell a batch that does not fit from the status
