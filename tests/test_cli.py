@@ -68,7 +68,7 @@ def test_same_seed_same_images_other_seed_other_images(weights, tmp_path):
         (["--lam", "-1"], None),
         (["--delta", "2"], None),
         (["--addition-c", "-1"], None),
-        (["--top-k", "2000"], "top_k=2000 exceeds"),
+        (["--top-k", "2000"], "--top-k 2000: exceeds"),
         (["--window", "0"], None),
         (["-n", "-3"], None),
     ],

@@ -35,7 +35,7 @@ def test_a_refused_command_keeps_folders_that_existed_before(weights, tmp_path, 
 def test_compare_and_bench_refused_for_top_k_above_the_codebook_leave_no_output_folder(weights, tmp_path, capsys,
                                                                                      command):
     err = cli_error(capsys, *command, "--weights", weights, "--top-k", "100000", "--out", tmp_path / "o")
-    assert "top_k=100000" in err and "1..1024" in err, err
+    assert "--top-k 100000: exceeds" in err and "1..1024" in err, err
     assert not (tmp_path / "o").exists()
 
 
