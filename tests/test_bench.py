@@ -332,6 +332,20 @@ def test_bench_resume_with_another_engine_is_refused(builtin_weights, tmp_path, 
     assert json.loads((tmp_path / "b" / "bench.json").read_text())["settings"]["engine"] == "eager"
 
 
+def test_bench_resume_in_another_dtype_is_refused(builtin_weights, tmp_path, capsys):
+    """The built-in model's bench left its dtype out of bench.json, so a bfloat16 rerun resumed a float32
+    folder and its images joined the float32 rows; bfloat16 is recorded now (float32 left out, as
+    generate does, so older folders resume)."""
+    assert _bench_ar(builtin_weights, tmp_path / "b", "--limit", "1") == 0
+    assert "dtype" not in json.loads((tmp_path / "b" / "bench.json").read_text())["settings"]
+    capsys.readouterr()
+    assert _bench_ar(builtin_weights, tmp_path / "b", "--limit", "2", "--dtype", "bfloat16") == 2
+    assert 'other settings (dtype: "float32" (the default) there, "bfloat16" here)' in capsys.readouterr().err
+    assert _bench_ar(builtin_weights, tmp_path / "c", "--limit", "1", "--dtype", "bfloat16") == 0
+    assert json.loads((tmp_path / "c" / "bench.json").read_text())["settings"]["dtype"] == "bfloat16"
+    assert _bench_ar(builtin_weights, tmp_path / "b", "--limit", "2", "--dtype", "float32") == 0  # the same dtype resumes
+
+
 def test_bench_resumes_a_prompt_file_named_by_another_path(builtin_weights, tmp_path, monkeypatch, capsys):
     """bench.json names a prompt file by its content: ``p.txt``, ``./p.txt``, its absolute path and a
     copy of it resume one bench (the path as typed was compared, so each of those was refused)."""

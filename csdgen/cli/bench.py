@@ -140,7 +140,7 @@ def _builtin_plan(args, device: str):
     from ._common import builtin_model
 
     for option in ("layout", "height", "width", "image_size", "negative_prompt", "positive_prompt", "prompt_template",
-                   "vqgan"):  # --dtype: builtin_model takes auto / float32 and refuses the others
+                   "vqgan"):  # --dtype: builtin_model takes auto, float32 and bfloat16 and refuses float16
         if getattr(args, option) is not None:
             raise ValueError(f"--{option.replace('_', '-')} needs --model PATH (a checkpoint); the built-in model has one size and dtype")
     args.classes, args.num_images, args.device = None, 1, device
@@ -149,7 +149,9 @@ def _builtin_plan(args, device: str):
     prompts, indices = _builtin_prompts(args, model.classes)
     _limit_note(args, args.prompts, prompts)
     sampling = sampling_of(args)
+    dtype = str(model.backbone.dtype).removeprefix("torch.")  # float32 unrecorded, as generate: older records resume
     settings = {"model": "builtin", "weights": "shipped" if args.weights is None else str(args.weights),
+                **({"dtype": dtype} if dtype != "float32" else {}),
                 "device": device.split(":")[0], "prompts": _prompts_setting(args, "classes spread over the categories"), **_method_settings(args, sampling),
                 **_quantize_setting(args)}
     return BenchPlan(model, prompts, indices, [model.class_ids([p.text])[0] for p in prompts], _methods(args, model),
