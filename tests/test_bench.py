@@ -196,6 +196,8 @@ def test_fid_note_counts_the_reference_images_not_every_file_of_the_folder(built
     (["--inception-weights", "MISSING/w.pth", "--fid-reference", "REAL"], "FID Inception weights not found at"),
     (["--inception-weights", "WEIGHTS", "--fid-reference", "MISSING/val"], "reference image folder"),
     (["--inception-weights", "WEIGHTS", "--fid-reference", "EMPTY"], "no images"),
+    # one reference image: torchmetrics' RuntimeError once every image was generated, and no report
+    (["--inception-weights", "WEIGHTS", "--fid-reference", "REAL"], "holds 1 image; FID needs at least 2"),
     (["--fid-reference", "REAL"], "--fid-reference needs --inception-weights FILE"),
 ])
 def test_missing_score_files_are_refused_before_the_model_loads(tmp_path, capsys, monkeypatch, extra, message):

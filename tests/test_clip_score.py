@@ -141,6 +141,26 @@ def test_missing_weights_say_what_to_download_and_where_to_point(tmp_path, monke
     assert "\n" not in str(info.value)
 
 
+def test_a_cut_short_weight_file_or_a_broken_config_is_one_line_naming_it(tiny_clip, tmp_path):
+    """A model.safetensors cut short ended in safetensors' traceback ("invalid header length"); a config.json
+    that is no JSON was called "CLIP weights not found"."""
+    import shutil
+
+    cut = tmp_path / "cut"
+    shutil.copytree(tiny_clip, cut)
+    data = (cut / "model.safetensors").read_bytes()
+    (cut / "model.safetensors").write_bytes(data[:5000])
+    with pytest.raises(ValueError) as info:
+        ClipScorer(cut)
+    assert "model.safetensors" in str(info.value) and "\n" not in str(info.value)
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_clip, broken)
+    (broken / "config.json").write_text("{")
+    with pytest.raises(ValueError) as info:
+        ClipScorer(broken)
+    assert "config.json" in str(info.value) and "not found" not in str(info.value) and "\n" not in str(info.value)
+
+
 @pytest.mark.parametrize("value", ["./nonexist", "../clip", "~/no-such-clip", "models/clip/vit", "C:\\clip"])
 def test_a_path_that_is_not_there_is_called_no_such_folder_not_a_repo_to_download(tmp_path, monkeypatch, value):
     monkeypatch.chdir(tmp_path)

@@ -119,6 +119,8 @@ def test_missing_or_wrong_inputs_are_one_line_errors(tmp_path, weights):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no images"):
         FidScorer(weights, tmp_path / "empty")
+    with pytest.raises(ValueError, match=r"reference folder .*one holds 1 image; FID needs at least 2"):
+        FidScorer(weights, _write_images(tmp_path / "one", seed=5, count=1))
     scorer = FidScorer(weights, _write_images(tmp_path / "real", seed=5, count=2))
     with pytest.raises(ValueError, match="at least 2 generated images, got 1"):
         scorer.fid(torch.zeros(1, 3, 8, 8, dtype=torch.uint8))

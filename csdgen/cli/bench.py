@@ -328,7 +328,7 @@ def _check_score_files(args) -> None:
         from csdgen.evaluation.fid import check_inception_path, image_files
 
         check_inception_path(args.inception_weights)
-        image_files(args.fid_reference)
+        image_files(args.fid_reference, at_least=2)  # before any image is generated
 
 
 def _scorers(args, plan, device: str, out: Path):

@@ -87,6 +87,8 @@ def load_clip(model: str | os.PathLike = DEFAULT_CLIP_MODEL, *, option: str = "-
     Raises:
         FileNotFoundError: one line: a path (``./x``, ``~/x``, ``a/b/c``) that is no folder is "no such
             folder"; else naming the model, what to download and the option to set.
+        ValueError: a folder whose config.json is no JSON object or whose weight file is cut short or
+            garbled, naming the file.
     """
     from transformers import CLIPModel, CLIPProcessor
     from transformers.utils import logging as hf_logging
@@ -95,6 +97,13 @@ def load_clip(model: str | os.PathLike = DEFAULT_CLIP_MODEL, *, option: str = "-
     is_folder = Path(name).expanduser().is_dir()
     check_clip_path(name, option=option)
     source = str(Path(name).expanduser()) if is_folder else name
+    if is_folder:  # a file cut short or garbled is named in one line, not by the loader's traceback
+        from csdgen.jsonio import read_json
+        from csdgen.models._transformers import check_weight_files
+
+        if (Path(source) / "config.json").is_file():
+            read_json(Path(source) / "config.json", what=f"a CLIP model's config ({option})")
+        check_weight_files(Path(source))
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the torchvision fallback notice of the image processor is noise here
     try:

@@ -272,11 +272,13 @@ def load_inception(path: str | os.PathLike, *, option: str = "--inception-weight
     return model
 
 
-def image_files(folder: str | os.PathLike) -> list[Path]:
+def image_files(folder: str | os.PathLike, at_least: int = 1) -> list[Path]:
     """Image files (:data:`IMAGE_SUFFIXES`, any case) directly in ``folder``, sorted by name.
 
     Raises:
         FileNotFoundError: no such folder, or no image in it (one line).
+        ValueError: fewer than ``at_least`` images (a reference set needs 2 for its covariance), naming
+            the folder and the count.
     """
     folder = Path(folder).expanduser()
     if not folder.is_dir():
@@ -284,6 +286,9 @@ def image_files(folder: str | os.PathLike) -> list[Path]:
     files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
     if not files:
         raise FileNotFoundError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in the reference folder {folder}")
+    if len(files) < at_least:
+        raise ValueError(f"the reference folder {folder} holds {len(files)} image{'s' * (len(files) != 1)}; FID needs at "
+                         f"least {at_least} (the covariance of their features; papers use thousands)")
     return files
 
 
@@ -328,7 +333,8 @@ class FidScorer:
         self.batch_size = int(batch_size)
         self.reference = Path(reference).expanduser()
         self._metric_class = FrechetInceptionDistance
-        self.reference_states = self._reference_states(image_files(self.reference), None if cache is None else Path(cache))
+        self.reference_states = self._reference_states(image_files(self.reference, at_least=2),
+                                                       None if cache is None else Path(cache))
 
     def features(self, images: torch.Tensor | Iterable[torch.Tensor]) -> torch.Tensor:
         """Pool features of a uint8 batch ``[B, 3, H, W]`` or of uint8 images ``[3, H_i, W_i]`` of any sizes.
