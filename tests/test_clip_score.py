@@ -141,6 +141,15 @@ def test_missing_weights_say_what_to_download_and_where_to_point(tmp_path, monke
     assert "\n" not in str(info.value)
 
 
+def test_a_file_given_for_the_clip_folder_is_called_a_file(tmp_path):
+    """--clip-model weights.pth (a file that is there) was called "no such folder"."""
+    from csdgen.evaluation.clip_score import check_clip_path
+
+    (tmp_path / "weights.pth").write_bytes(b"x")
+    with pytest.raises(FileNotFoundError, match=r"weights.pth': a file, not a folder; allowed: a folder holding"):
+        check_clip_path(str(tmp_path / "weights.pth"))
+
+
 def test_a_cut_short_weight_file_or_a_broken_config_is_one_line_naming_it(tiny_clip, tmp_path):
     """A model.safetensors cut short ended in safetensors' traceback ("invalid header length"); a config.json
     that is no JSON was called "CLIP weights not found"."""

@@ -53,13 +53,14 @@ def check_clip_path(model: str | os.PathLike, *, option: str = "--clip-model") -
     checks this before its own model loads).
 
     Raises:
-        FileNotFoundError: one line: "no such folder", or what to download; naming the option.
+        FileNotFoundError: one line: "no such folder" (or "a file, not a folder"), or what to download; naming the option.
     """
     name = str(model)
     if Path(name).expanduser().is_dir():
         return
-    if _path_like(name):  # no repo id: `hf download ./x` would be no help
-        raise FileNotFoundError(f"{option} {name!r}: no such folder; allowed: a folder holding a saved CLIP model "
+    if _path_like(name) or Path(name).expanduser().is_file():  # no repo id: `hf download ./x` would be no help
+        what = "a file, not a folder" if Path(name).expanduser().is_file() else "no such folder"
+        raise FileNotFoundError(f"{option} {name!r}: {what}; allowed: a folder holding a saved CLIP model "
                                 f"and processor, or a Hugging Face id in the local cache (default {DEFAULT_CLIP_MODEL})")
     from huggingface_hub import try_to_load_from_cache
 
