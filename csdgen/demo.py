@@ -130,20 +130,20 @@ def sweep_cache(age_s: float) -> int:
     folder = Path(os.environ.get("GRADIO_TEMP_DIR", ""))
     if not folder.name.startswith("csdgen-demo-cache-") or not folder.is_dir():
         return 0
-    cutoff, emptied = time.time() - age_s, []
+    cutoff, parents = time.time() - age_s, []  # the folder of each file deleted
     for path in list(folder.rglob("*")):
         try:
             if path.is_file() and path.stat().st_mtime < cutoff:
                 path.unlink()
-                emptied.append(path.parent)
+                parents.append(path.parent)
         except FileNotFoundError:  # deleted meanwhile
             pass
-    for sub in set(emptied) - {folder}:  # a run sweeps as it starts, while no other run writes
+    for sub in set(parents) - {folder}:  # a run sweeps as it starts, while no other run writes
         try:
             sub.rmdir()
         except OSError:  # still holds a newer file
             pass
-    return len(emptied)
+    return len(parents)
 
 
 def remove_cache(folder: Path) -> None:

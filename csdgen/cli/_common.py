@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -292,8 +293,6 @@ def option_named(text: str) -> str:
     """A library message about an argument as the CLI names its option: a sampling argument's
     (``top_k=1025 exceeds ...`` -> ``--top-k 1025: exceeds ...``), ``engine='static'`` -> ``--engine static``,
     ``vqgan_dir='x'`` -> ``--vqgan 'x'``; any other message as it is."""
-    import re
-
     text = re.sub(r"\bengine='(\w+)'", r"--engine \1", text)
     text = re.sub(r"\bvqgan_dir=", "--vqgan ", text)
     for name in ("guidance_scale", "temperature", "top_k", "top_p"):

@@ -58,8 +58,9 @@ def check_clip_path(model: str | os.PathLike, *, option: str = "--clip-model") -
     name = str(model)
     if Path(name).expanduser().is_dir():
         return
-    if _path_like(name) or Path(name).expanduser().is_file():  # no repo id: `hf download ./x` would be no help
-        what = "a file, not a folder" if Path(name).expanduser().is_file() else "no such folder"
+    is_file = Path(name).expanduser().is_file()
+    if _path_like(name) or is_file:  # no repo id: `hf download ./x` would be no help
+        what = "a file, not a folder" if is_file else "no such folder"
         raise FileNotFoundError(f"{option} {name!r}: {what}; allowed: a folder holding a saved CLIP model "
                                 f"and processor, or a Hugging Face id in the local cache (default {DEFAULT_CLIP_MODEL})")
     from huggingface_hub import try_to_load_from_cache
