@@ -337,6 +337,8 @@ def _run_plan(plan: RunPlan, out: Path, batch_size: int, seed: int, maps: bool, 
                              f"statistics: delete those images to make them again with maps, or use another --out")
         kept_batches = {v.get("batch") for v in images.values()}
         batch_list = [b for b in old.get("batches", []) if b.get("batch") in kept_batches]
+    else:
+        _refuse_foreign_files(out, plan, maps)
     resumed = sum(i < len(plan.conditions) for i in images)  # of this run's images (a larger -n before kept more)
     record = {"csdgen_version": _version(), "created": (old or {}).get("created", _now()), "updated": _now(),
               "settings": plan.settings}
@@ -351,6 +353,8 @@ def _run_plan(plan: RunPlan, out: Path, batch_size: int, seed: int, maps: bool, 
     for indices, result in generate_batches(plan.model, plan.conditions, batch_size=batch_size, seed=seed,
                                             indices=todo, callback=callback, **plan.generate_kwargs):
         batch = max((b["batch"] for b in batch_list), default=-1) + 1  # numbered across runs
+        if not (out / "record.json").exists():  # the folder is marked as a run's before its first file lands
+            write_json({**record, "images": {}}, out / "record.json")
         _write_batch(plan, out, indices, result, batch, images, maps)
         batch_list.append({"batch": batch, "images": indices, "decode_seconds": result.seconds, "finished": _now(),
                            "torch_threads": threads})
@@ -368,6 +372,24 @@ def _run_plan(plan: RunPlan, out: Path, batch_size: int, seed: int, maps: bool, 
         totals = old.get("totals") or totals
     return RunSummary(out, totals["images"], resumed, totals["tokens"], totals["steps"], totals["step_compression"],
                       totals["decode_seconds"], run_seconds, record, notes, asked=len(plan.conditions))
+
+
+def _refuse_foreign_files(out: Path, plan: RunPlan, maps: bool) -> None:
+    """Refuse a folder without ``record.json`` that holds a file this run would write: csdgen did not
+    write it (a run writes its record before its first image), so overwriting it would lose it.
+
+    Raises:
+        ValueError: naming the folder, the first such file and how many there are.
+    """
+    if not out.is_dir():
+        return
+    there = {p.name for p in out.iterdir()}
+    clash = [f for name in plan.names for f in (f"{name}.png", f"{name}_map.png" if maps else None)
+             if f is not None and f in there]
+    if clash:
+        more = f" and {len(clash) - 1} more file{'s' if len(clash) > 2 else ''} this run would write" if len(clash) > 1 else ""
+        raise ValueError(f"{str(out)!r} holds {clash[0]!r}{more} but no record.json, so they are not a csdgen run's "
+                         f"and would be overwritten; use another --out, or move those files")
 
 
 def _map_file(png: str) -> str:

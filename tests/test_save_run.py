@@ -154,3 +154,41 @@ def test_save_run_takes_a_rule_of_the_callers_own_as_generate_does(builtin, tmp_
     settings = json.loads((out / "record.json").read_text())["settings"]
     assert summary.images == 1 and settings["method"] == "half" and settings["rule"] == "_HalfRelaxed()"
     assert csdgen.save_run(builtin, ["red apple"], out, window=16, method=_HalfRelaxed()).resumed == 1
+
+
+def test_a_folder_without_a_record_keeps_files_a_run_would_overwrite(builtin, tmp_path):
+    """A file named as the run's image, in a folder with no record.json, is not csdgen's: refused, kept."""
+    csdgen.save_run(builtin, ["red apple"], tmp_path / "names", window=16, maps=False)
+    (name,) = [p.name for p in (tmp_path / "names").glob("*.png")]
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / name).write_bytes(b"a photo of the user's own")
+    (out / "notes.txt").write_text("unrelated files are fine")
+    with pytest.raises(ValueError, match=rf"holds '{name}' but no record.json.*use another --out"):
+        csdgen.save_run(builtin, ["red apple"], out, window=16)
+    assert (out / name).read_bytes() == b"a photo of the user's own"
+    assert sorted(p.name for p in out.iterdir()) == sorted([name, "notes.txt"])
+    summary = csdgen.save_run(builtin, ["dog face"], out, window=16)  # other names: no clash
+    assert summary.images == 1 and (out / name).read_bytes() == b"a photo of the user's own"
+
+
+def test_a_run_killed_while_writing_its_first_images_resumes(builtin, tmp_path, monkeypatch):
+    """The record is written before the first image, so files of a first batch cut short are the run's own."""
+    import csdgen.evaluation.maps as maps
+
+    out, real, calls = tmp_path / "cut", maps.save_png, []
+
+    def save_then_die(image, path):
+        assert (out / "record.json").is_file()
+        real(image, path)
+        calls.append(path)
+        if len(calls) == 2:  # the first image and its map written, the record not yet updated
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(maps, "save_png", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        csdgen.save_run(builtin, ["red apple", "dog face"], out, window=16)
+    monkeypatch.setattr(maps, "save_png", real)
+    assert json.loads((out / "record.json").read_text())["images"] == {}
+    summary = csdgen.save_run(builtin, ["red apple", "dog face"], out, window=16)
+    assert summary.images == 2 and summary.resumed == 0
