@@ -67,7 +67,7 @@ from csdgen.bench_records import (
 from csdgen.bench_scores import Scorers, _clip_scores, _read_png, min_images, session_nll, target_nll
 
 __all__ = ["TIMING_FIELDS", "BenchPlan", "shard", "jobs", "prompt_order", "target_nll", "read_jsonl", "repair_tail",
-           "append_jsonl", "existing_records", "load_tensors", "check_settings", "run_shard", "merge_records", "Scorers", "finish",
+           "append_jsonl", "existing_records", "load_tensors", "check_settings", "run_shard", "merge_records", "Scorers", "finish", "made_by",
            "distributed", "barrier", "leave", "machine", "MANIFEST", "session_nll"]
 
 #: Record fields that measure the machine, not the images: they differ between two runs of
@@ -317,6 +317,19 @@ def _write_text(path: Path, text: str) -> None:
 
 
 
+def made_by(records: Sequence[dict]) -> str:
+    """One line saying which processes, devices and torch thread counts made ``records``: a resumed
+    bench holds images of earlier commands, which may have run with other processes or threads."""
+    ranks = sorted({r.get("rank", 0) for r in records})
+    devices = sorted({str(r.get("device", "unrecorded")) for r in records})
+    threads = sorted({r["torch_threads"] for r in records if isinstance(r.get("torch_threads"), int)})
+    text = (f"images: {len(records)}, made by {len(ranks)} process{'es' if len(ranks) > 1 else ''} "
+            f"(rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}) on {', '.join(devices)}")
+    if threads:
+        text += f", {' or '.join(map(str, threads))} torch thread{'s' if threads != [1] else ''} each"
+    return text
+
+
 def finish(plan: BenchPlan, out: str | os.PathLike, scorers: Scorers | None = None, *, notes: Sequence[str] = (),
            title: str = "csdgen bench") -> dict[str, Path]:
     """Merge the records, score them and write the report (run in the first process, after every process finished).
@@ -364,7 +377,7 @@ def finish(plan: BenchPlan, out: str | os.PathLike, scorers: Scorers | None = No
                 sources.add(tensors["decisions"], tensors["entropy"], _read_png(out / r["image"]).float() / 127.5 - 1,
                             tuple(plan.model.grid))
             texture[name] = sources.summary()
-    notes = [*notes, *scorers.notes]
+    notes = [*notes, made_by(records), *scorers.notes]
     if any(len(g) < 2 for g in rows.values()) and (scorers.fid is not None or scorers.builtin is not None):
         notes.append("FID / Frechet distance need at least 2 images per row: left out")
     return write_report(records, out, scores=scores, texture=texture, title=title, notes=notes,

@@ -139,6 +139,15 @@ def test_two_processes_under_torchrun_equal_one_process(builtin_weights, referen
     assert ranks == {"rank0.jsonl": 4, "rank1.jsonl": 2}  # prompts 0, 2 on rank 0; prompt 1 on rank 1
     _same_outputs(reference, out)
     assert "| csd | 0 | 3 |" in done.stdout
+    made = "images: 6, made by 2 processes (ranks 0, 1) on cpu, 1 torch thread each"
+    report = (out / "report.md").read_text()
+    assert made in report and ", 2 processes; batch size 1" in report
+    # one process rerunning the finished bench writes the report again: its own line, the images' provenance kept
+    again = subprocess.run([sys.executable, *command[command.index("-m", 4):]], env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    report = (out / "report.md").read_text()
+    assert made in report and ", 1 process; batch size 1" in report
 
 
 def test_session_nll_equals_the_teacher_forced_nll(cached_model):

@@ -439,7 +439,7 @@ def execute(args, adjust=None, title: str = "csdgen bench"):
         bench.leave()
         if rank != 0:
             return None
-        notes = [f"machine: {bench.machine()}; {world} process{'es' if world > 1 else ''}; batch size 1; "
+        notes = [f"this command: {bench.machine()}, {world} process{'es' if world > 1 else ''}; batch size 1; "
                  f"window {plan.window}; {sampling_text(plan.sampling)}",
                  f"model: {plan.settings['model']}; prompts: {args.prompts or plan.settings['prompts']}, {len(plan.prompts)} from index "
                  f"{plan.indices[0]}; methods: {', '.join(plan.methods)}; seeds: {', '.join(map(str, plan.seeds))}"
