@@ -412,11 +412,11 @@ def _theme():
 
 
 def load_demo_model(model_path: str | None = None, weights: str | None = None, *, image_size: int | None = None,
-                    vqgan: str | None = None, dtype: str | None = None):
+                    vqgan: str | None = None, dtype: str | None = None, layout: str | None = None):
     """The page's model: the built-in model (offline, default) or a checkpoint (``--model``, never downloaded).
 
-    ``image_size``, ``vqgan`` and ``dtype`` go to :func:`csdgen.models.auto.load_model` (``--image-size``,
-    ``--vqgan``, ``--dtype``; None: the family's default on the device); ``dtype`` to
+    ``image_size``, ``vqgan``, ``layout`` and ``dtype`` go to :func:`csdgen.models.auto.load_model` (``--image-size``,
+    ``--vqgan``, ``--layout``, ``--dtype``; None: the family's default on the device, the guessed layout); ``dtype`` to
     :func:`~csdgen.models.builtin.load_builtin_model` for the built-in model (None: float32).
 
     Returns:
@@ -435,10 +435,10 @@ def load_demo_model(model_path: str | None = None, weights: str | None = None, *
     from csdgen.models.sources import resolve_checkpoint
 
     folder = resolve_checkpoint(model_path)
-    family = family_of(folder, None, model_path)
+    family = family_of(folder, layout, model_path)
     check_tokenizer_files(folder, family)  # the page sends text prompts: refused before the weights, naming the folder
     model = load_model(model_path, device=default_device(), dtype=dtype, batch_size=1, image_size=image_size, vqgan=vqgan,
-                       need_decoder=True)
+                       layout=layout, need_decoder=True)
     require_decoder(model, model_path, folder)
     return model, f"{family} ({model_path})", getattr(model, "defaults", None) or FAMILY_DEFAULTS[family]
 
@@ -461,13 +461,13 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def serve(model_path: str | None = None, host: str = "127.0.0.1", port: int | None = None, *, weights: str | None = None,
           block: bool = True, image_size: int | None = None, vqgan: str | None = None, dtype: str | None = None,
-          on_loaded: Callable[[], None] | None = None):
+          layout: str | None = None, on_loaded: Callable[[], None] | None = None):
     """Load the model, build the page and serve it on ``host:port`` (no share link, analytics off).
 
     Args:
         port: TCP port; None = Gradio's first free port from 7860; 0 = any free port (:func:`free_port`).
         block: wait until interrupted (the command) or return at once (tests).
-        image_size, vqgan, dtype: for a checkpoint, as :func:`load_demo_model` takes them.
+        image_size, vqgan, dtype, layout: for a checkpoint, as :func:`load_demo_model` takes them.
         on_loaded: called once the model is loaded and checked (the command prints its run line there).
 
     The page's images are cached in a folder of this process's (:func:`own_cache`: ``GRADIO_TEMP_DIR`` is
@@ -494,7 +494,7 @@ def serve(model_path: str | None = None, host: str = "127.0.0.1", port: int | No
     # loaded in a thread that ends with the load: the thread of a run then holds the process's only
     # OpenMP pool (csdgen.torch_threads)
     model, name, defaults = call_in_thread(load_demo_model, model_path, weights, image_size=image_size, vqgan=vqgan,
-                                           dtype=dtype)
+                                           dtype=dtype, layout=layout)
     if on_loaded is not None:
         on_loaded()
     cache = own_cache()

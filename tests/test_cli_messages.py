@@ -343,6 +343,9 @@ def test_one_option_needing_model_says_needs(capsys, tmp_path):
     assert "--vqgan needs --model" in err, err
     err = cli_error(capsys, "serve", "--layout", "anole", "--port", 0)
     assert "--layout needs --model" in err, err
+    for command in ("demo", "sweep"):
+        err = cli_error(capsys, command, "--layout", "anole")
+        assert "--layout anole needs --model (a Chameleon checkpoint)" in err, err
     # --port 0: serve binds its port before the model loads, and 8000 may be another test's at this moment
     err = cli_error(capsys, "serve", "--dtype", "float16", "--port", 0)  # float32 and bfloat16 are the built-in model's
     assert "--dtype float16: the built-in model runs in float32 or bfloat16; allowed for it: auto, float32, bfloat16" \

@@ -90,3 +90,19 @@ def test_sweep_on_the_builtin_model_with_a_class_file_plots_its_offline_scores(b
     for row in rows:
         assert 0 <= float(row["class_consistency"]) <= 1 and float(row["frechet_distance"]) >= 0 and float(row["nll"]) > 0
     assert (out / "frontier.png").is_file()
+
+
+def test_compare_reads_a_chameleon_folder_in_the_layout_given(tmp_path, capsys):
+    """A folder whose name does not say "anole" is guessed to be Lumina-mGPT; --layout anole reads it as Anole."""
+    from test_models_chameleon import build_checkpoint
+
+    checkpoint = build_checkpoint(str(tmp_path / "chameleon-7b"))
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red dog\n")
+    out = tmp_path / "compare"
+    assert cli.main(["compare", "--model", checkpoint, "--layout", "anole", "--prompts", str(prompts), "--limit", "1",
+                     "--methods", "sjd", "--window", "4", "--device", "cpu", "--out", str(out)]) == 0
+    settings = json.loads((out / "bench.json").read_text())["settings"]
+    assert settings["family"] == "anole" and settings["grid"] == [8, 8]
+    assert cli.main(["compare", "--layout", "anole", "-n", "2", "--out", str(tmp_path / "builtin")]) == 2
+    assert "--layout anole needs --model (a Chameleon checkpoint)" in capsys.readouterr().err

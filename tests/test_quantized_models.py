@@ -134,6 +134,19 @@ def test_the_builtin_model_quantises_its_decoder_layers_with_torchao():
     assert module_bytes(int8.backbone) < 0.5 * module_bytes(plain.backbone)
 
 
+def test_the_builtin_model_runs_fp8_on_the_cpu_with_greedy_sjd_equal_to_greedy_ar():
+    import csdgen
+    from csdgen.models.builtin import load_builtin_model
+
+    fp8 = load_builtin_model(quantize="fp8", device="cpu")
+    kinds = _linears(fp8.backbone)
+    assert {k.__name__ for n, k in kinds.items() if n.startswith("model.layers.")} == {"Float8Tensor"}
+    greedy = {"top_k": 1}
+    ar = csdgen.generate(fp8, ["red apple"], method="ar", sampling=greedy, seed=0)
+    sjd = csdgen.generate(fp8, ["red apple"], method="sjd", window=16, sampling=greedy, seed=0)
+    assert torch.equal(ar.tokens, sjd.tokens) and sjd.images[0].step_compression > 1
+
+
 # -- lossless in distribution on a quantised transformer (the chi-square test of tests/test_lossless.py) ---------
 
 

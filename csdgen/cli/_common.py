@@ -369,6 +369,8 @@ def builtin_model(args, fixed_window: bool = False, spread: bool = False):
     """
     from csdgen.models.builtin import load_builtin_model
 
+    if getattr(args, "layout", None) is not None:
+        raise ValueError(f"--layout {args.layout} needs --model (a Chameleon checkpoint); the built-in model has a layout of its own")
     for name in ("image_size", "vqgan"):
         if getattr(args, name, None) is not None:
             raise ValueError(f"--{name.replace('_', '-')} needs --model (a checkpoint); the built-in model has one size "

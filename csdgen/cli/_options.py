@@ -501,7 +501,7 @@ def add_checkpoint_files(g) -> None:
 def add_checkpoint_options(g) -> None:
     """A checkpoint's layout, size, weight files, Emu3's prompts, the prompt template and the dtype
     (``--model`` runs of ``generate`` and ``bench``)."""
-    g.add_argument("--layout", choices=["lumina", "anole"], default=None, help="Chameleon checkpoints (default: guessed)")
+    add_layout(g)
     g.add_argument("--height", type=count(), default=None, help="image height in pixels (default: the family's)")
     g.add_argument("--width", type=count(), default=None, help="image width in pixels (default: the family's)")
     add_checkpoint_files(g)
@@ -513,6 +513,14 @@ def add_checkpoint_options(g) -> None:
                    help="template for each prompt with {prompt}, {width}, {height} (default: the family's, docs/models.md; "
                         "'{prompt}' = none)")
     add_dtype(g)
+
+
+def add_layout(g) -> None:
+    """``--layout``: which Chameleon-format family a ``--model`` folder is (Lumina-mGPT or Anole share the
+    vocabulary, so the folder cannot always tell: :func:`csdgen.models.detect.guess_layout`)."""
+    g.add_argument("--layout", choices=["lumina", "anole"], default=None,
+                   help="--model Chameleon checkpoints: lumina (Lumina-mGPT) or anole (default: guessed from config.json "
+                        "and the folder's name)")
 
 
 def add_dtype(g) -> None:

@@ -23,6 +23,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
     p.add_argument("--weights", type=opt.path_text, default=None,
                    help="built-in model weights folder (default: shipped with csdgen)")
+    opt.add_layout(p)
     opt.add_checkpoint_files(p)
     opt.add_dtype(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
@@ -39,6 +40,8 @@ def run(args) -> int:
 
     if args.model is not None and args.weights is not None:
         raise ValueError("--weights is for the built-in model; with --model the checkpoint folder holds the weights")
+    if args.model is None and args.layout is not None:
+        raise ValueError(f"--layout {args.layout} needs --model (a Chameleon checkpoint); the built-in model has a layout of its own")
     if args.model is None and (args.image_size is not None or args.vqgan is not None):
         given = [flag for flag, value in (("--image-size", args.image_size), ("--vqgan", args.vqgan)) if value is not None]
         raise ValueError(f"{needs_model(given)} (a checkpoint); the built-in model has one size and its own VQ decoder")
@@ -49,8 +52,8 @@ def run(args) -> int:
         from csdgen.models.dtypes import default_device
         from csdgen.models.sources import resolve_checkpoint
 
-        dtype = choose_dtype(args, family_of(resolve_checkpoint(args.model), None, args.model), default_device())
+        dtype = choose_dtype(args, family_of(resolve_checkpoint(args.model), args.layout, args.model), default_device())
     # the first line once the model is loaded and checked: model, device, dtype and why
     serve(args.model, host=args.host, port=args.port, weights=args.weights, image_size=args.image_size, vqgan=args.vqgan,
-          dtype=dtype, on_loaded=lambda: print_run_line(args, file=sys.stdout))
+          layout=args.layout, dtype=dtype, on_loaded=lambda: print_run_line(args, file=sys.stdout))
     return 0

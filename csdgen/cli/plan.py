@@ -46,7 +46,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--prompt-length", type=opt.count(), default=None, metavar="P",
                    help="--model: tokens of the longest prompt row (default 128)")
     p.add_argument("--device", choices=opt.DEVICES, default=None, help="default cuda when available, else cpu")
-    p.add_argument("--layout", choices=["lumina", "anole"], default=None, help="--model Chameleon checkpoints")
+    opt.add_layout(p)
     p.add_argument("--height", type=opt.count(), default=None, help="--model: image height in pixels")
     p.add_argument("--width", type=opt.count(), default=None, help="--model: image width in pixels")
     p.add_argument("--image-size", type=opt.count(), default=None, help="--model: square image side in pixels")

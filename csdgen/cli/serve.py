@@ -67,7 +67,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "request on stdout, shutdown lines; warning: errors and warnings only)")
     opt.add_dtype(p)
     opt.add_quantize(p)
-    p.add_argument("--layout", choices=["lumina", "anole"], default=None, help="--model Chameleon checkpoints")
+    opt.add_layout(p)
     p.add_argument("--height", type=opt.count(), default=None, help="--model: image height in pixels")
     p.add_argument("--width", type=opt.count(), default=None, help="--model: image width in pixels")
     opt.add_checkpoint_files(p)

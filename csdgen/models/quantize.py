@@ -429,7 +429,7 @@ def quantize_module(module: torch.nn.Module, name: str, device: str | torch.devi
     check_quantize(name, device)
     if name in ("nf4", "bnb8"):
         raise ValueError(f"--quantize {name}: bitsandbytes quantises while reading a checkpoint folder; "
-                         f"the built-in model takes int8" + ("" if torch.device(device).type == "cpu" else ", int4, fp8"))
+                         f"the built-in model takes int8, fp8" + ("" if torch.device(device).type == "cpu" else ", int4"))
     tq = _quiet_torchao()
     inside = (prefix or decoder_layers_prefix(module)) + "."
     tq.quantize_(module, _torchao_config(name),
