@@ -613,9 +613,11 @@ def test_generate_and_demo_take_model_builtin_as_the_built_in_model(weights, tmp
     assert build_parser().parse_args(["serve", "--model", "builtin"]).model is None  # serve's default, the built-in model
 
 
-def test_the_built_in_weights_folder_given_as_model_is_told_to_use_weights(weights, tmp_path, capsys):
-    err = cli_error(capsys, "generate", "--model", weights, "--prompt", "a cat", "--out", tmp_path / "g")
-    assert "has model_type=None" in err and "a built-in model's weights folder: give it as --weights FOLDER" in err
+@pytest.mark.parametrize("given", [["--prompt", "a cat"], [], ["--class", "red apple"]])
+def test_the_built_in_weights_folder_given_as_model_is_told_to_use_weights(weights, tmp_path, capsys, given):
+    """Said first, whatever else is missing or built-in only (it said "--model needs prompts" first)."""
+    err = cli_error(capsys, "generate", "--model", weights, *given, "--out", tmp_path / "g")
+    assert "is a built-in model's weights folder, not a checkpoint: give it as --weights FOLDER" in err, err
 
 
 @pytest.mark.parametrize("option, value", [("--class", "cat"), ("-n", 2)])

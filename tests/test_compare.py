@@ -169,6 +169,7 @@ def test_sweep_runs_gsd_and_lantern_once_per_window_whatever_the_draft_inits():
     for method, per_window in (("gsd", 2), ("lantern", 1), ("csd", 2), ("sjd", 2)):
         assert sum(p.method == method for p in points) == per_window * 2, method
     assert {p.draft_init for p in points if p.method in ("gsd", "lantern")} == {"onehot"}
+    assert [p.draft_init for p in points if p.method == "ar"] == [""]  # AR runs no drafts: none named
 
 
 def test_compare_refuses_the_last_seed_before_the_model_loads(tmp_path, capsys, monkeypatch):

@@ -391,7 +391,7 @@ def add_builtin_model(p: argparse.ArgumentParser, *, n_default: str, batch_defau
     p.add_argument("--class", dest="classes", action="append", default=None, metavar="NAMES",
                    help=f"built-in class names ({shipped}any case and spacing, an emoji's short name or the emoji itself), "
                         f"indices, or random (a class drawn from --seed per image); comma-separated (a name "
-                        f"holding commas, 'family: man, boy, boy', stays whole: the longest name wins) or "
+                        f"holding commas, as a retrained model's may, stays whole: the longest name wins) or "
                         f"repeated, taken in turn (default: {default}). List them: --list-classes")
     p.add_argument("--list-classes", nargs="?", const="", default=None, metavar="CATEGORY",
                    help="print the built-in model's classes by category (index, name, short names) and exit; "

@@ -179,6 +179,9 @@ def model_job(args):
     from csdgen.models.plan import checkpoint_plan
     from csdgen.runs import RunPlan, refuse_other_record, slug
 
+    from csdgen.models.detect import refuse_builtin_weights
+
+    refuse_builtin_weights(args.model)  # before the prompts and --class: what the folder is explains them
     if args.classes:
         raise ValueError("--class is for the built-in model; with --model give --prompt or --prompts-file")
     prompts = _read_prompts(args)

@@ -84,7 +84,8 @@ def settings(grid: SweepGrid, codebook: torch.Tensor | None = None, entropy_unit
     unknown = [b for b in grid.baselines if b not in BASELINES]
     if unknown:
         raise ValueError(f"unknown baselines {', '.join(map(repr, unknown))}; allowed: {', '.join(BASELINES)}")
-    points = [Setting("ar", "ar", "", "", 1, "uniform", {"method": "ar"})] if "ar" in grid.baselines else []
+    # AR has no drafts: its draft_init is empty
+    points = [Setting("ar", "ar", "", "", 1, "", {"method": "ar"})] if "ar" in grid.baselines else []
     for window in grid.windows:
         for init in grid.draft_inits:
             for method, parameter, value, preset in _methods(grid, codebook, entropy_unit):

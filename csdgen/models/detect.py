@@ -100,6 +100,27 @@ def read_config(folder: Path) -> dict:
     return config
 
 
+def refuse_builtin_weights(path: str | os.PathLike, config: dict | None = None) -> None:
+    """Refuse a built-in model's weights folder (``csdgen/builtin/weights``: its config.json holds
+    ``class_names`` and ``codebook_size``, no ``model_type``) given where a checkpoint is asked for.
+    Anything else, a missing or unreadable config.json included, is left to :func:`read_config`.
+
+    Raises:
+        ValueError: ``'PATH' is a built-in model's weights folder, not a checkpoint: give it as --weights FOLDER ...``.
+    """
+    if config is None:
+        try:
+            from csdgen.jsonio import read_json
+
+            config = read_json(Path(path) / "config.json", what="a config")
+        except (OSError, ValueError):
+            return
+    if isinstance(config, dict) and config.get("model_type") is None and "class_names" in config \
+            and "codebook_size" in config:
+        raise ValueError(f"{str(path)!r} is a built-in model's weights folder, not a checkpoint: give it as --weights "
+                         f"FOLDER (and leave --model out, or --model builtin)")
+
+
 def model_type_of(path: str | os.PathLike) -> str:
     """``config.json``'s ``model_type`` of a checkpoint folder, checked against :data:`MODEL_TYPES`.
 
@@ -109,11 +130,9 @@ def model_type_of(path: str | os.PathLike) -> str:
     config = read_config(Path(path))
     model_type = config.get("model_type")
     if model_type not in MODEL_TYPES:
-        builtin = model_type is None and "class_names" in config and "codebook_size" in config  # csdgen/builtin/weights
+        refuse_builtin_weights(path, config)
         raise ValueError(f"{str(path)!r} has model_type={model_type!r}; supported: "
-                         f"{', '.join(map(model_type_named, MODEL_TYPES))}"
-                         + ("; it is a built-in model's weights folder: give it as --weights FOLDER (and leave --model "
-                            "out, or --model builtin)" if builtin else ""))
+                         f"{', '.join(map(model_type_named, MODEL_TYPES))}")
     return model_type
 
 
