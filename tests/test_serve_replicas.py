@@ -49,6 +49,8 @@ def test_application_options_are_csdgen_serve_options_checked_by_its_parser():
         parse_options({"port": 8000})
     with pytest.raises(ValueError, match=r"replicas='two': allowed a number"):
         parse_options({"replicas": "two"})
+    with pytest.raises(ValueError, match=r"max-batch=4 and max_batch=2 name one option"):
+        parse_options({"replicas": 1, "max-batch": 4, "max_batch": 2})
 
 
 def test_replica_usage_errors_are_one_line_before_ray_starts(capsys):
@@ -111,11 +113,12 @@ def test_the_address_line_counts_the_replicas(capsys, monkeypatch):
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.delenv("RAY_DEDUP_LOGS", raising=False)
-    monkeypatch.setattr(deployment, "run_local", lambda *a, on_ready, **kw: on_ready() or 0)  # Ray never starts
+    monkeypatch.setattr(deployment, "run_local", lambda *a, on_ready, **kw: on_ready(("127.0.0.1", 8123)) or 0)  # no Ray
     for argv, count in ((["--replicas", "1"], "; 1 replica on Ray Serve,"), (["--replicas", "2"], "; 2 replicas on"),
                         (["--replicas", "1", "--max-replicas", "3"], "; 1..3 replicas on Ray Serve,")):
         assert cli.main(["serve", "--port", "0", "--device", "cpu", *argv]) == 0
-        assert count in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert count in out and "on http://127.0.0.1:8123/v1 " in out  # the address run_local says the proxy has
     assert os.environ["RAY_DEDUP_LOGS"] == "0"  # for the Ray it starts: every replica's lines as they come
 
 
@@ -126,7 +129,8 @@ def test_run_local_starts_a_ray_of_its_own_even_where_ray_start_runs_one_here(mo
 
     inits = []
     serve = types.SimpleNamespace(start=lambda **kw: None, shutdown=lambda: None, delete=lambda name: None,
-                                  run=lambda *a, **kw: os.kill(os.getpid(), signal.SIGINT))
+                                  run=lambda *a, **kw: os.kill(os.getpid(), signal.SIGINT),
+                                  status=lambda: types.SimpleNamespace(applications={}))
     ray = types.SimpleNamespace(is_initialized=lambda: bool(inits), init=lambda **kw: inits.append(kw),
                                 shutdown=lambda: None, serve=serve)
     monkeypatch.setitem(sys.modules, "ray", ray)
@@ -151,19 +155,80 @@ def test_run_local_on_a_cluster_it_joined_deletes_only_its_application(monkeypat
     calls = []
     serve = types.SimpleNamespace(start=lambda **kw: calls.append("start"), run=lambda *a, **kw: calls.append("run"),
                                   shutdown=lambda: calls.append("serve down"),
-                                  delete=lambda name: calls.append(f"delete {name}"))
+                                  delete=lambda name: calls.append(f"delete {name}"),
+                                  status=lambda: types.SimpleNamespace(applications={"other": None}))
     ray = types.SimpleNamespace(is_initialized=lambda: "init" in calls and "disconnect" not in calls,
                                 init=lambda **kw: calls.append("init"), shutdown=lambda: calls.append("disconnect"),
                                 serve=serve)
     monkeypatch.setitem(sys.modules, "ray", ray)
     monkeypatch.setitem(sys.modules, "ray.serve", serve)
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
-    assert deployment.run_local(object(), "127.0.0.1", 0, cpus=1, on_ready=lambda: os.kill(os.getpid(), signal.SIGINT)) == 130
+    assert deployment.run_local(object(), "127.0.0.1", 0, cpus=1, on_ready=lambda address: os.kill(os.getpid(), signal.SIGINT)) == 130
     assert calls == ["init", "start", "run", f"delete {deployment.APP_NAME}", "disconnect"]
     calls.clear()
     monkeypatch.delenv("RAY_ADDRESS")  # a Ray of its own: Serve and Ray stopped
-    assert deployment.run_local(object(), "127.0.0.1", 0, cpus=1, on_ready=lambda: os.kill(os.getpid(), signal.SIGINT)) == 130
+    assert deployment.run_local(object(), "127.0.0.1", 0, cpus=1, on_ready=lambda address: os.kill(os.getpid(), signal.SIGINT)) == 130
     assert calls == ["init", "start", "run", "serve down", "disconnect"]
+
+
+def test_a_cluster_already_running_a_csdgen_application_is_refused_and_left_as_it_is(monkeypatch, capsys):
+    """serve.run would replace the cluster's own csdgen application (a serve deploy) and the stop delete it."""
+    import types
+
+    from csdgen.serve import deployment
+
+    calls, applications = [], {deployment.APP_NAME: object()}
+    client = types.SimpleNamespace(http_config=types.SimpleNamespace(host="0.0.0.0", port=8706))
+    context = types.SimpleNamespace(_get_global_client=lambda: client)
+    serve = types.SimpleNamespace(start=lambda **kw: calls.append("start"), run=lambda *a, **kw: calls.append("run"),
+                                  shutdown=lambda: calls.append("serve down"),
+                                  delete=lambda name: calls.append(f"delete {name}"),
+                                  status=lambda: types.SimpleNamespace(applications=applications), context=context)
+    ray = types.SimpleNamespace(is_initialized=lambda: "init" in calls and "disconnect" not in calls,
+                                init=lambda **kw: calls.append("init"), shutdown=lambda: calls.append("disconnect"),
+                                serve=serve)
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setitem(sys.modules, "ray.serve", serve)
+    monkeypatch.setitem(sys.modules, "ray.serve.context", context)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    with pytest.raises(ValueError, match=r"already runs a Serve application named 'csdgen' .* it is left as it is"):
+        deployment.run_local(object(), "127.0.0.1", 8708, cpus=1,  # on_ready: a run over the app ends, not hangs
+                             on_ready=lambda *address: os.kill(os.getpid(), signal.SIGINT))
+    assert calls == ["init", "start", "disconnect"]  # never run over, never deleted
+    # a cluster whose Serve already listens elsewhere: the address said is the proxy's, with a note
+    calls.clear()
+    applications.clear()
+    said = []
+    assert deployment.run_local(object(), "127.0.0.1", 8708, cpus=1,
+                                on_ready=lambda address: (said.append(address), os.kill(os.getpid(), signal.SIGINT))) == 130
+    assert said == [("0.0.0.0", 8706)]
+    assert "the cluster's Serve proxy already listens on 0.0.0.0:8706; --host and --port do not move it" \
+        in capsys.readouterr().err
+    assert calls == ["init", "start", "run", f"delete {deployment.APP_NAME}", "disconnect"]
+
+
+def test_more_cpus_per_replica_than_the_machine_has_are_refused_and_sigint_stops_a_background_start(
+        monkeypatch, capsys):
+    from csdgen import cli
+    from csdgen.serve import deployment
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(deployment, "run_local", lambda *a, **kw: 0)
+    assert cli.main(["serve", "--port", "0", "--replicas", "1", "--replica-cpus", str(os.cpu_count() + 1)]) == 2
+    assert f"--replica-cpus {os.cpu_count() + 1}: this machine has {os.cpu_count()} CPUs" in capsys.readouterr().err
+    # started with SIGINT ignored (`csdgen serve --replicas 2 &` in a script): SIGINT stops it from the start on
+    seen = []
+    monkeypatch.setattr(deployment, "run_local", lambda *a, **kw: seen.append(signal.getsignal(signal.SIGINT)) or 0)
+    monkeypatch.setattr(deployment, "application", lambda *a, **kw: object())
+    import csdgen.cli.serve as serve_cli
+
+    monkeypatch.setattr(serve_cli, "_check_before_ray", lambda args: None)
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert cli.main(["serve", "--port", "0", "--replicas", "1", "--device", "cpu"]) == 0
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert seen == [signal.default_int_handler]
 
 
 def test_ctrl_c_while_ray_starts_stops_the_ray_it_started(monkeypatch):
@@ -202,7 +267,7 @@ def test_run_local_stops_on_sigterm_with_status_143_and_on_ctrl_c_with_130(monke
     for sig, status in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
         calls.clear()
         assert deployment.run_local(object(), "127.0.0.1", 0, cpus=1,
-                                    on_ready=lambda: os.kill(os.getpid(), sig)) == status, sig
+                                    on_ready=lambda address: os.kill(os.getpid(), sig)) == status, sig
         assert calls == ["start", "run", "serve down", "ray down"]
 
 
@@ -231,7 +296,7 @@ def test_sigterm_stops_the_replicas_where_ray_took_sigterm_at_its_start(monkeypa
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     before = signal.getsignal(signal.SIGTERM)
     assert deployment.run_local(object(), "127.0.0.1", 0, cpus=1,
-                                on_ready=lambda: os.kill(os.getpid(), signal.SIGTERM)) == 143
+                                on_ready=lambda address: os.kill(os.getpid(), signal.SIGTERM)) == 143
     assert calls == ["ray up", "start", "run", "serve down", "ray down"]
     assert signal.getsignal(signal.SIGTERM) is before  # the caller's handler back
 

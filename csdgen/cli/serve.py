@@ -316,6 +316,13 @@ def _run_replicas(args) -> int:
     if args.max_replicas is not None and args.max_replicas < args.replicas:
         raise ValueError(f"--max-replicas {args.max_replicas}: allowed at least --replicas ({args.replicas})")
     args.replica_cpus = args.replica_cpus or 1
+    if "RAY_ADDRESS" not in os.environ and args.replica_cpus > (os.cpu_count() or 1):  # its torch threads too
+        raise ValueError(f"--replica-cpus {args.replica_cpus}: this machine has {os.cpu_count()} CPUs; allowed "
+                         f"1..{os.cpu_count()} on a local Ray (each replica runs that many torch threads)")
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started as `csdgen serve --replicas N &`: SIGINT
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # stops it from here on, start-up included
     sock = bind_socket(args.host, args.port)  # a taken port fails before Ray starts; 0: a free one for Ray's proxy
     port = sock.getsockname()[1]
     sock.close()
@@ -323,13 +330,13 @@ def _run_replicas(args) -> int:
                       num_cpus=args.replica_cpus)
     if "RAY_ADDRESS" not in os.environ:  # a local Ray: its replicas run here, and fail as this process would
         _check_before_ray(args)
-    host = f"[{args.host}]" if ":" in args.host else args.host
     count = (f"{args.replicas} replica{'s' if args.replicas > 1 else ''}" if args.max_replicas is None
              else f"{args.replicas}..{args.max_replicas} replicas")
 
-    def ready() -> None:
+    def ready(address: tuple[str, int]) -> None:  # the proxy's own address: a cluster's Serve may listen elsewhere
+        host = f"[{address[0]}]" if ":" in address[0] else address[0]
         print(f"csdgen serve: serving {args.served_name or ('csdgen-builtin' if args.model is None else args.model)} "
-              f"on http://{host}:{port}/v1 (POST /v1/images/generations; {count} on Ray Serve, max batch "
+              f"on http://{host}:{address[1]}/v1 (POST /v1/images/generations; {count} on Ray Serve, max batch "
               f"{args.max_batch} each, {args.batching} batching; Ctrl-C stops it)", flush=True)
 
     return run_local(app, args.host, port, cpus=args.replica_cpus * (args.max_replicas or args.replicas), on_ready=ready,

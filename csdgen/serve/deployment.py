@@ -281,7 +281,7 @@ def application(load: Callable, args, **options):
     return cls.options(**opts).bind(load, args)
 
 
-def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[], None] | None = None,
+def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[tuple[str, int]], None] | None = None,
               log_level: str = "info") -> int:
     """Start a local Ray (or join the one ``RAY_ADDRESS`` names) and Serve's HTTP proxy on
     ``host:port``, run ``app`` and wait until Ctrl-C or SIGTERM; then shut Serve and Ray down (a
@@ -290,6 +290,8 @@ def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[], 
 
     Args:
         cpus: CPUs the local Ray offers (at least what the replicas reserve).
+        on_ready: called with the proxy's ``(host, port)`` once the replicas serve: ``host:port``, or on a
+            joined cluster whose Serve already runs, the address its proxy listens on (a note says so).
         log_level: ``csdgen serve --log-level``: of Ray's lines in this process and of Serve's controller and proxy.
 
     Returns:
@@ -297,7 +299,8 @@ def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[], 
 
     Raises:
         ValueError: the replicas did not start, naming the last line of a replica's error (Ray logs
-            its traceback above).
+            its traceback above); or a joined cluster already runs a Serve application of this name
+            (``serve deploy``, another ``csdgen serve --replicas``), which is left as it is.
     """
     import ray
     from ray import serve
@@ -332,13 +335,16 @@ def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[], 
         if stopped_by:  # a signal came while Ray started
             raise KeyboardInterrupt
         serve.start(http_options={"host": host, "port": port}, logging_config={"log_level": ray_log_level(log_level)})
+        address = (host, port)
+        if joined:
+            address = _joined_address(serve, host, port)
         deployed = True
         try:
             serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
         except RuntimeError as exc:  # "Deploying application csdgen failed": the replicas did not start
             raise ValueError(f"the replicas did not start: {_replica_failure(serve) or exc}") from None
         if on_ready is not None:
-            on_ready()
+            on_ready(address)
         while True:
             time.sleep(1)
     except KeyboardInterrupt:
@@ -355,6 +361,32 @@ def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[], 
                     serve.delete(APP_NAME)
             finally:
                 ray.shutdown()  # a joined cluster keeps running: this process disconnects
+
+
+def _joined_address(serve, host: str, port: int) -> tuple[str, int]:
+    """On a cluster this process joined: refuse where it already runs an application named
+    :data:`APP_NAME` (``serve.run`` would replace it, and the stop delete it); the address its Serve
+    proxy listens on, with a note where that is not ``host:port`` (a Serve started before keeps its own).
+
+    Raises:
+        ValueError: the application is there, naming it and how to remove it.
+    """
+    if APP_NAME in serve.status().applications:
+        raise ValueError(f"the Ray cluster at RAY_ADDRESS={os.environ.get('RAY_ADDRESS')!r} already runs a Serve "
+                         f"application named {APP_NAME!r} (serve deploy, or another csdgen serve --replicas); it is left "
+                         f"as it is: send requests to it, remove it first (serve delete {APP_NAME}), or unset RAY_ADDRESS "
+                         f"for a local Ray of this command's own")
+    try:  # Ray's client keeps the HTTP options Serve runs with (no public accessor in Ray 2.60)
+        from ray.serve.context import _get_global_client
+
+        config = _get_global_client().http_config
+        actual = (str(config.host), int(config.port))
+    except Exception:  # another Ray: say the address asked for
+        return host, port
+    if actual != (host, port):
+        print(f"csdgen serve: note: the cluster's Serve proxy already listens on {actual[0]}:{actual[1]}; --host and "
+              f"--port do not move it", file=sys.stderr, flush=True)
+    return actual
 
 
 def _replica_failure(serve) -> str | None:

@@ -42,13 +42,17 @@ def parse_options(options: dict[str, Any] | None) -> tuple[Any, dict]:
 
     Raises:
         ValueError: an unknown key, a bad value or a value of a flag other than true/false,
-            naming it (the command's own message).
+            naming it (the command's own message); two keys of one option (``max-batch`` and ``max_batch``).
     """
     from csdgen.cli import build_parser
 
-    words, replica = [], {}
+    words, replica, seen = [], {}, {}
     for key, value in (options or {}).items():
         name = str(key).replace("-", "_")
+        if name in seen:  # max-batch=4 max_batch=2: one would win without a word
+            raise ValueError(f"{seen[name]}={options[seen[name]]!r} and {key}={value!r} name one option; allowed: "
+                             f"one of the two")
+        seen[name] = key
         if name in REPLICA_KEYS:
             try:
                 replica[name] = None if value is None else REPLICA_KEYS[name](value)
