@@ -172,8 +172,9 @@ def test_a_run_stopped_in_the_ar_stage_resumes_from_its_checkpoint_to_the_same_w
     threads = torch.get_num_threads()
     try:
         monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", crash_at_step_2)
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(SystemExit) as stopped:  # one line saying how to resume, status 130
             _main(train, ["--out", str(resumed), *TINY])
+        assert stopped.value.code == 130
         assert json.loads((resumed / "stages.json").read_text())["done"] == ["vq"]
         assert not (resumed / "ar.safetensors").exists() and (resumed / "ar.ckpt.pt").is_file()
         vq_written = (resumed / "vq.safetensors").stat().st_mtime_ns
@@ -185,3 +186,68 @@ def test_a_run_stopped_in_the_ar_stage_resumes_from_its_checkpoint_to_the_same_w
     assert "vq step" not in log and "ar step 1 " not in log and "ar step 2 " in log
     assert (resumed / "vq.safetensors").stat().st_mtime_ns == vq_written
     assert (resumed / "ar.safetensors").read_bytes() == (out / "ar.safetensors").read_bytes()
+
+
+def _agreement(tmp_path, hits=(3, 2, 1)) -> str:
+    """An agreement file as benchmarks/builtin_class_agreement.py --json writes it, at guidance 3."""
+    classes = {name.lower(): {"hits": h, "n": 3, "p_class": h / 3} for (name, _, _), h in zip(CLASSES, hits)}
+    path = tmp_path / "agreement.json"
+    path.write_text(json.dumps({"by_guidance": {"3": {"classes": classes, "agreement": sum(hits) / 9}}}))
+    return str(path)
+
+
+def test_ship_writes_its_folder_all_at_once_and_a_refusal_leaves_it_as_it_was(run, tmp_path, capsys):
+    """A bad value found late (a misspelt default class) left ar, vq, classifier and reference files of the
+    new run beside the old config.json: a folder that no longer loaded."""
+    from csdgen.builtin import ship
+    from csdgen.models.builtin import load_builtin_model
+
+    out, _, _ = run
+    target = tmp_path / "weights"
+    shutil.copytree(out, target)
+    (target / "NOTICE").write_text("kept")
+    before = {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()}
+    common = ["--run", str(out), "--agreement", _agreement(tmp_path), "--min-agreement", "0.5",
+              "--source-classifier", str(out), "--out", str(target), "--threads", "1", "--heldout-views", "1"]
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(SystemExit, match=r"^ship: error: --default-classes: not offered: 'rockett' "
+                                             r"\(offered: 'red apple'|^ship: error: --default-classes: not offered: 'rockett'"):
+            ship.main([*common, "--default-classes", "red apple,rockett"])
+        with pytest.raises(SystemExit, match=r"^ship: error: --guidance 5: the agreement file has 3$"):
+            ship.main([*common, "--guidance", "5"])
+        assert {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()} == before
+        ship.main([*common, "--guidance", "3.0"])  # the file's "3"
+    finally:
+        torch.set_num_threads(threads)
+    assert "2 of 3 classes offered" in capsys.readouterr().out
+    assert load_builtin_model(target).class_names == ["red apple", "dog face"]
+    assert (target / "NOTICE").read_text() == "kept"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no folder of its own left
+
+
+def test_resume_refuses_a_run_of_other_settings_and_bad_files_are_one_line(run, tmp_path):
+    """--resume with other --classes or --ar-steps reused the earlier stages (codes of other classes, another
+    schedule) without a word; an --ar-init of another shape ended in load_state_dict's list of every key."""
+    from csdgen.builtin import train
+
+    out, _, _ = run
+    again = tmp_path / "out"
+    shutil.copytree(out, again)
+    before = (again / "stages.json").read_text()
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(SystemExit, match=r"^train: error: --resume: .* holds a run made with other settings "
+                                             r"\(--ar-steps 3 there, 4 now\); give the run's own settings"):
+            _main(train, ["--out", str(again), "--resume", *TINY, "--ar-steps", "4"])
+        assert (again / "stages.json").read_text() == before
+        wide = ["--ar-hidden", "64", "--ar-intermediate", "128"]
+        with pytest.raises(SystemExit, match=r"^train: error: '.*ar.safetensors' does not fit this model \(0 tensors "
+                                             r"missing, 0 not expected, \d+ of another shape; "):
+            _main(train, ["--out", str(tmp_path / "wide"), *TINY, *wide, "--vq", str(out / "vq.safetensors"),
+                          "--ar-init", str(out / "ar.safetensors")])
+        with pytest.raises(SystemExit, match=r"^train: error: --out '.*afile' is a file"):
+            (tmp_path / "afile").write_text("")
+            _main(train, ["--out", str(tmp_path / "afile"), *TINY])
+    finally:
+        torch.set_num_threads(threads)

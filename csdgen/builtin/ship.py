@@ -7,7 +7,9 @@ Training-time only (never imported at run time). Needs the emoji package (``npm 
     python -m csdgen.builtin.ship --run RUN --agreement RUN/classes.json --guidance 3 \\
         --min-agreement 0.5 --source-classifier SRC --out csdgen/builtin/weights
 
-What it writes into ``--out`` (atomically, file by file; ``--out`` may not be ``--run``):
+What it writes into ``--out`` (``--out`` may not be ``--run``), all at once: every value is checked
+first, the files are made in a folder beside ``--out``, which then takes its place, so a refusal or a
+crash leaves ``--out`` as it was:
 
 - the classes offered: those of the run whose AR samples at ``--guidance`` the run's classifier
   judged the asked class at least ``--min-agreement`` of the time. The AR model's class-token rows
@@ -57,14 +59,25 @@ def emoji_chars(entry: dict) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def guidance_key(agreement: dict, guidance: str) -> str:
+    """The agreement file's key of the guidance scale ``guidance`` (``"3.0"`` finds ``"3"``).
+
+    Raises:
+        ValueError: not a number, or the file has no such scale, naming the scales it has."""
+    by = agreement["by_guidance"]
+    try:
+        return next(key for key in by if key == guidance or float(key) == float(guidance))
+    except (StopIteration, ValueError):
+        raise ValueError(f"--guidance {guidance}: the agreement file has {', '.join(sorted(by))}") from None
+
+
 def offered_classes(agreement: dict, guidance: str, minimum: float, names: list[str]) -> list[str]:
     """Names (in ``names``' order) whose agreement at ``guidance`` is at least ``minimum``.
 
     Raises:
         ValueError: the agreement file has no such guidance scale, or misses a class."""
     by = agreement["by_guidance"]
-    if guidance not in by:
-        raise ValueError(f"--guidance {guidance}: the agreement file has {sorted(by)}")
+    guidance = guidance_key(agreement, guidance)
     per = by[guidance]["classes"]
     missing = [n for n in names if n not in per]
     if missing:
@@ -132,6 +145,31 @@ def nearest_offered(source: Path, all_names: list[str], images: torch.Tensor, ke
 
 
 def main(argv=None) -> None:
+    """The command line (module docstring). Every refusal is one line (``ship: error: ...``, status 1),
+    and nothing is written into ``--out`` until everything is made: the files go to a folder beside it,
+    which then takes its place (a file of ``--out`` that ship does not write is kept)."""
+    try:
+        _main(argv)
+    except (ValueError, FileNotFoundError) as exc:
+        raise SystemExit(f"ship: error: {exc}") from None
+
+
+def _swap_in(made: Path, out: Path) -> None:
+    """``made`` (a full weights folder) becomes ``out``; files only ``out`` holds are kept."""
+    if out.is_dir():
+        for extra in out.iterdir():
+            if not (made / extra.name).exists():
+                shutil.copy2(extra, made / extra.name) if extra.is_file() else shutil.copytree(extra, made / extra.name)
+        old = out.with_name(f".{out.name}.ship-old")
+        shutil.rmtree(old, ignore_errors=True)
+        out.replace(old)
+        made.replace(out)
+        shutil.rmtree(old)
+    else:
+        made.replace(out)
+
+
+def _main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", type=Path, required=True, help="the finished run (train.py's --out)")
     p.add_argument("--agreement", type=Path, required=True, help="builtin_class_agreement.py's --json of the run")
@@ -153,12 +191,36 @@ def main(argv=None) -> None:
     run = load_components(args.run)
     config = dict(run.config)
     names = run.class_names
-    agreement = json.loads(args.agreement.read_text())
+    from csdgen.jsonio import read_json
+
+    agreement = read_json(args.agreement, what="builtin_class_agreement.py's --json")
+    args.guidance = guidance_key(agreement, args.guidance)
     kept = offered_classes(agreement, args.guidance, args.min_agreement, names)
     if len(kept) < 2:
-        raise SystemExit(f"only {len(kept)} classes reach agreement {args.min_agreement}; lower --min-agreement")
+        raise ValueError(f"only {len(kept)} class{'es' if len(kept) != 1 else ''} reach agreement "
+                         f"{args.min_agreement}; lower --min-agreement")
     rows = [names.index(n) for n in kept]
-    args.out.mkdir(parents=True, exist_ok=True)
+    chosen = None
+    if args.default_classes:  # checked before anything is made
+        chosen = [n.strip() for n in args.default_classes.split(",") if n.strip()]
+        not_offered = [n for n in chosen if n not in kept]
+        if not_offered:
+            import difflib
+
+            hints = {n: difflib.get_close_matches(n, kept, n=3) for n in not_offered}
+            raise ValueError("--default-classes: not offered: " + "; ".join(
+                f"{n!r}" + (f" (offered: {', '.join(map(repr, h))})" if h else "") for n, h in hints.items()))
+    data = load_emoji()
+    known = set(load_components(args.source_classifier).class_names)
+    unknown = [n for n in data.names if n not in known]
+    if unknown:
+        raise ValueError(f"--source-classifier {str(args.source_classifier)!r} does not know {len(unknown)} of the "
+                         f"package's {len(data.names)} emoji ({unknown[0]!r}, ...): the nearest-class table needs a "
+                         f"classifier of every emoji, as a run trained without --classes makes (the shipped weights' "
+                         f"knows the offered classes only)")
+    final, args.out = args.out, args.out.with_name(f".{args.out.name}.ship-new")
+    shutil.rmtree(args.out, ignore_errors=True)
+    args.out.mkdir(parents=True)
 
     # the AR model and its config
     codebook = run.codebook_size
@@ -171,7 +233,6 @@ def main(argv=None) -> None:
     # the classifier, cut to the offered classes, and its accuracy on them
     clf, clf_cfg = restricted_classifier(args.run, kept, names)
     save_safetensors(clf.state_dict(), args.out / "classifier.safetensors", dtype=torch.float16)
-    data = load_emoji()
     sub = select_classes(data, kept)
     xho, yho = make_views(sub, args.heldout_views, HELDOUT_SEED, uint8=True)
     recon = decode_u8(run.vq, encode_all(run.vq, xho))
@@ -190,12 +251,7 @@ def main(argv=None) -> None:
     short = {n: s for n, s in zip(data.names, data.short_names)}
     others = [c for c, n in enumerate(data.names) if n not in kept]
     categories = dict(zip(names, config["class_categories"]))
-    chosen_defaults = default_classes(agreement, args.guidance, kept, categories)
-    if args.default_classes:
-        chosen_defaults = [n.strip() for n in args.default_classes.split(",") if n.strip()]
-        not_offered = [n for n in chosen_defaults if n not in kept]
-        if not_offered:
-            raise SystemExit(f"--default-classes: not offered: {not_offered}")
+    chosen_defaults = chosen or default_classes(agreement, args.guidance, kept, categories)
     config.update(
         class_names=kept, class_categories=[categories[n] for n in kept],
         class_short_names=[list(config["class_short_names"][names.index(n)]) for n in kept],
@@ -233,6 +289,8 @@ def main(argv=None) -> None:
         metrics["training"] = args.training
     metrics["sizes_bytes"] = {f.name: f.stat().st_size for f in sorted(args.out.glob("*.safetensors"))}
     save_json(metrics, args.out / "metrics.json")
+    _swap_in(args.out, final)
+    args.out = final
     print(f"{len(kept)} of {len(names)} classes offered -> {args.out}; defaults {config['default_classes']}; "
           f"classifier {metrics['classifier']['heldout_accuracy']:.3f} real, "
           f"{metrics['classifier']['heldout_accuracy_vq_reconstructions']:.3f} VQ reconstructions")

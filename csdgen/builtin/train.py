@@ -1,6 +1,8 @@
 """Reproducible training of the built-in emoji model (CPU, bfloat16 autocast, fixed seeds).
 
-    python -m csdgen.builtin.train --out csdgen/builtin/weights --docs docs
+    python -m csdgen.builtin.train --out RUN --docs RUN/docs
+
+(``ship.py`` then makes a finished run into a weights folder; ``--out`` is a run folder of its own.)
 
 Stages: fetch the emoji (``npm pack``, :mod:`csdgen.builtin.emoji`; ``--classes FILE`` keeps
 a subset, e.g. ``csdgen/builtin/classes.json``) -> augmented views ->
@@ -18,12 +20,15 @@ classes (its logits of those classes only; no classifier stage). The AR stage ch
 ``--ckpt-every`` steps or ``--ckpt-minutes``, whichever comes first, and ``--resume`` continues
 it from ``ar.ckpt.pt`` with its optimiser, schedule and batch order.
 
-A subset run on the shipped tokenizer and classifier:
+A subset run on the shipped tokenizer and classifier (the classes the shipped model offers; the
+classifier knows those only):
 
-    python -m csdgen.builtin.train --out /work/builtin-train/run --resume \
-        --classes csdgen/builtin/classes.json --vq csdgen/builtin/weights/vq.safetensors \
-        --classifier csdgen/builtin/weights --ar-views 400 --ar-layers 10 --ar-steps 6000 \
-        --max-minutes-ar 150
+    python -m csdgen.builtin.train --out RUN --resume --classes CLASSES.json \
+        --vq csdgen/builtin/weights/vq.safetensors --classifier csdgen/builtin/weights \
+        --ar-views 400 --ar-layers 10 --ar-steps 6000 --max-minutes-ar 150
+
+``--resume`` refuses a run folder made with other settings (``stages.json`` keeps them), naming
+each difference. Every refusal is one line (``train: error: ...``); Ctrl-C says where to resume.
 """
 
 # Where each part lives: train_common.py (clock, schedule, batches, log), train_files.py (the run
@@ -65,7 +70,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     Exits (argparse's usage error, status 2) when ``--vq`` or ``--ar-init`` is not a file, ``--classifier``
     holds no classifier.safetensors, or ``--classes`` is not a class list."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "weights")
+    p.add_argument("--out", type=Path, required=True,
+                   help="the run folder (made; ship.py makes a finished run into a weights folder)")
     p.add_argument("--docs", type=Path, default=None, help="folder for sample/reconstruction PNGs")
     p.add_argument("--resume", action="store_true", help="reuse finished stages found in --out")
     p.add_argument("--ckpt-every", type=int, default=100, help="AR steps between mid-stage checkpoints")
@@ -122,17 +128,57 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+#: options that do not change what a run trains (compared by --resume: every other one must match)
+NOT_COMPARED = ("out", "docs", "resume", "threads", "log_every", "ckpt_every", "ckpt_minutes", "max_minutes_vq",
+                "max_minutes_ar", "max_minutes_cls", "guidance", "agreement_samples", "class_list", "done_steps")
+
+
+def run_settings(args: argparse.Namespace) -> dict:
+    """What decides a run's data and models, as ``stages.json`` keeps it: every option but
+    :data:`NOT_COMPARED`, paths as text, ``--classes`` as its names."""
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in NOT_COMPARED}
+    settings["classes"] = args.class_list
+    return settings
+
+
 def main(argv=None) -> None:
+    """The command line: :func:`run` with every refusal as one line (``train: error: ...``, status 1)
+    and Ctrl-C as a line saying how to resume (status 130)."""
+    import sys
+
+    try:
+        run(argv)
+    except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError) as exc:
+        raise SystemExit(f"train: error: {exc}") from None
+    except KeyboardInterrupt:
+        print("train: interrupted; the stages finished and the AR stage's last checkpoint are kept: rerun the same "
+              "command with --resume to continue", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
+
+
+def run(argv=None) -> None:
     """Run the training (:func:`parse_args`' options): data, VQ, AR and classifier stages, the samples,
     and write the weights folder ``--out`` (vq/ar/classifier.safetensors, config.json, metrics.json,
     reference_features.safetensors; stages.json, codes.tmp.pt and ar.ckpt.pt for ``--resume``).
 
-    Exits with a one-line message when a ``--classes`` name is not an emoji."""
+    Raises:
+        ValueError: ``--out`` is a file; ``--resume`` of a run folder made with other settings (naming each
+            difference); a ``--vq``, ``--classifier`` or ``--ar-init`` file that does not fit.
+        SystemExit: a ``--classes`` name is not an emoji (one line)."""
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"--out {str(args.out)!r} is a file; allowed: a folder (made where missing)")
     args.out.mkdir(parents=True, exist_ok=True)
     stage_file = args.out / "stages.json"
     stages = json.loads(stage_file.read_text()) if args.resume and stage_file.is_file() else {}
+    settings = run_settings(args)
+    if "settings" in stages and stages["settings"] != settings:  # a run of other options: its stages do not fit
+        was = stages["settings"]
+        differ = [f"--{k.replace('_', '-')} {was.get(k)!r} there, {v!r} now" for k, v in settings.items() if was.get(k) != v]
+        raise ValueError(f"--resume: {str(args.out)!r} holds a run made with other settings ({'; '.join(differ)}); "
+                         f"give the run's own settings, or another --out")
+    stages["settings"] = settings
     times, metrics = dict(stages.get("times", {})), dict(stages.get("metrics", {}))
     args.done_steps = dict(stages.get("done_steps", {}))
 

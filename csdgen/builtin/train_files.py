@@ -69,8 +69,20 @@ def write_config(out: Path, args, llama_cfg: dict, vq: VQTokenizer, clf_cfg: dic
 
 def load_module(module: torch.nn.Module, path: Path) -> torch.nn.Module:
     """``module`` with the tensors of the safetensors file ``path`` loaded as float32, in eval mode
-    (returned; strict: the names and shapes must be the module's)."""
+    (returned; strict: the names and shapes must be the module's).
+
+    Raises:
+        ValueError: the file's names or shapes are not the module's (one line, counting them)."""
     from safetensors.torch import load_file
 
-    module.load_state_dict({k: v.float() for k, v in load_file(str(path)).items()})
+    state = {k: v.float() for k, v in load_file(str(path)).items()}
+    own = module.state_dict()
+    missing, unexpected = [k for k in own if k not in state], [k for k in state if k not in own]
+    shapes = [k for k in own if k in state and own[k].shape != state[k].shape]
+    if missing or unexpected or shapes:  # one line, not load_state_dict's list of every key
+        first = (f"{shapes[0]!r} is {tuple(state[shapes[0]].shape)} there, {tuple(own[shapes[0]].shape)} here" if shapes
+                 else f"{(missing or unexpected)[0]!r} {'missing' if missing else 'not expected'}")
+        raise ValueError(f"{str(path)!r} does not fit this model ({len(missing)} tensors missing, {len(unexpected)} not "
+                         f"expected, {len(shapes)} of another shape; {first}): other layer, width or class options?")
+    module.load_state_dict(state)
     return module.eval()
