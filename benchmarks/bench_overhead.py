@@ -221,6 +221,9 @@ def main() -> None:
                         help="also the wall time per image of CSD (window=auto) per engine (default on)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    unknown = [m for m in args.models.split(",") if m not in ("builtin", "llama100m")]
+    if unknown:  # any other name ran the random 100M model under that name
+        parser.error(f"--models {args.models}: unknown {', '.join(map(repr, unknown))}; allowed: builtin, llama100m")
     torch.set_num_threads(args.threads)
     sampling = SamplingConfig(guidance_scale=args.guidance_scale)
     load_avg = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

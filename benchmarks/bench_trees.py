@@ -30,7 +30,8 @@ from csdgen.sampling import SamplingConfig
 
 def settings(grid: list[tuple[int, int]], csd_tree: tuple[int, int]) -> list[tuple[str, dict]]:
     rows = [("ar", {"method": "ar"}), ("ar, seed 2 (noise floor)", {"method": "ar", "seed": 1}),
-            ("sjd", {"method": "sjd"}), ("sjd coupled", {"method": "sjd", "refresh": "coupled"})]
+            # the refresh named in every row: generate's default for SJD is the coupled one
+            ("sjd", {"method": "sjd", "refresh": "independent"}), ("sjd coupled", {"method": "sjd", "refresh": "coupled"})]
     rows += [(f"sjd coupled + tree {k}x{d}", {"method": "sjd", "refresh": "coupled", "tree": (k, d)}) for k, d in grid]
     rows += [("csd coupled", {"method": "csd", "refresh": "coupled"}),
              (f"csd coupled + tree {csd_tree[0]}x{csd_tree[1]}", {"method": "csd", "refresh": "coupled", "tree": csd_tree})]
@@ -47,9 +48,22 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("runs/bench_trees.json"))
     args = parser.parse_args()
+
+    def shape(text: str, option: str) -> tuple[int, int]:
+        try:
+            k, d = (int(v) for v in text.split("x"))
+        except ValueError:
+            parser.error(f"{option} {text!r}: allowed KxD, two integers >= 1 (e.g. 3x2)")
+        if k < 1 or d < 1:
+            parser.error(f"{option} {text!r}: allowed KxD, two integers >= 1 (e.g. 3x2)")
+        return k, d
+
+    grid = [shape(s, "--grid") for s in args.grid.split(",")]
+    csd_tree = shape(args.csd_tree, "--csd-tree")
+    if args.images_b16 < 2 or args.images_b1 < 1 or args.window < 1:  # the Frechet distance needs two images
+        parser.error(f"--images-b1 {args.images_b1}, --images-b16 {args.images_b16}, --window {args.window}: allowed "
+                     f"--images-b1 >= 1, --images-b16 >= 2 (the Frechet distance needs two images), --window >= 1")
     torch.set_num_threads(args.threads)
-    grid = [tuple(int(v) for v in s.split("x")) for s in args.grid.split(",")]
-    csd_tree = tuple(int(v) for v in args.csd_tree.split("x"))
     from csdgen.evaluation.quality import QualityScorer
     from csdgen.models.builtin import load_builtin_model
 

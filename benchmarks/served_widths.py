@@ -80,7 +80,8 @@ def steady(model, method: str, images: int, window, iterations: int) -> tuple[fl
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--method", default="csd", help="decoding method (default csd)")
+    p.add_argument("--method", default="csd", choices=["sjd", "csd", "addition", "gsd", "lantern"],
+                   help="decoding method (default csd)")
     p.add_argument("--images", type=positive_ints, default=[4, 12], help="images in the batch (default 4,12)")
     p.add_argument("--widths", type=positive_ints, default=[1, 2, 4, 8, 16], help="fixed widths (default 1,2,4,8,16)")
     p.add_argument("--iterations", type=count(1), default=40, help="timed iterations per width (default 40)")

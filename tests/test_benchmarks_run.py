@@ -362,3 +362,18 @@ def test_serve_replay_pools_the_rounds_latencies_and_keeps_each_rounds_ratio():
     assert pooled["continuous"]["p95"] == 3.0 and pooled["static"]["p95"] == 4.0  # the request that failed is left out
     assert pooled["continuous"]["p95_over_static"] == 0.75
     assert pooled["continuous"]["p95_over_static_by_round"] == [0.5, 1.5] and "p95_over_static" not in pooled["static"]
+
+
+def test_bench_trees_names_the_refresh_of_each_sjd_row_and_refuses_bad_shapes_in_one_line():
+    """Its "sjd" row ran generate's default refresh (coupled) once that default changed: two identical rows."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_trees", ROOT / "benchmarks" / "bench_trees.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = dict(module.settings([(2, 2)], (3, 2)))
+    assert rows["sjd"]["refresh"] == "independent" and rows["sjd coupled"]["refresh"] == "coupled"
+    for argv, said in ((["--grid", "2y2"], "--grid '2y2': allowed KxD"), (["--images-b16", "1"], "--images-b16 >= 2")):
+        done = subprocess.run([sys.executable, "benchmarks/bench_trees.py", *argv], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr, done.stderr
