@@ -186,3 +186,18 @@ def test_a_second_ctrl_c_stops_the_server_at_once_without_a_traceback(cached_mod
     assert not errors, errors
     said = [r.getMessage() for r in records.records if r.name == log.name]
     assert said[-1].startswith("stopped after ") and not app.state.scheduler.alive
+
+
+def test_an_app_stopped_by_its_host_logs_its_shutdown_lines_once(cached_model, records):
+    """A Ray Serve replica runs the app without run_server: its lifespan's end said 'stopped after'
+    but not the 'shutting down' line one server gives."""
+    from fastapi.testclient import TestClient
+
+    app = create_app(ServedModel(tiny_model(cached_model), "tiny"), capacity=2, max_queue=4)
+    records.attach()
+    with TestClient(app) as client:  # the lifespan only, as an ASGI host runs it
+        assert client.get("/health").status_code == 200
+    said = [r.getMessage() for r in records.records if r.name == log.name]
+    assert said[-2] == "shutting down: 0 image requests still waiting get 503"
+    assert said[-1].startswith("stopped after ") and said[-1].endswith(" s: 0 image requests answered, 0 images sent")
+    assert sum(line.startswith("shutting down") for line in said) == 1

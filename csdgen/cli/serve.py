@@ -339,8 +339,11 @@ def _run_replicas(args) -> int:
               f"on http://{host}:{address[1]}/v1 (POST /v1/images/generations; {count} on Ray Serve, max batch "
               f"{args.max_batch} each, {args.batching} batching; Ctrl-C stops it)", flush=True)
 
-    return run_local(app, args.host, port, cpus=args.replica_cpus * (args.max_replicas or args.replicas), on_ready=ready,
-                     log_level=args.log_level)
+    status = run_local(app, args.host, port, cpus=args.replica_cpus * (args.max_replicas or args.replicas),
+                       on_ready=ready, log_level=args.log_level)
+    if status in (130, 143):  # the replicas, Serve and the Ray it started are down, as one server says it
+        print("csdgen serve: stopped", file=sys.stderr, flush=True)
+    return status
 
 
 def _check_before_ray(args) -> None:

@@ -265,6 +265,8 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
         try:
             yield
         finally:
+            if not closing["now"]:  # stopped by its host (a Ray Serve replica), not by run_server's signal
+                app.state.shutting_down()
             await run_in_threadpool(scheduler.stop)
             requests, images = totals["requests"], totals["images"]
             log.info("stopped after %.0f s: %d image request%s answered, %d image%s sent", time.perf_counter() - began,
