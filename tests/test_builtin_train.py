@@ -246,6 +246,10 @@ def test_resume_refuses_a_run_of_other_settings_and_bad_files_are_one_line(run, 
                                              r"missing, 0 not expected, \d+ of another shape; "):
             _main(train, ["--out", str(tmp_path / "wide"), *TINY, *wide, "--vq", str(out / "vq.safetensors"),
                           "--ar-init", str(out / "ar.safetensors")])
+        for bad in (["--ar-steps", "0"], ["--ar-heads", "3"]):  # refused before anything is made
+            with pytest.raises(SystemExit) as refused:
+                _main(train, ["--out", str(tmp_path / "never"), *TINY, *bad])
+            assert refused.value.code == 2 and not (tmp_path / "never").exists()
         with pytest.raises(SystemExit, match=r"^train: error: --out '.*afile' is a file"):
             (tmp_path / "afile").write_text("")
             _main(train, ["--out", str(tmp_path / "afile"), *TINY])

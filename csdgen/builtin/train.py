@@ -111,6 +111,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-minutes-ar", type=float, default=150.0, help="wall budget (0 = none)")
     p.add_argument("--max-minutes-cls", type=float, default=20.0, help="wall budget (0 = none)")
     args = p.parse_args(argv)
+    for name in ("vq_views", "ar_views", "heldout_views", "vq_steps", "vq_batch", "ar_layers", "ar_hidden",
+                 "ar_intermediate", "ar_heads", "ar_steps", "ar_batch", "cls_steps", "cls_batch", "cls_width",
+                 "cls_features", "agreement_samples", "log_every", "threads", "ckpt_every"):
+        if getattr(args, name) < 1:  # --ar-steps 0 wrote untrained weights and said done
+            p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: allowed an integer >= 1")
+    if args.ar_hidden % args.ar_heads:
+        p.error(f"--ar-hidden {args.ar_hidden}: allowed a multiple of --ar-heads ({args.ar_heads})")
     for name in ("vq", "ar_init"):
         path = getattr(args, name)
         if path is not None and not path.is_file():
