@@ -56,8 +56,8 @@ class FunctionModel(ImageTokenModel):
             raise ValueError(f"grid={self.grid} does not hold num_image_tokens={num_image_tokens}")
 
     def start(self, conditions: Any, batch_size: int | None, guided: bool) -> DecodingSession:
-        """A session of ``batch_size`` images; ``conditions`` (``fn`` takes none) may give the count
-        instead, one image per entry, as for the other models.
+        """A session of ``batch_size`` images; with ``batch_size`` None, one image per entry of the list
+        ``conditions`` (``fn`` reads none of them), as for the other models.
 
         Raises:
             ValueError: neither a count >= 1 nor a list of conditions; guidance without ``uncond_fn``.
