@@ -196,7 +196,7 @@ def _agreement(tmp_path, hits=(3, 2, 1)) -> str:
     return str(path)
 
 
-def test_ship_writes_its_folder_all_at_once_and_a_refusal_leaves_it_as_it_was(run, tmp_path, capsys):
+def test_ship_writes_its_folder_all_at_once_and_a_refusal_leaves_it_as_it_was(run, tmp_path, capsys, monkeypatch):
     """A bad value found late (a misspelt default class) left ar, vq, classifier and reference files of the
     new run beside the old config.json: a folder that no longer loaded."""
     from csdgen.builtin import ship
@@ -216,7 +216,18 @@ def test_ship_writes_its_folder_all_at_once_and_a_refusal_leaves_it_as_it_was(ru
             ship.main([*common, "--default-classes", "red apple,rockett"])
         with pytest.raises(SystemExit, match=r"^ship: error: --guidance 5: the agreement file has 3$"):
             ship.main([*common, "--guidance", "5"])
+        with pytest.raises(SystemExit, match=r"^ship: error: --run '.*' holds no config.json: not a finished run"):
+            ship.main([*common[:0], "--run", str(tmp_path), *common[2:]])
+
+        def fails(*args, **kwargs):  # a failure after some files are made
+            raise RuntimeError("out of memory")
+
+        monkeypatch.setattr(ship, "nearest_offered", fails)
+        with pytest.raises(RuntimeError, match="out of memory"):
+            ship.main(common)
+        monkeypatch.undo()
         assert {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()} == before
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
         ship.main([*common, "--guidance", "3.0"])  # the file's "3"
     finally:
         torch.set_num_threads(threads)

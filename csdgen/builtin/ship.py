@@ -188,6 +188,10 @@ def _main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     if args.out.resolve() == args.run.resolve():
         raise SystemExit("--out must not be --run (the run's files are read while --out is written)")
+    for option, folder in (("--run", args.run), ("--source-classifier", args.source_classifier)):
+        if not (folder / "config.json").is_file():  # load_components' message names --weights
+            raise FileNotFoundError(f"{option} {str(folder)!r} holds no config.json: not a finished run or weights "
+                                    f"folder (train.py writes config.json as its run ends)")
     run = load_components(args.run)
     config = dict(run.config)
     names = run.class_names
@@ -221,6 +225,21 @@ def _main(argv=None) -> None:
     final, args.out = args.out, args.out.with_name(f".{args.out.name}.ship-new")
     shutil.rmtree(args.out, ignore_errors=True)
     args.out.mkdir(parents=True)
+    try:
+        metrics = _make(args, run, config, names, agreement, kept, rows, chosen, data)
+    except BaseException:  # a failure or Ctrl-C while making: --out as it was, nothing of this run left
+        shutil.rmtree(args.out, ignore_errors=True)
+        raise
+    _swap_in(args.out, final)
+    print(f"{len(kept)} of {len(names)} classes offered -> {final}; defaults {config['default_classes']}; "
+          f"classifier {metrics['classifier']['heldout_accuracy']:.3f} real, "
+          f"{metrics['classifier']['heldout_accuracy_vq_reconstructions']:.3f} VQ reconstructions")
+
+
+def _make(args, run, config: dict, names: list[str], agreement: dict, kept: list[str], rows: list[int],
+          chosen: list[str] | None, data) -> dict:
+    """Write the weights folder into ``args.out`` (:func:`_main`'s checks done); ``config`` is updated to
+    the folder's config.json. Returns the folder's metrics.json."""
 
     # the AR model and its config
     codebook = run.codebook_size
@@ -289,11 +308,7 @@ def _main(argv=None) -> None:
         metrics["training"] = args.training
     metrics["sizes_bytes"] = {f.name: f.stat().st_size for f in sorted(args.out.glob("*.safetensors"))}
     save_json(metrics, args.out / "metrics.json")
-    _swap_in(args.out, final)
-    args.out = final
-    print(f"{len(kept)} of {len(names)} classes offered -> {args.out}; defaults {config['default_classes']}; "
-          f"classifier {metrics['classifier']['heldout_accuracy']:.3f} real, "
-          f"{metrics['classifier']['heldout_accuracy_vq_reconstructions']:.3f} VQ reconstructions")
+    return metrics
 
 
 if __name__ == "__main__":
