@@ -52,14 +52,18 @@ def test_train_parses_the_subset_options_and_refuses_missing_files(tmp_path, cap
     classes.write_text(json.dumps({"classes": ["rocket", "dog face"]}))
     vq = tmp_path / "vq.safetensors"
     vq.write_bytes(b"")
-    args = train.parse_args(["--classes", str(classes), "--vq", str(vq), "--ar-hidden", "320", "--ckpt-minutes", "2"])
+    out = ["--out", str(tmp_path / "run")]
+    args = train.parse_args([*out, "--classes", str(classes), "--vq", str(vq), "--ar-hidden", "320", "--ckpt-minutes", "2"])
     assert args.class_list == ["rocket", "dog face"] and args.vq == vq and args.ar_hidden == 320
     with pytest.raises(SystemExit):
-        train.parse_args(["--vq", str(tmp_path / "none.safetensors")])
+        train.parse_args([*out, "--vq", str(tmp_path / "none.safetensors")])
     assert "--vq" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        train.parse_args(["--classifier", str(tmp_path)])  # no classifier.safetensors there
+        train.parse_args([*out, "--classifier", str(tmp_path)])  # no classifier.safetensors there
     assert "no classifier.safetensors" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the run folder is needed: it defaulted to the shipped weights
+        train.parse_args([])
+    assert "--out" in capsys.readouterr().err
 
 
 def test_llama_config_takes_width_and_refuses_heads_that_do_not_divide_it():
