@@ -26,6 +26,8 @@ _LAZY = {
     "ImageStats": ".decoding",
     "Decision": ".decoding",
     "METHODS": ".decoding",
+    "ContinuousBatch": ".decoding",
+    "FinishedImage": ".decoding",
     "SamplingConfig": ".sampling",
     "UnguidedSamplingWarning": ".sampling",
     "AcceptanceRule": ".acceptance",

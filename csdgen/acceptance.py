@@ -101,6 +101,32 @@ def first_rejection(accepted: torch.Tensor) -> torch.Tensor:
     return accepted.long().cumprod(-1).sum(-1)
 
 
+#: ids of rules of the caller's own whose probabilities were checked once (:func:`checked_probability`)
+_CHECKED_RULES: set[int] = set()
+
+
+def checked_probability(rule: "AcceptanceRule", b, shape: tuple[int, ...]) -> torch.Tensor:
+    """``b``, what ``rule.acceptance_probability`` returned, checked: a floating tensor of ``shape``
+    (no host sync); for a rule of the caller's own (not defined in this module), its values in
+    [0, 1] on its first window as well (one host sync, once per rule: a NaN or 2.0 ran as "never" or
+    "always" without a word).
+
+    Raises:
+        ValueError: naming the rule, what it returned and what is allowed.
+    """
+    allowed = f"allowed: a float tensor of shape [B, W] = {list(shape)} with values in [0, 1]"
+    if not isinstance(b, torch.Tensor) or tuple(b.shape) != tuple(shape) or not b.is_floating_point():
+        got = (f"a {b.dtype} tensor of shape {list(b.shape)}" if isinstance(b, torch.Tensor)
+               else f"{type(b).__name__}")
+        raise ValueError(f"{type(rule).__name__}.acceptance_probability returned {got}; {allowed}")
+    if type(rule).__module__ != __name__ and id(rule) not in _CHECKED_RULES:
+        bad = ~((b >= 0) & (b <= 1))  # NaN is neither
+        if bool(bad.any()):
+            raise ValueError(f"{type(rule).__name__}.acceptance_probability returned {float(b[bad][0])}; {allowed}")
+        _CHECKED_RULES.add(id(rule))
+    return b
+
+
 class AcceptanceRule(ABC):
     """A rule deciding how likely each draft token of a window is to be kept.
 

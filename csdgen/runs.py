@@ -236,11 +236,14 @@ def _map_png(plan: RunPlan, pixels, stats):
                           side_branch=stats.side_branch)
 
 
-def _write_batch(plan: RunPlan, out: Path, indices: list[int], result, batch: int, images: dict, maps: bool) -> None:
+def _write_batch(plan: RunPlan, out: Path, indices: list[int], result, batch: int, images: dict, maps: bool,
+                 mark: Callable[[], None] | None = None) -> None:
     from csdgen.evaluation.maps import save_png
 
     pixels = decoded_pixels(plan.model, result.tokens, [plan.conditions[i] for i in indices])
     pil = _to_pil(pixels, plan.scale)
+    if mark is not None:  # decoded: the first file of the run is about to land
+        mark()
     for j, i in enumerate(indices):
         stats, name = result.images[j], plan.names[i]
         save_png(pil[j], out / f"{name}.png")
@@ -353,9 +356,9 @@ def _run_plan(plan: RunPlan, out: Path, batch_size: int, seed: int, maps: bool, 
     for indices, result in generate_batches(plan.model, plan.conditions, batch_size=batch_size, seed=seed,
                                             indices=todo, callback=callback, **plan.generate_kwargs):
         batch = max((b["batch"] for b in batch_list), default=-1) + 1  # numbered across runs
-        if not (out / "record.json").exists():  # the folder is marked as a run's before its first file lands
-            write_json({**record, "images": {}}, out / "record.json")
-        _write_batch(plan, out, indices, result, batch, images, maps)
+        mark = None if (out / "record.json").exists() else \
+            (lambda: write_json({**record, "images": {}}, out / "record.json"))  # the folder is a run's before its first file
+        _write_batch(plan, out, indices, result, batch, images, maps, mark)
         batch_list.append({"batch": batch, "images": indices, "decode_seconds": result.seconds, "finished": _now(),
                            "torch_threads": threads})
         run_seconds += result.seconds
@@ -372,6 +375,23 @@ def _run_plan(plan: RunPlan, out: Path, batch_size: int, seed: int, maps: bool, 
         totals = old.get("totals") or totals
     return RunSummary(out, totals["images"], resumed, totals["tokens"], totals["steps"], totals["step_compression"],
                       totals["decode_seconds"], run_seconds, record, notes, asked=len(plan.conditions))
+
+
+def _refuse_no_decoder(model) -> None:
+    """Refuse, before anything runs, a model whose tokens cannot be made into PNGs.
+
+    Raises:
+        ValueError: naming the model and what to use instead.
+    """
+    from csdgen.models.base import ImageTokenModel
+
+    no_decoder = (type(model).decode_images is ImageTokenModel.decode_images if isinstance(model, ImageTokenModel)
+                  else not callable(getattr(model, "decode_images", None)))
+    problem = getattr(model, "decoder_problem", None) or ("its VQ decoder was not loaded"
+                                                          if getattr(model, "vqgan", True) is None else None)
+    if no_decoder or problem:
+        raise ValueError(f"{type(model).__name__} has no image decoder ({problem or 'it makes tokens only'}); "
+                         f"save_run writes PNG images: use csdgen.generate for the tokens")
 
 
 def _refuse_foreign_files(out: Path, plan: RunPlan, maps: bool) -> None:
@@ -500,8 +520,9 @@ def save_run(model, conditions: Sequence, out: str | os.PathLike, *, seed: int =
     Raises:
         TypeError: an unknown keyword (naming it, with the allowed ones), or ``out`` not a str or path.
         ValueError: as :func:`csdgen.generate` and :func:`run_plan` (e.g. ``out`` is a file, or
-            ``conditions`` a bare string or one condition instead of a list), ``scale`` not an integer in 1 .. 16, or
-            ``maps`` not a bool.
+            ``conditions`` a bare string or one condition instead of a list), ``scale`` not an integer in 1 .. 16,
+            ``maps`` not a bool, or a model without an image decoder (a ``FunctionModel``; a checkpoint loaded
+            without its VQ decoder).
 
     >>> summary = csdgen.save_run(model, ["red apple", "dog face"], "outputs", method="csd")  # doctest: +SKIP
     """
@@ -526,6 +547,7 @@ def save_run(model, conditions: Sequence, out: str | os.PathLike, *, seed: int =
         scale = getattr(model, "save_scale", 1)
     scale = check_scale(scale)
     check_conditions(conditions)
+    _refuse_no_decoder(model)
     given = {n: generate_kwargs.get(n, parameters[n].default) for n in ("method", "window", "sampling", "draft_init",
                                                                           "refresh", "preset", "tree")}
     settings = run_settings(model, seed=seed, **given)  # resolved; a bad value is refused before the folder is made

@@ -50,7 +50,7 @@ from functools import lru_cache
 
 import torch
 
-from .acceptance import AcceptanceRule, first_rejection
+from .acceptance import AcceptanceRule, checked_probability, first_rejection
 from .drafting import refresh_drafts
 from .decisions import ACCEPT_STREAM as _ACCEPT  # the chain's stream kinds
 from .decisions import COUPLED_STREAM as _COUPLED
@@ -320,7 +320,7 @@ def verify_tree(
             x_k = cand[..., k]
             p_k, _ = without(p_lvl, cand[..., :k])
             y_k = sample(residual, uniforms[_TY][:, children[:, k]])
-            b = rule.acceptance_probability(x_k, p_k, residual, y_k)
+            b = checked_probability(rule, rule.acceptance_probability(x_k, p_k, residual, y_k), x_k.shape)
             exact = uniforms[_TACC][:, children[:, k]] < rule.exact_probability(x_k, p_k, residual, y_k, b)
             allowed = ok[..., k] & (q_int.gather(-1, x_k[..., None])[..., 0] > 0)
             passes = allowed & (uniforms[_TACC][:, children[:, k]] < b)
@@ -357,7 +357,7 @@ def verify_tree(
     # 3. the main chain beyond the tree (plain SJD), reached only through the main leaf
     slot = torch.arange(W, device=dev)
     y_main = y_node[:, main]
-    b_chain = rule.acceptance_probability(drafts, draft_probs, q_main, y_main)
+    b_chain = checked_probability(rule, rule.acceptance_probability(drafts, draft_probs, q_main, y_main), drafts.shape)
     chain_exact = chain_uniforms[_ACCEPT][:, :W] < rule.exact_probability(drafts, draft_probs, q_main, y_main, b_chain)
     allowed = q_main.gather(-1, drafts[..., None])[..., 0] > 0
     chain_pass = allowed & (chain_uniforms[_ACCEPT][:, :W] < b_chain) & (slot >= D) & (slot < last)

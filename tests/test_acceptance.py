@@ -187,3 +187,31 @@ def test_make_rule_takes_a_name_in_any_case_and_names_what_is_not_a_name():
     for bad in (["csd"], None, "ar"):
         with pytest.raises(ValueError, match=rf"^unknown acceptance rule {re.escape(repr(bad))}; allowed: addition, csd"):
             make_rule(bad)
+
+
+def test_a_rule_of_the_callers_own_returning_no_probabilities_is_refused_naming_it():
+    """Its [B] result was a broadcasting RuntimeError, None a TypeError, and NaN or 2.0 ran as
+    "never" or "always accept" without a word."""
+    import csdgen
+    from csdgen.models import FunctionModel
+
+    model = FunctionModel(lambda prefix: torch.zeros(prefix.shape[0], 4), 12, 4)
+
+    def rule(returns):
+        class Mine(csdgen.AcceptanceRule):
+            name, lossless = "mine", False
+
+            def acceptance_probability(self, x, p, q, y):
+                return returns(x)
+        return Mine()
+
+    for returns, said in ((lambda x: torch.ones(x.shape[0]), r"returned a torch.float32 tensor of shape \[2\]"),
+                          (lambda x: None, r"returned NoneType"),
+                          (lambda x: torch.full(x.shape, float("nan")), r"returned nan"),
+                          (lambda x: torch.full(x.shape, 2.0), r"returned 2.0"),
+                          (lambda x: torch.ones(x.shape, dtype=torch.long), r"returned a torch.int64 tensor")):
+        with pytest.raises(ValueError, match=r"^Mine.acceptance_probability " + said + r".*allowed: a float tensor "
+                                             r"of shape \[B, W\] = \[2, 5\] with values in \[0, 1\]"):
+            csdgen.generate(model, [None, None], method=rule(returns), window=5, seed=0)
+    fine = csdgen.generate(model, [None, None], method=rule(lambda x: torch.full(x.shape, 0.5)), window=5, seed=0)
+    assert fine.tokens.shape == (2, 12)

@@ -111,6 +111,24 @@ def test_readme_library_example_runs(tmp_path, monkeypatch):
     assert [names[i] for i in namespace["ids"]] == ["red apple", "panda face"] and len(set(namespace["classes"])) == 4
 
 
+def test_library_continuous_batch_example_gives_generates_images(tmp_path, monkeypatch):
+    """docs/library.md's ContinuousBatch block: the image that joined the running batch, and the two
+    it joined, are generate's images alone (static engine: the same tokens)."""
+    import torch
+
+    import csdgen
+
+    weights = make_tiny_weights(tmp_path / "weights", shipped_classes(), shipped_extra())
+    monkeypatch.chdir(tmp_path)
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", LIBRARY, re.S) if "ContinuousBatch(" in b]
+    namespace = _run_python_block(code, weights, "docs/library.md")
+    model, tokens, handles = namespace["model"], namespace["tokens"], namespace["handles"]
+    assert sorted(tokens) == sorted(handles) and len(handles) == 3
+    for handle, name, index in zip(handles, ["red apple", "panda face", "ghost"], [0, 1, 2]):
+        alone = csdgen.generate(model, [name], seed=0, image_indices=[index], method="csd", window=16)
+        assert torch.equal(tokens[handle], alone.tokens[0]), name
+
+
 def test_readme_code_blocks_that_run_offline_run(tmp_path, monkeypatch):
     """Every README block not marked "not run offline" is run: its csdgen commands (generate,
     compare and sweep by the in-order test above, bench here with --limit 2, demo and serve parsed:

@@ -192,3 +192,17 @@ def test_a_run_killed_while_writing_its_first_images_resumes(builtin, tmp_path, 
     assert json.loads((out / "record.json").read_text())["images"] == {}
     summary = csdgen.save_run(builtin, ["red apple", "dog face"], out, window=16)
     assert summary.images == 2 and summary.resumed == 0
+
+
+def test_save_run_refuses_a_model_without_an_image_decoder_before_decoding(tmp_path):
+    """A FunctionModel decoded every image and then failed at the first PNG, leaving a folder behind."""
+    from csdgen.models import FunctionModel
+
+    calls = []
+    model = FunctionModel(lambda prefix: calls.append(1) or torch.zeros(prefix.shape[0], 4), 16, 4, grid=(4, 4))
+    with pytest.raises(ValueError, match=r"^FunctionModel has no image decoder \(it makes tokens only\); save_run "
+                                         r"writes PNG images: use csdgen.generate for the tokens"):
+        csdgen.save_run(model, [None, None], tmp_path / "never", maps=False)
+    assert not calls and not (tmp_path / "never").exists()
+    with pytest.raises(TypeError, match=r"^fn=None: allowed a function"):
+        FunctionModel(None, 16, 4)

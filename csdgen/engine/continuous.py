@@ -78,9 +78,10 @@ class ContinuousBatch:
     """A batch of images decoding together, which images join and leave between iterations.
 
     Args:
-        model: any :class:`~csdgen.models.base.ImageTokenModel` whose sessions can
-            :meth:`~csdgen.models.base.DecodingSession.admit` (every RaggedSession family; others
-            work one batch at a time: :attr:`admits_while_running` is False).
+        model: any :class:`~csdgen.models.base.ImageTokenModel`. Images join a running batch where
+            its sessions can :meth:`~csdgen.models.base.DecodingSession.admit` (every transformers
+            family and ``FunctionModel``); a session that cannot works one batch at a time
+            (:attr:`admits_while_running` is then False).
         method, window, sampling, draft_init, refresh: as :func:`csdgen.generate` (defaults from
             ``model.defaults``); shared by every image of the batch.
         engine, compile: as :func:`csdgen.generate`: ``"auto"`` runs the static session

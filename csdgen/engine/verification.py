@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..acceptance import AcceptanceRule, first_rejection
+from ..acceptance import AcceptanceRule, checked_probability, first_rejection
 from ..drafting import refresh_drafts
 from ..sampling import sample
 from .results import Decision
@@ -92,7 +92,7 @@ def _verify_window(rule: AcceptanceRule, refresh: str, x: torch.Tensor, p: torch
     slot = torch.arange(W, device=x.device)
     last = (widths - 1)[:, None]  # [B, 1] the bonus slot
     given = {"target_entropy": target_entropy} if target_entropy is not None and rule.takes_target_entropy else {}
-    b = rule.acceptance_probability(x, p, q, y, **given)
+    b = checked_probability(rule, rule.acceptance_probability(x, p, q, y, **given), (B, W))
     b_exact = rule.exact_probability(x, p, q, y, b)
     allowed = q.gather(-1, x[..., None]).squeeze(-1) > 0
     b = torch.where(allowed, b, torch.zeros_like(b))

@@ -33,6 +33,7 @@ class FunctionModel(ImageTokenModel):
         grid: ``(rows, cols)``; default ``(1, N)``.
 
     Raises:
+        TypeError: ``fn`` (or ``uncond_fn``, when given) is not callable.
         ValueError: sizes that are not integers >= 1, or a grid whose product is not N; when decoding,
             a function that returns anything but logits ``[B, V]``.
     """
@@ -45,6 +46,10 @@ class FunctionModel(ImageTokenModel):
         uncond_fn: LogitsFn | None = None,
         grid: tuple[int, int] | None = None,
     ):
+        for name, f in (("fn", fn), ("uncond_fn", uncond_fn)):
+            if not callable(f) and not (name == "uncond_fn" and f is None):
+                raise TypeError(f"{name}={f!r}: allowed a function prefix [B, t] int64 -> logits [B, V]"
+                                + (" (or None: no guidance)" if name == "uncond_fn" else ""))
         if any(as_integer(v) is None or v < 1 for v in (num_image_tokens, codebook_size)):
             raise ValueError(f"num_image_tokens={num_image_tokens!r}, codebook_size={codebook_size!r}: both must be "
                              f"integers >= 1")
