@@ -74,7 +74,7 @@ def main(argv=None) -> dict:
         print(f"guidance {g:g}: agreement {total:.3f} over {len(per)} classes x {args.per_class} "
               f"({time.time() - t:.0f} s)", flush=True)
         print("  worst: " + ", ".join(f"{n} {per[n]['hits']}/{per[n]['n']}" for n in order[:12]))
-        print("  best:  " + ", ".join(f"{n} {per[n]['hits']}/{per[n]['n']}" for n in order[-12:]))
+        print("  best:  " + ", ".join(f"{n} {per[n]['hits']}/{per[n]['n']}" for n in order[::-1][:12]))
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
     return result

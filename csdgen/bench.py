@@ -67,7 +67,7 @@ from csdgen.bench_records import (
 from csdgen.bench_scores import Scorers, _clip_scores, _read_png, min_images, session_nll, target_nll
 
 __all__ = ["TIMING_FIELDS", "BenchPlan", "shard", "jobs", "prompt_order", "target_nll", "read_jsonl", "repair_tail",
-           "append_jsonl", "existing_records", "load_tensors", "check_settings", "run_shard", "merge_records", "Scorers", "finish", "made_by",
+           "append_jsonl", "existing_records", "load_tensors", "check_settings", "run_shard", "merge_records", "Scorers", "finish", "made_by", "thread_caveat",
            "distributed", "barrier", "leave", "machine", "MANIFEST", "session_nll"]
 
 #: Record fields that measure the machine, not the images: they differ between two runs of
@@ -330,6 +330,17 @@ def made_by(records: Sequence[dict]) -> str:
     return text
 
 
+def thread_caveat(records: Sequence[dict]) -> str | None:
+    """The report's caveat where ``records`` were timed at more than one torch thread count (a resume
+    under another ``OMP_NUM_THREADS``): the latency columns then compare unlike runs. None otherwise."""
+    threads = sorted({r["torch_threads"] for r in records if isinstance(r.get("torch_threads"), int)})
+    if len(threads) < 2:
+        return None
+    return (f"caveat: the images were timed at {' and '.join(map(str, threads))} torch threads (a resume with another "
+            f"thread count); the latency and speed-up columns compare unlike runs: for timings, run into a new --out "
+            f"with one thread count")
+
+
 def finish(plan: BenchPlan, out: str | os.PathLike, scorers: Scorers | None = None, *, notes: Sequence[str] = (),
            title: str = "csdgen bench") -> dict[str, Path]:
     """Merge the records, score them and write the report (run in the first process, after every process finished).
@@ -378,6 +389,8 @@ def finish(plan: BenchPlan, out: str | os.PathLike, scorers: Scorers | None = No
                             tuple(plan.model.grid))
             texture[name] = sources.summary()
     notes = [*notes, made_by(records), *scorers.notes]
+    if thread_caveat(records):
+        notes.append(thread_caveat(records))
     if any(len(g) < 2 for g in rows.values()) and (scorers.fid is not None or scorers.builtin is not None):
         notes.append("FID / Frechet distance need at least 2 images per row: left out")
     return write_report(records, out, scores=scores, texture=texture, title=title, notes=notes,

@@ -123,6 +123,11 @@ def existing_records(out: str | os.PathLike) -> dict[tuple[str, int, str], dict]
     return found
 
 
+#: the files a bench writes into its folder besides speed_quality_<score>.png (the manifest first; its
+#: records/ and images/ folders are left out: the folder lock of a bench's process is made in records/ before)
+BENCH_FILES = ("report.md", "report.csv", "records.jsonl", "acceptance_lengths.csv", "texture.csv")
+
+
 def check_settings(out: str | os.PathLike, settings: dict, *, write: bool, partial: bool = False) -> None:
     """Compare ``settings`` with the folder's ``bench.json`` (and write it when absent and ``write``).
     ``partial``: ``settings`` holds only some keys (those known before a model is read): only they are
@@ -130,7 +135,8 @@ def check_settings(out: str | os.PathLike, settings: dict, *, write: bool, parti
 
     Raises:
         ValueError: the folder holds a bench of other settings (naming every value that differs),
-            or a malformed ``bench.json``.
+            or a malformed ``bench.json``; with ``write``, a folder without ``bench.json`` holding
+            files a bench writes (:data:`BENCH_FILES`: not a bench's, they would be overwritten).
     """
     path = Path(out) / MANIFEST
     if path.exists():
@@ -144,6 +150,13 @@ def check_settings(out: str | os.PathLike, settings: dict, *, write: bool, parti
             raise ValueError(f"{str(Path(out))!r} holds a bench with other settings ({'; '.join(differ)}); "
                              f"use another --out, or the earlier settings to resume")
     elif write:
+        folder = Path(out)
+        ours = [f for f in BENCH_FILES if (folder / f).exists()] + sorted(p.name for p in folder.glob("speed_quality_*.png"))
+        if ours:  # a bench writes its manifest first: these are not a bench's, and would be overwritten
+            raise ValueError(f"{str(folder)!r} holds {ours[0]!r}"
+                             f"{f' and {len(ours) - 1} more of the files a bench writes' if len(ours) > 1 else ''} but no "
+                             f"{MANIFEST}, so they are not a bench's and would be overwritten; use another --out, or "
+                             f"move them")
         write_json({"schema": SCHEMA, "created": _now(), "settings": settings}, path)
 
 

@@ -454,3 +454,19 @@ def test_a_limit_past_the_prompt_file_says_how_many_prompts_run(builtin_weights,
     assert _bench_ar(builtin_weights, tmp_path / "b", "--prompts", prompts, "--limit", 5) == 0
     assert f"csdgen bench: note: --limit 5: {prompts} holds 2 prompt(s); running those" in capsys.readouterr().err
     assert len((tmp_path / "b" / "records.jsonl").read_text().splitlines()) == 2
+
+
+def test_a_fresh_bench_folder_holding_a_report_is_refused_and_mixed_threads_get_a_caveat(builtin_weights, tmp_path,
+                                                                                         capsys):
+    """A user's report.md in a folder without bench.json was overwritten; a resume under another thread count
+    mixed the timings without a word beyond the thread list."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "report.md").write_text("my own notes")
+    assert _bench(builtin_weights, out) == 2
+    assert "holds 'report.md' but no bench.json, so they are not a bench's" in capsys.readouterr().err
+    assert (out / "report.md").read_text() == "my own notes" and not (out / "bench.json").exists()
+    records = [{"torch_threads": 1, "rank": 0, "device": "cpu"}, {"torch_threads": 2, "rank": 0, "device": "cpu"}]
+    assert bench.made_by(records) == "images: 2, made by 1 process (rank 0) on cpu, 1 or 2 torch threads each"
+    assert bench.thread_caveat(records).startswith("caveat: the images were timed at 1 and 2 torch threads")
+    assert bench.thread_caveat(records[:1]) is None

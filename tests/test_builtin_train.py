@@ -216,6 +216,9 @@ def test_ship_writes_its_folder_all_at_once_and_a_refusal_leaves_it_as_it_was(ru
             ship.main([*common, "--default-classes", "red apple,rockett"])
         with pytest.raises(SystemExit, match=r"^ship: error: --guidance 5: the agreement file has 3$"):
             ship.main([*common, "--guidance", "5"])
+        (tmp_path / "afile").write_text("")
+        with pytest.raises(SystemExit, match=r"^ship: error: --out '.*afile' is a file"):
+            ship.main([*common[:-6], "--out", str(tmp_path / "afile"), *common[-4:]])
         with pytest.raises(SystemExit, match=r"^ship: error: --run '.*' holds no config.json: not a finished run"):
             ship.main([*common[:0], "--run", str(tmp_path), *common[2:]])
 
@@ -252,6 +255,10 @@ def test_resume_refuses_a_run_of_other_settings_and_bad_files_are_one_line(run, 
                                              r"\(--ar-steps 3 there, 4 now\); give the run's own settings"):
             _main(train, ["--out", str(again), "--resume", *TINY, "--ar-steps", "4"])
         assert (again / "stages.json").read_text() == before
+        with pytest.raises(SystemExit, match=r"^train: error: --out .* holds a run \(its stages.json or AR checkpoint\): "
+                                             r"--resume continues it"):
+            _main(train, ["--out", str(again), *TINY])  # no --resume: it started over without a word
+        assert (again / "stages.json").read_text() == before
         wide = ["--ar-hidden", "64", "--ar-intermediate", "128"]
         with pytest.raises(SystemExit, match=r"^train: error: '.*ar.safetensors' does not fit this model \(0 tensors "
                                              r"missing, 0 not expected, \d+ of another shape; "):
@@ -266,3 +273,29 @@ def test_resume_refuses_a_run_of_other_settings_and_bad_files_are_one_line(run, 
             _main(train, ["--out", str(tmp_path / "afile"), *TINY])
     finally:
         torch.set_num_threads(threads)
+
+
+def test_sigterm_stops_training_as_ctrl_c_does(run, tmp_path, monkeypatch):
+    import os
+    import signal
+
+    from csdgen.builtin import train
+
+    clip, calls = torch.nn.utils.clip_grad_norm_, []
+
+    def terminated_at_step_2(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return clip(*a, **k)
+
+    threads = torch.get_num_threads()
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", terminated_at_step_2)
+        with pytest.raises(SystemExit) as stopped:
+            _main(train, ["--out", str(tmp_path / "out"), *TINY])
+    finally:
+        torch.set_num_threads(threads)
+    assert stopped.value.code == 143 and signal.getsignal(signal.SIGTERM) is before
+    assert (tmp_path / "out" / "ar.ckpt.pt").is_file()  # the checkpoint of step 2 kept for --resume

@@ -148,10 +148,15 @@ def main(argv=None) -> None:
     """The command line (module docstring). Every refusal is one line (``ship: error: ...``, status 1),
     and nothing is written into ``--out`` until everything is made: the files go to a folder beside it,
     which then takes its place (a file of ``--out`` that ship does not write is kept)."""
+    import sys
+
     try:
         _main(argv)
     except (ValueError, FileNotFoundError) as exc:
         raise SystemExit(f"ship: error: {exc}") from None
+    except KeyboardInterrupt:
+        print("ship: interrupted; --out is as it was", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
 
 
 def _swap_in(made: Path, out: Path) -> None:
@@ -163,7 +168,11 @@ def _swap_in(made: Path, out: Path) -> None:
         old = out.with_name(f".{out.name}.ship-old")
         shutil.rmtree(old, ignore_errors=True)
         out.replace(old)
-        made.replace(out)
+        try:
+            made.replace(out)
+        except BaseException:  # --out back as it was
+            old.replace(out)
+            raise
         shutil.rmtree(old)
     else:
         made.replace(out)
@@ -187,7 +196,12 @@ def _main(argv=None) -> None:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.out.resolve() == args.run.resolve():
-        raise SystemExit("--out must not be --run (the run's files are read while --out is written)")
+        raise ValueError(f"--out {str(args.out)!r} is --run (the run's files are read while --out is written); "
+                         f"allowed: another folder")
+    if args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"--out {str(args.out)!r} is a file; allowed: a folder (new, or a weights folder to replace)")
+    if not 0 <= args.min_agreement <= 1:
+        raise ValueError(f"--min-agreement {args.min_agreement}: allowed a share in [0, 1]")
     for option, folder in (("--run", args.run), ("--source-classifier", args.source_classifier)):
         if not (folder / "config.json").is_file():  # load_components' message names --weights
             raise FileNotFoundError(f"{option} {str(folder)!r} holds no config.json: not a finished run or weights "
@@ -201,7 +215,7 @@ def _main(argv=None) -> None:
     args.guidance = guidance_key(agreement, args.guidance)
     kept = offered_classes(agreement, args.guidance, args.min_agreement, names)
     if len(kept) < 2:
-        raise ValueError(f"only {len(kept)} class{'es' if len(kept) != 1 else ''} reach agreement "
+        raise ValueError(f"only {len(kept)} class{'es reach' if len(kept) != 1 else ' reaches'} agreement "
                          f"{args.min_agreement}; lower --min-agreement")
     rows = [names.index(n) for n in kept]
     chosen = None
@@ -227,10 +241,10 @@ def _main(argv=None) -> None:
     args.out.mkdir(parents=True)
     try:
         metrics = _make(args, run, config, names, agreement, kept, rows, chosen, data)
+        _swap_in(args.out, final)
     except BaseException:  # a failure or Ctrl-C while making: --out as it was, nothing of this run left
         shutil.rmtree(args.out, ignore_errors=True)
         raise
-    _swap_in(args.out, final)
     print(f"{len(kept)} of {len(names)} classes offered -> {final}; defaults {config['default_classes']}; "
           f"classifier {metrics['classifier']['heldout_accuracy']:.3f} real, "
           f"{metrics['classifier']['heldout_accuracy_vq_reconstructions']:.3f} VQ reconstructions")

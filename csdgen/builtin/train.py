@@ -151,8 +151,16 @@ def run_settings(args: argparse.Namespace) -> dict:
 def main(argv=None) -> None:
     """The command line: :func:`run` with every refusal as one line (``train: error: ...``, status 1)
     and Ctrl-C as a line saying how to resume (status 130)."""
+    import signal
     import sys
 
+    stopped_by = []
+
+    def on_sigterm(signum, frame):  # SIGTERM stops it as Ctrl-C does, with the same line (status 143)
+        stopped_by.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         run(argv)
     except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError) as exc:
@@ -160,7 +168,9 @@ def main(argv=None) -> None:
     except KeyboardInterrupt:
         print("train: interrupted; the stages finished and the AR stage's last checkpoint are kept: rerun the same "
               "command with --resume to continue", file=sys.stderr, flush=True)
-        raise SystemExit(130) from None
+        raise SystemExit(143 if stopped_by else 130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run(argv=None) -> None:
@@ -178,6 +188,9 @@ def run(argv=None) -> None:
         raise ValueError(f"--out {str(args.out)!r} is a file; allowed: a folder (made where missing)")
     args.out.mkdir(parents=True, exist_ok=True)
     stage_file = args.out / "stages.json"
+    if not args.resume and (stage_file.is_file() or (args.out / "ar.ckpt.pt").is_file()):
+        raise ValueError(f"--out {str(args.out)!r} holds a run (its stages.json or AR checkpoint): --resume continues it; "
+                         f"another --out, or that folder deleted, starts over")
     stages = json.loads(stage_file.read_text()) if args.resume and stage_file.is_file() else {}
     settings = run_settings(args)
     if "settings" in stages and stages["settings"] != settings:  # a run of other options: its stages do not fit
