@@ -15,7 +15,7 @@ from pathlib import Path
 
 from csdgen.evaluation.report import SCHEMA
 from csdgen.jsonio import json_lines, read_json, write_json
-from csdgen.run_settings import defaults_resolved, same_checkpoint
+from csdgen.run_settings import defaults_resolved, same_checkpoint, weights_compared
 from csdgen.runs import settings_difference
 
 __all__ = ["MANIFEST", "RECORDS_DIR", "MERGED", "read_jsonl", "repair_tail", "append_jsonl", "existing_records", "check_settings"]
@@ -143,8 +143,8 @@ def check_settings(out: str | os.PathLike, settings: dict, *, write: bool, parti
         manifest = read_json(path, what="a csdgen bench manifest")
         if manifest.get("schema") != SCHEMA or not isinstance(manifest.get("settings"), dict):
             raise ValueError(f"{str(path)!r} is not a csdgen bench manifest; use another --out")
-        old = defaults_resolved(same_checkpoint(manifest["settings"]))
-        new = defaults_resolved(same_checkpoint(settings))
+        old, new = weights_compared(defaults_resolved(same_checkpoint(manifest["settings"])),
+                                    defaults_resolved(same_checkpoint(settings)))
         differ = settings_difference({k: old[k] for k in new if k in old} if partial else old, new)
         if differ:
             raise ValueError(f"{str(Path(out))!r} holds a bench with other settings ({'; '.join(differ)}); "

@@ -162,6 +162,35 @@ def _comparable(settings: dict) -> dict:
     return _top_p_one_as_none(settings)
 
 
+def weights_digest(folder: str | os.PathLike) -> str:
+    """The first 16 hex digits of the SHA-256 of a built-in weights folder's ``ar.safetensors`` and
+    ``vq.safetensors``: a record compares the weights by content, not by path (new weights shipped
+    into the same folder are another model; a copy elsewhere is the same)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name in ("ar.safetensors", "vq.safetensors"):
+        with open(Path(folder) / name, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def weights_compared(previous: dict, current: dict) -> tuple[dict, dict]:
+    """Two records' settings with the built-in weights compared as they can be: by ``weights_digest``
+    where both hold it (the folder's path then left out: a copy elsewhere is the same weights), by
+    path where one was written before the digest was recorded."""
+    old, new = dict(previous), dict(current)
+    if "weights_digest" in old and "weights_digest" in new:
+        if old["weights_digest"] == new["weights_digest"]:
+            old.pop("weights", None)
+            new.pop("weights", None)
+    else:
+        old.pop("weights_digest", None)
+        new.pop("weights_digest", None)
+    return old, new
+
+
 def _model_settings(model) -> dict:
     """The model's part of a record's settings: the built-in model as ``csdgen generate`` records it
     (``"builtin"`` and its weights, ``"shipped"`` or the folder, and its ``dtype`` where not float32),
@@ -188,7 +217,8 @@ def _model_settings(model) -> dict:
     shipped = folder is None or Path(folder).resolve() == DEFAULT_WEIGHTS_DIR
     dtype = str(model.backbone.dtype).removeprefix("torch.")  # float32 unrecorded: records before bfloat16 resume
     cast = {"dtype": dtype} if dtype != "float32" else {}
-    return {"model": "builtin", "weights": "shipped" if shipped else str(folder), **cast, **quantized}
+    digest = {} if shipped else {"weights_digest": weights_digest(folder)}
+    return {"model": "builtin", "weights": "shipped" if shipped else str(folder), **digest, **cast, **quantized}
 
 
 def run_settings(model, *, seed: int = 0, method="csd", window=None, sampling=None, draft_init=None, refresh=None,

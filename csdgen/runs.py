@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .jsonio import read_json, write_json
-from .run_settings import run_settings, settings_difference, _comparable
+from .run_settings import run_settings, settings_difference, weights_compared, _comparable
 from .run_images import (
     batches, builtin_batch_limit, builtin_bytes_per_image, check_scale, generate_batches, MAX_SCALE, pil_images,
     _to_pil, decoded_pixels,
@@ -181,7 +181,7 @@ def _load_record(out: Path, plan: RunPlan) -> dict | None:
     if not isinstance(record.get("settings"), dict) or not isinstance(record.get("images"), dict):
         raise ValueError(f"{str(path)!r} is not a csdgen run record (no settings/images); use another --out")
     _check_record(record, path)
-    differ = settings_difference(_comparable(record["settings"]), _comparable(plan.settings))
+    differ = settings_difference(*weights_compared(_comparable(record["settings"]), _comparable(plan.settings)))
     if differ:
         raise ValueError(f"{str(out)!r} holds a run with other settings ({'; '.join(differ)}); "
                          f"use another --out, or the earlier settings to resume")

@@ -305,3 +305,31 @@ def test_save_run_records_a_checkpoint_by_its_folder_dtype_and_grid_and_refuses_
                "--out", tmp_path / "out") == 2
     library = (Path(__file__).resolve().parents[1] / "docs" / "library.md").read_text()
     assert "its folder, dtype and grid" in library
+
+
+def test_weights_are_compared_by_content_not_by_path(weights, tmp_path, capsys):
+    """New weights written into the same folder resumed its images (mixing two models' images in one run);
+    a copy of the same weights elsewhere was refused as another folder."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "w"
+    shutil.copytree(weights, folder)
+    out = tmp_path / "g"
+    argv = ["generate", "-n", 2, "--class", "0,1", "--window", 4, "--no-maps", "--out", out]
+    assert run(*argv, "--weights", folder) == 0
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    assert run(*argv, "--weights", copy, "-n", 3) == 0  # the same weights elsewhere: resumed
+    assert "2 kept from an earlier run" in capsys.readouterr().out
+    state = load_file(str(folder / "ar.safetensors"))
+    name = next(iter(state))
+    state[name] = state[name] + 1  # other weights in the same folder
+    save_file(state, str(folder / "ar.safetensors"))
+    err = cli_error(capsys, *argv, "--weights", folder)
+    assert "holds a run with other settings (" in err and "weights_digest: " in err, err
+    old = json.loads((out / "record.json").read_text())  # a record written before digests: compared by path
+    old["settings"].pop("weights_digest")
+    (out / "record.json").write_text(json.dumps(old))
+    assert run(*argv, "--weights", copy, "-n", 3) == 0

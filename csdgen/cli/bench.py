@@ -150,7 +150,11 @@ def _builtin_plan(args, device: str):
     _limit_note(args, args.prompts, prompts)
     sampling = sampling_of(args)
     dtype = str(model.backbone.dtype).removeprefix("torch.")  # float32 unrecorded, as generate: older records resume
-    settings = {"model": "builtin", "weights": "shipped" if args.weights is None else str(args.weights),
+    from csdgen.run_settings import weights_digest
+
+    shipped = args.weights is None
+    settings = {"model": "builtin", "weights": "shipped" if shipped else str(args.weights),
+                **({} if shipped else {"weights_digest": weights_digest(args.weights)}),
                 **({"dtype": dtype} if dtype != "float32" else {}),
                 "device": device.split(":")[0], "prompts": _prompts_setting(args, "classes spread over the categories"), **_method_settings(args, sampling),
                 **_quantize_setting(args)}
