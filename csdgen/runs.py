@@ -547,11 +547,11 @@ def save_run(model, conditions: Sequence, out: str | os.PathLike, *, seed: int =
         scale = getattr(model, "save_scale", 1)
     scale = check_scale(scale)
     check_conditions(conditions)
-    _refuse_no_decoder(model)
     given = {n: generate_kwargs.get(n, parameters[n].default) for n in ("method", "window", "sampling", "draft_init",
                                                                           "refresh", "preset", "tree")}
     settings = run_settings(model, seed=seed, **given)  # resolved; a bad value is refused before the folder is made
     check_engine(generate_kwargs.get("engine", "auto"), generate_kwargs.get("compile"))
+    _refuse_no_decoder(model)  # after the arguments: a bad value is named first, whatever the model
     conditions = _draw_random(model, conditions, seed)  # "random" as csdgen generate --class draws it
     labels = [_label(model, c) for c in conditions]
     names = [f"{i:04d}_{slug(next(iter(label.values())) or 'image')}" for i, label in enumerate(labels)]
