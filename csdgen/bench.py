@@ -317,12 +317,17 @@ def _write_text(path: Path, text: str) -> None:
 
 
 
+def _thread_counts(records: Sequence[dict]) -> list[int]:
+    """The torch thread counts ``records`` were timed at, sorted (records without one left out)."""
+    return sorted({r["torch_threads"] for r in records if isinstance(r.get("torch_threads"), int)})
+
+
 def made_by(records: Sequence[dict]) -> str:
     """One line saying which processes, devices and torch thread counts made ``records``: a resumed
     bench holds images of earlier commands, which may have run with other processes or threads."""
     ranks = sorted({r.get("rank", 0) for r in records})
     devices = sorted({str(r.get("device", "unrecorded")) for r in records})
-    threads = sorted({r["torch_threads"] for r in records if isinstance(r.get("torch_threads"), int)})
+    threads = _thread_counts(records)
     text = (f"images: {len(records)}, made by {len(ranks)} process{'es' if len(ranks) > 1 else ''} "
             f"(rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}) on {', '.join(devices)}")
     if threads:
@@ -333,7 +338,7 @@ def made_by(records: Sequence[dict]) -> str:
 def thread_caveat(records: Sequence[dict]) -> str | None:
     """The report's caveat where ``records`` were timed at more than one torch thread count (a resume
     under another ``OMP_NUM_THREADS``): the latency columns then compare unlike runs. None otherwise."""
-    threads = sorted({r["torch_threads"] for r in records if isinstance(r.get("torch_threads"), int)})
+    threads = _thread_counts(records)
     if len(threads) < 2:
         return None
     return (f"caveat: the images were timed at {' and '.join(map(str, threads))} torch threads (a resume with another "
@@ -388,9 +393,8 @@ def finish(plan: BenchPlan, out: str | os.PathLike, scorers: Scorers | None = No
                 sources.add(tensors["decisions"], tensors["entropy"], _read_png(out / r["image"]).float() / 127.5 - 1,
                             tuple(plan.model.grid))
             texture[name] = sources.summary()
-    notes = [*notes, made_by(records), *scorers.notes]
-    if thread_caveat(records):
-        notes.append(thread_caveat(records))
+    caveat = thread_caveat(records)
+    notes = [*notes, made_by(records), *scorers.notes, *([caveat] if caveat else [])]
     if any(len(g) < 2 for g in rows.values()) and (scorers.fid is not None or scorers.builtin is not None):
         notes.append("FID / Frechet distance need at least 2 images per row: left out")
     return write_report(records, out, scores=scores, texture=texture, title=title, notes=notes,

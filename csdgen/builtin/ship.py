@@ -72,13 +72,12 @@ def guidance_key(agreement: dict, guidance: str) -> str:
 
 
 def offered_classes(agreement: dict, guidance: str, minimum: float, names: list[str]) -> list[str]:
-    """Names (in ``names``' order) whose agreement at ``guidance`` is at least ``minimum``.
+    """Names (in ``names``' order) whose agreement at ``guidance`` (the file's key: :func:`guidance_key`)
+    is at least ``minimum``.
 
     Raises:
-        ValueError: the agreement file has no such guidance scale, or misses a class."""
-    by = agreement["by_guidance"]
-    guidance = guidance_key(agreement, guidance)
-    per = by[guidance]["classes"]
+        ValueError: the agreement file misses a class."""
+    per = agreement["by_guidance"][guidance]["classes"]
     missing = [n for n in names if n not in per]
     if missing:
         raise ValueError(f"the agreement file lacks classes of the run: {missing[:5]}")

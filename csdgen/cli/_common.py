@@ -354,6 +354,16 @@ def default_window(args, defaults: dict, fixed: bool) -> None:
         args.window = defaults["window"] if fixed else "auto"
 
 
+def refuse_builtin_layout(layout: str | None) -> None:
+    """Refuse ``--layout`` for the built-in model (it picks a Chameleon checkpoint's layout).
+
+    Raises:
+        ValueError: ``--layout anole needs --model (a Chameleon checkpoint) ...``.
+    """
+    if layout is not None:
+        raise ValueError(f"--layout {layout} needs --model (a Chameleon checkpoint); the built-in model has a layout of its own")
+
+
 def builtin_model(args, fixed_window: bool = False, spread: bool = False):
     """Load the built-in model on ``--device`` (default cpu), with its defaults filled into ``args``.
 
@@ -369,8 +379,7 @@ def builtin_model(args, fixed_window: bool = False, spread: bool = False):
     """
     from csdgen.models.builtin import load_builtin_model
 
-    if getattr(args, "layout", None) is not None:
-        raise ValueError(f"--layout {args.layout} needs --model (a Chameleon checkpoint); the built-in model has a layout of its own")
+    refuse_builtin_layout(getattr(args, "layout", None))
     for name in ("image_size", "vqgan"):
         if getattr(args, name, None) is not None:
             raise ValueError(f"--{name.replace('_', '-')} needs --model (a checkpoint); the built-in model has one size "

@@ -36,12 +36,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args) -> int:
     from csdgen.demo import serve
 
-    from ._common import choose_dtype, needs_model, print_run_line
+    from ._common import choose_dtype, needs_model, print_run_line, refuse_builtin_layout
 
     if args.model is not None and args.weights is not None:
         raise ValueError("--weights is for the built-in model; with --model the checkpoint folder holds the weights")
-    if args.model is None and args.layout is not None:
-        raise ValueError(f"--layout {args.layout} needs --model (a Chameleon checkpoint); the built-in model has a layout of its own")
+    if args.model is None:
+        refuse_builtin_layout(args.layout)
     if args.model is None and (args.image_size is not None or args.vqgan is not None):
         given = [flag for flag, value in (("--image-size", args.image_size), ("--vqgan", args.vqgan)) if value is not None]
         raise ValueError(f"{needs_model(given)} (a checkpoint); the built-in model has one size and its own VQ decoder")
