@@ -470,3 +470,23 @@ def test_a_fresh_bench_folder_holding_a_report_is_refused_and_mixed_threads_get_
     assert bench.made_by(records) == "images: 2, made by 1 process (rank 0) on cpu, 1 or 2 torch threads each"
     assert bench.thread_caveat(records).startswith("caveat: the images were timed at 1 and 2 torch threads")
     assert bench.thread_caveat(records[:1]) is None
+
+
+def test_bench_compares_built_in_weights_by_content_not_by_path(builtin_weights, tmp_path, capsys):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder, copy, out = tmp_path / "w", tmp_path / "copy", tmp_path / "b"
+    shutil.copytree(builtin_weights, folder)
+    shutil.copytree(builtin_weights, copy)
+    assert _bench_ar(folder, out, "--limit", "1") == 0
+    assert _bench_ar(copy, out, "--limit", "1") == 0  # the same weights in another folder: resumed
+    state = load_file(str(folder / "ar.safetensors"))
+    name = next(iter(state))
+    state[name] = state[name] + 1  # other weights in the same folder
+    save_file(state, str(folder / "ar.safetensors"))
+    capsys.readouterr()
+    assert _bench_ar(folder, out, "--limit", "1") == 2
+    err = capsys.readouterr().err
+    assert "holds a bench with other settings (" in err and "weights_digest: " in err, err
