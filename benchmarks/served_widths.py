@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
                 summary = batch._loop.auto.summary()
                 predicted = "; ".join(f"{x}: {e['predicted_tokens']:.2f} / {e['measured_tokens']:.2f}"
                                       for x, e in sorted(summary.items()) if e["iterations"] >= 5)
-            print(f"| {k} | {w} | {compression:.2f} ({n}) | {rate:.0f} ({rate / first:.2f}x) | {chosen} | {predicted} |",
+            made = f"{compression:.2f} ({n})" if n else "none finished (0)"  # a --steady too short for an image
+            print(f"| {k} | {w} | {made} | {rate:.0f} ({rate / first:.2f}x) | {chosen} | {predicted} |",
                   flush=True)
     return 0
 
