@@ -182,6 +182,24 @@ def test_bad_bodies_and_routes_get_4xx_and_the_server_still_answers(server):
     assert health["status"] == "ok" and health["model"] == "tiny"
 
 
+def test_a_declared_body_larger_than_is_ever_read_gets_413_before_it_is_sent(server):
+    """A Content-Length beyond what the server would read: the 413 comes at once, while the client has
+    sent one byte of it (before, the server waited for a body that never came)."""
+    from csdgen.serve.app import DRAIN_BYTES
+
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {DRAIN_BYTES + 1}\r\n\r\n{{".encode())
+        answer = b""
+        while b"\r\n\r\n" not in answer or b"request_too_large" not in answer:
+            got = sock.recv(65536)  # socket.timeout (10 s) where no answer comes
+            assert got, answer
+            answer += got
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert f"the request body has {DRAIN_BYTES + 1} bytes".encode() in answer, answer
+    assert post(server, {"prompt": "0", "seed": 2, "window": 4}).status_code == 200  # still serving
+
+
 def test_streaming_sends_partial_images_then_the_final_one(server, model):
     """The openai client's stream: partial_image events (image so far), then completed, whose image is
     the one the same request gets without streaming."""
@@ -539,7 +557,7 @@ def test_two_replicas_on_two_ports_give_the_same_image(tiny_weights):
     said = _rest(out_a)
     assert any(re.search(r'INFO: +127\.0\.0\.1:\d+ - "POST /v1/images/generations" 200 method=csd images=2/2 '
                          r'forwards=\d+ step_compression=[\d.]+ seconds=[\d.]+$', line) for line in said), said
-    assert any("shutting down: 0 image requests still waiting get 503" in line for line in said), said
+    assert any("shutting down: 0 image requests not yet answered (queued or decoding) get 503" in line for line in said), said
     assert any(re.search(r"stopped after \d+ s: 1 image request answered, 2 images sent$", line) for line in said), said
 
 

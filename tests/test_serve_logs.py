@@ -77,7 +77,7 @@ def test_every_image_request_gets_one_access_line_and_the_server_logs_its_start_
     assert (lines[2].method, lines[2].forwards, lines[2].step_compression) == ("ar", N, 1.0)  # AR: one token per forward
     said = [r.getMessage() for r in records if r.name == log.name]
     assert said[0].startswith("serving tiny on cpu: max batch 4, continuous batching, at most 8 images waiting")
-    assert said[-2] == "shutting down: 0 image requests still waiting get 503"
+    assert said[-2] == "shutting down: 0 image requests not yet answered (queued or decoding) get 503"
     assert said[-1].startswith("stopped after ") and said[-1].endswith(": 3 image requests answered, 3 images sent")
 
 
@@ -198,6 +198,6 @@ def test_an_app_stopped_by_its_host_logs_its_shutdown_lines_once(cached_model, r
     with TestClient(app) as client:  # the lifespan only, as an ASGI host runs it
         assert client.get("/health").status_code == 200
     said = [r.getMessage() for r in records.records if r.name == log.name]
-    assert said[-2] == "shutting down: 0 image requests still waiting get 503"
+    assert said[-2] == "shutting down: 0 image requests not yet answered (queued or decoding) get 503"
     assert said[-1].startswith("stopped after ") and said[-1].endswith(" s: 0 image requests answered, 0 images sent")
     assert sum(line.startswith("shutting down") for line in said) == 1

@@ -476,7 +476,7 @@ def ray_replicas(tiny_weights):
     # ... every line of every replica, none folded into another's by Ray's deduplication
     assert not any("across cluster]" in line for line in seen), "".join(seen)[-2000:]
     # ... and its shutdown lines; the command's last line says it stopped, as one server's does
-    assert any("shutting down: 0 image requests still waiting get 503" in line for line in seen), "".join(seen)[-2000:]
+    assert any("shutting down: 0 image requests not yet answered (queued or decoding) get 503" in line for line in seen), "".join(seen)[-2000:]
     assert seen[-1].strip() == "csdgen serve: stopped", "".join(seen)[-2000:]
 
 

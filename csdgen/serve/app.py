@@ -18,7 +18,7 @@ Every error is OpenAI's shape ``{"error": {"message", "type", "param", "code"}}`
 status that fits (:class:`csdgen.serve.schemas.APIError`); bad input never gets a 500.
 A client that disconnects cancels its images at the next iteration (non-streaming requests are
 watched while they wait; a stream notices when it cannot send, or at the next poll). When the
-server stops (Ctrl-C), every request still waiting gets 503 ``server shutting down`` in the same
+server stops (Ctrl-C), every image request not yet answered (queued or decoding) gets 503 ``server shutting down`` in the same
 shape (a stream: an ``error`` event) and its images are cancelled.
 
 Every image request is answered with an access line, and the server logs its start and its stop
@@ -146,23 +146,31 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+DRAIN_BYTES = 64 * MAX_BODY_BYTES  #: the most of a body past the limit read (and dropped) before the 413
+
+
 async def _read_body(request) -> bytes:
     """The request's body, at most :data:`~csdgen.serve.schemas.MAX_BODY_BYTES` bytes.
 
     Raises:
         APIError: 413 ``request_too_large`` naming the size (the declared ``Content-Length``, else the bytes
-            read past the limit) and the limit. A larger body is read on and dropped, up to 64 times the
-            limit, so that the client, still sending, reads the answer instead of a broken connection.
+            read past the limit) and the limit. A larger body is read on and dropped, up to
+            :data:`DRAIN_BYTES`, so that the client, still sending, reads the answer instead of a broken
+            connection; a declared ``Content-Length`` beyond that is answered before any byte is read
+            (a body that would not be read whole anyway; its client may never send it).
         starlette.requests.ClientDisconnect: the client went away before its body arrived.
     """
     declared = request.headers.get("content-length", "")
     size, chunks = 0, []
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size <= MAX_BODY_BYTES:
-            chunks.append(chunk)
-        elif size > 64 * MAX_BODY_BYTES:
-            break
+    if declared.isdigit() and int(declared) > DRAIN_BYTES:
+        size = int(declared)
+    else:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size <= MAX_BODY_BYTES:
+                chunks.append(chunk)
+            elif size > DRAIN_BYTES:
+                break
     if size > MAX_BODY_BYTES:
         told = f"{declared} bytes" if declared.isdigit() else f"more than {MAX_BODY_BYTES} bytes"
         raise APIError(413, f"the request body has {told}; allowed at most {MAX_BODY_BYTES} (a prompt of at most "
@@ -322,9 +330,9 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
     closing = {"now": False}
 
     def shutting_down() -> None:
-        """Called in the event loop when the server begins to stop: every waiting request gets 503."""
+        """Called in the event loop when the server begins to stop: every unanswered image request gets 503."""
         closing["now"] = True
-        log.info("shutting down: %d image request%s still waiting get%s 503", len(listeners),
+        log.info("shutting down: %d image request%s not yet answered (queued or decoding) get%s 503", len(listeners),
                  "" if len(listeners) == 1 else "s", "s" if len(listeners) == 1 else "")
         for queue in list(listeners):
             queue.put_nowait(("shutdown",))

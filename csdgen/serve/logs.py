@@ -2,8 +2,8 @@
 
 Two loggers:
 
-* ``csdgen.serve``: the start-up line (what is served and how), the shutdown lines (requests
-  still waiting when the server stops, then what it served), and a batch's fault (ERROR, with
+* ``csdgen.serve``: the start-up line (what is served and how), the shutdown lines (image
+  requests not yet answered, queued or decoding, when the server stops, then what it served), and a batch's fault (ERROR, with
   its traceback);
 * ``csdgen.serve.access``: one INFO line per ``POST /v1/images/generations`` once it is answered,
   streamed or not, whatever its status::
