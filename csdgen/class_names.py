@@ -62,6 +62,14 @@ def name_key(text: str) -> str:
 
 
 #: the most characters of a given name an error line repeats
+def index_text(text: str) -> bool:
+    """Whether ``text`` is a class index written out: ASCII digits, an optional leading ``-`` (read,
+    then refused as out of range) and spaces around. Other scripts' digits (``"\u0663"``, full-width
+    ``"\uff11\uff10"``), which Python's ``int`` also reads, are not indices: they are looked up as names."""
+    body = text.strip().lstrip("-")
+    return body.isascii() and body.isdigit()
+
+
 SHOWN_CHARS = 80
 #: how an unknown class's error says to list the classes (the command; the server leaves it out)
 LIST_HINT = "list them: csdgen generate --list-classes"
@@ -296,7 +304,7 @@ class ClassNames:
             ValueError: an unknown name (with close matches) or an index outside ``0 .. len - 1``.
         """
         if isinstance(item, str):
-            digits = item.strip().lstrip("-").isdigit()
+            digits = index_text(item)
             # an index as text is an index, even where an alias is the same digits (the emoji "100"
             # and "1234" short names made --class 100 the class "hundred points symbol", 156)
             found = self._index.get(name_key(item)) if digits else self.find(item)

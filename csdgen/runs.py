@@ -142,7 +142,7 @@ def _check_record(record: dict, path: Path) -> None:
 
     for key, image in record["images"].items():
         where = f"images[{json.dumps(key)}]"
-        if not key.isdigit():
+        if not (key.isascii() and key.isdigit()):
             bad(f"the key of {where}", key, "an image index 0, 1, ...")
         if not isinstance(image, dict):
             bad(where, image, "an object {...}")

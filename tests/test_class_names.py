@@ -213,6 +213,21 @@ def test_class_given_as_digits_is_that_index_even_where_a_short_name_is_those_di
         model.class_ids(["100"])
 
 
+@pytest.mark.parametrize("text", ["\u0663", "\uff11\uff10", "\u00b2"])
+def test_digits_of_other_scripts_are_no_index(text):
+    """Python's int reads Arabic-Indic and full-width digits: "\u0663" was class 3 and "\uff11\uff10" class
+    10. Only ASCII digits write an index; other text is looked up as a name."""
+    from csdgen.class_names import ClassNames
+    from csdgen.models.llama import ClassConditionalLlama
+
+    classes = ClassNames(["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k"])
+    with pytest.raises(ValueError, match="unknown class"):
+        classes.index(text)
+    unnamed = ClassConditionalLlama.random(num_classes=11, seed=0)
+    with pytest.raises(ValueError, match="unknown class"):
+        unnamed.class_ids([text])
+
+
 @pytest.mark.parametrize("name", ["Waving", "Waving: medium-dark skin tone"])
 def test_a_word_of_one_known_emoji_name_is_read_as_that_emoji(name):
     """With a CLDR skin tone after it too ('thumbs up: medium skin tone'), which docs/builtin.md says is

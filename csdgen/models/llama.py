@@ -15,7 +15,7 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from ..class_names import ClassNames
+from ..class_names import ClassNames, index_text
 from ._ragged import RaggedSession
 from ._transformers import cache_kwargs
 from .base import ImageTokenModel
@@ -115,7 +115,7 @@ class ClassConditionalLlama(ImageTokenModel):
                 ids.append(self.classes.index(c))
                 continue
             if isinstance(c, str):
-                if not c.strip().lstrip("-").isdigit():
+                if not index_text(c):
                     raise ValueError(f"unknown class {c!r}: this model has no class names; allowed: 0..{self.num_classes - 1}")
                 index = int(c)
             else:
