@@ -222,7 +222,7 @@ def _run_shard(plan: BenchPlan, out: Path, rank: int, world: int, on_record, on_
 
     from csdgen.evaluation.maps import save_png
 
-    check_settings(out, plan.settings, write=rank == 0)
+    check_settings(out, plan.settings, write=rank == 0, world=world)
     done = existing_records(out)
     texts = {p.id: p.text for p in plan.prompts}
     for (method, seed, pid), record in done.items():

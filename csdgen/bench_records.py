@@ -128,15 +128,18 @@ def existing_records(out: str | os.PathLike) -> dict[tuple[str, int, str], dict]
 BENCH_FILES = ("report.md", "report.csv", "records.jsonl", "acceptance_lengths.csv", "texture.csv")
 
 
-def check_settings(out: str | os.PathLike, settings: dict, *, write: bool, partial: bool = False) -> None:
+def check_settings(out: str | os.PathLike, settings: dict, *, write: bool, partial: bool = False, world: int = 1) -> None:
     """Compare ``settings`` with the folder's ``bench.json`` (and write it when absent and ``write``).
     ``partial``: ``settings`` holds only some keys (those known before a model is read): only they are
-    compared, a key the manifest lacks is "unset there".
+    compared, a key the manifest lacks is "unset there". ``world``: the processes of this bench (with
+    ``write``: rank files of ranks 1 .. world - 1 may be written now by this bench's other processes).
 
     Raises:
         ValueError: the folder holds a bench of other settings (naming every value that differs),
             or a malformed ``bench.json``; with ``write``, a folder without ``bench.json`` holding
-            files a bench writes (:data:`BENCH_FILES`: not a bench's, they would be overwritten).
+            files a bench writes (:data:`BENCH_FILES`: not a bench's, they would be overwritten) or
+            records (``records/rank0.jsonl``, or a rank beyond ``world``, holding lines: made under
+            settings nobody recorded, they would be resumed as this run's images).
     """
     path = Path(out) / MANIFEST
     if path.exists():
@@ -152,12 +155,21 @@ def check_settings(out: str | os.PathLike, settings: dict, *, write: bool, parti
     elif write:
         folder = Path(out)
         ours = [f for f in BENCH_FILES if (folder / f).exists()] + sorted(p.name for p in folder.glob("speed_quality_*.png"))
+        ours += [f"{RECORDS_DIR}/{p.name}" for p in sorted((folder / RECORDS_DIR).glob("rank*.jsonl"))
+                 if _foreign_rank(p.name, world) and p.is_file() and p.stat().st_size > 0]
         if ours:  # a bench writes its manifest first: these are not a bench's, and would be overwritten
             raise ValueError(f"{str(folder)!r} holds {ours[0]!r}"
                              f"{f' and {len(ours) - 1} more of the files a bench writes' if len(ours) > 1 else ''} but no "
                              f"{MANIFEST}, so they are not a bench's and would be overwritten; use another --out, or "
                              f"move them")
         write_json({"schema": SCHEMA, "created": _now(), "settings": settings}, path)
+
+
+def _foreign_rank(name: str, world: int) -> bool:
+    """Whether ``rank<R>.jsonl`` cannot be written now by a process of this bench of ``world`` processes:
+    rank 0 is the caller (it writes the manifest before any record), ranks from ``world`` on do not run."""
+    rank = name[len("rank"):-len(".jsonl")]
+    return not (rank.isascii() and rank.isdigit()) or int(rank) == 0 or int(rank) >= world
 
 
 def _now() -> str:

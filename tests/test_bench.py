@@ -472,6 +472,33 @@ def test_a_fresh_bench_folder_holding_a_report_is_refused_and_mixed_threads_get_
     assert bench.thread_caveat(records[:1]) is None
 
 
+def test_records_copied_into_a_folder_without_bench_json_are_refused_not_resumed(builtin_weights, tmp_path, capsys):
+    """A new user's try-out: a bench's records/ and images/ copied into a fresh folder were resumed by a bench of
+    another window (no bench.json to compare), and its report gave the other window's figures as this one's."""
+    import shutil
+
+    first, copy = tmp_path / "first", tmp_path / "copy"
+    assert _bench_ar(builtin_weights, first, "--limit", "1") == 0
+    copy.mkdir()
+    shutil.copytree(first / "records", copy / "records")
+    for folder in first.iterdir():
+        if folder.is_dir() and folder.name != "records" and folder.name != "scores":
+            shutil.copytree(folder, copy / folder.name)
+    capsys.readouterr()
+    assert _bench_ar(builtin_weights, copy, "--limit", "1", "--temperature", "0.5") == 2
+    err = capsys.readouterr().err
+    assert "holds 'records/rank0.jsonl' but no bench.json, so they are not a bench's" in err, err
+    assert not (copy / "bench.json").exists() and not (copy / "report.md").exists()
+    # a rank file of this bench's other processes (torchrun) may be written before rank 0 reads the folder
+    from csdgen.bench_records import check_settings
+
+    fresh = tmp_path / "fresh"
+    (fresh / "records").mkdir(parents=True)
+    (fresh / "records" / "rank1.jsonl").write_text("{}\n")
+    check_settings(fresh, {"window": 8}, write=True, world=2)
+    assert (fresh / "bench.json").exists()
+
+
 def test_bench_compares_built_in_weights_by_content_not_by_path(builtin_weights, tmp_path, capsys):
     import shutil
 
