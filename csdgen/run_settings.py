@@ -59,7 +59,9 @@ def settings_difference(previous: dict, current: dict) -> list[str]:
         if a != b:
             if isinstance(a, str) and isinstance(b, str) and max(len(a), len(b)) > 60:
                 a, b = _differing_part(a, b)
-            unset = _BUILTIN_UNSET.get(key, "unset") if current.get("model") == "builtin" else "unset"
+            unset = _UNSET.get(key.rsplit(".", 1)[-1], "unset")
+            if current.get("model") == "builtin":
+                unset = _BUILTIN_UNSET.get(key, unset)
             there = unset if a is missing else json.dumps(a)
             here = unset if b is missing else json.dumps(b)
             lines.append(f"{key}: {there} there, {here} here")
@@ -69,6 +71,9 @@ def settings_difference(previous: dict, current: dict) -> list[str]:
 #: what a setting left out of the built-in model's record means (its float32 is not recorded, so that records
 #: made before it had a dtype resume)
 _BUILTIN_UNSET = {"dtype": '"float32" (the default)'}
+
+#: what a setting left out means, for any model (the engine options are kept only where given)
+_UNSET = {"engine": '"auto" (the default)', "compile": "the default (compiled on CUDA only)"}
 
 
 def _differing_part(a: str, b: str) -> tuple[str, str]:

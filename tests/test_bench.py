@@ -338,7 +338,7 @@ def test_bench_resume_with_another_engine_is_refused(builtin_weights, tmp_path, 
     capsys.readouterr()
     assert _bench_ar(builtin_weights, tmp_path / "b", "--limit", "2") == 2
     err = capsys.readouterr().err
-    assert 'engine: "eager" there, unset here' in err and "\n" not in err.strip()
+    assert 'engine: "eager" there, "auto" (the default) here' in err and "\n" not in err.strip()
     assert _bench_ar(builtin_weights, tmp_path / "b", "--limit", "2", "--engine", "eager") == 0  # the same engine resumes
     assert json.loads((tmp_path / "b" / "bench.json").read_text())["settings"]["engine"] == "eager"
 
