@@ -64,6 +64,10 @@ def settings_difference(previous: dict, current: dict) -> list[str]:
                 unset = _BUILTIN_UNSET.get(key, unset)
             there = unset if a is missing else json.dumps(a)
             here = unset if b is missing else json.dumps(b)
+            if all(isinstance(v, str) and v.startswith(_FILE_DIGEST) for v in (a, b)):  # a prompt file, by content
+                lines.append(f"{key}: a file of other contents ({a[len(_FILE_DIGEST):][:12]}... there, "
+                             f"{b[len(_FILE_DIGEST):][:12]}... here by sha256)")
+                continue
             lines.append(f"{key}: {there} there, {here} here")
     return lines
 
@@ -71,6 +75,9 @@ def settings_difference(previous: dict, current: dict) -> list[str]:
 #: what a setting left out of the built-in model's record means (its float32 is not recorded, so that records
 #: made before it had a dtype resume)
 _BUILTIN_UNSET = {"dtype": '"float32" (the default)'}
+
+#: how a record names a file by its contents (a bench's prompt file: ``"file sha256:<hex>"``)
+_FILE_DIGEST = "file sha256:"
 
 #: what a setting left out means, for any model (the engine options are kept only where given)
 _UNSET = {"engine": '"auto" (the default)', "compile": "the default (compiled on CUDA only)"}

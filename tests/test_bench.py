@@ -456,6 +456,18 @@ def test_a_limit_past_the_prompt_file_says_how_many_prompts_run(builtin_weights,
     assert len((tmp_path / "b" / "records.jsonl").read_text().splitlines()) == 2
 
 
+def test_a_prompt_file_edited_between_runs_is_named_as_other_contents(builtin_weights, tmp_path, capsys):
+    """The prompt file is recorded by content: an edit was refused with two bare sha256 strings."""
+    prompts = tmp_path / "classes.txt"
+    prompts.write_text("0\n")
+    assert _bench_ar(builtin_weights, tmp_path / "b", "--prompts", prompts, "--limit", 1) == 0
+    prompts.write_text("1\n")
+    capsys.readouterr()
+    assert _bench_ar(builtin_weights, tmp_path / "b", "--prompts", prompts, "--limit", 1) == 2
+    err = capsys.readouterr().err
+    assert "(prompts: a file of other contents (" in err and "here by sha256)" in err, err
+
+
 def test_a_fresh_bench_folder_holding_a_report_is_refused_and_mixed_threads_get_a_caveat(builtin_weights, tmp_path,
                                                                                          capsys):
     """A user's report.md in a folder without bench.json was overwritten; a resume under another thread count
