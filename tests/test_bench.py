@@ -201,7 +201,7 @@ def test_fid_note_counts_the_reference_images_not_every_file_of_the_folder(built
 
 @pytest.mark.parametrize("extra, message", [
     (["--clip-model", "MISSING/clip"], "--clip-model '"),
-    (["--clip-model", "csdgen-tests/no-such-clip"], "CLIP weights not found in the Hugging Face cache for 'csdgen-tests/no-such-clip'"),
+    (["--clip-model", "csdgen-tests/no-such-clip"], "--clip-model 'csdgen-tests/no-such-clip': no such folder, and as a Hugging Face id not in the local cache"),
     (["--inception-weights", "MISSING/w.pth", "--fid-reference", "REAL"], "FID Inception weights not found at"),
     (["--inception-weights", "WEIGHTS", "--fid-reference", "MISSING/val"], "reference image folder"),
     (["--inception-weights", "WEIGHTS", "--fid-reference", "EMPTY"], "no images"),

@@ -62,7 +62,7 @@ def check_clip_path(model: str | os.PathLike, *, option: str = "--clip-model") -
     if _path_like(name) or is_file:  # no repo id: `hf download ./x` would be no help
         what = "a file, not a folder" if is_file else "no such folder"
         raise FileNotFoundError(f"{option} {name!r}: {what}; allowed: a folder holding a saved CLIP model "
-                                f"and processor, or a Hugging Face id in the local cache (default {DEFAULT_CLIP_MODEL})")
+                                f"and processor, or a Hugging Face id in the local cache (such as {DEFAULT_CLIP_MODEL})")
     from huggingface_hub import try_to_load_from_cache
 
     try:
@@ -71,7 +71,8 @@ def check_clip_path(model: str | os.PathLike, *, option: str = "--clip-model") -
         cached = None
     if not isinstance(cached, str):
         raise FileNotFoundError(
-            f"CLIP weights not found in the Hugging Face cache for {name!r} (csdgen never downloads): on a machine "
+            f"{option} {name!r}: no such folder, and as a Hugging Face id not in the local cache; CLIP weights are "
+            f"never downloaded by csdgen: on a machine "
             f"with internet run `hf download {name} --local-dir DIR`, copy DIR here and pass {option} DIR")
 
 
