@@ -456,6 +456,22 @@ def test_a_limit_past_the_prompt_file_says_how_many_prompts_run(builtin_weights,
     assert len((tmp_path / "b" / "records.jsonl").read_text().splitlines()) == 2
 
 
+def test_a_bench_folder_and_a_generate_folder_refuse_each_other(builtin_weights, tmp_path, capsys):
+    """generate into a finished bench's folder wrote a run beside the bench (record.json and its images)."""
+    bench_out, run_out = tmp_path / "b", tmp_path / "g"
+    assert _bench_ar(builtin_weights, bench_out, "--limit", "1") == 0
+    before = sorted(p.name for p in bench_out.iterdir())
+    capsys.readouterr()
+    assert cli.main(["generate", "--weights", str(builtin_weights), "-n", "1", "--out", str(bench_out)]) == 2
+    assert "holds a csdgen bench (bench.json)" in capsys.readouterr().err
+    assert sorted(p.name for p in bench_out.iterdir()) == before
+    assert cli.main(["generate", "--weights", str(builtin_weights), "-n", "1", "--out", str(run_out)]) == 0
+    capsys.readouterr()
+    assert _bench_ar(builtin_weights, run_out, "--limit", "1") == 2
+    assert "holds a run of generate or save_run (record.json)" in capsys.readouterr().err
+    assert not (run_out / "bench.json").exists() and not (run_out / "records").exists(), sorted(p.name for p in run_out.iterdir())
+
+
 def test_a_prompt_file_edited_between_runs_is_named_as_other_contents(builtin_weights, tmp_path, capsys):
     """The prompt file is recorded by content: an edit was refused with two bare sha256 strings."""
     prompts = tmp_path / "classes.txt"
