@@ -172,6 +172,25 @@ def test_sigint_while_importing_gives_no_traceback(tmp_path):
     assert "Traceback" not in err and re.search(r"^csdgen( generate)?: interrupted;", err, re.M), err
 
 
+def test_sigterm_stops_a_run_as_ctrl_c_does_and_the_rerun_resumes(tmp_path):
+    """SIGTERM (a batch scheduler's stop; torchrun's when another process of a bench fails) ended generate
+    with status -15 and no line."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "o"
+    argv = [sys.executable, "-m", "csdgen", "generate", "-n", "64", "--batch-size", "2", "--no-maps", "--out", str(out)]
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    deadline = time.monotonic() + 240
+    while not (out / "record.json").is_file() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # the record is written once the first batch is decoded
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err and re.search(r"^csdgen generate: interrupted \(SIGTERM\); the images already written "
+                                                r"are kept: rerun the same command to resume$", err, re.M), err
+    kept = len(list(out.glob("*.png")))
+    assert 2 <= kept < 64
+
+
 def test_error_during_a_run_starts_its_own_line(weights, tmp_path, capsys, monkeypatch):
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")

@@ -6,7 +6,8 @@ start-up steps in :mod:`._common`. Heavy modules (torch, transformers, the model
 inside ``run``, so ``csdgen --help`` and usage errors return at once.
 
 Only this package prints. Errors a user can fix end the command with exit status 2 and one
-line naming the bad value and what is allowed; Ctrl-C ends it with status 130 and one line.
+line naming the bad value and what is allowed; Ctrl-C ends it with status 130 and one line
+(SIGTERM ends ``generate``, ``compare``, ``sweep`` and ``bench`` the same way, with status 143).
 A command that fails leaves no output folder it made and wrote nothing into
 (:func:`csdgen.atomic.undo_new_folders`).
 """
@@ -14,9 +15,11 @@ A command that fails leaves no output folder it made and wrote nothing into
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
+import threading
 import warnings
 
 from . import _common, bench, compare, demo, generate, plan, serve, sweep
@@ -60,6 +63,15 @@ _KEPT = {"generate": "the images already written are kept",
          "bench": "the records and images already written are kept"}
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM during a command that resumes (:data:`_KEPT`): it stops as on Ctrl-C, with the same line,
+    status 143 (a batch scheduler's stop, or torchrun's when another process of a bench failed)."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated()
+
+
 def _error(message: str) -> None:
     # progress bars are closed (``with``) before an error reaches here, so the line is free; the
     # prefix is the running command's, as argparse's own errors have it (``csdgen serve: error: ...``)
@@ -70,7 +82,7 @@ def _error(message: str) -> None:
 def entry() -> None:
     """The ``csdgen`` command (``python -m csdgen`` and the console script): :func:`main`, then exit.
 
-    After Ctrl-C the process ends with ``os._exit(130)`` once stdout and stderr are flushed:
+    After Ctrl-C the process ends with ``os._exit(130)`` (after SIGTERM, 143) once stdout and stderr are flushed:
     ending through the interpreter's shutdown, a SIGINT that had landed inside an import made
     the process kill itself with SIGINT (status -2 instead of 130) after the one-line message.
     Everything the run wrote is already on disk (atomic writes).
@@ -78,14 +90,30 @@ def entry() -> None:
     import os
 
     code = main()
-    if code == 130:
+    if code in (130, 143):
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except (OSError, ValueError):
                 pass
-        os._exit(130)
+        os._exit(code)
     sys.exit(code)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt(command: str | None):
+    """While a command that resumes runs (:data:`_KEPT`) in the main thread with SIGTERM at its default
+    (which ended the process with no line, status -15), SIGTERM raises :class:`_Terminated`."""
+    import signal
+
+    own = (command in _KEPT and threading.current_thread() is threading.main_thread()
+           and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if own else None
+    try:
+        yield
+    finally:
+        if own:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,7 +141,7 @@ def _main(argv: list[str] | None) -> int:
         from csdgen.atomic import undo_new_folders
 
         # a command refused once its --out was made (a value the loaded model checks) leaves no empty folder
-        with warnings.catch_warnings(), undo_new_folders(getattr(args, "out", None)):
+        with warnings.catch_warnings(), undo_new_folders(getattr(args, "out", None)), _sigterm_as_interrupt(command):
             # the options are explicit: --guidance-scale 1 means unguided
             # csdgen.sampling.UnguidedSamplingWarning, matched by its text: importing it would import torch
             warnings.filterwarnings("ignore", message=r"sampling=SamplingConfig\(.*\) runs unguided")
@@ -137,11 +165,12 @@ def _main(argv: list[str] | None) -> int:
             message += f": {shown_path(exc.filename)!r}"
         _error(f"error: {message}")
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         if command in ("demo", "serve"):  # a server writes nothing to resume
             print(f"{_common.prefix()}: stopped", file=sys.stderr, flush=True)
         else:
             # "already written": a Ctrl-C while the model loads has written nothing
-            _error(f"interrupted; {_KEPT.get(command, 'anything already written is kept')}: rerun the same command "
+            by = " (SIGTERM)" if isinstance(stop, _Terminated) else ""
+            _error(f"interrupted{by}; {_KEPT.get(command, 'anything already written is kept')}: rerun the same command "
                    f"to resume")
-        return 130
+        return 143 if isinstance(stop, _Terminated) else 130
