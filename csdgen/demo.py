@@ -51,10 +51,10 @@ from csdgen.sampling import MAX_SEED, SamplingConfig
 from csdgen.demo_inputs import (
     DEFAULT_METHODS, METHOD_LABELS, DemoSettings, _class_hint, parse_inputs, window_auto_supported,
 )
-from csdgen.demo_watch import COMMITTED, PENDING, DemoCancelled, Frame, token_maps, watch
+from csdgen.demo_watch import COMMITTED, ENTROPY_PENDING, PENDING, DemoCancelled, Frame, token_maps, watch
 
 __all__ = ["free_port", "METHOD_LABELS", "DemoSettings", "Frame", "DemoCancelled", "window_auto_supported", "parse_inputs",
-           "token_maps", "watch", "build_app", "load_demo_model", "serve", "PENDING", "COMMITTED"]
+           "token_maps", "watch", "build_app", "load_demo_model", "serve", "PENDING", "ENTROPY_PENDING", "COMMITTED"]
 
 #: seconds Ctrl-C waits for the page server to close before the command ends anyway
 CLOSE_SECONDS = 5.0
@@ -79,7 +79,7 @@ def _legend() -> str:
              Decision.RESAMPLED: "resampled after a rejection", Decision.SAMPLED: "plain or bonus sample"}
     chips = "".join(chip(COLOURS[d], names[d]) for d in (Decision.ACCEPTED, Decision.RELAXED, Decision.RESAMPLED,
                                                           Decision.SAMPLED))
-    return (f"<div>Acceptance map: {chips}{chip(PENDING, 'not committed yet')}. Entropy map: black 0, white ln V nats.</div>")
+    return (f"<div>Acceptance map: {chips}{chip(PENDING, 'not committed yet')}. Entropy map: black 0, white ln V nats{chip(ENTROPY_PENDING, 'not committed yet')}.</div>")
 
 
 def _progress_html(text: str, done: int = 0, total: int = 1) -> str:
@@ -295,6 +295,11 @@ def build_app(model, *, model_name: str = "built-in model", defaults: FamilyDefa
 
         def on_click_run(request=None):
             cancels.request(_session(request))
+            # a click while a run goes is ignored (Gradio's trigger mode "once"): the button says so until it ends
+            return gr.update(interactive=False, value="Running")
+
+        def on_run_ended():
+            return gr.update(interactive=True, value="Run")
 
         def on_cancel(request=None):
             cancels.cancel(_session(request))
@@ -335,9 +340,9 @@ def build_app(model, *, model_name: str = "built-in model", defaults: FamilyDefa
                         yield {image: pngs.save(frame.image), acceptance: pngs.save(frame.acceptance),
                                entropy_map: pngs.save(frame.entropy),
                                title: f"### {METHOD_LABELS[key]}\n{frame.committed}/{model.num_image_tokens} tokens, "
-                                      f"{frame.forwards} forwards",
+                                      f"{frame.forwards} forward{'' if frame.forwards == 1 else 's'}",
                                progress: _progress_html(f"{METHOD_LABELS[key]}: {frame.committed}/"
-                                                        f"{model.num_image_tokens} tokens, {frame.forwards} forwards",
+                                                        f"{model.num_image_tokens} tokens, {frame.forwards} forward{'' if frame.forwards == 1 else 's'}",
                                                         done, total)}
                     elif kind == "done":
                         _, key, row = event
@@ -373,8 +378,9 @@ def build_app(model, *, model_name: str = "built-in model", defaults: FamilyDefa
         for handler in (on_click_run, on_cancel, on_run):  # Gradio passes the request by this annotation
             handler.__annotations__["request"] = gr.Request
         inputs = [condition, methods, window, lam, delta, guidance, seed]
-        run.click(on_click_run, show_progress="hidden", concurrency_limit=None).then(
-            on_run, inputs=inputs, outputs=outputs, show_progress="minimal", concurrency_limit=1)
+        run.click(on_click_run, outputs=[run], show_progress="hidden", concurrency_limit=None).then(
+            on_run, inputs=inputs, outputs=outputs, show_progress="minimal", concurrency_limit=1).then(
+            on_run_ended, outputs=[run], show_progress="hidden", concurrency_limit=None)  # .then: after an error too
         stop.click(on_cancel, show_progress="hidden", concurrency_limit=None)
     return app
 

@@ -79,7 +79,7 @@ def parse_inputs(model, condition: Any, methods: list[str] | None, window: Any, 
         raise ValueError(f"methods={_clip(methods)}: allowed a list of method names ({', '.join(METHOD_LABELS)})")
     methods = list(methods or [])
     if not methods:
-        raise ValueError(f"no method chosen; allowed: {', '.join(METHOD_LABELS)}")
+        raise ValueError(f"no method chosen; tick one or more of {', '.join(METHOD_LABELS.values())}")
     unknown = [m for m in methods if not isinstance(m, str) or m not in METHOD_LABELS]
     if unknown:
         raise ValueError(f"unknown methods {_clip(unknown)}; allowed: {', '.join(METHOD_LABELS)}")
@@ -102,9 +102,15 @@ def parse_inputs(model, condition: Any, methods: list[str] | None, window: Any, 
         if not 1 <= parsed_window <= N:
             raise ValueError(f"window={_clip(window)}: allowed: an integer >= 1 (1 = AR) and at most the image's "
                              f"{N} tokens" + (", or auto" if window_auto_supported() else ""))
-    lam_value = _number("lambda", lam, "a number >= 0")
-    delta_value = _number("delta", delta, "a number in [0, 1]")
+    # named by the page's labels (the library's own checks below name its arguments: lam=, guidance_scale=)
+    lam_value = _number("lambda (CSD)", lam, "a number >= 0")
+    delta_value = _number("delta (CSD)", delta, "a number in [0, 1]")
     guidance = _number("guidance scale", guidance_scale, "a number >= 0 (0 = no guidance)")
+    for label, number, ok, allowed in (("lambda (CSD)", lam_value, lam_value >= 0, "a number >= 0"),
+                                       ("delta (CSD)", delta_value, 0 <= delta_value <= 1, "a number in [0, 1]"),
+                                       ("guidance scale", guidance, guidance >= 0, "a number >= 0 (0 = no guidance)")):
+        if not ok:
+            raise ValueError(f"{label}={number:g}: allowed {allowed}")
     seed_value = _seed(seed)
     method_presets(lam_value, delta_value)  # CSD checks lambda and delta (one-line ValueError)
     SamplingConfig(guidance_scale=guidance)  # checks the guidance scale

@@ -33,6 +33,11 @@ PENDING = (245, 245, 245)  #: colour of token cells not committed yet
 COMMITTED = (150, 150, 150)  #: committed token whose decision the live view does not know yet
 
 
+#: colour of token cells not committed yet in the entropy map: off its grey scale (a light grey there read as
+#: an entropy near ln V)
+ENTROPY_PENDING = (200, 220, 245)
+
+
 _DISPLAY = 256  #: images narrower than this are upscaled (nearest neighbour) to about this width
 
 
@@ -73,7 +78,8 @@ def token_maps(decisions: torch.Tensor | None, entropy: torch.Tensor | None, com
         height, width: output size in pixels.
 
     Returns:
-        Two ``[height, width, 3]`` uint8 arrays; token cells not committed are :data:`PENDING`.
+        Two ``[height, width, 3]`` uint8 arrays; token cells not committed are :data:`PENDING` (the acceptance
+        map) and :data:`ENTROPY_PENDING` (the entropy map).
     """
     rows, cols = grid
     done = (np.arange(rows * cols) < committed).reshape(rows, cols)
@@ -86,7 +92,7 @@ def token_maps(decisions: torch.Tensor | None, entropy: torch.Tensor | None, com
         for decision, colour in COLOURS.items():
             acceptance[done & (codes == int(decision))] = colour
     entropy_rgb = np.empty((rows, cols, 3), dtype=np.uint8)
-    entropy_rgb[:] = PENDING
+    entropy_rgb[:] = ENTROPY_PENDING
     if entropy is not None:
         grey = (entropy.float().reshape(rows, cols).cpu() / math.log(vocab_size)).clamp(0, 1).numpy()
         entropy_rgb[done] = (np.round(grey * 255).astype(np.uint8)[..., None])[done]

@@ -26,7 +26,7 @@ import torch
 from PIL import Image
 
 from csdgen import Decision
-from csdgen.demo import (COMMITTED, PENDING, DemoCancelled, Frame, parse_inputs, token_maps, watch,
+from csdgen.demo import (COMMITTED, ENTROPY_PENDING, PENDING, DemoCancelled, Frame, parse_inputs, token_maps, watch,
                          window_auto_supported)
 from csdgen.evaluation.maps import COLOURS
 from csdgen.models.builtin import load_builtin_model
@@ -63,20 +63,21 @@ def test_inputs_are_checked_with_one_line_messages(builtin):
     drawn = _parse(builtin, condition="random", seed=4)
     assert drawn.label == builtin.class_names[drawn.condition] == _parse(builtin, condition="RANDOM", seed=4).label
     assert drawn.condition == builtin.classes.assign(["random"], 1, seed=4)[0]
-    bad = {
-        "condition": ("red appel", "unknown class 'red appel'; did you mean 'red apple'"),
-        "methods": ([], "no method chosen; allowed: ar, sjd"),
-        "window": ("0", "window='0': allowed: an integer >= 1"),
-        "lam": (-1, "lam=-1.0: the CSD relaxation coefficient lambda must be a finite number >= 0"),
-        "delta": (2, "delta=2.0: the CSD TV threshold must be a number in [0, 1]"),
-        "guidance_scale": ("x", "guidance scale='x': must be a number"),
-        "seed": (1.5, "seed=1.5: allowed: an integer in 0..9223372036854775807"),
-    }
-    for name, (value, message) in bad.items():
+    bad = [
+        ("condition", ("red appel", "unknown class 'red appel'; did you mean 'red apple'")),
+        ("methods", ([], "no method chosen; tick one or more of AR, SJD, coupled SJD")),
+        ("window", ("0", "window='0': allowed: an integer >= 1")),
+        ("lam", (-1, "lambda (CSD)=-1: allowed a number >= 0")),
+        ("delta", (2, "delta (CSD)=2: allowed a number in [0, 1]")),
+        ("guidance_scale", (-1, "guidance scale=-1: allowed a number >= 0 (0 = no guidance)")),
+        ("guidance_scale", ("x", "guidance scale='x': must be a number")),
+        ("seed", (1.5, "seed=1.5: allowed: an integer in 0..9223372036854775807")),
+    ]
+    for name, (value, message) in bad:
         with pytest.raises(ValueError) as info:
             _parse(builtin, **{name: value})
         assert message in str(info.value) and "\n" not in str(info.value), (name, str(info.value))
-    for name, field in (("lam", "lambda"), ("delta", "delta"), ("guidance_scale", "guidance scale")):
+    for name, field in (("lam", "lambda (CSD)"), ("delta", "delta (CSD)"), ("guidance_scale", "guidance scale")):
         # an empty number field (or one past float range) reaches the server as None: said so, not "lambda=None"
         with pytest.raises(ValueError) as info:
             _parse(builtin, **{name: None})
@@ -100,6 +101,9 @@ def test_token_maps_colour_committed_tokens_only():
     cells = acceptance[::2, ::2].reshape(6, 3)
     assert [tuple(c) for c in cells] == [COLOURS[Decision(d)] for d in decisions[:4].tolist()] + [PENDING, PENDING]
     assert entropy_map[::2, ::2].reshape(6, 3)[:4, 0].tolist() == [0, 85, 170, 255]  # black 0 .. white ln V
+    # tokens not committed: off the grey scale (a light grey read as an entropy near ln V)
+    assert [tuple(c) for c in entropy_map[::2, ::2].reshape(6, 3)[4:]] == [ENTROPY_PENDING] * 2
+    assert len(set(ENTROPY_PENDING)) > 1
     live, _ = token_maps(None, None, committed=2, grid=(2, 3), vocab_size=8, height=2, width=3)
     assert [tuple(c) for c in live.reshape(6, 3)] == [COMMITTED] * 2 + [PENDING] * 4
 
@@ -395,7 +399,11 @@ def test_page_in_headless_chromium(demo_server, tmp_path):
             expect(methods.get_by_label("AR", exact=True)).to_be_checked()
             expect(methods.get_by_label("CSD", exact=True)).to_be_checked()
             page.locator("#run").click()
+            expect(page.locator("#run")).to_be_disabled(timeout=30_000)  # a click during a run would be ignored
+            expect(page.locator("#run")).to_have_text("Running")
             expect(page.locator("#stats table")).to_be_visible(timeout=240_000)
+            expect(page.locator("#run")).to_be_enabled(timeout=30_000)
+            expect(page.locator("#run")).to_have_text("Run")
             expect(page.locator("#progress")).to_contain_text("done: red apple, 2 methods")  # the class as the model names it
             expect(page.locator("#progress")).to_contain_text("seed 9007199254740993")  # exact, not rounded
             shown = "#image-ar img, #acceptance-ar img, #entropy-ar img, #image-csd img, #acceptance-csd img, #entropy-csd img"
@@ -415,7 +423,7 @@ def test_page_in_headless_chromium(demo_server, tmp_path):
                 assert not _has_colour(acceptance, PENDING), f"{key}: acceptance map has undecided tokens"
                 assert _has_colour(acceptance, COLOURS[Decision.SAMPLED])
                 entropy = _pixels(page, f"#entropy-{key}")
-                assert entropy.std() > 5 and not _has_colour(entropy, PENDING), f"{key}: blank entropy map"
+                assert entropy.std() > 5 and not _has_colour(entropy, ENTROPY_PENDING), f"{key}: blank entropy map"
             csd_acceptance = _pixels(page, "#acceptance-csd")
             assert _has_colour(csd_acceptance, COLOURS[Decision.ACCEPTED]) or _has_colour(csd_acceptance, COLOURS[Decision.RELAXED])
 
@@ -433,8 +441,8 @@ def test_page_in_headless_chromium(demo_server, tmp_path):
 
             page.locator("#lam").locator("input").first.fill("-1")
             page.locator("#run").click()
-            expect(page.locator("#message")).to_have_text(
-                "lam=-1.0: the CSD relaxation coefficient lambda must be a finite number >= 0", timeout=30_000)
+            expect(page.locator("#message")).to_have_text("lambda (CSD)=-1: allowed a number >= 0", timeout=30_000)
+            expect(page.locator("#run")).to_be_enabled(timeout=30_000)  # a refused run gives the button back
             page.screenshot(path=str(tmp_path / "demo_error.png"), full_page=True)
 
             page.locator("#lam").locator("input").first.fill("0.5")
@@ -443,6 +451,7 @@ def test_page_in_headless_chromium(demo_server, tmp_path):
             page.locator("#cancel").click()
             expect(page.locator("#progress")).to_contain_text("cancelled", timeout=30_000)
             expect(page.locator("#stats table")).to_have_count(0)  # the cancelled run left no statistics
+            expect(page.locator("#run")).to_be_enabled(timeout=30_000)
         finally:
             browser.close()
     broken = [f for f in failed if "net::ERR_ABORTED" not in f]  # aborted: a preview replaced before it loaded
