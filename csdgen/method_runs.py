@@ -7,6 +7,7 @@ resumes them; a cache of other settings is refused, naming the values that diffe
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -29,6 +30,11 @@ class MethodRun:
     seconds: float  #: total decoding wall time
     settings: dict
     seconds_per_image: list[float] = field(default_factory=list)  #: each batch's time shared among its images
+    timed_in: list[str] = field(default_factory=list)  #: per image, the :func:`run_methods` call that timed it
+
+
+#: ``timed_in`` of images cached before it was recorded
+EARLIER = "earlier"
 
 
 @dataclass
@@ -42,7 +48,8 @@ class MethodJob:
     window: int | str
 
 
-_CACHE_LISTS = ("steps", "compression", "accepted", "seconds_per_image")
+_CACHE_LISTS = ("steps", "compression", "accepted", "seconds_per_image", "timed_in")
+_OPTIONAL_LISTS = ("seconds_per_image", "timed_in")  #: absent from caches of earlier versions
 
 
 class _Cached:
@@ -78,10 +85,11 @@ class _Cached:
         if not self.tokens_path.is_file():
             return  # the tokens never made it to disk: regenerate
         try:
-            lists = {k: list(meta[k]) for k in _CACHE_LISTS if k != "seconds_per_image"}
+            lists = {k: list(meta[k]) for k in _CACHE_LISTS if k not in _OPTIONAL_LISTS}
             count = len(lists["steps"])
             lists["seconds_per_image"] = list(meta.get("seconds_per_image") or
                                               [float(meta["seconds"]) / max(count, 1)] * count)
+            lists["timed_in"] = list(map(str, meta.get("timed_in") or [EARLIER] * count))
             if not isinstance(old_conditions, list) or any(len(v) != count for v in lists.values()) \
                     or len(old_conditions) < count:
                 raise ValueError
@@ -108,13 +116,14 @@ class _Cached:
         self.lists = {k: v[:shared] for k, v in lists.items()}
         self.settings = meta.get("settings") if isinstance(meta.get("settings"), dict) else {}
 
-    def add(self, result) -> None:
+    def add(self, result, timed_in: str) -> None:
         self.tokens.append(result.tokens.cpu())
         images = result.images
         self.lists["steps"] += [s.steps for s in images]
         self.lists["compression"] += [s.step_compression for s in images]
         self.lists["accepted"] += [s.mean_accepted_length for s in images]
         self.lists["seconds_per_image"] += [result.seconds / len(images)] * len(images)
+        self.lists["timed_in"] += [timed_in] * len(images)
         self.settings = result.settings
 
     def save(self) -> None:
@@ -138,7 +147,7 @@ class _Cached:
 
         lists = self.lists
         return MethodRun(self.job.name, torch.cat(self.tokens), lists["steps"], lists["compression"], lists["accepted"],
-                         sum(lists["seconds_per_image"]), self.settings, lists["seconds_per_image"])
+                         sum(lists["seconds_per_image"]), self.settings, lists["seconds_per_image"], lists["timed_in"])
 
 
 def run_methods(model, jobs: Sequence[MethodJob], conditions: list, *, batch_size: int, sampling, out_dir: Path,
@@ -147,8 +156,10 @@ def run_methods(model, jobs: Sequence[MethodJob], conditions: list, *, batch_siz
 
     * **Cache** (``run_<name>.json`` + ``run_<name>.safetensors`` per job): the run's key (name,
       seed, window, sampling, preset), the conditions done, per image its steps, step
-      compression, mean accepted length and decoding seconds (its batch's time shared among
-      its images), the engine's settings; tokens ``[M, N]`` int64. Both files are rewritten
+      compression, mean accepted length, decoding seconds (its batch's time shared among
+      its images) and which call timed it (``timed_in``: an id per call, so a table can tell
+      times taken together from times a resumed or grown run kept), the engine's settings;
+      tokens ``[M, N]`` int64. Both files are rewritten
       after every batch, so an interrupted run keeps every finished batch and the same call
       resumes. A run of fewer images reads the first ones of a longer cache (which it keeps);
       a run of more images continues it.
@@ -187,6 +198,7 @@ def run_methods(model, jobs: Sequence[MethodJob], conditions: list, *, batch_siz
             if cache.done:
                 progress(cache.done)
     todo = [c for c in caches if c.done < len(conditions)]
+    call_id = uuid.uuid4().hex[:12]  # the images this call times (MethodRun.timed_in)
 
     def call(cache: _Cached, indices: list[int]):
         return generate(model, [conditions[i] for i in indices], seed=cache.job.seed, image_indices=indices,
@@ -202,7 +214,7 @@ def run_methods(model, jobs: Sequence[MethodJob], conditions: list, *, batch_siz
     while todo:
         for cache in todo:
             indices = list(range(cache.done, min(cache.done + batch_size, len(conditions))))
-            cache.add(call(cache, indices))
+            cache.add(call(cache, indices), call_id)
             cache.save()
             if progress:
                 progress(len(indices))

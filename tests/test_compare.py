@@ -76,6 +76,27 @@ def test_compare_options_given_at_their_default_resume_the_same_runs(weights, tm
     assert 'holds a run with other settings (preset.draft_init: "uniform" there, "onehot" here)' in err, err
 
 
+def test_a_table_whose_times_come_from_more_than_one_run_says_so(weights, tmp_path, capsys):
+    """A new user's try-out: a compare grown from -n 2 to -n 3 (or resumed after a kill) timed the new image alone,
+    and its table gave AR a speed-up over AR at the next seed of 2.12x without a word."""
+    out = tmp_path / "compare"
+    common = ["compare", "--weights", weights, "--methods", "sjd", "--window", 8, "--batch-size", 2, "--out", out]
+    assert run(*common, "-n", 2) == 0
+    assert "caveat" not in capsys.readouterr().out and "caveat" not in (out / "compare.md").read_text()
+    assert run(*common, "-n", 2) == 0  # nothing new timed: the table's times are still one run's
+    assert "caveat" not in capsys.readouterr().out
+    assert run(*common, "-n", 3) == 0
+    printed = capsys.readouterr().out
+    assert "caveat: the wall times come from 2 runs of this command" in printed, printed
+    assert "caveat: the wall times come from 2 runs" in (out / "compare.md").read_text()
+    sweep_out = tmp_path / "sweep"
+    sweep = ["sweep", "--weights", weights, "--csd-lam", "0.5", "--windows", 8, "--baselines", "", "--batch-size", 2,
+             "--out", sweep_out]
+    assert run(*sweep, "-n", 2) == 0 and "caveat" not in capsys.readouterr().out
+    assert run(*sweep, "-n", 3) == 0
+    assert "caveat: the wall times come from 2 runs of this command" in (sweep_out / "sweep.md").read_text()
+
+
 def test_compare_into_a_folder_with_other_settings_refuses_and_loses_no_cached_run(weights, tmp_path, capsys):
     out = tmp_path / "compare"
     common = ["compare", "--weights", weights, "--methods", "csd", "--window", 8, "--batch-size", 2, "--out", out]

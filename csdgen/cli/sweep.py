@@ -132,7 +132,7 @@ def _run_bench(args) -> int:
 
 
 def run(args) -> int:
-    from csdgen.evaluation.compare import score_run, to_csv, to_markdown
+    from csdgen.evaluation.compare import score_run, timing_caveat, to_csv, to_markdown
     from csdgen.evaluation.quality import QualityScorer
     from csdgen.evaluation.sweep import frontier_plot, settings
     from csdgen.jsonio import write_json
@@ -169,9 +169,11 @@ def run(args) -> int:
                          "mean_accepted_length": sum(run_.accepted) / len(run_.accepted),
                          "latency_s_per_image": run_.seconds / len(classes), **scores})
             write_json(rows, out / "sweep.json")
-    (out / "sweep.md").write_text(to_markdown(rows))
+        caveat = timing_caveat(runs)
+    markdown = to_markdown(rows) + (f"\n{caveat}\n" if caveat else "")
+    (out / "sweep.md").write_text(markdown)
     (out / "sweep.csv").write_text(to_csv(rows))
     frontier_plot(rows, out / "frontier.png")
-    print(to_markdown(rows))
+    print(markdown)
     print(f"{len(points)} settings x {len(classes)} images. Wrote {out}/sweep.md, sweep.csv, sweep.json, frontier.png")
     return 0

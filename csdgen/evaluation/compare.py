@@ -98,6 +98,21 @@ def table_rows(runs: list[MethodRun], scores: dict[str, dict[str, float]], refer
     return rows
 
 
+def timing_caveat(runs: list[MethodRun]) -> str | None:
+    """A caveat line where the runs' wall times were not all taken by one call of
+    :func:`csdgen.method_runs.run_methods` (images kept from an interrupted, smaller or earlier run were
+    timed then, at that run's batch size and machine load), else None.
+
+    A speed-up divides one row's time by another's; times taken in different calls can differ by
+    the machine's state alone (a resumed AR row ran 2.12x as fast as the same AR at the next seed)."""
+    calls = {c for r in runs for c in r.timed_in}
+    if len(calls) <= 1:
+        return None
+    return (f"caveat: the wall times come from {len(calls)} runs of this command (images kept from an interrupted, "
+            f"smaller or earlier run were timed there), so wall_s and speedup_vs_ar compare times not taken "
+            f"together; for speed, run into a new --out")
+
+
 _FORMATS = {"latency_s_per_image": "{:.3f}", "steps": "{:.1f}", "step_compression": "{:.2f}", "mean_accepted_length": "{:.2f}", "wall_s": "{:.2f}", "speedup_vs_ar": "{:.2f}x",
             "class_consistency": "{:.3f}", "top1_agreement": "{:.3f}", "frechet_distance": "{:.2f}", "nll": "{:.3f}"}
 
