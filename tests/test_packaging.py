@@ -68,6 +68,19 @@ def test_ci_and_readme_install_with_the_constraints_file():
     assert "pip install -c constraints.txt ." in blocks[0] and 'pip install -c constraints.txt -e ".[test]"' in blocks[1]
 
 
+def test_the_package_ships_its_licence():
+    """The metadata said Apache-2.0, and no licence text shipped (a new user's `pip show`)."""
+    from importlib.metadata import distribution
+
+    assert PROJECT["license"] == "Apache-2.0" and PROJECT["license-files"] == ["LICENSE"]
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text and "END OF TERMS AND CONDITIONS" in text
+    installed = distribution("csdgen")
+    assert installed.metadata.get("License-Expression") == "Apache-2.0"
+    assert "LICENSE" in installed.metadata.get_all("License-File", [])
+    assert any(str(f).endswith("LICENSE") for f in installed.files or [])
+
+
 def test_builtin_weights_stay_under_25_mb_and_ship_with_the_package():
     """Issue 19: the built-in model's files stay under 25 MB in all; package-data includes every one."""
     folder = ROOT / "csdgen" / "builtin" / "weights"
