@@ -36,7 +36,7 @@ def test_a_bad_device_map_is_an_argparse_error_in_one_line(command, value, capsy
 
 
 def test_int4_on_the_cpu_is_refused_naming_what_the_cpu_allows(capsys, tmp_path):
-    pytest.importorskip("torchao", reason="torchao is not installed (pip install 'csdgen[quant]')")
+    pytest.importorskip("torchao", reason='torchao is not installed (pip install -c constraints.txt ".[quant]")')
     err = cli_error(capsys, "generate", "--quantize", "int4", "-n", 1, "--out", tmp_path / "o")
     assert err == "csdgen generate: error: --quantize int4: torchao's int4 weight-only needs CUDA; on cpu use int8\n"
     assert not (tmp_path / "o").exists()
@@ -48,7 +48,8 @@ def test_a_missing_package_is_named_with_its_install_line(name, package, capsys,
 
     monkeypatch.setattr(quantize, "_installed", lambda p: p != package)
     err = cli_error(capsys, "plan", "--quantize", name, "--device", "cpu")
-    assert err == f"csdgen plan: error: --quantize {name}: {package} is not installed: pip install 'csdgen[quant]'\n"
+    assert err == (f"csdgen plan: error: --quantize {name}: {package} is not installed: "
+                   f'pip install -c constraints.txt ".[quant]" in the csdgen checkout\n')
 
 
 def test_the_builtin_model_refuses_a_device_map_and_bitsandbytes_in_one_line(capsys, tmp_path):
@@ -61,7 +62,7 @@ def test_the_builtin_model_refuses_a_device_map_and_bitsandbytes_in_one_line(cap
 
 
 def test_a_quantised_run_says_so_first_and_records_it(tmp_path, capsys):
-    pytest.importorskip("torchao", reason="torchao is not installed (pip install 'csdgen[quant]')")
+    pytest.importorskip("torchao", reason='torchao is not installed (pip install -c constraints.txt ".[quant]")')
     from builtin_fixture import make_tiny_weights
 
     weights = make_tiny_weights(tmp_path / "w")
@@ -76,7 +77,7 @@ def test_a_quantised_run_says_so_first_and_records_it(tmp_path, capsys):
 
 @pytest.mark.parametrize("name", ["nf4", "bnb8"])
 def test_bitsandbytes_quantisations_load_and_stay_exact_where_bitsandbytes_runs(name, tmp_path):
-    pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed (pip install 'csdgen[quant]')")
+    pytest.importorskip("bitsandbytes", reason='bitsandbytes is not installed (pip install -c constraints.txt ".[quant]")')
     from csdgen.models.auto import load_model
     from csdgen.sampling import SamplingConfig
     from test_models_janus import build_checkpoint

@@ -10,7 +10,7 @@ import torch
 
 import csdgen
 
-pytest.importorskip("accelerate", reason="accelerate is not installed (pip install 'csdgen[quant]')")
+pytest.importorskip("accelerate", reason='accelerate is not installed (pip install -c constraints.txt ".[quant]")')
 
 
 def split_map(model: torch.nn.Module, offloaded: str = "disk") -> dict[str, str]:

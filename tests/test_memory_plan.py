@@ -67,7 +67,7 @@ def janus_folder(tmp_path_factory):
 @pytest.mark.parametrize("quantize", [None, "int8"])
 def test_checkpoint_plan_is_within_15_percent_of_measured_peak(janus_folder, quantize):
     if quantize:
-        pytest.importorskip("torchao", reason="torchao is not installed (pip install 'csdgen[quant]')")
+        pytest.importorskip("torchao", reason='torchao is not installed (pip install -c constraints.txt ".[quant]")')
     from csdgen.models.auto import load_model
     from csdgen.models.memory import module_bytes
     from csdgen.models.memory_meter import TensorMemoryMeter

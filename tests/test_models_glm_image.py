@@ -326,7 +326,7 @@ def test_decoder_needs_its_pipeline_folder_and_diffusers(glm, checkpoint, monkey
     with pytest.raises(NotImplementedError, match="has no diffusers pipeline"):
         alone.decode_images(torch.zeros(1, glm.num_image_tokens, dtype=torch.long))
     monkeypatch.setitem(sys.modules, "diffusers", None)  # as if not installed
-    assert "pip install" in glm.decoder_problem and "csdgen[glm]" in glm.decoder_problem
+    assert "pip install" in glm.decoder_problem and '".[glm]" in the csdgen checkout' in glm.decoder_problem
 
 
 def test_a_pipeline_folder_without_its_decoder_folders_is_refused_before_generating(glm, checkpoint, tmp_path, capsys):

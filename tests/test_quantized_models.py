@@ -13,7 +13,7 @@ import torch
 import csdgen
 from csdgen.sampling import SamplingConfig
 
-pytest.importorskip("torchao", reason="torchao is not installed (pip install 'csdgen[quant]')")
+pytest.importorskip("torchao", reason='torchao is not installed (pip install -c constraints.txt ".[quant]")')
 
 GREEDY = SamplingConfig(guidance_scale=3.0, temperature=0.0)
 

@@ -30,7 +30,7 @@ from csdgen.serve.replicas import parse_options
 
 TIMEOUT = 60  #: seconds any one request may take
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
-                               reason="replicas on Ray Serve need Ray, not installed here: pip install \"csdgen[ray]\"")
+                               reason="replicas on Ray Serve need Ray, not installed here: pip install -c constraints.txt \".[ray]\"")
 
 
 # ---- no Ray needed ----------------------------------------------------------------------------------

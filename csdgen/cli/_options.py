@@ -552,7 +552,7 @@ def add_quantize(g) -> None:
                    default=None,
                    help="quantise the language model's decoder layers while loading: int8 / int4 / fp8 weight-only "
                         "(torchao; int4 on cuda only, fp8 on cpu and cuda 8.9+), nf4 / bnb8 (bitsandbytes); the VQ "
-                        "decoder and vision tower keep --dtype. Needs pip install 'csdgen[quant]'. Speculative "
+                        "decoder and vision tower keep --dtype. Needs pip install -c constraints.txt \".[quant]\". Speculative "
                         "decoding stays exact for the quantised model (docs/models.md)")
     g.add_argument("--device-map", type=device_map, default=None, metavar="MAP",
                    help="--model: split the model across devices with accelerate: auto, balanced, sequential or a JSON "

@@ -72,7 +72,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--width", type=opt.count(), default=None, help="--model: image width in pixels")
     opt.add_checkpoint_files(p)
     p.add_argument("--prompt-template", type=opt.prompt_text, default=None, help="--model: template with {prompt}, {width}, {height}")
-    r = p.add_argument_group("replicas on Ray Serve (pip install \"csdgen[ray]\"; docs/serve.md)")
+    r = p.add_argument_group("replicas on Ray Serve (pip install -c constraints.txt \".[ray]\"; docs/serve.md)")
     r.add_argument("--replicas", type=opt.count(maximum=1024), default=None, metavar="N",
                    help="start a local Ray and serve N replicas behind Ray Serve's HTTP proxy on --host/--port, each "
                         "one scheduler owning one model and one device (a GPU each where Ray sees GPUs); Ray places, "

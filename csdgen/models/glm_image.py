@@ -402,7 +402,7 @@ def pipeline_problem(pipeline: Path | None, processor_given: bool = True) -> str
     try:
         import diffusers  # noqa: F401
     except ImportError:
-        return "GLM-Image's image decoder needs diffusers: pip install -c constraints.txt 'csdgen[glm]'"
+        return "GLM-Image's image decoder needs diffusers: pip install -c constraints.txt \".[glm]\" in the csdgen checkout"
     missing = missing_components(pipeline, given=("vision_language_encoder",) + (("processor",) if processor_given else ()))
     if missing:
         return (f"the GLM-Image pipeline folder {str(pipeline)!r} lacks "

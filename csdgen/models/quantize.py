@@ -53,7 +53,7 @@ QUANTIZE_CHOICES = ("int8", "int4", "fp8", "nf4", "bnb8")
 #: the named device maps (else a JSON object module name -> device)
 DEVICE_MAP_CHOICES = ("auto", "balanced", "balanced_low_0", "sequential")
 #: the install line of the optional packages
-INSTALL_HINT = "pip install 'csdgen[quant]'"
+INSTALL_HINT = 'pip install -c constraints.txt ".[quant]" in the csdgen checkout'
 #: bits per quantised weight element (the memory plan's arithmetic; scales counted separately)
 _BITS = {"int8": 8, "int4": 4, "fp8": 8, "nf4": 4, "bnb8": 8}
 #: torchao's int4 group size (transformers' and torchao's default)

@@ -42,7 +42,7 @@ def _require_ray():
         import ray  # noqa: F401
         from ray import serve
     except ImportError as exc:
-        raise ValueError(f"replicas on Ray Serve need Ray ({exc}); install it with: pip install \"csdgen[ray]\"") from None
+        raise ValueError(f"replicas on Ray Serve need Ray ({exc}); install it with: pip install -c constraints.txt \".[ray]\" in the csdgen checkout") from None
     return serve
 
 
