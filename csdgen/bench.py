@@ -213,7 +213,8 @@ def run_shard(plan: BenchPlan, out: str | os.PathLike, *, rank: int = 0, world: 
 
     out = Path(out)
     refuse_run_folder(out)  # before records/ is made in it
-    (out / RECORDS_DIR).mkdir(parents=True, exist_ok=True)
+    # the lock makes out/ and, once the folder is not held whole by another run, records/ (a refused bench made
+    # records/ inside a running generate's folder, and left it there)
     with folder_lock(out, f"bench (its process of rank {rank})", file=f"{RECORDS_DIR}/rank{rank}.jsonl"):
         return _run_shard(plan, out, rank, world, on_record, on_start)
 

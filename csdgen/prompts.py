@@ -150,7 +150,8 @@ def load_prompts(source: str | os.PathLike, limit: int | None = None, offset: in
 
     Raises:
         ValueError: unknown set name (a name that is neither a set nor an existing file),
-            unreadable or empty file, bad ``limit`` or ``offset``. One line each.
+            a pipe or device instead of a file, unreadable or empty file, bad ``limit`` or ``offset``.
+            One line each.
     """
     name = str(source)
     if not isinstance(source, os.PathLike) and name in PROMPT_SETS:
@@ -164,6 +165,9 @@ def load_prompts(source: str | os.PathLike, limit: int | None = None, offset: in
             if path.is_dir():
                 raise ValueError(f"prompt file {name!r} is a folder; allowed: {', '.join(PROMPT_SETS)} or the path of a "
                                  f"prompt file")
+            if path.exists():  # a pipe (`<(grep ...)`) or a device: read once, where a run reads its prompts again to resume
+                raise ValueError(f"prompt file {name!r} is not a regular file (a pipe or a device); allowed: "
+                                 f"{', '.join(PROMPT_SETS)} or the path of a prompt file (save the prompts to one first)")
             if looks_like_path:
                 raise ValueError(f"prompt file {name!r} does not exist; allowed: {', '.join(PROMPT_SETS)} or the path of "
                                  f"a prompt file")

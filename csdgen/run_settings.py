@@ -62,14 +62,22 @@ def settings_difference(previous: dict, current: dict) -> list[str]:
             unset = _UNSET.get(key.rsplit(".", 1)[-1], "unset")
             if current.get("model") == "builtin":
                 unset = _BUILTIN_UNSET.get(key, unset)
-            there = unset if a is missing else json.dumps(a)
-            here = unset if b is missing else json.dumps(b)
+            there = unset if a is missing else _shown(a)
+            here = unset if b is missing else _shown(b)
             if all(isinstance(v, str) and v.startswith(_FILE_DIGEST) for v in (a, b)):  # a prompt file, by content
                 lines.append(f"{key}: a file of other contents ({a[len(_FILE_DIGEST):][:12]}... there, "
                              f"{b[len(_FILE_DIGEST):][:12]}... here by sha256)")
                 continue
             lines.append(f"{key}: {there} there, {here} here")
     return lines
+
+
+def _shown(value) -> str:
+    """A recorded value as a refusal names it: JSON, except a string that is already a Python repr
+    (a ``rule`` of ``'sjd'``), shown as it is, not quoted twice (``"'sjd'"``)."""
+    if isinstance(value, str) and len(value) >= 2 and value[0] == value[-1] == "'":
+        return value
+    return json.dumps(value)
 
 
 #: what a setting left out of the built-in model's record means (its float32 is not recorded, so that records

@@ -575,6 +575,29 @@ def test_a_model_run_whose_out_is_a_file_is_refused_before_the_weights_are_read(
         assert "a file, not a folder; choose another with --out" in err, err
 
 
+def test_an_out_that_is_a_broken_link_or_a_loop_of_links_is_named_so(tmp_path, capsys):
+    """A new user's try-out: both were "not writable (File exists)"."""
+    import os
+
+    os.symlink(tmp_path / "nowhere" / "x", tmp_path / "dangling")
+    os.symlink(tmp_path / "loop2", tmp_path / "loop1")
+    os.symlink(tmp_path / "loop1", tmp_path / "loop2")
+    for out, inside in ((tmp_path / "dangling", ""), (tmp_path / "loop1", ""), (tmp_path / "dangling" / "in", "is inside")):
+        err = cli_error(capsys, "generate", "-n", 1, "--out", out)
+        assert "a symbolic link to " in err and "which does not exist (or is a loop of links)" in err, err
+        assert inside in err and "File exists" not in err, err
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    try:
+        if os.access(read_only, os.W_OK):  # root writes anyway
+            return
+        err = cli_error(capsys, "generate", "-n", 1, "--out", read_only / "new" / "deeper")
+        assert f"({str(read_only)!r} is not writable)" in err, err
+    finally:
+        read_only.chmod(0o755)
+
+
 def test_a_checkpoint_spelt_another_way_resumes_its_run(janus_folder, tmp_path, capsys, monkeypatch):
     """The same folder with a trailing slash, relative or absolute, from another working folder: the same run
     (the record keeps the folder resolved); a record that kept it relative still resumes from where it ran."""

@@ -67,6 +67,16 @@ def test_generate_and_bench_into_one_folder_refuse_each_other(weights, tmp_path,
         err = cli_error(capsys, "bench", "--weights", weights, "--limit", 1, "--methods", "ar", "--floor-seed", "none",
                         "--window", 4, "--out", out)
         assert "is in use by another csdgen run writing the whole folder now" in err, err
+        # a bench past that probe (the generate took its lock while the bench loaded its model) is refused by the
+        # lock, and leaves nothing in the generate's folder (it made records/ there)
+        from csdgen import bench
+        from csdgen.folder_lock import FolderBusy
+
+    fresh = tmp_path / "fresh"
+    with folder_lock(fresh, "csdgen generate"):
+        with pytest.raises(FolderBusy, match="writing the whole folder now"):
+            bench.run_shard(None, fresh, rank=0, world=1)
+    assert list(fresh.iterdir()) == []
 
 
 @pytest.mark.parametrize("command", ["generate", "compare", "sweep"])

@@ -114,3 +114,20 @@ def test_a_prompts_file_with_invalid_utf8_is_named_and_a_bom_is_dropped(tmp_path
     bom.write_bytes("\ufeffa red fox\na lighthouse\n".encode("utf-8"))
     assert [p.text for p in load_prompts(bom)] == ["a red fox", "a lighthouse"]
     assert _read_prompts(SimpleNamespace(prompts=None, prompts_file=bom)) == ["a red fox", "a lighthouse"]
+
+
+def test_a_pipe_or_device_as_prompt_file_is_named_so():
+    """A new user's try-out: /dev/null and a shell's <(...) were called files that "do not exist"."""
+    import os
+
+    from csdgen.prompts import load_prompts
+
+    with pytest.raises(ValueError, match=r"prompt file '/dev/null' is not a regular file \(a pipe or a device\)"):
+        load_prompts("/dev/null")
+    read, write = os.pipe()
+    try:
+        with pytest.raises(ValueError, match=r"is not a regular file \(a pipe or a device\)"):
+            load_prompts(f"/dev/fd/{read}")
+    finally:
+        os.close(read)
+        os.close(write)

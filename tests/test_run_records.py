@@ -333,3 +333,11 @@ def test_weights_are_compared_by_content_not_by_path(weights, tmp_path, capsys):
     old["settings"].pop("weights_digest")
     (out / "record.json").write_text(json.dumps(old))
     assert run(*argv, "--weights", copy, "-n", 3) == 0
+
+
+def test_a_refusal_shows_a_recorded_repr_once_quoted():
+    """A new user's try-out: 'rule: "CSD(lam=0.5, ...)" there, "'sjd'" here' quoted the method's name twice."""
+    from csdgen.run_settings import settings_difference
+
+    assert settings_difference({"rule": "CSD(lam=0.5)"}, {"rule": "'sjd'"}) == ['rule: "CSD(lam=0.5)" there, \'sjd\' here']
+    assert settings_difference({"window": 16}, {"window": 8}) == ["window: 16 there, 8 here"]

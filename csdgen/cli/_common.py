@@ -141,8 +141,14 @@ def refuse_file_out(folder: Path) -> None:
     """
     try:
         blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+        # a link to nothing (or a loop of links): mkdir says "File exists", as for a file
+        broken = next((p for p in (folder, *folder.parents) if p.is_symlink() and not p.exists()), None)
     except OSError as exc:
         raise _cannot_be_made(folder, exc) from None
+    if broken is not None:
+        where = "is" if broken == folder else f"is inside {shown_path(broken)!r}, which is"
+        raise ValueError(f"output folder {shown_path(folder)!r} {where} a symbolic link to {os.readlink(broken)!r}, which "
+                         f"does not exist (or is a loop of links); choose another with --out, or mend the link")
     if blocker is not None:  # mkdir would say "File exists", which reads as if the folder were there
         where = "is" if blocker == folder else f"is inside {shown_path(blocker)!r}, which is"
         raise ValueError(f"output folder {shown_path(folder)!r} {where} a file, not a folder; choose another with --out")
@@ -167,8 +173,10 @@ def writable(folder: Path) -> Path:
 
         if exc.errno == errno.ENAMETOOLONG:
             raise _cannot_be_made(folder, exc) from None
-        raise ValueError(f"output folder {shown_path(folder)!r} is not writable ({exc.strerror}); choose another with "
-                         f"--out") from None
+        made = next((p for p in (folder, *folder.parents) if p.is_dir()), None)  # the folder the write was refused in
+        inside = f" ({shown_path(made)!r} is not writable)" if made is not None and made != folder else ""
+        raise ValueError(f"output folder {shown_path(folder)!r} is not writable{inside} ({exc.strerror}); choose another "
+                         f"with --out") from None
     return folder
 
 
