@@ -176,6 +176,47 @@ def _generate(plan: BenchPlan, method: str, seed: int, position: int):
                     window=window, sampling=plan.sampling, **kwargs)
 
 
+def _refuse_records_of_other_settings(plan: BenchPlan, done: dict) -> None:
+    """Refuse records whose own ``settings`` (what ``generate`` reported for the image) differ from what this
+    plan's method would decode with: the manifest vouches for the folder, not for a rank file copied in
+    (a window-8 record in a window-32 bench was resumed and reported as window 32's).
+
+    Raises:
+        ValueError: naming the method, the prompt id and each value that differs."""
+    from csdgen.engine import resolve_arguments
+    from csdgen.run_settings import settings_difference
+
+    expected = {}
+    for method in plan.methods:
+        kwargs = dict(plan.methods[method])
+        window = kwargs.pop("window", plan.window)
+        *_, settings = resolve_arguments(plan.model, kwargs.get("method"), window, plan.sampling, kwargs.get("draft_init"),
+                                         kwargs.get("refresh"), 0, kwargs.get("preset"))
+        expected[method] = json.loads(json.dumps({k: v for k, v in settings.items() if k != "seed"}, default=str))
+    for (method, _seed, pid), record in done.items():
+        mine, theirs = expected.get(method), record.get("settings")
+        if mine is None or not isinstance(theirs, dict):
+            continue  # a method this command does not run; a record from before per-image settings
+        shared = [k for k in mine if k in theirs and k not in ("engine", "compile")]
+        differ = settings_difference(_as_drawn({k: theirs[k] for k in shared}), _as_drawn({k: mine[k] for k in shared}))
+        if differ:
+            raise ValueError(f"{RECORDS_DIR}/ holds a record of {method} for prompt {pid!r} made with other settings "
+                             f"({'; '.join(differ)}), which no bench of this folder's settings writes; move the rank "
+                             f"file holding it away, or use another --out")
+
+
+def _as_drawn(settings: dict) -> dict:
+    """A record's settings with values that draw the same images written alike, as the manifest compares
+    them (:func:`csdgen.run_settings.defaults_resolved`): top-p 1 keeps every token (none), and no draft
+    initialisation is the uniform one."""
+    out = dict(settings)
+    if out.get("top_p") == 1:
+        out["top_p"] = None
+    if "draft_init" in out and out["draft_init"] is None:
+        out["draft_init"] = "uniform"
+    return out
+
+
 def _save_tensors(tensors: dict, path: Path) -> None:
     from csdgen.atomic import save_safetensors
 
@@ -226,6 +267,7 @@ def _run_shard(plan: BenchPlan, out: Path, rank: int, world: int, on_record, on_
 
     check_settings(out, plan.settings, write=rank == 0, world=world)
     done = existing_records(out)
+    _refuse_records_of_other_settings(plan, done)
     texts = {p.id: p.text for p in plan.prompts}
     for (method, seed, pid), record in done.items():
         if pid in texts and record.get("prompt") != texts[pid]:

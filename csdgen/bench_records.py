@@ -156,14 +156,16 @@ def check_settings(out: str | os.PathLike, settings: dict, *, write: bool, parti
                              f"use another --out, or the earlier settings to resume")
     elif write:
         folder = Path(out)
-        ours = [f for f in BENCH_FILES if (folder / f).exists()] + sorted(p.name for p in folder.glob("speed_quality_*.png"))
-        ours += [f"{RECORDS_DIR}/{p.name}" for p in sorted((folder / RECORDS_DIR).glob("rank*.jsonl"))
+        ours = [f"{RECORDS_DIR}/{p.name}" for p in sorted((folder / RECORDS_DIR).glob("rank*.jsonl"))
                  if _foreign_rank(p.name, world) and p.is_file() and p.stat().st_size > 0]
+        ours += [f for f in BENCH_FILES if (folder / f).exists()] + sorted(p.name for p in folder.glob("speed_quality_*.png"))
         refuse_run_folder(folder)
         if ours:  # a bench writes its manifest first: these are not a bench's, and would be overwritten
+            fate = ("resumed as this run's images (made under settings nobody recorded)" if ours[0].startswith(RECORDS_DIR)
+                    else "overwritten")
             raise ValueError(f"{str(folder)!r} holds {ours[0]!r}"
                              f"{f' and {len(ours) - 1} more of the files a bench writes' if len(ours) > 1 else ''} but no "
-                             f"{MANIFEST}, so they are not a bench's and would be overwritten; use another --out, or "
+                             f"{MANIFEST}, so they are not a bench's and would be {fate}; use another --out, or "
                              f"move them")
         write_json({"schema": SCHEMA, "created": _now(), "settings": settings}, path)
 

@@ -527,6 +527,24 @@ def test_records_copied_into_a_folder_without_bench_json_are_refused_not_resumed
     assert (fresh / "bench.json").exists()
 
 
+def test_a_rank_file_of_other_settings_copied_into_a_bench_is_refused(builtin_weights, tmp_path, capsys):
+    """A try-out of the check above: a window-4 bench's rank file copied in as records/rank7.jsonl (no process of
+    this bench writes it) was resumed by a window-8 bench, and its figures reported as window 8's."""
+    import shutil
+
+    other, out = tmp_path / "w4", tmp_path / "w8"
+    common = ["bench", "--weights", str(builtin_weights), "--methods", "csd", "--floor-seed", "none", "--limit", "1"]
+    assert cli.main([*common, "--window", "4", "--out", str(other)]) == 0
+    assert cli.main([*common, "--window", "8", "--out", str(out)]) == 0
+    shutil.copy(other / "records" / "rank0.jsonl", out / "records" / "rank7.jsonl")
+    capsys.readouterr()
+    assert cli.main([*common, "--window", "8", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "holds a record of csd for prompt " in err and "made with other settings (window: 4 there, 8 here)" in err, err
+    (out / "records" / "rank7.jsonl").unlink()
+    assert cli.main([*common, "--window", "8", "--out", str(out)]) == 0  # its own records resume
+
+
 def test_bench_compares_built_in_weights_by_content_not_by_path(builtin_weights, tmp_path, capsys):
     import shutil
 
