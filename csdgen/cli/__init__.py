@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import re
 import sys
@@ -103,17 +104,40 @@ def entry() -> None:
 @contextlib.contextmanager
 def _sigterm_as_interrupt(command: str | None):
     """While a command that resumes runs (:data:`_KEPT`) in the main thread with SIGTERM at its default
-    (which ended the process with no line, status -15), SIGTERM raises :class:`_Terminated`."""
+    (which ended the process with no line, status -15), SIGTERM raises :class:`_Terminated`.
+
+    A stop raised while Python runs a finaliser (``__del__``, garbage collection) is printed as "Exception
+    ignored" and dropped, and the command ran on to its end with status 0; while the command runs, such a
+    stop (Ctrl-C's too) is delivered again, outside the finaliser (:func:`_deliver_again`)."""
     import signal
 
-    own = (command in _KEPT and threading.current_thread() is threading.main_thread()
-           and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
+    main = threading.current_thread() is threading.main_thread()
+    own = command in _KEPT and main and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if own else None
+    hook = sys.unraisablehook
+    if main:
+        sys.unraisablehook = functools.partial(_deliver_again, hook)
     try:
         yield
     finally:
+        if main:
+            sys.unraisablehook = hook
         if own:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _deliver_again(previous, unraisable) -> None:
+    """``sys.unraisablehook`` while a command runs: a Ctrl-C or SIGTERM that a finaliser swallowed is
+    raised again as its signal (handled at the next line the main thread runs); anything else goes on to
+    ``previous``."""
+    import signal
+
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        # from another thread: raised here, Python would run the handler at once, inside this hook, and drop it again
+        stop = signal.SIGTERM if isinstance(unraisable.exc_value, _Terminated) else signal.SIGINT
+        threading.Thread(target=signal.raise_signal, args=(stop,), daemon=True).start()
+        return
+    previous(unraisable)
 
 
 def main(argv: list[str] | None = None) -> int:
