@@ -62,13 +62,14 @@ from csdgen.prompts import Prompt
 from csdgen.runs import pil_images
 from csdgen.bench_processes import barrier, device_name, distributed, leave, machine
 from csdgen.bench_records import (
-    MANIFEST, MERGED, RECORDS_DIR, append_jsonl, check_settings, existing_records, read_jsonl, refuse_run_folder, repair_tail,
+    MANIFEST, MERGED, RECORDS_DIR, append_jsonl, check_settings, existing_records, read_jsonl, repair_tail,
 )
+from csdgen.folder_kinds import refuse_other_kind
 from csdgen.bench_scores import Scorers, _clip_scores, _read_png, min_images, session_nll, target_nll
 
 __all__ = ["TIMING_FIELDS", "BenchPlan", "shard", "jobs", "prompt_order", "target_nll", "read_jsonl", "repair_tail",
            "append_jsonl", "existing_records", "load_tensors", "check_settings", "run_shard", "merge_records", "Scorers", "finish", "made_by", "thread_caveat",
-           "distributed", "barrier", "leave", "machine", "MANIFEST", "session_nll", "refuse_run_folder"]
+           "distributed", "barrier", "leave", "machine", "MANIFEST", "session_nll"]
 
 #: Record fields that measure the machine, not the images: they differ between two runs of
 #: the same plan (everything else of a record is identical, whatever the sharding or resuming,
@@ -253,7 +254,7 @@ def run_shard(plan: BenchPlan, out: str | os.PathLike, *, rank: int = 0, world: 
     from csdgen.folder_lock import folder_lock
 
     out = Path(out)
-    refuse_run_folder(out)  # before records/ is made in it
+    refuse_other_kind(out, "bench")  # before records/ is made in it
     # the lock makes out/ and, once the folder is not held whole by another run, records/ (a refused bench made
     # records/ inside a running generate's folder, and left it there)
     with folder_lock(out, f"bench (its process of rank {rank})", file=f"{RECORDS_DIR}/rank{rank}.jsonl"):

@@ -18,8 +18,7 @@ from csdgen.jsonio import json_lines, read_json, write_json
 from csdgen.run_settings import defaults_resolved, same_checkpoint, weights_compared
 from csdgen.runs import settings_difference
 
-__all__ = ["MANIFEST", "RECORDS_DIR", "MERGED", "read_jsonl", "repair_tail", "append_jsonl", "existing_records", "check_settings",
-           "refuse_run_folder"]
+__all__ = ["MANIFEST", "RECORDS_DIR", "MERGED", "read_jsonl", "repair_tail", "append_jsonl", "existing_records", "check_settings"]
 
 
 MANIFEST = "bench.json"
@@ -140,8 +139,7 @@ def check_settings(out: str | os.PathLike, settings: dict, *, write: bool, parti
             or a malformed ``bench.json``; with ``write``, a folder without ``bench.json`` holding
             files a bench writes (:data:`BENCH_FILES`: not a bench's, they would be overwritten) or
             records (``records/rank0.jsonl``, or a rank beyond ``world``, holding lines: made under
-            settings nobody recorded, they would be resumed as this run's images), or a folder
-            holding a run of ``generate`` (``record.json``).
+            settings nobody recorded, they would be resumed as this run's images).
     """
     path = Path(out) / MANIFEST
     if path.exists():
@@ -159,7 +157,6 @@ def check_settings(out: str | os.PathLike, settings: dict, *, write: bool, parti
         ours = [f"{RECORDS_DIR}/{p.name}" for p in sorted((folder / RECORDS_DIR).glob("rank*.jsonl"))
                  if _foreign_rank(p.name, world) and p.is_file() and p.stat().st_size > 0]
         ours += [f for f in BENCH_FILES if (folder / f).exists()] + sorted(p.name for p in folder.glob("speed_quality_*.png"))
-        refuse_run_folder(folder)
         if ours:  # a bench writes its manifest first: these are not a bench's, and would be overwritten
             fate = ("resumed as this run's images (made under settings nobody recorded)" if ours[0].startswith(RECORDS_DIR)
                     else "overwritten")
@@ -168,22 +165,6 @@ def check_settings(out: str | os.PathLike, settings: dict, *, write: bool, parti
                              f"{MANIFEST}, so they are not a bench's and would be {fate}; use another --out, or "
                              f"move them")
         write_json({"schema": SCHEMA, "created": _now(), "settings": settings}, path)
-
-
-def refuse_run_folder(out: str | os.PathLike) -> None:
-    """Refuse a folder without ``bench.json`` that holds a run of ``generate`` or ``save_run`` (its
-    ``record.json``, :mod:`csdgen.runs`): a bench beside it would write into the same folder.
-
-    Raises:
-        ValueError: naming the folder."""
-    folder = Path(out)
-    try:
-        run = (folder / "record.json").is_file() and not (folder / MANIFEST).exists()
-    except OSError:  # a name too long, a folder not readable: making the folder says which
-        return
-    if run:
-        raise ValueError(f"{str(folder)!r} holds a run of generate or save_run (record.json); a bench and a run keep "
-                         f"folders of their own: use another --out")
 
 
 def _foreign_rank(name: str, world: int) -> bool:

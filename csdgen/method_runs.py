@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from .folder_kinds import refuse_other_kind
 from .jsonio import read_json, write_json
 from .run_settings import defaults_resolved, sampling_record, settings_difference
 
@@ -183,11 +184,13 @@ def run_methods(model, jobs: Sequence[MethodJob], conditions: list, *, batch_siz
         One :class:`MethodRun` per job, in order.
 
     Raises:
-        ValueError: a cache with other settings or conditions, or a malformed cache (naming the file).
+        ValueError: a cache with other settings or conditions, or a malformed cache (naming the file), or a
+            folder holding another kind of output (:func:`csdgen.folder_kinds.refuse_other_kind`).
     """
     from csdgen.engine import generate
 
     out_dir = Path(out_dir)
+    refuse_other_kind(out_dir, "cached runs")
     out_dir.mkdir(parents=True, exist_ok=True)
     caches = []
     for job in jobs:

@@ -32,6 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from .folder_kinds import refuse_other_kind
 from .jsonio import read_json, write_json
 from .run_settings import run_settings, settings_difference, weights_compared, _comparable
 from .run_images import (
@@ -199,21 +200,6 @@ def _load_record(out: Path, plan: RunPlan) -> dict | None:
 OPTIONAL_SETTINGS = ("quantize",)
 
 
-def refuse_bench_folder(out: str | os.PathLike) -> None:
-    """Refuse a folder that holds a ``csdgen bench`` (its ``bench.json``): a run's record and a bench's
-    manifest in one folder would each resume, report and overwrite beside the other's files.
-
-    Raises:
-        ValueError: naming the folder."""
-    try:
-        bench = (Path(out) / "bench.json").is_file()
-    except OSError:  # a name too long, a folder not readable: making the folder says which
-        return
-    if bench:
-        raise ValueError(f"{str(out)!r} holds a csdgen bench (bench.json); a run of generate or save_run and a bench "
-                         f"keep folders of their own: use another --out")
-
-
 def refuse_other_record(out: str | os.PathLike, known: dict) -> None:
     """Refuse, before a model is read, a folder whose ``record.json`` holds a run with other values of
     the settings ``known`` so far (checkpoint, dtype, device, method, prompts ...): with a 7B model the
@@ -307,7 +293,7 @@ def run_plan(plan: RunPlan, out: str | os.PathLike, *, batch_size: int, seed: in
 
     Raises:
         ValueError: ``out`` holds a run with other settings or conditions, or a malformed record,
-            or a bench (:func:`refuse_bench_folder`), or cannot be made (a file, naming the path), or is empty; ``batch_size`` is not an
+            or output of another kind (:func:`csdgen.folder_kinds.refuse_other_kind`), or cannot be made (a file, naming the path), or is empty; ``batch_size`` is not an
             integer >= 1; ``maps`` not a bool; the plan has no conditions.
         csdgen.folder_lock.FolderBusy: another run is writing into ``out`` now (a ValueError).
     """
@@ -328,7 +314,7 @@ def run_plan(plan: RunPlan, out: str | os.PathLike, *, batch_size: int, seed: in
     from csdgen.class_names import folder_error, shown_path
 
     out = Path(out)
-    refuse_bench_folder(out)
+    refuse_other_kind(out, "run")
     with undo_new_folders(out):  # refused before anything was written (a bad value found in the first batch): no folder
         try:
             out.mkdir(parents=True, exist_ok=True)

@@ -456,7 +456,7 @@ def test_a_limit_past_the_prompt_file_says_how_many_prompts_run(builtin_weights,
     assert len((tmp_path / "b" / "records.jsonl").read_text().splitlines()) == 2
 
 
-def test_a_bench_folder_and_a_generate_folder_refuse_each_other(builtin_weights, tmp_path, capsys):
+def test_bench_generate_and_compare_folders_refuse_each_other(builtin_weights, tmp_path, capsys):
     """generate into a finished bench's folder wrote a run beside the bench (record.json and its images)."""
     bench_out, run_out = tmp_path / "b", tmp_path / "g"
     assert _bench_ar(builtin_weights, bench_out, "--limit", "1") == 0
@@ -470,6 +470,23 @@ def test_a_bench_folder_and_a_generate_folder_refuse_each_other(builtin_weights,
     assert _bench_ar(builtin_weights, run_out, "--limit", "1") == 2
     assert "holds a run of generate or save_run (record.json)" in capsys.readouterr().err
     assert not (run_out / "bench.json").exists() and not (run_out / "records").exists(), sorted(p.name for p in run_out.iterdir())
+    # compare on the built-in classes keeps cached runs: neither a bench's folder nor a run's, and neither takes its
+    # folder (a plain compare replaced a bench-mode compare's compare.md)
+    cached = tmp_path / "c"
+    compare = ["compare", "--weights", str(builtin_weights), "-n", "2", "--methods", "sjd", "--window", "4"]
+    assert cli.main([*compare, "--out", str(cached)]) == 0
+    for out, holds in ((bench_out, "holds a csdgen bench (bench.json)"), (run_out, "holds a run of generate or save_run")):
+        capsys.readouterr()
+        assert cli.main([*compare, "--out", str(out)]) == 2
+        assert holds in capsys.readouterr().err
+        assert not list(out.glob("run_*.json")) and not (out / "compare.md").exists()
+    before = sorted(p.name for p in cached.iterdir())
+    capsys.readouterr()
+    assert cli.main(["generate", "--weights", str(builtin_weights), "-n", "1", "--out", str(cached)]) == 2
+    assert "holds the cached runs of compare or sweep (run_*.json)" in capsys.readouterr().err
+    assert _bench_ar(builtin_weights, cached, "--limit", "1") == 2
+    assert "holds the cached runs of compare or sweep (run_*.json)" in capsys.readouterr().err
+    assert sorted(p.name for p in cached.iterdir()) == before
 
 
 def test_a_prompt_file_edited_between_runs_is_named_as_other_contents(builtin_weights, tmp_path, capsys):

@@ -409,6 +409,7 @@ def execute(args, adjust=None, title: str = "csdgen bench"):
     from tqdm import tqdm
 
     from csdgen import bench
+    from csdgen.folder_kinds import refuse_other_kind
     from csdgen.folder_lock import refuse_busy
 
     _floor(args)  # bad seeds fail before the model loads
@@ -418,7 +419,7 @@ def execute(args, adjust=None, title: str = "csdgen bench"):
     rank, world, local = bench.distributed(device_type)
     # a folder another run writes now is refused before the model loads (run_shard takes the lock)
     refuse_busy(args.out, file=f"{bench.RECORDS_DIR}/rank{rank}.jsonl", what=f"bench (its process of rank {rank})")
-    bench.refuse_run_folder(args.out)  # and a run of generate's (before the weights are read)
+    refuse_other_kind(args.out, "bench")  # and another kind of output (before the weights are read)
     try:
         device = f"cuda:{local}" if device_type == "cuda" else "cpu"
         plan = _builtin_plan(args, device) if args.model == "builtin" else _model_plan(args, device)

@@ -61,6 +61,7 @@ def run(args) -> int:
     from csdgen.evaluation.compare import method_presets, score_run, table_rows, timing_caveat, to_csv, to_markdown
     from csdgen.evaluation.maps import image_grid, save_png, to_uint8
     from csdgen.evaluation.quality import QualityScorer
+    from csdgen.folder_kinds import refuse_other_kind
     from csdgen.folder_lock import refuse_busy
     from csdgen.runs import MethodJob
 
@@ -71,6 +72,7 @@ def run(args) -> int:
     if status is not None:
         return status
     refuse_busy(args.out)  # before the model loads; locked_runs takes the lock
+    refuse_other_kind(args.out, "cached runs")
     model, classes = builtin_model(args, fixed_window=True, spread=True)
     sampling = sampling_of(args)
     presets = method_presets(args.lam, args.delta, args.addition_c, model.codebook_embeddings(),

@@ -242,11 +242,12 @@ def run(args) -> int:
     from tqdm import tqdm
 
     from csdgen.folder_lock import refuse_busy
-    from csdgen.runs import refuse_bench_folder, run_plan
+    from csdgen.folder_kinds import refuse_other_kind
+    from csdgen.runs import run_plan
 
     refuse_busy(args.out)  # before the model loads; run_plan takes the lock
     refuse_file_out(args.out)  # before the weights are read (minutes for 7B); writable makes the folder after
-    refuse_bench_folder(args.out)
+    refuse_other_kind(args.out, "run")
     plan, batch_size = model_job(args) if args.model is not None else builtin_job(args)
     out = writable(args.out)
     N = plan.model.num_image_tokens

@@ -136,6 +136,7 @@ def run(args) -> int:
     from csdgen.evaluation.quality import QualityScorer
     from csdgen.evaluation.sweep import frontier_plot, settings
     from csdgen.jsonio import write_json
+    from csdgen.folder_kinds import refuse_other_kind
     from csdgen.folder_lock import refuse_busy
     from csdgen.runs import MethodJob
 
@@ -147,6 +148,7 @@ def run(args) -> int:
         return status
     args.window = args.lam = args.delta = None  # a sweep sets these per point; filled only to validate the rest
     refuse_busy(args.out)  # before the model loads; locked_runs takes the lock
+    refuse_other_kind(args.out, "cached runs")
     model, classes = builtin_model(args, spread=True)
     sampling = sampling_of(args)
     args.windows = fit_windows(args.windows, model.num_image_tokens)
