@@ -172,7 +172,7 @@ async def _read_body(request) -> bytes:
             elif size > DRAIN_BYTES:
                 break
     if size > MAX_BODY_BYTES:
-        told = f"{declared} bytes" if declared.isascii() and declared.isdigit() else f"more than {MAX_BODY_BYTES} bytes"
+        told = f"{int(declared)} bytes" if declared.isascii() and declared.isdigit() else f"more than {MAX_BODY_BYTES} bytes"
         raise APIError(413, f"the request body has {told}; allowed at most {MAX_BODY_BYTES} (a prompt of at most "
                             f"{MAX_PROMPT_CHARS} characters and the other fields)", code="request_too_large")
     return b"".join(chunks)
