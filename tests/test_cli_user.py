@@ -180,8 +180,8 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_and_the_rerun_resumes(tmp_path):
     argv = [sys.executable, "-m", "csdgen", "generate", "-n", "64", "--batch-size", "2", "--no-maps", "--out", str(out)]
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
     deadline = time.monotonic() + 240
-    while not (out / "record.json").is_file() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)  # the record is written once the first batch is decoded
+    while len(list(out.glob("*.png"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # the first batch's images are written (the record comes before them)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err
