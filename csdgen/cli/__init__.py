@@ -133,9 +133,19 @@ def _deliver_again(previous, unraisable) -> None:
     import signal
 
     if isinstance(unraisable.exc_value, KeyboardInterrupt):
-        # from another thread: raised here, Python would run the handler at once, inside this hook, and drop it again
         stop = signal.SIGTERM if isinstance(unraisable.exc_value, _Terminated) else signal.SIGINT
-        threading.Thread(target=signal.raise_signal, args=(stop,), daemon=True).start()
+        # not raised here: Python would run its handler at once, inside this hook, and drop it again (as it did
+        # from a thread started here, whose start waits); a timer fires once the hook has returned
+        alarm = signal.getsignal(signal.SIGALRM)
+        alarm = getattr(alarm, "csdgen_previous", alarm)  # a stop swallowed twice before its timer fired
+
+        def fire(signum, frame):
+            signal.signal(signal.SIGALRM, alarm)
+            signal.raise_signal(stop)  # the stop's own handler runs now, where the main thread is
+
+        fire.csdgen_previous = alarm
+        signal.signal(signal.SIGALRM, fire)
+        signal.setitimer(signal.ITIMER_REAL, 0.02)
         return
     previous(unraisable)
 
