@@ -185,7 +185,7 @@ def _refuse_records_of_other_settings(plan: BenchPlan, done: dict) -> None:
     Raises:
         ValueError: naming the method, the prompt id and each value that differs."""
     from csdgen.engine import resolve_arguments
-    from csdgen.run_settings import settings_difference
+    from csdgen.run_settings import defaults_resolved, settings_difference
 
     expected = {}
     for method in plan.methods:
@@ -199,23 +199,13 @@ def _refuse_records_of_other_settings(plan: BenchPlan, done: dict) -> None:
         if mine is None or not isinstance(theirs, dict):
             continue  # a method this command does not run; a record from before per-image settings
         shared = [k for k in mine if k in theirs and k not in ("engine", "compile")]
-        differ = settings_difference(_as_drawn({k: theirs[k] for k in shared}), _as_drawn({k: mine[k] for k in shared}))
+        # compared as the manifest is: values that draw the same images (top-p 1, no draft initialisation) alike
+        differ = settings_difference(defaults_resolved({k: theirs[k] for k in shared}),
+                                     defaults_resolved({k: mine[k] for k in shared}))
         if differ:
             raise ValueError(f"{RECORDS_DIR}/ holds a record of {method} for prompt {pid!r} made with other settings "
                              f"({'; '.join(differ)}), which no bench of this folder's settings writes; move the rank "
                              f"file holding it away, or use another --out")
-
-
-def _as_drawn(settings: dict) -> dict:
-    """A record's settings with values that draw the same images written alike, as the manifest compares
-    them (:func:`csdgen.run_settings.defaults_resolved`): top-p 1 keeps every token (none), and no draft
-    initialisation is the uniform one."""
-    out = dict(settings)
-    if out.get("top_p") == 1:
-        out["top_p"] = None
-    if "draft_init" in out and out["draft_init"] is None:
-        out["draft_init"] = "uniform"
-    return out
 
 
 def _save_tensors(tensors: dict, path: Path) -> None:

@@ -130,18 +130,21 @@ def same_checkpoint(settings: dict) -> dict:
 
 
 def _top_p_one_as_none(settings: dict) -> dict:
-    """``settings`` with a ``sampling.top_p`` of 1 as none: :func:`csdgen.sampling.apply_top_p` keeps every
+    """``settings`` with a ``sampling.top_p`` of 1 as none, and a top-level ``top_p`` of 1 (a bench record's
+    per-image settings keep the sampling fields flat): :func:`csdgen.sampling.apply_top_p` keeps every
     token at 1, so both make the same images."""
     sampling = settings.get("sampling")
     if isinstance(sampling, dict) and sampling.get("top_p") == 1:
-        return {**settings, "sampling": {**sampling, "top_p": None}}
+        settings = {**settings, "sampling": {**sampling, "top_p": None}}
+    if settings.get("top_p") == 1:
+        settings = {**settings, "top_p": None}
     return settings
 
 
 def defaults_resolved(settings: dict) -> dict:
     """``settings`` (a bench manifest's, a compare or sweep cache key's) with values that mean the
     default written as the default, so that an option given at its default is the same run: a
-    ``sampling.top_p`` of 1 as none (top-p 1 keeps every token), a ``draft_init`` of null (top level
+    ``sampling.top_p`` (or a bench record's flat ``top_p``) of 1 as none (top-p 1 keeps every token), a ``draft_init`` of null (top level
     or in ``preset``) as ``"uniform"`` (what a rule that needs no drafts of its own starts from; a
     rule that needs its own has it set there, :func:`csdgen.evaluation.compare.method_presets`), and
     ``compile: false`` on a CPU as unset (compilation is on for CUDA only by default). An ``engine`` of
