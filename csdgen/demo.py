@@ -337,13 +337,12 @@ def build_app(model, *, model_name: str = "built-in model", defaults: FamilyDefa
                         _, key, frame = event
                         _, title, image, acceptance, entropy_map = panels[key]
                         done = finished + frame.committed
+                        so_far = (f"{frame.committed}/{model.num_image_tokens} tokens, "
+                                  f"{frame.forwards} forward{'' if frame.forwards == 1 else 's'}")
                         yield {image: pngs.save(frame.image), acceptance: pngs.save(frame.acceptance),
                                entropy_map: pngs.save(frame.entropy),
-                               title: f"### {METHOD_LABELS[key]}\n{frame.committed}/{model.num_image_tokens} tokens, "
-                                      f"{frame.forwards} forward{'' if frame.forwards == 1 else 's'}",
-                               progress: _progress_html(f"{METHOD_LABELS[key]}: {frame.committed}/"
-                                                        f"{model.num_image_tokens} tokens, {frame.forwards} forward{'' if frame.forwards == 1 else 's'}",
-                                                        done, total)}
+                               title: f"### {METHOD_LABELS[key]}\n{so_far}",
+                               progress: _progress_html(f"{METHOD_LABELS[key]}: {so_far}", done, total)}
                     elif kind == "done":
                         _, key, row = event
                         finished += model.num_image_tokens

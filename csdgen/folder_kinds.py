@@ -34,7 +34,7 @@ def kind_of(folder: str | os.PathLike) -> list[str]:
     found = []
     try:
         for kind, (_, marker) in KINDS.items():
-            if any(p.is_file() for p in folder.glob(marker)) if "*" in marker else (folder / marker).is_file():
+            if any(p.is_file() for p in folder.glob(marker)):  # a name without "*" matches itself
                 found.append(kind)
     except OSError:  # a name too long, a folder not readable
         return []

@@ -293,8 +293,9 @@ def run_plan(plan: RunPlan, out: str | os.PathLike, *, batch_size: int, seed: in
 
     Raises:
         ValueError: ``out`` holds a run with other settings or conditions, or a malformed record,
-            or output of another kind (:func:`csdgen.folder_kinds.refuse_other_kind`), or cannot be made (a file, naming the path), or is empty; ``batch_size`` is not an
-            integer >= 1; ``maps`` not a bool; the plan has no conditions.
+            or output of another kind (:func:`csdgen.folder_kinds.refuse_other_kind`), or cannot be
+            made (a file, naming the path), or is empty; ``batch_size`` is not an integer >= 1;
+            ``maps`` not a bool; the plan has no conditions.
         csdgen.folder_lock.FolderBusy: another run is writing into ``out`` now (a ValueError).
     """
     from csdgen.folder_lock import folder_lock

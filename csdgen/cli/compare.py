@@ -58,7 +58,7 @@ def _run_bench(args) -> int:
 
 
 def run(args) -> int:
-    from csdgen.evaluation.compare import method_presets, score_run, table_rows, timing_caveat, to_csv, to_markdown
+    from csdgen.evaluation.compare import method_presets, runs_markdown, score_run, table_rows, to_csv
     from csdgen.evaluation.maps import image_grid, save_png, to_uint8
     from csdgen.evaluation.quality import QualityScorer
     from csdgen.folder_kinds import refuse_other_kind
@@ -92,8 +92,7 @@ def run(args) -> int:
             scores[run_.name], images = score_run(model, scorer, run_, classes)
             grid_rows.append(list(to_uint8(images[:8])))
         rows = table_rows(runs, scores)
-        caveat = timing_caveat(runs)
-        markdown = to_markdown(rows) + (f"\n{caveat}\n" if caveat else "")
+        markdown = runs_markdown(rows, runs)
         (out / "compare.md").write_text(markdown)
         (out / "compare.csv").write_text(to_csv(rows))
         save_png(image_grid(grid_rows, [r.name for r in runs], scale=2), out / "compare.png")

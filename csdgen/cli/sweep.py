@@ -132,7 +132,7 @@ def _run_bench(args) -> int:
 
 
 def run(args) -> int:
-    from csdgen.evaluation.compare import score_run, timing_caveat, to_csv, to_markdown
+    from csdgen.evaluation.compare import runs_markdown, score_run, to_csv
     from csdgen.evaluation.quality import QualityScorer
     from csdgen.evaluation.sweep import frontier_plot, settings
     from csdgen.jsonio import write_json
@@ -171,8 +171,7 @@ def run(args) -> int:
                          "mean_accepted_length": sum(run_.accepted) / len(run_.accepted),
                          "latency_s_per_image": run_.seconds / len(classes), **scores})
             write_json(rows, out / "sweep.json")
-        caveat = timing_caveat(runs)
-    markdown = to_markdown(rows) + (f"\n{caveat}\n" if caveat else "")
+        markdown = runs_markdown(rows, runs)
     (out / "sweep.md").write_text(markdown)
     (out / "sweep.csv").write_text(to_csv(rows))
     frontier_plot(rows, out / "frontier.png")

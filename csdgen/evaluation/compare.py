@@ -121,6 +121,13 @@ def _cell(key: str, value) -> str:
     return _FORMATS.get(key, "{}").format(value) if isinstance(value, (int, float)) else str(value)
 
 
+def runs_markdown(rows: list[dict], runs: list[MethodRun]) -> str:
+    """:func:`to_markdown` of ``rows``, then :func:`timing_caveat` of the ``runs`` they were made from, if any
+    (compare's and sweep's tables)."""
+    caveat = timing_caveat(runs)
+    return to_markdown(rows) + (f"\n{caveat}\n" if caveat else "")
+
+
 def to_markdown(rows: list[dict]) -> str:
     """A Markdown table of :func:`table_rows` output."""
     keys = list(rows[0])

@@ -160,10 +160,11 @@ async def _read_body(request) -> bytes:
             (a body that would not be read whole anyway; its client may never send it).
         starlette.requests.ClientDisconnect: the client went away before its body arrived.
     """
-    declared = request.headers.get("content-length", "")
+    text = request.headers.get("content-length", "")
+    declared = int(text) if text.isascii() and text.isdigit() else None
     size, chunks = 0, []
-    if declared.isascii() and declared.isdigit() and int(declared) > DRAIN_BYTES:
-        size = int(declared)
+    if declared is not None and declared > DRAIN_BYTES:
+        size = declared
     else:
         async for chunk in request.stream():
             size += len(chunk)
@@ -172,7 +173,7 @@ async def _read_body(request) -> bytes:
             elif size > DRAIN_BYTES:
                 break
     if size > MAX_BODY_BYTES:
-        told = f"{int(declared)} bytes" if declared.isascii() and declared.isdigit() else f"more than {MAX_BODY_BYTES} bytes"
+        told = f"{declared} bytes" if declared is not None else f"more than {MAX_BODY_BYTES} bytes"
         raise APIError(413, f"the request body has {told}; allowed at most {MAX_BODY_BYTES} (a prompt of at most "
                             f"{MAX_PROMPT_CHARS} characters and the other fields)", code="request_too_large")
     return b"".join(chunks)
