@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-__all__ = ["run_settings", "settings_difference"]
+__all__ = ["model_settings", "run_settings", "settings_difference"]
 
 
 def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
@@ -214,8 +214,9 @@ def weights_compared(previous: dict, current: dict) -> tuple[dict, dict]:
     return old, new
 
 
-def _model_settings(model) -> dict:
-    """The model's part of a record's settings: the built-in model as ``csdgen generate`` records it
+def model_settings(model) -> dict:
+    """The model's part of a record's settings (``record.json``, each bench record, and ``bench.json`` for the
+    built-in model): the built-in model as ``csdgen generate`` records it
     (``"builtin"`` and its weights, ``"shipped"`` or the folder, and its ``dtype`` where not float32),
     another model by its class name,
     and a checkpoint from :func:`csdgen.models.load_model` also by its folder (``checkpoint``), its
@@ -277,7 +278,7 @@ def run_settings(model, *, seed: int = 0, method="csd", window=None, sampling=No
     if name not in ("csd", "addition") and (isinstance(method, str) or (
             name in METHODS and repr(resolve_method(name, model)[0]) == text)):
         text = repr(name)  # the rule the name makes (a rule of the caller's own, not a method name: its repr)
-    settings = {**_model_settings(model), "method": name, "rule": text, "window": window, "seed": resolved["seed"],
+    settings = {**model_settings(model), "method": name, "rule": text, "window": window, "seed": resolved["seed"],
                 "draft_init": draft_init, "refresh": resolved["refresh"], "sampling": sampling_record(sampling)}
     if name == "ar":  # no drafts to initialise or refresh
         del settings["draft_init"], settings["refresh"]

@@ -149,15 +149,11 @@ def _builtin_plan(args, device: str):
     prompts, indices = _builtin_prompts(args, model.classes)
     _limit_note(args, args.prompts, prompts)
     sampling = sampling_of(args)
-    dtype = str(model.backbone.dtype).removeprefix("torch.")  # float32 unrecorded, as generate: older records resume
-    from csdgen.run_settings import weights_digest
+    from csdgen.run_settings import model_settings
 
-    shipped = args.weights is None
-    settings = {"model": "builtin", "weights": "shipped" if shipped else str(args.weights),
-                **({} if shipped else {"weights_digest": weights_digest(args.weights)}),
-                **({"dtype": dtype} if dtype != "float32" else {}),
-                "device": device.split(":")[0], "prompts": _prompts_setting(args, "classes spread over the categories"), **_method_settings(args, sampling),
-                **_quantize_setting(args)}
+    # the model as generate records it (weights, digest, dtype, quantize): one rule for both commands
+    settings = {**model_settings(model), "device": device.split(":")[0],
+                "prompts": _prompts_setting(args, "classes spread over the categories"), **_method_settings(args, sampling)}
     return BenchPlan(model, prompts, indices, [model.class_ids([p.text])[0] for p in prompts], _methods(args, model),
                      args.seeds, _floor(args), args.window, sampling, settings, class_names=list(model.class_names))
 
