@@ -204,7 +204,7 @@ class Finalised:
         raise {stop}()
 hook = sys.unraisablehook
 try:
-    with cli._sigterm_as_interrupt("compare"):
+    with cli._stops_handled("compare"):
         for _ in range(3):  # three stops swallowed before the first is delivered again
             thing = Finalised()
             del thing  # the finaliser's stop is dropped by Python, then delivered again

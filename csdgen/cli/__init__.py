@@ -102,9 +102,10 @@ def entry() -> None:
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt(command: str | None):
-    """While a command that resumes runs (:data:`_KEPT`) in the main thread with SIGTERM at its default
-    (which ended the process with no line, status -15), SIGTERM raises :class:`_Terminated`.
+def _stops_handled(command: str | None):
+    """Both stops, SIGTERM and Ctrl-C, end a running command with its one line. While a command that resumes
+    runs (:data:`_KEPT`) in the main thread with SIGTERM at its default (which ended the process with no
+    line, status -15), SIGTERM raises :class:`_Terminated`.
 
     A stop raised while Python runs a finaliser (``__del__``, garbage collection) is printed as "Exception
     ignored" and dropped, and the command ran on to its end with status 0; while the command runs, such a
@@ -175,7 +176,7 @@ def _main(argv: list[str] | None) -> int:
         from csdgen.atomic import undo_new_folders
 
         # a command refused once its --out was made (a value the loaded model checks) leaves no empty folder
-        with warnings.catch_warnings(), undo_new_folders(getattr(args, "out", None)), _sigterm_as_interrupt(command):
+        with warnings.catch_warnings(), undo_new_folders(getattr(args, "out", None)), _stops_handled(command):
             # the options are explicit: --guidance-scale 1 means unguided
             # csdgen.sampling.UnguidedSamplingWarning, matched by its text: importing it would import torch
             warnings.filterwarnings("ignore", message=r"sampling=SamplingConfig\(.*\) runs unguided")
