@@ -1,6 +1,7 @@
 """Acceptance rules: the probability of keeping each draft token of a window, and the residual.
 
-Notation (the CSD paper's; the SJD paper swaps the letters):
+Notation (the CSD paper's, "CSD: Content-aware Speculative Decoding for Efficient Image Generation",
+ICML 2026; the SJD paper, Teng et al. 2024, arXiv 2410.01699, swaps the letters):
 
 * ``q`` = ``target_probs`` — the target model's distribution at a window position, after
   guidance and warping;
@@ -41,9 +42,37 @@ __all__ = [
     "lossless_acceptance",
     "residual_distribution",
     "first_rejection",
+    "check_window",
     "make_rule",
     "RULES",
 ]
+
+
+def _shape(t) -> str:
+    return f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}" if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def check_window(draft_tokens, draft_probs, target_probs, target_sample=None) -> None:
+    """The tensors of one window checked by shape and dtype only (no host sync): ``draft_tokens`` ``[B, W]``
+    integer ids, ``draft_probs`` and ``target_probs`` ``[B, W, V]`` floating, and ``target_sample`` ``[B, W]``
+    integer where given. A batch or window of other sizes broadcast, or gathered row 0 only, without a word.
+
+    Raises:
+        ValueError: naming each tensor's shape and dtype and what is allowed.
+    """
+    ids = (torch.int64, torch.int32)
+    ok = (isinstance(draft_tokens, torch.Tensor) and draft_tokens.dim() == 2 and draft_tokens.dtype in ids
+          and all(isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() == 3
+                  and tuple(t.shape[:2]) == tuple(draft_tokens.shape) for t in (draft_probs, target_probs))
+          and draft_probs.shape[-1] == target_probs.shape[-1]
+          and (target_sample is None or (isinstance(target_sample, torch.Tensor) and target_sample.dtype in ids
+                                         and tuple(target_sample.shape) == tuple(draft_tokens.shape))))
+    if not ok:
+        sample = "" if target_sample is None else f", target_sample {_shape(target_sample)}"
+        raise ValueError(f"draft_tokens {_shape(draft_tokens)}, draft_probs {_shape(draft_probs)}, target_probs "
+                         f"{_shape(target_probs)}{sample}: allowed draft_tokens [B, W] int64 ids, draft_probs and "
+                         "target_probs [B, W, V] floating of one shape" + ("" if target_sample is None else
+                                                                           ", target_sample [B, W] int64 ids"))
 
 
 def lossless_acceptance(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
@@ -59,8 +88,13 @@ def lossless_acceptance(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, t
         target_probs: ``[B, W, V]`` float, target ``q``.
 
     Returns:
-        ``[B, W]`` float32 in [0, 1].
+        ``[B, W]`` float32 in [0, 1] (for probabilities in [0, 1]; values are not checked, which would
+        take a host sync).
+
+    Raises:
+        ValueError: tensors of other shapes or dtypes (:func:`check_window`).
     """
+    check_window(draft_tokens, draft_probs, target_probs)
     index = draft_tokens.unsqueeze(-1)
     q_x = target_probs.gather(-1, index).squeeze(-1).float()
     p_x = draft_probs.gather(-1, index).squeeze(-1).float()
@@ -71,8 +105,8 @@ def lossless_acceptance(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, t
 def residual_distribution(draft_probs: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
     """The residual ``norm(max(0, q - p))`` to resample from after a rejection.
 
-    Leviathan et al. (2023), Algorithm 1; the CSD paper (Theorem on optimal resampling) shows
-    the same distribution minimises the total variation to ``q`` under its relaxed
+    Leviathan et al. (2023), Algorithm 1; the CSD paper (ICML 2026; its theorem on the optimal
+    resampling distribution) shows the same distribution minimises the total variation to ``q`` under its relaxed
     acceptance. A rejection implies ``q(x) < p(x)``, so the residual mass equals
     ``TV(p, q) > 0``; where it is zero in floating point the residual falls back to ``q``.
 
@@ -81,8 +115,16 @@ def residual_distribution(draft_probs: torch.Tensor, target_probs: torch.Tensor)
         target_probs: ``[B, W, V]`` float ``q``.
 
     Returns:
-        ``[B, W, V]`` float32 probabilities, never NaN.
+        ``[B, W, V]`` float32: probabilities for probabilities ``p`` and ``q`` (rows that sum to 1); a ``q``
+        of zero mass stays zero. Never NaN for finite inputs.
+
+    Raises:
+        ValueError: ``p`` and ``q`` of other shapes (a broadcast was silently another distribution).
     """
+    if not (isinstance(draft_probs, torch.Tensor) and isinstance(target_probs, torch.Tensor)
+            and draft_probs.shape == target_probs.shape and draft_probs.dim() >= 1):
+        raise ValueError(f"draft_probs {_shape(draft_probs)}, target_probs {_shape(target_probs)}: allowed two "
+                         "tensors of one shape [..., V]")
     diff = (target_probs.float() - draft_probs.float()).clamp_min(0.0)
     mass = diff.sum(-1, keepdim=True)
     degenerate = mass <= 1e-12
@@ -97,7 +139,13 @@ def first_rejection(accepted: torch.Tensor) -> torch.Tensor:
 
     Returns:
         ``[B]`` int64 in [0, W]: the index of the first rejection, or W if none.
+
+    Raises:
+        ValueError: ``accepted`` not a bool tensor (integers counted past W, probabilities truncated to 0).
     """
+    if not isinstance(accepted, torch.Tensor) or accepted.dtype != torch.bool:
+        raise ValueError(f"accepted {_shape(accepted)}: allowed a bool tensor [B, W] (True where the draft passes; "
+                         "compare uniforms with acceptance probabilities first)")
     return accepted.long().cumprod(-1).sum(-1)
 
 
@@ -171,6 +219,10 @@ class AcceptanceRule(ABC):
 
         Returns:
             ``[B, W]`` float32 in [0, 1].
+
+        Raises:
+            ValueError: the package's rules refuse tensors of other shapes or dtypes (:func:`check_window`);
+                the decoding loop checks what any rule returns (:func:`checked_probability`).
         """
 
     def exact_probability(
@@ -222,7 +274,9 @@ class SJD(AcceptanceRule):
 
 
 class CSD(AcceptanceRule):
-    """Content-aware speculative decoding (CSD paper, eqs. for ``b_k`` and the alignment filter).
+    """Content-aware speculative decoding ("CSD: Content-aware Speculative Decoding for Efficient Image
+    Generation", ICML 2026: the relaxed acceptance ``b_k`` of its entropy-based probability relaxation, gated by its
+    distribution alignment filter).
 
     ``b = min(1, min(1, q(x)/p(x)) + lam * H(q))`` where ``TV(p, q) < delta``, else the exact
     ``min(1, q(x)/p(x))``. Lossy: the relaxation trades exactness for acceptance.
@@ -240,11 +294,15 @@ class CSD(AcceptanceRule):
         entropy_unit: ``"nats"`` (reference) or ``"normalized"`` (H / ln V in [0, 1];
             csdgen's variant, not in the paper).
         eps: clamping floor for entropy and TV (default :data:`~csdgen.sampling.ENTROPY_EPS`, 1e-10,
-            the reference's).
+            the reference's), in [0, 1); below ``1 / V`` when the rule runs (a floor at ``1 / V`` or above
+            flattens ``p`` and ``q`` alike, so TV is 0 and every draft is accepted). Recorded in the rule's
+            repr when it is not the default.
 
     Raises:
         ValueError: ``lam`` not a finite number >= 0, ``delta`` not a number in [0, 1], an unknown
-            ``entropy_unit`` or ``eps`` not a number >= 0 (bools and strings are not numbers), naming the argument.
+            ``entropy_unit`` or ``eps`` not a number in [0, 1) (bools and strings are not numbers), naming the
+            argument; at a call, ``eps >= 1 / V``, windows of other shapes (:func:`check_window`) or a
+            ``target_entropy`` not ``[B, W]``.
     """
 
     name = "csd"
@@ -257,8 +315,9 @@ class CSD(AcceptanceRule):
             raise ValueError(f"delta={delta!r}: the CSD TV threshold must be a number in [0, 1]")
         if entropy_unit not in ("nats", "normalized"):
             raise ValueError(f"entropy_unit={entropy_unit!r}: allowed 'nats' (reference) or 'normalized' (H / ln V)")
-        if not _number(eps) or not (eps >= 0):
-            raise ValueError(f"eps={eps!r}: the clamping floor must be a number >= 0")
+        if not _number(eps) or not (0 <= eps < 1):
+            raise ValueError(f"eps={eps!r}: the clamping floor must be a number in [0, 1) (and below 1 / V; "
+                             f"default {ENTROPY_EPS})")
         self.lam, self.delta, self.entropy_unit, self.eps = float(lam), float(delta), entropy_unit, float(eps)
 
     def acceptance_probability(self, draft_tokens, draft_probs, target_probs, target_sample, *,
@@ -269,6 +328,13 @@ class CSD(AcceptanceRule):
         that floor (the decoding loop passes the one it keeps for its statistics)."""
         # q = target_probs (model), p = draft_probs (previous Jacobi iterate or initialisation)
         exact = lossless_acceptance(draft_tokens, draft_probs, target_probs)
+        if self.eps * target_probs.shape[-1] >= 1:
+            raise ValueError(f"eps={self.eps!r} with a codebook of V={target_probs.shape[-1]}: the floor must be "
+                             f"below 1 / V = {1 / target_probs.shape[-1]:.3g}")
+        if target_entropy is not None and (not isinstance(target_entropy, torch.Tensor)
+                                           or tuple(target_entropy.shape) != tuple(exact.shape)):
+            raise ValueError(f"target_entropy {_shape(target_entropy)}: allowed a [B, W] = {list(exact.shape)} tensor "
+                             "of the target's entropy in nats")
         if target_entropy is not None and self.eps == ENTROPY_EPS:
             h = target_entropy.float()
             h = h / math.log(target_probs.shape[-1]) if self.entropy_unit == "normalized" else h
@@ -279,7 +345,9 @@ class CSD(AcceptanceRule):
         return torch.where(aligned, relaxed, exact)
 
     def options(self):
-        return {"lam": self.lam, "delta": self.delta, "entropy_unit": self.entropy_unit}
+        # eps only where it is not the default: the records of every rule made with it stay as they were
+        default = {} if self.eps == ENTROPY_EPS else {"eps": self.eps}
+        return {"lam": self.lam, "delta": self.delta, "entropy_unit": self.entropy_unit, **default}
 
 
 class Addition(AcceptanceRule):
@@ -318,10 +386,24 @@ class JacobiMatch(AcceptanceRule):
     lossless = True
 
     def acceptance_probability(self, draft_tokens, draft_probs, target_probs, target_sample):
+        check_window(draft_tokens, draft_probs, target_probs, target_sample)
         return (draft_tokens == target_sample).float()
 
     def residual(self, draft_probs, target_probs, target_sample):
-        return torch.nn.functional.one_hot(target_sample, target_probs.shape[-1]).float()
+        if not (isinstance(target_sample, torch.Tensor) and target_sample.dtype in (torch.int64, torch.int32)
+                and tuple(target_sample.shape) == tuple(target_probs.shape[:-1])):
+            raise ValueError(f"target_sample {_shape(target_sample)}: allowed int64 ids of target_probs' shape "
+                             f"without V, {list(target_probs.shape[:-1])}")
+        return torch.nn.functional.one_hot(target_sample.long(), target_probs.shape[-1]).float()
+
+
+def _check_codebook_size(rule: "AcceptanceRule", target_probs: torch.Tensor) -> None:
+    """A rule made with a codebook of V entries meets targets over V tokens (no host sync): another V
+    indexed past the codebook, or ran on the wrong neighbours, without a word."""
+    if target_probs.shape[-1] != rule.codebook_size:
+        raise ValueError(f"{type(rule).__name__} was made with a codebook of {rule.codebook_size} entries; the target "
+                         f"distribution has V={target_probs.shape[-1]}: make the rule with this model's "
+                         "codebook_embeddings()")
 
 
 def _codebook(codebook: torch.Tensor | None, rule: str) -> torch.Tensor:
@@ -353,7 +435,8 @@ class GSD(AcceptanceRule):
         max_distance: maximal squared codebook distance, > 0.
 
     Raises:
-        ValueError: missing codebook or a parameter out of range.
+        ValueError: missing codebook or a parameter out of range; at a call, a window of other shapes
+            (:func:`check_window`) or a target over another V than the codebook's.
     """
 
     name = "gsd"
@@ -372,6 +455,8 @@ class GSD(AcceptanceRule):
         self.radius, self.prob_gap, self.max_distance = radius, float(prob_gap), float(max_distance)
 
     def acceptance_probability(self, draft_tokens, draft_probs, target_probs, target_sample):
+        check_window(draft_tokens, draft_probs, target_probs)
+        _check_codebook_size(self, target_probs)
         # q = target_probs, p = draft_probs
         q, p, x = target_probs.float(), draft_probs.float(), draft_tokens
         V = q.shape[-1]
@@ -410,7 +495,9 @@ class Lantern(AcceptanceRule):
         cap: LANTERN++ cap ``lambda >= 1`` on ``q~ / q``, a number; None for plain LANTERN.
 
     Raises:
-        ValueError: missing codebook or a parameter out of range or not a number (naming it).
+        ValueError: missing codebook, a codebook of fewer than 2 entries, or a parameter out of range or not a
+            number (naming it); at a call, a window of other shapes (:func:`check_window`) or a target over
+            another V than the codebook's.
     """
 
     name = "lantern"
@@ -427,11 +514,17 @@ class Lantern(AcceptanceRule):
         if cap is not None and (not _number(cap) or not cap >= 1.0):
             raise ValueError(f"cap={cap!r}: the LANTERN++ cap must be a number >= 1 (or None)")
         codebook = _codebook(codebook, "lantern")
+        if codebook.shape[0] < 2:
+            raise ValueError(f"a codebook of {codebook.shape[0]} entries: LANTERN adds the mass of a token's "
+                             "neighbours, so it needs a codebook of at least 2 entries")
         self.codebook_size = codebook.shape[0]
-        self.k, self.delta, self.cap = min(int(k), codebook.shape[0] - 1), float(delta), cap
+        # cap as a float, as delta: cap=np.float32(2) and cap=2.0 are one rule in a record
+        self.k, self.delta, self.cap = min(int(k), codebook.shape[0] - 1), float(delta), None if cap is None else float(cap)
         self.table = neighbour_table(codebook, self.k)
 
     def acceptance_probability(self, draft_tokens, draft_probs, target_probs, target_sample):
+        check_window(draft_tokens, draft_probs, target_probs)
+        _check_codebook_size(self, target_probs)
         # q = target_probs, p = draft_probs
         q, x = target_probs.float(), draft_tokens
         q_x = q.gather(-1, x[..., None]).squeeze(-1)

@@ -215,3 +215,83 @@ def test_a_rule_of_the_callers_own_returning_no_probabilities_is_refused_naming_
             csdgen.generate(model, [None, None], method=rule(returns), window=5, seed=0)
     fine = csdgen.generate(model, [None, None], method=rule(lambda x: torch.full(x.shape, 0.5)), window=5, seed=0)
     assert fine.tokens.shape == (2, 12)
+
+
+# ----- what the rules refuse at a call (shapes and dtypes only: no host sync) -----
+
+def _batch_window(B=2, W=3, V=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    p = torch.randn(B, W, V, generator=g).softmax(-1)
+    q = torch.randn(B, W, V, generator=g).softmax(-1)
+    x = torch.multinomial(p.reshape(-1, V), 1, generator=g).reshape(B, W)
+    return x, p, q
+
+
+@pytest.mark.parametrize("rule", [SJD(), CSD(), Addition(), JacobiMatch()], ids=lambda r: type(r).__name__)
+def test_a_window_of_mismatched_batch_or_codebook_size_is_refused_naming_the_shapes(rule):
+    x, p, q = _batch_window()
+    y = torch.multinomial(q.reshape(-1, 5), 1).reshape(2, 3)
+    with pytest.raises(ValueError, match=r"draft_tokens \[1, 3\] int64, draft_probs \[2, 3, 5\]"):
+        rule.acceptance_probability(x[:1], p, q, y[:1])  # row 0 of p and q was used for the one draft row
+    with pytest.raises(ValueError, match=r"target_probs \[2, 3, 4\] float32"):
+        rule.acceptance_probability(x, p, q[..., :4], y)
+    with pytest.raises(ValueError, match=r"draft_tokens \[2, 3\] float32"):
+        rule.acceptance_probability(x.float(), p, q, y)
+
+
+def test_first_rejection_refuses_a_mask_that_is_not_bool():
+    assert first_rejection(torch.tensor([[True, True, False]])).tolist() == [2]
+    with pytest.raises(ValueError, match=r"accepted \[1, 3\] int64: allowed a bool tensor"):
+        first_rejection(torch.tensor([[2, 1, 0]]))  # counted 4 in a window of 3
+    with pytest.raises(ValueError, match=r"accepted \[1, 3\] float32"):
+        first_rejection(torch.tensor([[0.9, 0.2, 0.7]]))  # probabilities, truncated to a first rejection at 0
+
+
+def test_residual_refuses_p_and_q_of_other_shapes():
+    x, p, q = _batch_window()
+    with pytest.raises(ValueError, match=r"draft_probs \[3, 5\] float32, target_probs \[2, 3, 5\]"):
+        residual_distribution(p[0], q)
+
+
+def test_csd_records_a_clamping_floor_other_than_the_default():
+    from csdgen.sampling import ENTROPY_EPS
+
+    assert repr(CSD()) == repr(CSD(eps=ENTROPY_EPS)) == "CSD(lam=0.5, delta=0.65, entropy_unit='nats')"
+    assert repr(CSD(eps=0.01)) == "CSD(lam=0.5, delta=0.65, entropy_unit='nats', eps=0.01)"
+    assert make_rule("csd", eps=0.01).options()["eps"] == 0.01
+
+
+def test_csd_refuses_a_clamping_floor_that_flattens_the_distributions():
+    x, p, q = _batch_window()
+    for eps in (1.0, float("inf"), float("nan"), -1e-3):
+        with pytest.raises(ValueError, match=re.escape(f"eps={eps!r}: the clamping floor must be a number in [0, 1)")):
+            CSD(eps=eps)
+    with pytest.raises(ValueError, match=r"eps=0.5 with a codebook of V=5: the floor must be below 1 / V = 0.2"):
+        CSD(eps=0.5).acceptance_probability(x, p, q, None)  # accepted every draft
+
+
+def test_csd_refuses_a_target_entropy_of_another_shape():
+    x, p, q = _batch_window()
+    with pytest.raises(ValueError, match=r"target_entropy \[7\] float32: allowed a \[B, W\] = \[2, 3\]"):
+        CSD().acceptance_probability(x, p, q, None, target_entropy=torch.zeros(7))
+
+
+def test_codebook_rules_refuse_targets_over_another_codebook_size():
+    from csdgen.acceptance import GSD, Lantern
+
+    x, p, q = _batch_window()
+    for rule in (GSD(torch.randn(3, 4)), GSD(torch.randn(50, 4)), Lantern(torch.randn(50, 4), k=2)):
+        with pytest.raises(ValueError, match=rf"{type(rule).__name__} was made with a codebook of "
+                                             rf"{rule.codebook_size} entries; the target distribution has V=5"):
+            rule.acceptance_probability(x, p, q, None)
+
+
+def test_lantern_names_a_one_entry_codebook_and_records_its_cap_as_a_float():
+    import numpy as np
+
+    from csdgen.acceptance import Lantern
+
+    with pytest.raises(ValueError, match="a codebook of 1 entries: LANTERN .* at least 2 entries"):
+        Lantern(torch.randn(1, 4))
+    codebook = torch.randn(8, 4)
+    assert repr(Lantern(codebook, k=3, cap=np.float32(2))) == repr(Lantern(codebook, k=3, cap=2.0))
