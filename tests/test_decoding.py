@@ -155,11 +155,26 @@ def test_function_model_runs_and_matches_its_function():
         ({"sampling": SamplingConfig(top_k=49)}, "top_k=49 exceeds the codebook size V=48"),
         ({"method": CSD(lam=0.5), "window": -3}, "window=-3"),
         ({"window": "fast"}, "window='fast'"),
+        ({"batch_size": 2.5}, r"batch_size=2.5: allowed None or an integer >= 1"),
+        ({"batch_size": True}, r"batch_size=True: allowed None or an integer >= 1"),
+        ({"batch_size": 3}, r"batch_size=3 differs from the 1 conditions given; allowed: None or 1"),
+        ({"method": "sjd", "window": 1, "tree": (2, 2)}, r"tree=\(2, 2\) with window=1: .* allowed: window >= 2 or 'auto'"),
     ],
 )
 def test_bad_arguments_raise_value_error(cached_model, kwargs, match):
     with pytest.raises(ValueError, match=match):
         csdgen.generate(cached_model, [0], **kwargs)
+
+
+def test_a_batch_size_that_is_no_count_is_refused_before_the_model_starts():
+    V, N = 5, 6
+    model = FunctionModel(lambda prefix: torch.zeros(prefix.shape[0], V), N, V)
+    for bad in (2.5, "2", 0, -1):  # zeros() takes 1 positional argument / '<' not supported, from inside the model
+        with pytest.raises(ValueError, match=f"batch_size={bad!r}: allowed None or an integer >= 1"):
+            csdgen.generate(model, None, batch_size=bad)
+    import numpy as np
+
+    assert csdgen.generate(model, None, batch_size=np.int64(2), method="ar").tokens.shape == (2, N)
 
 
 def test_bad_conditions_raise_value_error(cached_model):
@@ -204,6 +219,17 @@ def test_minus_inf_in_both_rows_excludes_a_token_and_is_no_error(guidance, metho
     model = _fixed_logits_model(6, 12, lambda t: excluded)
     out = csdgen.generate(model, batch_size=8, method=method, window=5, sampling=SamplingConfig(guidance_scale=guidance), seed=1)
     assert set(out.tokens.unique().tolist()) <= {1, 3, 4}
+
+
+def test_minus_inf_in_the_unconditional_row_only_is_named_as_such():
+    inf = float("inf")
+    cond = torch.tensor([0.5, 0.3, 1.0, 0.0])
+    uncond = torch.tensor([-inf, 0.3, 1.0, 0.0])  # the conditional row allows token 0, the unconditional excludes it
+    model = FunctionModel(lambda prefix: cond.expand(prefix.shape[0], 4), 5, 4,
+                          uncond_fn=lambda prefix: uncond.expand(prefix.shape[0], 4))
+    with pytest.raises(ValueError, match="logits disagree on which tokens are -inf .* guidance scale 2 .* allowed: -inf "
+                                         "at the same tokens in both rows"):
+        csdgen.generate(model, batch_size=2, method="sjd", window=3, sampling=SamplingConfig(guidance_scale=2.0))
 
 
 def _hashed_logits_model(V=12, N=10, seed=0):
@@ -434,3 +460,18 @@ def test_kept_step_infos_show_their_own_forward(cached_model):
     assert all(a <= b for earlier, later in zip(committed, committed[1:]) for a, b in zip(earlier, later))
     first = history[0]
     assert torch.equal(first.tokens[:, 0], result.tokens[:, 0]) and not torch.equal(first.tokens, result.tokens)
+
+
+def test_a_first_window_that_reaches_the_image_end_can_commit_every_remaining_token():
+    # the first iteration feeds one probe slot past the window to check the rollback; where the window
+    # reaches the image's end there is no slot past it, and the window keeps all of its width
+    logits = torch.tensor([4.0, -4.0])  # q(0) = 0.9997: a draft of token 0 is kept
+    for N in (3, 5):
+        model = FunctionModel(lambda prefix: logits.expand(prefix.shape[0], 2), N, 2)
+        seen = []
+        result = csdgen.generate(model, batch_size=64, method="sjd", window=16, seed=0, refresh="independent",
+                                 draft_init="onehot",
+                                 callback=lambda step: seen.append(step.committed.clone()))
+        assert result.widths[0] == N - 1  # the window: every position after the prefill's
+        # after the prefill (1) and one window, the images whose drafts were all token 0 are whole
+        assert int(seen[1].max()) == N, (N, sorted(set(seen[1].tolist())))

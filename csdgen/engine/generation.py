@@ -107,12 +107,15 @@ def generate(
     """Generate image tokens by AR decoding or speculative Jacobi decoding with an acceptance rule.
 
     Arguments left None come from ``model.defaults`` (the family's published or measured
-    defaults, :class:`csdgen.models.defaults.FamilyDefaults`), else from the CSD reference.
+    defaults, :class:`csdgen.models.defaults.FamilyDefaults`), else from the CSD reference, except
+    ``window``: None is ``"auto"`` here (``model.defaults.window`` is the fixed width that ``csdgen
+    compare`` and ``csdgen bench`` decode with when ``--window`` is left out; ``preset="paper"`` gives 16).
 
     Args:
         model: any :class:`~csdgen.models.base.ImageTokenModel`.
         conditions: what the model conditions on (class ids, prompts; one per image) or None.
-        batch_size: number of images when ``conditions`` does not fix it.
+        batch_size: number of images when ``conditions`` does not fix it: None or an integer >= 1 (with
+            ``conditions``, None or their number).
         method: ``"ar"``, ``"sjd"``, ``"csd"`` (lambda and delta from ``model.defaults``),
             ``"addition"``, ``"jacobi"``, ``"gsd"``, ``"lantern"`` (default options; the last
             two take the model's codebook) or an :class:`~csdgen.acceptance.AcceptanceRule`
@@ -182,7 +185,8 @@ def generate(
             ``image_indices`` not one distinct non-negative int per image, conditions the model rejects
             or a bare string / bytes or one condition (``33``) instead of a list of conditions,
             logits with NaN / +inf (or no allowed token) at some position, a bad ``tree``, a
-            tree with ``method="ar"``, a tree on a model whose session cannot evaluate trees, an
+            tree with ``method="ar"`` or with ``window=1``, a ``batch_size`` that is no integer >= 1 or
+            differs from the number of conditions, a tree on a model whose session cannot evaluate trees, an
             unknown ``engine``, ``engine="static"`` (or ``compile=True``) on a model it does not
             apply to, ``compile=True`` with ``engine="eager"``, a ``callback`` that is not callable
             or a ``profile`` that is not a bool.
@@ -190,6 +194,7 @@ def generate(
             gives the same images).
     """
     check_conditions(conditions)
+    batch_size = _check_batch_size(batch_size, conditions)
     check_engine(engine, compile)
     if callback is not None and not callable(callback):  # else a TypeError after the prefill
         raise ValueError(f"callback={callback!r}: allowed None or a function called with a StepInfo after every forward")
@@ -201,6 +206,9 @@ def generate(
     tree = check_tree(tree)
     if tree is not None and settings["method"] == "ar":
         raise ValueError(f"tree={tree!r} with method='ar': a draft tree needs a speculative method (e.g. 'sjd')")
+    if tree is not None and window == 1 and model.num_image_tokens > 1:  # no draft slot: the tree would be dropped
+        raise ValueError(f"tree={tree!r} with window=1: a draft tree grows from the window's drafts; allowed: "
+                         "window >= 2 or 'auto'")
     if tree is None:
         loop = _Loop(model, rule, window, seed, sampling, draft_init, refresh, callback, profile, engine=engine,
                      compile=compile)
@@ -248,6 +256,22 @@ def _out_of_memory(exc: RuntimeError) -> bool:
     text = str(exc)
     oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
     return (oom is not None and isinstance(exc, oom)) or "can't allocate memory" in text or "out of memory" in text
+
+
+def _check_batch_size(batch_size, conditions) -> int | None:
+    """``batch_size`` as an ``int`` (None stays None), checked before any model work."""
+    if batch_size is None:
+        return None
+    from ..integers import as_integer
+
+    value = as_integer(batch_size)
+    if value is None or value < 1:
+        raise ValueError(f"batch_size={batch_size!r}: allowed None or an integer >= 1 (the number of images when "
+                         "conditions is None)")
+    count = None if conditions is None else _count(conditions)
+    if isinstance(count, int) and value != count:
+        raise ValueError(f"batch_size={value} differs from the {count} conditions given; allowed: None or {count}")
+    return value
 
 
 def _count(conditions) -> int | str:

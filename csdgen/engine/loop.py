@@ -292,6 +292,14 @@ class _Loop:
         if raw is not None:
             cond, uncond, valid = raw
             model_bad = invalid_logits(cond, valid) | (invalid_logits(uncond, valid) if uncond is not None else False)
+            one_sided = (uncond is not None and s.guidance_scale != 1
+                         and bool(((torch.isneginf(cond) ^ torch.isneginf(uncond))
+                                   & (True if valid is None else valid[..., None])).any()))
+            if not bool(model_bad) and one_sided:  # -inf + inf: no scale but 1 (or a schedule's 1) combines them
+                return (f"the model's conditional and unconditional logits disagree on which tokens are -inf (one row "
+                        f"allows a token the other excludes); guidance scale {s.guidance_scale:g} combines such a token "
+                        f"to +inf or NaN (l_u + s (l_c - l_u)); allowed: -inf at the same tokens in both rows (a token "
+                        f"both exclude), or guidance scale 1 (the conditional row alone)")
             if not bool(model_bad):
                 return (f"the model's logits are finite, but guidance scale {s.guidance_scale:g} and temperature "
                         f"{s.temperature:g} make them overflow float32 (NaN or +inf after l_u + s (l_c - l_u) and / T); "
@@ -353,10 +361,8 @@ class _Loop:
             self._ages_entered = self.entered[rows].gather(1, c[:, None] + torch.arange(W, device=dev))
         # inputs: the last committed token, then the drafts (plus, once, one probe slot to roll back)
         fed_width, fed_widths = W, widths_host
-        if probe:
+        if probe:  # the probe is one slot past the window, fed and rolled back; a window that reaches the image's end has none
             fed_widths = torch.clamp(N - c_host, max=W + 1)
-            widths_host = fed_widths - 1
-            widths = (N - c).clamp(max=W + 1) - 1
             fed_width = W + 1
         columns = (c - 1)[:, None] + torch.arange(fed_width, device=dev)
         inputs = self.tokens[rows].gather(1, columns.clamp(min=0) if fold else columns)

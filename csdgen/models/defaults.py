@@ -15,7 +15,10 @@ __all__ = ["FamilyDefaults", "FAMILY_DEFAULTS", "family_defaults", "METHOD_DRAFT
 
 @dataclass(frozen=True)
 class FamilyDefaults:
-    """Decoding defaults of one family."""
+    """Decoding defaults of one family: ``guidance_scale``, ``temperature``, ``top_k`` / ``top_p`` (None: off),
+    CSD's ``lam`` and ``delta``, and ``window``, the fixed Jacobi width of ``csdgen compare`` and ``csdgen bench``
+    when ``--window`` is left out (:func:`csdgen.generate` and ``csdgen generate`` default to ``"auto"``);
+    ``sources`` and ``notes`` say where each value comes from."""
 
     guidance_scale: float
     temperature: float
