@@ -386,3 +386,18 @@ def test_the_batch_settings_are_generates_without_seed_engine_and_compile(float6
     batch = ContinuousBatch(float64_model, method="sjd", window=4, sampling=GUIDED)
     alone = csdgen.generate(float64_model, [1], method="sjd", window=4, sampling=GUIDED)
     assert batch.settings == {k: v for k, v in alone.settings.items() if k not in ("seed", "engine", "compile")}
+
+
+def test_cancel_and_progress_name_a_handle_that_is_no_handle(cached_model):
+    batch = ContinuousBatch(cached_model, method="sjd", window=4)
+    handles = batch.admit([0, 1], seeds=[0, 0], image_indices=[0, 1])
+    with pytest.raises(ValueError, match=rf"handles={handles[0]}: allowed a list of the handles admit\(\) returned, "
+                                         rf"e.g. \[{handles[0]}\]"):
+        batch.cancel(handles[0])  # 'int' object is not iterable
+    with pytest.raises(ValueError, match=rf"handle '{handles[0]}': allowed the integer handles admit\(\) returned"):
+        batch.cancel([str(handles[0])])  # was ignored as unknown
+    with pytest.raises(KeyError, match=r"handle 99 is not in the batch \(finished, cancelled or never admitted\)"):
+        batch.progress([99])
+    batch.cancel([handles[0], 12345])  # an unknown integer handle is ignored, as documented
+    assert batch.progress([handles[1]])[0] == [1]
+    batch.cancel(handles[1:])

@@ -475,3 +475,18 @@ def test_a_first_window_that_reaches_the_image_end_can_commit_every_remaining_to
         assert result.widths[0] == N - 1  # the window: every position after the prefill's
         # after the prefill (1) and one window, the images whose drafts were all token 0 are whole
         assert int(seen[1].max()) == N, (N, sorted(set(seen[1].tolist())))
+
+
+def test_image_indices_are_refused_before_the_model_starts():
+    # a static session allocates its KV cache (and compiles, if asked) at start: a bad index is refused first
+    V, N = 5, 6
+    model = FunctionModel(lambda prefix: torch.zeros(prefix.shape[0], V), N, V)
+    started = []
+    start = model.start
+    model.start = lambda *args: started.append(args) or start(*args)
+    for bad, match in (([0, 0], "index 0 is given twice"), ([-1, 2], "image_indices"), ([1], "image_indices")):
+        with pytest.raises(ValueError, match=match):
+            csdgen.generate(model, None, batch_size=2, image_indices=bad)
+    assert started == []
+    csdgen.generate(model, None, batch_size=2, image_indices=[4, 9], method="ar")
+    assert len(started) == 1

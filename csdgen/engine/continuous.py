@@ -42,6 +42,7 @@ forward, one rule); a server keeps one batch per setting and runs the one whose 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -159,8 +160,16 @@ class ContinuousBatch:
 
     def progress(self, handles: Sequence[int]) -> tuple[list[int], torch.Tensor]:
         """Committed lengths ``[k]`` and tokens ``[k, N]`` int64 CPU (committed, then pending drafts)
-        of images in the batch (for partial images). Raises KeyError for a handle not in the batch."""
+        of images in the batch (for partial images).
+
+        Raises:
+            KeyError: a handle not in the batch (finished, cancelled or never admitted), naming it.
+        """
         slot_of = {h: s for s, h in enumerate(self._handles)}
+        missing = next((h for h in handles if h not in slot_of), None)
+        if missing is not None:
+            raise KeyError(f"handle {missing!r} is not in the batch (finished, cancelled or never admitted); in it: "
+                           f"{sorted(slot_of)[:8]}")
         slots = [slot_of[h] for h in handles]
         loop = self._loop
         committed = [int(loop.committed_host[s]) for s in slots]
@@ -289,8 +298,22 @@ class ContinuousBatch:
         return finished
 
     def cancel(self, handles: Sequence[int]) -> None:
-        """Remove images from the batch now (unknown handles are ignored)."""
-        gone = set(handles)
+        """Remove images from the batch now (unknown handles are ignored).
+
+        Args:
+            handles: a list of the integer handles :meth:`admit` returned.
+
+        Raises:
+            ValueError: ``handles`` not a list of integers (one bare handle, ``cancel(5)``, is given as ``[5]``;
+                a string handle is no handle, and was ignored as unknown).
+        """
+        if isinstance(handles, (str, bytes)) or not isinstance(handles, Iterable):
+            raise ValueError(f"handles={handles!r}: allowed a list of the handles admit() returned, e.g. [{handles!r}]")
+        handles = list(handles)
+        bad = next((h for h in handles if as_integer(h) is None), None)
+        if bad is not None:
+            raise ValueError(f"handle {bad!r}: allowed the integer handles admit() returned")
+        gone = {as_integer(h) for h in handles}
         rows = [r for r, h in enumerate(self.handles) if h not in gone]
         if len(rows) < self.size:
             self._leave(torch.tensor(rows, dtype=torch.long))

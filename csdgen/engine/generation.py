@@ -14,7 +14,7 @@ from ..models.base import ImageTokenModel
 from ..models.defaults import method_refresh
 from ..sampling import SamplingConfig, check_seed
 from ..trees import check_tree
-from .loop import _Loop
+from .loop import _Loop, checked_image_indices
 from .methods import _check_model, _check_sampling, _check_window, _preset, resolve_method, _resolve_sampling
 from .results import GenerationResult, StepInfo
 from .tree_loop import _TreeLoop
@@ -195,6 +195,9 @@ def generate(
     """
     check_conditions(conditions)
     batch_size = _check_batch_size(batch_size, conditions)
+    count = batch_size if conditions is None else _count(conditions)
+    if image_indices is not None and isinstance(count, int):  # before a static session allocates its cache
+        checked_image_indices(image_indices, count)
     check_engine(engine, compile)
     if callback is not None and not callable(callback):  # else a TypeError after the prefill
         raise ValueError(f"callback={callback!r}: allowed None or a function called with a StepInfo after every forward")

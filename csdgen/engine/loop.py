@@ -26,6 +26,21 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def checked_image_indices(image_indices, count: int) -> list[int]:
+    """``image_indices`` as ``count`` distinct ints in ``0 .. 2**63 - 1`` (:func:`csdgen.generate`'s argument).
+
+    Raises:
+        ValueError: not one integer per image, out of range, or an index given twice (one seed and index is one
+            random stream: the two images would share every draw).
+    """
+    values = integers_per_image("image_indices", image_indices, count, 0, MAX_SEED)
+    twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+    if twice is not None:
+        raise ValueError(f"image_indices: index {twice} is given twice; allowed: distinct indices (images with the "
+                         f"same seed and index draw the same random numbers)")
+    return values
+
+
 class _Loop:
     """State of one ``generate`` call (see :mod:`csdgen.engine` for the algorithm).
 
@@ -222,12 +237,7 @@ class _Loop:
     def _image_indices(self, image_indices, B: int) -> torch.Tensor:
         if image_indices is None:
             return torch.arange(B, device=self.device)
-        values = integers_per_image("image_indices", image_indices, B, 0, MAX_SEED)
-        twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
-        if twice is not None:  # one seed and index is one random stream: the two images would share every draw
-            raise ValueError(f"image_indices: index {twice} is given twice; allowed: distinct indices (images with the "
-                             f"same seed and index draw the same random numbers)")
-        return torch.tensor(values, dtype=torch.long, device=self.device)
+        return torch.tensor(checked_image_indices(image_indices, B), dtype=torch.long, device=self.device)
 
     #: feed one extra probe slot in the first iteration (the tree loop checks its compaction instead)
     PROBE = True
