@@ -276,14 +276,21 @@ def test_a_cuda_device_where_none_is_visible_is_refused_in_one_line(janus_dir, t
 # memory check
 
 
-def test_check_memory_equals_the_adapters_estimate_and_refuses_with_a_batch_that_fits(janus_dir, chameleon_dir, monkeypatch):
-    janus = load_model(janus_dir, device="cpu")
-    need = {b: janus.memory_estimate(b, 16, torch.float32) for b in (1, 2, 3, 4)}
-    check = memory_check.check_memory  # it looks estimate_memory and available_memory up in memory_check
+def test_check_memory_equals_the_memory_plan_and_refuses_with_a_batch_that_fits(janus_dir, chameleon_dir, monkeypatch):
+    from csdgen.models import plan as plans
+
+    def plan(b, **kw):
+        return plans.checkpoint_plan(janus_dir, "janus", batch_size=b, window=16, dtype=torch.float32, device="cpu",
+                                     free=1 << 40, **kw)
+
+    need = {b: plan(b).peak() for b in (1, 2, 3, 4)}
+    assert need[4] - need[3] == plan(1).per_image > plan(1).kv_per_image  # the activations and buffers count
+    check = plans.check_memory  # it looks estimate_memory and available_memory up in memory_check
     room = lambda n: int(n / (1 - auto.HEADROOM)) + 1  # available memory whose usable part is n bytes
     assert check(janus_dir, "janus", 4, 16, "float32", device="cpu", max_memory_bytes=room(need[4])) == need[4]
-    with pytest.raises(ValueError, match=r"^janus at batch size 4, window 16, float32, prompts of 128 tokens needs about .* GiB "
-                                         r"but cpu has .* GiB available \(.* GiB after keeping 10% free\); try batch_size=2 "
+    with pytest.raises(ValueError, match=r"^janus at batch size 4, window 16, float32, prompts of 128 tokens needs about "
+                                         r".* \(memory plan: weights, KV cache, window buffers, activations\) "
+                                         r"but cpu has .* available \(.* after keeping 10% free\); try batch_size=2 "
                                          r"\(--batch-size 2 on the command line\)$"):
         check(janus_dir, "janus", 4, 16, "float32", device="cpu", max_memory_bytes=room(need[2] + need[3] >> 1))
     with pytest.raises(ValueError, match=r"try batch_size=[123] \(--batch-size [123] on the command line\)$"):  # the headroom is kept: need[4] alone is not enough
@@ -296,11 +303,29 @@ def test_check_memory_equals_the_adapters_estimate_and_refuses_with_a_batch_that
     assert len(calls) == 1
     monkeypatch.undo()
     short = check(janus_dir, "janus", 4, 16, "float32", device="cpu", max_memory_bytes=1 << 40, prompt_length=10)
-    assert short == janus.memory_estimate(4, 16, torch.float32, prompt_length=10) < need[4]
-    lumina = load_model(chameleon_dir, height=12, width=16, device="cpu")
+    assert short == plan(4, prompt_length=10).peak() <= need[4]
+    for bad in (-5, 2.5, "1e9"):  # "cpu has -0.00 GiB available"
+        with pytest.raises(ValueError, match=f"max_memory_bytes={bad!r}: allowed None .* or an integer >= 0"):
+            check(janus_dir, "janus", 1, 16, "float32", device="cpu", max_memory_bytes=bad)
     assert check(chameleon_dir, "lumina-mgpt", 2, 8, torch.float32, device="cpu", height=12, width=16,
-                 max_memory_bytes=1 << 40) == lumina.memory_estimate(2, 8, torch.float32)
+                 max_memory_bytes=1 << 40) == plans.checkpoint_plan(
+        chameleon_dir, "lumina-mgpt", batch_size=2, window=8, dtype=torch.float32, device="cpu", height=12, width=16,
+        free=1 << 40).peak()
     assert 0 < memory_check.available_memory("cpu")
+
+
+def test_load_model_refuses_a_batch_its_memory_plan_does_not_fit(janus_dir, monkeypatch):
+    """The refusal and the run's first line are one plan: a batch the plan said did not fit was decoded."""
+    from csdgen.models import plan as plans
+
+    plan = plans.checkpoint_plan(janus_dir, "janus", batch_size=1, window=32, dtype=torch.float32, device="cpu",
+                                 free=1 << 40)
+    # free memory between the weights-and-KV estimate of 3 images and the plan's peak of 3
+    estimate = memory_check.estimate_memory(janus_dir, "janus", 32, torch.float32).bytes(3)
+    assert estimate < plan.peak(3)
+    monkeypatch.setattr(memory_check, "available_memory", lambda device: int(plan.peak(3) / (1 - auto.HEADROOM)) - 1)
+    with pytest.raises(ValueError, match="janus at batch size 3, window 32, .* try batch_size=2 "):
+        load_model(janus_dir, device="cpu", batch_size=3, window=32)
 
 
 def test_load_model_refuses_before_reading_weights(janus_dir, emu3_dir, chameleon_dir, tmp_path):
@@ -444,7 +469,7 @@ def test_cli_model_options_need_model_and_memory_is_checked(janus_dir, tmp_path,
     monkeypatch.setattr(memory_check, "available_memory", lambda device: 1000)  # where check_memory looks it up
     assert run("generate", "--model", janus_dir, "--prompt", "a dog", "--device", "cpu", "--out", tmp_path / "o") == 2
     err = capsys.readouterr().err
-    assert "needs about" in err and "GiB available" in err and not (tmp_path / "o").exists()
+    assert "needs about" in err and "B available" in err and not (tmp_path / "o").exists()
 
 
 def test_cli_chameleon_without_vqgan_files_is_refused_before_generating(chameleon_dir, tmp_path, capsys):

@@ -21,7 +21,7 @@ _LAZY = {
     "load_model": ".auto",
     "from_model": ".loaded",
     "family_of": ".detect",
-    "check_memory": ".memory_check",
+    "check_memory": ".plan",
 }
 
 __all__ = ["DecodingSession", "ImageTokenModel", "WindowLogits", "FunctionModel", "ClassConditionalLlama", *_LAZY]

@@ -7,10 +7,11 @@ dtype (:mod:`csdgen.models.dtypes`), checks the image size, prompt template and 
 :func:`require_decoder` refuses a loaded model without its image decoder.
 
 The public names of :mod:`~csdgen.models.detect`, :mod:`~csdgen.models.dtypes` and
-:mod:`~csdgen.models.memory_check` (and :func:`~csdgen.models.defaults.family_defaults_table`)
-are importable from here too. A function finds the others in its own module's namespace, so a
-test that replaces one patches the module whose code calls it: ``memory_check.estimate_memory``
-for :func:`~csdgen.models.memory_check.check_memory`, ``auto.check_memory`` for :func:`load_model`.
+:mod:`~csdgen.models.memory_check` (and :func:`~csdgen.models.plan.check_memory`,
+:func:`~csdgen.models.defaults.family_defaults_table`) are importable from here too. A function finds
+the others in its own module's namespace, so a test that replaces one patches the module whose code
+calls it: ``memory_check.estimate_memory`` and ``memory_check.available_memory`` for
+:func:`~csdgen.models.plan.check_memory`, ``auto.check_memory`` for :func:`load_model`.
 
 Nothing is downloaded: a repo id must already be in the local Hugging Face cache.
 Heavy imports (transformers, the adapters) happen inside the functions, so ``import csdgen``
@@ -30,8 +31,9 @@ from .base import ImageTokenModel
 from .defaults import family_defaults_table
 from .detect import FAMILIES, MODEL_TYPES, family_guidance, family_of, guess_layout, model_folder, model_type_named, model_type_of, read_config
 from .dtypes import DTYPE_CHOICES, FAMILY_GPU_DTYPES, _dtype, check_device, default_device, default_dtype, resolve_dtype
-from .memory_check import (DEFAULT_PROMPT_LENGTH, MODEL_CLASSES, available_memory, check_memory, estimate_memory,
+from .memory_check import (DEFAULT_PROMPT_LENGTH, MODEL_CLASSES, available_memory, estimate_memory,
                            estimate_memory_bytes, model_skeleton, quantized_weight_bytes)
+from .plan import check_memory
 from .sources import janus_side as _janus_size
 from .sources import layout_rule, resolve_checkpoint
 from .sources import size_arguments as _size
@@ -43,7 +45,7 @@ __all__ = [
     "require_decoder",
     "require_decoder_files",
     "check_tokenizer_files",
-    # re-exported from csdgen.models.detect, .dtypes, .memory_check, .defaults and .sources
+    # re-exported from csdgen.models.detect, .dtypes, .memory_check, .plan, .defaults and .sources
     "MODEL_TYPES",
     "FAMILIES",
     "resolve_checkpoint",

@@ -1,12 +1,12 @@
-"""A checkpoint folder's memory need before any weight is read, and the refusal of a batch that cannot fit.
+"""A checkpoint folder's memory need before any weight is read.
 
 :func:`estimate_memory` is the family adapter's config-only estimate
 (:class:`~csdgen.models._transformers.MemoryEstimate`, linear in the batch size: fixed bytes plus
-bytes per image); :func:`check_memory` compares it with the device's free memory
-(:func:`available_memory`) less :data:`~csdgen.models._transformers.HEADROOM` and names the largest
-batch that fits. With quantised weights the weights count at their planned size
-(:func:`quantized_weight_bytes`, the arithmetic of :mod:`csdgen.models.memory`, on the model built
-on the ``meta`` device by :func:`model_skeleton`).
+bytes per image); :func:`available_memory` is the device's free memory. With quantised weights the
+weights count at their planned size (:func:`quantized_weight_bytes`, the arithmetic of
+:mod:`csdgen.models.memory`, on the model built on the ``meta`` device by :func:`model_skeleton`).
+The memory plan (:func:`csdgen.models.plan.checkpoint_plan`) adds the engine's cache width and one
+forward's activations, and :func:`csdgen.models.plan.check_memory` refuses a batch it does not fit.
 
 Transformers and the adapters are imported inside the functions only.
 """
@@ -26,7 +26,7 @@ from .sources import size_arguments as _size
 from .sources import square_side as _square
 
 __all__ = ["DEFAULT_PROMPT_LENGTH", "available_memory", "estimate_memory", "MODEL_CLASSES", "model_skeleton",
-           "quantized_weight_bytes", "estimate_memory_bytes", "check_memory"]
+           "quantized_weight_bytes", "estimate_memory_bytes"]
 
 #: prompt tokens the memory check assumes when the prompts are not given
 DEFAULT_PROMPT_LENGTH = 128
@@ -156,49 +156,3 @@ def estimate_memory_bytes(path: str | os.PathLike, family: str, batch_size: int,
                           **kwargs) -> int:
     """:func:`estimate_memory` for ``batch_size`` images, in bytes (keyword arguments as there)."""
     return estimate_memory(path, family, window, dtype, **kwargs).bytes(batch_size)
-
-
-def check_memory(path: str | os.PathLike, family: str, batch_size: int, window: int, dtype: torch.dtype | str | None,
-                 *, device: str | torch.device | None = None, height: int | None = None, width: int | None = None,
-                 image_size: int | None = None, guided: bool = True, max_memory_bytes: int | None = None,
-                 prompt_length: int | None = None, vqgan_dir: str | None = None, quantize: str | None = None,
-                 split: bool = False) -> int:
-    """Refuse a batch that cannot fit, before any weight is read; return the estimate in bytes.
-
-    The estimate (:func:`estimate_memory`) is computed once; it is linear in the batch size,
-    which gives the largest batch that fits directly. Available memory: ``max_memory_bytes``
-    when given, else :func:`available_memory` of ``device`` (default :func:`default_device`);
-    the estimate may use all but :data:`~csdgen.models._transformers.HEADROOM` of it.
-
-    With ``quantize``, the weights count at their quantised size (:mod:`csdgen.models.memory`); with
-    ``split`` (a device map: accelerate places what does not fit elsewhere) nothing is refused.
-
-    Raises:
-        ValueError: one line naming the batch size, window, dtype, prompt length, the estimate,
-            the available and usable memory, and the largest batch size that fits.
-    """
-    device = device or default_device()
-    dtype = _dtype(dtype, device, family if family in FAMILY_GPU_DTYPES else None)
-    estimate = estimate_memory(path, family, window, dtype, height=height, width=width, image_size=image_size,
-                               guided=guided, prompt_length=prompt_length, vqgan_dir=vqgan_dir)
-    if quantize is not None:
-        from dataclasses import replace
-
-        extra = estimate.fixed - estimate.parameters * estimate.element_size
-        estimate = replace(estimate, fixed=quantized_weight_bytes(path, family, dtype, quantize) + max(extra, 0))
-    if split:
-        return estimate.bytes(batch_size)
-    need = estimate.bytes(batch_size)
-    have = available_memory(device) if max_memory_bytes is None else int(max_memory_bytes)
-    if need <= estimate.usable(have):
-        return need
-    fits = min(estimate.largest_batch(have), batch_size - 1)
-    # named both ways: the library's callers pass batch_size=, the commands' users --batch-size
-    hint = f"try batch_size={fits} (--batch-size {fits} on the command line)" if fits >= 1 else "even batch size 1 does not fit: try a smaller dtype, image or another device"
-    length = DEFAULT_PROMPT_LENGTH if prompt_length is None else prompt_length
-    raise ValueError(
-        f"{family} at batch size {batch_size}, window {window}, {str(dtype).removeprefix('torch.')}, prompts of {length} tokens "
-        f"needs about {need / 2**30:.2f} GiB but {torch.device(device).type} has {have / 2**30:.2f} GiB available "
-        f"({estimate.usable(have) / 2**30:.2f} GiB after keeping {estimate.headroom:.0%} free); {hint}"
-    )
-

@@ -14,7 +14,7 @@ import torch
 
 from .memory import MemoryPlan, activation_bytes, module_bytes, planned_weight_bytes
 
-__all__ = ["builtin_plan", "checkpoint_plan", "free_memory", "forward_width"]
+__all__ = ["builtin_plan", "checkpoint_plan", "check_memory", "free_memory", "forward_width"]
 
 
 def free_memory(device: str | torch.device) -> int:
@@ -166,3 +166,53 @@ def checkpoint_plan(path: str | os.PathLike, family: str, *, batch_size: int, wi
     return MemoryPlan(what, torch.device(device).type, str(dtype).removeprefix("torch."), quantize, batch_size, window,
                       estimate.rows, weights, kv, buffers, activations,
                       free_memory(device) if free is None else free, tree=_tree_of(tree, window))
+
+
+def check_memory(path: str | os.PathLike, family: str, batch_size: int, window: int, dtype: torch.dtype | str | None,
+                 *, device: str | torch.device | None = None, height: int | None = None, width: int | None = None,
+                 image_size: int | None = None, guided: bool = True, max_memory_bytes: int | None = None,
+                 prompt_length: int | None = None, vqgan_dir: str | None = None, quantize: str | None = None,
+                 split: bool = False) -> int:
+    """Refuse a batch that its memory plan does not fit, before any weight is read; return the plan's peak in bytes.
+
+    The plan is :func:`checkpoint_plan`'s, the one ``csdgen plan`` prints and a run's first line summarises:
+    weights (quantised as ``quantize``), the KV cache over the engine's cache width, the window buffers and the
+    widest forward's activations, linear in the batch size, which gives the largest batch that fits directly.
+    Available memory: ``max_memory_bytes`` when given, else :func:`free_memory` of ``device`` (default
+    :func:`~csdgen.models.dtypes.default_device`); the plan may use all but
+    :data:`~csdgen.models._transformers.HEADROOM` of it. With ``split`` (a device map: accelerate places what
+    does not fit elsewhere) nothing is refused.
+
+    Raises:
+        ValueError: one line naming the batch size, window, dtype, prompt length, the plan's peak, the
+            available and usable memory, and the largest batch size that fits; ``max_memory_bytes`` not an
+            integer >= 0.
+    """
+    from ..integers import as_integer
+    from .dtypes import FAMILY_GPU_DTYPES, _dtype, default_device
+    from .memory import format_bytes
+    from .memory_check import DEFAULT_PROMPT_LENGTH
+
+    if max_memory_bytes is not None and (as_integer(max_memory_bytes) is None or max_memory_bytes < 0):
+        raise ValueError(f"max_memory_bytes={max_memory_bytes!r}: allowed None (the device's free memory) or an "
+                         "integer >= 0 (bytes)")
+    device = device or default_device()
+    dtype = _dtype(dtype, device, family if family in FAMILY_GPU_DTYPES else None)
+    have = None if split or max_memory_bytes is None else int(max_memory_bytes)
+    plan = checkpoint_plan(path, family, batch_size=batch_size, window=window, dtype=dtype, quantize=quantize,
+                           guided=guided, device=device, free=0 if split else have, prompt_length=prompt_length,
+                           height=height, width=width, image_size=image_size, vqgan_dir=vqgan_dir)
+    need = plan.peak()
+    if split or plan.fits():
+        return need
+    fits = min(plan.largest_batch(), batch_size - 1)
+    # named both ways: the library's callers pass batch_size=, the commands' users --batch-size
+    hint = (f"try batch_size={fits} (--batch-size {fits} on the command line)" if fits >= 1 else
+            "even batch size 1 does not fit: try a smaller dtype, image or another device")
+    length = DEFAULT_PROMPT_LENGTH if prompt_length is None else prompt_length
+    usable = int(plan.free * (1 - plan.headroom))
+    raise ValueError(
+        f"{family} at batch size {batch_size}, window {window}, {plan.dtype}, prompts of {length} tokens needs about "
+        f"{format_bytes(need)} (memory plan: weights, KV cache, window buffers, activations) but {plan.device} has "
+        f"{format_bytes(plan.free)} available ({format_bytes(usable)} after keeping {plan.headroom:.0%} free); {hint}"
+    )
