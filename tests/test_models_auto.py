@@ -230,6 +230,21 @@ def test_a_folder_without_tokenizer_files_is_refused_naming_it_when_prompts_are_
         load_model(folder, device="cpu")  # without prompts too: the processor is read with the folder
 
 
+def test_a_folder_with_tokenizer_config_but_no_tokenizer_json_is_refused_naming_it(janus_dir, emu3_dir, chameleon_dir,
+                                                                                       tmp_path, capsys):
+    """Found by a new-user try-out: transformers' five-line error (no folder, and a hint to install sentencepiece)."""
+    for source, extra in ((janus_dir, []), (emu3_dir, ["--height", str(HEIGHT), "--width", str(WIDTH)]),
+                          (chameleon_dir, ["--height", "12", "--width", "16"])):
+        folder = tmp_path / f"no-tokenizer-json-{source.name}"
+        shutil.copytree(source, folder, ignore=shutil.ignore_patterns("tokenizer.json"))
+        assert (folder / "tokenizer_config.json").is_file()
+        assert run("generate", "--model", folder, "--prompt", "a dog", "--device", "cpu", *extra,
+                   "--out", tmp_path / "o") == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{str(folder)!r}: no tokenizer.json beside tokenizer_config.json" in err[0], err
+        assert "copy the checkpoint's tokenizer.json there" in err[0] and not (tmp_path / "o").exists()
+
+
 def test_a_tokenizer_or_processor_file_cut_short_is_refused_naming_it(janus_dir, emu3_dir, tmp_path, capsys):
     """Found by a new-user try-out: a tokenizer.json cut short gave "Unterminated string starting at: line 17 column 18"
     with no file named (transformers' error)."""

@@ -239,6 +239,8 @@ def load_tokenizer(folder: str | os.PathLike, loader: Any = None):
             ``loader`` cannot be built from the folder's files (a processor asking its tokenizer for a special
             token that a missing tokenizer_config.json would define: transformers' AttributeError), naming the
             folder.
+        FileNotFoundError: the folder has other tokenizer files but no tokenizer.json, and the tokenizer cannot be
+            built from them, naming the folder.
     """
     folder = Path(folder)
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
@@ -253,6 +255,13 @@ def load_tokenizer(folder: str | os.PathLike, loader: Any = None):
         raise ValueError(f"{str(folder)!r}: its tokenizer files ({', '.join(present)}) do not make a "
                          f"{getattr(loader, '__name__', 'tokenizer')} ({exc}); copy the checkpoint's tokenizer_config.json "
                          f"and special_tokens_map.json into it") from None
+    except (ValueError, OSError) as exc:
+        if (folder / "tokenizer.json").is_file():
+            raise
+        # transformers' five lines name no folder and suggest installing sentencepiece: the file is what is missing
+        present = [name for name in TOKENIZER_FILES if (folder / name).is_file()]
+        raise FileNotFoundError(f"{str(folder)!r}: no tokenizer.json beside {', '.join(present)}, so no tokenizer can be "
+                                f"built ({str(exc).splitlines()[0][:100]}); copy the checkpoint's tokenizer.json there") from None
     check_tokenizer(getattr(loaded, "tokenizer", loaded), folder)
     return loaded
 
