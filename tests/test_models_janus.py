@@ -7,6 +7,7 @@ back offline. The generation head is scaled up (peaked, well-separated logits: a
 decided by rounding) and the image-token embeddings scaled down (drafts get accepted).
 """
 
+import contextlib
 import json
 
 import pytest
@@ -244,7 +245,8 @@ def test_tokenizer_files_without_their_config_are_one_line_naming_the_folder(tmp
 ])
 def test_a_config_that_does_not_fit_the_weights_is_refused(tmp_path, checkpoint, key, change, message):
     """A config.json naming a layer more than the files hold decoded with a layer transformers started at
-    random (saying so only in its load report); another vocab_size ended in its RuntimeError traceback."""
+    random (saying so only in its load report); another vocab_size ended in its RuntimeError traceback. The
+    refusal is the one line: transformers' load report table, which printed before it, is held back."""
     import json
     import shutil
 
@@ -255,8 +257,41 @@ def test_a_config_that_does_not_fit_the_weights_is_refused(tmp_path, checkpoint,
     config = json.loads((folder / "config.json").read_text())
     config["text_config"][key] += change
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=message):
+    with _load_reports() as reports, pytest.raises(ValueError, match=message):
         load_model(folder)
+    assert reports == []
+
+
+@contextlib.contextmanager
+def _load_reports():
+    """The load reports transformers logs while the block runs (its messages)."""
+    import logging
+
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage()) if "LOAD REPORT" in record.getMessage() else None
+    logger = logging.getLogger("transformers.modeling_utils")
+    logger.addHandler(handler)
+    try:
+        yield seen
+    finally:
+        logger.removeHandler(handler)
+
+
+def test_a_load_that_is_not_refused_still_shows_transformers_load_report(tmp_path, checkpoint):
+    import json
+    import shutil
+
+    from csdgen.models.auto import load_model
+
+    folder = tmp_path / "fewer-layers"
+    shutil.copytree(checkpoint, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["text_config"]["num_hidden_layers"] -= 1  # the files hold a layer more: transformers reports, csdgen loads
+    (folder / "config.json").write_text(json.dumps(config))
+    with _load_reports() as reports:
+        load_model(folder)
+    assert len(reports) == 1 and "UNEXPECTED" in reports[0]
 
 
 def test_bad_resolution(checkpoint, janus):

@@ -331,7 +331,9 @@ def checked_from_pretrained(model_class: Any, folder: str | os.PathLike, **kwarg
             sets those weights itself), naming the folder, the first such weights and how many.
     """
     allow_mismatch = bool(kwargs.pop("ignore_mismatched_sizes", False))
-    model, info = model_class.from_pretrained(folder, ignore_mismatched_sizes=True, output_loading_info=True, **kwargs)
+    with _held_load_report() as report:  # said after the checks: before a refusal it was a table of what it explains
+        model, info = model_class.from_pretrained(folder, ignore_mismatched_sizes=True, output_loading_info=True,
+                                                  **kwargs)
     missing = [k for k in info.get("missing_keys", ()) if any(part in k for part in _REQUIRED_WEIGHTS)]
     if missing:
         raise ValueError(f"{str(folder)!r}: config.json asks for weights its files do not hold ({len(missing)}, e.g. "
@@ -345,7 +347,29 @@ def checked_from_pretrained(model_class: Any, folder: str | os.PathLike, **kwarg
         raise ValueError(f"{str(folder)!r}: config.json does not fit its weights ({len(mismatched)} of another shape: "
                          f"{what}); check that config.json (e.g. vocab_size, hidden_size) is the one saved with these "
                          f"weights")
+    for record in report:  # a load that is not refused reports as transformers does
+        logging.getLogger(record.name).handle(record)
     return model
+
+
+@contextlib.contextmanager
+def _held_load_report():
+    """Hold transformers' load report (a warning of ``transformers.modeling_utils``) while a checkpoint loads;
+    yields the list of held records, for the caller to emit once it has not refused the load."""
+    held: list[logging.LogRecord] = []
+
+    def hold(record: logging.LogRecord) -> bool:
+        if "LOAD REPORT" in record.getMessage():
+            held.append(record)
+            return False
+        return True
+
+    logger = logging.getLogger("transformers.modeling_utils")
+    logger.addFilter(hold)
+    try:
+        yield held
+    finally:
+        logger.removeFilter(hold)
 
 
 #: parts of a weight's name that a checkpoint cannot do without (checked by :func:`checked_from_pretrained`)
