@@ -656,3 +656,16 @@ def test_load_model_from_memory(janus_dir, emu3_dir, chameleon_dir, tmp_path):
         load_model(janus, processor=AutoTokenizer.from_pretrained(janus_dir))
     with pytest.raises(ValueError, match=r"prompt of .* tokens \+ image of 36 positions"):
         load_model(janus, prompts=["a " * 2048])
+
+
+def test_a_family_default_the_checkpoint_cannot_take_is_named_as_the_default(emu3_dir, tmp_path, capsys):
+    """Found by a new-user try-out: a tiny codebook under Emu3's top-k 2048 was '--top-k 2048: exceeds ...' though
+    no --top-k was given."""
+    out = tmp_path / "o"
+    assert run("generate", "--model", emu3_dir, "--prompt", "a dog", "--height", HEIGHT, "--width", WIDTH,
+               "--negative-prompt", "blurry", "--device", "cpu", "--out", out) == 2
+    err = capsys.readouterr().err
+    assert "--top-k 2048 (the model's default; --top-k was not given): exceeds the codebook size" in err, err
+    assert run("generate", "--model", emu3_dir, "--prompt", "a dog", "--height", HEIGHT, "--width", WIDTH,
+               "--negative-prompt", "blurry", "--device", "cpu", "--top-k", 5000, "--out", out) == 2
+    assert "--top-k 5000: exceeds the codebook size" in capsys.readouterr().err

@@ -157,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv)
     finally:
         _common.running["command"] = None  # notes printed after it (a test's own call) name no command
+        _common.running["defaulted"] = set()
 
 
 def _main(argv: list[str] | None) -> int:

@@ -21,7 +21,7 @@ SAMPLING_KEYS = ("guidance_scale", "temperature", "top_k", "top_p", "lam", "delt
 
 #: the running command (set by :func:`csdgen.cli.main`): its notes and warnings start ``csdgen COMMAND:``, as
 #: its errors and argparse's do
-running: dict[str, str | None] = {"command": None}
+running: dict = {"command": None, "defaulted": set()}
 
 
 def prefix() -> str:
@@ -278,6 +278,7 @@ def fill_defaults(args, defaults: dict, keys=SAMPLING_KEYS) -> None:
     for key in keys:
         if getattr(args, key, None) is None:
             setattr(args, key, defaults[key])
+            running["defaulted"].add(key)  # an error about its value names it as the model's default
     if getattr(args, "top_k", None) == 0:
         args.top_k = None
 
@@ -309,7 +310,10 @@ def option_named(text: str) -> str:
             # "top_p=2.0: must be ..." or "top_k=1025 exceeds the codebook size ...": the value ends at ": " or " "
             value, _, rest = tail.partition(": " if tail.find(": ") == tail.find(" ") - 1 else " ")
             rest = rest.replace("must be None or ", "must be ")  # None is the library's "off"
-            return f"--{name.replace('_', '-')} {value}: {rest}"
+            option = f"--{name.replace('_', '-')}"
+            if name in running["defaulted"]:  # a value the user never typed: say where it came from
+                return f"{option} {value} (the model's default; {option} was not given): {rest}"
+            return f"{option} {value}: {rest}"
     return text
 
 
