@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -56,6 +57,37 @@ def is_number(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def _finite_at_least_0(value) -> bool:
+    return is_number(value) and math.isfinite(value) and value >= 0
+
+
+def _check_guidance_scale(value, name: str = "guidance_scale") -> None:
+    """ValueError unless ``value`` is a finite number >= 0 (:class:`SamplingConfig`'s rule and message)."""
+    if not _finite_at_least_0(value):
+        raise ValueError(f"{name}={value!r}: must be a finite number >= 0")
+
+
+def _check_top_k(value) -> int | None:
+    """``top_k`` as None (None or 0: no top-k, as in transformers' ``generate``) or an int >= 1, else
+    :class:`SamplingConfig`'s ValueError."""
+    k = as_integer(value)
+    if value is not None and (k is None or k < 0):
+        raise ValueError(f"top_k={value!r}: must be None or 0 (no top-k) or an integer >= 1")
+    return k or None
+
+
+def _check_top_p(value) -> None:
+    """ValueError unless ``value`` is None or a number in (0, 1] (:class:`SamplingConfig`'s rule and message)."""
+    if value is not None and (not is_number(value) or not 0.0 < value <= 1.0):
+        raise ValueError(f"top_p={value!r}: must be None or in (0, 1]")
+
+
+def _check_top_n_sigma(value, name: str = "top_n_sigma") -> None:
+    """ValueError unless ``value`` is None or a finite number > 0 (:class:`SamplingConfig`'s rule and message)."""
+    if value is not None and (not is_number(value) or not 0 < value < float("inf")):
+        raise ValueError(f"{name}={value!r}: must be None or a finite number > 0")
+
+
 class UnguidedSamplingWarning(UserWarning):
     """:func:`csdgen.generate` was given a :class:`SamplingConfig` with ``guidance_scale`` 1.0 (no
     guidance, the field's default) for a model whose default guidance is above 1. Give the changes
@@ -74,7 +106,8 @@ class SamplingConfig:
     Attributes:
         guidance_scale: classifier-free guidance scale ``s`` in ``l_u + s (l_c - l_u)``;
             1.0 disables guidance (no unconditional rows are run). Must be >= 0.
-        temperature: softmax temperature; 0 selects greedy decoding (one-hot on argmax).
+        temperature: softmax temperature (logits divided by it before the softmax), a finite
+            number >= 0; 0 selects greedy decoding (one-hot on the argmax).
         top_k: keep the ``top_k`` largest logits per position (None or 0 = all, as in transformers'
             ``generate``; 0 is stored as None). 1 <= top_k <= V otherwise.
         top_p: keep the smallest set of tokens whose probability reaches ``top_p``
@@ -106,19 +139,15 @@ class SamplingConfig:
     top_n_sigma_centered: bool = True
 
     def __post_init__(self) -> None:
-        if not is_number(self.guidance_scale) or not math.isfinite(self.guidance_scale) or self.guidance_scale < 0:
-            raise ValueError(f"guidance_scale={self.guidance_scale!r}: must be a finite number >= 0")
-        if not is_number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
+        _check_guidance_scale(self.guidance_scale)
+        if not _finite_at_least_0(self.temperature):
             raise ValueError(f"temperature={self.temperature!r}: must be a finite number >= 0 (0 = greedy)")
-        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral)
-                                       or self.top_k < 0):
+        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral)):
             raise ValueError(f"top_k={self.top_k!r}: must be None or 0 (no top-k) or an integer >= 1")
-        if self.top_k == 0:  # the command line's and the server's "no top-k", transformers' too
-            object.__setattr__(self, "top_k", None)
-        if self.top_p is not None and (not is_number(self.top_p) or not (0.0 < self.top_p <= 1.0)):
-            raise ValueError(f"top_p={self.top_p!r}: must be None or in (0, 1]")
-        if self.top_n_sigma is not None and (not is_number(self.top_n_sigma) or not 0 < self.top_n_sigma < float("inf")):
-            raise ValueError(f"top_n_sigma={self.top_n_sigma!r}: must be None or a finite number > 0")
+        # 0 is the command line's and the server's "no top-k", transformers' too: stored as None
+        object.__setattr__(self, "top_k", self.top_k if self.top_k is None else _check_top_k(self.top_k))
+        _check_top_p(self.top_p)
+        _check_top_n_sigma(self.top_n_sigma)
         for name in ("guidance_scale", "temperature", "top_k", "top_p", "top_n_sigma"):
             # numpy's numbers as Python's: a record.json or a server reply writes them as JSON
             # (np.float32 is no JSON number: save_run failed after writing its first images)
@@ -147,7 +176,9 @@ class SamplingConfig:
 
 def apply_guidance(cond_logits: torch.Tensor, uncond_logits: torch.Tensor | None,
                    scale: float | torch.Tensor) -> torch.Tensor:
-    """Classifier-free guidance: ``l = l_u + s (l_c - l_u)`` (Ho & Salimans, 2022, eq. 6 in logit form).
+    """Classifier-free guidance: ``l = l_u + s (l_c - l_u)`` (Ho & Salimans, 2022, "Classifier-Free
+    Diffusion Guidance", arXiv 2207.12598, eq. 6, written for logits as in transformers'
+    ``ClassifierFreeGuidanceLogitsProcessor``).
 
     Computed as ``(1 - s) l_u + s l_c``, which gives the limits of the formula where a logit is
     -inf: a token that is -inf in both rows stays -inf (a token both rows exclude stays
@@ -159,16 +190,29 @@ def apply_guidance(cond_logits: torch.Tensor, uncond_logits: torch.Tensor | None
         cond_logits: ``[..., V]`` float, logits of the conditional rows.
         uncond_logits: ``[..., V]`` float of the same shape, logits of the unconditional rows
             of the same forward; None when guidance is off.
-        scale: guidance scale ``s``; 1.0 returns ``cond_logits`` unchanged. A tensor
-            broadcastable to the logits (``[..., 1]``) gives every position its own scale (a
-            guidance schedule, :mod:`csdgen.guidance`); it always needs ``uncond_logits``.
+        scale: guidance scale ``s``, a finite number >= 0 (:attr:`SamplingConfig.guidance_scale`'s
+            range); 1.0 returns ``cond_logits`` unchanged. A float tensor of shape ``[..., 1]``
+            broadcastable to the logits gives every position its own scale (a guidance schedule,
+            :mod:`csdgen.guidance`); it always needs ``uncond_logits``. Its values are not checked
+            (that would read the tensor: a host sync); :func:`csdgen.guidance.guidance_table` checks a
+            schedule's.
 
     Returns:
-        ``[..., V]`` guided logits in float32 (float64 for float64 inputs).
+        ``[..., V]`` guided logits. The dtype follows ``cond_logits`` only: float64 for float64
+        ``cond_logits``, float32 for every other dtype (float16, bfloat16, float32);
+        ``uncond_logits`` and a tensor ``scale`` are cast to it (float64 unconditional logits with
+        float32 conditional ones are computed in float32). The models return both from one forward,
+        in one dtype.
 
     Raises:
-        ValueError: if guidance is requested but no unconditional logits are given, or shapes differ.
+        ValueError: ``scale`` is neither a finite number >= 0 nor a tensor of shape ``[..., 1]``
+            broadcastable to the logits; guidance is requested but ``uncond_logits`` is None; the two
+            logits' shapes differ.
     """
+    if isinstance(scale, torch.Tensor):
+        _check_scales_shape(scale, cond_logits.shape)
+    else:
+        _check_guidance_scale(scale, "scale")
     dtype = torch.promote_types(cond_logits.dtype, torch.float32)
     cond = cond_logits.to(dtype)
     per_position = isinstance(scale, torch.Tensor)
@@ -188,17 +232,58 @@ def apply_guidance(cond_logits: torch.Tensor, uncond_logits: torch.Tensor | None
     return guided.masked_fill(both_excluded, float("-inf"))
 
 
+def _check_scales_shape(scales: torch.Tensor, logits_shape: torch.Size) -> None:
+    """ValueError unless ``scales`` (per-position guidance scales) is ``[..., 1]``, broadcastable to ``logits_shape``."""
+    shape = tuple(scales.shape)
+    if not (shape and shape[-1] == 1 and len(shape) <= len(logits_shape)
+            and all(s in (1, t) for s, t in zip(shape[::-1], tuple(logits_shape)[::-1]))):
+        raise ValueError(f"guidance scales of shape {list(shape)}: allowed a tensor [..., 1] broadcastable to the "
+                         f"logits {list(logits_shape)} (one scale per position)")
+
+
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Divide ``[..., V]`` logits by ``temperature`` (> 0). Temperature 0 is handled by :func:`target_probs`."""
+    """Divide ``[..., V]`` logits by ``temperature``: the softmax of the result is ``q(v) ∝ exp(l_v / T)``
+    (as transformers' ``TemperatureLogitsWarper``).
+
+    Args:
+        logits: ``[..., V]`` float logits.
+        temperature: ``T``, a finite number > 0; 1.0 returns ``logits`` itself. Temperature 0
+            (greedy decoding) is no division: :func:`target_probs` takes the argmax instead.
+
+    Returns:
+        ``[..., V]`` logits of ``logits``' dtype.
+
+    Raises:
+        ValueError: ``temperature`` is not a finite number > 0 (0 gave +-inf logits, a negative one
+            reversed the distribution).
+    """
+    if not _finite_at_least_0(temperature) or temperature == 0:
+        raise ValueError(f"temperature={temperature!r}: must be a finite number > 0 here (temperature 0, greedy "
+                         f"decoding, is target_probs' argmax, not a division)")
     return logits if temperature == 1.0 else logits / temperature
 
 
 def apply_top_k(logits: torch.Tensor, top_k: int | None) -> torch.Tensor:
-    """Keep the ``top_k`` largest of ``[..., V]`` logits, set the rest to -inf.
+    """Top-k filtering (Fan et al., 2018, "Hierarchical Neural Story Generation", ACL): keep the
+    ``top_k`` largest of ``[..., V]`` logits, set the rest to -inf.
+
+    Ties: every logit equal to the ``top_k``-th largest is kept, so a position whose ``top_k``-th
+    logit is tied keeps more than ``top_k`` tokens (``[1, 1, 1, 0]`` with ``top_k = 1`` keeps three,
+    ``q = [1/3, 1/3, 1/3, 0]``), as transformers' ``TopKLogitsWarper`` does (``logits < kth``).
+    Greedy decoding (temperature 0) instead takes the first maximum.
+
+    Args:
+        logits: ``[..., V]`` float logits.
+        top_k: None or 0 (no top-k, as :class:`SamplingConfig` stores 0), or an integer in ``1 .. V``
+            (V keeps every token).
+
+    Returns:
+        ``[..., V]`` logits of ``logits``' dtype (``logits`` itself when nothing is removed).
 
     Raises:
-        ValueError: if ``top_k`` exceeds V.
+        ValueError: ``top_k`` is not None, 0 nor an integer in ``1 .. V``.
     """
+    top_k = _check_top_k(top_k)
     if top_k is None:
         return logits
     vocab = logits.shape[-1]
@@ -216,9 +301,21 @@ def apply_top_n_sigma(logits: torch.Tensor, n: float | None, centered: bool = Tr
     Keeps ``l_v >= max(l) - n sigma``, with ``sigma`` the population standard deviation of the
     finite logits of the position (those top-k left; -inf ones excluded, as Lumina-mGPT 2.0's
     ``get_statistics_with_invalid_values`` excludes them); the rest become -inf. The largest
-    logit is always kept. ``centered=False`` uses the root mean square of the finite logits for
-    ``sigma`` (Lumina-mGPT 2.0's computation, see :class:`SamplingConfig`).
+    logit is always kept (``n > 0``). ``centered=False`` uses the root mean square of the finite
+    logits for ``sigma`` (Lumina-mGPT 2.0's computation, see :class:`SamplingConfig`).
+
+    Args:
+        logits: ``[..., V]`` float logits.
+        n: None (off) or a finite number > 0 (:attr:`SamplingConfig.top_n_sigma`).
+        centered: True for the standard deviation, False for the root mean square.
+
+    Returns:
+        ``[..., V]`` logits of ``logits``' dtype.
+
+    Raises:
+        ValueError: ``n`` is neither None nor a finite number > 0 (a negative ``n`` removed every token).
     """
+    _check_top_n_sigma(n)
     if n is None:
         return logits
     finite = torch.isfinite(logits)
@@ -229,11 +326,23 @@ def apply_top_n_sigma(logits: torch.Tensor, n: float | None, centered: bool = Tr
 
 
 def apply_top_p(logits: torch.Tensor, top_p: float | None) -> torch.Tensor:
-    """Nucleus filtering (Holtzman et al., 2020) on ``[..., V]`` logits.
+    """Nucleus filtering (Holtzman et al., 2020, "The Curious Case of Neural Text Degeneration",
+    ICLR) on ``[..., V]`` logits.
 
     Keeps the most probable tokens whose cumulative probability first reaches ``top_p``
-    (the most probable token is always kept); the rest become -inf.
+    (the most probable token is always kept, ``top_p > 0``); the rest become -inf.
+
+    Args:
+        logits: ``[..., V]`` float logits.
+        top_p: None or 1 (keep every token), or a number in (0, 1) (:attr:`SamplingConfig.top_p`).
+
+    Returns:
+        ``[..., V]`` logits of ``logits``' dtype (``logits`` itself when nothing is removed).
+
+    Raises:
+        ValueError: ``top_p`` is neither None nor in (0, 1] (0 removed every token: the softmax gave NaN).
     """
+    _check_top_p(top_p)
     if top_p is None or top_p >= 1.0:
         return logits
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
@@ -252,14 +361,16 @@ def target_probs(
     Args:
         cond_logits: ``[..., V]`` logits (any float dtype) of the conditional rows.
         uncond_logits: ``[..., V]`` logits of the unconditional rows, or None without guidance.
-        config: the sampling settings.
+        config: the sampling settings, a :class:`SamplingConfig` (a dict is refused: in
+            :func:`csdgen.generate` it means changes to the model's defaults, and there is no model
+            here; build ``SamplingConfig(**changes)``).
         valid: ``[...]`` bool, the positions :func:`invalid_logits` looks at (None: all).
         check: also return the 0-dim bool flag of :func:`invalid_logits` on the guided logits
             divided by the temperature (a huge guidance scale or a tiny temperature overflows
             float32 there).
         guidance: ``[..., 1]`` float, the guidance scale of every position (a schedule's values,
-            :func:`csdgen.guidance.guidance_at`) instead of ``config.guidance_scale``; only for
-            guided configs (ignored when ``config.guidance_scale == 1``).
+            :func:`csdgen.guidance.guidance_at`) instead of ``config.guidance_scale``, broadcastable
+            to the logits; only for guided configs (ignored when ``config.guidance_scale == 1``).
 
     Returns:
         ``[..., V]`` float32 probabilities (float64 for float64 logits) summing to 1 on the last
@@ -267,11 +378,15 @@ def target_probs(
         With ``check``: ``(q, flag)``.
 
     Raises:
-        ValueError: an invalid ``top_k`` for this V.
+        ValueError: ``config`` is not a :class:`SamplingConfig`; its ``top_k`` exceeds this V;
+            guidance without ``uncond_logits``, logits of two shapes, or ``guidance`` of a shape
+            other than ``[..., 1]`` broadcastable to the logits (:func:`apply_guidance`).
 
     Non-finite logits are not raised here (that would cost a host sync per call): ask for the
     flag with ``check=True`` and test it where a sync happens anyway, as the decoding loop does.
     """
+    if not isinstance(config, SamplingConfig):
+        raise ValueError(_not_a_config(config))
     scale = guidance if guidance is not None and config.guided else config.guidance_scale
     logits = apply_guidance(cond_logits, uncond_logits, scale)
     if config.greedy:
@@ -288,6 +403,14 @@ def target_probs(
     return (q, flag) if check else q
 
 
+def _not_a_config(config) -> str:
+    """target_probs' message for a ``config`` that is not a SamplingConfig (a dict: the form generate takes)."""
+    shown = repr(config) if len(repr(config)) <= 60 else f"<{type(config).__name__} object>"
+    hint = (f"; a dict of changes is what csdgen.generate takes (the rest from the model's defaults, and there "
+            f"is no model here): give csdgen.SamplingConfig(**{shown})") if isinstance(config, Mapping) else ""
+    return f"config={shown}: allowed a csdgen.SamplingConfig, e.g. SamplingConfig(guidance_scale=3.0){hint}"
+
+
 def invalid_logits(logits: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
     """0-dim bool tensor, True if some position has no valid target distribution. No host sync.
 
@@ -296,8 +419,19 @@ def invalid_logits(logits: torch.Tensor, valid: torch.Tensor | None = None) -> t
 
     Args:
         logits: ``[..., V]`` float (guided) logits.
-        valid: ``[...]`` bool, positions to look at (None: all).
+        valid: ``[...]`` bool of shape ``logits.shape[:-1]``, positions to look at (None: all).
+
+    Returns:
+        ``[]`` bool tensor on ``logits``' device.
+
+    Raises:
+        ValueError: ``valid`` is not a bool tensor of shape ``logits.shape[:-1]``.
     """
+    if valid is not None and (not isinstance(valid, torch.Tensor) or valid.dtype != torch.bool
+                              or valid.shape != logits.shape[:-1]):
+        got = f"{valid.dtype} {list(valid.shape)}" if isinstance(valid, torch.Tensor) else type(valid).__name__
+        raise ValueError(f"valid: got {got}; allowed None or a bool tensor {list(logits.shape[:-1])} "
+                         f"(the logits' shape without V)")
     bad = (torch.isnan(logits) | torch.isposinf(logits)).any(-1) | torch.isneginf(logits).all(-1)
     if valid is not None:
         bad = bad & valid

@@ -217,3 +217,98 @@ def test_sampling_config_stores_numpy_numbers_as_python_numbers():
     assert json.loads(json.dumps(values)) == {name: getattr(config, name) for name in values}
     assert SamplingConfig(top_k=np.int64(0)).top_k is None
     assert type(SamplingConfig(guidance_scale=3).guidance_scale) is int  # a Python number is kept as given
+
+
+# -- argument checks of the tensor-level warpers (audit tester3, findings 4-7, 16, 17, 20, 26, 27) --------------
+
+LOGITS = torch.tensor([[1.0, 2.0, 3.0, 0.5, -1.0]])
+
+
+@pytest.mark.parametrize("top_p", [0.0, -0.5, 1.5, float("nan"), "0.5", True])
+def test_apply_top_p_refuses_values_outside_0_1_as_sampling_config_does(top_p):
+    """top_p=0 removed every token (the softmax gave NaN) although the docstring kept the most probable."""
+    with pytest.raises(ValueError, match=r"^top_p=.*: must be None or in \(0, 1\]$"):
+        apply_top_p(LOGITS, top_p)
+
+
+def test_apply_top_p_still_keeps_every_token_at_1_and_none():
+    assert apply_top_p(LOGITS, 1.0) is LOGITS and apply_top_p(LOGITS, None) is LOGITS
+
+
+@pytest.mark.parametrize("n", [-1.0, 0.0, float("inf"), float("nan"), "1"])
+def test_apply_top_n_sigma_refuses_n_that_is_not_a_finite_positive_number(n):
+    """n=-1 removed every token (the docstring kept the largest logit)."""
+    with pytest.raises(ValueError, match=r"^top_n_sigma=.*: must be None or a finite number > 0$"):
+        apply_top_n_sigma(LOGITS, n)
+
+
+@pytest.mark.parametrize("temperature", [0.0, -1.0, float("inf"), float("nan"), "2", None])
+def test_apply_temperature_refuses_zero_negative_and_non_numbers(temperature):
+    """0 gave +-inf logits; -1 silently reversed the distribution."""
+    from csdgen.sampling import apply_temperature
+
+    with pytest.raises(ValueError, match=r"^temperature=.*: must be a finite number > 0"):
+        apply_temperature(LOGITS, temperature)
+
+
+def test_apply_top_k_zero_means_off_as_in_sampling_config():
+    """0 crashed with a torch size mismatch; SamplingConfig stores top_k=0 as None (no top-k)."""
+    import numpy as np
+
+    assert apply_top_k(LOGITS, 0) is LOGITS
+    assert apply_top_k(LOGITS, np.int64(0)) is LOGITS
+    assert torch.isfinite(apply_top_k(LOGITS, np.int64(2))).sum() == 2
+
+
+@pytest.mark.parametrize("top_k", [-2, 2.5, "2", True])
+def test_apply_top_k_refuses_negative_and_non_integer_k(top_k):
+    with pytest.raises(ValueError, match=r"^top_k=.*: must be None or 0 \(no top-k\) or an integer >= 1$"):
+        apply_top_k(LOGITS, top_k)
+
+
+def test_apply_top_k_keeps_every_token_tied_with_the_kth_logit_as_documented():
+    q = target_probs(torch.tensor([[1.0, 1.0, 1.0, 0.0]]), None, SamplingConfig(top_k=1))
+    torch.testing.assert_close(q, torch.tensor([[1 / 3, 1 / 3, 1 / 3, 0.0]]))
+    assert "tied" in apply_top_k.__doc__
+
+
+@pytest.mark.parametrize("scale", ["2", None, float("nan"), float("inf"), -1.0])
+def test_apply_guidance_refuses_a_scale_that_is_not_a_finite_number_at_least_0(scale):
+    with pytest.raises(ValueError, match=r"^scale=.*: must be a finite number >= 0$"):
+        apply_guidance(LOGITS, LOGITS, scale)
+
+
+def test_apply_guidance_refuses_per_position_scales_that_do_not_broadcast():
+    cond = torch.randn(2, 3, 5)
+    for bad in (torch.ones(7), torch.ones(2, 3, 5), torch.ones(4, 3, 1)):
+        with pytest.raises(ValueError, match=r"^guidance scales of shape .*: allowed a tensor \[\.\.\., 1\]"):
+            apply_guidance(cond, cond, bad)
+        with pytest.raises(ValueError, match=r"^guidance scales of shape"):
+            target_probs(cond, cond, SamplingConfig(guidance_scale=2.0), guidance=bad)
+    apply_guidance(cond, cond, torch.ones(3, 1))  # broadcast over the batch: allowed
+
+
+def test_apply_guidance_dtype_follows_the_conditional_logits_as_documented():
+    f32, f64 = torch.randn(1, 5), torch.randn(1, 5, dtype=torch.float64)
+    assert apply_guidance(f32, f64, 2.0).dtype == torch.float32
+    assert apply_guidance(f64, f32, 2.0).dtype == torch.float64
+    assert apply_guidance(f32.bfloat16(), f32.bfloat16(), 2.0).dtype == torch.float32
+
+
+def test_target_probs_refuses_a_dict_config_naming_the_sampling_config_to_build():
+    """A dict (what generate takes) gave a bare AttributeError ('dict' object has no attribute 'guidance_scale')."""
+    with pytest.raises(ValueError, match=r"^config=\{'temperature': 1.0\}: allowed a csdgen.SamplingConfig.*"
+                                         r"SamplingConfig\(\*\*\{'temperature': 1.0\}\)"):
+        target_probs(LOGITS, None, {"temperature": 1.0})
+    with pytest.raises(ValueError, match=r"^config=None: allowed a csdgen.SamplingConfig"):
+        target_probs(LOGITS, None, None)
+
+
+def test_invalid_logits_refuses_a_valid_mask_of_another_shape_or_dtype():
+    from csdgen.sampling import invalid_logits
+
+    logits = torch.zeros(2, 3, 5)
+    for bad in (torch.ones(3, dtype=torch.bool), torch.ones(2, 3), torch.ones(2, 3, 5, dtype=torch.bool)):
+        with pytest.raises(ValueError, match=r"^valid: got .*; allowed None or a bool tensor \[2, 3\]"):
+            invalid_logits(logits, bad)
+    assert not invalid_logits(logits, torch.ones(2, 3, dtype=torch.bool))
