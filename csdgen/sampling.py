@@ -466,14 +466,29 @@ def sample(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     ``V`` instead of a float64 copy and cumsum (``[16, 32, 16384]`` float32 targets, one thread of
     the 2-core CPU of benchmarks/results/builtin_1911_classes.md: 0.40-0.51 s in float64, 0.022 s in two levels).
 
+    Preconditions, not checked (a check would read the tensors: a host sync per call; the decoding
+    loop guarantees them: its targets come from logits whose :func:`invalid_logits` flag it reads
+    once per iteration, its uniforms from :func:`stream_uniforms`): every row of ``probs`` holds
+    finite weights >= 0 with a positive finite sum, and every uniform lies in [0, 1). Under them
+    the returned token is the one whose interval of the cumulative weights holds ``u`` times the
+    row's total, so a token with zero weight is never returned. Outside them the result is a token id in ``0 .. V - 1`` of no
+    meaning, possibly of zero weight: a row of zeros, a row with a NaN or +inf weight, or
+    ``u >= 1`` gives ``V - 1``; ``u < 0`` gives 0.
+
     Args:
-        probs: ``[..., V]`` non-negative weights (need not be normalised; a row must have
-            positive mass).
-        uniforms: ``[...]`` float64 numbers in [0, 1).
+        probs: ``[..., V]`` finite non-negative weights, any float dtype (need not be normalised;
+            every row must have positive mass).
+        uniforms: ``[...]`` (``probs.shape[:-1]``) float64 numbers in [0, 1).
 
     Returns:
-        ``[...]`` int64 token ids; a token with zero weight is never returned.
+        ``[...]`` int64 token ids in ``0 .. V - 1``; under the preconditions, never a token of zero weight.
+
+    Raises:
+        ValueError: ``uniforms``' shape is not ``probs.shape[:-1]``.
     """
+    if uniforms.shape != probs.shape[:-1]:
+        raise ValueError(f"sample: uniforms {list(uniforms.shape)} do not match probs {list(probs.shape)}; allowed: "
+                         f"one uniform per row, {list(probs.shape[:-1])}")
     if probs.shape[-1] >= BLOCKED_SAMPLING_MIN_V:
         return _sample_blocked(probs, uniforms)
     cdf = probs.double().cumsum(-1)
@@ -565,17 +580,35 @@ def stream_uniforms(seed: int | torch.Tensor, image: torch.Tensor, step: torch.T
             seeds, one per image (images of several runs in one batch,
             :class:`csdgen.engine.ContinuousBatch`; each already checked): the same numbers as
             the int seed.
-        image: ``[A]`` int64 image indices (>= 0).
-        step: ``[A]`` int64, the image's own forward count (0 = prefill).
-        kinds: number of draw kinds K (slot streams per step).
-        width: number of slots S.
+        image: ``[A]`` int64 image indices, ``0 .. 2**63 - 1`` (values not checked: that would
+            read the tensor; a negative index is hashed as its two's complement, another image's key).
+        step: ``[A]`` int64, the image's own forward count (0 = prefill), ``0 .. 2**32 - 1``
+            (only its low 32 bits enter the key).
+        kinds: number of draw kinds K (slot streams per step), an integer in ``0 .. 2**16 - 1``.
+        width: number of slots S, an integer in ``0 .. 2**16 - 1``: kind and slot share one
+            32-bit key word (``kind << 16 | slot``), so a slot of ``2**16`` or more would repeat the
+            numbers of the next kind's stream.
 
     Returns:
         ``[K, A, S]`` float64 uniforms in [0, 1) on ``image``'s device.
 
     Raises:
-        ValueError: a seed outside ``0 .. MAX_SEED`` (it would alias another seed's stream).
+        ValueError: a seed outside ``0 .. MAX_SEED`` (it would alias another seed's stream); ``kinds`` or
+            ``width`` that is not an integer in ``0 .. 65535``; ``image``, ``step`` or a tensor ``seed``
+            that is not an integer tensor (``step`` and a tensor ``seed`` of ``image``'s shape).
     """
+    for name, value in (("kinds", kinds), ("width", width)):
+        number = as_integer(value)
+        if number is None or not 0 <= number < 2**16:
+            raise ValueError(f"{name}={value!r}: allowed an integer in 0..65535 (2**16 - 1): the draw kind and "
+                             f"the slot share one 32-bit word of the key")
+    for name, value in (("image", image), ("step", step)) + ((("seed", seed),) if isinstance(seed, torch.Tensor) else ()):
+        if not isinstance(value, torch.Tensor) or value.dtype.is_floating_point or value.dtype.is_complex \
+                or value.dtype == torch.bool or (name != "image" and value.shape != image.shape):
+            got = f"{value.dtype} {list(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+            raise ValueError(f"{name}: got {got}; allowed an integer tensor [A] (int64)"
+                             + ("" if name == "image" or not isinstance(image, torch.Tensor)
+                                else f" of image's shape {list(image.shape)}"))
     if isinstance(seed, torch.Tensor):
         seed = seed.to(image.device, torch.long)
         h = _hash32((seed & _MASK32) ^ 0x2545F491)

@@ -312,3 +312,37 @@ def test_invalid_logits_refuses_a_valid_mask_of_another_shape_or_dtype():
         with pytest.raises(ValueError, match=r"^valid: got .*; allowed None or a bool tensor \[2, 3\]"):
             invalid_logits(logits, bad)
     assert not invalid_logits(logits, torch.ones(2, 3, dtype=torch.bool))
+
+
+def test_sample_refuses_uniforms_of_another_shape_and_documents_its_preconditions():
+    with pytest.raises(ValueError, match=r"^sample: uniforms \[2\] do not match probs \[1, 5\]"):
+        sample(torch.ones(1, 5), torch.full((2,), 0.5, dtype=torch.float64))
+    # outside the documented preconditions the result has no meaning: V - 1 here, of zero weight
+    assert sample(torch.zeros(1, 5), torch.tensor([0.5], dtype=torch.float64)).item() == 4
+    assert "Preconditions, not checked" in sample.__doc__ and "``u >= 1`` gives ``V - 1``" in sample.__doc__
+
+
+@pytest.mark.parametrize("kinds, width, name", [(2, 2**16, "width"), (1, -1, "width"), (1, 2.0, "width"),
+                                                 (-1, 4, "kinds"), (2**16, 4, "kinds"), ("6", 4, "kinds")])
+def test_stream_uniforms_refuses_kinds_and_widths_outside_0_to_65535(kinds, width, name):
+    """width 2**16 silently repeated the next draw kind's numbers; kinds=-1 was a torch arange error."""
+    from csdgen.sampling import stream_uniforms
+
+    image, step = torch.tensor([0]), torch.tensor([0])
+    with pytest.raises(ValueError, match=rf"^{name}=.*: allowed an integer in 0\.\.65535"):
+        stream_uniforms(0, image, step, kinds, width)
+    assert stream_uniforms(0, image, step, 1, 2**16 - 1).shape == (1, 1, 2**16 - 1)
+
+
+@pytest.mark.parametrize("image, step, seed, name", [
+    (torch.tensor([0.0]), torch.tensor([0]), 0, "image"),
+    ([0], torch.tensor([0]), 0, "image"),
+    (torch.tensor([0]), torch.tensor([0.0]), 0, "step"),
+    (torch.tensor([0, 1]), torch.tensor([0]), 0, "step"),
+    (torch.tensor([0]), torch.tensor([0]), torch.tensor([1.0]), "seed"),
+])
+def test_stream_uniforms_refuses_index_tensors_that_are_not_integer_tensors(image, step, seed, name):
+    from csdgen.sampling import stream_uniforms
+
+    with pytest.raises(ValueError, match=rf"^{name}: got .*; allowed an integer tensor \[A\]"):
+        stream_uniforms(seed, image, step, 1, 4)
