@@ -635,33 +635,57 @@ ENTROPY_EPS = 1e-10
 
 
 def entropy(probs: torch.Tensor, *, normalized: bool = False, eps: float = 0.0) -> torch.Tensor:
-    """Shannon entropy ``H(q) = -sum_v q(v) ln q(v)`` of ``[..., V]`` distributions, in nats.
+    """Shannon entropy ``H(q) = -sum_v q(v) ln q(v)`` of ``[..., V]`` distributions, in nats (Shannon,
+    1948, "A Mathematical Theory of Communication", Theorem 2, with the natural logarithm).
+
+    The input is taken as given: values are not checked (that would read the tensor: a host sync),
+    so logits or unnormalised weights give a number that is no entropy (negative, or above ``ln V``).
 
     Args:
-        probs: ``[..., V]`` probabilities.
+        probs: ``[..., V]`` probabilities (each row >= 0, summing to 1), any float dtype.
         normalized: divide by ``ln V`` so the result lies in [0, 1] (csdgen's option; the CSD
-            reference uses nats).
-        eps: clamp probabilities to at least ``eps`` first (the CSD reference uses 1e-10);
-            0 leaves them as they are, with ``0 ln 0 = 0``.
+            reference uses nats); needs V >= 2.
+        eps: a finite number >= 0: clamp probabilities to at least ``eps`` first (the CSD reference
+            uses 1e-10, :data:`ENTROPY_EPS`); 0 leaves them as they are, with ``0 ln 0 = 0``.
 
     Returns:
         ``[...]`` float32 entropy (nats, or nats / ln V when normalised).
+
+    Raises:
+        ValueError: ``eps`` is not a finite number >= 0; ``normalized`` with V = 1 (``ln 1 = 0``).
     """
+    if not _finite_at_least_0(eps):
+        raise ValueError(f"eps={eps!r}: must be a finite number >= 0 (the clamping floor of the probabilities)")
+    if normalized and probs.shape[-1] < 2:
+        raise ValueError(f"entropy(normalized=True) of probs {list(probs.shape)}: V = {probs.shape[-1]}; allowed V >= 2 "
+                         f"(the result is divided by ln V)")
     p = probs.float().clamp_min(eps) if eps > 0 else probs.float()
     h = -(p * torch.log(p.clamp_min(torch.finfo(p.dtype).tiny))).sum(-1)
     return h / math.log(probs.shape[-1]) if normalized else h
 
 
 def total_variation(p: torch.Tensor, q: torch.Tensor, *, eps: float = 0.0) -> torch.Tensor:
-    """Total variation distance ``TV(p, q) = 1/2 sum_v |p(v) - q(v)|`` over the last dimension.
+    """Total variation distance ``TV(p, q) = 1/2 sum_v |p(v) - q(v)|`` over the last dimension (Levin,
+    Peres & Wilmer, "Markov Chains and Mixing Times", Proposition 4.2).
+
+    The inputs are taken as given: values are not checked (that would read the tensors: a host sync).
 
     Args:
-        p, q: ``[..., V]`` probabilities of the same shape.
-        eps: clamp both to at least ``eps`` first (the CSD reference uses 1e-10).
+        p, q: ``[..., V]`` probabilities of the same shape (no broadcasting), any float dtype.
+        eps: a finite number >= 0: clamp both to at least ``eps`` first (the CSD reference uses
+            1e-10); 0 leaves them as they are.
 
     Returns:
-        ``[...]`` float32 in [0, 1] (slightly above 1 is possible after clamping).
+        ``[...]`` float32 in [0, 1] for distributions (slightly above 1 is possible after clamping).
+
+    Raises:
+        ValueError: ``p`` and ``q`` differ in shape; ``eps`` is not a finite number >= 0.
     """
+    if p.shape != q.shape:
+        raise ValueError(f"total_variation: p {list(p.shape)} and q {list(q.shape)} differ in shape; allowed: two "
+                         f"[..., V] tensors of one shape")
+    if not _finite_at_least_0(eps):
+        raise ValueError(f"eps={eps!r}: must be a finite number >= 0 (the clamping floor of the probabilities)")
     if eps > 0:
         p, q = p.clamp_min(eps), q.clamp_min(eps)
     return 0.5 * (p.float() - q.float()).abs().sum(-1)

@@ -346,3 +346,25 @@ def test_stream_uniforms_refuses_index_tensors_that_are_not_integer_tensors(imag
 
     with pytest.raises(ValueError, match=rf"^{name}: got .*; allowed an integer tensor \[A\]"):
         stream_uniforms(seed, image, step, 1, 4)
+
+
+def test_total_variation_refuses_shapes_that_differ_instead_of_broadcasting():
+    q = torch.full((2, 3, 4), 0.25)
+    with pytest.raises(ValueError, match=r"^total_variation: p \[1, 3, 4\] and q \[2, 3, 4\] differ in shape"):
+        total_variation(q[:1], q)
+    with pytest.raises(ValueError, match=r"^eps=-1: must be a finite number >= 0"):
+        total_variation(q, q, eps=-1)
+
+
+@pytest.mark.parametrize("eps", [-1, float("nan"), "1e-10"])
+def test_entropy_refuses_an_eps_that_is_not_a_finite_number_at_least_0(eps):
+    """eps=-1 was silently ignored."""
+    with pytest.raises(ValueError, match=r"^eps=.*: must be a finite number >= 0"):
+        entropy(torch.full((2, 4), 0.25), eps=eps)
+
+
+def test_entropy_normalized_refuses_a_one_token_vocabulary():
+    """ln 1 = 0: normalized=True gave NaN."""
+    with pytest.raises(ValueError, match=r"normalized=True.*V = 1; allowed V >= 2"):
+        entropy(torch.ones(2, 1), normalized=True)
+    assert entropy(torch.ones(2, 1)).tolist() == [0.0, 0.0]
