@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from .integers import as_integer
+
 __all__ = ["GuidanceSchedule", "LinearGuidance", "guidance_table", "guidance_at"]
 
 
@@ -85,9 +87,33 @@ def guidance_table(schedule: GuidanceSchedule | None, scale: float, num_image_to
                    device: torch.device | str = "cpu") -> torch.Tensor | None:
     """The run's ``[N]`` float32 table of scales on ``device``, or None (constant ``scale``: no table).
 
+    Called once per run (it reads the table's values to check them: one host sync, outside the loop).
+
+    Args:
+        schedule: a :class:`GuidanceSchedule`, or None (no schedule: the constant ``scale``).
+        scale: the run's guidance scale (:attr:`csdgen.sampling.SamplingConfig.guidance_scale`), a
+            finite number >= 0, where the schedule starts; 1.0 means unguided: no table.
+        num_image_tokens: N, an integer >= 1.
+        grid: ``(rows, cols)`` of the model's raster order (``rows * cols = N``), passed to the
+            schedule as given.
+        device: where the table is put.
+
+    Returns:
+        ``[N]`` float32 on ``device``: the scale of the target at image position ``i``; or None.
+
     Raises:
-        ValueError: a table of another shape, or one holding a negative or non-finite scale.
+        ValueError: ``schedule`` is neither None nor a :class:`GuidanceSchedule`; ``scale`` is not a
+            finite number >= 0; ``num_image_tokens`` is not an integer >= 1; the schedule gives a table
+            of another shape, or one holding a negative or non-finite scale.
     """
+    from .sampling import _check_guidance_scale  # here: csdgen.sampling imports this module
+
+    if schedule is not None and not isinstance(schedule, GuidanceSchedule):
+        raise ValueError(f"schedule={schedule!r}: must be None or a csdgen.guidance.GuidanceSchedule "
+                         f"(e.g. LinearGuidance(floor=1.0))")
+    _check_guidance_scale(scale, "scale")
+    if as_integer(num_image_tokens) is None or num_image_tokens < 1:
+        raise ValueError(f"num_image_tokens={num_image_tokens!r}: allowed an integer >= 1")
     if schedule is None or scale == 1.0:
         return None
     table = schedule.scales(float(scale), num_image_tokens, grid)
@@ -100,5 +126,26 @@ def guidance_table(schedule: GuidanceSchedule | None, scale: float, num_image_to
 
 
 def guidance_at(table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Scales ``[..., 1]`` of the targets at image ``positions`` (``[...]`` int64; past the image: the last scale)."""
+    """Scales ``[..., 1]`` of the targets at image ``positions``: ``table[positions]``.
+
+    Args:
+        table: ``[N]`` float, a run's :func:`guidance_table`.
+        positions: ``[...]`` integer tensor (int64) of image positions on ``table``'s device. A
+            position past the image (a window's padding slots) reads the last scale, a negative one
+            the first: positions are clamped to ``0 .. N - 1``, not checked (that would read them: a
+            host sync).
+
+    Returns:
+        ``[..., 1]`` of ``table``'s dtype.
+
+    Raises:
+        ValueError: ``table`` is not a 1-d tensor, or ``positions`` is not an integer tensor.
+    """
+    if not isinstance(table, torch.Tensor) or table.dim() != 1:
+        got = f"shape {list(table.shape)}" if isinstance(table, torch.Tensor) else type(table).__name__
+        raise ValueError(f"table: got {got}; allowed a [N] tensor of scales (guidance_table's)")
+    if (not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point or positions.dtype.is_complex
+            or positions.dtype == torch.bool):
+        got = positions.dtype if isinstance(positions, torch.Tensor) else type(positions).__name__
+        raise ValueError(f"positions: got {got}; allowed an integer tensor (int64) of image positions")
     return table[positions.clamp(0, table.shape[0] - 1)].unsqueeze(-1)

@@ -177,3 +177,35 @@ def test_a_record_names_its_schedule_and_resume_tells_two_schedules_of_the_same_
     run(LinearGuidance(1.0))  # still resumes: the parameters agree
     with pytest.raises(ValueError, match=r"sampling.guidance_schedule.floor: 1.0 there, 2.0 here"):
         run(LinearGuidance(2.0))
+
+
+# -- argument checks (audit tester3, findings 27 and 28) --------------------------------------------------------
+
+@pytest.mark.parametrize("scale", [-3.0, "3", float("nan"), None])
+def test_guidance_table_refuses_a_scale_that_is_not_a_finite_number_at_least_0(scale):
+    """-3.0 was silently floored to [1, 1, 1, 1] and "3" was taken as 3.0."""
+    with pytest.raises(ValueError, match=r"^scale=.*: must be a finite number >= 0$"):
+        guidance_table(LinearGuidance(), scale, 4, (2, 2))
+
+
+def test_guidance_table_refuses_a_schedule_given_as_a_string():
+    """"linear" gave AttributeError: 'str' object has no attribute 'scales'."""
+    with pytest.raises(ValueError, match=r"^schedule='linear': must be None or a csdgen.guidance.GuidanceSchedule"):
+        guidance_table("linear", 3.0, 4, (2, 2))
+
+
+@pytest.mark.parametrize("count", [0, 4.0, "4"])
+def test_guidance_table_refuses_an_image_token_count_that_is_not_an_integer_at_least_1(count):
+    with pytest.raises(ValueError, match=r"^num_image_tokens=.*: allowed an integer >= 1$"):
+        guidance_table(LinearGuidance(), 3.0, count, (2, 2))
+
+
+def test_guidance_at_refuses_positions_that_are_not_an_integer_tensor():
+    """Float positions gave torch's 'tensors used as indices must be long ...' IndexError, a list an AttributeError."""
+    table = guidance_table(LinearGuidance(), 4.0, 4, (2, 2))
+    for bad in (torch.tensor([[1.0]]), torch.tensor([True]), [1]):
+        with pytest.raises(ValueError, match=r"^positions: got .*; allowed an integer tensor \(int64\)"):
+            guidance_at(table, bad)
+    with pytest.raises(ValueError, match=r"^table: got shape \[2, 2\]; allowed a \[N\] tensor"):
+        guidance_at(table.reshape(2, 2), torch.tensor([0]))
+    assert guidance_at(table, torch.tensor([-1, 0], dtype=torch.int32)).tolist() == [[4.0], [4.0]]  # clamped, as documented
