@@ -123,18 +123,61 @@ class TreeLayout:
         return self.children.shape[0]
 
 
+def _tree_sizes(K, D, W, caller: str) -> tuple[int, int, int]:
+    """``(K, D, W)`` as ints if ``K >= 1``, ``D >= 0`` and ``W >= 1`` are integers, else the ValueError naming the bad one."""
+    for name, value, low, meaning in (("K", K, 1, "candidates per level"), ("D", D, 0, "tree levels"),
+                                      ("W", W, 1, "main-path slots, the window")):
+        number = as_integer(value)
+        if number is None or number < low:
+            raise ValueError(f"{caller}: {name}={value!r}; allowed an integer >= {low} ({meaning}), with K >= 1, D >= 0 "
+                             f"and W >= 1")
+    return as_integer(K), as_integer(D), as_integer(W)
+
+
 def tree_nodes(K: int, D: int, W: int) -> int:
     """S, the nodes (fed slots) of a window of ``W`` main-path slots with a ``K``-ary tree of ``D`` levels:
     ``1 + K + ... + K^D' + (W - 1 - D')`` with ``D' = min(D, W - 1)``, as :func:`tree_layout` lays them out
-    (computed without building the layout, whose ``[S, S]`` ancestor mask a memory plan need not allocate)."""
-    D = max(0, min(D, W - 1))
+    (computed without building the layout, whose ``[S, S]`` ancestor mask a memory plan need not allocate).
+
+    Args:
+        K: candidates per level, an integer >= 1; D: tree levels, an integer >= 0 (only the first
+            ``W - 1`` are laid out); W: main-path slots, an integer >= 1.
+
+    Returns:
+        S, equal to ``tree_layout(K, D, W).S``.
+
+    Raises:
+        ValueError: ``K``, ``D`` or ``W`` is not such an integer (the message names it).
+    """
+    K, D, W = _tree_sizes(K, D, W, "tree_nodes")
+    D = min(D, W - 1)
     return sum(K**d for d in range(D + 1)) + (W - 1 - D)
 
 
-@lru_cache(maxsize=64)
 def tree_layout(K: int, D: int, W: int) -> TreeLayout:
-    """The layout of a window of ``W`` main-path slots with a ``K``-ary tree of ``min(D, W - 1)`` levels."""
-    D = max(0, min(D, W - 1))
+    """The layout of a window of ``W`` main-path slots with a ``K``-ary tree of ``min(D, W - 1)`` levels
+    (module docstring; layouts are cached, 64 of them).
+
+    Args:
+        K: candidates per level, an integer >= 1 (1: a plain chain); D: tree levels, an integer
+            >= 0 (a tree never reaches past the window: ``min(D, W - 1)`` levels are laid out);
+            W: main-path slots (the window), an integer >= 1. Numpy and 0-d torch integers are
+            taken as the ints they are.
+
+    Returns:
+        the :class:`TreeLayout`, with ``S = tree_nodes(K, D, W)`` nodes.
+
+    Raises:
+        ValueError: ``K``, ``D`` or ``W`` is not such an integer (the message names it; a list was
+            an 'unhashable type' TypeError from the cache).
+    """
+    return _tree_layout(*_tree_sizes(K, D, W, "tree_layout"))
+
+
+@lru_cache(maxsize=64)
+def _tree_layout(K: int, D: int, W: int) -> TreeLayout:
+    """:func:`tree_layout` of checked ints."""
+    D = min(D, W - 1)
     depth, parent, branch = [0], [0], [0]
     level_start = [0]
     for d in range(1, D + 1):
@@ -167,12 +210,20 @@ def without(probs: torch.Tensor, removed: torch.Tensor) -> tuple[torch.Tensor, t
     """``probs`` with the tokens ``removed`` set to 0, renormalised: a without-replacement draw's law.
 
     Args:
-        probs: ``[..., V]`` float distributions; removed: ``[..., k]`` int64 tokens (``k >= 0``).
+        probs: ``[..., V]`` float distributions; removed: ``[..., k]`` int64 tokens (``k >= 0``) in
+            ``0 .. V - 1`` (values not checked: that would read the tensor), the same leading shape.
 
     Returns:
         ``(probs' [..., V] float32, alive [...] bool)``; where no mass is left (``alive`` False)
         ``probs'`` is ``probs`` (never read by the callers: such a candidate is void).
+
+    Raises:
+        ValueError: ``removed`` is not an int64 tensor of shape ``[..., k]`` with ``probs``' leading shape.
     """
+    if not isinstance(removed, torch.Tensor) or removed.dtype != torch.long or removed.shape[:-1] != probs.shape[:-1]:
+        got = f"{removed.dtype} {list(removed.shape)}" if isinstance(removed, torch.Tensor) else type(removed).__name__
+        raise ValueError(f"without: removed is {got}; allowed an int64 tensor [..., k] of tokens with probs' leading "
+                         f"shape {list(probs.shape[:-1])}")
     kept = probs.float()
     if removed.shape[-1]:
         kept = kept.scatter(-1, removed, 0.0)
@@ -192,11 +243,24 @@ def draw_siblings(drafts: torch.Tensor, draft_probs: torch.Tensor, K: int, unifo
 
     Args:
         drafts: ``[A, D]`` int64, the draft at each level; draft_probs: ``[A, D, V]`` float ``p``.
-        K: candidates per level; uniforms: ``[A, D, K - 1]`` float64 in [0, 1).
+        K: candidates per level, an integer >= 1; uniforms: ``[A, D, K - 1]`` float64 in [0, 1)
+            (:func:`csdgen.sampling.sample`'s preconditions).
 
     Returns:
         ``(candidates [A, D, K] int64, alive [A, D, K] bool)``.
+
+    Raises:
+        ValueError: ``K`` is not an integer >= 1; ``draft_probs`` is not ``[A, D, V]`` or ``uniforms``
+            not ``[A, D, K - 1]`` for ``drafts`` ``[A, D]``.
     """
+    k_int = as_integer(K)
+    if k_int is None or k_int < 1:
+        raise ValueError(f"draw_siblings: K={K!r}; allowed an integer >= 1 (candidates per level)")
+    K = k_int
+    if draft_probs.shape[:-1] != drafts.shape or drafts.dim() != 2 or tuple(uniforms.shape) != (*drafts.shape, K - 1):
+        raise ValueError(f"draw_siblings: drafts {list(drafts.shape)}, draft_probs {list(draft_probs.shape)}, uniforms "
+                         f"{list(uniforms.shape)}; allowed [A, D], [A, D, V] and [A, D, K - 1] = "
+                         f"{[*drafts.shape, K - 1]} (K = {K})")
     cand, alive = [drafts], [torch.ones_like(drafts, dtype=torch.bool)]
     for k in range(1, K):
         probs, ok = without(draft_probs, torch.stack(cand, -1))
@@ -293,7 +357,13 @@ def verify_tree(
 
     Returns:
         a :class:`TreeVerdict`.
+
+    Raises:
+        ValueError: an unknown ``choice`` or ``refresh`` mode (:func:`csdgen.drafting.refresh_drafts`).
+            Shapes and values are not checked here: the tree loop builds them.
     """
+    if choice not in ("first", "longest"):
+        raise ValueError(f"choice={choice!r}: allowed 'first' (exact) or 'longest' (SJD-PAC's biased path choice)")
     A, W = drafts.shape
     K, D, M = layout.K, layout.D, layout.internal
     dev = drafts.device

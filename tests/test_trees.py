@@ -351,3 +351,55 @@ def test_cli_negative_list_values_are_named_not_taken_for_options(argv, expected
     """A new-user try-out found --tree -1,2 answered 'argument --tree: expected one argument' (argparse before
     Python 3.13 reads '-1,2' as an option); the value is now read as a value and its type names it."""
     assert expected in usage_error(capsys, *argv, one_line=True)
+
+
+# -- argument checks (audit tester3, findings 21 and 24) --------------------------------------------------------
+
+@pytest.mark.parametrize("K, D, W, name", [(0, 2, 4, "K"), (2, -1, 4, "D"), (2, 2, -3, "W"), (2, 2, 0, "W"),
+                                           ([2], 2, 4, "K"), (2, 2.0, 4, "D"), (True, 2, 4, "K")])
+def test_tree_layout_and_tree_nodes_refuse_sizes_outside_their_ranges(K, D, W, name):
+    """tree_layout(0, 2, 4) laid out a tree with no candidates, (2, 2, -3) gave S = 1, a list K an
+    'unhashable type' TypeError from the cache; tree_nodes(2, 2, 0) said 0 where tree_layout said 1."""
+    from csdgen.trees import tree_nodes
+
+    for function in (tree_layout, tree_nodes):
+        with pytest.raises(ValueError, match=rf"^{function.__name__}: {name}=.*; allowed an integer >= [01]"):
+            function(K, D, W)
+
+
+def test_tree_nodes_agrees_with_tree_layout_at_the_edges_of_the_ranges():
+    import numpy as np
+
+    from csdgen.trees import tree_nodes
+
+    for K, D, W in [(1, 0, 1), (2, 0, 3), (3, 5, 1), (2, 3, 2), (4, 1, 6), (np.int64(2), np.int64(2), np.int64(5))]:
+        assert tree_nodes(K, D, W) == tree_layout(K, D, W).S, (K, D, W)
+    assert tree_layout(np.int64(2), 2, 5) is tree_layout(2, 2, 5)  # numpy integers reach the same cached layout
+
+
+def test_draw_siblings_refuses_k_below_1_and_uniforms_of_the_wrong_shape():
+    """K=0 drew one candidate per level; too few uniforms gave an IndexError."""
+    drafts, p = torch.zeros(2, 3, dtype=torch.long), torch.full((2, 3, 4), 0.25)
+    for K in (0, 2.0):
+        with pytest.raises(ValueError, match=r"^draw_siblings: K=.*; allowed an integer >= 1"):
+            draw_siblings(drafts, p, K, torch.zeros(2, 3, 1, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"^draw_siblings: .*uniforms \[2, 3, 1\]; allowed .* = \[2, 3, 2\] \(K = 3\)"):
+        draw_siblings(drafts, p, 3, torch.zeros(2, 3, 1, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"^draw_siblings: drafts \[2, 3\], draft_probs \[2, 4\]"):
+        draw_siblings(drafts, p[:, 0], 2, torch.zeros(2, 3, 1, dtype=torch.float64))
+
+
+def test_without_refuses_removed_tokens_that_are_not_int64_of_the_leading_shape():
+    """Float tokens gave torch's 'scatter(): Expected dtype int32/int64' RuntimeError."""
+    probs = torch.full((2, 4), 0.25)
+    for bad in (torch.tensor([[0.0], [1.0]]), torch.tensor([[0]]), [[0], [1]]):
+        with pytest.raises(ValueError, match=r"^without: removed is .*; allowed an int64 tensor \[\.\.\., k\]"):
+            without(probs, bad)
+
+
+def test_verify_tree_refuses_an_unknown_path_choice():
+    from csdgen.acceptance import SJD
+    from csdgen.trees import verify_tree
+
+    with pytest.raises(ValueError, match=r"^choice='best': allowed 'first' \(exact\) or 'longest'"):
+        verify_tree(SJD(), "independent", tree_layout(2, 1, 2), *[None] * 8, choice="best")
