@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from .acceptance import lossless_acceptance, residual_distribution
-from .sampling import sample
+from .sampling import as_integer, sample
 
 __all__ = ["DRAFT_INITS", "ONE_HOT_INITS", "REFRESH_MODES", "check_drafting", "resolve_draft_init", "init_drafts",
            "refresh_drafts"]
@@ -66,11 +66,23 @@ def resolve_draft_init(given: str | None, needed: str | None, rule_name: str) ->
 
 
 def check_drafting(draft_init: str, refresh: str) -> None:
-    """Raise ValueError naming the bad value if ``draft_init`` or ``refresh`` is unknown."""
+    """Check a run's drafting settings.
+
+    Args:
+        draft_init: one of :data:`DRAFT_INITS`; refresh: one of :data:`REFRESH_MODES`.
+
+    Raises:
+        ValueError: ``draft_init`` or ``refresh`` is unknown (naming it and the allowed values).
+    """
     if draft_init not in DRAFT_INITS:
         raise ValueError(f"unknown draft initialisation {draft_init!r}; allowed: {', '.join(DRAFT_INITS)}")
     if refresh not in REFRESH_MODES:
         raise ValueError(f"unknown draft refresh {refresh!r}; allowed: {', '.join(REFRESH_MODES)}")
+
+
+def _is_integer_tensor(value) -> bool:
+    return (isinstance(value, torch.Tensor) and not value.dtype.is_floating_point and not value.dtype.is_complex
+            and value.dtype != torch.bool)
 
 
 def init_drafts(
@@ -90,17 +102,49 @@ def init_drafts(
         kind: one of :data:`DRAFT_INITS`.
         tokens: ``[B, L]`` int64, committed tokens and pending drafts; positions below
             ``first`` are filled (``first >= 1``), positions from ``first`` on are not read.
-        first: image position of the first new slot: an int, or ``[B]`` int64 (per image).
-        count: number of new slots S (>= 0).
-        vocab_size: V, the codebook size.
-        row_length: tokens per image row (for ``repeat-vertical``).
-        uniforms: ``[B, S]`` float64 in [0, 1), used for random tokens.
+        first: image position of the first new slot, ``>= 1`` (the copies read position
+            ``first - 1``): an int, or an integer tensor ``[B]`` (per image) or ``[]``, whose values
+            are not checked (that would read the tensor: a host sync; a 0 copies position 0).
+        count: number of new slots S, an integer >= 0.
+        vocab_size: V, the codebook size, an integer >= 1.
+        row_length: tokens per image row, an integer >= 1 (read by ``repeat-vertical``; the
+            model's ``grid[1]``).
+        uniforms: ``[B, S]`` float64 in [0, 1), used for random tokens (a uniform ``u`` gives
+            token ``floor(u V)``; values not checked: ``u >= 1`` gives V - 1).
         positions: ``[B, S]`` int64 image positions of the slots, each ``>= first`` of its image
             (default ``first + arange(S)``); the decoding loop passes its window positions.
 
     Returns:
         ``(draft_tokens [B, S] int64, draft_probs [B, S, V] float32)``.
+
+    Raises:
+        ValueError: an unknown ``kind``; ``count``, ``vocab_size``, ``row_length`` or an int ``first``
+            outside its range above; ``tokens`` not ``[B, L]``, ``first`` not an integer tensor ``[B]``
+            or ``[]``, ``uniforms`` or ``positions`` not ``[B, count]`` (``positions`` integer). The
+            message names the argument and what is allowed.
     """
+    if kind not in DRAFT_INITS:
+        raise ValueError(f"unknown draft initialisation {kind!r}; allowed: {', '.join(DRAFT_INITS)}")
+    for name, value, low in (("count", count, 0), ("vocab_size", vocab_size, 1), ("row_length", row_length, 1)):
+        number = as_integer(value)
+        if number is None or number < low:
+            raise ValueError(f"init_drafts: {name}={value!r}; allowed an integer >= {low}")
+    count, vocab_size, row_length = as_integer(count), as_integer(vocab_size), as_integer(row_length)
+    if tokens.dim() != 2:
+        raise ValueError(f"init_drafts: tokens {list(tokens.shape)}; allowed [B, L]")
+    B = tokens.shape[0]
+    if isinstance(first, torch.Tensor):
+        if not _is_integer_tensor(first) or first.shape not in ((), (B,)):
+            raise ValueError(f"init_drafts: first is {first.dtype} {list(first.shape)}; allowed an int >= 1 or an "
+                             f"integer tensor [B] = [{B}] (per image) or []")
+    elif as_integer(first) is None or as_integer(first) < 1:
+        raise ValueError(f"init_drafts: first={first!r}; allowed an int >= 1 (the copies read position first - 1) "
+                         f"or an integer tensor [B]")
+    if tuple(uniforms.shape) != (B, count):
+        raise ValueError(f"init_drafts: uniforms {list(uniforms.shape)}; allowed [B, count] = [{B}, {count}]")
+    if positions is not None and (not _is_integer_tensor(positions) or tuple(positions.shape) != (B, count)):
+        got = f"{positions.dtype} {list(positions.shape)}" if isinstance(positions, torch.Tensor) else type(positions).__name__
+        raise ValueError(f"init_drafts: positions is {got}; allowed None or an integer tensor [B, count] = [{B}, {count}]")
     device = tokens.device
     first = torch.as_tensor(first, device=device).reshape(-1, 1).expand(tokens.shape[0], 1)  # [B, 1]
     if positions is None:
@@ -113,12 +157,10 @@ def init_drafts(
         draft = random_tokens
     elif kind == "repeat-horizontal":
         draft = tokens.gather(1, (first - 1).clamp(min=0)).expand_as(positions)  # the last known token
-    elif kind == "repeat-vertical":
+    else:  # "repeat-vertical"
         source = positions - row_length * ((positions - first) // row_length + 1)  # nearest known row above
         copied = tokens.gather(1, source.clamp(min=0))
         draft = torch.where(source >= 0, copied, random_tokens)
-    else:
-        raise ValueError(f"unknown draft initialisation {kind!r}; allowed: {', '.join(DRAFT_INITS)}")
     draft = draft.contiguous()
     return draft, torch.nn.functional.one_hot(draft, vocab_size).float()
 
@@ -147,6 +189,9 @@ def refresh_drafts(
 
     Returns:
         ``[B, W]`` int64 drafts, each distributed as ``q`` given the history.
+
+    Raises:
+        ValueError: an unknown ``mode`` (naming it and :data:`REFRESH_MODES`).
     """
     if mode == "independent":
         return target_sample

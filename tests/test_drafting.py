@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from csdgen.drafting import check_drafting, init_drafts, refresh_drafts
+from csdgen.integers import as_integer
 
 
 def test_uniform_and_onehot_initialisation():
@@ -54,3 +55,44 @@ def test_unknown_drafting_names_raise():
         check_drafting("zeros", "independent")
     with pytest.raises(ValueError, match="unknown draft refresh 'gumbel'"):
         check_drafting("uniform", "gumbel")
+
+
+# -- argument checks (audit tester3, findings 14 and 24) --------------------------------------------------------
+
+def _u(B, S):
+    return torch.full((B, S), 0.5, dtype=torch.float64)
+
+
+def test_init_drafts_refuses_uniforms_that_do_not_hold_count_slots():
+    """count=3 with [2, 4] uniforms silently gave [2, 4] drafts: count was ignored."""
+    tokens = torch.zeros(2, 7, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"^init_drafts: uniforms \[2, 4\]; allowed \[B, count\] = \[2, 3\]$"):
+        init_drafts("onehot", tokens, 3, 3, 4, 7, _u(2, 4))
+    with pytest.raises(ValueError, match=r"^init_drafts: positions is torch.int64 \[2, 4\]; allowed None or an integer"):
+        init_drafts("onehot", tokens, 3, 3, 4, 7, _u(2, 3), positions=torch.zeros(2, 4, dtype=torch.long))
+
+
+@pytest.mark.parametrize("name, args", [
+    ("count", dict(count=-1)), ("count", dict(count=2.0)), ("row_length", dict(row_length=0)),
+    ("row_length", dict(row_length=-1)), ("vocab_size", dict(vocab_size=0)), ("first", dict(first=0)),
+    ("first", dict(first=1.5)),
+])
+def test_init_drafts_refuses_counts_sizes_and_first_outside_their_ranges(name, args):
+    """row_length=-1 ran silently (garbage drafts), 0 was a ZeroDivisionError, first=0 silently copied
+    position 0, count=-1 a torch arange error."""
+    call = dict(kind="repeat-vertical", tokens=torch.zeros(2, 7, dtype=torch.long), first=3, count=2, vocab_size=4,
+                row_length=2)
+    call.update(args)
+    S = max(as_integer(call["count"]) or 0, 0)
+    with pytest.raises(ValueError, match=rf"^init_drafts: {name}=.*; allowed an int"):
+        init_drafts(call.pop("kind"), *call.values(), _u(2, S))
+
+
+def test_init_drafts_refuses_an_unknown_kind_and_a_float_first_tensor():
+    tokens = torch.zeros(2, 7, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"^unknown draft initialisation 'repeat'; allowed: uniform, onehot"):
+        init_drafts("repeat", tokens, 3, 2, 4, 7, _u(2, 2))
+    with pytest.raises(ValueError, match=r"^init_drafts: first is torch.float32 \[2\]; allowed an int >= 1 or an integer"):
+        init_drafts("repeat-horizontal", tokens, torch.tensor([3.0, 4.0]), 2, 4, 7, _u(2, 2))
+    draft, _ = init_drafts("repeat-horizontal", tokens, torch.tensor([3, 4]), 2, 4, 7, _u(2, 2))  # per image: allowed
+    assert draft.shape == (2, 2)
