@@ -36,3 +36,54 @@ def test_a_width_1_window_gives_the_general_paths_verdict_bit_for_bit(name, refr
     u2 = torch.rand(6, B, 2, generator=generator, dtype=torch.float64)
     two = verify(rule, refresh, x2, p2, q2, torch.full((B,), 2), u2)
     assert two.tokens.shape == (B, 2) and set(two.accepted.tolist()) <= {0, 1}
+
+
+# -- argument checks (audit tester3, findings 15 and 24) --------------------------------------------------------
+
+def _window(B=2, W=4, V=8):
+    generator = torch.Generator().manual_seed(0)
+    q = torch.softmax(torch.randn(B, W, V, generator=generator), -1)
+    return dict(draft_tokens=torch.zeros(B, W, dtype=torch.long), draft_probs=q.clone(), target_probs=q,
+                widths=torch.full((B,), W), uniforms=torch.rand(6, B, W, generator=generator, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("W", [1, 4])
+def test_verify_refuses_an_unknown_refresh_mode_at_every_width(W):
+    """At W=1 (AR's step) 'bogus' was accepted: the fast path refreshes nothing."""
+    with pytest.raises(ValueError, match=r"^unknown draft refresh 'bogus'; allowed: independent, coupled$"):
+        verify(make_rule("sjd"), "bogus", **_window(W=W))
+
+
+@pytest.mark.parametrize("rule", ["sjd", None])
+def test_verify_refuses_a_rule_that_is_not_an_acceptance_rule_instance(rule):
+    """'sjd' gave AttributeError: 'str' object has no attribute 'acceptance_probability'."""
+    with pytest.raises(ValueError, match=r"^verify: rule=.*; allowed an AcceptanceRule instance"):
+        verify(rule, "independent", **_window())
+    from csdgen.acceptance import SJD
+
+    with pytest.raises(ValueError, match=r"^verify: rule=SJD; allowed an AcceptanceRule instance"):
+        verify(SJD, "independent", **_window())
+
+
+@pytest.mark.parametrize("widths", [4, torch.full((2,), 4.0), torch.full((3,), 4)])
+def test_verify_refuses_widths_that_are_not_an_integer_tensor_of_one_per_image(widths):
+    """An int widths gave TypeError: 'int' object is not subscriptable."""
+    arguments = _window()
+    arguments["widths"] = widths
+    with pytest.raises(ValueError, match=r"^verify: widths is .*; allowed an int64 tensor \[B\] = \[2\]"):
+        verify(make_rule("sjd"), "independent", **arguments)
+
+
+@pytest.mark.parametrize("name, value, match", [
+    ("uniforms", torch.rand(2, 4, dtype=torch.float64), r"^verify: uniforms is .*; allowed a float64 tensor \[6, B, W\]"),
+    ("draft_probs", torch.full((2, 4, 5), 0.2), r"^verify: draft_probs is .*; allowed a float tensor \[B, W, V\]"),
+    ("target_probs", torch.full((1, 4, 8), 0.125), r"^verify: target_probs is"),
+    ("draft_tokens", torch.zeros(2, 4), r"^verify: draft_tokens is torch.float32 \[2, 4\]; allowed an int64"),
+    ("target_entropy", torch.zeros(7), r"^verify: target_entropy is torch.float32 \[7\]; allowed None or"),
+])
+def test_verify_refuses_tensors_of_the_wrong_shape_naming_them(name, value, match):
+    """[B, W] uniforms gave an IndexError deep in the verify step."""
+    arguments = _window()
+    arguments[name] = value
+    with pytest.raises(ValueError, match=match):
+        verify(make_rule("sjd"), "independent", **arguments)

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import torch
 
 from ..acceptance import AcceptanceRule, checked_probability, first_rejection
-from ..drafting import refresh_drafts
+from ..decisions import STREAM_KINDS
+from ..drafting import REFRESH_MODES, refresh_drafts
 from ..sampling import sample
 from .results import Decision
 from .streams import _ACCEPT, _COUPLED, _KEEP, _RESIDUAL, _Y
@@ -55,21 +56,32 @@ def verify(
     own exact part (:meth:`~csdgen.acceptance.AcceptanceRule.exact_probability`).
 
     Args:
-        rule: the acceptance rule.
-        refresh: ``"independent"`` or ``"coupled"``.
+        rule: the acceptance rule, an :class:`~csdgen.acceptance.AcceptanceRule` instance (a method
+            name is :func:`csdgen.generate`'s; :func:`csdgen.acceptance.make_rule` makes its rule).
+        refresh: ``"independent"`` or ``"coupled"`` (:data:`csdgen.drafting.REFRESH_MODES`).
         draft_tokens: ``[B, W]`` int64, ``x_j`` = the draft at output slot ``j`` (slot
             ``widths - 1`` is the bonus slot: its draft is not tested).
         draft_probs: ``[B, W, V]`` float, ``p``.
         target_probs: ``[B, W, V]`` float, ``q``.
-        widths: ``[B]`` int64 on the device, valid slots per image (``1 .. W``).
+        widths: ``[B]`` int64 on the device, valid slots per image (``1 .. W``; only the shape and
+            dtype are checked: the values would cost a host sync; outside ``1 .. W`` the verdict has
+            no meaning).
         uniforms: ``[6, B, W]`` float64 in [0, 1): target sample, acceptance, residual,
-            (initialisation, unused here), coupled keep, coupled residual.
+            (initialisation, unused here), coupled keep, coupled residual
+            (:data:`csdgen.decisions.STREAM_KINDS` kinds).
         target_entropy: ``[B, W]`` float32, ``entropy(q, eps=ENTROPY_EPS)`` where the caller has it
             (given to rules with ``takes_target_entropy``, so CSD does not compute it again), or None.
 
     Returns:
         a :class:`Verdict`.
+
+    Raises:
+        ValueError: ``rule`` is not an AcceptanceRule instance; ``refresh`` is unknown (at every width,
+            though width 1 refreshes nothing); ``widths`` is not an integer tensor ``[B]``; a tensor
+            of another shape than above (or ``draft_tokens`` not integer). Shapes, dtypes and Python
+            values only: no host sync.
     """
+    _check_verify_arguments(rule, refresh, draft_tokens, draft_probs, target_probs, widths, uniforms, target_entropy)
     x, p, q = draft_tokens, draft_probs, target_probs
     B, W = x.shape
     y = sample(q, uniforms[_Y])
@@ -82,6 +94,43 @@ def verify(
         return Verdict(torch.zeros(B, dtype=torch.long, device=x.device), y,
                        torch.full((B, 1), int(Decision.SAMPLED), dtype=torch.int8, device=x.device))
     return _verify_window(rule, refresh, x, p, q, widths, uniforms, y, target_entropy)
+
+
+def _is_integer_tensor(value) -> bool:
+    return (isinstance(value, torch.Tensor) and not value.dtype.is_floating_point and not value.dtype.is_complex
+            and value.dtype != torch.bool)
+
+
+def _described(value) -> str:
+    return f"{value.dtype} {list(value.shape)}" if isinstance(value, torch.Tensor) else f"{value!r} ({type(value).__name__})"
+
+
+def _check_verify_arguments(rule, refresh, x, p, q, widths, uniforms, target_entropy) -> None:
+    """:func:`verify`'s argument checks (a few Python comparisons on types, shapes and dtypes)."""
+    if not isinstance(rule, AcceptanceRule):
+        shown = rule.__name__ if isinstance(rule, type) else repr(rule)
+        raise ValueError(f"verify: rule={shown}; allowed an AcceptanceRule instance such as csdgen.CSD(lam=0.5) "
+                         f"(csdgen.acceptance.make_rule(name) makes a method's rule)")
+    if refresh not in REFRESH_MODES:
+        raise ValueError(f"unknown draft refresh {refresh!r}; allowed: {', '.join(REFRESH_MODES)}")
+    if not _is_integer_tensor(x) or x.dim() != 2:
+        raise ValueError(f"verify: draft_tokens is {_described(x)}; allowed an int64 tensor [B, W]")
+    B, W = x.shape
+    for name, value in (("draft_probs", p), ("target_probs", q)):
+        if not isinstance(value, torch.Tensor) or value.dim() != 3 or value.shape[:2] != (B, W) \
+                or value.shape[-1] != q.shape[-1]:
+            raise ValueError(f"verify: {name} is {_described(value)}; allowed a float tensor [B, W, V] = [{B}, {W}, V], "
+                             f"one V for draft_probs and target_probs")
+    if not _is_integer_tensor(widths) or tuple(widths.shape) != (B,):
+        raise ValueError(f"verify: widths is {_described(widths)}; allowed an int64 tensor [B] = [{B}] "
+                         f"(valid slots per image, 1 .. W)")
+    if not isinstance(uniforms, torch.Tensor) or tuple(uniforms.shape) != (STREAM_KINDS, B, W):
+        raise ValueError(f"verify: uniforms is {_described(uniforms)}; allowed a float64 tensor "
+                         f"[{STREAM_KINDS}, B, W] = [{STREAM_KINDS}, {B}, {W}]")
+    if target_entropy is not None and (not isinstance(target_entropy, torch.Tensor)
+                                       or tuple(target_entropy.shape) != (B, W)):
+        raise ValueError(f"verify: target_entropy is {_described(target_entropy)}; allowed None or a float tensor "
+                         f"[B, W] = [{B}, {W}]")
 
 
 def _verify_window(rule: AcceptanceRule, refresh: str, x: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
