@@ -30,12 +30,13 @@ class FunctionModel(ImageTokenModel):
         codebook_size: V.
         uncond_fn: the unconditional counterpart of ``fn`` for classifier-free guidance
             (None: the model cannot be guided).
-        grid: ``(rows, cols)``; default ``(1, N)``.
+        grid: ``(rows, cols)`` of the raster order, two integers >= 1 whose product is N (a tuple
+            or list; numpy integers taken as ints); None: ``(1, N)``, one row.
 
     Raises:
         TypeError: ``fn`` (or ``uncond_fn``, when given) is not callable.
-        ValueError: sizes that are not integers >= 1, or a grid whose product is not N; when decoding,
-            a function that returns anything but logits ``[B, V]``.
+        ValueError: sizes that are not integers >= 1, or a grid that is not two integers >= 1 whose
+            product is N; when decoding, a function that returns anything but logits ``[B, V]``.
     """
 
     def __init__(
@@ -56,9 +57,7 @@ class FunctionModel(ImageTokenModel):
         num_image_tokens, codebook_size = as_integer(num_image_tokens), as_integer(codebook_size)
         self.fn, self.uncond_fn = fn, uncond_fn
         self.num_image_tokens, self.codebook_size = num_image_tokens, codebook_size
-        self.grid = grid or (1, num_image_tokens)
-        if self.grid[0] * self.grid[1] != num_image_tokens:
-            raise ValueError(f"grid={self.grid} does not hold num_image_tokens={num_image_tokens}")
+        self.grid = (1, num_image_tokens) if grid is None else _checked_grid(grid, num_image_tokens)
 
     def start(self, conditions: Any, batch_size: int | None, guided: bool) -> DecodingSession:
         """A session of ``batch_size`` images; with ``batch_size`` None, one image per entry of the list
@@ -75,6 +74,15 @@ class FunctionModel(ImageTokenModel):
         if guided and self.uncond_fn is None:
             raise ValueError("guidance requested, but this FunctionModel has no uncond_fn; use guidance_scale=1")
         return _FunctionSession(self, batch_size, guided)
+
+
+def _checked_grid(grid, num_image_tokens: int) -> tuple[int, int]:
+    """``grid`` as ``(rows, cols)`` ints if it is two integers >= 1 whose product is ``num_image_tokens``, else a ValueError."""
+    sides = [as_integer(v) for v in grid] if isinstance(grid, (tuple, list)) else []
+    if len(sides) != 2 or any(v is None or v < 1 for v in sides) or sides[0] * sides[1] != num_image_tokens:
+        raise ValueError(f"grid={grid!r}: allowed None (one row, (1, {num_image_tokens})) or (rows, cols), two integers "
+                         f">= 1 whose product is num_image_tokens={num_image_tokens}")
+    return sides[0], sides[1]
 
 
 class _FunctionSession(DecodingSession):
