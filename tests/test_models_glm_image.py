@@ -452,6 +452,8 @@ def test_cli_generate_and_bench_on_glm_image_and_guidance_refused(decoder_root, 
     assert cli.main(["generate", "--model", str(decoder_root), "--prompt", "red cat", *size, "--guidance-scale", "3",
                      "--out", str(tmp_path / "o")]) == 2
     assert "GLM-Image's AR prior runs without classifier-free guidance" in capsys.readouterr().err
+    assert cli.main(["plan", "--model", str(decoder_root), *size, "--guidance-scale", "3"]) == 2  # planned as 1 row
+    assert "--guidance-scale 3: GLM-Image's AR prior runs without classifier-free guidance" in capsys.readouterr().err
     alone = decoder_root.parent / "AR-only"
     import shutil
 

@@ -308,6 +308,17 @@ def test_memory_estimate_from_the_config_equals_the_models(checkpoint, liquid):
     assert round(big.fixed / 2**30, 1) == 15.9 and round(big.per_image / 2**20) == 1011  # docs/models.md's figures
 
 
+def test_cli_names_a_guidance_scale_below_1_that_liquid_decodes_unguided(checkpoint, tmp_path, capsys):
+    from csdgen import cli
+
+    assert cli.main(["generate", "--model", str(checkpoint), "--prompt", "red cat", "--device", "cpu", "--window", "8",
+                     "--guidance-scale", "0.5", "--no-maps", "--out", str(tmp_path / "o")]) == 0
+    assert ("--guidance-scale 0.5: Liquid's reference guides only above 1; this run decodes the conditional rows alone, "
+            "as at --guidance-scale 1") in capsys.readouterr().err
+    assert cli.main(["plan", "--model", str(checkpoint), "--guidance-scale", "0.5"]) in (0, 1)
+    assert " x 1 row, window" in capsys.readouterr().out  # planned unguided, as it decodes
+
+
 def test_cli_generate_uses_the_family_defaults(checkpoint, tmp_path):
     from csdgen import cli
 

@@ -460,9 +460,15 @@ def test_cli_generate_uses_the_family_defaults_schedule_and_decoder(checkpoint, 
     assert settings["sampling"]["guidance_scale"] == 12 and settings["sampling"]["guidance_schedule"] == {"name": "lumina-mgpt-2", "floor": 4.0}
     assert settings["sampling"]["top_k"] is None and settings["sampling"]["temperature"] == 1.0
     assert sorted(p.name for p in (tmp_path / "a").glob("*.png")) == ["0000_red-cat.png", "0001_red-cat.png"]
+    capsys.readouterr()
     assert run("generate", "--model", checkpoint, "--prompt", "red cat", "--guidance-schedule", "constant",
-               "--out", tmp_path / "b", *common) == 0
+               "--out", tmp_path / "b", *common, "--guidance-scale", 3) == 0
     assert json.loads((tmp_path / "b" / "record.json").read_text())["settings"]["sampling"]["guidance_schedule"] is None
+    assert "floor" not in capsys.readouterr().err
+    assert run("generate", "--model", checkpoint, "--prompt", "red cat", "--out", tmp_path / "floor", *common,
+               "--guidance-scale", 3) == 0  # the family schedule guides with at least its floor
+    assert ("--guidance-scale 3 is below the family schedule's floor 4: every position guides with 4 "
+            "(--guidance-schedule constant keeps 3)") in capsys.readouterr().err
     assert run("generate", "--model", checkpoint, "--prompt", "red cat", "--layout", "lumina", "--out", tmp_path / "c",
                *common) == 2
     assert "is a Lumina-mGPT 2.0 checkpoint" in capsys.readouterr().err

@@ -521,17 +521,33 @@ def checkpoint_setup(args, *, fixed_window: bool):
     default_window(args, asdict(FAMILY_DEFAULTS[family]), fixed=fixed_window)
     sampling = sampling_of(args)
     if family == "glm-image" and sampling.guided:  # before the weights are read (GlmImageModel.start refuses too)
-        raise ValueError(f"--guidance-scale {args.guidance_scale:g}: GLM-Image's AR prior runs without classifier-free "
-                         f"guidance (diffusers samples it unguided); allowed: 1")
+        refuse_guided_glm_image(args.guidance_scale)
+    if family == "liquid" and args.guidance_scale < 1:  # the library runs it unguided, as Liquid's reference does
+        note(f"--guidance-scale {args.guidance_scale:g}: Liquid's reference guides only above 1; this run decodes "
+             f"the conditional rows alone, as at --guidance-scale 1")
     if getattr(args, "guidance_schedule", "family") == "family":
         from dataclasses import replace
 
         from csdgen.models.detect import family_guidance
 
         sampling = replace(sampling, guidance_schedule=family_guidance(family))
+        floor = getattr(sampling.guidance_schedule, "floor", None)
+        if sampling.guided and floor is not None and args.guidance_scale < floor:
+            note(f"--guidance-scale {args.guidance_scale:g} is below the family schedule's floor {floor:g}: every "
+                 f"position guides with {floor:g} (--guidance-schedule constant keeps {args.guidance_scale:g})")
     if args.temperature == 0:
         print(f"{prefix()}: warning: {GREEDY_WARNING}", file=sys.stderr)
     return folder, family, sampling
+
+
+def refuse_guided_glm_image(scale: float) -> None:
+    """GLM-Image's AR prior has no classifier-free guidance: any scale but 1 is refused (``generate`` and ``plan``).
+
+    Raises:
+        ValueError: naming the scale and what is allowed.
+    """
+    raise ValueError(f"--guidance-scale {scale:g}: GLM-Image's AR prior runs without classifier-free "
+                     f"guidance (diffusers samples it unguided); allowed: 1")
 
 
 @contextlib.contextmanager

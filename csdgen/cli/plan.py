@@ -106,6 +106,12 @@ def run(args) -> int:
         if args.layout is not None and model_type != "chameleon":  # as generate refuses it (it was planned as given)
             raise ValueError(f"--layout {args.layout} applies to Chameleon checkpoints only; {args.model!r} is {model_type_named(model_type)}")
         family = family_of(folder, args.layout, args.model)
+        if family == "glm-image" and guided and args.guidance_scale is not None:  # as generate refuses it
+            from ._common import refuse_guided_glm_image
+
+            refuse_guided_glm_image(args.guidance_scale)
+        if family == "liquid" and args.guidance_scale is not None and args.guidance_scale < 1:
+            guided = False  # Liquid decodes a scale below 1 unguided, as its reference does: one row an image
         dtype = resolve_dtype(args.dtype, device, family)[0]
         plan = checkpoint_plan(folder, family, batch_size=args.batch_size, window=window, dtype=dtype,
                                quantize=args.quantize, guided=guided and family != "glm-image", device=device,
