@@ -47,18 +47,27 @@ def test_a_missing_package_is_named_with_its_install_line(name, package, capsys,
     import csdgen.models.quantize as quantize
 
     monkeypatch.setattr(quantize, "_installed", lambda p: p != package)
-    err = cli_error(capsys, "plan", "--quantize", name, "--device", "cpu")
-    assert err == (f"csdgen plan: error: --quantize {name}: {package} is not installed: "
-                   f'pip install -c constraints.txt ".[quant]" in the csdgen checkout\n')
+    with pytest.raises(ValueError) as refused:
+        quantize.check_quantize(name, "cpu")
+    assert str(refused.value) == (f"--quantize {name}: {package} is not installed: "
+                                  f'pip install -c constraints.txt ".[quant]" in the csdgen checkout')
+    if name == "int8":  # the built-in model's commands name it too (it takes no bitsandbytes quantisation)
+        err = cli_error(capsys, "plan", "--quantize", name, "--device", "cpu")
+        assert err == f"csdgen plan: error: {refused.value}\n"
 
 
-def test_the_builtin_model_refuses_a_device_map_and_bitsandbytes_in_one_line(capsys, tmp_path):
+@pytest.mark.parametrize("installed", [True, False])
+def test_the_builtin_model_refuses_a_device_map_and_bitsandbytes_in_one_line(installed, capsys, tmp_path, monkeypatch):
+    """Without bitsandbytes the built-in model's nf4 was 'bitsandbytes is not installed': installing it led to the
+    refusal below."""
+    import csdgen.models.quantize as quantize
+
+    monkeypatch.setattr(quantize, "_installed", lambda p: installed or p != "bitsandbytes")
     err = cli_error(capsys, "generate", "--device-map", "auto", "-n", 1, "--out", tmp_path / "o")
     assert "--device-map needs --model" in err and "use --device" in err
-    if not __import__("importlib").util.find_spec("bitsandbytes"):
-        return
-    err = cli_error(capsys, "generate", "--quantize", "nf4", "-n", 1, "--out", tmp_path / "o")
-    assert "--quantize nf4: bitsandbytes quantises while reading a checkpoint folder; the built-in model takes int8" in err
+    for command in (("generate", "-n", 1, "--out", tmp_path / "o"), ("plan",)):
+        err = cli_error(capsys, *command, "--quantize", "nf4")
+        assert "--quantize nf4: bitsandbytes quantises while reading a checkpoint folder; the built-in model takes int8" in err
 
 
 def test_a_quantised_run_says_so_first_and_records_it(tmp_path, capsys):

@@ -112,11 +112,12 @@ def refuse_missing_cuda(device) -> None:
             raise ValueError("--device cuda: no CUDA device is visible here; use --device cpu")
 
 
-def quantize_setup(args, device) -> None:
-    """Refuse ``--quantize`` the device or installed packages cannot run, before any weight is read (one line)."""
-    from csdgen.models.quantize import check_quantize
+def quantize_setup(args, device, *, builtin: bool = False) -> None:
+    """Refuse ``--quantize`` the device or installed packages cannot run, before any weight is read (one line);
+    with ``builtin``, what the built-in model (quantised in memory) cannot take first."""
+    from csdgen.models.quantize import check_in_memory_quantize, check_quantize
 
-    check_quantize(getattr(args, "quantize", None), device)
+    (check_in_memory_quantize if builtin else check_quantize)(getattr(args, "quantize", None), device)
 
 
 def print_run_line(args, file=None) -> None:
@@ -401,7 +402,7 @@ def builtin_model(args, fixed_window: bool = False, spread: bool = False):
     refuse_missing_cuda(device)
     dtype = choose_dtype(args, "builtin", device)  # float32 or bfloat16: refuses another --dtype
     refuse_builtin_device_map(args)
-    quantize_setup(args, device)
+    quantize_setup(args, device, builtin=True)
     model = load_builtin_model(args.weights, quantize=getattr(args, "quantize", None), device=device, dtype=dtype)
     defaults = model_defaults(model, "builtin")
     fill_defaults(args, defaults)

@@ -72,9 +72,9 @@ def run(args) -> int:
         except ValueError as error:
             raise ValueError(f"--guidance-scale {args.guidance_scale:g}: {str(error).partition(': ')[2]}") from None
     guided = args.guidance_scale is None or args.guidance_scale != 1
-    from csdgen.models.quantize import check_quantize
+    from csdgen.models.quantize import check_in_memory_quantize, check_quantize
 
-    check_quantize(args.quantize, device)
+    (check_in_memory_quantize if args.model == "builtin" else check_quantize)(args.quantize, device)
     if args.model == "builtin":
         given = [f"--{k.replace('_', '-')}" for k in ("layout", "height", "width", "image_size", "prompt_length")
                  if getattr(args, k) is not None]

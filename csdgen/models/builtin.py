@@ -186,9 +186,9 @@ def load_builtin_model(weights_dir: str | os.PathLike | None = None, *, quantize
     else:
         from csdgen.builtin import load_components
 
-        from .quantize import check_quantize, quantize_module
+        from .quantize import check_in_memory_quantize, quantize_module
 
-        check_quantize(quantize, device or "cpu")  # before the weights are read
+        check_in_memory_quantize(quantize, device or "cpu")  # before the weights are read
         model = BuiltinModel(load_components(key))
     if device is not None and torch.device(device) != torch.device(model.device):
         _move(model, device)

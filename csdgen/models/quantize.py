@@ -104,6 +104,20 @@ def check_quantize(name: str | None, device: str | torch.device) -> None:
         raise ValueError(f"--quantize {name}: bitsandbytes runs on cuda (and cpu), not {kind}; use int8")
 
 
+def check_in_memory_quantize(name: str | None, device: str | torch.device) -> None:
+    """:func:`check_quantize` for a model built in memory (the built-in model, :func:`quantize_module`): ``nf4`` and
+    ``bnb8`` are refused first, as what they are (bitsandbytes quantises only while reading a checkpoint folder),
+    not as a package to install that would not help.
+
+    Raises:
+        ValueError: ``nf4`` / ``bnb8``, or what :func:`check_quantize` refuses.
+    """
+    if name in ("nf4", "bnb8"):
+        raise ValueError(f"--quantize {name}: bitsandbytes quantises while reading a checkpoint folder; "
+                         f"the built-in model takes int8, fp8" + ("" if torch.device(device).type == "cpu" else ", int4"))
+    check_quantize(name, device)
+
+
 def parse_device_map(text: str | dict | None) -> str | dict | None:
     """``--device-map`` text -> what ``from_pretrained(device_map=...)`` takes.
 
@@ -450,10 +464,7 @@ def quantize_module(module: torch.nn.Module, name: str, device: str | torch.devi
     Raises:
         ValueError: ``nf4`` / ``bnb8`` (they need a checkpoint folder), or what :func:`check_quantize` refuses.
     """
-    check_quantize(name, device)
-    if name in ("nf4", "bnb8"):
-        raise ValueError(f"--quantize {name}: bitsandbytes quantises while reading a checkpoint folder; "
-                         f"the built-in model takes int8, fp8" + ("" if torch.device(device).type == "cpu" else ", int4"))
+    check_in_memory_quantize(name, device)
     tq = _quiet_torchao()
     inside = (prefix or decoder_layers_prefix(module)) + "."
     tq.quantize_(module, _torchao_config(name),
