@@ -20,15 +20,23 @@ subclass :class:`GuidanceSchedule`; the engine knows only this interface.
 
 from __future__ import annotations
 
+import math
 import numbers
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 
 import torch
 
-from .integers import as_integer
+from .integers import as_integer, is_number
 
 __all__ = ["GuidanceSchedule", "LinearGuidance", "guidance_table", "guidance_at"]
+
+
+def check_guidance_scale(value, name: str = "guidance_scale") -> None:
+    """ValueError unless ``value`` is a finite number >= 0 (:class:`csdgen.sampling.SamplingConfig`'s rule and
+    message, which it uses)."""
+    if not (is_number(value) and math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name}={value!r}: must be a finite number >= 0")
 
 
 class GuidanceSchedule(ABC):
@@ -106,12 +114,10 @@ def guidance_table(schedule: GuidanceSchedule | None, scale: float, num_image_to
             finite number >= 0; ``num_image_tokens`` is not an integer >= 1; the schedule gives a table
             of another shape, or one holding a negative or non-finite scale.
     """
-    from .sampling import _check_guidance_scale  # here: csdgen.sampling imports this module
-
     if schedule is not None and not isinstance(schedule, GuidanceSchedule):
         raise ValueError(f"schedule={schedule!r}: must be None or a csdgen.guidance.GuidanceSchedule "
                          f"(e.g. LinearGuidance(floor=1.0))")
-    _check_guidance_scale(scale, "scale")
+    check_guidance_scale(scale, "scale")
     if as_integer(num_image_tokens) is None or num_image_tokens < 1:
         raise ValueError(f"num_image_tokens={num_image_tokens!r}: allowed an integer >= 1")
     if schedule is None or scale == 1.0:

@@ -1,9 +1,17 @@
-"""Integers as the API takes them: Python's, numpy's and 0-d torch integer tensors alike (no torch
-import here, so the class-name tables use it too)."""
+"""Integers (and numbers) as the API takes them: Python's, numpy's and 0-d torch integer tensors alike (no
+torch import here, so the class-name tables use it too)."""
 
 from __future__ import annotations
 
+import numbers
 import operator
+
+
+def is_number(value) -> bool:
+    """True for a real number (int, float, numpy's): not a bool and not a string. Sampling settings
+    and rule parameters are checked with it before any comparison, so a wrong type gets the
+    one-line error naming its argument, not a bare TypeError naming none."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def as_integer(value) -> int | None:

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .guidance import GuidanceSchedule
-from .integers import as_integer  # noqa: F401 (the engine and rules import it from here)
+from .guidance import GuidanceSchedule, check_guidance_scale
+from .integers import as_integer, is_number  # noqa: F401 (the engine and rules import them from here)
 
 __all__ = [
     "SamplingConfig",
@@ -50,21 +50,8 @@ __all__ = [
 ]
 
 
-def is_number(value) -> bool:
-    """True for a real number (int, float, numpy's): not a bool and not a string. Sampling settings
-    and rule parameters are checked with it before any comparison, so a wrong type gets the
-    one-line error naming its argument, not a bare TypeError naming none."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
 def _finite_at_least_0(value) -> bool:
     return is_number(value) and math.isfinite(value) and value >= 0
-
-
-def _check_guidance_scale(value, name: str = "guidance_scale") -> None:
-    """ValueError unless ``value`` is a finite number >= 0 (:class:`SamplingConfig`'s rule and message)."""
-    if not _finite_at_least_0(value):
-        raise ValueError(f"{name}={value!r}: must be a finite number >= 0")
 
 
 def _check_top_k(value) -> int | None:
@@ -139,7 +126,7 @@ class SamplingConfig:
     top_n_sigma_centered: bool = True
 
     def __post_init__(self) -> None:
-        _check_guidance_scale(self.guidance_scale)
+        check_guidance_scale(self.guidance_scale)
         if not _finite_at_least_0(self.temperature):
             raise ValueError(f"temperature={self.temperature!r}: must be a finite number >= 0 (0 = greedy)")
         if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral)):
@@ -212,7 +199,7 @@ def apply_guidance(cond_logits: torch.Tensor, uncond_logits: torch.Tensor | None
     if isinstance(scale, torch.Tensor):
         _check_scales_shape(scale, cond_logits.shape)
     else:
-        _check_guidance_scale(scale, "scale")
+        check_guidance_scale(scale, "scale")
     dtype = torch.promote_types(cond_logits.dtype, torch.float32)
     cond = cond_logits.to(dtype)
     per_position = isinstance(scale, torch.Tensor)
