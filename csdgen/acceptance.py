@@ -251,7 +251,13 @@ class AcceptanceRule(ABC):
         return lossless_acceptance(draft_tokens, draft_probs, target_probs)
 
     def residual(self, draft_probs: torch.Tensor, target_probs: torch.Tensor, target_sample: torch.Tensor) -> torch.Tensor:
-        """Distribution ``[B, W, V]`` to sample a rejected position from (default ``norm(max(0, q - p))``)."""
+        """Distribution ``[B, W, V]`` float32 to sample a rejected position from (default ``norm(max(0, q - p))``,
+        :func:`residual_distribution`).
+
+        Args:
+            draft_probs: ``[B, W, V]`` float ``p``; target_probs: ``[B, W, V]`` float ``q``;
+            target_sample: ``[B, W]`` int64 ``y ~ q`` (only :class:`JacobiMatch` uses it).
+        """
         return residual_distribution(draft_probs, target_probs)
 
     def options(self) -> dict:
@@ -355,6 +361,9 @@ class Addition(AcceptanceRule):
 
     The "Addition" ablation of the CSD paper's tables; its code is not public, so this is the
     natural reading of the name. Lossy for ``c > 0``.
+
+    Args:
+        c: the constant added to the exact ratio, a finite number >= 0 (default 0.2, csdgen's choice).
 
     Raises:
         ValueError: ``c`` not a finite number >= 0 (bools and strings are not numbers).
@@ -548,7 +557,14 @@ def make_rule(method: str | AcceptanceRule, codebook: torch.Tensor | None = None
     """Build a rule from its name (any case, as ``generate``'s ``method``) and options
     (``make_rule("csd", lam=0.3)``), or pass one through.
 
-    ``codebook`` (``[V, D]``) is given to the rules that need one (GSD, LANTERN) and ignored by the others.
+    Args:
+        method: a name of :data:`RULES` or an :class:`AcceptanceRule` instance (returned as it is).
+        codebook: ``[V, D]`` codebook vectors, given to the rules that need one (GSD, LANTERN) and ignored by
+            the others.
+        options: the rule's constructor arguments (none with a ready rule).
+
+    Returns:
+        the :class:`AcceptanceRule`.
 
     Raises:
         ValueError: unknown name or not a name (listing the known ones) or an option the rule does not take.

@@ -511,6 +511,8 @@ def save_run(model, conditions: Sequence, out: str | os.PathLike, *, seed: int =
             --class random`` draws it (``["random"] * 4``: four different classes, recorded by name).
         out: output folder (a ``str`` or path). seed, batch_size: as in :func:`run_plan`.
         maps: write the acceptance maps (True or False).
+        callback: None, or a function called with a :class:`csdgen.StepInfo` after every forward of every batch
+            (as :func:`csdgen.generate`'s; progress bars). Not recorded: it does not change the images.
         scale: an integer in 1 .. :data:`MAX_SCALE` (16); None (default): as ``csdgen generate`` saves,
             the model's ``save_scale`` (the built-in model: 2, 128 x 128 pixels), else 1.
         generate_kwargs: method, window, sampling, draft_init, refresh, preset, tree, engine,

@@ -36,6 +36,11 @@ def resolve_arguments(model: ImageTokenModel, method, window, sampling, draft_in
     """``generate``'s method, window, drafting and sampling arguments checked and resolved (None -> the
     preset's, else the model's defaults), shared with :class:`csdgen.engine.ContinuousBatch`.
 
+    Args:
+        model, method, window, sampling, draft_init, refresh, seed, preset: as :func:`generate` takes them
+            (``refresh`` None: the method's default, :func:`csdgen.models.defaults.method_refresh`; ``seed``
+            an integer in ``0 .. 2**63 - 1``).
+
     Returns:
         ``(rule, window, draft_init, sampling, settings)``; ``settings`` is what
         :attr:`GenerationResult.settings` records (the window is the width used: a window
