@@ -6,7 +6,8 @@ rejection) is *refreshed* from that forward's target distribution ``q``:
 
 * ``independent`` (SJD, Teng et al., 2024): a fresh sample ``y ~ q``; its draft
   distribution becomes ``q``.
-* ``coupled`` (maximal coupling, as in MC-SJD / speculative coupled decoding): keep the old
+* ``coupled`` (maximal coupling, as in MC-SJD / speculative coupled decoding, arXiv 2510.24211, and
+  SJD-PAC's adaptive continuation, arXiv 2603.18599): keep the old
   draft ``x`` with probability ``min(1, q(x)/p(x))``, else sample ``norm(max(0, q - p))``.
   The result is still distributed as ``q`` (the coupling lemma), so decoding stays lossless,
   but drafts change less between iterations and are accepted more often.

@@ -66,8 +66,8 @@ class GuidanceSchedule(ABC):
 class LinearGuidance(GuidanceSchedule):
     """``s_i = max(floor, s (1 - i / N))``: guidance falling linearly with the progress ``i / N``.
 
-    The form Lumina-mGPT 2.0's schedule is usually described by (``max(4, cfg * (1 -
-    progress))``); its own code compounds the factor token by token, which
+    A closed form close to Lumina-mGPT 2.0's schedule (``max(4, cfg * (1 - progress))``: the same floor and a
+    scale falling with the progress); that family's code compounds its factor token by token, which
     :class:`csdgen.models.lumina2.Lumina2Guidance` reproduces exactly.
 
     Attributes:
