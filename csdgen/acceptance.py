@@ -300,15 +300,13 @@ class CSD(AcceptanceRule):
         entropy_unit: ``"nats"`` (reference) or ``"normalized"`` (H / ln V in [0, 1];
             csdgen's variant, not in the paper).
         eps: clamping floor for entropy and TV (default :data:`~csdgen.sampling.ENTROPY_EPS`, 1e-10,
-            the reference's), in [0, 1); below ``1 / V`` when the rule runs (a floor at ``1 / V`` or above
-            flattens ``p`` and ``q`` alike, so TV is 0 and every draft is accepted). Recorded in the rule's
-            repr when it is not the default.
+            the reference's), in [0, 1). Recorded in the rule's repr when it is not the default.
 
     Raises:
         ValueError: ``lam`` not a finite number >= 0, ``delta`` not a number in [0, 1], an unknown
             ``entropy_unit`` or ``eps`` not a number in [0, 1) (bools and strings are not numbers), naming the
-            argument; at a call, ``eps >= 1 / V``, windows of other shapes (:func:`check_window`) or a
-            ``target_entropy`` not ``[B, W]``.
+            argument; at a call, windows of other shapes (:func:`check_window`) or a ``target_entropy`` not
+            ``[B, W]``.
     """
 
     name = "csd"
@@ -322,8 +320,7 @@ class CSD(AcceptanceRule):
         if entropy_unit not in ("nats", "normalized"):
             raise ValueError(f"entropy_unit={entropy_unit!r}: allowed 'nats' (reference) or 'normalized' (H / ln V)")
         if not _number(eps) or not (0 <= eps < 1):
-            raise ValueError(f"eps={eps!r}: the clamping floor must be a number in [0, 1) (and below 1 / V; "
-                             f"default {ENTROPY_EPS})")
+            raise ValueError(f"eps={eps!r}: the clamping floor must be a number in [0, 1) (default {ENTROPY_EPS})")
         self.lam, self.delta, self.entropy_unit, self.eps = float(lam), float(delta), entropy_unit, float(eps)
 
     def acceptance_probability(self, draft_tokens, draft_probs, target_probs, target_sample, *,
@@ -334,9 +331,6 @@ class CSD(AcceptanceRule):
         that floor (the decoding loop passes the one it keeps for its statistics)."""
         # q = target_probs (model), p = draft_probs (previous Jacobi iterate or initialisation)
         exact = lossless_acceptance(draft_tokens, draft_probs, target_probs)
-        if self.eps * target_probs.shape[-1] >= 1:
-            raise ValueError(f"eps={self.eps!r} with a codebook of V={target_probs.shape[-1]}: the floor must be "
-                             f"below 1 / V = {1 / target_probs.shape[-1]:.3g}")
         if target_entropy is not None and (not isinstance(target_entropy, torch.Tensor)
                                            or tuple(target_entropy.shape) != tuple(exact.shape)):
             raise ValueError(f"target_entropy {_shape(target_entropy)}: allowed a [B, W] = {list(exact.shape)} tensor "
@@ -527,8 +521,10 @@ class Lantern(AcceptanceRule):
             raise ValueError(f"a codebook of {codebook.shape[0]} entries: LANTERN adds the mass of a token's "
                              "neighbours, so it needs a codebook of at least 2 entries")
         self.codebook_size = codebook.shape[0]
-        # cap as a float, as delta: cap=np.float32(2) and cap=2.0 are one rule in a record
-        self.k, self.delta, self.cap = min(int(k), codebook.shape[0] - 1), float(delta), None if cap is None else float(cap)
+        # numpy's numbers as Python's (a record's repr said cap=np.float32(2.0)); an int stays an int: records
+        # keep the rule's repr, and a folder made with cap=2 resumes
+        cap = None if cap is None else int(cap) if isinstance(cap, numbers.Integral) else float(cap)
+        self.k, self.delta, self.cap = min(int(k), codebook.shape[0] - 1), float(delta), cap
         self.table = neighbour_table(codebook, self.k)
 
     def acceptance_probability(self, draft_tokens, draft_probs, target_probs, target_sample):

@@ -222,10 +222,12 @@ def apply_guidance(cond_logits: torch.Tensor, uncond_logits: torch.Tensor | None
 def _check_scales_shape(scales: torch.Tensor, logits_shape: torch.Size) -> None:
     """ValueError unless ``scales`` (per-position guidance scales) is ``[..., 1]``, broadcastable to ``logits_shape``."""
     shape = tuple(scales.shape)
-    if not (shape and shape[-1] == 1 and len(shape) <= len(logits_shape)
+    if not shape:  # one scale for every position, as a 0-d tensor
+        return
+    if not (shape[-1] == 1 and len(shape) <= len(logits_shape)
             and all(s in (1, t) for s, t in zip(shape[::-1], tuple(logits_shape)[::-1]))):
         raise ValueError(f"guidance scales of shape {list(shape)}: allowed a tensor [..., 1] broadcastable to the "
-                         f"logits {list(logits_shape)} (one scale per position)")
+                         f"logits {list(logits_shape)} (one scale per position), or a 0-d tensor")
 
 
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -234,7 +236,8 @@ def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
     Args:
         logits: ``[..., V]`` float logits.
-        temperature: ``T``, a finite number > 0; 1.0 returns ``logits`` itself. Temperature 0
+        temperature: ``T``, a finite number > 0 (or a tensor broadcastable to the logits, unchecked); 1.0
+            returns ``logits`` itself. Temperature 0
             (greedy decoding) is no division: :func:`target_probs` takes the argmax instead.
 
     Returns:
@@ -244,6 +247,8 @@ def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
         ValueError: ``temperature`` is not a finite number > 0 (0 gave +-inf logits, a negative one
             reversed the distribution).
     """
+    if isinstance(temperature, torch.Tensor):  # per-position temperatures, broadcast; values unchecked (a host sync)
+        return logits / temperature
     if not _finite_at_least_0(temperature) or temperature == 0:
         raise ValueError(f"temperature={temperature!r}: must be a finite number > 0 here (temperature 0, greedy "
                          f"decoding, is target_probs' argmax, not a division)")
@@ -553,6 +558,14 @@ def check_seed(seed, name: str = "seed") -> int:
     return value
 
 
+def _broadcasts_to(shape, target) -> bool:
+    """Whether a tensor of ``shape`` broadcasts to ``target`` (a 0-d tensor, ``[1]`` or ``target`` itself)."""
+    try:
+        return tuple(torch.broadcast_shapes(tuple(shape), tuple(target))) == tuple(target)
+    except RuntimeError:
+        return False
+
+
 def stream_uniforms(seed: int | torch.Tensor, image: torch.Tensor, step: torch.Tensor, kinds: int, width: int) -> torch.Tensor:
     """Counter-based uniforms: a pure function of (seed, image index, step, draw kind, slot).
 
@@ -591,11 +604,12 @@ def stream_uniforms(seed: int | torch.Tensor, image: torch.Tensor, step: torch.T
                              f"the slot share one 32-bit word of the key")
     for name, value in (("image", image), ("step", step)) + ((("seed", seed),) if isinstance(seed, torch.Tensor) else ()):
         if not isinstance(value, torch.Tensor) or value.dtype.is_floating_point or value.dtype.is_complex \
-                or value.dtype == torch.bool or (name != "image" and value.shape != image.shape):
+                or value.dtype == torch.bool or (name != "image" and not _broadcasts_to(value.shape, image.shape)):
             got = f"{value.dtype} {list(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
             raise ValueError(f"{name}: got {got}; allowed an integer tensor [A] (int64)"
                              + ("" if name == "image" or not isinstance(image, torch.Tensor)
-                                else f" of image's shape {list(image.shape)}"))
+                                else f" of image's shape {list(image.shape)} (or one that broadcasts to it)")
+                             + (", or an int seed" if name == "seed" else ""))
     if isinstance(seed, torch.Tensor):
         seed = seed.to(image.device, torch.long)
         h = _hash32((seed & _MASK32) ^ 0x2545F491)

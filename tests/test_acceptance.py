@@ -261,13 +261,13 @@ def test_csd_records_a_clamping_floor_other_than_the_default():
     assert make_rule("csd", eps=0.01).options()["eps"] == 0.01
 
 
-def test_csd_refuses_a_clamping_floor_that_flattens_the_distributions():
+def test_csd_refuses_a_clamping_floor_outside_0_to_1():
     x, p, q = _batch_window()
     for eps in (1.0, float("inf"), float("nan"), -1e-3):
         with pytest.raises(ValueError, match=re.escape(f"eps={eps!r}: the clamping floor must be a number in [0, 1)")):
             CSD(eps=eps)
-    with pytest.raises(ValueError, match=r"eps=0.5 with a codebook of V=5: the floor must be below 1 / V = 0.2"):
-        CSD(eps=0.5).acceptance_probability(x, p, q, None)  # accepted every draft
+    b = CSD(eps=0.5).acceptance_probability(x, p, q, None)  # a floor above 1/V is allowed: it raises small entries only
+    assert b.shape == (2, 3) and bool(((b >= 0) & (b <= 1)).all())
 
 
 def test_csd_refuses_a_target_entropy_of_another_shape():
@@ -286,7 +286,7 @@ def test_codebook_rules_refuse_targets_over_another_codebook_size():
             rule.acceptance_probability(x, p, q, None)
 
 
-def test_lantern_names_a_one_entry_codebook_and_records_its_cap_as_a_float():
+def test_lantern_names_a_one_entry_codebook_and_records_numpy_caps_as_python_numbers():
     import numpy as np
 
     from csdgen.acceptance import Lantern
@@ -295,3 +295,5 @@ def test_lantern_names_a_one_entry_codebook_and_records_its_cap_as_a_float():
         Lantern(torch.randn(1, 4))
     codebook = torch.randn(8, 4)
     assert repr(Lantern(codebook, k=3, cap=np.float32(2))) == repr(Lantern(codebook, k=3, cap=2.0))
+    assert repr(Lantern(codebook, k=3, cap=np.int64(2))) == repr(Lantern(codebook, k=3, cap=2)) == (
+        "Lantern(k=3, delta=0.1, cap=2)")  # as recorded before numpy's numbers were converted: such folders resume

@@ -24,7 +24,7 @@ def _rule_cases():
         (lambda: csdgen.CSD(delta="x"), r"^delta='x': the CSD TV threshold must be a number in \[0, 1\]$"),
         (lambda: csdgen.CSD(lam="x"), r"^lam='x': the CSD relaxation coefficient lambda must be a finite number >= 0$"),
         (lambda: csdgen.CSD(lam=True), r"^lam=True: .*finite number >= 0$"),
-        (lambda: csdgen.CSD(eps="x"), r"^eps='x': .*a number in \[0, 1\) \(and below 1 / V; default 1e-10\)$"),
+        (lambda: csdgen.CSD(eps="x"), r"^eps='x': .*a number in \[0, 1\) \(default 1e-10\)$"),
         (lambda: csdgen.Addition(c="x"), r"^c='x': the Addition constant must be a finite number >= 0$"),
         (lambda: csdgen.Addition(c=True), r"^c=True: "),
         (lambda: GSD(codebook(), prob_gap="x"), r"^prob_gap='x': the GSD prob gap must be a number > 0$"),

@@ -401,3 +401,15 @@ def test_cancel_and_progress_name_a_handle_that_is_no_handle(cached_model):
     batch.cancel([handles[0], 12345])  # an unknown integer handle is ignored, as documented
     assert batch.progress([handles[1]])[0] == [1]
     batch.cancel(handles[1:])
+
+
+def test_cancel_and_progress_take_tensor_and_numpy_handles(cached_model):
+    import numpy as np
+
+    batch = ContinuousBatch(cached_model, method="sjd", window=4)
+    handles = batch.admit([0, 1, 2], seeds=[0, 0, 0], image_indices=[0, 1, 2])
+    assert batch.progress(torch.tensor(handles[:1]))[0] == batch.progress([handles[0]])[0]
+    assert batch.progress(np.array(handles[1:2]))[0] == [1]
+    with pytest.raises(ValueError, match=r"handles=tensor\(.*\): allowed a list of the handles admit\(\) returned"):
+        batch.cancel(torch.tensor(handles[0]))  # one bare handle as a 0-d tensor: 'iteration over a 0-d tensor'
+    batch.cancel(torch.tensor(handles))

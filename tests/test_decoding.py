@@ -490,3 +490,10 @@ def test_image_indices_are_refused_before_the_model_starts():
     assert started == []
     csdgen.generate(model, None, batch_size=2, image_indices=[4, 9], method="ar")
     assert len(started) == 1
+
+
+def test_a_batch_size_with_no_conditions_names_what_is_allowed():
+    model = FunctionModel(lambda prefix: torch.zeros(prefix.shape[0], 5), 6, 5)
+    with pytest.raises(ValueError, match=r"batch_size=2 differs from the 0 conditions given; allowed: a list of "
+                                         r"conditions with one per image"):
+        csdgen.generate(model, [], batch_size=2)

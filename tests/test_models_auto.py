@@ -319,9 +319,10 @@ def test_check_memory_equals_the_memory_plan_and_refuses_with_a_batch_that_fits(
     monkeypatch.undo()
     short = check(janus_dir, "janus", 4, 16, "float32", device="cpu", max_memory_bytes=1 << 40, prompt_length=10)
     assert short == plan(4, prompt_length=10).peak() <= need[4]
-    for bad in (-5, 2.5, "1e9"):  # "cpu has -0.00 GiB available"
-        with pytest.raises(ValueError, match=f"max_memory_bytes={bad!r}: allowed None .* or an integer >= 0"):
+    for bad in (-5, float("nan"), "1e9"):  # "cpu has -0.00 GiB available"
+        with pytest.raises(ValueError, match=f"max_memory_bytes={bad!r}: allowed None .* or a number of bytes >= 0"):
             check(janus_dir, "janus", 1, 16, "float32", device="cpu", max_memory_bytes=bad)
+    assert check(janus_dir, "janus", 1, 16, "float32", device="cpu", max_memory_bytes=8e9) == need[1]
     assert check(chameleon_dir, "lumina-mgpt", 2, 8, torch.float32, device="cpu", height=12, width=16,
                  max_memory_bytes=1 << 40) == plans.checkpoint_plan(
         chameleon_dir, "lumina-mgpt", batch_size=2, window=8, dtype=torch.float32, device="cpu", height=12, width=16,

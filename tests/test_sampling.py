@@ -338,7 +338,7 @@ def test_stream_uniforms_refuses_kinds_and_widths_outside_0_to_65535(kinds, widt
     (torch.tensor([0.0]), torch.tensor([0]), 0, "image"),
     ([0], torch.tensor([0]), 0, "image"),
     (torch.tensor([0]), torch.tensor([0.0]), 0, "step"),
-    (torch.tensor([0, 1]), torch.tensor([0]), 0, "step"),
+    (torch.tensor([0, 1]), torch.tensor([0, 0, 0]), 0, "step"),
     (torch.tensor([0]), torch.tensor([0]), torch.tensor([1.0]), "seed"),
 ])
 def test_stream_uniforms_refuses_index_tensors_that_are_not_integer_tensors(image, step, seed, name):
@@ -368,3 +368,18 @@ def test_entropy_normalized_refuses_a_one_token_vocabulary():
     with pytest.raises(ValueError, match=r"normalized=True.*V = 1; allowed V >= 2"):
         entropy(torch.ones(2, 1), normalized=True)
     assert entropy(torch.ones(2, 1)).tolist() == [0.0, 0.0]
+
+
+def test_helpers_take_0d_tensors_where_they_took_them_before():
+    """A new-user try-out: a 0-d seed, step, guidance scale or temperature tensor ran before the argument checks and
+    was refused after them."""
+    import torch
+
+    from csdgen.sampling import apply_guidance, apply_temperature, stream_uniforms
+
+    image, step = torch.tensor([0, 1]), torch.tensor([3, 3])
+    u = stream_uniforms(torch.tensor(5), image, torch.tensor(3), 2, 4)
+    assert torch.equal(u, stream_uniforms(5, image, step, 2, 4))
+    cond, uncond = torch.randn(2, 3, 7), torch.randn(2, 3, 7)
+    assert torch.allclose(apply_guidance(cond, uncond, torch.tensor(2.0)), apply_guidance(cond, uncond, 2.0))
+    assert torch.allclose(apply_temperature(cond, torch.tensor(0.5)), apply_temperature(cond, 0.5))

@@ -331,6 +331,8 @@ def test_cli_tree_shape_refuses_too_many_leaves_before_loading():
 
 @pytest.mark.parametrize("argv, expected", [
     (["generate", "--tree", "3,2", "--method", "ar"], "--tree 3,2 with --method ar: a draft tree needs a speculative"),
+    (["generate", "--tree", "2,2", "--window", "1"], "--tree 2,2 with --window 1: a draft tree grows from the window's "
+                                                     "drafts; allowed: --window 2 or more, or auto"),
     (["generate", "--engine", "eager", "--compile"], "--compile with --engine eager: compiled forwards need the static"),
     (["sweep", "--engine", "eager", "--compile"], "--compile with --engine eager: compiled forwards need the static"),
     (["compare", "--engine", "eager", "--compile"], "--compile with --engine eager: compiled forwards need the static"),

@@ -174,6 +174,9 @@ def _main(argv: list[str] | None) -> int:
         if getattr(args, "tree", None) is not None and getattr(args, "method", None) == "ar":
             parser.commands[args.command].error(f"--tree {','.join(map(str, args.tree))} with --method ar: a draft "
                                                 "tree needs a speculative method (e.g. --method sjd)")
+        if getattr(args, "tree", None) is not None and getattr(args, "window", None) == 1:
+            parser.commands[args.command].error(f"--tree {','.join(map(str, args.tree))} with --window 1: a draft "
+                                                "tree grows from the window's drafts; allowed: --window 2 or more, or auto")
         from csdgen.atomic import undo_new_folders
 
         # a command refused once its --out was made (a value the loaded model checks) leaves no empty folder

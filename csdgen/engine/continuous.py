@@ -166,6 +166,7 @@ class ContinuousBatch:
             KeyError: a handle not in the batch (finished, cancelled or never admitted), naming it.
         """
         slot_of = {h: s for s, h in enumerate(self._handles)}
+        handles = [as_integer(h) if as_integer(h) is not None else h for h in handles]  # numpy's and 0-d tensors as ints
         missing = next((h for h in handles if h not in slot_of), None)
         if missing is not None:
             raise KeyError(f"handle {missing!r} is not in the batch (finished, cancelled or never admitted); in it: "
@@ -307,7 +308,8 @@ class ContinuousBatch:
             ValueError: ``handles`` not a list of integers (one bare handle, ``cancel(5)``, is given as ``[5]``;
                 a string handle is no handle, and was ignored as unknown).
         """
-        if isinstance(handles, (str, bytes)) or not isinstance(handles, Iterable):
+        if (isinstance(handles, (str, bytes)) or not isinstance(handles, Iterable)
+                or (isinstance(handles, torch.Tensor) and handles.dim() == 0)):
             raise ValueError(f"handles={handles!r}: allowed a list of the handles admit() returned, e.g. [{handles!r}]")
         handles = list(handles)
         bad = next((h for h in handles if as_integer(h) is None), None)

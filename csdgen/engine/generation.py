@@ -278,7 +278,8 @@ def _check_batch_size(batch_size, conditions) -> int | None:
                          "conditions is None)")
     count = None if conditions is None else _count(conditions)
     if isinstance(count, int) and value != count:
-        raise ValueError(f"batch_size={value} differs from the {count} conditions given; allowed: None or {count}")
+        allowed = f"None or {count}" if count else "a list of conditions with one per image"
+        raise ValueError(f"batch_size={value} differs from the {count} conditions given; allowed: {allowed}")
     return value
 
 

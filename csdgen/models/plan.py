@@ -185,17 +185,20 @@ def check_memory(path: str | os.PathLike, family: str, batch_size: int, window: 
 
     Raises:
         ValueError: one line naming the batch size, window, dtype, prompt length, the plan's peak, the
-            available and usable memory, and the largest batch size that fits; ``max_memory_bytes`` not an
-            integer >= 0.
+            available and usable memory, and the largest batch size that fits; ``max_memory_bytes`` not a
+            finite number >= 0.
     """
-    from ..integers import as_integer
+    import math
+
+    from ..integers import is_number
     from .dtypes import FAMILY_GPU_DTYPES, _dtype, default_device
     from .memory import format_bytes
     from .memory_check import DEFAULT_PROMPT_LENGTH
 
-    if max_memory_bytes is not None and (as_integer(max_memory_bytes) is None or max_memory_bytes < 0):
-        raise ValueError(f"max_memory_bytes={max_memory_bytes!r}: allowed None (the device's free memory) or an "
-                         "integer >= 0 (bytes)")
+    if max_memory_bytes is not None and (not is_number(max_memory_bytes) or not math.isfinite(max_memory_bytes)
+                                         or max_memory_bytes < 0):
+        raise ValueError(f"max_memory_bytes={max_memory_bytes!r}: allowed None (the device's free memory) or a "
+                         "number of bytes >= 0 (8e9 is 8 GB)")
     device = device or default_device()
     dtype = _dtype(dtype, device, family if family in FAMILY_GPU_DTYPES else None)
     have = None if split or max_memory_bytes is None else int(max_memory_bytes)
