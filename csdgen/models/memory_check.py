@@ -20,7 +20,7 @@ import torch
 
 from ._transformers import MemoryEstimate, check_checkpoint, meta_parameter_count
 from .detect import FAMILIES, model_folder
-from .dtypes import FAMILY_GPU_DTYPES, _dtype, default_device
+from .dtypes import _dtype
 from .sources import janus_side as _janus_size
 from .sources import size_arguments as _size
 from .sources import square_side as _square
