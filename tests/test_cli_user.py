@@ -552,3 +552,22 @@ def test_every_shipped_class_name_is_found_whole_and_by_its_short_names():
     with pytest.raises(ValueError, match=r"'family: man, boy, boy' is not one of the \d+ classes this model draws; "
                                          r"the nearest it draws: '"):
         classes.index("family: man, boy, boy")
+
+
+@pytest.mark.parametrize("command", ["compare", "sweep"])
+def test_compare_and_sweep_over_a_prompt_set_name_a_benchs_files_when_interrupted(command, tmp_path, capsys, monkeypatch):
+    """A new-user try-out: with --model or --prompts they write a bench's records and images, but the Ctrl-C line named
+    run_*.json and .safetensors."""
+    from csdgen import cli
+
+    def stopped(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(getattr(cli, command), "run", stopped)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a red dog\n")
+    assert cli.main([command, "--prompts", str(prompts), "--out", str(tmp_path / "o")]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted; the records and images already written are kept" in err and "run_*.json" not in err, err
+    assert cli.main([command, "--out", str(tmp_path / "b")]) == 130  # the built-in run keeps its cached runs
+    assert "run_*.json and .safetensors in --out" in capsys.readouterr().err

@@ -161,11 +161,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    command = None
+    command = kept = None
     try:
         parser = build_parser()
         args, extra = parser.parse_known_args(argv)
-        command = _common.running["command"] = args.command
+        command = kept = _common.running["command"] = args.command
+        if command in ("compare", "sweep") and bench.uses_bench(args):  # they write a bench's records and images
+            kept = "bench"
         if extra:  # named by the command's own parser, so the hint is `csdgen COMMAND --help`
             parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
         if getattr(args, "compile", None) and getattr(args, "engine", "auto") == "eager":  # before any model loads
@@ -210,6 +212,6 @@ def _main(argv: list[str] | None) -> int:
         else:
             # "already written": a Ctrl-C while the model loads has written nothing
             by = " (SIGTERM)" if isinstance(stop, _Terminated) else ""
-            _error(f"interrupted{by}; {_KEPT.get(command, 'anything already written is kept')}: rerun the same command "
+            _error(f"interrupted{by}; {_KEPT.get(kept, 'anything already written is kept')}: rerun the same command "
                    f"to resume")
         return 143 if isinstance(stop, _Terminated) else 130
