@@ -399,3 +399,30 @@ def test_a_route_with_another_method_is_a_405_that_says_which_methods_it_allows(
         error = error_of(r)
         assert error["code"] == "method_not_allowed"
         assert error["message"] == f"{method} is not allowed on {path}; allowed: {allowed}", error["message"]
+
+
+def test_an_answer_of_503_counts_no_image_as_sent(cached_model, caplog):
+    """A new-user try-out: a request answered 503 at shutdown after some of its images had finished logged
+    'images=8/10', and the stop line counted those 8 as sent; the client got none."""
+    from csdgen.serve.logs import access_log
+
+    model = slow_model(cached_model, delay=0.05)
+    app = create_app(ServedModel(model, "slow", defaults=ServeDefaults(method="ar")), capacity=1)  # one image at a time
+    seen = []
+    handler = logging.Handler()
+    handler.emit = seen.append
+    server = BackgroundServer(app, log_level="info").__enter__()
+    access_log.addHandler(handler)
+    answer: dict = {}
+    thread = threading.Thread(target=lambda: answer.update(r=post(server, {"prompt": "0", "n": 2, "seed": 1})))
+    try:
+        thread.start()
+        wait_for(lambda: metric(server.url, "csdgen_images_total") >= 1)  # the first image is done, the second decodes
+        server.__exit__(None, None, None)
+        thread.join(TIMEOUT)
+    finally:
+        server._server.should_exit = True
+        access_log.removeHandler(handler)
+    assert answer["r"].status_code == 503
+    lines = [r.getMessage() for r in seen]
+    assert any('" 503 method=ar images=0/2 forwards=- ' in line for line in lines), lines

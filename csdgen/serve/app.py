@@ -404,7 +404,6 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
                 if event[0] == "image":
                     _, index, png, stats, tokens = event
                     images[index] = (png, stats, tokens)
-                    line.image(stats)
                 elif event[0] == "error":
                     raise event[1]
                 elif event[0] == "shutdown":
@@ -421,6 +420,8 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
             listeners.discard(events)
         data = [{"b64_json": base64.b64encode(images[i][0]).decode("ascii"), "revised_prompt": req.label.get("class"),
                  "csdgen": _image_stats(req, i, images[i][1], images[i][2])} for i in range(req.n)]
+        for i in range(req.n):  # sent with this answer only: an answer of 503 or 499 sends none
+            line.image(images[i][1])
         answered(line, 200)
         return SafeJSONResponse({"created": int(time.time()), "data": data, "background": "opaque", "output_format": "png",
                              "size": served.size_text, "usage": _usage(req, served, req.n),
