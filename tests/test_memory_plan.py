@@ -106,6 +106,9 @@ def test_csdgen_plan_prints_the_plan_of_the_builtin_model_and_of_a_checkpoint(ja
     assert run("plan", "--model", janus_folder, "--quantize", "int8", "--device", "cpu") == 0
     out = capsys.readouterr().out
     assert "janus (" in out and "decoder layers int8" in out and "largest batch" in out
+    assert "\nprompt          128 tokens, the longest row (assumed: --prompt-length sets it)\n" in out, out
+    assert run("plan", "--model", janus_folder, "--prompt-length", 12, "--device", "cpu") == 0
+    assert "\nprompt          12 tokens, the longest row\n" in capsys.readouterr().out  # as generate's prompts measure
 
 
 def test_plan_notes_a_window_longer_than_the_image_as_generate_does(capsys):

@@ -156,6 +156,8 @@ class MemoryPlan:
         free: the device's free bytes (None: unknown).
         tree: ``(K, D, S)`` of the draft tree at the root of every window (S: its nodes, fed in one
             forward), None without one.
+        prompt: ``(tokens, assumed)``: the longest prompt row the plan counts, and whether that length was
+            assumed (no prompts given); None for a model without text prompts.
     """
 
     what: str
@@ -172,6 +174,7 @@ class MemoryPlan:
     free: int | None
     headroom: float = HEADROOM
     tree: tuple[int, int, int] | None = None
+    prompt: tuple[int, bool] | None = None
 
     @property
     def per_image(self) -> int:
@@ -208,8 +211,12 @@ class MemoryPlan:
         rows = [("model", self.what), ("device", self.device),
                 ("dtype", self.dtype + (f", decoder layers {self.quantize}" if self.quantize else "")),
                 ("batch", f"{B} image{'s' * (B != 1)} x {self.rows} row{'s' * (self.rows != 1)}, window {self.window}"
-                          + (f", tree {self.tree[0]},{self.tree[1]} ({self.tree[2]} nodes a forward)" if self.tree else "")),
-                ("weights", format_bytes(self.weights)),
+                          + (f", tree {self.tree[0]},{self.tree[1]} ({self.tree[2]} nodes a forward)" if self.tree else ""))]
+        if self.prompt is not None:
+            tokens, assumed = self.prompt
+            rows.append(("prompt", f"{tokens} tokens, the longest row" + (" (assumed: --prompt-length sets it)"
+                                                                          if assumed else "")))
+        rows += [("weights", format_bytes(self.weights)),
                 ("KV cache", f"{format_bytes(self.kv_per_image * B)} ({format_bytes(self.kv_per_image)} per image)"),
                 ("window buffers", f"{format_bytes(self.buffers_per_image * B)}"),
                 ("activations", f"{format_bytes(self.activations_per_image * B)} (the widest forward)"),

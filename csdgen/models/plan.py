@@ -165,7 +165,8 @@ def checkpoint_plan(path: str | os.PathLike, family: str, *, batch_size: int, wi
     what = f"{family} ({path})"
     return MemoryPlan(what, torch.device(device).type, str(dtype).removeprefix("torch."), quantize, batch_size, window,
                       estimate.rows, weights, kv, buffers, activations,
-                      free_memory(device) if free is None else free, tree=_tree_of(tree, window))
+                      free_memory(device) if free is None else free, tree=_tree_of(tree, window),
+                      prompt=(prompt, prompt_length is None))
 
 
 def check_memory(path: str | os.PathLike, family: str, batch_size: int, window: int, dtype: torch.dtype | str | None,
