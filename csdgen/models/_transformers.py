@@ -70,8 +70,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 #: files whose presence means the folder holds a tokenizer
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-#: fraction of the available memory the memory check keeps free: activations of one forward
-#: (not in the estimate), the CUDA context and allocator fragmentation
+#: fraction of the available memory the memory check keeps free: the CUDA context and allocator
+#: fragmentation (the memory plan counts one forward's activations itself)
 HEADROOM = 0.10
 
 
