@@ -30,6 +30,7 @@ import torch
 
 from .acceptance import lossless_acceptance, residual_distribution
 from .sampling import as_integer, sample
+from .tensor_checks import described, is_integer_tensor
 
 __all__ = ["DRAFT_INITS", "ONE_HOT_INITS", "REFRESH_MODES", "check_drafting", "resolve_draft_init", "init_drafts",
            "refresh_drafts"]
@@ -81,11 +82,6 @@ def check_drafting(draft_init: str, refresh: str) -> None:
         raise ValueError(f"unknown draft refresh {refresh!r}; allowed: {', '.join(REFRESH_MODES)}")
 
 
-def _is_integer_tensor(value) -> bool:
-    return (isinstance(value, torch.Tensor) and not value.dtype.is_floating_point and not value.dtype.is_complex
-            and value.dtype != torch.bool)
-
-
 def init_drafts(
     kind: str,
     tokens: torch.Tensor,
@@ -135,7 +131,7 @@ def init_drafts(
         raise ValueError(f"init_drafts: tokens {list(tokens.shape)}; allowed [B, L]")
     B = tokens.shape[0]
     if isinstance(first, torch.Tensor):
-        if not _is_integer_tensor(first) or first.shape not in ((), (B,)):
+        if not is_integer_tensor(first) or first.shape not in ((), (B,)):
             raise ValueError(f"init_drafts: first is {first.dtype} {list(first.shape)}; allowed an int >= 1 or an "
                              f"integer tensor [B] = [{B}] (per image) or []")
     elif as_integer(first) is None or as_integer(first) < 1:
@@ -143,9 +139,8 @@ def init_drafts(
                          f"or an integer tensor [B]")
     if tuple(uniforms.shape) != (B, count):
         raise ValueError(f"init_drafts: uniforms {list(uniforms.shape)}; allowed [B, count] = [{B}, {count}]")
-    if positions is not None and (not _is_integer_tensor(positions) or tuple(positions.shape) != (B, count)):
-        got = f"{positions.dtype} {list(positions.shape)}" if isinstance(positions, torch.Tensor) else type(positions).__name__
-        raise ValueError(f"init_drafts: positions is {got}; allowed None or an integer tensor [B, count] = [{B}, {count}]")
+    if positions is not None and (not is_integer_tensor(positions) or tuple(positions.shape) != (B, count)):
+        raise ValueError(f"init_drafts: positions is {described(positions)}; allowed None or an integer tensor [B, count] = [{B}, {count}]")
     device = tokens.device
     first = torch.as_tensor(first, device=device).reshape(-1, 1).expand(tokens.shape[0], 1)  # [B, 1]
     if positions is None:

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .integers import as_integer, is_number
+from .tensor_checks import is_integer_tensor
 
 __all__ = ["GuidanceSchedule", "LinearGuidance", "guidance_table", "guidance_at"]
 
@@ -150,8 +151,7 @@ def guidance_at(table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     if not isinstance(table, torch.Tensor) or table.dim() != 1:
         got = f"shape {list(table.shape)}" if isinstance(table, torch.Tensor) else type(table).__name__
         raise ValueError(f"table: got {got}; allowed a [N] tensor of scales (guidance_table's)")
-    if (not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point or positions.dtype.is_complex
-            or positions.dtype == torch.bool):
+    if not is_integer_tensor(positions):
         got = positions.dtype if isinstance(positions, torch.Tensor) else type(positions).__name__
         raise ValueError(f"positions: got {got}; allowed an integer tensor (int64) of image positions")
     return table[positions.clamp(0, table.shape[0] - 1)].unsqueeze(-1)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from .guidance import GuidanceSchedule, check_guidance_scale
+from .tensor_checks import described, is_integer_tensor
 from .integers import as_integer, is_number  # noqa: F401 (the engine and rules import them from here)
 
 __all__ = [
@@ -421,8 +422,7 @@ def invalid_logits(logits: torch.Tensor, valid: torch.Tensor | None = None) -> t
     """
     if valid is not None and (not isinstance(valid, torch.Tensor) or valid.dtype != torch.bool
                               or valid.shape != logits.shape[:-1]):
-        got = f"{valid.dtype} {list(valid.shape)}" if isinstance(valid, torch.Tensor) else type(valid).__name__
-        raise ValueError(f"valid: got {got}; allowed None or a bool tensor {list(logits.shape[:-1])} "
+        raise ValueError(f"valid: got {described(valid)}; allowed None or a bool tensor {list(logits.shape[:-1])} "
                          f"(the logits' shape without V)")
     bad = (torch.isnan(logits) | torch.isposinf(logits)).any(-1) | torch.isneginf(logits).all(-1)
     if valid is not None:
@@ -603,10 +603,8 @@ def stream_uniforms(seed: int | torch.Tensor, image: torch.Tensor, step: torch.T
             raise ValueError(f"{name}={value!r}: allowed an integer in 0..65535 (2**16 - 1): the draw kind and "
                              f"the slot share one 32-bit word of the key")
     for name, value in (("image", image), ("step", step)) + ((("seed", seed),) if isinstance(seed, torch.Tensor) else ()):
-        if not isinstance(value, torch.Tensor) or value.dtype.is_floating_point or value.dtype.is_complex \
-                or value.dtype == torch.bool or (name != "image" and not _broadcasts_to(value.shape, image.shape)):
-            got = f"{value.dtype} {list(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
-            raise ValueError(f"{name}: got {got}; allowed an integer tensor [A] (int64)"
+        if not is_integer_tensor(value) or (name != "image" and not _broadcasts_to(value.shape, image.shape)):
+            raise ValueError(f"{name}: got {described(value)}; allowed an integer tensor [A] (int64)"
                              + ("" if name == "image" or not isinstance(image, torch.Tensor)
                                 else f" of image's shape {list(image.shape)} (or one that broadcasts to it)")
                              + (", or an int seed" if name == "seed" else ""))

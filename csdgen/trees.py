@@ -52,6 +52,7 @@ import torch
 
 from .acceptance import AcceptanceRule, checked_probability, first_rejection
 from .drafting import refresh_drafts
+from .tensor_checks import described
 from .decisions import ACCEPT_STREAM as _ACCEPT  # the chain's stream kinds
 from .decisions import COUPLED_STREAM as _COUPLED
 from .decisions import KEEP_STREAM as _KEEP
@@ -221,8 +222,7 @@ def without(probs: torch.Tensor, removed: torch.Tensor) -> tuple[torch.Tensor, t
         ValueError: ``removed`` is not an int64 tensor of shape ``[..., k]`` with ``probs``' leading shape.
     """
     if not isinstance(removed, torch.Tensor) or removed.dtype != torch.long or removed.shape[:-1] != probs.shape[:-1]:
-        got = f"{removed.dtype} {list(removed.shape)}" if isinstance(removed, torch.Tensor) else type(removed).__name__
-        raise ValueError(f"without: removed is {got}; allowed an int64 tensor [..., k] of tokens with probs' leading "
+        raise ValueError(f"without: removed is {described(removed)}; allowed an int64 tensor [..., k] of tokens with probs' leading "
                          f"shape {list(probs.shape[:-1])}")
     kept = probs.float()
     if removed.shape[-1]:

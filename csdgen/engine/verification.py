@@ -11,6 +11,7 @@ from ..acceptance import AcceptanceRule, checked_probability, first_rejection
 from ..decisions import STREAM_KINDS
 from ..drafting import REFRESH_MODES, refresh_drafts
 from ..sampling import sample
+from ..tensor_checks import is_integer_tensor
 from .results import Decision
 from .streams import _ACCEPT, _COUPLED, _KEEP, _RESIDUAL, _Y
 
@@ -96,11 +97,6 @@ def verify(
     return _verify_window(rule, refresh, x, p, q, widths, uniforms, y, target_entropy)
 
 
-def _is_integer_tensor(value) -> bool:
-    return (isinstance(value, torch.Tensor) and not value.dtype.is_floating_point and not value.dtype.is_complex
-            and value.dtype != torch.bool)
-
-
 def _described(value) -> str:
     return f"{value.dtype} {list(value.shape)}" if isinstance(value, torch.Tensor) else f"{value!r} ({type(value).__name__})"
 
@@ -113,7 +109,7 @@ def _check_verify_arguments(rule, refresh, x, p, q, widths, uniforms, target_ent
                          f"(csdgen.acceptance.make_rule(name) makes a method's rule)")
     if refresh not in REFRESH_MODES:
         raise ValueError(f"unknown draft refresh {refresh!r}; allowed: {', '.join(REFRESH_MODES)}")
-    if not _is_integer_tensor(x) or x.dim() != 2:
+    if not is_integer_tensor(x) or x.dim() != 2:
         raise ValueError(f"verify: draft_tokens is {_described(x)}; allowed an int64 tensor [B, W]")
     B, W = x.shape
     for name, value in (("draft_probs", p), ("target_probs", q)):
@@ -121,7 +117,7 @@ def _check_verify_arguments(rule, refresh, x, p, q, widths, uniforms, target_ent
                 or value.shape[-1] != q.shape[-1]:
             raise ValueError(f"verify: {name} is {_described(value)}; allowed a float tensor [B, W, V] = [{B}, {W}, V], "
                              f"one V for draft_probs and target_probs")
-    if not _is_integer_tensor(widths) or tuple(widths.shape) != (B,):
+    if not is_integer_tensor(widths) or tuple(widths.shape) != (B,):
         raise ValueError(f"verify: widths is {_described(widths)}; allowed an int64 tensor [B] = [{B}] "
                          f"(valid slots per image, 1 .. W)")
     if not isinstance(uniforms, torch.Tensor) or tuple(uniforms.shape) != (STREAM_KINDS, B, W):

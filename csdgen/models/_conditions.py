@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import torch
 
 from csdgen.prompts import check_text
+from csdgen.tensor_checks import is_integer_tensor
 
 __all__ = ["check_conditions"]
 
@@ -33,7 +34,7 @@ def check_conditions(conditions: Sequence[Any]) -> Sequence[Any]:
         if isinstance(c, str):
             check_text(c, f"conditions[{i}] =")
         elif isinstance(c, torch.Tensor):
-            if c.ndim != 1 or c.dtype.is_floating_point or c.dtype.is_complex or c.dtype == torch.bool:
+            if c.ndim != 1 or not is_integer_tensor(c):
                 raise ValueError(f"conditions[{i}]: a {c.dtype} tensor of shape {tuple(c.shape)}; allowed: {ALLOWED} "
                                  f"(a 1-D integer tensor)")
         elif not isinstance(c, (bytes, bytearray, dict, set)) and hasattr(c, "__len__") and hasattr(c, "__iter__"):

@@ -15,6 +15,7 @@ from functools import lru_cache
 import torch
 
 from ..class_names import ClassNames
+from ..tensor_checks import is_integer_tensor
 from .defaults import FAMILY_DEFAULTS
 from .llama import ClassConditionalLlama
 
@@ -66,8 +67,7 @@ class BuiltinModel(ClassConditionalLlama):
         """
         N, V = self.num_image_tokens, self.codebook_size
         allowed = f"allowed: tokens [B, {N}] int64 in 0..{V - 1}"
-        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.shape[1] != N \
-                or tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+        if not is_integer_tensor(tokens) or tokens.dim() != 2 or tokens.shape[1] != N:
             what = f"shape {list(tokens.shape)} {tokens.dtype}" if isinstance(tokens, torch.Tensor) else type(tokens).__name__
             raise ValueError(f"decode_images: tokens of {what}; {allowed}")
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= V):
