@@ -20,14 +20,13 @@ subclass :class:`GuidanceSchedule`; the engine knows only this interface.
 
 from __future__ import annotations
 
-import math
 import numbers
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 
 import torch
 
-from .integers import as_integer, is_number
+from .integers import as_integer, is_finite_at_least_0
 from .tensor_checks import is_integer_tensor
 
 __all__ = ["GuidanceSchedule", "LinearGuidance", "guidance_table", "guidance_at"]
@@ -36,7 +35,7 @@ __all__ = ["GuidanceSchedule", "LinearGuidance", "guidance_table", "guidance_at"
 def check_guidance_scale(value, name: str = "guidance_scale") -> None:
     """ValueError unless ``value`` is a finite number >= 0 (:class:`csdgen.sampling.SamplingConfig`'s rule and
     message, which it uses)."""
-    if not (is_number(value) and math.isfinite(value) and value >= 0):
+    if not is_finite_at_least_0(value):
         raise ValueError(f"{name}={value!r}: must be a finite number >= 0")
 
 

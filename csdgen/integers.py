@@ -3,6 +3,7 @@ torch import here, so the class-name tables use it too)."""
 
 from __future__ import annotations
 
+import math
 import numbers
 import operator
 
@@ -12,6 +13,12 @@ def is_number(value) -> bool:
     and rule parameters are checked with it before any comparison, so a wrong type gets the
     one-line error naming its argument, not a bare TypeError naming none."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def is_finite_at_least_0(value) -> bool:
+    """True for a real number (:func:`is_number`) that is finite and >= 0: a guidance scale, a temperature, a
+    clamping floor."""
+    return is_number(value) and math.isfinite(value) and value >= 0
 
 
 def as_integer(value) -> int | None:

@@ -24,7 +24,7 @@ import torch
 
 from .guidance import GuidanceSchedule, check_guidance_scale
 from .tensor_checks import described, is_integer_tensor
-from .integers import as_integer, is_number  # noqa: F401 (the engine and rules import them from here)
+from .integers import as_integer, is_finite_at_least_0, is_number  # noqa: F401 (the engine and rules import them from here)
 
 __all__ = [
     "SamplingConfig",
@@ -49,10 +49,6 @@ __all__ = [
     "ENTROPY_EPS",
     "total_variation",
 ]
-
-
-def _finite_at_least_0(value) -> bool:
-    return is_number(value) and math.isfinite(value) and value >= 0
 
 
 def _check_top_k(value) -> int | None:
@@ -128,7 +124,7 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         check_guidance_scale(self.guidance_scale)
-        if not _finite_at_least_0(self.temperature):
+        if not is_finite_at_least_0(self.temperature):
             raise ValueError(f"temperature={self.temperature!r}: must be a finite number >= 0 (0 = greedy)")
         if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral)):
             raise ValueError(f"top_k={self.top_k!r}: must be None or 0 (no top-k) or an integer >= 1")
@@ -250,7 +246,7 @@ def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """
     if isinstance(temperature, torch.Tensor):  # per-position temperatures, broadcast; values unchecked (a host sync)
         return logits / temperature
-    if not _finite_at_least_0(temperature) or temperature == 0:
+    if not is_finite_at_least_0(temperature) or temperature == 0:
         raise ValueError(f"temperature={temperature!r}: must be a finite number > 0 here (temperature 0, greedy "
                          f"decoding, is target_probs' argmax, not a division)")
     return logits if temperature == 1.0 else logits / temperature
@@ -653,7 +649,7 @@ def entropy(probs: torch.Tensor, *, normalized: bool = False, eps: float = 0.0) 
     Raises:
         ValueError: ``eps`` is not a finite number >= 0; ``normalized`` with V = 1 (``ln 1 = 0``).
     """
-    if not _finite_at_least_0(eps):
+    if not is_finite_at_least_0(eps):
         raise ValueError(f"eps={eps!r}: must be a finite number >= 0 (the clamping floor of the probabilities)")
     if normalized and probs.shape[-1] < 2:
         raise ValueError(f"entropy(normalized=True) of probs {list(probs.shape)}: V = {probs.shape[-1]}; allowed V >= 2 "
@@ -683,7 +679,7 @@ def total_variation(p: torch.Tensor, q: torch.Tensor, *, eps: float = 0.0) -> to
     if p.shape != q.shape:
         raise ValueError(f"total_variation: p {list(p.shape)} and q {list(q.shape)} differ in shape; allowed: two "
                          f"[..., V] tensors of one shape")
-    if not _finite_at_least_0(eps):
+    if not is_finite_at_least_0(eps):
         raise ValueError(f"eps={eps!r}: must be a finite number >= 0 (the clamping floor of the probabilities)")
     if eps > 0:
         p, q = p.clamp_min(eps), q.clamp_min(eps)
