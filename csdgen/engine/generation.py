@@ -199,8 +199,10 @@ def generate(
             gives the same images).
     """
     check_conditions(conditions)
-    batch_size = _check_batch_size(batch_size, conditions)
-    count = batch_size if conditions is None else _count(conditions)
+    count = None if conditions is None else _count(conditions)
+    batch_size = _check_batch_size(batch_size, count)
+    if conditions is None:
+        count = batch_size
     if image_indices is not None and isinstance(count, int):  # before a static session allocates its cache
         checked_image_indices(image_indices, count)
     check_engine(engine, compile)
@@ -266,8 +268,9 @@ def _out_of_memory(exc: RuntimeError) -> bool:
     return (oom is not None and isinstance(exc, oom)) or "can't allocate memory" in text or "out of memory" in text
 
 
-def _check_batch_size(batch_size, conditions) -> int | None:
-    """``batch_size`` as an ``int`` (None stays None), checked before any model work."""
+def _check_batch_size(batch_size, count: int | str | None) -> int | None:
+    """``batch_size`` as an ``int`` (None stays None), checked before any model work against ``count``, the
+    number of conditions (:func:`_count`; None without conditions)."""
     if batch_size is None:
         return None
     from ..integers import as_integer
@@ -276,7 +279,6 @@ def _check_batch_size(batch_size, conditions) -> int | None:
     if value is None or value < 1:
         raise ValueError(f"batch_size={batch_size!r}: allowed None or an integer >= 1 (the number of images when "
                          "conditions is None)")
-    count = None if conditions is None else _count(conditions)
     if isinstance(count, int) and value != count:
         allowed = f"None or {count}" if count else "a list of conditions with one per image"
         raise ValueError(f"batch_size={value} differs from the {count} conditions given; allowed: {allowed}")

@@ -189,15 +189,12 @@ def check_memory(path: str | os.PathLike, family: str, batch_size: int, window: 
             available and usable memory, and the largest batch size that fits; ``max_memory_bytes`` not a
             finite number >= 0.
     """
-    import math
-
-    from ..integers import is_number
+    from ..integers import is_finite_at_least_0
     from .dtypes import FAMILY_GPU_DTYPES, _dtype, default_device
     from .memory import format_bytes
     from .memory_check import DEFAULT_PROMPT_LENGTH
 
-    if max_memory_bytes is not None and (not is_number(max_memory_bytes) or not math.isfinite(max_memory_bytes)
-                                         or max_memory_bytes < 0):
+    if max_memory_bytes is not None and not is_finite_at_least_0(max_memory_bytes):
         raise ValueError(f"max_memory_bytes={max_memory_bytes!r}: allowed None (the device's free memory) or a "
                          "number of bytes >= 0 (8e9 is 8 GB)")
     device = device or default_device()
