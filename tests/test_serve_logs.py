@@ -201,3 +201,20 @@ def test_an_app_stopped_by_its_host_logs_its_shutdown_lines_once(cached_model, r
     assert said[-2] == "shutting down: 0 image requests not yet answered (queued or decoding) get 503"
     assert said[-1].startswith("stopped after ") and said[-1].endswith(" s: 0 image requests answered, 0 images sent")
     assert sum(line.startswith("shutting down") for line in said) == 1
+
+
+def test_the_openai_clients_request_is_logged_with_every_image_it_received(cached_model, records):
+    """A non-streamed request counts its images as sent with its 200 answer (not as each finishes): the access
+    line of the real client's request says all of them, with their forwards."""
+    import openai
+
+    app = create_app(ServedModel(tiny_model(cached_model), "tiny"), capacity=2)
+    with BackgroundServer(app, log_level="info") as server:
+        records.attach()
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=TIMEOUT)
+        answer = client.images.generate(model="tiny", prompt="1", n=2, response_format="b64_json",
+                                        extra_body={"method": "sjd", "window": 4, "seed": 5})
+    assert len(answer.data) == 2
+    lines = [r.getMessage() for r in records.records if r.name == access_log.name]
+    assert len(lines) == 1 and '" 200 method=sjd images=2/2 forwards=' in lines[0], lines
+    assert "forwards=- " not in lines[0]
