@@ -87,8 +87,10 @@ _BUILTIN_UNSET = {"dtype": '"float32" (the default)'}
 #: how a record names a file by its contents (a bench's prompt file: ``"file sha256:<hex>"``)
 _FILE_DIGEST = "file sha256:"
 
-#: what a setting left out means, for any model (the engine options are kept only where given)
-_UNSET = {"engine": '"auto" (the default)', "compile": "the default (compiled on CUDA only)"}
+#: what a setting left out means, for any model (the engine options and a checkpoint's ``--vqgan`` are kept only
+#: where given: records written before ``vqgan`` was recorded ran with the default decoder)
+_UNSET = {"engine": '"auto" (the default)', "compile": "the default (compiled on CUDA only)",
+          "vqgan": "the default decoder (--vqgan not given: the one found with the checkpoint)"}
 
 
 def _differing_part(a: str, b: str) -> tuple[str, str]:

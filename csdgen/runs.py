@@ -199,6 +199,11 @@ def _load_record(out: Path, plan: RunPlan) -> dict | None:
 #: :func:`refuse_other_record`'s ``known`` says "not set", which a record without the key agrees with
 OPTIONAL_SETTINGS = ("quantize",)
 
+#: settings a record holds only when an option gave them, their absence meaning the default (``vqgan``: a
+#: checkpoint's image decoder, ``--vqgan``; records written before it was recorded ran with the default one);
+#: ``None`` in :func:`refuse_other_record`'s ``known`` says "not given", and the refusal names the default
+GIVEN_ONLY_SETTINGS = ("vqgan",)
+
 
 def refuse_other_record(out: str | os.PathLike, known: dict) -> None:
     """Refuse, before a model is read, a folder whose ``record.json`` holds a run with other values of
@@ -223,7 +228,14 @@ def refuse_other_record(out: str | os.PathLike, known: dict) -> None:
     for key in OPTIONAL_SETTINGS:  # recorded only when set: a record without one ran without it
         if key in new:
             old.setdefault(key, None)
-    differ = settings_difference({k: old[k] for k in new if k in old}, new)
+    compared = {k: old[k] for k in new if k in old}
+    for key in GIVEN_ONLY_SETTINGS:  # recorded only when given: absent on either side is the default
+        if key in new:
+            if new[key] is None:
+                del new[key]
+            if key in old:
+                compared[key] = old[key]
+    differ = settings_difference(compared, new)
     if differ:
         raise ValueError(f"{str(out)!r} holds a run with other settings ({'; '.join(differ)}); "
                          f"use another --out, or the earlier settings to resume")

@@ -610,3 +610,39 @@ def test_an_unknown_lumina_size_names_each_name_once():
         lumina_pixel_size(None, None, "tinycham", None, "tinycham")
     with pytest.raises(ValueError, match=r"^Lumina-mGPT image size unknown: the names 'a', 'b' hold none of "):
         lumina_pixel_size(None, None, "a", "b", "a")
+
+
+def test_vqgan_is_recorded_and_another_decoder_is_refused_on_resume(checkpoint, tmp_path, capsys):
+    """--vqgan makes other PNGs from the same tokens: a run (and a bench) records it, and a rerun into the same
+    folder with another decoder is refused naming both; a record without it (the default decoder, as
+    folders written before it was recorded hold) resumes without --vqgan and is refused with one."""
+    from cli_helpers import cli_error, run
+
+    other = tmp_path / "other-vqgan"
+    other.mkdir()
+    for name in ("vqgan.yaml", "vqgan.ckpt"):
+        shutil.copy(os.path.join(checkpoint, name), other / name)
+    out = tmp_path / "o"
+    argv = ["generate", "--model", checkpoint, "--prompt", "red cat", "--height", "12", "--width", "16", "--method",
+            "sjd", "--window", "4", "--top-k", "8", "--device", "cpu", "--no-maps", "--out", out]
+    assert run(*argv) == 0  # the default decoder: no vqgan in the record, as before it was recorded
+    assert "vqgan" not in json.loads((out / "record.json").read_text())["settings"]
+    assert run(*argv) == 0  # resumed
+    assert "1 kept from an earlier run" in capsys.readouterr().out
+    err = cli_error(capsys, *argv, "--vqgan", other)
+    assert "other settings (vqgan: the default decoder" in err and repr(str(other))[1:-1] in err, err
+    given = tmp_path / "given"
+    assert run(*argv[:-1], given, "--vqgan", checkpoint) == 0
+    assert json.loads((given / "record.json").read_text())["settings"]["vqgan"] == os.path.realpath(checkpoint)
+    capsys.readouterr()
+    err = cli_error(capsys, *argv[:-1], given, "--vqgan", other)
+    assert f'vqgan: "{os.path.realpath(checkpoint)}" there, "{os.path.realpath(other)}" here' in err, err
+    err = cli_error(capsys, *argv[:-1], given)
+    assert f'vqgan: "{os.path.realpath(checkpoint)}" there, the default decoder' in err, err
+    # a bench the same way
+    bench = ["bench", "--model", checkpoint, "--prompts", write_prompts(tmp_path), "--methods", "sjd", "--seeds", "0",
+             "--floor-seed", "none", "--height", "12", "--width", "16", "--window", "4", "--top-k", "8", "--device", "cpu", "--out", tmp_path / "b"]
+    assert run(*bench, "--vqgan", checkpoint) == 0
+    capsys.readouterr()
+    err = cli_error(capsys, *bench, "--vqgan", other)
+    assert f'vqgan: "{os.path.realpath(checkpoint)}" there, "{os.path.realpath(other)}" here' in err, err

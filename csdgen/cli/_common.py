@@ -284,6 +284,15 @@ def fill_defaults(args, defaults: dict, keys=SAMPLING_KEYS) -> None:
         args.top_k = None
 
 
+def vqgan_setting(args) -> dict:
+    """``{"vqgan": path}`` (resolved: ``ck/tokenizer`` and its absolute path are the same decoder) when ``--vqgan``
+    is given, else ``{}``: what a run's or bench's record keeps of a checkpoint's image decoder. Another decoder
+    makes other images from the same tokens; absent, the record means the default decoder (found with the
+    checkpoint), as records written before the option was recorded do."""
+    given = getattr(args, "vqgan", None)
+    return {"vqgan": os.path.realpath(given)} if given is not None else {}
+
+
 def sampling_of(args):
     """The run's :class:`csdgen.SamplingConfig` (validated; a bad value is named by its option,
     ``--top-p 2.0: ...``, not by the library's argument name).

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from . import _options as opt
 from ._common import (check_draft_init, choose_dtype, clamp_window, fill_defaults, model_defaults, note, print_run_line,
-                      refuse_missing_cuda, sampling_of, writable)
+                      refuse_missing_cuda, sampling_of, vqgan_setting, writable)
 from ._options import COMPARE_METHODS
 
 #: the built-in model's default number of prompts (its classes spread over the categories)
@@ -178,7 +178,8 @@ def _model_plan(args, device: str):
              "device": device.split(":")[0], "prompts": _prompts_setting(args, "coco"),
              "negative_prompt": args.negative_prompt, "positive_prompt": args.positive_prompt,
              "prompt_template": args.prompt_template, "lam": args.lam, "delta": args.delta,
-             "addition_c": args.addition_c, "entropy_unit": args.entropy_unit, **_quantize_setting(args)}
+             "addition_c": args.addition_c, "entropy_unit": args.entropy_unit, **_quantize_setting(args),
+             **vqgan_setting(args)}
     check_settings(args.out, known, write=False, partial=True)  # before the weights are read (minutes for 7B)
     model = load_model(folder, dtype=dtype, device=device, layout=args.layout, height=args.height, width=args.width,
                        image_size=args.image_size, batch_size=1, window=args.window, guided=sampling.guided,
@@ -194,7 +195,7 @@ def _model_plan(args, device: str):
                 "device": device.split(":")[0], "grid": list(model.grid), "prompts": _prompts_setting(args, "coco"),
                 "negative_prompt": args.negative_prompt, "positive_prompt": args.positive_prompt,
                 "prompt_template": args.prompt_template,
-                **_method_settings(args, sampling), **_quantize_setting(args)}
+                **_method_settings(args, sampling), **_quantize_setting(args), **vqgan_setting(args)}
     return BenchPlan(model, prompts, list(range(args.offset, args.offset + len(prompts))), [p.text for p in prompts],
                      _methods(args, model), args.seeds, _floor(args), args.window, sampling, settings)
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from . import _options as opt
 from ._common import (add_plan, builtin_model, cap_builtin_batch, check_gsd_radii, checkpoint_setup, choose_dtype,
                       clamp_window, fill_defaults, model_defaults, needs_model, note, print_run_line, quantize_setup,
-                      refuse_missing_cuda, refuse_unfit_tree, require_decoder, sampling_of, split_note, writable)
+                      refuse_missing_cuda, refuse_unfit_tree, require_decoder, sampling_of, split_note, vqgan_setting,
+                      writable)
 
 #: options of ``--model`` only (the built-in model refuses them; ``--dtype`` auto / float32 it takes)
 MODEL_ONLY = ("prompts", "prompts_file", "layout", "height", "width", "image_size", "negative_prompt", "positive_prompt",
@@ -168,6 +169,7 @@ def _known_settings(args, folder, family: str, dtype: str, device: str, prompts:
     if args.method in ("csd", "addition"):  # their rule's options; GSD's and LANTERN's need the codebook
         known["rule"] = repr(_rule(args))
     known["quantize"] = getattr(args, "quantize", None)  # None: a record without it (refuse_other_record)
+    known["vqgan"] = vqgan_setting(args).get("vqgan")  # None: the default decoder, a record without it
     return known
 
 
@@ -223,7 +225,7 @@ def model_job(args):
     settings = {**_run_settings(args, model, rule, sampling), "model": str(args.model), "checkpoint": os.path.realpath(folder),
                 "family": family, "dtype": dtype, "device": device, "grid": list(model.grid), "prompts": prompts,
                 "negative_prompt": args.negative_prompt, "positive_prompt": args.positive_prompt,
-                "prompt_template": args.prompt_template}
+                "prompt_template": args.prompt_template, **vqgan_setting(args)}
     labels = [{"prompt": p} for p in conditions]
     names = [f"{i:04d}_{slug(p, empty='prompt')}" for i, p in enumerate(conditions)]
     return RunPlan(model, conditions, names, labels, settings, _generate_kwargs(args, rule, sampling), scale=1), batch_size
