@@ -135,7 +135,8 @@ def check_settings(out: str | os.PathLike, settings: dict, *, write: bool, parti
     ``write``: rank files of ranks 1 .. world - 1 may be written now by this bench's other processes).
 
     Raises:
-        ValueError: the folder holds a bench of other settings (naming every value that differs),
+        ValueError: the folder holds a bench of other settings (naming every value that differs; a sweep's
+            windows are not compared, its settings' names carry them),
             or a malformed ``bench.json``; with ``write``, a folder without ``bench.json`` holding
             files a bench writes (:data:`BENCH_FILES`: not a bench's, they would be overwritten) or
             records (``records/rank0.jsonl``, or a rank beyond ``world``, holding lines: made under
@@ -146,7 +147,7 @@ def check_settings(out: str | os.PathLike, settings: dict, *, write: bool, parti
         manifest = read_json(path, what="a csdgen bench manifest")
         if manifest.get("schema") != SCHEMA or not isinstance(manifest.get("settings"), dict):
             raise ValueError(f"{str(path)!r} is not a csdgen bench manifest; use another --out")
-        old, new = weights_compared(defaults_resolved(same_checkpoint(manifest["settings"])),
+        old, new = weights_compared(defaults_resolved(same_checkpoint(_sweep_windows(manifest["settings"], settings))),
                                     defaults_resolved(same_checkpoint(settings)))
         differ = settings_difference({k: old[k] for k in new if k in old} if partial else old, new)
         if differ:
@@ -165,6 +166,17 @@ def check_settings(out: str | os.PathLike, settings: dict, *, write: bool, parti
                              f"{MANIFEST}, so they are not a bench's and would be {fate}; use another --out, or "
                              f"move them")
         write_json({"schema": SCHEMA, "created": _now(), "settings": settings}, path)
+
+
+def _sweep_windows(previous: dict, current: dict) -> dict:
+    """``previous`` (a manifest's settings) with its window taken as ``current``'s when both are a sweep's: a
+    sweep records the windows its first run ran at (earlier ones recorded bench's one window, which no
+    setting need run at), and they are not compared, as its other grids are not: each setting's name carries
+    its window (``csd_lam1.0_W16_uniform``), so no record is taken for another window's, and a rerun with more
+    ``--windows`` adds their settings to the folder."""
+    if previous.get("command") == current.get("command") == "sweep" and "window" in current:
+        return {**previous, "window": current["window"]}
+    return previous
 
 
 def _foreign_rank(name: str, world: int) -> bool:

@@ -106,3 +106,24 @@ def test_compare_reads_a_chameleon_folder_in_the_layout_given(tmp_path, capsys):
     assert settings["family"] == "anole" and settings["grid"] == [8, 8]
     assert cli.main(["compare", "--layout", "anole", "-n", "2", "--out", str(tmp_path / "builtin")]) == 2
     assert "--layout anole needs --model (a Chameleon checkpoint)" in capsys.readouterr().err
+
+
+def test_a_sweeps_bench_json_records_the_windows_it_runs(janus, tmp_path):
+    """bench.json of a sweep recorded bench's one window (the model's default) whatever --windows said; it
+    records the sweep's windows, and a rerun with more windows (their settings named apart) or into a folder
+    whose bench.json holds that one window (written before) resumes."""
+    checkpoint, prompts = janus
+    out = tmp_path / "sweep"
+    argv = ["sweep", "--model", str(checkpoint), "--prompts", str(prompts), "--limit", "1", "--csd-lam", "1",
+            "--addition-c", "", "--gsd-radius", "", "--lantern-delta", "", "--baselines", "", "--device", "cpu",
+            "--out", str(out)]
+    assert cli.main([*argv, "--windows", "6"]) == 0
+    manifest = json.loads((out / "bench.json").read_text())
+    assert manifest["settings"]["window"] == [6]
+    before = (out / "records" / "rank0.jsonl").read_text()
+    manifest["settings"]["window"] = 16  # as the sweep wrote it before it recorded its windows
+    (out / "bench.json").write_text(json.dumps(manifest))
+    assert cli.main([*argv, "--windows", "6,5"]) == 0
+    records = [json.loads(line) for line in (out / "records" / "rank0.jsonl").read_text().splitlines()]
+    assert (out / "records" / "rank0.jsonl").read_text().startswith(before)  # W6 kept, W5 added
+    assert sorted(r["method"] for r in records) == ["csd_lam1.0_W5_uniform", "csd_lam1.0_W6_uniform"]
