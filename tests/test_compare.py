@@ -193,6 +193,29 @@ def test_sweep_runs_gsd_and_lantern_once_per_window_whatever_the_draft_inits():
     assert [p.draft_init for p in points if p.method == "ar"] == [""]  # AR runs no drafts: none named
 
 
+def test_a_sweep_names_a_single_delta_other_than_csds_default(weights, tmp_path, capsys):  # noqa: F811
+    """sweep --csd-delta 0.3 named its settings as the default delta's (csd_lam1.0_W4_uniform): a rerun with
+    another delta into the same folder was refused by the cached run (or bench record) of that name. A
+    delta other than CSD's default is named now, so the rerun adds its settings; the default's names stay."""
+    import inspect
+
+    from csdgen.acceptance import CSD
+    from csdgen.evaluation.sweep import SweepGrid, settings
+
+    assert SweepGrid().csd_delta == [inspect.signature(CSD).parameters["delta"].default]
+    grid = dict(csd_lam=[1.0], addition_c=[], gsd_radius=[], lantern_delta=[], windows=[4], baselines=[])
+    assert [p.name for p in settings(SweepGrid(**grid))] == ["csd_lam1.0_W4_uniform"]  # as before
+    assert [p.name for p in settings(SweepGrid(**grid, csd_delta=[0.3]))] == ["csd_lam1.0_delta0.3_W4_uniform"]
+    out = tmp_path / "sweep"
+    argv = ["sweep", "--weights", weights, "-n", 2, "--batch-size", 2, "--csd-lam", "1", "--addition-c", "",
+            "--gsd-radius", "", "--lantern-delta", "", "--baselines", "", "--windows", 4, "--out", out]
+    assert run(*argv) == 0
+    assert run(*argv, "--csd-delta", "0.3") == 0
+    assert sorted(p.name for p in out.glob("run_*.json")) == ["run_csd_lam1.0_W4_uniform.json",
+                                                               "run_csd_lam1.0_delta0.3_W4_uniform.json"]
+    assert json.loads((out / "sweep.json").read_text())[0]["step_compression"] > 0
+
+
 def test_compare_refuses_the_last_seed_before_the_model_loads(tmp_path, capsys, monkeypatch):
     """compare --seed 2**63 - 1 (no seed + 1 for the noise floor) was refused only after the built-in
     model had loaded (new-user try-out); argparse refuses it now, naming compare's own range, as it

@@ -20,12 +20,16 @@ __all__ = ["BASELINES", "SweepGrid", "Setting", "settings", "frontier_plot"]
 BASELINES = ("ar", "sjd", "sjd-coupled")
 
 
+#: CSD's default delta: its settings keep the names they had before a delta was named alone
+_CSD_DELTA = 0.65
+
+
 @dataclass
 class SweepGrid:
     """Parameter values to sweep per method (an empty list leaves the method out)."""
 
     csd_lam: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.25, 0.5, 1.0])
-    csd_delta: list[float] = field(default_factory=lambda: [0.65])
+    csd_delta: list[float] = field(default_factory=lambda: [_CSD_DELTA])
     addition_c: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.2, 0.4])
     gsd_radius: list[int] = field(default_factory=lambda: [1, 3, 7])
     lantern_delta: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.2, 0.4])
@@ -38,7 +42,9 @@ class SweepGrid:
 class Setting:
     """One point of a sweep."""
 
-    name: str  #: unique file-safe name
+    #: unique file-safe name: the method, its parameter and value (CSD's delta too where several are swept
+    #: or it is not CSD's default), ``W<window>`` and the draft initialisation (``csd_lam0.5_W16_uniform``)
+    name: str
     method: str  #: curve label
     parameter: str  #: swept parameter name ("" for baselines)
     value: Any
@@ -90,7 +96,9 @@ def settings(grid: SweepGrid, codebook: torch.Tensor | None = None, entropy_unit
         for init in grid.draft_inits:
             for method, parameter, value, preset in _methods(grid, codebook, entropy_unit):
                 tag = f"{method.split(' ')[0]}{'_' + parameter + str(value) if parameter else ''}"
-                if method.startswith("csd ("):
+                if method.startswith("csd") and (method.startswith("csd (") or preset["method"].delta != _CSD_DELTA):
+                    # a delta other than CSD's default is named even alone: a rerun with another one into the
+                    # same folder is then other settings, not the earlier ones' records under the same name
                     tag += f"_delta{preset['method'].delta}"
                 needed = getattr(preset["method"], "draft_init", None)  # GSD, LANTERN: one-hot drafts
                 # the refresh is named (the papers' independent one unless the setting says coupled), so a
