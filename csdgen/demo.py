@@ -63,8 +63,8 @@ CACHE_AGE_SECONDS = 600
 
 
 def _sampling(defaults: FamilyDefaults, guidance_scale: float, vocab_size: int, schedule=None) -> SamplingConfig:
-    """The page's guidance scale with the family's temperature, top-p, top-k (dropped when >= V, as generate does)
-    and guidance schedule (``model.reference_guidance``)."""
+    """The page's guidance scale with the family's temperature, top-p, top-k (none when it is V: every token is kept;
+    :func:`load_demo_model` refuses one above V, as generate does) and guidance schedule (``model.reference_guidance``)."""
     top_k = defaults.top_k if defaults.top_k is not None and defaults.top_k < vocab_size else None
     return SamplingConfig(guidance_scale=guidance_scale, temperature=defaults.temperature, top_k=top_k, top_p=defaults.top_p,
                           guidance_schedule=schedule)
@@ -428,12 +428,15 @@ def load_demo_model(model_path: str | None = None, weights: str | None = None, *
         ``(model, name, defaults)``.
 
     Raises:
-        ValueError / FileNotFoundError: as :func:`csdgen.models.auto.load_model` (one line).
+        ValueError / FileNotFoundError: as :func:`csdgen.models.auto.load_model` (one line); the defaults' top-k
+            above the model's codebook size (a tiny checkpoint under its family's top-k: the page runs the
+            defaults and has no top-k of its own), as ``csdgen generate`` refuses it.
     """
     if model_path is None:
         from csdgen.models.builtin import load_builtin_model
 
-        return load_builtin_model(weights, dtype=dtype), "built-in model", FAMILY_DEFAULTS["builtin"]
+        model = load_builtin_model(weights, dtype=dtype)
+        return model, "built-in model", _fitting_defaults(model, FAMILY_DEFAULTS["builtin"])
     from csdgen.models.auto import check_tokenizer_files, load_model, require_decoder
     from csdgen.models.detect import family_of
     from csdgen.models.dtypes import default_device
@@ -445,7 +448,25 @@ def load_demo_model(model_path: str | None = None, weights: str | None = None, *
     model = load_model(model_path, device=default_device(), dtype=dtype, batch_size=1, image_size=image_size, vqgan=vqgan,
                        layout=layout, need_decoder=True)
     require_decoder(model, model_path, folder)
-    return model, f"{family} ({model_path})", getattr(model, "defaults", None) or FAMILY_DEFAULTS[family]
+    return model, f"{family} ({model_path})", _fitting_defaults(model, getattr(model, "defaults", None) or FAMILY_DEFAULTS[family])
+
+
+def _fitting_defaults(model, defaults: FamilyDefaults) -> FamilyDefaults:
+    """``defaults``, refused where their top-k exceeds the model's codebook size.
+
+    Raises:
+        ValueError: ``top-k 2048 (the model's default; the demo has no --top-k): exceeds the codebook size ...``.
+    """
+    from csdgen.engine.generation import check_top_k
+
+    try:
+        check_top_k(model, defaults.top_k)
+    except ValueError as error:
+        reason = str(error).removeprefix(f"top_k={defaults.top_k} ")
+        raise ValueError(f"top-k {defaults.top_k} (the model's default; the demo runs the model's sampling defaults "
+                         f"and has no --top-k): {reason}; csdgen generate and csdgen serve take --top-k K (0: none) "
+                         f"for this checkpoint") from None
+    return defaults
 
 
 def free_port(host: str = "127.0.0.1") -> int:

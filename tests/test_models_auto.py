@@ -670,3 +670,25 @@ def test_a_family_default_the_checkpoint_cannot_take_is_named_as_the_default(emu
     assert run("generate", "--model", emu3_dir, "--prompt", "a dog", "--height", HEIGHT, "--width", WIDTH,
                "--negative-prompt", "blurry", "--device", "cpu", "--top-k", 5000, "--out", out) == 2
     assert "--top-k 5000: exceeds the codebook size" in capsys.readouterr().err
+
+
+def test_serve_refuses_a_family_default_top_k_the_checkpoint_cannot_take_as_generate_does(emu3_dir, capsys):
+    """serve dropped Emu3's top-k 2048 on a tiny codebook without a word, where generate and bench refuse it
+    naming it as the model's default; it refuses the same way at start-up, and a --top-k given is taken."""
+    argv = ["serve", "--model", emu3_dir, "--height", HEIGHT, "--width", WIDTH, "--device", "cpu", "--port", 0]
+    assert run(*argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "--top-k 2048 (the model's default; --top-k was not given): exceeds the codebook size" in err, err
+    assert run(*argv, "--top-k", 0) == 2  # the tiny Emu3's default negative prompt is too long for it: the next refusal
+    err = capsys.readouterr().err
+    assert "top-k" not in err and "negative prompt" in err, err
+
+
+def test_the_demo_refuses_a_family_default_top_k_the_checkpoint_cannot_take(emu3_dir):
+    """The demo dropped Emu3's top-k 2048 on a tiny codebook without a word (its page still said top-k 2048), where
+    generate refuses it; it refuses at start-up, naming the value as the model's default."""
+    from csdgen.demo import load_demo_model
+
+    with pytest.raises(ValueError, match=r"^top-k 2048 \(the model's default; the demo runs the model's sampling "
+                                         r"defaults and has no --top-k\): exceeds the codebook size V=64; allowed: 1..64"):
+        load_demo_model(str(emu3_dir), image_size=HEIGHT)

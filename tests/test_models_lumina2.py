@@ -493,7 +493,13 @@ def test_demo_loads_a_2_0_folder_with_its_defaults_and_schedule_and_refuses_one_
     config["vocabulary_map"] = vocab
     (folder / "config.json").write_text(json.dumps(config))
     save_tokenizer(folder, vocab)
-    model, name, defaults = load_demo_model(str(folder))
+    with pytest.raises(ValueError, match=r"^top-k 4096 \(the model's default; .*exceeds the codebook size V=48"):
+        load_demo_model(str(folder))  # the family's top-k above this tiny codebook: refused, as generate does
+    import csdgen.engine.generation as generation
+
+    with pytest.MonkeyPatch.context() as patch:  # past it, the rest of what the demo loads
+        patch.setattr(generation, "check_top_k", lambda model, top_k: None)
+        model, name, defaults = load_demo_model(str(folder))
     assert isinstance(model, Lumina2ImageModel) and name.startswith("lumina-mgpt-2") and model.grid == (96, 96)
     assert defaults.guidance_scale == 4.0 and defaults.top_k == 4096
     sampling = _sampling(defaults, 12.0, model.codebook_size, getattr(model, "reference_guidance", None))

@@ -284,6 +284,25 @@ def fill_defaults(args, defaults: dict, keys=SAMPLING_KEYS) -> None:
         args.top_k = None
 
 
+def refuse_unfit_default_top_k(args, model) -> None:
+    """With ``--top-k`` not given, refuse a model whose default top-k (``model.defaults``: its family's) exceeds its
+    codebook size (a tiny checkpoint under its family's top-k), as ``generate`` and ``bench`` refuse it, naming the
+    value as the model's default; :func:`csdgen.engine.default_sampling` would drop it without a word.
+
+    Raises:
+        ValueError: ``--top-k 2048 (the model's default; --top-k was not given): exceeds the codebook size ...``.
+    """
+    from csdgen.engine.generation import check_top_k
+
+    if getattr(args, "top_k", None) is not None:
+        return
+    try:
+        check_top_k(model, getattr(getattr(model, "defaults", None), "top_k", None))
+    except ValueError as error:
+        running["defaulted"].add("top_k")
+        raise ValueError(option_named(str(error))) from None
+
+
 def vqgan_setting(args) -> dict:
     """``{"vqgan": path}`` (resolved: ``ck/tokenizer`` and its absolute path are the same decoder) when ``--vqgan``
     is given, else ``{}``: what a run's or bench's record keeps of a checkpoint's image decoder. Another decoder

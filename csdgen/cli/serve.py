@@ -233,9 +233,10 @@ def _served_model(args):
     from csdgen.serve import ServeDefaults, ServedModel
     from csdgen.serve.schemas import APIError, parse_request
 
-    from ._common import add_plan, clamp_window, note, print_run_line
+    from ._common import add_plan, clamp_window, note, print_run_line, refuse_unfit_default_top_k
 
     model, name, aliases, plan = _load(args)
+    refuse_unfit_default_top_k(args, model)  # as generate and bench: not dropped from every request unsaid
     largest = plan.largest_batch()  # the most images the memory plan fits (None: free memory unknown)
     if args.max_batch is None:  # on cuda the plan's largest batch; on cpu CPU_MAX_BATCH (both capped by memory below)
         args.max_batch = max(1, min(largest, PLAN_MAX_BATCH)) if model.device.type == "cuda" and largest else CPU_MAX_BATCH

@@ -31,6 +31,16 @@ def check_engine(engine, compile) -> None:
         raise ValueError(f"compile={compile!r}: allowed True, False or None (on CUDA only)")
 
 
+def check_top_k(model: ImageTokenModel, top_k: int | None) -> None:
+    """Refuse a top-k above the model's codebook size (None: no top-k).
+
+    Raises:
+        ValueError: ``top_k=2048 exceeds the codebook size V=48; allowed: 1..48``.
+    """
+    if top_k is not None and top_k > model.codebook_size:
+        raise ValueError(f"top_k={top_k} exceeds the codebook size V={model.codebook_size}; allowed: 1..{model.codebook_size}")
+
+
 def resolve_arguments(model: ImageTokenModel, method, window, sampling, draft_init, refresh, seed: int = 0,
                       preset: str | None = None):
     """``generate``'s method, window, drafting and sampling arguments checked and resolved (None -> the
@@ -66,8 +76,7 @@ def resolve_arguments(model: ImageTokenModel, method, window, sampling, draft_in
     draft_init = resolve_draft_init(draft_init, rule.draft_init, rule.name)
     check_drafting(draft_init, refresh)
     sampling = _resolve_sampling(model, sampling)
-    if sampling.top_k is not None and sampling.top_k > model.codebook_size:
-        raise ValueError(f"top_k={sampling.top_k} exceeds the codebook size V={model.codebook_size}; allowed: 1..{model.codebook_size}")
+    check_top_k(model, sampling.top_k)
     settings = {
         "method": method_name,
         "rule": rule.options(),
