@@ -430,7 +430,9 @@ def load_demo_model(model_path: str | None = None, weights: str | None = None, *
     Raises:
         ValueError / FileNotFoundError: as :func:`csdgen.models.auto.load_model` (one line); the defaults' top-k
             above the model's codebook size (a tiny checkpoint under its family's top-k: the page runs the
-            defaults and has no top-k of its own), as ``csdgen generate`` refuses it.
+            defaults and has no top-k of its own), as ``csdgen generate`` refuses it; a text model on which the
+            page's default request cannot start (a default negative prompt too long for it), as ``csdgen serve``
+            refuses it.
     """
     if model_path is None:
         from csdgen.models.builtin import load_builtin_model
@@ -448,7 +450,26 @@ def load_demo_model(model_path: str | None = None, weights: str | None = None, *
     model = load_model(model_path, device=default_device(), dtype=dtype, batch_size=1, image_size=image_size, vqgan=vqgan,
                        layout=layout, need_decoder=True)
     require_decoder(model, model_path, folder)
-    return model, f"{family} ({model_path})", _fitting_defaults(model, getattr(model, "defaults", None) or FAMILY_DEFAULTS[family])
+    defaults = _fitting_defaults(model, getattr(model, "defaults", None) or FAMILY_DEFAULTS[family])
+    _check_default_request(model, defaults)
+    return model, f"{family} ({model_path})", defaults
+
+
+def _check_default_request(model, defaults: FamilyDefaults) -> None:
+    """Refuse, at start-up, a text model on which no request of the page can run, as ``csdgen serve`` checks its
+    request defaults: a short prompt at the defaults' guidance started as a run starts it (tokenised, its length
+    checked with the negative prompt's row and the image; no forward).
+
+    Raises:
+        ValueError: ``the demo's default request cannot run on this model: <the model's reason>``.
+    """
+    if hasattr(model, "class_ids"):  # the page takes a class: none is too long
+        return
+    guided = _sampling(defaults, defaults.guidance_scale, model.codebook_size).guided
+    try:
+        model.start(["a test"], 1, guided)
+    except ValueError as error:
+        raise ValueError(f"the demo's default request cannot run on this model: {error}") from None
 
 
 def _fitting_defaults(model, defaults: FamilyDefaults) -> FamilyDefaults:
