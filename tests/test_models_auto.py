@@ -16,7 +16,7 @@ from csdgen.models.defaults import FAMILY_DEFAULTS
 from csdgen.models.defaults import family_defaults_table as FAMILY_DEFAULTS_TABLE
 
 from test_models_chameleon import build_checkpoint as build_chameleon
-from test_models_emu3 import HEIGHT, NEGATIVE, WIDTH
+from test_models_emu3 import FACTOR, HEIGHT, NEGATIVE, WIDTH
 from test_models_emu3 import build_checkpoint as build_emu3
 from test_models_janus import SIZE
 from test_models_janus import build_checkpoint as build_janus
@@ -704,3 +704,50 @@ def test_the_demo_refuses_a_model_its_default_request_cannot_run_on(emu3_dir, mo
     with pytest.raises(ValueError, match=r"^the demo's default request cannot run on this model: the negative "
                                          r"prompt's row of \d+ tokens \+ image of \d+ positions"):
         load_demo_model(str(emu3_dir), image_size=HEIGHT)
+
+
+def test_serve_takes_emu3s_negative_and_positive_prompts_as_generate_does(emu3_dir, capsys):
+    """serve had no --negative-prompt, though its refusal of the tiny Emu3's default one (too long for its
+    positions) told the user to give one: the server's model takes both prompts, and the built-in model refuses them."""
+    import argparse
+
+    from csdgen.cli import serve as serve_cli
+
+    parser = argparse.ArgumentParser()
+    serve_cli.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["serve", "--model", str(emu3_dir), "--height", str(HEIGHT), "--width", str(WIDTH),
+                              "--device", "cpu", "--top-k", "0", "--negative-prompt", "blurry",
+                              "--positive-prompt", ""])
+    served, _, _ = serve_cli.served_model(args)
+    assert served.model.negative_prompt == "blurry" and served.model.positive_prompt == ""
+    assert run("serve", "--negative-prompt", "blurry", "--port", 0) == 2
+    assert "--negative-prompt needs --model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["compare", "sweep"])
+def test_compare_and_sweep_take_a_checkpoints_size_and_prompts_and_the_builtin_model_refuses_them(command, capsys):
+    """compare and sweep run a checkpoint through bench, which takes --height/--width and Emu3's prompts; they
+    lacked them (a non-square Emu3 or GLM-Image could not be compared). The built-in model refuses each by name."""
+    for option, value in (("--height", "64"), ("--width", "64"), ("--negative-prompt", "blurry"),
+                          ("--positive-prompt", ""), ("--prompt-template", "{prompt}")):
+        assert run(command, option, value, "-n", 2, "--out", "unused") == 2
+        err = capsys.readouterr().err
+        assert f"{option} needs --model" in err and "Traceback" not in err, err
+
+
+def test_compare_runs_an_emu3_checkpoint_at_its_size_with_the_prompts_given(emu3_dir, tmp_path, capsys):
+    """compare --model runs as bench with the checkpoint options bench takes: the size and Emu3's prompts reach the
+    model and bench.json (where a rerun with other prompts is refused)."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red dog\n")
+    out = tmp_path / "compare"
+    argv = ["compare", "--model", str(emu3_dir), "--prompts", str(prompts), "--limit", 1, "--methods", "sjd",
+            "--window", 4, "--height", HEIGHT, "--width", WIDTH, "--negative-prompt", "blurry", "--positive-prompt", "",
+            "--top-k", 0, "--device", "cpu", "--out", out]
+    assert run(*argv) == 0
+    settings = json.loads((out / "bench.json").read_text())["settings"]
+    assert settings["negative_prompt"] == "blurry" and settings["positive_prompt"] == ""
+    assert settings["grid"] == [HEIGHT // FACTOR, WIDTH // FACTOR]  # a non-square grid: the size given
+    argv[argv.index("blurry")] = "dark"
+    assert run(*argv) == 2
+    assert "negative_prompt" in capsys.readouterr().err

@@ -425,6 +425,10 @@ def builtin_model(args, fixed_window: bool = False, spread: bool = False):
         if getattr(args, name, None) is not None:
             raise ValueError(f"--{name.replace('_', '-')} needs --model (a checkpoint); the built-in model has one size "
                              f"and its own VQ decoder")
+    for name in ("height", "width", "negative_prompt", "positive_prompt", "prompt_template"):  # compare's, sweep's
+        if getattr(args, name, None) is not None:
+            raise ValueError(f"--{name.replace('_', '-')} needs --model (a checkpoint); the built-in model draws its "
+                             f"classes at one size")
     apply_preset(args)
     device = args.device or "cpu"
     refuse_missing_cuda(device)

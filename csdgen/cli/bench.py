@@ -468,9 +468,7 @@ def add_bench_source(p: argparse.ArgumentParser, command: str) -> None:
                    help=f"number of prompts (default: all; built-in {BUILTIN_LIMIT})")
     g.add_argument("--offset", type=opt.count(0, maximum=opt.MAX_OFFSET), default=0, metavar="K",
                    help="index of the first prompt (default 0)")
-    opt.add_layout(g)
-    opt.add_checkpoint_files(g)
-    opt.add_dtype(g)
+    opt.add_checkpoint_options(g)  # bench's: a checkpoint's layout, size, files, Emu3's prompts, template, dtype
 
 
 def uses_bench(args) -> bool:

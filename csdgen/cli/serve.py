@@ -71,6 +71,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--height", type=opt.count(), default=None, help="--model: image height in pixels")
     p.add_argument("--width", type=opt.count(), default=None, help="--model: image width in pixels")
     opt.add_checkpoint_files(p)
+    p.add_argument("--negative-prompt", type=opt.prompt_text, default=None,
+                   help="--model, Emu3: prompt of the unconditional rows (default Emu3's own)")
+    p.add_argument("--positive-prompt", type=opt.prompt_text, default=None,
+                   help="--model, Emu3: text appended to every prompt (default Emu3's; '' = off)")
     p.add_argument("--prompt-template", type=opt.prompt_text, default=None, help="--model: template with {prompt}, {width}, {height}")
     r = p.add_argument_group("replicas on Ray Serve (pip install -c constraints.txt \".[ray]\"; docs/serve.md)")
     r.add_argument("--replicas", type=opt.count(maximum=1024), default=None, metavar="N",
@@ -108,7 +112,7 @@ def _load(args):
     budget = None if args.max_memory is None else int(args.max_memory * 2**30)
     if args.model is None:
         given = [f"--{k.replace('_', '-')}" for k in ("layout", "height", "width", "image_size", "vqgan",
-                                                      "prompt_template") if getattr(args, k) is not None]
+                                                      "negative_prompt", "positive_prompt", "prompt_template") if getattr(args, k) is not None]
         # --dtype: choose_dtype below says what the built-in model takes
         if given:
             from ._common import needs_model
@@ -142,7 +146,8 @@ def _load(args):
 
     model = load_model(args.model, dtype=dtype, device=device, layout=args.layout, height=args.height, width=args.width,
                        image_size=args.image_size, batch_size=1, window=AUTO_MAX_WINDOW, guided=True,
-                       prompt_template=args.prompt_template, vqgan=args.vqgan, max_memory_bytes=budget,
+                       prompt_template=args.prompt_template, negative_prompt=args.negative_prompt,
+                       positive_prompt=args.positive_prompt, vqgan=args.vqgan, max_memory_bytes=budget,
                        quantize=args.quantize, device_map=args.device_map, need_decoder=True)
     require_decoder(model, str(args.model), folder)  # a Chameleon checkpoint without Chameleon's VQGAN files
     split_note(args, model)
