@@ -65,7 +65,7 @@ from csdgen.bench_records import (
     MANIFEST, MERGED, RECORDS_DIR, append_jsonl, check_settings, existing_records, read_jsonl, repair_tail,
 )
 from csdgen.folder_kinds import refuse_other_kind
-from csdgen.bench_scores import Scorers, _clip_scores, _read_png, min_images, session_nll, target_nll
+from csdgen.bench_scores import Scorers, _clip_scores, _read_png, min_images, session_nll, target_nll, unreadable
 
 __all__ = ["TIMING_FIELDS", "BenchPlan", "shard", "jobs", "prompt_order", "target_nll", "read_jsonl", "repair_tail",
            "append_jsonl", "existing_records", "load_tensors", "check_settings", "run_shard", "merge_records", "Scorers", "finish", "made_by", "thread_caveat",
@@ -216,10 +216,17 @@ def _save_tensors(tensors: dict, path: Path) -> None:
 
 def load_tensors(path: str | os.PathLike) -> dict:
     """An image's saved tensors: ``tokens`` ``[N]`` int64, ``decisions`` ``[N]`` int8 (:class:`csdgen.Decision`),
-    ``entropy`` ``[N]`` float32 (nats)."""
+    ``entropy`` ``[N]`` float32 (nats).
+
+    Raises:
+        ValueError: the file cannot be read (naming it, and that a rerun makes it again once it is deleted)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    return load_file(str(path))
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as error:  # damaged outside csdgen (its writes are atomic)
+        raise ValueError(unreadable(path, error)) from None
 
 
 def run_shard(plan: BenchPlan, out: str | os.PathLike, *, rank: int = 0, world: int = 1,

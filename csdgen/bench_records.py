@@ -18,7 +18,8 @@ from csdgen.jsonio import json_lines, read_json, write_json
 from csdgen.run_settings import defaults_resolved, same_checkpoint, weights_compared
 from csdgen.runs import settings_difference
 
-__all__ = ["MANIFEST", "RECORDS_DIR", "MERGED", "read_jsonl", "repair_tail", "append_jsonl", "existing_records", "check_settings"]
+__all__ = ["MANIFEST", "RECORDS_DIR", "MERGED", "read_jsonl", "repair_tail", "append_jsonl", "existing_records", "check_settings",
+           "file_complete"]
 
 
 MANIFEST = "bench.json"
@@ -105,9 +106,42 @@ def _key(record: dict) -> tuple[str, int, str]:
     return record["method"], int(record["seed"]), record["prompt_id"]
 
 
+#: a PNG's last chunk, IEND with no data and its CRC: present at the end of every complete PNG
+_PNG_END = bytes.fromhex("0000000049454e44ae426082")
+_PNG_SIGNATURE = bytes.fromhex("89504e470d0a1a0a")
+
+
+def file_complete(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a whole PNG or safetensors file, by its ends only (no decoding: a bench of 5000
+    prompts reads every kept file's ends on resume): a PNG starts with its signature and ends with its IEND
+    chunk; a safetensors file's 8-byte header length, JSON header and tensor data add up to its size. A file
+    cut short (a copy or a disk that filled, not csdgen's own writes, which are atomic) fails; a missing or
+    unreadable one too."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if path.suffix == ".png":
+                if size < len(_PNG_SIGNATURE) + len(_PNG_END) or f.read(len(_PNG_SIGNATURE)) != _PNG_SIGNATURE:
+                    return False
+                f.seek(size - len(_PNG_END))
+                return f.read(len(_PNG_END)) == _PNG_END
+            if path.suffix == ".safetensors":
+                length = int.from_bytes(f.read(8), "little")
+                if size < 8 or length > size - 8:
+                    return False
+                header = json.loads(f.read(length))
+                ends = [int(entry["data_offsets"][1]) for name, entry in header.items() if name != "__metadata__"]
+                return size == 8 + length + max(ends, default=0)
+            return True
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return False
+
+
 def existing_records(out: str | os.PathLike) -> dict[tuple[str, int, str], dict]:
-    """(method, seed, prompt id) -> record, over every rank file in ``out/records`` whose image
-    files are present (the last line wins when a key appears twice).
+    """(method, seed, prompt id) -> record, over every rank file in ``out/records`` whose image and tensors
+    files are there and whole (:func:`file_complete`: a file cut short outside csdgen is made again; the last
+    line wins when a key appears twice).
 
     Raises:
         ValueError: a line that is not a JSON object, not UTF-8, or whose method, seed, prompt id,
@@ -118,7 +152,7 @@ def existing_records(out: str | os.PathLike) -> dict[tuple[str, int, str], dict]
     for path in sorted((out / RECORDS_DIR).glob("rank*.jsonl")):
         for number, record in _numbered_jsonl(path):
             _check_record_line(record, path, number)
-            if (out / record["image"]).is_file() and (out / record["tensors"]).is_file():
+            if file_complete(out / record["image"]) and file_complete(out / record["tensors"]):
                 found[_key(record)] = record
     return found
 

@@ -88,8 +88,17 @@ def _read_png(path: Path):
     import torch
     from PIL import Image
 
-    with Image.open(path) as image:
-        return torch.from_numpy(np.asarray(image.convert("RGB")).copy()).permute(2, 0, 1)  # [3, H, W] uint8
+    try:
+        with Image.open(path) as image:
+            return torch.from_numpy(np.asarray(image.convert("RGB")).copy()).permute(2, 0, 1)  # [3, H, W] uint8
+    except (OSError, SyntaxError, ValueError) as error:  # PIL: truncated or not an image (damaged outside csdgen)
+        raise ValueError(unreadable(path, error)) from None
+
+
+def unreadable(path, error: Exception) -> str:
+    """The one line for a kept image or tensors file that cannot be read (damaged outside csdgen: its writes are
+    atomic): the file, the reader's reason and what makes it again."""
+    return f"{str(path)!r} cannot be read ({error}); delete it and rerun the same command to make it again"
 
 
 def _clip_scores(records: list[dict], out: Path, clip, batch: int = 32) -> None:

@@ -124,6 +124,39 @@ def test_interrupted_run_resumes_to_the_same_records(builtin_weights, reference,
     assert len(lines) == 6 and all(json.loads(line) for line in lines)  # the torn line was cut off
 
 
+def test_a_kept_image_or_tensors_file_cut_short_is_made_again_on_resume(builtin_weights, reference, tmp_path):
+    """A finished folder whose kept PNG or safetensors file was cut short outside csdgen (a copy, a full disk) could
+    not be finished: every rerun failed at the report ("image file is truncated", naming no file, or safetensors'
+    traceback). The rerun makes those two images again, and the folder equals an uninterrupted run."""
+    import shutil
+
+    from csdgen.bench_records import file_complete
+
+    out = tmp_path / "bench"
+    shutil.copytree(reference, out)
+    records = sorted(_records(out).values(), key=lambda r: r["image"])
+    png, tensors = out / records[0]["image"], out / records[1]["tensors"]
+    png.write_bytes(png.read_bytes()[:-40])
+    tensors.write_bytes(tensors.read_bytes()[:-8])
+    assert not file_complete(png) and not file_complete(tensors)
+    assert _bench(builtin_weights, out) == 0
+    _same_outputs(reference, out)
+
+
+def test_a_damaged_kept_file_that_looks_whole_is_named_at_the_report(tmp_path):
+    """A file whose ends are whole but whose contents are not is named in one line with what makes it again."""
+    from csdgen.bench_scores import _read_png
+
+    png = tmp_path / "x.png"
+    png.write_bytes(bytes.fromhex("89504e470d0a1a0a") + b"garbage" + bytes.fromhex("0000000049454e44ae426082"))
+    with pytest.raises(ValueError, match=r"x\.png' cannot be read \(.*\); delete it and rerun the same command"):
+        _read_png(png)
+    tensors = tmp_path / "x.safetensors"
+    tensors.write_bytes(b"\x10" + b"\x00" * 7 + b"not json at all!")
+    with pytest.raises(ValueError, match=r"x\.safetensors' cannot be read \(.*\); delete it and rerun"):
+        bench.load_tensors(tensors)
+
+
 def test_two_processes_under_torchrun_equal_one_process(builtin_weights, reference, tmp_path):
     out = tmp_path / "bench"
     with socket.socket() as s:
@@ -267,6 +300,8 @@ def test_options_given_at_their_default_resume_the_same_bench(builtin_weights, r
     (what the default engine runs for the built-in model) were refused as other settings, though each is what
     the run used ("compared resolved", docs/cli.md)."""
     import shutil
+
+    from csdgen.bench_records import file_complete
 
     out = tmp_path / "bench"
     shutil.copytree(reference, out)
