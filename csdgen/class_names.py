@@ -102,6 +102,24 @@ def folder_error(path, exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
+def _similarity(a: str, b: str) -> float:
+    """``difflib.SequenceMatcher(None, a, b).ratio()``: twice the matched characters over both lengths (0..1)."""
+    return difflib.SequenceMatcher(None, a, b).ratio()
+
+
+def _words(key: str) -> list[str]:
+    return [w for w in re.split(r"[ ,:]", key) if w]
+
+
+def _word_similarity(key: str, name: str) -> float:
+    """The mean over ``key``'s words of each one's best :func:`_similarity` to a word of ``name`` (both
+    :func:`name_key` forms); 0 where either has no word."""
+    words, theirs = _words(key), _words(name)
+    if not words or not theirs:
+        return 0.0
+    return sum(max(_similarity(w, t) for t in theirs) for w in words) / len(words)
+
+
 def _holding_word(key: str, keys) -> list[str]:
     """The name keys of ``keys`` that hold ``key`` (a :func:`name_key`) as a whole word, between the
     start or end and a space, comma or colon (``"apple"`` in ``"red apple"``, not in ``"pineapple"``)."""
@@ -257,19 +275,33 @@ class ClassNames:
         hits = _holding_word(key, self._elsewhere)
         return min(hits, key=lambda k: (len(k), k)) if 0 < len(hits) <= most else None
 
+    #: the least similarity a suggestion needs (``difflib.SequenceMatcher.ratio``, 0..1: twice the matched
+    #: characters over both lengths), and how far below the best one's it may be: a name far behind the
+    #: best is no help ("red aple": 'red apple' at 0.94, the car's alias "red car" at 0.67)
+    SUGGEST_CUTOFF = 0.6
+    SUGGEST_SPREAD = 0.1
+
     def suggest(self, text: str, n: int = 3) -> list[str]:
-        """Up to ``n`` class names close to ``text`` (``difflib``; names and aliases), best first."""
+        """Up to ``n`` class names close to ``text`` (names and aliases), best first: each scored by the
+        larger of its similarity to the whole text and, word by word, the mean over the text's words of
+        the best similarity to one of its words, times 0.95 (``difflib.SequenceMatcher.ratio``; "pnda" ->
+        'panda face', "moon face" -> 'full moon with face'); kept where at least :attr:`SUGGEST_CUTOFF`
+        and within :attr:`SUGGEST_SPREAD` of the best. Names holding the text as a whole word come
+        after them ("apple" -> 'red apple', 'green apple')."""
         key = name_key(text)
         if not key:
             return []
-        keys = list(self._index) + list(self._alias)
-        close = difflib.get_close_matches(key, keys, n=2 * n, cutoff=0.6)
-        # also names that contain the text as a word ("apple" -> "red apple", "green apple")
-        words = _holding_word(key, self._index)
-        out: list[str] = []
-        for k in close + sorted(words, key=len):
+        scored: dict[int, float] = {}
+        for k in list(self._index) + list(self._alias):
             i = self._index.get(k, self._alias.get(k))
-            if i is not None and self.names[i] not in out:
+            score = max(_similarity(key, k), 0.95 * _word_similarity(key, k))
+            if score >= self.SUGGEST_CUTOFF and score > scored.get(i, 0.0):
+                scored[i] = score
+        best = max(scored.values(), default=0.0)
+        close = sorted((i for i, v in scored.items() if v >= best - self.SUGGEST_SPREAD), key=lambda i: (-scored[i], i))
+        out: list[str] = []
+        for i in close + [self._index[k] for k in sorted(_holding_word(key, self._index), key=len)]:
+            if self.names[i] not in out:
                 out.append(self.names[i])
         return out[:n]
 

@@ -59,7 +59,7 @@ def test_an_unknown_name_is_one_line_with_close_matches(classes):
     message = str(err.value)
     assert "\n" not in message and "unknown class 'red appel'; did you mean 'red apple'" in message
     assert "csdgen generate --list-classes" in message and "0..13" in message
-    with pytest.raises(ValueError, match=r"unknown class 'apples'; did you mean 'red apple'\?"):  # via its alias
+    with pytest.raises(ValueError, match=r"unknown class 'apples'; did you mean 'red apple' or"):  # via its alias
         classes.index("apples")
     with pytest.raises(ValueError, match="did you mean 'red apple' or 'green apple'"):  # names holding the word
         ClassNames(["red apple", "green apple", "pear"]).index("Apple")
@@ -70,6 +70,17 @@ def test_an_unknown_name_is_one_line_with_close_matches(classes):
         classes.index("14")
     with pytest.raises(ValueError, match="class index -1: allowed 0..13"):
         classes.index(-1)
+
+
+def test_suggestions_match_a_word_and_leave_out_names_far_behind_the_best():
+    """A typo in one word of a name found it ("pnda" had no suggestion); a name far behind the best one was
+    suggested beside it ("red aple" -> 'red apple' or 'automobile', by the car's alias "red car")."""
+    classes = ClassNames(["panda face", "red apple", "automobile", "full moon with face", "dog face"],
+                         aliases=[[], [], ["red car"], [], []])
+    assert classes.suggest("pnda") == ["panda face"]
+    assert classes.suggest("red aple") == ["red apple"]
+    assert classes.suggest("moon face")[0] == "full moon with face"
+    assert classes.suggest("zzzz") == []
 
 
 def test_random_draws_distinct_classes_from_the_seed(classes):
