@@ -7,11 +7,11 @@ Not a test. From the project root (one torch thread unless --threads):
 
 Per seed and class set (the classes of ``ClassNames.spread`` from offsets 0, 8, 16, ... and the
 set [0, 1, C // 2, C - 1] of the model's C classes padded with the next spread classes), three runs of ``csdgen.generate``
-with ``image_indices`` 0..7: eager engine at batch 8, static engine at batch 8, and the static
-engine at batch 1 (each image alone, its own image index). It prints one line per comparison
-(eager vs static at batch 8; static batch 1 vs batch 8): images identical, tokens equal, and the
+with ``image_indices`` 0..B-1: eager engine at batch B (``--batch``, default 8), static engine at batch B,
+and the static engine at batch 1 (each image alone, its own image index). It prints one line per comparison
+(eager vs static at batch B; static batch 1 vs batch B): images identical, tokens equal, and the
 largest teacher-forced logit difference (:func:`csdgen.evaluation.agreement.teacher_forced_logits`:
-the batch-8 eager run's tokens fed to both sides, window 16, conditional and unconditional rows),
+the batch-B eager run's tokens fed to both sides, window 16, conditional and unconditional rows),
 then the totals and the step compression of each run kind.
 """
 
@@ -33,13 +33,15 @@ from csdgen.models.builtin import load_builtin_model  # noqa: E402
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", default="0,1,2,3")
+    p.add_argument("--seeds", default="0,1,2,3", help="run seeds, comma-separated (default 0,1,2,3)")
     p.add_argument("--sets", type=int, default=4, help="class sets from the spread order (default 4; plus the fixed set)")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--method", default="csd")
-    p.add_argument("--window", type=int, default=16)
+    p.add_argument("--batch", type=int, default=8,
+                   help="images per run of the batched engines, 1 .. the model's classes (default 8); the fixed set "
+                        "takes its first ones of the classes [0, 1, C // 2, C - 1]")
+    p.add_argument("--method", default="csd", help="a csdgen.generate method: ar, sjd, csd, ... (default csd)")
+    p.add_argument("--window", type=int, default=16, help="the Jacobi window (default 16)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float64"], default="float32")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     model = load_builtin_model()
@@ -50,14 +52,17 @@ def main(argv=None) -> int:
         model = copy.copy(model)
         model.backbone = copy.deepcopy(model.backbone).to(dtype)
     B = args.batch
+    C = len(model.classes.names)
+    if not 1 <= B <= C:
+        p.error(f"--batch {B}: allowed 1..{C} (the model's classes; one class per image)")
     spread = model.classes.spread(B * (args.sets + 1))
     sets = [spread[i * B:(i + 1) * B] for i in range(args.sets)]
-    C = len(model.classes.names)
-    fixed = list(dict.fromkeys([0, 1, C // 2, C - 1]))  # the first, the middle and the last class
+    fixed = list(dict.fromkeys([0, 1, C // 2, C - 1]))[:B]  # the first two, the middle and the last class
     sets.append(fixed + [c for c in spread if c not in fixed][: B - len(fixed)])
     guided = model.defaults.guidance_scale != 1.0
-    totals = {"eager-static": [0, 0, 0.0, 0], "b1-b8": [0, 0, 0.0, 0]}
-    compression = {"eager b8": [], "static b8": [], "static b1": []}
+    batched = f"b{B}"  # the batched runs' label
+    totals = {"eager-static": [0, 0, 0.0, 0], f"b1-{batched}": [0, 0, 0.0, 0]}
+    compression = {f"eager {batched}": [], f"static {batched}": [], "static b1": []}
     began = time.perf_counter()
     print(f"built-in model, {args.dtype}, {args.method} window {args.window}, batch {B}, {args.threads} torch thread(s), "
           f"torch {torch.__version__}")
@@ -68,8 +73,8 @@ def main(argv=None) -> int:
             static = csdgen.generate(model, classes, engine="static", image_indices=list(range(B)), **kwargs)
             alone = [csdgen.generate(model, [c], engine="static", image_indices=[i], **kwargs) for i, c in enumerate(classes)]
             alone_tokens = torch.cat([a.tokens for a in alone])
-            compression["eager b8"].append(eager.step_compression)
-            compression["static b8"].append(static.step_compression)
+            compression[f"eager {batched}"].append(eager.step_compression)
+            compression[f"static {batched}"].append(static.step_compression)
             compression["static b1"].append(sum(a.step_compression for a in alone) / B)
             fed = eager.tokens
             ref = teacher_forced_logits(model, classes, fed, guided=guided, engine="eager", window=args.window)
@@ -81,9 +86,9 @@ def main(argv=None) -> int:
                 return max(float((x.float() - y.float()).abs().max()) for x, y in zip(a, b) if x is not None)
 
             gaps = {"eager-static": gap(ref, stat),
-                    "b1-b8": max(gap(stat, (torch.cat([s[0] for s in single]),
+                    f"b1-{batched}": max(gap(stat, (torch.cat([s[0] for s in single]),
                                             None if not guided else torch.cat([s[1] for s in single]))), 0.0)}
-            for name, (a, b) in {"eager-static": (eager.tokens, static.tokens), "b1-b8": (alone_tokens, static.tokens)}.items():
+            for name, (a, b) in {"eager-static": (eager.tokens, static.tokens), f"b1-{batched}": (alone_tokens, static.tokens)}.items():
                 images, tokens = token_agreement(a, b)
                 t = totals[name]
                 t[0] += round(images * B)
