@@ -92,6 +92,17 @@ def test_builtin_weights_stay_under_25_mb_and_ship_with_the_package():
     assert {"weights/*.safetensors", "weights/*.json"} <= set(data)
 
 
+def test_the_builtin_models_third_party_notices_and_class_list_ship_with_the_package():
+    """The shipped config.json holds emoji-datasource's names (MIT: its copyright and permission notice must go
+    with them), and the built-in README's retraining recipe reads classes.json: neither was in the wheel."""
+    folder = ROOT / "csdgen" / "builtin"
+    notice = (folder / "LICENSE-emoji-datasource").read_text()
+    assert "Copyright (c) 2013 Cal Henderson" in notice and "Permission is hereby granted, free of charge" in notice
+    assert "LICENSE-emoji-datasource" in (folder / "README.md").read_text()
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["csdgen.builtin"]
+    assert {"LICENSE-emoji-datasource", "classes.json"} <= set(data)
+
+
 #: the GPU machine's image (Python 3.12, torch 2.11 with CUDA 13, transformers 5.17), where csdgen is installed
 #: with ``pip install --no-deps --no-build-isolation -e .``: its pins do not apply, its ranges must
 GPU_IMAGE = {"torch": "2.11.0+cu130", "transformers": "5.17.0", "python": "3.12"}
