@@ -721,7 +721,12 @@ def test_serve_takes_emu3s_negative_and_positive_prompts_as_generate_does(emu3_d
     served, _, _ = serve_cli.served_model(args)
     assert served.model.negative_prompt == "blurry" and served.model.positive_prompt == ""
     assert run("serve", "--negative-prompt", "blurry", "--port", 0) == 2
-    assert "--negative-prompt needs --model" in capsys.readouterr().err
+    assert "--negative-prompt needs --model (a checkpoint); the built-in model takes class names" in capsys.readouterr().err
+    # a default request the model refuses names no option serve lacks (it said "the --prompt option")
+    argv = ["serve", "--model", emu3_dir, "--height", HEIGHT, "--width", WIDTH, "--device", "cpu", "--top-k", 0, "--port", 0]
+    assert run(*argv) == 2
+    err = capsys.readouterr().err
+    assert "negative prompt's row" in err and "--prompt option" not in err, err
 
 
 @pytest.mark.parametrize("command", ["compare", "sweep"])
@@ -732,7 +737,8 @@ def test_compare_and_sweep_take_a_checkpoints_size_and_prompts_and_the_builtin_m
                           ("--positive-prompt", ""), ("--prompt-template", "{prompt}")):
         assert run(command, option, value, "-n", 2, "--out", "unused") == 2
         err = capsys.readouterr().err
-        assert f"{option} needs --model" in err and "Traceback" not in err, err
+        why = "draws at one size" if option in ("--height", "--width") else "takes class names, not text prompts"
+        assert f"{option} needs --model" in err and why in err and "Traceback" not in err, err
 
 
 def test_compare_runs_an_emu3_checkpoint_at_its_size_with_the_prompts_given(emu3_dir, tmp_path, capsys):

@@ -427,8 +427,8 @@ def builtin_model(args, fixed_window: bool = False, spread: bool = False):
                              f"and its own VQ decoder")
     for name in ("height", "width", "negative_prompt", "positive_prompt", "prompt_template"):  # compare's, sweep's
         if getattr(args, name, None) is not None:
-            raise ValueError(f"--{name.replace('_', '-')} needs --model (a checkpoint); the built-in model draws its "
-                             f"classes at one size")
+            why = "draws at one size" if name in ("height", "width") else "takes class names, not text prompts"
+            raise ValueError(f"--{name.replace('_', '-')} needs --model (a checkpoint); the built-in model {why}")
     apply_preset(args)
     device = args.device or "cpu"
     refuse_missing_cuda(device)

@@ -142,7 +142,9 @@ def _builtin_plan(args, device: str):
     for option in ("layout", "height", "width", "image_size", "negative_prompt", "positive_prompt", "prompt_template",
                    "vqgan"):  # --dtype: builtin_model takes auto, float32 and bfloat16 and refuses float16
         if getattr(args, option) is not None:
-            raise ValueError(f"--{option.replace('_', '-')} needs --model PATH (a checkpoint); the built-in model has one size and dtype")
+            why = ("takes class names, not text prompts" if option in ("negative_prompt", "positive_prompt", "prompt_template")
+                   else "has one size, layout and image decoder")
+            raise ValueError(f"--{option.replace('_', '-')} needs --model PATH (a checkpoint); the built-in model {why}")
     args.classes, args.num_images, args.device = None, 1, device
     _fixed_window(args)
     model, _ = builtin_model(args, fixed_window=True)  # loads, moves to the device, fills the defaults, clamps the window

@@ -111,8 +111,15 @@ def _load(args):
 
     budget = None if args.max_memory is None else int(args.max_memory * 2**30)
     if args.model is None:
-        given = [f"--{k.replace('_', '-')}" for k in ("layout", "height", "width", "image_size", "vqgan",
-                                                      "negative_prompt", "positive_prompt", "prompt_template") if getattr(args, k) is not None]
+        prompts = [f"--{k.replace('_', '-')}" for k in ("negative_prompt", "positive_prompt", "prompt_template")
+                   if getattr(args, k) is not None]
+        if prompts:
+            from ._common import needs_model
+
+            raise ValueError(f"{needs_model(prompts)} (a checkpoint); the built-in model takes class names, not text "
+                             f"prompts")
+        given = [f"--{k.replace('_', '-')}" for k in ("layout", "height", "width", "image_size", "vqgan")
+                 if getattr(args, k) is not None]
         # --dtype: choose_dtype below says what the built-in model takes
         if given:
             from ._common import needs_model
@@ -270,7 +277,9 @@ def _served_model(args):
     try:  # the defaults are checked as a request would be: a bad --top-p fails here, not on every request
         default_request = parse_request({"prompt": "0" if served.classes else "a test"}, served)
     except APIError as exc:
-        raise ValueError(f"request defaults: {exc.message} (the --{exc.param.replace('_', '-')} option)") from None
+        # the request field a default fills (the prompt is the check's own: a model that refuses every prompt says why)
+        option = "" if exc.param == "prompt" else f" (the --{exc.param.replace('_', '-')} option)"
+        raise ValueError(f"request defaults: {exc.message}{option}") from None
     if args.warmup:
         _warmup(model, default_request, capacity, served.engine_kwargs)
     return served, capacity, default_request
