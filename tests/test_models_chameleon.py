@@ -635,6 +635,9 @@ def test_vqgan_is_recorded_and_another_decoder_is_refused_on_resume(checkpoint, 
     assert run(*argv[:-1], given, "--vqgan", checkpoint) == 0
     assert json.loads((given / "record.json").read_text())["settings"]["vqgan"] == os.path.realpath(checkpoint)
     capsys.readouterr()
+    # the decoder's checkpoint file is the same decoder as its folder (the option takes either)
+    assert run(*argv[:-1], given, "--vqgan", os.path.join(checkpoint, "vqgan.ckpt")) == 0
+    assert "1 kept from an earlier run" in capsys.readouterr().out
     err = cli_error(capsys, *argv[:-1], given, "--vqgan", other)
     assert f'vqgan: "{os.path.realpath(checkpoint)}" there, "{os.path.realpath(other)}" here' in err, err
     err = cli_error(capsys, *argv[:-1], given)

@@ -304,12 +304,16 @@ def refuse_unfit_default_top_k(args, model) -> None:
 
 
 def vqgan_setting(args) -> dict:
-    """``{"vqgan": path}`` (resolved: ``ck/tokenizer`` and its absolute path are the same decoder) when ``--vqgan``
-    is given, else ``{}``: what a run's or bench's record keeps of a checkpoint's image decoder. Another decoder
-    makes other images from the same tokens; absent, the record means the default decoder (found with the
-    checkpoint), as records written before the option was recorded do."""
+    """``{"vqgan": folder}`` when ``--vqgan`` is given, else ``{}``: what a run's or bench's record keeps of a
+    checkpoint's image decoder, as the folder that holds it, resolved (``ck/tokenizer``, its absolute path and
+    ``ck/tokenizer/vqgan.ckpt`` are the same decoder: the option takes a decoder's folder or its checkpoint file).
+    Another decoder makes other images from the same tokens; absent, the record means the default decoder (found
+    with the checkpoint), as records written before the option was recorded do."""
     given = getattr(args, "vqgan", None)
-    return {"vqgan": os.path.realpath(given)} if given is not None else {}
+    if given is None:
+        return {}
+    path = os.path.realpath(given)
+    return {"vqgan": os.path.dirname(path) if os.path.isfile(path) else path}
 
 
 def sampling_of(args):
