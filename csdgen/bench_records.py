@@ -170,7 +170,7 @@ def check_settings(out: str | os.PathLike, settings: dict, *, write: bool, parti
 
     Raises:
         ValueError: the folder holds a bench of other settings (naming every value that differs; a sweep's
-            windows are not compared, its settings' names carry them),
+            grids, :data:`SWEEP_GRIDS`, are not compared: its settings' names carry them),
             or a malformed ``bench.json``; with ``write``, a folder without ``bench.json`` holding
             files a bench writes (:data:`BENCH_FILES`: not a bench's, they would be overwritten) or
             records (``records/rank0.jsonl``, or a rank beyond ``world``, holding lines: made under
@@ -181,12 +181,15 @@ def check_settings(out: str | os.PathLike, settings: dict, *, write: bool, parti
         manifest = read_json(path, what="a csdgen bench manifest")
         if manifest.get("schema") != SCHEMA or not isinstance(manifest.get("settings"), dict):
             raise ValueError(f"{str(path)!r} is not a csdgen bench manifest; use another --out")
-        old, new = weights_compared(defaults_resolved(same_checkpoint(_sweep_windows(manifest["settings"], settings))),
+        old, new = weights_compared(defaults_resolved(same_checkpoint(_sweep_grids(manifest["settings"], settings))),
                                     defaults_resolved(same_checkpoint(settings)))
         differ = settings_difference({k: old[k] for k in new if k in old} if partial else old, new)
         if differ:
             raise ValueError(f"{str(Path(out))!r} holds a bench with other settings ({'; '.join(differ)}); "
                              f"use another --out, or the earlier settings to resume")
+        grown = _grown_grids(manifest["settings"], settings)
+        if write and not partial and grown != manifest["settings"]:  # a rerun's added grid values
+            write_json({**manifest, "settings": grown}, path)
     elif write:
         folder = Path(out)
         ours = [f"{RECORDS_DIR}/{p.name}" for p in sorted((folder / RECORDS_DIR).glob("rank*.jsonl"))
@@ -202,15 +205,39 @@ def check_settings(out: str | os.PathLike, settings: dict, *, write: bool, parti
         write_json({"schema": SCHEMA, "created": _now(), "settings": settings}, path)
 
 
-def _sweep_windows(previous: dict, current: dict) -> dict:
-    """``previous`` (a manifest's settings) with its window taken as ``current``'s when both are a sweep's: a
-    sweep records the windows its first run ran at (earlier ones recorded bench's one window, which no
-    setting need run at), and they are not compared, as its other grids are not: each setting's name carries
-    its window (``csd_lam1.0_W16_uniform``), so no record is taken for another window's, and a rerun with more
-    ``--windows`` adds their settings to the folder."""
-    if previous.get("command") == current.get("command") == "sweep" and "window" in current:
-        return {**previous, "window": current["window"]}
+#: a sweep's grids in its bench.json: the windows, CSD's lambdas and deltas and Addition's constants its settings
+#: run at (bench's one value each is what a bench records there)
+SWEEP_GRIDS = ("window", "lam", "delta", "addition_c")
+
+
+def _is_sweep(previous: dict, current: dict) -> bool:
+    """Whether ``previous`` (a manifest's settings) is a sweep's and ``current`` a sweep's too, or the settings
+    known before its model is read (no ``command`` yet: a bench's full settings, compared later, name theirs)."""
+    return previous.get("command") == "sweep" and current.get("command", "sweep") == "sweep"
+
+
+def _sweep_grids(previous: dict, current: dict) -> dict:
+    """``previous`` with its :data:`SWEEP_GRIDS` taken as ``current``'s where both are a sweep's (:func:`_is_sweep`):
+    they are not compared, because each setting's name carries its own values (``csd_lam1.0_W16_uniform``), so no
+    record is taken for another value's and a rerun with more values adds their settings to the folder (folders
+    written before a sweep recorded its grids hold bench's one value of each)."""
+    if _is_sweep(previous, current):
+        return {**previous, **{k: current[k] for k in SWEEP_GRIDS if k in current}}
     return previous
+
+
+def _grown_grids(previous: dict, current: dict) -> dict:
+    """``previous`` (a sweep's manifest settings) with each of its :data:`SWEEP_GRIDS` grown by ``current``'s values
+    (in order, each once): what the folder's settings have run at after this run. Unchanged where either is not a
+    sweep's; a grid recorded as one number (before a sweep recorded its grids) is replaced."""
+    if not (_is_sweep(previous, current) and current.get("command") == "sweep"):
+        return previous
+    grown = dict(previous)
+    for key in SWEEP_GRIDS:
+        if isinstance(current.get(key), list):
+            kept = previous.get(key) if isinstance(previous.get(key), list) else []
+            grown[key] = kept + [v for v in current[key] if v not in kept]
+    return grown
 
 
 def _foreign_rank(name: str, world: int) -> bool:

@@ -120,10 +120,15 @@ def test_a_sweeps_bench_json_records_the_windows_it_runs(janus, tmp_path):
     assert cli.main([*argv, "--windows", "6"]) == 0
     manifest = json.loads((out / "bench.json").read_text())
     assert manifest["settings"]["window"] == [6]
+    # its other grids too, not bench's one lambda, delta and Addition constant
+    assert (manifest["settings"]["lam"], manifest["settings"]["delta"], manifest["settings"]["addition_c"]) == ([1.0], [0.65], [])
     before = (out / "records" / "rank0.jsonl").read_text()
-    manifest["settings"]["window"] = 16  # as the sweep wrote it before it recorded its windows
+    manifest["settings"].update(window=16, lam=0.5, delta=0.65, addition_c=0.2)  # as sweeps wrote them before
     (out / "bench.json").write_text(json.dumps(manifest))
     assert cli.main([*argv, "--windows", "6,5"]) == 0
     records = [json.loads(line) for line in (out / "records" / "rank0.jsonl").read_text().splitlines()]
     assert (out / "records" / "rank0.jsonl").read_text().startswith(before)  # W6 kept, W5 added
     assert sorted(r["method"] for r in records) == ["csd_lam1.0_W5_uniform", "csd_lam1.0_W6_uniform"]
+    assert json.loads((out / "bench.json").read_text())["settings"]["window"] == [6, 5]
+    assert cli.main([*argv, "--windows", "4"]) == 0  # a rerun's windows are added to what the folder ran at
+    assert json.loads((out / "bench.json").read_text())["settings"]["window"] == [6, 5, 4]

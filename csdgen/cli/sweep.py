@@ -103,10 +103,11 @@ def _run_bench(args) -> int:
         if not points:
             raise ValueError("nothing to sweep: every grid (--csd-lam, --addition-c, ...) and --baselines is empty")
         methods = {p.name: {**p.preset, "window": p.window, **opt.engine_kwargs(args)} for p in points}
-        # bench.json records the windows the settings run at (--windows, capped at the image), not bench's one
-        # window, which no setting runs at unless --windows lists it (not compared on resume: the names carry them)
-        return dataclasses.replace(plan, methods=methods,
-                                   settings={**plan.settings, "command": "sweep", "window": list(args.windows)})
+        # bench.json records the grids the settings run at (--windows capped at the image, --csd-lam, ...), not
+        # bench's one value of each, which no setting need run at (not compared on resume: the names carry them)
+        grids = {"window": list(args.windows), "lam": list(args.csd_lam), "delta": list(args.csd_delta),
+                 "addition_c": list(args.addition_c)}
+        return dataclasses.replace(plan, methods=methods, settings={**plan.settings, "command": "sweep", **grids})
 
     done = bench_cli.execute(bench_cli.bench_namespace(args, seeds=[args.seed], floor_seed="none", methods=["ar"],
                                                        skip=("addition_c",)),  # the sweep's --addition-c is a grid
