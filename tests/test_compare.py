@@ -206,6 +206,9 @@ def test_a_sweep_names_a_single_delta_other_than_csds_default(weights, tmp_path,
     grid = dict(csd_lam=[1.0], addition_c=[], gsd_radius=[], lantern_delta=[], windows=[4], baselines=[])
     assert [p.name for p in settings(SweepGrid(**grid))] == ["csd_lam1.0_W4_uniform"]  # as before
     assert [p.name for p in settings(SweepGrid(**grid, csd_delta=[0.3]))] == ["csd_lam1.0_delta0.3_W4_uniform"]
+    # the tables and curves name it too (they said "csd", as for the default delta)
+    assert [p.method for p in settings(SweepGrid(**grid, csd_delta=[0.3]))] == ["csd (delta 0.3)"]
+    assert [p.method for p in settings(SweepGrid(**grid))] == ["csd"]
     out = tmp_path / "sweep"
     argv = ["sweep", "--weights", weights, "-n", 2, "--batch-size", 2, "--csd-lam", "1", "--addition-c", "",
             "--gsd-radius", "", "--lantern-delta", "", "--baselines", "", "--windows", 4, "--out", out]

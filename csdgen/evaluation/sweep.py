@@ -62,7 +62,8 @@ def _methods(grid: SweepGrid, codebook: torch.Tensor | None, entropy_unit: str) 
     baselines = {"sjd": {"method": "sjd"}, "sjd-coupled": {"method": "sjd", "refresh": "coupled"}}
     out += [(b, "", "", baselines[b]) for b in grid.baselines if b != "ar"]
     for delta in grid.csd_delta:
-        label = "csd" if len(grid.csd_delta) == 1 else f"csd (delta {delta})"
+        # the delta is named where several are swept or it is not CSD's default: the tables and curves tell them apart
+        label = "csd" if len(grid.csd_delta) == 1 and delta == _CSD_DELTA else f"csd (delta {delta})"
         out += [(label, "lam", lam, {"method": CSD(lam=lam, delta=delta, entropy_unit=entropy_unit)})
                 for lam in grid.csd_lam]
     out += [("addition", "c", c, {"method": Addition(c=c)}) for c in grid.addition_c]
@@ -96,7 +97,7 @@ def settings(grid: SweepGrid, codebook: torch.Tensor | None = None, entropy_unit
         for init in grid.draft_inits:
             for method, parameter, value, preset in _methods(grid, codebook, entropy_unit):
                 tag = f"{method.split(' ')[0]}{'_' + parameter + str(value) if parameter else ''}"
-                if method.startswith("csd") and (method.startswith("csd (") or preset["method"].delta != _CSD_DELTA):
+                if method.startswith("csd ("):
                     # a delta other than CSD's default is named even alone: a rerun with another one into the
                     # same folder is then other settings, not the earlier ones' records under the same name
                     tag += f"_delta{preset['method'].delta}"
