@@ -107,8 +107,13 @@ def _similarity(a: str, b: str) -> float:
     return difflib.SequenceMatcher(None, a, b).ratio()
 
 
+#: words that tell no name apart ("glas of wine" is 'wine glass')
+_STOP_WORDS = frozenset({"a", "an", "the", "of", "with", "and", "in", "on", "at", "for", "to"})
+
+
 def _words(key: str) -> list[str]:
-    return [w for w in re.split(r"[ ,:]", key) if w]
+    """The words of a :func:`name_key`, split at spaces, commas and colons, without :data:`_STOP_WORDS`."""
+    return [w for w in re.split(r"[ ,:]", key) if w and w not in _STOP_WORDS]
 
 
 def _word_similarity(key: str, name: str) -> float:
@@ -289,8 +294,8 @@ class ClassNames:
         and within :attr:`SUGGEST_SPREAD` of the best. Names holding the text as a whole word come
         after them ("apple" -> 'red apple', 'green apple')."""
         key = name_key(text)
-        if not key:
-            return []
+        if not key or len(key) > 2 * max(map(len, self._index), default=0):  # far longer than any name: none is close
+            return []  # (and a 1000-character text would cost a second of comparisons)
         scored: dict[int, float] = {}
         for k in list(self._index) + list(self._alias):
             i = self._index.get(k, self._alias.get(k))

@@ -81,6 +81,8 @@ def test_suggestions_match_a_word_and_leave_out_names_far_behind_the_best():
     assert classes.suggest("red aple") == ["red apple"]
     assert classes.suggest("moon face")[0] == "full moon with face"
     assert classes.suggest("zzzz") == []
+    assert ClassNames(["wine glass", "red apple"]).suggest("glas of wine") == ["wine glass"]  # "of" tells nothing
+    assert classes.suggest("panda " * 200) == []  # far longer than any name: nothing compared (it took a second)
 
 
 def test_random_draws_distinct_classes_from_the_seed(classes):
