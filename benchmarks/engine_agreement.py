@@ -5,13 +5,13 @@ Not a test. From the project root (one torch thread unless --threads):
     python benchmarks/engine_agreement.py                         # CSD, window 16, seeds 0-3, 4 class sets of 8
     python benchmarks/engine_agreement.py --dtype bfloat16 --seeds 0,1
 
-Per seed and class set (the classes of ``ClassNames.spread`` from offsets 0, 8, 16, ... and the
+Per seed and class set (the classes of ``ClassNames.spread`` from offsets 0, B, 2B, ... and the
 set [0, 1, C // 2, C - 1] of the model's C classes padded with the next spread classes), three runs of ``csdgen.generate``
 with ``image_indices`` 0..B-1: eager engine at batch B (``--batch``, default 8), static engine at batch B,
 and the static engine at batch 1 (each image alone, its own image index). It prints one line per comparison
 (eager vs static at batch B; static batch 1 vs batch B): images identical, tokens equal, and the
 largest teacher-forced logit difference (:func:`csdgen.evaluation.agreement.teacher_forced_logits`:
-the batch-B eager run's tokens fed to both sides, window 16, conditional and unconditional rows),
+the batch-B eager run's tokens fed to both sides, at ``--window``, conditional and unconditional rows),
 then the totals and the step compression of each run kind.
 """
 
@@ -40,9 +40,19 @@ def main(argv=None) -> int:
                         "takes its first ones of the classes [0, 1, C // 2, C - 1]")
     p.add_argument("--method", default="csd", help="a csdgen.generate method: ar, sjd, csd, ... (default csd)")
     p.add_argument("--window", type=int, default=16, help="the Jacobi window (default 16)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float64"], default="float32")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float64"], default="float32",
+                   help="the model's dtype for every run (default float32)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     args = p.parse_args(argv)
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        p.error(f"--seeds {args.seeds!r}: allowed comma-separated integers")
+    if args.sets < 0 or args.window < 1 or args.threads < 1:
+        p.error(f"--sets {args.sets}, --window {args.window}, --threads {args.threads}: allowed --sets >= 0, "
+                f"--window >= 1, --threads >= 1")
+    if args.method not in csdgen.METHODS:
+        p.error(f"--method {args.method!r}: allowed {', '.join(csdgen.METHODS)}")
     torch.set_num_threads(args.threads)
     model = load_builtin_model()
     dtype = getattr(torch, args.dtype)
@@ -66,7 +76,7 @@ def main(argv=None) -> int:
     began = time.perf_counter()
     print(f"built-in model, {args.dtype}, {args.method} window {args.window}, batch {B}, {args.threads} torch thread(s), "
           f"torch {torch.__version__}")
-    for seed in [int(s) for s in args.seeds.split(",")]:
+    for seed in seeds:
         for classes in sets:
             kwargs = dict(method=args.method, window=args.window, seed=seed)
             eager = csdgen.generate(model, classes, engine="eager", image_indices=list(range(B)), **kwargs)
