@@ -6,8 +6,8 @@ generate, GenerationResult, verify`` keeps working.
 """
 
 from .engine import (AUTO_MAX_WINDOW, METHODS, ContinuousBatch, Decision, FinishedImage, GenerationResult, ImageStats,
-                     StepInfo, Verdict, check_conditions, check_engine, default_sampling, generate, resolve_arguments,
-                     resolve_method, verify)
+                     StepInfo, Verdict, check_conditions, check_engine, check_top_k, default_sampling, generate,
+                     resolve_arguments, resolve_method, verify)
 
 __all__ = [
     "Decision",
@@ -24,6 +24,7 @@ __all__ = [
     "resolve_arguments",
     "check_conditions",
     "check_engine",
+    "check_top_k",
     "resolve_method",
     "default_sampling",
 ]

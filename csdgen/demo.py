@@ -478,7 +478,7 @@ def _fitting_defaults(model, defaults: FamilyDefaults) -> FamilyDefaults:
     Raises:
         ValueError: ``top-k 2048 (the model's default; the demo has no --top-k): exceeds the codebook size ...``.
     """
-    from csdgen.engine.generation import check_top_k
+    from csdgen.engine import check_top_k
 
     try:
         check_top_k(model, defaults.top_k)

@@ -697,10 +697,10 @@ def test_the_demo_refuses_a_family_default_top_k_the_checkpoint_cannot_take(emu3
 def test_the_demo_refuses_a_model_its_default_request_cannot_run_on(emu3_dir, monkeypatch):
     """The demo started on a model whose default request can never run (the tiny Emu3's default negative prompt
     is longer than its positions allow) and failed on every run; it refuses at start-up as serve does."""
-    import csdgen.engine.generation as generation
+    import csdgen.engine as engine
     from csdgen.demo import load_demo_model
 
-    monkeypatch.setattr(generation, "check_top_k", lambda model, top_k: None)  # past its top-k 2048 (refused first)
+    monkeypatch.setattr(engine, "check_top_k", lambda model, top_k: None)  # past its top-k 2048 (refused first)
     with pytest.raises(ValueError, match=r"^the demo's default request cannot run on this model: the negative "
                                          r"prompt's row of \d+ tokens \+ image of \d+ positions"):
         load_demo_model(str(emu3_dir), image_size=HEIGHT)

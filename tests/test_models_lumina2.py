@@ -495,10 +495,10 @@ def test_demo_loads_a_2_0_folder_with_its_defaults_and_schedule_and_refuses_one_
     save_tokenizer(folder, vocab)
     with pytest.raises(ValueError, match=r"^top-k 4096 \(the model's default; .*exceeds the codebook size V=48"):
         load_demo_model(str(folder))  # the family's top-k above this tiny codebook: refused, as generate does
-    import csdgen.engine.generation as generation
+    import csdgen.engine as engine
 
     with pytest.MonkeyPatch.context() as patch:  # past it, the rest of what the demo loads
-        patch.setattr(generation, "check_top_k", lambda model, top_k: None)
+        patch.setattr(engine, "check_top_k", lambda model, top_k: None)
         model, name, defaults = load_demo_model(str(folder))
     assert isinstance(model, Lumina2ImageModel) and name.startswith("lumina-mgpt-2") and model.grid == (96, 96)
     assert defaults.guidance_scale == 4.0 and defaults.top_k == 4096

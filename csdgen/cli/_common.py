@@ -292,7 +292,7 @@ def refuse_unfit_default_top_k(args, model) -> None:
     Raises:
         ValueError: ``--top-k 2048 (the model's default; --top-k was not given): exceeds the codebook size ...``.
     """
-    from csdgen.engine.generation import check_top_k
+    from csdgen.engine import check_top_k
 
     if getattr(args, "top_k", None) is not None:
         return

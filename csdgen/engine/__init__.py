@@ -107,6 +107,7 @@ _LAZY = {
     "resolve_arguments": ".generation",
     "check_conditions": ".generation",
     "check_engine": ".generation",
+    "check_top_k": ".generation",
     "resolve_method": ".methods",
     "default_sampling": ".methods",
 }
