@@ -191,6 +191,25 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_and_the_rerun_resumes(tmp_path):
     assert 2 <= kept < 64
 
 
+def test_a_torchrun_process_stopped_by_sigterm_says_another_process_ended(monkeypatch, capsys):
+    """A bench whose rank 0 was refused (its folder in use) had its rank 1 stopped by torchrun, and rank 1 said
+    only "interrupted (SIGTERM); ... rerun the same command to resume", as if it had been stopped from outside."""
+    from csdgen import cli
+    from csdgen.cli import bench as bench_cli
+
+    def stopped(args):
+        raise cli._Terminated()
+
+    monkeypatch.setattr(bench_cli, "run", stopped)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert cli.main(["bench", "--limit", "1"]) == 143
+    err = capsys.readouterr().err
+    assert "interrupted (SIGTERM: torchrun stops every process of a run when one of them ends; its line says why)" in err
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert cli.main(["bench", "--limit", "1"]) == 143
+    assert "interrupted (SIGTERM); " in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("stop", ["KeyboardInterrupt", "cli._Terminated"])
 def test_a_stop_that_lands_in_a_finaliser_is_delivered_again(stop):
     """A try-out: a SIGTERM that landed inside a garbage-collected object's __del__ was printed as "Exception

@@ -212,6 +212,8 @@ def _main(argv: list[str] | None) -> int:
         else:
             # "already written": a Ctrl-C while the model loads has written nothing
             by = " (SIGTERM)" if isinstance(stop, _Terminated) else ""
+            if by and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:  # one of torchrun's processes
+                by = " (SIGTERM: torchrun stops every process of a run when one of them ends; its line says why)"
             _error(f"interrupted{by}; {_KEPT.get(kept, 'anything already written is kept')}: rerun the same command "
                    f"to resume")
         return 143 if isinstance(stop, _Terminated) else 130
