@@ -476,7 +476,8 @@ def _fitting_defaults(model, defaults: FamilyDefaults) -> FamilyDefaults:
     """``defaults``, refused where their top-k exceeds the model's codebook size.
 
     Raises:
-        ValueError: ``top-k 2048 (the model's default; the demo has no --top-k): exceeds the codebook size ...``.
+        ValueError: ``top-k 2048 (the model's default; the demo runs the model's sampling defaults and has no
+            --top-k): exceeds the codebook size ...``, naming generate's and serve's ``--top-k``.
     """
     from csdgen.engine import check_top_k
 
