@@ -183,12 +183,19 @@ def check_settings(out: str | os.PathLike, settings: dict, *, write: bool, parti
             raise ValueError(f"{str(path)!r} is not a csdgen bench manifest; use another --out")
         old, new = weights_compared(defaults_resolved(same_checkpoint(_sweep_grids(manifest["settings"], settings))),
                                     defaults_resolved(same_checkpoint(settings)))
-        differ = settings_difference({k: old[k] for k in new if k in old} if partial else old, new)
+        if partial:
+            old = {k: old[k] for k in new if k in old}
+        unmade = _options_of_unmade_methods(Path(out), old, new)
+        old = {k: v for k, v in old.items() if k not in unmade}
+        differ = settings_difference(old, {k: v for k, v in new.items() if k not in unmade})
         if differ:
             raise ValueError(f"{str(Path(out))!r} holds a bench with other settings ({'; '.join(differ)}); "
                              f"use another --out, or the earlier settings to resume")
         grown = _grown_grids(manifest["settings"], settings)
-        if write and not partial and grown != manifest["settings"]:  # a rerun's added grid values
+        if not partial:  # an option of methods not made yet: the folder's value is this run's from now on
+            grown = {k: v for k, v in grown.items() if k not in unmade}
+            grown.update({k: settings[k] for k in unmade if k in settings})
+        if write and not partial and grown != manifest["settings"]:  # a rerun's added grid values or new options
             write_json({**manifest, "settings": grown}, path)
     elif write:
         folder = Path(out)
@@ -238,6 +245,37 @@ def _grown_grids(previous: dict, current: dict) -> dict:
             kept = previous.get(key) if isinstance(previous.get(key), list) else []
             grown[key] = kept + [v for v in current[key] if v not in kept]
     return grown
+
+
+def _options_of_unmade_methods(out: Path, previous: dict, current: dict) -> set[str]:
+    """The method options (:data:`csdgen.method_options.METHOD_OPTIONS`: CSD's lambda, Addition's constant, ...)
+    whose value differs between ``previous`` (the manifest's settings) and ``current`` although no record in
+    ``out`` is of a method that uses them: no image was made at the recorded value (a bench of ``--methods
+    ar,sjd`` recorded ``--lam`` too), so this run's value is no other setting. The records' own settings are
+    checked against this run's by each method later (``bench._refuse_records_of_other_settings``)."""
+    from csdgen.method_options import METHOD_OPTIONS, option_used
+
+    missing = object()
+    changed = [k for k in METHOD_OPTIONS if previous.get(k, missing) != current.get(k, missing)]
+    if not changed:
+        return set()
+    made = _made_methods(out)
+    return {k for k in changed if not option_used(k, made)}
+
+
+def _made_methods(out: Path) -> set[str]:
+    """The methods (``generate``'s names: a ``csd-coupled`` row's is ``csd``) of every complete record line in
+    ``out``'s rank files, whether or not its files are whole (one cut short is made again, at this run's settings,
+    but is counted here: the answer errs towards refusing)."""
+    made = set()
+    for path in sorted((out / RECORDS_DIR).glob("rank*.jsonl")):
+        for _, record in _numbered_jsonl(path):
+            settings = record.get("settings")
+            method = settings.get("method") if isinstance(settings, dict) else None
+            if not isinstance(method, str):  # a record from before per-image settings: its row's name
+                method = str(record.get("method")).removesuffix("-coupled")
+            made.add(method)
+    return made
 
 
 def _foreign_rank(name: str, world: int) -> bool:

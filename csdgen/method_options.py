@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["METHOD_OPTIONS", "unused_options"]
+__all__ = ["METHOD_OPTIONS", "unused_options", "option_used"]
 
 #: option -> the methods that use it ("speculative": every method but ar, which has no drafts)
 METHOD_OPTIONS: dict[str, tuple[str, ...] | str] = {
@@ -33,3 +33,20 @@ def unused_options(given: dict[str, Any], method: str) -> list[tuple[str, Any, s
         if not used:
             out.append((name, value, "AR has no drafts" if users == "speculative" else f"only {', '.join(users)} uses it"))
     return out
+
+
+#: the methods :data:`METHOD_OPTIONS` knows (generate's names; a bench's ``csd-coupled`` row is ``csd``)
+KNOWN_METHODS = ("ar", "sjd", "csd", "addition", "jacobi", "gsd", "lantern")
+
+
+def option_used(name: str, methods) -> bool:
+    """Whether any of ``methods`` (generate's method names) uses option ``name``. A name not in
+    :data:`METHOD_OPTIONS` is used by every method, and a method not in :data:`KNOWN_METHODS` (another
+    rule of the caller's own) is taken to use every option."""
+    users = METHOD_OPTIONS.get(name)
+    for method in methods:
+        if users is None or method not in KNOWN_METHODS:
+            return True
+        if (method != "ar") if users == "speculative" else method in users:
+            return True
+    return False

@@ -362,8 +362,8 @@ def test_a_paper_preset_bench_resumes_with_its_settings_given_one_by_one(builtin
     assert _bench_ar(builtin_weights, out, "--limit", "1", "--draft-init", "uniform", "--lam", "0.5", "--delta", "0.65",
                      "--window", "16") == 0, capsys.readouterr().err
     assert (out / "records.jsonl").read_text() == before  # resumed, nothing made again
-    assert _bench_ar(builtin_weights, out, "--limit", "1", "--preset", "paper", "--lam", "0.9", "--window", "16") == 2
-    assert "(lam: 0.5 there, 0.9 here)" in capsys.readouterr().err  # the control: another setting is still refused
+    assert _bench_ar(builtin_weights, out, "--limit", "1", "--preset", "paper", "--window", "8") == 2
+    assert "(window: 16 there, 8 here)" in capsys.readouterr().err  # the control: another setting is still refused
 
 
 def test_bench_resume_with_another_engine_is_refused(builtin_weights, tmp_path, capsys):
@@ -595,6 +595,26 @@ def test_a_rank_file_of_other_settings_copied_into_a_bench_is_refused(builtin_we
     assert "holds a record of csd for prompt " in err and "made with other settings (window: 4 there, 8 here)" in err, err
     (out / "records" / "rank7.jsonl").unlink()
     assert cli.main([*common, "--window", "8", "--out", str(out)]) == 0  # its own records resume
+
+
+def test_an_option_of_methods_not_made_yet_does_not_refuse_the_resume(builtin_weights, tmp_path, capsys):
+    """A bench of --methods ar recorded --lam (CSD's only), and a rerun adding csd at another lambda was refused as
+    other settings, though no CSD image had been made at the recorded one. It resumes now and the folder records the
+    new lambda; once CSD's images are made, another lambda is refused."""
+    from csdgen.method_options import KNOWN_METHODS
+    from csdgen.engine.methods import METHODS
+
+    assert KNOWN_METHODS == METHODS
+    out = tmp_path / "b"
+    assert _bench_ar(builtin_weights, out, "--limit", "1", "--lam", "0.5") == 0
+    made = (out / "records" / "rank0.jsonl").read_text()
+    assert _bench_ar(builtin_weights, out, "--limit", "1", "--methods", "ar,csd", "--lam", "0.9") == 0, \
+        capsys.readouterr().err
+    assert (out / "records" / "rank0.jsonl").read_text().startswith(made)  # the AR image resumed
+    assert json.loads((out / "bench.json").read_text())["settings"]["lam"] == 0.9
+    capsys.readouterr()
+    assert _bench_ar(builtin_weights, out, "--limit", "1", "--lam", "0.5") == 2
+    assert "holds a bench with other settings (lam: 0.9 there, 0.5 here)" in capsys.readouterr().err
 
 
 def test_bench_compares_built_in_weights_by_content_not_by_path(builtin_weights, tmp_path, capsys):
