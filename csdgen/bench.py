@@ -75,7 +75,7 @@ __all__ = ["TIMING_FIELDS", "BenchPlan", "shard", "jobs", "prompt_order", "targe
 #: the same plan (everything else of a record is identical, whatever the sharding or resuming,
 #: as long as every process runs the same number of torch threads: ``torch_threads``, recorded
 #: because float summation order, and with it now and then a sampled token, depends on it).
-TIMING_FIELDS = ("latency_s", "peak_memory_bytes", "device", "rank", "torch_threads")
+TIMING_FIELDS = ("latency_s", "peak_memory_bytes", "device", "rank", "world", "torch_threads")
 
 
 def shard(count: int, rank: int, world: int) -> list[int]:
@@ -310,7 +310,7 @@ def _run_shard(plan: BenchPlan, out: Path, rank: int, world: int, on_record, on_
             "decision_counts": stats.counts(), "mean_entropy_nats": float(stats.entropy.float().mean()),
             "nll": float(target_nll(plan.model, [plan.conditions[position]], result.tokens)[0]),
             "latency_s": result.seconds, "batch_size": 1, "peak_memory_bytes": peak, "device": name, "rank": rank,
-            "torch_threads": torch.get_num_threads(),
+            "world": world, "torch_threads": torch.get_num_threads(),
         }
         if plan.class_names is not None:
             record["class_consistency"] = _class_consistency(plan, position, result.tokens)
@@ -366,12 +366,30 @@ def _thread_counts(records: Sequence[dict]) -> list[int]:
 
 def made_by(records: Sequence[dict]) -> str:
     """One line saying which processes, devices and torch thread counts made ``records``: a resumed
-    bench holds images of earlier commands, which may have run with other processes or threads."""
-    ranks = sorted({r.get("rank", 0) for r in records})
+    bench holds images of earlier commands, which may have run with other processes or threads.
+
+    Each record keeps its command's number of processes (``world``): records of commands of more than
+    one size (a ``torchrun`` of 2 processes, then a single process resuming) are said to be made over
+    several runs, naming each size; records written before ``world`` was kept are counted apart."""
+    def ranks(group: Sequence[dict]) -> str:
+        numbers = sorted({r.get("rank", 0) for r in group})
+        return f"rank{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))}"
+
     devices = sorted({str(r.get("device", "unrecorded")) for r in records})
     threads = _thread_counts(records)
-    text = (f"images: {len(records)}, made by {len(ranks)} process{'es' if len(ranks) > 1 else ''} "
-            f"(rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}) on {', '.join(devices)}")
+    runs: dict[int | None, list[dict]] = {}
+    for record in records:
+        world = record.get("world")
+        runs.setdefault(world if isinstance(world, int) and not isinstance(world, bool) else None, []).append(record)
+    if len(runs) > 1:  # commands of other sizes (records without a size are of a command before it was kept)
+        parts = [f"{len(group)} with {world} process{'es' if world > 1 else ''} ({ranks(group)})" if world is not None
+                 else f"{len(group)} with an unrecorded number of processes ({ranks(group)})"
+                 for world, group in sorted(runs.items(), key=lambda item: (item[0] is None, item[0] or 0))]
+        text = f"images: {len(records)}, made over several runs: {', '.join(parts)}; on {', '.join(devices)}"
+    else:
+        count = len({r.get("rank", 0) for r in records})
+        text = (f"images: {len(records)}, made by {count} process{'es' if count > 1 else ''} ({ranks(records)}) "
+                f"on {', '.join(devices)}")
     if threads:
         text += f", {' or '.join(map(str, threads))} torch thread{'s' if threads != [1] else ''} each"
     return text

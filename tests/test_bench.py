@@ -552,6 +552,22 @@ def test_a_fresh_bench_folder_holding_a_report_is_refused_and_mixed_threads_get_
     assert bench.thread_caveat(records[:1]) is None
 
 
+def test_a_folder_made_by_a_torchrun_and_a_single_process_says_so():
+    """A folder begun by a torchrun of 2 processes and finished by a single process was reported as "made by 2
+    processes (ranks 0, 1)": rank 0 of either run counted as one process. Each record keeps its command's size."""
+    records = [{"rank": 0, "world": 2, "device": "cpu", "torch_threads": 1},
+               {"rank": 1, "world": 2, "device": "cpu", "torch_threads": 1},
+               {"rank": 0, "world": 1, "device": "cpu", "torch_threads": 1}]
+    assert bench.made_by(records) == ("images: 3, made over several runs: 1 with 1 process (rank 0), 2 with 2 processes "
+                                      "(ranks 0, 1); on cpu, 1 torch thread each")
+    assert bench.made_by(records[:2]) == "images: 2, made by 2 processes (ranks 0, 1) on cpu, 1 torch thread each"
+    older = {"rank": 0, "device": "cpu", "torch_threads": 1}  # a record from before the size was kept
+    assert bench.made_by([older, records[2]]) == ("images: 2, made over several runs: 1 with 1 process (rank 0), 1 with "
+                                                  "an unrecorded number of processes (rank 0); on cpu, 1 torch thread each")
+    assert bench.made_by([older]) == "images: 1, made by 1 process (rank 0) on cpu, 1 torch thread each"
+    assert "world" in bench.TIMING_FIELDS  # a machine figure: left out when records of two runs are compared
+
+
 def test_records_copied_into_a_folder_without_bench_json_are_refused_not_resumed(builtin_weights, tmp_path, capsys):
     """A new user's try-out: a bench's records/ and images/ copied into a fresh folder were resumed by a bench of
     another window (no bench.json to compare), and its report gave the other window's figures as this one's."""
