@@ -127,6 +127,21 @@ def test_plan_notes_a_window_longer_than_the_image_as_generate_does(capsys):
     assert captured.err == "" and "window 256\n" in captured.out
 
 
+def test_a_checkpoint_plan_caps_the_window_at_its_image_length(janus_folder, capsys):
+    """``plan --model <checkpoint> --window W`` planned W for an image of fewer tokens (the tiny Janus's 36), though
+    a run caps its window there: now the plan is the capped window's, with generate's note."""
+    from csdgen.cli._common import longer_than_image
+    from csdgen.models.plan import checkpoint_plan
+
+    assert run("plan", "--model", janus_folder, "--batch-size", 1, "--window", 64, "--device", "cpu") == 0
+    captured = capsys.readouterr()
+    assert captured.err == f"csdgen plan: note: {longer_than_image([64], 36)}\n"
+    assert "window 36\n" in captured.out, captured.out
+    capped = checkpoint_plan(janus_folder, "janus", batch_size=1, window=64, dtype=torch.float32, free=2**40)
+    exact = checkpoint_plan(janus_folder, "janus", batch_size=1, window=36, dtype=torch.float32, free=2**40)
+    assert capped.window == 36 and capped.peak() == exact.peak()
+
+
 def test_plan_takes_the_builtin_weights_folder_its_error_points_to(tmp_path, capsys):
     """``plan --model FOLDER`` on a built-in model's weights says to give it as --weights FOLDER:
     plan now has that option (it had none, so the advice led to "unrecognized arguments")."""

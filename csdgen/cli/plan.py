@@ -117,5 +117,9 @@ def run(args) -> int:
                                quantize=args.quantize, guided=guided and family != "glm-image", device=device,
                                prompt_length=args.prompt_length, height=args.height, width=args.width,
                                image_size=args.image_size, check_positions=True)
+        if args.window is not None and args.window > plan.window:  # generate's note on a window longer than the image
+            from ._common import longer_than_image, note
+
+            note(longer_than_image([args.window], plan.window))
     print(plan.table())
     return 0 if plan.fits() else 1  # as test(1): a script can tell a batch that does not fit from the status

@@ -563,6 +563,8 @@ class MemoryEstimate:
     parameters: int = 0
     element_size: int = 0
     text_config: Any = field(default=None, compare=False, repr=False)
+    #: N, the image tokens a run decodes (the widest window it opens); 0 where an estimate was made without it
+    image_tokens: int = 0
 
     def bytes(self, batch_size: int) -> int:
         """Estimated bytes for ``batch_size`` images."""
@@ -579,7 +581,7 @@ class MemoryEstimate:
 
 
 def estimate_memory(parameters: int, element_size: int, text_config: Any, sequence_length: int, codebook_size: int,
-                    window: int, guided: bool = True, extra_fixed: int = 0) -> MemoryEstimate:
+                    window: int, guided: bool = True, extra_fixed: int = 0, image_tokens: int = 0) -> MemoryEstimate:
     """Memory of one decoding run, the same formula for every family.
 
     Args:
@@ -588,7 +590,8 @@ def estimate_memory(parameters: int, element_size: int, text_config: Any, sequen
         sequence_length: the longest row: prompt tokens + image positions (row ends and special
             tokens included); codebook_size: V; window: W;
         guided: two rows per image (conditional and unconditional) instead of one;
-        extra_fixed: further batch-independent bytes (e.g. a copy of the image rows of lm_head).
+        extra_fixed: further batch-independent bytes (e.g. a copy of the image rows of lm_head);
+        image_tokens: N, the image's tokens (kept as the estimate's ``image_tokens``: a plan caps its window there).
 
     Returns:
         fixed = ``parameters * element_size + extra_fixed``; per image =
@@ -601,4 +604,5 @@ def estimate_memory(parameters: int, element_size: int, text_config: Any, sequen
     kv = kv_cache_bytes(text_config, rows, sequence_length, element_size)
     per_image = kv + (rows + 3) * (window + 1) * codebook_size * 4
     return MemoryEstimate(parameters * element_size + extra_fixed, per_image, kv_per_image=kv, sequence_length=sequence_length,
-                          rows=rows, parameters=parameters, element_size=element_size, text_config=text_config)
+                          rows=rows, parameters=parameters, element_size=element_size, text_config=text_config,
+                          image_tokens=int(image_tokens))

@@ -327,7 +327,7 @@ def config_memory(config: ChameleonConfig, layout: ChameleonLayout, window: int,
     V = len(_image_vocabulary(config))
     count = meta_parameter_count(ChameleonForConditionalGeneration, config) if parameters is None else parameters
     return estimate_memory(count, size, config, prompt_length + layout.image_length, V, window, guided,
-                           extra_fixed=V * config.hidden_size * size)
+                           extra_fixed=V * config.hidden_size * size, image_tokens=layout.num_image_tokens)
 
 
 # -- loading, with Lumina-mGPT's shared q/k norms ------------------------------------------------

@@ -188,7 +188,8 @@ def emu3_memory(config: Emu3Config, num_parameters: int, window: int, dtype: tor
     ``prompt_length + rows * (cols + 1) + 3`` (visual tokens, end-of-line per row, the end tokens)."""
     size = torch.empty((), dtype=resolve_dtype(dtype)).element_size()
     seq = prompt_length + grid[0] * (grid[1] + 1) + 3
-    return estimate_memory(num_parameters, size, config.text_config, seq, config.vq_config.codebook_size, window, guided)
+    return estimate_memory(num_parameters, size, config.text_config, seq, config.vq_config.codebook_size, window, guided,
+                           image_tokens=grid[0] * grid[1])
 
 
 def estimate_memory_from_pretrained(

@@ -460,7 +460,8 @@ def glm_image_memory(config: GlmImageConfig, layout: GlmImageLayout, window: int
     size = torch.empty((), dtype=resolve_dtype(dtype)).element_size()
     count = meta_parameter_count(GlmImageForConditionalGeneration, config) if parameters is None else parameters
     return estimate_memory(count, size, config.text_config, prompt_length + layout.num_image_tokens,
-                           int(config.vq_config.num_embeddings), window, guided=False, extra_fixed=decoder * size)
+                           int(config.vq_config.num_embeddings), window, guided=False, extra_fixed=decoder * size,
+                           image_tokens=layout.num_image_tokens)
 
 
 class GlmImageModel(GlmImagePrompts, ImageTokenModel):

@@ -84,7 +84,8 @@ def janus_memory(config: JanusConfig, num_parameters: int, window: int, dtype: t
     """Memory of a run (:func:`~csdgen.models._transformers.estimate_memory`): sequence = ``prompt_length + N``."""
     size = torch.empty((), dtype=resolve_dtype(dtype)).element_size()
     return estimate_memory(num_parameters, size, config.text_config, prompt_length + config.vision_config.num_image_tokens,
-                           config.vq_config.num_embeddings, window, guided)
+                           config.vq_config.num_embeddings, window, guided,
+                           image_tokens=config.vision_config.num_image_tokens)
 
 
 def janus_memory_estimate(

@@ -189,7 +189,8 @@ def liquid_memory(config: GemmaConfig, num_image_tokens: int, codebook_size: int
     """
     size = torch.empty((), dtype=resolve_dtype(dtype)).element_size()
     count = meta_parameter_count(GemmaForCausalLM, config) if parameters is None else parameters
-    return estimate_memory(count, size, config, prompt_length + num_image_tokens, codebook_size, window, guided)
+    return estimate_memory(count, size, config, prompt_length + num_image_tokens, codebook_size, window, guided,
+                           image_tokens=num_image_tokens)
 
 
 class LiquidImageModel(LiquidPrompts, ImageTokenModel):

@@ -270,7 +270,7 @@ def lumina2_memory(config: ChameleonConfig, layout: Lumina2Layout, window: int, 
         with torch.device("meta"):
             parameters = parameter_count(ChameleonForConditionalGeneration(config)) - _vqmodel_parameters(config)
     return estimate_memory(parameters, size, config, prompt_length + layout.image_length, V, window, guided,
-                           extra_fixed=V * config.hidden_size * size)
+                           extra_fixed=V * config.hidden_size * size, image_tokens=layout.num_image_tokens)
 
 
 def _unread_weights(folder: Path, model: torch.nn.Module) -> list[str]:

@@ -124,7 +124,8 @@ def checkpoint_plan(path: str | os.PathLike, family: str, *, batch_size: int, wi
                     quantize: str | None = None, guided: bool = True, device: str | torch.device = "cpu",
                     free: int | None = None, prompt_length: int | None = None, tree: tuple[int, int] | None = None,
                     check_positions: bool = False, **sizes) -> MemoryPlan:
-    """The memory plan of a checkpoint folder (config only; no weight is read).
+    """The memory plan of a checkpoint folder (config only; no weight is read), at ``window`` capped at the
+    image's token count as a run caps it (the plan's ``window`` says which).
 
     The KV cache and window buffers are the family's estimate (:func:`csdgen.models.memory_check.estimate_memory`);
     the weights are the model built on ``meta`` with its decoder layers quantised as ``quantize``,
@@ -154,8 +155,11 @@ def checkpoint_plan(path: str | os.PathLike, family: str, *, batch_size: int, wi
         check_sequence_length(int(prompt_length), estimate.sequence_length - int(prompt_length), limit)
     extra = estimate.fixed - estimate.parameters * estimate.element_size
     weights = quantized_weight_bytes(path, family, dtype, quantize) + max(extra, 0)
+    given = int(window)
+    if estimate.image_tokens:  # capped at the image length, as a run caps it (no window holds more slots)
+        window = min(given, estimate.image_tokens)
     fed = forward_width(window, tree)
-    buffers = (estimate.per_image - estimate.kv_per_image) * fed // (window + 1)  # (rows + 3) * fed * V * 4
+    buffers = (estimate.per_image - estimate.kv_per_image) * fed // (given + 1)  # (rows + 3) * fed * V * 4
     prompt = DEFAULT_PROMPT_LENGTH if prompt_length is None else int(prompt_length)
     positions = engine_cache_positions(prompt, estimate.sequence_length - prompt, fed if tree else 0)
     kv = estimate.kv_per_image * positions // max(estimate.sequence_length, 1)
@@ -213,7 +217,7 @@ def check_memory(path: str | os.PathLike, family: str, batch_size: int, window: 
     length = DEFAULT_PROMPT_LENGTH if prompt_length is None else prompt_length
     usable = int(plan.free * (1 - plan.headroom))
     raise ValueError(
-        f"{family} at batch size {batch_size}, window {window}, {plan.dtype}, prompts of {length} tokens needs about "
+        f"{family} at batch size {batch_size}, window {plan.window}, {plan.dtype}, prompts of {length} tokens needs about "
         f"{format_bytes(need)} (memory plan: weights, KV cache, window buffers, activations) but {plan.device} has "
         f"{format_bytes(plan.free)} available ({format_bytes(usable)} after keeping {plan.headroom:.0%} free); {hint}"
     )
