@@ -74,6 +74,36 @@ def test_the_static_engine_refuses_a_split_model_with_its_reason(liquid_folder, 
     assert static_refusal(whole.start(["a"], 1, True)) is None
 
 
+def test_the_static_engine_with_a_splitting_json_map_is_refused_before_the_weights_load(liquid_folder, tmp_path, capsys,
+                                                                                        monkeypatch):
+    """``--engine static`` (or ``--compile``) with a map offloading a layer to disk was refused only once the weights
+    had loaded (minutes for a 7B checkpoint): the map given is known up front, so the refusal comes first now."""
+    import csdgen.models.auto as auto
+    from csdgen.cli import main
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the weights were read before the refusal")
+
+    monkeypatch.setattr(auto, "load_model", loaded)
+    disk = '{"model.layers.1": "disk"}'
+    common = ["--model", liquid_folder, "--device", "cpu", "--window", "4"]
+    for argv, option in ((["generate", "--prompt", "a dog", "--engine", "static", "--device-map", disk], "--engine static"),
+                         (["bench", "--methods", "sjd", "--engine", "static", "--device-map",
+                           '{"model.layers.0": "cpu", "model.layers.1": "disk"}'], "--engine static"),
+                         (["generate", "--prompt", "a dog", "--compile", "--device-map", disk], "--compile")):
+        assert main([*argv, *common, "--out", str(tmp_path / argv[0])]) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert f"error: {option} cannot be used with --device-map placing modules on " in err, err
+        assert "'disk'" in err and "the model is split across devices" in err and "allowed: " in err, err
+    # a named map is placed while the weights load: whether it splits the model is known then, as before
+    with pytest.raises(AssertionError, match="weights were read"):
+        main(["generate", "--prompt", "a dog", "--engine", "static", "--device-map", "auto", *common,
+              "--out", str(tmp_path / "named")])
+    with pytest.raises(AssertionError, match="weights were read"):  # one place: not split, the static engine runs
+        main(["generate", "--prompt", "a dog", "--engine", "static", "--device-map", '{"": "cpu"}', *common,
+              "--out", str(tmp_path / "one")])
+
+
 def test_each_layers_cache_stays_with_its_layer(liquid_folder, tmp_path):
     """The KV cache of the disk-offloaded layer lives on its execution device (the CPU), not on 'meta' or disk."""
     from csdgen.models.auto import load_model, model_skeleton

@@ -99,6 +99,35 @@ def split_note(args, model) -> None:
              "so it runs on the eager engine (each layer's KV cache stays with its layer)")
 
 
+def refuse_static_split(args) -> None:
+    """``--engine static`` (or ``--compile``, which compiles the static engine's steps) with a ``--device-map``
+    JSON object that surely splits the model: refused before any weight is read, with the reason the static
+    engine gives once the model is loaded (a user of a 7B checkpoint waited for its weights to hear it).
+
+    A map surely splits the model where it names more than one place, or offloads a module to ``"disk"``
+    (the decoder cannot live there whole; the modules it leaves out go to ``--device``). A named map
+    (``auto``, ``balanced``, ``sequential``), or a JSON object of one device other than ``--device`` that
+    may or may not cover every module, is placed by accelerate while the weights load: the engine refuses
+    a split model then, as before.
+
+    Raises:
+        ValueError: naming the option, the places the map names and what is allowed.
+    """
+    placed = getattr(args, "device_map", None)
+    engine, compiled = getattr(args, "engine", "auto"), getattr(args, "compile", None)
+    if not isinstance(placed, dict) or not (engine == "static" or compiled):
+        return
+    places = sorted({str(v) for v in placed.values()})
+    if not (len(places) > 1 or (places == ["disk"] and "" not in placed)):
+        return
+    option = "--engine static" if engine == "static" else "--compile"
+    allowed = "--engine eager (or auto) for this map" if engine == "static" else "--no-compile for this map"
+    raise ValueError(f"{option} cannot be used with --device-map placing modules on {', '.join(map(repr, places))}"
+                     f"{' (and the rest on --device)' if places == ['disk'] else ''}: the model is split across "
+                     f"devices, and the static engine's one preallocated cache and compiled steps do not follow layers "
+                     f"that live, or are loaded, elsewhere; allowed: {allowed}")
+
+
 def refuse_missing_cuda(device) -> None:
     """``--device cuda`` where no CUDA device is visible: one line, before anything loads.
 

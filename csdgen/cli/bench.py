@@ -171,9 +171,10 @@ def _model_plan(args, device: str):
     prompts = _load(load_prompts, args.prompts or "coco", args)
     folder, family, sampling = checkpoint_setup(args, fixed_window=True)
     dtype = choose_dtype(args, family, device)
-    from ._common import quantize_setup, split_note
+    from ._common import quantize_setup, refuse_static_split, split_note
 
     quantize_setup(args, device)
+    refuse_static_split(args)  # before the weights are read
     from csdgen.bench import check_settings
 
     known = {"model": str(args.model), "checkpoint": os.path.realpath(folder), "family": family, "dtype": dtype,

@@ -16,8 +16,8 @@ from pathlib import Path
 from . import _options as opt
 from ._common import (add_plan, builtin_model, cap_builtin_batch, check_gsd_radii, checkpoint_setup, choose_dtype,
                       clamp_window, fill_defaults, model_defaults, needs_model, note, print_run_line, quantize_setup,
-                      refuse_missing_cuda, refuse_unfit_tree, require_decoder, sampling_of, split_note, vqgan_setting,
-                      writable)
+                      refuse_missing_cuda, refuse_static_split, refuse_unfit_tree, require_decoder, sampling_of,
+                      split_note, vqgan_setting, writable)
 
 #: options of ``--model`` only (the built-in model refuses them; ``--dtype`` auto / float32 it takes)
 MODEL_ONLY = ("prompts", "prompts_file", "layout", "height", "width", "image_size", "negative_prompt", "positive_prompt",
@@ -195,6 +195,7 @@ def model_job(args):
     refuse_missing_cuda(device)
     dtype = choose_dtype(args, family, device)
     quantize_setup(args, device)
+    refuse_static_split(args)  # before the weights are read
     # AR decodes one token per forward whatever --window says (_ar_window): its memory is planned at window 1
     widest = 1 if args.method == "ar" else AUTO_MAX_WINDOW if args.window == "auto" else args.window
     refuse_other_record(args.out, _known_settings(args, folder, family, dtype, device, prompts))  # before the weights
