@@ -344,6 +344,33 @@ def test_load_model_refuses_a_batch_its_memory_plan_does_not_fit(janus_dir, monk
         load_model(janus_dir, device="cpu", batch_size=3, window=32)
 
 
+def test_a_config_of_another_family_over_the_weights_is_named_so(chameleon_dir, janus_dir, tmp_path, capsys):
+    """A Chameleon config.json copied over Liquid's weights (or the reverse) was read as its own family's folder and
+    ended in an unrelated error (an image size or pad token the folder lacks, the vocabulary's image rows): now it is
+    named a config of another family, with the family its weights are laid out for."""
+    from test_models_liquid import build_checkpoint as build_liquid
+
+    liquid_dir = build_liquid(tmp_path / "liquid")
+    capsys.readouterr()  # the build's progress bar
+    for weights, config, of, expected in ((liquid_dir, chameleon_dir, "'chameleon' (Lumina-mGPT 1.0 and 2.0, Anole)",
+                                           "gemma (Liquid)"),
+                                          (chameleon_dir, liquid_dir, "'gemma' (Liquid)",
+                                           "chameleon (Lumina-mGPT 1.0 and 2.0, Anole)"),
+                                          (janus_dir, chameleon_dir, "'chameleon' (Lumina-mGPT 1.0 and 2.0, Anole)",
+                                           "janus (Janus-Pro)")):
+        folder = tmp_path / f"{Path(weights).name}-with-{Path(config).name}-config"
+        shutil.copytree(weights, folder)
+        shutil.copy(Path(config) / "config.json", folder / "config.json")
+        message = (f"{str(folder / 'config.json')!r} is a config of another family: model_type {of}, while the weights "
+                   f"beside it are laid out for {expected}; expected the config.json saved with these weights (model_type "
+                   f"{expected.split()[0]!r}): copy it back into the folder")
+        _refused_in_one_line(folder, message, capsys, tmp_path)
+        with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+            auto.family_of(folder)  # what csdgen plan reads too
+    for folder, model_type in ((liquid_dir, "gemma"), (chameleon_dir, "chameleon"), (janus_dir, "janus")):
+        assert auto.weights_model_type(folder) == model_type and auto.model_type_of(folder) == model_type
+
+
 def test_load_model_refuses_before_reading_weights(janus_dir, emu3_dir, chameleon_dir, tmp_path):
     for folder, kw in ((janus_dir, {}), (emu3_dir, dict(height=HEIGHT, width=WIDTH))):
         with pytest.raises(ValueError, match="even batch size 1 does not fit"):

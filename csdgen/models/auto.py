@@ -29,7 +29,8 @@ import torch
 from ._transformers import HEADROOM, check_checkpoint
 from .base import ImageTokenModel
 from .defaults import family_defaults_table
-from .detect import FAMILIES, MODEL_TYPES, family_guidance, family_of, guess_layout, model_folder, model_type_named, model_type_of, read_config
+from .detect import (FAMILIES, MODEL_TYPES, family_guidance, family_of, guess_layout, model_folder, model_type_named,
+                     model_type_of, read_config, weights_model_type)
 from .dtypes import DTYPE_CHOICES, FAMILY_GPU_DTYPES, _dtype, check_device, default_device, default_dtype, resolve_dtype
 from .memory_check import (DEFAULT_PROMPT_LENGTH, MODEL_CLASSES, available_memory, estimate_memory,
                            estimate_memory_bytes, model_skeleton, quantized_weight_bytes)
@@ -51,6 +52,7 @@ __all__ = [
     "resolve_checkpoint",
     "read_config",
     "model_type_of",
+    "weights_model_type",
     "guess_layout",
     "layout_rule",
     "family_of",

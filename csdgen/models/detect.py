@@ -34,8 +34,8 @@ from pathlib import Path
 from ._transformers import movqgan_token_ids
 from .sources import layout_rule
 
-__all__ = ["MODEL_TYPES", "FAMILIES", "model_folder", "read_config", "model_type_of", "guess_layout", "family_of",
-           "family_guidance"]
+__all__ = ["MODEL_TYPES", "FAMILIES", "model_folder", "read_config", "model_type_of", "weights_model_type", "guess_layout",
+           "family_of", "family_guidance"]
 
 #: config.json ``model_type`` -> the adapter that drives it
 MODEL_TYPES = {"janus": "JanusImageModel", "emu3": "Emu3ImageModel", "chameleon": "ChameleonImageModel",
@@ -122,10 +122,13 @@ def refuse_builtin_weights(path: str | os.PathLike, config: dict | None = None) 
 
 
 def model_type_of(path: str | os.PathLike) -> str:
-    """``config.json``'s ``model_type`` of a checkpoint folder, checked against :data:`MODEL_TYPES`.
+    """``config.json``'s ``model_type`` of a checkpoint folder, checked against :data:`MODEL_TYPES` and
+    against the folder's weights (:func:`weights_model_type`: a config.json of another family copied over
+    them is refused here, not read as its own family's adapter would read it).
 
     Raises:
-        FileNotFoundError: no config.json. ValueError: unsupported model type.
+        FileNotFoundError: no config.json. ValueError: unsupported model type, or a config.json of
+        another family than the weights beside it.
     """
     config = read_config(Path(path))
     model_type = config.get("model_type")
@@ -133,7 +136,59 @@ def model_type_of(path: str | os.PathLike) -> str:
         refuse_builtin_weights(path, config)
         raise ValueError(f"{str(path)!r} has model_type={model_type!r}; supported: "
                          f"{', '.join(map(model_type_named, MODEL_TYPES))}")
+    folder = model_folder(Path(path))
+    weights = weights_model_type(folder)
+    if weights is not None and weights != model_type:
+        raise ValueError(f"{str(folder / 'config.json')!r} is a config of another family: model_type {model_type!r} "
+                         f"({MODEL_TYPE_NAMES[model_type]}), while the weights beside it are laid out for "
+                         f"{model_type_named(weights)}; expected the config.json saved with these weights (model_type "
+                         f"{weights!r}): copy it back into the folder")
     return model_type
+
+
+def _tensor_names(folder: Path) -> set[str] | None:
+    """The tensor names of a folder's safetensors weights, from ``model.safetensors.index.json``'s weight
+    map or the files' headers (nothing else read); None where there are none, or they cannot be read
+    (the loader names what is wrong with them)."""
+    import json
+
+    index = folder / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+            return set(weight_map) if isinstance(weight_map, dict) else None
+        names: set[str] = set()
+        for file in sorted(folder.glob("*.safetensors")):
+            with open(file, "rb") as f:
+                length = int.from_bytes(f.read(8), "little")
+                if length > file.stat().st_size - 8:
+                    return None
+                header = json.loads(f.read(length))
+            names.update(k for k in header if k != "__metadata__")
+        return names or None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def weights_model_type(folder: str | os.PathLike) -> str | None:
+    """The :data:`MODEL_TYPES` key a folder's weights are laid out for, by their tensor names alone, where
+    they tell: ``janus`` (a ``generation_head``), ``glm_image`` (``model.visual`` beside
+    ``model.language_model``), ``emu3`` (``text_model.model``), ``chameleon`` (decoder layers at
+    ``model.layers`` with q/k norms: Lumina-mGPT 1.0 and 2.0, Anole), ``gemma`` (decoder layers at
+    ``model.layers`` without q/k norms: Liquid). None: no safetensors weights, or names none of these fit."""
+    names = _tensor_names(Path(folder))
+    if not names:
+        return None
+    if any(n.startswith(("model.generation_head.", "generation_head.")) for n in names):
+        return "janus"
+    if any(n.startswith("model.visual.") for n in names) and any(n.startswith("model.language_model.") for n in names):
+        return "glm_image"
+    if any(n.startswith(("text_model.model.", "model.text_model.")) for n in names):
+        return "emu3"
+    layers = [n for n in names if n.startswith("model.layers.")]
+    if not layers:
+        return None
+    return "chameleon" if any(".self_attn.q_norm." in n for n in layers) else "gemma"
 
 
 def guess_layout(path: str | os.PathLike, name: str | None = None) -> str:
