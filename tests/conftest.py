@@ -19,6 +19,11 @@ from csdgen.sampling import SamplingConfig, target_probs
 
 # The test models are tiny: one thread is faster than two, and immune to a busy machine.
 torch.set_num_threads(1)
+# ... and so are the commands and benchmark scripts the tests start in processes of their own: each
+# of the suite's two workers (pytest-xdist) runs one at a time, and at torch's default (one thread per
+# core) two of them put four OpenMP threads on a 2-core machine, whose busy-waiting made those tests run
+# 2-5x as long. A test of thread counts passes its own OMP_NUM_THREADS; a value set outside is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
