@@ -95,6 +95,13 @@ def test_the_static_engine_with_a_splitting_json_map_is_refused_before_the_weigh
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert f"error: {option} cannot be used with --device-map placing modules on " in err, err
         assert "'disk'" in err and "the model is split across devices" in err and "allowed: " in err, err
+    # serve too: it started, loaded the weights and then failed every request (--engine static) or ran eager
+    # (--compile), where generate and bench refuse
+    for option in (["--engine", "static"], ["--compile"]):
+        assert main(["serve", "--model", liquid_folder, "--device", "cpu", "--top-k", "8", *option, "--device-map",
+                     disk, "--port", "0"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert f"error: {option[0] if len(option) == 1 else '--engine static'} cannot be used with --device-map" in err, err
     # a named map is placed while the weights load: whether it splits the model is known then, as before
     with pytest.raises(AssertionError, match="weights were read"):
         main(["generate", "--prompt", "a dog", "--engine", "static", "--device-map", "auto", *common,

@@ -173,7 +173,7 @@ def _checkpoint_checks(args) -> tuple:
     Raises:
         ValueError: one line naming the option.
     """
-    from ._common import quantize_setup
+    from ._common import quantize_setup, refuse_static_split
     from csdgen.models.detect import family_of, read_config
     from csdgen.models.dtypes import default_device
     from csdgen.models.sources import resolve_checkpoint
@@ -188,6 +188,7 @@ def _checkpoint_checks(args) -> tuple:
     refuse_missing_cuda(device)
     dtype = choose_dtype(args, family, device)
     quantize_setup(args, device)
+    refuse_static_split(args)  # before the weights are read, as generate and bench refuse it
     return folder, family, device, dtype
 
 
