@@ -185,6 +185,7 @@ def _refuse_records_of_other_settings(plan: BenchPlan, done: dict) -> None:
     Raises:
         ValueError: naming the method, the prompt id and each value that differs."""
     from csdgen.engine import resolve_arguments
+    from csdgen.method_options import option_used
     from csdgen.run_settings import defaults_resolved, settings_difference
 
     expected = {}
@@ -198,7 +199,10 @@ def _refuse_records_of_other_settings(plan: BenchPlan, done: dict) -> None:
         mine, theirs = expected.get(method), record.get("settings")
         if mine is None or not isinstance(theirs, dict):
             continue  # a method this command does not run; a record from before per-image settings
-        shared = [k for k in mine if k in theirs and k not in ("engine", "compile")]
+        # an option the record's method does not use draws its image alike at any value (an AR image at any
+        # --draft-init): the manifest lets such a change resume where no image of a method using it is made
+        made_by = theirs.get("method") if isinstance(theirs.get("method"), str) else method.removesuffix("-coupled")
+        shared = [k for k in mine if k in theirs and k not in ("engine", "compile") and option_used(k, [made_by])]
         # compared as the manifest is: values that draw the same images (top-p 1, no draft initialisation) alike
         differ = settings_difference(defaults_resolved({k: theirs[k] for k in shared}),
                                      defaults_resolved({k: mine[k] for k in shared}))
@@ -263,9 +267,12 @@ def _run_shard(plan: BenchPlan, out: Path, rank: int, world: int, on_record, on_
 
     from csdgen.evaluation.maps import save_png
 
-    check_settings(out, plan.settings, write=rank == 0, world=world)
+    resumed = (out / MANIFEST).exists()
+    check_settings(out, plan.settings, write=rank == 0 and not resumed, world=world)
     done = existing_records(out)
     _refuse_records_of_other_settings(plan, done)
+    if resumed and rank == 0:  # the folder's bench.json takes this run's new values once every check has passed
+        check_settings(out, plan.settings, write=True, world=world)
     texts = {p.id: p.text for p in plan.prompts}
     for (method, seed, pid), record in done.items():
         if pid in texts and record.get("prompt") != texts[pid]:

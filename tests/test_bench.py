@@ -633,6 +633,33 @@ def test_an_option_of_methods_not_made_yet_does_not_refuse_the_resume(builtin_we
     assert "holds a bench with other settings (lam: 0.9 there, 0.5 here)" in capsys.readouterr().err
 
 
+def test_an_option_of_speculative_methods_resumes_over_ar_images_and_a_refused_run_leaves_bench_json(
+        builtin_weights, tmp_path, capsys):
+    """--draft-init (every method but AR) changed over a folder of AR images only: the manifest let it pass, and the
+    AR record's own settings then refused it, after bench.json had taken the new value. AR draws its images alike at
+    any draft initialisation, so the run resumes; a run refused by its records leaves bench.json as it was."""
+    out = tmp_path / "b"
+    assert _bench_ar(builtin_weights, out, "--limit", "1") == 0
+    made = (out / "records" / "rank0.jsonl").read_text()
+    assert _bench_ar(builtin_weights, out, "--limit", "1", "--methods", "ar,sjd", "--draft-init", "onehot") == 0, \
+        capsys.readouterr().err
+    assert (out / "records" / "rank0.jsonl").read_text().startswith(made)  # the AR image resumed
+    assert json.loads((out / "bench.json").read_text())["settings"]["draft_init"] == "onehot"
+    # an SJD record of another draft initialisation copied in: refused by the records, bench.json untouched
+    lines = (out / "records" / "rank0.jsonl").read_text().splitlines()
+    sjd = [json.loads(line) for line in lines if json.loads(line).get("method") == "sjd"]
+    assert sjd, lines
+    sjd[0]["settings"]["draft_init"] = "uniform"
+    (out / "records" / "rank0.jsonl").write_text("\n".join(line for line in lines if json.loads(line).get("method") != "sjd")
+                                                + "\n" + json.dumps(sjd[0]) + "\n")
+    manifest = (out / "bench.json").read_text()
+    capsys.readouterr()
+    assert _bench_ar(builtin_weights, out, "--limit", "1", "--methods", "ar,sjd", "--draft-init", "onehot",
+                     "--lam", "0.3") == 2
+    assert "made with other settings (draft_init" in capsys.readouterr().err
+    assert (out / "bench.json").read_text() == manifest
+
+
 def test_bench_compares_built_in_weights_by_content_not_by_path(builtin_weights, tmp_path, capsys):
     import shutil
 
