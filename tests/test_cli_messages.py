@@ -675,3 +675,20 @@ def test_a_model_bench_into_a_folder_of_other_settings_is_refused_before_the_wei
     monkeypatch.setattr(csdgen.models.auto, "load_model", no_load)
     err = cli_error(capsys, *common, "--dtype", "bfloat16")
     assert 'holds a bench with other settings (dtype: "float32" there, "bfloat16" here)' in err
+
+
+def test_the_run_line_says_split_only_for_a_device_map_of_several_places():
+    """--device-map '{"": "cpu"}' puts the whole model on one device, and the run's first line said it was split."""
+    import argparse
+
+    from csdgen.cli._common import choose_dtype
+
+    def line(placed):
+        args = argparse.Namespace(dtype=None, device_map=placed, command="generate", model="ck")
+        choose_dtype(args, "liquid", "cpu")
+        return args.run_line
+
+    assert line({"": "cpu"}).endswith(", placed on cpu by --device-map") and "split" not in line({"": "cpu"})
+    assert line({"model.layers.0": "cpu", "model.layers.1": "disk"}).endswith(", split by --device-map")
+    assert line("auto").endswith(", split by --device-map")  # placed by accelerate while loading
+    assert "--device-map" not in line(None)

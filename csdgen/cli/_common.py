@@ -80,8 +80,10 @@ def choose_dtype(args, family: str, device) -> str:
                      f"{name} ({reason})")
     if getattr(args, "quantize", None):
         args.run_line += f", decoder layers {args.quantize}"
-    if getattr(args, "device_map", None) is not None:
-        args.run_line += ", split by --device-map"
+    placed = getattr(args, "device_map", None)
+    if placed is not None:  # a JSON map of one place puts the whole model there: placed, not split
+        one = isinstance(placed, dict) and len({str(v) for v in placed.values()}) == 1
+        args.run_line += f", placed on {next(iter(placed.values()))!s} by --device-map" if one else ", split by --device-map"
     return name
 
 
