@@ -382,6 +382,9 @@ def made_by(records: Sequence[dict]) -> str:
         numbers = sorted({r.get("rank", 0) for r in group})
         return f"rank{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))}"
 
+    def images(group: Sequence[dict]) -> str:
+        return f"{len(group)} image{'s' if len(group) > 1 else ''}"
+
     devices = sorted({str(r.get("device", "unrecorded")) for r in records})
     threads = _thread_counts(records)
     runs: dict[int | None, list[dict]] = {}
@@ -389,8 +392,8 @@ def made_by(records: Sequence[dict]) -> str:
         world = record.get("world")
         runs.setdefault(world if isinstance(world, int) and not isinstance(world, bool) else None, []).append(record)
     if len(runs) > 1:  # commands of other sizes (records without a size are of a command before it was kept)
-        parts = [f"{len(group)} with {world} process{'es' if world > 1 else ''} ({ranks(group)})" if world is not None
-                 else f"{len(group)} with an unrecorded number of processes ({ranks(group)})"
+        parts = [f"{images(group)} by runs of {world} process{'es' if world > 1 else ''} ({ranks(group)})"
+                 if world is not None else f"{images(group)} by runs of an unrecorded number of processes ({ranks(group)})"
                  for world, group in sorted(runs.items(), key=lambda item: (item[0] is None, item[0] or 0))]
         text = f"images: {len(records)}, made over several runs: {', '.join(parts)}; on {', '.join(devices)}"
     else:

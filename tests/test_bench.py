@@ -558,12 +558,13 @@ def test_a_folder_made_by_a_torchrun_and_a_single_process_says_so():
     records = [{"rank": 0, "world": 2, "device": "cpu", "torch_threads": 1},
                {"rank": 1, "world": 2, "device": "cpu", "torch_threads": 1},
                {"rank": 0, "world": 1, "device": "cpu", "torch_threads": 1}]
-    assert bench.made_by(records) == ("images: 3, made over several runs: 1 with 1 process (rank 0), 2 with 2 processes "
-                                      "(ranks 0, 1); on cpu, 1 torch thread each")
+    assert bench.made_by(records) == ("images: 3, made over several runs: 1 image by runs of 1 process (rank 0), 2 images by "
+                                      "runs of 2 processes (ranks 0, 1); on cpu, 1 torch thread each")
     assert bench.made_by(records[:2]) == "images: 2, made by 2 processes (ranks 0, 1) on cpu, 1 torch thread each"
     older = {"rank": 0, "device": "cpu", "torch_threads": 1}  # a record from before the size was kept
-    assert bench.made_by([older, records[2]]) == ("images: 2, made over several runs: 1 with 1 process (rank 0), 1 with "
-                                                  "an unrecorded number of processes (rank 0); on cpu, 1 torch thread each")
+    assert bench.made_by([older, records[2]]) == ("images: 2, made over several runs: 1 image by runs of 1 process (rank 0), 1 "
+                                                  "image by runs of an unrecorded number of processes (rank 0); on cpu, "
+                                                  "1 torch thread each")
     assert bench.made_by([older]) == "images: 1, made by 1 process (rank 0) on cpu, 1 torch thread each"
     assert "world" in bench.TIMING_FIELDS  # a machine figure: left out when records of two runs are compared
 
