@@ -377,3 +377,15 @@ def test_bench_trees_names_the_refresh_of_each_sjd_row_and_refuses_bad_shapes_in
         done = subprocess.run([sys.executable, "benchmarks/bench_trees.py", *argv], cwd=ROOT, capture_output=True,
                               text=True, timeout=120)
         assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_the_serving_benchmarks_latency_quantile_is_the_value_at_rank_int_q_n():
+    """docs/serve.md: the quantile q of n latencies is the one at 0-based rank int(q x n) in ascending order
+    (the last one at most), so p95 of 20 requests is the 20th, and p50 of 4 the 3rd."""
+    import math
+
+    serve = _bench_serve()
+    latencies = [float(i) for i in range(1, 21)]  # 1 .. 20 s, ascending
+    assert serve.quantile(latencies, 0.95) == 20.0 and serve.quantile(latencies, 0.5) == 11.0
+    assert serve.quantile([1.0, 2.0, 3.0, 4.0], 0.5) == 3.0 and serve.quantile([1.0, 2.0], 0.99) == 2.0
+    assert math.isnan(serve.quantile([], 0.95))
