@@ -62,7 +62,8 @@ from csdgen.prompts import Prompt
 from csdgen.runs import pil_images
 from csdgen.bench_processes import barrier, device_name, distributed, leave, machine
 from csdgen.bench_records import (
-    MANIFEST, MERGED, RECORDS_DIR, append_jsonl, check_settings, existing_records, read_jsonl, repair_tail,
+    MANIFEST, MERGED, RECORDS_DIR, append_jsonl, check_settings, existing_records, read_jsonl, record_method,
+    repair_tail,
 )
 from csdgen.folder_kinds import refuse_other_kind
 from csdgen.bench_scores import Scorers, _clip_scores, _read_png, min_images, session_nll, target_nll, unreadable
@@ -201,8 +202,8 @@ def _refuse_records_of_other_settings(plan: BenchPlan, done: dict) -> None:
             continue  # a method this command does not run; a record from before per-image settings
         # an option the record's method does not use draws its image alike at any value (an AR image at any
         # --draft-init): the manifest lets such a change resume where no image of a method using it is made
-        made_by = theirs.get("method") if isinstance(theirs.get("method"), str) else method.removesuffix("-coupled")
-        shared = [k for k in mine if k in theirs and k not in ("engine", "compile") and option_used(k, [made_by])]
+        shared = [k for k in mine if k in theirs and k not in ("engine", "compile")
+                  and option_used(k, [record_method(record)])]
         # compared as the manifest is: values that draw the same images (top-p 1, no draft initialisation) alike
         differ = settings_difference(defaults_resolved({k: theirs[k] for k in shared}),
                                      defaults_resolved({k: mine[k] for k in shared}))

@@ -19,7 +19,7 @@ from csdgen.run_settings import defaults_resolved, same_checkpoint, weights_comp
 from csdgen.runs import settings_difference
 
 __all__ = ["MANIFEST", "RECORDS_DIR", "MERGED", "read_jsonl", "repair_tail", "append_jsonl", "existing_records", "check_settings",
-           "file_complete"]
+           "file_complete", "record_method"]
 
 
 MANIFEST = "bench.json"
@@ -267,15 +267,16 @@ def _made_methods(out: Path) -> set[str]:
     """The methods (``generate``'s names: a ``csd-coupled`` row's is ``csd``) of every complete record line in
     ``out``'s rank files, whether or not its files are whole (one cut short is made again, at this run's settings,
     but is counted here: the answer errs towards refusing)."""
-    made = set()
-    for path in sorted((out / RECORDS_DIR).glob("rank*.jsonl")):
-        for _, record in _numbered_jsonl(path):
-            settings = record.get("settings")
-            method = settings.get("method") if isinstance(settings, dict) else None
-            if not isinstance(method, str):  # a record from before per-image settings: its row's name
-                method = str(record.get("method")).removesuffix("-coupled")
-            made.add(method)
-    return made
+    return {record_method(record) for path in sorted((out / RECORDS_DIR).glob("rank*.jsonl"))
+            for _, record in _numbered_jsonl(path)}
+
+
+def record_method(record: dict) -> str:
+    """The ``generate`` method that made a bench record's image: its settings' ``method``, or, in a record from
+    before per-image settings, its row's name (a ``csd-coupled`` row's is ``csd``)."""
+    settings = record.get("settings")
+    method = settings.get("method") if isinstance(settings, dict) else None
+    return method if isinstance(method, str) else str(record.get("method")).removesuffix("-coupled")
 
 
 def _foreign_rank(name: str, world: int) -> bool:

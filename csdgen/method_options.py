@@ -29,8 +29,7 @@ def unused_options(given: dict[str, Any], method: str) -> list[tuple[str, Any, s
         users = METHOD_OPTIONS.get(name)
         if value is None or users is None:
             continue
-        used = method != "ar" if users == "speculative" else method in users
-        if not used:
+        if not _uses(users, method):
             out.append((name, value, "AR has no drafts" if users == "speculative" else f"only {', '.join(users)} uses it"))
     return out
 
@@ -47,6 +46,11 @@ def option_used(name: str, methods) -> bool:
     for method in methods:
         if users is None or method not in KNOWN_METHODS:
             return True
-        if (method != "ar") if users == "speculative" else method in users:
+        if _uses(users, method):
             return True
     return False
+
+
+def _uses(users: tuple[str, ...] | str, method: str) -> bool:
+    """Whether ``method`` is among an option's ``users`` (a :data:`METHOD_OPTIONS` value)."""
+    return method != "ar" if users == "speculative" else method in users
