@@ -371,6 +371,71 @@ def test_a_config_of_another_family_over_the_weights_is_named_so(chameleon_dir, 
         assert auto.weights_model_type(folder) == model_type and auto.model_type_of(folder) == model_type
 
 
+def _as_bin_shards(source: Path, folder: Path) -> Path:
+    """``source`` copied with its safetensors weights saved again as two ``pytorch_model-*.bin`` shards and the
+    ``pytorch_model.bin.index.json`` transformers writes beside them (its layout for ``safe_serialization=False``)."""
+    from safetensors.torch import load_file
+
+    shutil.copytree(source, folder)
+    state = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        state.update(load_file(file))
+        file.unlink()
+    (folder / "model.safetensors.index.json").unlink(missing_ok=True)
+    names = sorted(state)
+    shards = {"pytorch_model-00001-of-00002.bin": names[::2], "pytorch_model-00002-of-00002.bin": names[1::2]}
+    for shard, held in shards.items():
+        torch.save({k: state[k] for k in held}, folder / shard)
+    weight_map = {k: shard for shard, held in shards.items() for k in held}
+    (folder / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return folder
+
+
+def test_checkpoint_tensor_names_reads_the_index_the_headers_or_the_bin_files_alike(chameleon_dir, janus_dir, tmp_path):
+    """One reader of a checkpoint's tensor names serves the family check and the Chameleon loader: the safetensors
+    headers, the index's weight map and the .bin shards give the same names as safetensors' own reader; a header
+    that is not one is named."""
+    from safetensors import safe_open
+
+    from csdgen.models._transformers import checkpoint_tensor_names
+
+    expected = set()
+    for file in Path(chameleon_dir).glob("*.safetensors"):
+        with safe_open(str(file), framework="pt") as f:
+            expected.update(f.keys())
+    assert expected and checkpoint_tensor_names(chameleon_dir) == expected
+    assert checkpoint_tensor_names(chameleon_dir, index=False) == expected
+    stray = tmp_path / "with-a-stray-file"
+    shutil.copytree(chameleon_dir, stray)
+    (stray / "model.safetensors.index.json").unlink(missing_ok=True)
+    assert (stray / "model.safetensors").is_file()  # a file of another model beside the one transformers reads:
+    shutil.copy(next(Path(janus_dir).glob("*.safetensors")), stray / "other.safetensors")
+    assert checkpoint_tensor_names(stray) == expected
+    assert auto.weights_model_type(stray) == "chameleon"
+    bins = _as_bin_shards(Path(chameleon_dir), tmp_path / "bins")
+    assert checkpoint_tensor_names(bins) == expected  # from the index
+    (bins / "pytorch_model.bin.index.json").unlink()
+    assert checkpoint_tensor_names(bins) == expected  # from the shards themselves
+    assert checkpoint_tensor_names(bins, read_bin=False) == set()
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "model.safetensors").write_bytes((5).to_bytes(8, "little") + b"[1,2]")
+    with pytest.raises(ValueError, match=re.escape(f"{str(garbage / 'model.safetensors')!r} is not a whole safetensors "
+                                                   "file: its header is not a safetensors header")):
+        checkpoint_tensor_names(garbage)
+
+
+def test_a_config_of_another_family_over_bin_shards_is_named_so(chameleon_dir, janus_dir, tmp_path, capsys):
+    """The family check reads the names of .bin shards from their index (it opens no .bin file): a Janus config.json
+    over a Chameleon checkpoint saved as .bin shards is refused as one over safetensors weights is."""
+    folder = _as_bin_shards(Path(chameleon_dir), tmp_path / "bins-with-janus-config")
+    assert auto.weights_model_type(folder) == "chameleon"
+    shutil.copy(Path(janus_dir) / "config.json", folder / "config.json")
+    with pytest.raises(ValueError, match=re.escape(f"{str(folder / 'config.json')!r} is a config of another family: "
+                                                   "model_type 'janus'")):
+        auto.family_of(folder)
+
+
 def test_load_model_refuses_before_reading_weights(janus_dir, emu3_dir, chameleon_dir, tmp_path):
     for folder, kw in ((janus_dir, {}), (emu3_dir, dict(height=HEIGHT, width=WIDTH))):
         with pytest.raises(ValueError, match="even batch size 1 does not fit"):

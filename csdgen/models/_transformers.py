@@ -189,26 +189,90 @@ def _indexed_shards(index: Path) -> list[Path] | None:
 
 def _check_safetensors(file: Path) -> None:
     """One safetensors file: its header read, its data as long as the header says (ValueError naming it)."""
+    size = file.stat().st_size
+    length, header = _safetensors_header(file)
+    try:
+        end = max((int(v["data_offsets"][1]) for v in header.values()), default=0)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        _refuse_safetensors(file, "its header is not a safetensors header")
+    if 8 + length + end > size:
+        _refuse_safetensors(file, f"it holds {size} bytes, its header promises {8 + length + end}: cut short")
+
+
+def _refuse_safetensors(file: Path, problem: str):
+    raise ValueError(f"{str(file)!r} is not a whole safetensors file: {problem}; copy or download it again")
+
+
+def _safetensors_header(file: Path) -> tuple[int, dict[str, Any]]:
+    """``(header bytes, {tensor name: entry})`` of one safetensors file, ``__metadata__`` left out (the format: an
+    8-byte little-endian header length, then that many bytes of JSON; safetensors' own specification).
+
+    Raises:
+        ValueError: the header cannot be read or is not a JSON object (naming the file).
+    """
     import json
 
     size = file.stat().st_size
-    problem = None
     with open(file, "rb") as f:
         head = f.read(8)
         length = int.from_bytes(head, "little") if len(head) == 8 else None
         if length is None or length > size - 8:
-            problem = f"its header cannot be read ({size} bytes)"
-        else:
-            try:
-                header = json.loads(f.read(length))
-                end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
-            except (ValueError, TypeError, KeyError, IndexError, AttributeError):
-                problem = "its header is not a safetensors header"
-            else:
-                if 8 + length + end > size:
-                    problem = f"it holds {size} bytes, its header promises {8 + length + end}: cut short"
-    if problem:
-        raise ValueError(f"{str(file)!r} is not a whole safetensors file: {problem}; copy or download it again")
+            _refuse_safetensors(file, f"its header cannot be read ({size} bytes)")
+        try:
+            header = json.loads(f.read(length))
+        except ValueError:
+            header = None
+    if not isinstance(header, dict):
+        _refuse_safetensors(file, "its header is not a safetensors header")
+    return length, {k: v for k, v in header.items() if k != "__metadata__"}
+
+
+def checkpoint_tensor_names(folder: str | os.PathLike, *, index: bool = True, read_bin: bool = True) -> set[str]:
+    """Names of the tensors a checkpoint folder's weights hold, nothing but names read.
+
+    Args:
+        folder: the checkpoint folder.
+        index: take the names from ``model.safetensors.index.json`` or ``pytorch_model.bin.index.json``'s
+            ``weight_map`` where the folder has one (False: from the files themselves).
+        read_bin: in a folder without ``*.safetensors`` files, read ``pytorch_model*.bin`` files (memory-mapped,
+            their tensors not read); False: such a folder has no names.
+
+    Without an index the files read are ``model.safetensors`` where the folder has it, else every
+    ``*.safetensors`` file (then ``pytorch_model.bin``, else every ``pytorch_model*.bin``): a stray file beside
+    the one transformers reads does not lend its names.
+
+    Returns:
+        The names (empty: no weight files).
+
+    Raises:
+        ValueError: an index whose ``weight_map`` is not an object, or a weight file whose header cannot be read
+            (naming it). OSError: a file that cannot be opened.
+    """
+    folder = Path(folder)
+    if index:
+        from csdgen.jsonio import read_json
+
+        for name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+            if (folder / name).is_file():
+                weight_map = read_json(folder / name, what="a weight index").get("weight_map")
+                if not isinstance(weight_map, dict):
+                    raise ValueError(f"{str(folder / name)!r} has no weight_map object; expected the index saved with "
+                                     "the shards")
+                return set(weight_map)
+    names: set[str] = set()
+    files = _read_files(folder, "model.safetensors", "*.safetensors")
+    for file in files:
+        names.update(_safetensors_header(file)[1])
+    if not files and read_bin:
+        for file in _read_files(folder, "pytorch_model.bin", "pytorch_model*.bin"):
+            names.update(torch.load(file, map_location="cpu", weights_only=True, mmap=True))
+    return names
+
+
+def _read_files(folder: Path, single: str, shards: str) -> list[Path]:
+    """The one weight file transformers reads where the folder has it (another file beside it is not the
+    model's), else every file ``shards`` matches."""
+    return [folder / single] if (folder / single).is_file() else sorted(folder.glob(shards))
 
 
 #: the text the tokenizer check encodes (issue 16: "a red cat")

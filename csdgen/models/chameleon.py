@@ -85,8 +85,8 @@ from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
 from ._layout_model import DEFAULT_PROMPT_LENGTH, LayoutImageModel, LayoutPrompts
 from ._transformers import (
-    MemoryEstimate, RowEnds, check_checkpoint, check_sequence_length, estimate_memory, format_prompt, load_tokenizer,
-    meta_parameter_count, movqgan_token_ids, resolve_dtype, token_id,
+    MemoryEstimate, RowEnds, check_checkpoint, check_sequence_length, checkpoint_tensor_names, estimate_memory,
+    format_prompt, load_tokenizer, meta_parameter_count, movqgan_token_ids, resolve_dtype, token_id,
 )
 from .base import CodebookUnavailable, ImageTokenModel
 from .chameleon_vqgan import ChameleonVQGANDecoder, load_vqgan_decoder, vqgan_files
@@ -341,29 +341,14 @@ def _weight_files(folder: Path) -> list[Path]:
 
 
 def stored_tensor_names(folder: str | os.PathLike) -> set[str]:
-    """Names of the tensors a checkpoint folder's weight files hold (safetensors headers, or the
-    ``*.index.json`` weight map; a ``.bin`` file is memory-mapped, its tensors not read)."""
-    import json
-
-    folder = Path(folder)
-    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-        if (folder / index).is_file():
-            return set(json.loads((folder / index).read_text()).get("weight_map", {}))
-    return file_tensor_names(folder)
+    """Names of the tensors a checkpoint folder's weight files hold (the ``*.index.json`` weight map, or the
+    safetensors headers; a ``.bin`` file is memory-mapped, its tensors not read): :func:`checkpoint_tensor_names`."""
+    return checkpoint_tensor_names(folder)
 
 
 def file_tensor_names(folder: str | os.PathLike) -> set[str]:
     """Names of the tensors the weight files of ``folder`` hold (read from the files, not an index)."""
-    names: set[str] = set()
-    for file in _weight_files(Path(folder)):
-        if file.suffix == ".safetensors":
-            from safetensors import safe_open
-
-            with safe_open(str(file), framework="pt") as f:
-                names.update(f.keys())
-        else:
-            names.update(torch.load(file, map_location="cpu", weights_only=True, mmap=True))
-    return names
+    return checkpoint_tensor_names(folder, index=False)
 
 
 def stores_codebook(folder: str | os.PathLike) -> bool:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ._transformers import movqgan_token_ids
+from ._transformers import checkpoint_tensor_names, movqgan_token_ids
 from .sources import layout_rule
 
 __all__ = ["MODEL_TYPES", "FAMILIES", "model_folder", "read_config", "model_type_of", "weights_model_type", "guess_layout",
@@ -147,26 +147,12 @@ def model_type_of(path: str | os.PathLike) -> str:
 
 
 def _tensor_names(folder: Path) -> set[str] | None:
-    """The tensor names of a folder's safetensors weights, from ``model.safetensors.index.json``'s weight
-    map or the files' headers (nothing else read); None where there are none, or they cannot be read
-    (the loader names what is wrong with them)."""
-    import json
-
-    index = folder / "model.safetensors.index.json"
+    """The tensor names of a folder's weights, from its weight index or its safetensors headers (nothing else
+    read: ``.bin`` files are not opened); None where there are none, or they cannot be read (the loader names
+    what is wrong with them)."""
     try:
-        if index.is_file():
-            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
-            return set(weight_map) if isinstance(weight_map, dict) else None
-        names: set[str] = set()
-        for file in sorted(folder.glob("*.safetensors")):
-            with open(file, "rb") as f:
-                length = int.from_bytes(f.read(8), "little")
-                if length > file.stat().st_size - 8:
-                    return None
-                header = json.loads(f.read(length))
-            names.update(k for k in header if k != "__metadata__")
-        return names or None
-    except (OSError, ValueError, AttributeError):
+        return checkpoint_tensor_names(folder, read_bin=False) or None
+    except (OSError, ValueError):
         return None
 
 
