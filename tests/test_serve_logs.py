@@ -218,3 +218,41 @@ def test_the_openai_clients_request_is_logged_with_every_image_it_received(cache
     lines = [r.getMessage() for r in records.records if r.name == access_log.name]
     assert len(lines) == 1 and '" 200 method=sjd images=2/2 forwards=' in lines[0], lines
     assert "forwards=- " not in lines[0]
+
+
+def test_a_request_its_host_cancels_while_the_server_runs_is_a_499_not_a_503(cached_model, records):
+    """Ray Serve cancels a replica's request task when the proxy sees its client leave: a non-streamed request so
+    cancelled was logged and counted as 503 'server shutting down' while the server went on serving; it is a 499,
+    as one server answers a client that left. Here the ASGI app runs in this event loop (httpx's ASGI transport
+    awaits it in the client's task), so cancelling the client's task cancels the app's, as the host does."""
+    import asyncio
+
+    from serve_fixture import slow_model
+
+    app = create_app(ServedModel(slow_model(cached_model, delay=0.05), "tiny"), capacity=2)
+    records.attach()
+
+    async def run() -> str:
+        async with app.router.lifespan_context(app):
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://replica") as client:
+                task = asyncio.create_task(client.post("/v1/images/generations",
+                                                       json={"prompt": "1", "n": 2, "method": "ar", "seed": 1}))
+                for _ in range(400):  # until its images decode (bounded: 20 s)
+                    await asyncio.sleep(0.05)
+                    if app.state.scheduler.occupancy:
+                        break
+                assert app.state.scheduler.occupancy, "the request never started decoding"
+                task.cancel()  # the app answers its cancellation (no traceback): the task ends with that answer
+                assert (await task).status_code == 499
+                return (await client.get("/metrics")).text
+
+    level = access_log.level
+    access_log.setLevel(logging.INFO)  # as csdgen serve --log-level info sets it (no uvicorn here)
+    try:
+        metrics = asyncio.run(run())
+    finally:
+        access_log.setLevel(level)
+    # one record, reaching the handler twice here: through its logger and, propagated, through csdgen.serve's
+    lines = [r.getMessage() for r in {id(r): r for r in records.records if r.name == access_log.name}.values()]
+    assert len(lines) == 1 and '" 499 method=ar images=0/2 forwards=- ' in lines[0], lines
+    assert 'csdgen_requests_total{status="499"} 1.0' in metrics and 'status="503"' not in metrics, metrics

@@ -115,7 +115,9 @@ def test_shutdown_while_a_request_runs_answers_503_unavailable_with_retry_after(
 
 
 def test_shutdown_while_a_request_runs_a_cancelled_handler_answers_503_not_a_traceback(cached_model):
-    """Past uvicorn's graceful period the request's task is cancelled: the handler answers 503 JSON."""
+    """Past uvicorn's graceful period the request's task is cancelled (the server stopping: its shutdown told the app
+    first, as csdgen serve's uvicorn does): the handler answers 503 JSON. (Cancelled while the server goes on serving,
+    by a host whose client left, it is a 499: tests/test_serve_logs.py.)"""
     import asyncio
 
     model = slow_model(cached_model, delay=0.05)
@@ -136,7 +138,8 @@ def test_shutdown_while_a_request_runs_a_cancelled_handler_answers_503_not_a_tra
         try:
             task = asyncio.ensure_future(route.endpoint(FakeRequest()))
             await asyncio.sleep(0.5)
-            task.cancel()
+            app.state.shutting_down()
+            task.cancel()  # before the handler reads the shutdown event: its cancellation is what it answers
             return await task
         finally:
             app.state.scheduler.stop()

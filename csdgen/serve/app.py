@@ -411,9 +411,12 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
                     raise shutdown_error()
                 elif event[0] == "done":
                     break
-        except asyncio.CancelledError:  # cancelled by uvicorn past its graceful shutdown: answer, no traceback
+        except asyncio.CancelledError:  # answered, no traceback
             scheduler.cancel(job)
-            error = shutdown_error()
+            if not closing["now"]:  # its host cancelled it while serving (Ray Serve, when the client left): a 499
+                answered(line, 499)
+                return Response(status_code=499)
+            error = shutdown_error()  # cancelled by uvicorn past its graceful shutdown
             answered(line, error.status)
             return _error_response(error)
         finally:
