@@ -324,15 +324,17 @@ def _free_port() -> int:
 @pytest.fixture
 def demo_server(tmp_path, request):
     """``csdgen demo --port N`` in a subprocess; yields its URL once the page answers (the process:
-    ``request.node.demo_process``)."""
+    ``request.node.demo_process``). SIGINT as from a terminal, or, parametrized indirectly with ``"ignored"``,
+    ignored, as a background job of a script starts it."""
     port = _free_port()
     log = (tmp_path / "server.log").open("w")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "GRADIO_TEMP_DIR": str(tmp_path / "gradio")}
     # SIGINT as from a terminal: a harness that runs the suite in the background ignores it, and an
     # ignored SIGINT is inherited (Python then installs no Ctrl-C handler)
+    sigint = signal.SIG_IGN if getattr(request, "param", None) == "ignored" else signal.SIG_DFL
     proc = subprocess.Popen([sys.executable, "-m", "csdgen", "demo", "--port", str(port)], stdout=log,
                             stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
     request.node.demo_process = proc
     url = f"http://127.0.0.1:{port}/"
     deadline = time.monotonic() + 180
@@ -461,10 +463,13 @@ def test_page_in_headless_chromium(demo_server, tmp_path):
     assert (tmp_path / "demo.png").stat().st_size > 10_000
 
 
+@pytest.mark.parametrize("demo_server", ["ignored"], indirect=True)
 def test_ctrl_c_on_a_running_demo_says_stopped_with_status_130(demo_server, tmp_path, request):
     """Gradio's ``block_thread()`` caught Ctrl-C itself, printed "Keyboard interruption in main
     thread... closing server." and returned, so ``csdgen demo`` ended with status 0 (a newcomer's
-    a user's run); now it ends as every command does after Ctrl-C: one line, status 130."""
+    a user's run); now it ends as every command does after Ctrl-C: one line, status 130. Also where it
+    started with SIGINT ignored, as a background job of a script (``csdgen demo &``) does: there SIGINT
+    did nothing, and only SIGTERM stopped it."""
     demo = request.node.demo_process
     assert len(list((tmp_path / "gradio").glob("csdgen-demo-cache-*"))) == 1
     demo.send_signal(signal.SIGINT)
