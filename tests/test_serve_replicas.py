@@ -145,6 +145,38 @@ def test_run_local_starts_a_ray_of_its_own_even_where_ray_start_runs_one_here(mo
     assert inits[0]["address"] is None and inits[0]["num_cpus"] is None
 
 
+def test_a_cluster_that_cannot_be_joined_is_named_with_the_token_ray_asks_for(monkeypatch):
+    """Joining a `ray start --head` cluster (Ray 2.60: token authentication on) without RAY_AUTH_MODE=token ended in
+    Ray's 'Failed to connect to Ray cluster', which blames a crashed earlier instance: the line now names the
+    cluster and the variable; with the variable set, Ray's message alone."""
+    import types
+
+    from csdgen.serve import deployment
+
+    def init(**kw):
+        raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379.")
+
+    serve = types.SimpleNamespace(shutdown=lambda: None, delete=lambda name: None)
+    ray = types.SimpleNamespace(is_initialized=lambda: False, init=init, shutdown=lambda: None, serve=serve)
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setitem(sys.modules, "ray.serve", serve)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    with pytest.raises(ValueError) as refused:
+        deployment.run_local(object(), "127.0.0.1", 0, cpus=1)
+    assert str(refused.value) == (
+        "could not join the Ray cluster at RAY_ADDRESS='10.0.0.1:6379': Failed to connect to Ray cluster at "
+        "10.0.0.1:6379.; a cluster started by Ray 2.60's `ray start --head` asks for its token (Ray's lines above say "
+        "InvalidAuthToken): set RAY_AUTH_MODE=token, or unset RAY_ADDRESS for a local Ray of this command's own")
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    with pytest.raises(ValueError, match=r"^could not join the Ray cluster at RAY_ADDRESS='10.0.0.1:6379': Failed to "
+                                         r"connect to Ray cluster at 10.0.0.1:6379.$"):
+        deployment.run_local(object(), "127.0.0.1", 0, cpus=1)
+    monkeypatch.delenv("RAY_ADDRESS")  # a Ray of its own that fails to start: Ray's own error
+    with pytest.raises(ConnectionError):
+        deployment.run_local(object(), "127.0.0.1", 0, cpus=1)
+
+
 def test_run_local_on_a_cluster_it_joined_deletes_only_its_application(monkeypatch):
     """With RAY_ADDRESS (a cluster of others), stopping deletes the csdgen application and
     disconnects: serve.shutdown() would remove every Serve application of that cluster."""

@@ -325,8 +325,13 @@ def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[tup
             joined = not local
             # "local": a Ray of its own, also where `ray start` runs one on this machine (which ray.init would join,
             # refusing num_cpus there)
-            ray.init(address="local" if local else None, num_cpus=max(os.cpu_count() or 1, cpus) if local else None,
-                     include_dashboard=False, log_to_driver=True, logging_level=ray_log_level(log_level))
+            try:
+                ray.init(address="local" if local else None, num_cpus=max(os.cpu_count() or 1, cpus) if local else None,
+                         include_dashboard=False, log_to_driver=True, logging_level=ray_log_level(log_level))
+            except ConnectionError as exc:
+                if local:
+                    raise
+                raise ValueError(_join_failure(exc)) from None
             # Ray's core installs a SIGTERM handler of its own in this process, one that aborts it (status 134,
             # Ray's processes left running): ours again, so that SIGTERM stops it all as Ctrl-C does
             for sig in previous:
@@ -361,6 +366,17 @@ def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[tup
                     serve.delete(APP_NAME)
             finally:
                 ray.shutdown()  # a joined cluster keeps running: this process disconnects
+
+
+def _join_failure(exc: ConnectionError) -> str:
+    """The one line for a cluster ``RAY_ADDRESS`` names that ``ray.init`` could not join (Ray's own message, which
+    blames a crashed earlier instance), with the cause Ray 2.60 hides behind it: a cluster started by ``ray start
+    --head`` asks for its token, which a process sends only with ``RAY_AUTH_MODE=token``."""
+    message = f"could not join the Ray cluster at RAY_ADDRESS={os.environ.get('RAY_ADDRESS')!r}: {exc}"
+    if os.environ.get("RAY_AUTH_MODE") != "token":
+        message += ("; a cluster started by Ray 2.60's `ray start --head` asks for its token (Ray's lines above say "
+                    "InvalidAuthToken): set RAY_AUTH_MODE=token, or unset RAY_ADDRESS for a local Ray of this command's own")
+    return message
 
 
 def _joined_address(serve, host: str, port: int) -> tuple[str, int]:
