@@ -166,8 +166,9 @@ def test_a_cluster_that_cannot_be_joined_is_named_with_the_token_ray_asks_for(mo
         deployment.run_local(object(), "127.0.0.1", 0, cpus=1)
     assert str(refused.value) == (
         "could not join the Ray cluster at RAY_ADDRESS='10.0.0.1:6379': Failed to connect to Ray cluster at "
-        "10.0.0.1:6379.; a cluster started by Ray 2.60's `ray start --head` asks for its token (Ray's lines above say "
-        "InvalidAuthToken): set RAY_AUTH_MODE=token, or unset RAY_ADDRESS for a local Ray of this command's own")
+        "10.0.0.1:6379.; where Ray's lines above say InvalidAuthToken, the cluster asks for its token (Ray 2.60's "
+        "`ray start --head` turns that on): set RAY_AUTH_MODE=token; or unset RAY_ADDRESS for a local Ray of this "
+        "command's own")
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
     with pytest.raises(ValueError, match=r"^could not join the Ray cluster at RAY_ADDRESS='10.0.0.1:6379': Failed to "
                                          r"connect to Ray cluster at 10.0.0.1:6379.$"):

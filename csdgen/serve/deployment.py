@@ -370,12 +370,14 @@ def run_local(app, host: str, port: int, *, cpus: float, on_ready: Callable[[tup
 
 def _join_failure(exc: ConnectionError) -> str:
     """The one line for a cluster ``RAY_ADDRESS`` names that ``ray.init`` could not join (Ray's own message, which
-    blames a crashed earlier instance), with the cause Ray 2.60 hides behind it: a cluster started by ``ray start
-    --head`` asks for its token, which a process sends only with ``RAY_AUTH_MODE=token``."""
+    blames a crashed earlier instance), with the cause Ray 2.60 hides behind it where its lines said
+    ``InvalidAuthToken``: a cluster started by ``ray start --head`` asks for its token, which a process sends only
+    with ``RAY_AUTH_MODE=token`` (left out where that is set)."""
     message = f"could not join the Ray cluster at RAY_ADDRESS={os.environ.get('RAY_ADDRESS')!r}: {exc}"
     if os.environ.get("RAY_AUTH_MODE") != "token":
-        message += ("; a cluster started by Ray 2.60's `ray start --head` asks for its token (Ray's lines above say "
-                    "InvalidAuthToken): set RAY_AUTH_MODE=token, or unset RAY_ADDRESS for a local Ray of this command's own")
+        message += ("; where Ray's lines above say InvalidAuthToken, the cluster asks for its token (Ray 2.60's `ray start "
+                    "--head` turns that on): set RAY_AUTH_MODE=token; or unset RAY_ADDRESS for a local Ray of this "
+                    "command's own")
     return message
 
 
