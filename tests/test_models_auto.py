@@ -423,6 +423,29 @@ def test_checkpoint_tensor_names_reads_the_index_the_headers_or_the_bin_files_al
     with pytest.raises(ValueError, match=re.escape(f"{str(garbage / 'model.safetensors')!r} is not a whole safetensors "
                                                    "file: its header is not a safetensors header")):
         checkpoint_tensor_names(garbage)
+    (garbage / "model.safetensors").unlink()
+    (garbage / "pytorch_model.bin").write_bytes(b"not a torch file")
+    with pytest.raises(ValueError, match=re.escape(f"{str(garbage / 'pytorch_model.bin')!r} is not a torch weight file (")):
+        checkpoint_tensor_names(garbage)
+    torch.save([1, 2], garbage / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=re.escape(f"{str(garbage / 'pytorch_model.bin')!r} holds a list, not a state dict")):
+        checkpoint_tensor_names(garbage)
+
+
+@pytest.mark.parametrize("weight_map", [["a", "b"], "model.safetensors", None])
+def test_a_weight_index_without_a_weight_map_object_is_refused_in_one_line(chameleon_dir, tmp_path, weight_map):
+    """An index whose weight_map was a list or a string ended in AttributeError from the file check, and one
+    without weight_map passed it and failed in transformers' loader (KeyError): both are one line naming it."""
+    from csdgen.models._transformers import check_checkpoint
+
+    folder = tmp_path / "bad-index"
+    shutil.copytree(chameleon_dir, folder)
+    body = {"metadata": {}} if weight_map is None else {"metadata": {}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(body))
+    message = (f"{str(folder / 'model.safetensors.index.json')!r} has no weight_map object (tensor name -> shard file); "
+               "expected the index saved with the shards")
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        check_checkpoint(folder, "Chameleon")
 
 
 def test_a_config_of_another_family_over_bin_shards_is_named_so(chameleon_dir, janus_dir, tmp_path, capsys):

@@ -34,6 +34,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # a background job of a script (`csdgen demo &`): Ctrl-C
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # stops it all the same, its imports included
     from csdgen.demo import serve
 
     from ._common import choose_dtype, needs_model, print_run_line, refuse_builtin_layout

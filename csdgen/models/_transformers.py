@@ -144,6 +144,7 @@ def check_weight_files(folder: Path) -> None:
 
     Raises:
         FileNotFoundError: a shard ``model.safetensors.index.json`` or ``pytorch_model.bin.index.json`` names is missing.
+        ValueError: such an index without a ``weight_map`` object (naming it).
         ValueError: a safetensors file whose header cannot be read or whose data is shorter than its header says;
             a ``.bin`` zip archive without its end (cut short).
     """
@@ -174,17 +175,29 @@ def _indexed_shards(index: Path) -> list[Path] | None:
     """The shard files a ``*.index.json`` names (None: no such index).
 
     Raises:
-        FileNotFoundError: a shard it names is not in the folder."""
+        FileNotFoundError: a shard it names is not in the folder. ValueError: no ``weight_map`` object in it."""
     if not index.is_file():
         return None
-    from csdgen.jsonio import read_json
-
-    shards = sorted(set((read_json(index, what="a weight index").get("weight_map") or {}).values()))
+    shards = sorted(set(_weight_map(index).values()))
     missing = [name for name in shards if not (index.parent / name).is_file()]
     if missing:
         raise FileNotFoundError(f"{str(index)!r} names {len(missing)} shard(s) not in the folder: "
                                 f"{', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}; copy every shard")
     return [index.parent / name for name in shards]
+
+
+def _weight_map(index: Path) -> dict:
+    """The ``weight_map`` object of a ``*.index.json`` (tensor name -> shard file).
+
+    Raises:
+        ValueError: not JSON, or no ``weight_map`` object in it (naming the file)."""
+    from csdgen.jsonio import read_json
+
+    weight_map = read_json(index, what="a weight index").get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise ValueError(f"{str(index)!r} has no weight_map object (tensor name -> shard file); expected the index "
+                         f"saved with the shards")
+    return weight_map
 
 
 def _check_safetensors(file: Path) -> None:
@@ -245,27 +258,30 @@ def checkpoint_tensor_names(folder: str | os.PathLike, *, index: bool = True, re
         The names (empty: no weight files).
 
     Raises:
-        ValueError: an index whose ``weight_map`` is not an object, or a weight file whose header cannot be read
-            (naming it). OSError: a file that cannot be opened.
+        ValueError: an index whose ``weight_map`` is not an object, a safetensors file whose header cannot be
+            read, or a ``.bin`` file that is not a torch state dict (naming it). OSError: a file that cannot be opened.
     """
     folder = Path(folder)
     if index:
-        from csdgen.jsonio import read_json
-
         for name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
             if (folder / name).is_file():
-                weight_map = read_json(folder / name, what="a weight index").get("weight_map")
-                if not isinstance(weight_map, dict):
-                    raise ValueError(f"{str(folder / name)!r} has no weight_map object; expected the index saved with "
-                                     "the shards")
-                return set(weight_map)
+                return set(_weight_map(folder / name))
     names: set[str] = set()
     files = _read_files(folder, "model.safetensors", "*.safetensors")
     for file in files:
         names.update(_safetensors_header(file)[1])
     if not files and read_bin:
         for file in _read_files(folder, "pytorch_model.bin", "pytorch_model*.bin"):
-            names.update(torch.load(file, map_location="cpu", weights_only=True, mmap=True))
+            try:
+                state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+            except Exception as exc:  # torch's errors for a file that is not its format: RuntimeError, pickle's, ...
+                raise ValueError(f"{str(file)!r} is not a torch weight file ({type(exc).__name__}: "
+                                 f"{str(exc).splitlines()[0] if str(exc) else 'unreadable'}); copy or download it "
+                                 f"again") from None
+            if not isinstance(state, dict):
+                raise ValueError(f"{str(file)!r} holds a {type(state).__name__}, not a state dict (tensor name -> "
+                                 f"tensor); expected the weights a model's save_pretrained wrote")
+            names.update(state)
     return names
 
 
