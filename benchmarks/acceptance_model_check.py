@@ -19,6 +19,7 @@ play no part, so any thread count gives the same figures.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -66,8 +67,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=count(1), default=40, help="images per width and method (default 40)")
     parser.add_argument("--first", type=count(0), default=5000, help="the first image index (default 5000)")
+    parser.add_argument("--weights", type=Path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
     args = parser.parse_args()
-    model = load_builtin_model()
+    model = load_builtin_model(args.weights)
     sampling = SamplingConfig(guidance_scale=model.defaults.guidance_scale)
     print(f"built-in model, batch 1, {args.images} images (indices {args.first}..{args.first + args.images - 1}), "
           f"seed 0, guidance {sampling.guidance_scale}; tokens per forward, and the model's error from each width's counts")

@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -56,13 +57,14 @@ from csdgen.cli._options import count, real
 from csdgen.sampling import SamplingConfig
 
 
-def load_model(kind: str):
-    """The built-in model, or a random Llama of about its size (``--model random``: 8 layers against its 10,
-    MLP width 512 against its 768; the same hidden size, codebook and grid)."""
+def load_model(kind: str, weights: Path | None = None):
+    """The built-in model (``weights``: its folder, default the shipped one), or a random Llama of about
+    its size (``--model random``: 8 layers against its 10, MLP width 512 against its 768; the same hidden
+    size, codebook and grid)."""
     if kind == "builtin":
         from csdgen.models.builtin import load_builtin_model
 
-        return load_builtin_model(), "built-in (trained)"
+        return load_builtin_model(weights), "built-in (trained)" if weights is None else f"built-in ({weights})"
     from csdgen.models import ClassConditionalLlama
 
     model = ClassConditionalLlama.random(codebook_size=1024, num_classes=1911, grid=(16, 16), hidden_size=256, num_layers=8,
@@ -173,6 +175,7 @@ def _method_list(text: str) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["builtin", "random"], default="builtin")
+    parser.add_argument("--weights", type=Path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
     parser.add_argument("--batches", type=_batch_list, default=[1, 2, 16], help="batch sizes (default 1,2,16)")
     parser.add_argument("--window", type=count(2), default=32, help="the fixed window auto is compared with")
     parser.add_argument("--repeats", type=count(1), default=3,
@@ -194,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--min-batches {args.min_batches} and --images {args.images} with batch size {widest}: "
                      f"{per_round[widest]} batches, {per_round[widest] * widest} images per round; allowed at most 1000 "
                      f"(a round's image indices are round * 1000 + i)")
-    model, description = load_model(args.model)
+    model, description = load_model(args.model, args.weights)
     batches = args.batches
     defaults = model.defaults
     sampling = SamplingConfig(guidance_scale=defaults.guidance_scale if defaults else 3.0)

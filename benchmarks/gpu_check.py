@@ -118,11 +118,13 @@ class Context:
         compile: whether the static engine compiles (and on CUDA graphs) its steps.
         details: the check's figures so far (kept when the check is stopped by its time bound).
         on_record: called after every :meth:`record` (a child process writes its file there).
+        weights: the built-in model's weights folder (None: the shipped weights).
     """
 
     device: torch.device
     quick: bool
     compile: bool
+    weights: Path | None = None
     details: dict = field(default_factory=dict)
     on_record: Callable[[dict], None] | None = None
 
@@ -174,12 +176,12 @@ def peak_memory_bytes(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # kilobytes on Linux
 
 
-def builtin(device: torch.device, dtype: torch.dtype):
-    """A private copy of the built-in model on ``device`` in ``dtype`` (the loader's instance is cached
-    per process and shared: it is left as it is)."""
+def builtin(device: torch.device, dtype: torch.dtype, weights: Path | None = None):
+    """A private copy of the built-in model (``weights``: its folder, default the shipped one) on ``device``
+    in ``dtype`` (the loader's instance is cached per process and shared: it is left as it is)."""
     from csdgen.models.builtin import load_builtin_model
 
-    model = copy.deepcopy(load_builtin_model())
+    model = copy.deepcopy(load_builtin_model(weights))
     model.backbone.to(device=device, dtype=dtype)
     model.device = device
     return model
@@ -206,7 +208,7 @@ def decoding_model(ctx: "Context", dtype: torch.dtype = torch.float32):
     64 tokens (a smoke test of the code, not a figure)."""
     if ctx.quick:
         return tiny_llama(ctx.device, dtype, grid=(8, 8))
-    return builtin(ctx.device, dtype)
+    return builtin(ctx.device, dtype, ctx.weights)
 
 
 def classes_of(model, count: int) -> list[int]:
@@ -406,13 +408,15 @@ def teacher_forced(model, classes, tokens: torch.Tensor, width: int, upto: int, 
 
 def check_logits(ctx: Context) -> Outcome:
     """Static (compiled, graphed on CUDA) against eager, teacher-forced, per dtype and width."""
-    classes = CLASSES[:2]
+    reference = builtin(ctx.device, torch.float32, ctx.weights)
+    classes = classes_of(reference, 2)
     widths = (1, 16, 32)
     upto = 32 if ctx.quick else 96  # within one attended-columns bucket of the compiled steps
-    tokens = reference_tokens(builtin(ctx.device, torch.float32), classes)
+    tokens = reference_tokens(reference, classes)
+    del reference
     ok, parts, eager32 = True, [], {}
     for dtype in (torch.float32, torch.bfloat16):
-        model = builtin(ctx.device, dtype)
+        model = builtin(ctx.device, dtype, ctx.weights)
         for width in widths:
             eager = teacher_forced(model, classes, tokens, width, upto, "eager", False)
             static = teacher_forced(model, classes, tokens, width, upto, "static", ctx.compile)
@@ -437,12 +441,14 @@ def check_logits(ctx: Context) -> Outcome:
 
 def check_grow(ctx: Context) -> Outcome:
     """A static session grown past its capacity, then shrunk, against each image's own eager session."""
-    classes = CLASSES[:5]
+    reference = builtin(ctx.device, torch.float32, ctx.weights)
+    classes = classes_of(reference, 5)
     width, steps = (4, 2) if ctx.quick else (16, 2)
-    tokens = reference_tokens(builtin(ctx.device, torch.float32), classes)
+    tokens = reference_tokens(reference, classes)
+    del reference
     ok, parts = True, []
     for dtype in (torch.float32, torch.bfloat16):
-        model = builtin(ctx.device, dtype)
+        model = builtin(ctx.device, dtype, ctx.weights)
         tk = tokens.to(ctx.device)
         got: dict[int, list[torch.Tensor]] = {i: [] for i in range(5)}
         # the batch: images 0, 1 in 2 slots; 2, 3, 4 admitted past the capacity; then all but 0 and 3 leave
@@ -786,12 +792,12 @@ def check_dtype(ctx: Context) -> Outcome:
     import csdgen
     from csdgen.bench import target_nll
 
-    classes = CLASSES[:1] if ctx.quick else CLASSES
-    reference = builtin(ctx.device, torch.float32)
+    reference = builtin(ctx.device, torch.float32, ctx.weights)
+    classes = classes_of(reference, 1 if ctx.quick else len(CLASSES))
     figures, ok, parts = {}, True, []
     for method in ("sjd", "csd"):
         for dtype in (torch.float32, torch.bfloat16):
-            model = reference if dtype == torch.float32 else builtin(ctx.device, dtype)
+            model = reference if dtype == torch.float32 else builtin(ctx.device, dtype, ctx.weights)
             result = csdgen.generate(model, classes, method=method, window=32, seed=0)
             nll = float(target_nll(reference, classes, result.tokens).mean())
             figures[f"{method} {dtype_name(dtype)}"] = {"step_compression": result.step_compression, "nll": nll}
@@ -827,6 +833,8 @@ def run_benchmark(ctx: Context, script: str, options: list[str]) -> dict | Outco
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "report.json"
         argv = [sys.executable, str(ROOT / "benchmarks" / script), *options, "--device", ctx.device.type, "--json", str(out)]
+        if ctx.weights is not None:
+            argv += ["--weights", str(ctx.weights)]
         run = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
         if run.returncode != 0 or not out.is_file():
             ctx.record(stderr=run.stderr[-2000:])
@@ -966,7 +974,8 @@ def run_isolated(name: str, args, bound: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.json"
         argv = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--child-result", str(result),
-                "--device", args.device, "--compile", args.compile] + (["--quick"] if args.quick else [])
+                "--device", args.device, "--compile", args.compile] + (["--quick"] if args.quick else []) \
+            + (["--weights", str(args.weights)] if args.weights is not None else [])
         began = time.perf_counter()
         proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
@@ -1011,7 +1020,7 @@ def child_main(args) -> int:
 def make_context(args) -> Context:
     device = torch.device(args.device)
     compile = {"on": True, "off": False}.get(args.compile, device.type == "cuda")
-    return Context(device=device, quick=args.quick, compile=compile)
+    return Context(device=device, quick=args.quick, compile=compile, weights=args.weights)
 
 
 def line_of(name: str, record: dict) -> str:
@@ -1043,6 +1052,7 @@ def parse_args(argv):
                    help="compile the static engine's steps (auto: on CUDA only, as csdgen does)")
     p.add_argument("--isolate", choices=["auto", "on", "off"], default="auto",
                    help="each check in a process of its own (auto: on CUDA)")
+    p.add_argument("--weights", type=Path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--child-result", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)

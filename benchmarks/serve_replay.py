@@ -68,13 +68,13 @@ MODES = ("continuous", "static")
 positive = real(0.0, low_open=True, allowed="a number > 0")
 
 
-def served_builtin(device: str, method: str, max_batch: int, dtype: str = "float32"):
+def served_builtin(device: str, method: str, max_batch: int, dtype: str = "float32", weights: Path | None = None):
     """The built-in model as ``csdgen serve`` serves it (defaults: ``method``, window auto; up to
-    ``max_batch`` images per request, for the warm-up request)."""
+    ``max_batch`` images per request, for the warm-up request); ``weights``: its folder (default: shipped)."""
     from csdgen.models.builtin import load_builtin_model
     from csdgen.serve import ServeDefaults, ServedModel
 
-    model = load_builtin_model(device=device, dtype=dtype)
+    model = load_builtin_model(weights, device=device, dtype=dtype)
     defaults = ServeDefaults(method=method, window="auto", max_images=max(10, max_batch))
     return ServedModel(model, "csdgen-builtin", defaults=defaults)
 
@@ -238,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the built-in model's dtype, as csdgen serve --dtype (default float32)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None, help="write every figure here")
+    p.add_argument("--weights", type=Path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -265,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {record['command']} (commit {commit or 'unknown'})\n# {record['machine']}, load average {os.getloadavg()[0]:.2f}", flush=True)
     for method in methods:
         # loaded and warmed up in a thread that ends with them, as csdgen serve does (csdgen.torch_threads)
-        served = call_in_thread(served_builtin, args.device, method, args.max_batch, args.dtype)
+        served = call_in_thread(served_builtin, args.device, method, args.max_batch, args.dtype, args.weights)
         call_in_thread(_warmup, served.model, parse_request({"prompt": "0"}, served), args.max_batch,
                        served.engine_kwargs)
         capacity, how = args.capacity, "given"

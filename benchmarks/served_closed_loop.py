@@ -162,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="the built-in model's dtype (default float32)")
     p.add_argument("--json", type=Path, default=None, help="write every figure here (JSON)")
+    p.add_argument("--weights", type=Path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     per_client = per_client_counts(p, args.per_client, args.clients)
@@ -179,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.device(check_device(args.device))
     except ValueError as exc:
         p.error(f"--device: {exc}")
-    model = call_in_thread(load_builtin_model, device=device, dtype=args.dtype)
+    model = call_in_thread(load_builtin_model, args.weights, device=device, dtype=args.dtype)
     #: per client count, per configuration, one result per round
     results = {c: [[] for _ in args.configs] for c in args.clients}
     failed: list[BaseException] = []

@@ -58,6 +58,7 @@ class Kept:
         self.method, self.window, self.images = method, window, images
         self.batch = ContinuousBatch(model, method=method, window=window, capacity=CAPACITY)
         self.N = model.num_image_tokens
+        self.num_classes = min(10, model.num_classes)  # the first ten classes (all of them for weights with fewer)
         self.classes, self.seed = random.Random(1), 0
         self.rates: list[float] = []
         self.tokens = self.iterations = self.admitted = 0
@@ -73,7 +74,7 @@ class Kept:
             if batch.size < self.images:
                 k = self.images - batch.size
                 t = time.perf_counter()
-                handles = batch.admit([self.classes.randrange(10) for _ in range(k)],
+                handles = batch.admit([self.classes.randrange(self.num_classes) for _ in range(k)],
                                       list(range(self.seed, self.seed + k)), [0] * k)
                 admit_s += time.perf_counter() - t
                 self.seed += k
@@ -140,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16",
                    help="the built-in model's dtype (default bfloat16)")
     p.add_argument("--json", type=Path, default=None, help="write every figure here (JSON)")
+    p.add_argument("--weights", type=Path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -152,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                f"load average {os.getloadavg()[0]:.2f}")
     print(header)
     print(f"# {machine}")
-    model = call_in_thread(load_builtin_model, dtype=args.dtype)
+    model = call_in_thread(load_builtin_model, args.weights, dtype=args.dtype)
 
     def on_thread():
         set_threads(threads)
