@@ -39,16 +39,19 @@ def shipped_extra() -> dict:
     return {k: config[k] for k in ("class_emoji", "default_classes", "other_classes") if k in config}
 
 
-def make_tiny_weights(folder: Path, classes: tuple[list, list, list] | None = None, extra: dict | None = None) -> Path:
+def make_tiny_weights(folder: Path, classes: tuple[list, list, list] | None = None, extra: dict | None = None,
+                      grid: int = 16) -> Path:
     """Tiny random weights in ``folder``; ``classes``: (names, categories, short names), default the
     three above (``shipped_classes()`` gives the shipped model's); ``extra``: more config.json keys
-    (``class_emoji``, ``default_classes``, ``other_classes``)."""
+    (``class_emoji``, ``default_classes``, ``other_classes``); ``grid``: tokens per side (16 as shipped;
+    8 for tests that need images of a quarter of the tokens, 32 x 32 pixels)."""
     names, categories, short_names = classes or (CLASS_NAMES, CATEGORIES, SHORT_NAMES)
     torch.manual_seed(0)
     folder.mkdir(parents=True, exist_ok=True)
-    vq_cfg = VQConfig(channels=8, mid=8, hidden=8, codebook_size=CODEBOOK, code_dim=8)
+    size = 4 * grid  # the VQ's downsampling
+    vq_cfg = VQConfig(channels=8, mid=8, hidden=8, codebook_size=CODEBOOK, code_dim=8, image_size=size)
     llama = {"vocab_size": CODEBOOK + len(names) + 1, "hidden_size": 32, "intermediate_size": 64,
-             "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 257}
+             "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": grid * grid + 1}
     clf_cfg = {"num_classes": len(names), "width": 8, "feature_dim": 16}
     vq, ar, clf = VQTokenizer(vq_cfg), build_ar_model(llama), CropClassifier(**clf_cfg)
     with torch.no_grad():
@@ -56,10 +59,10 @@ def make_tiny_weights(folder: Path, classes: tuple[list, list, list] | None = No
     for module, name in ((vq, "vq"), (ar, "ar"), (clf, "classifier")):
         save_file({k: v.contiguous() for k, v in module.state_dict().items()}, str(folder / f"{name}.safetensors"))
     write_json({"class_names": names, "class_categories": categories, "class_short_names": short_names,
-                "num_classes": len(names), "codebook_size": CODEBOOK, "grid": [16, 16], "image_size": 64,
+                "num_classes": len(names), "codebook_size": CODEBOOK, "grid": [grid, grid], "image_size": size,
                 "class_token_offset": CODEBOOK, "null_class_id": CODEBOOK + len(names), "vq": vq_cfg.to_dict(),
                 "llama": llama, "classifier": clf_cfg} | (extra or {}), folder / "config.json")
-    real = torch.rand(40, 3, 64, 64) * 2 - 1
+    real = torch.rand(40, 3, size, size) * 2 - 1
     save_file(reference_feature_states(clf.eval(), real), str(folder / REFERENCE_FILE))
     return folder
 

@@ -15,7 +15,8 @@ TARGET = "tests/test_bfloat16_agreement.py"
 
 def _run(device: str) -> subprocess.CompletedProcess:  # pytest in its own process, as a user runs it
     env = {**os.environ, "CSDGEN_TEST_DEVICE": device, "CUDA_VISIBLE_DEVICES": ""}
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-m", "device", TARGET],
+    # -n 0: one process (two xdist workers would each import torch and the conftest, twice the test's time)
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-n", "0", "-m", "device", TARGET],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 

@@ -54,7 +54,7 @@ def small(argv: list[str], weights: Path) -> list[str]:
 
 
 def test_readme_commands_run_in_order_in_a_fresh_folder(tmp_path, monkeypatch, capsys):
-    weights = make_tiny_weights(tmp_path / "weights", shipped_classes(), shipped_extra())
+    weights = make_tiny_weights(tmp_path / "weights", shipped_classes(), shipped_extra(), grid=8)  # 64 tokens
     work = tmp_path / "clone"
     work.mkdir()
     monkeypatch.chdir(work)
@@ -134,7 +134,7 @@ def test_readme_code_blocks_that_run_offline_run(tmp_path, monkeypatch):
     compare and sweep by the in-order test above, bench here with --limit 2, demo and serve parsed:
     they serve until stopped) and its library block (above). A new block of another kind fails here
     until it is run or marked."""
-    weights = make_tiny_weights(tmp_path / "weights", shipped_classes(), shipped_extra())
+    weights = make_tiny_weights(tmp_path / "weights", shipped_classes(), shipped_extra(), grid=8)  # 64 tokens
     work = tmp_path / "clone"
     work.mkdir()
     monkeypatch.chdir(work)
