@@ -22,7 +22,10 @@ def ar_greedy(cached_model):
 @pytest.mark.parametrize("batch", [1, 3])
 def test_greedy_sjd_and_csd_lambda0_equal_ar_token_for_token(cached_model, ar_greedy, draft_init, batch):
     classes = [4, 0, 2][:batch]
-    for window in range(1, 33):
+    # every window for the first draft initialisation; for the others, the edges (1, 2, a row of 8 and its
+    # neighbours, twice a row, the widest) and a few between: what a window changes does not depend on the drafts
+    windows = range(1, 33) if draft_init == DRAFT_INITS[0] else (1, 2, 3, 5, 7, 8, 9, 16, 17, 31, 32)
+    for window in windows:
         for method, refresh in (("sjd", "independent"), (CSD(lam=0.0), "coupled")):
             out = csdgen.generate(cached_model, classes, method=method, window=window, sampling=GREEDY,
                                   draft_init=draft_init, refresh=refresh)

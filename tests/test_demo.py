@@ -378,7 +378,10 @@ def _has_colour(pixels: np.ndarray, colour) -> bool:
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"Debian's chromium is not installed ({CHROMIUM} missing; "
                                                           "apt-get install -y chromium, as .ci/run does)")
-def test_page_in_headless_chromium(demo_server, tmp_path):
+def test_page_in_headless_chromium(demo_server, tmp_path, request):
+    """The page in a browser: a run of AR and CSD, a refused input, a cancelled run; then SIGTERM stops the
+    demo with status 143 and nothing of its image cache left (Gradio copies every preview the page shows
+    into it and deleted only some when it closed)."""
     from playwright.sync_api import expect, sync_playwright
 
     requests: list[str] = []
@@ -461,6 +464,16 @@ def test_page_in_headless_chromium(demo_server, tmp_path):
     foreign = [u for u in requests if not u.startswith(demo_server) and not u.startswith("data:")]
     assert not foreign, f"the page fetched from outside the local server: {foreign[:5]}"
     assert (tmp_path / "demo.png").stat().st_size > 10_000
+    _assert_sigterm_leaves_no_cached_image(request.node.demo_process, tmp_path)
+
+
+def _assert_sigterm_leaves_no_cached_image(demo, tmp_path):
+    assert len(list((tmp_path / "gradio").rglob("*.png"))) >= 3  # a run's image and maps at least
+    demo.send_signal(signal.SIGTERM)
+    assert demo.wait(timeout=30) == 143
+    assert list((tmp_path / "gradio").iterdir()) == []
+    log = (tmp_path / "server.log").read_text()
+    assert "Closing server" not in log  # Gradio's own line, without the csdgen demo prefix
 
 
 @pytest.mark.parametrize("demo_server", ["ignored"], indirect=True)
@@ -479,22 +492,16 @@ def test_ctrl_c_on_a_running_demo_says_stopped_with_status_130(demo_server, tmp_
     assert log.rstrip().endswith("csdgen demo: stopped") and "Keyboard interruption" not in log
 
 
+@pytest.mark.skipif(Path(CHROMIUM).exists(), reason="test_page_in_headless_chromium stops its demo and checks this")
 def test_the_demo_removes_its_cached_images_when_stopped(demo_server, tmp_path, request):
     """Gradio copies every preview the page shows into its cache (about 3 a second per panel) and
     deleted only some when it closed: after a run and SIGTERM nothing of the demo's is left, and the
-    status is 143, as ``csdgen serve``'s."""
+    status is 143, as ``csdgen serve``'s (where Chromium is, the browser test checks this after its runs)."""
     from gradio_client import Client
 
-    demo = request.node.demo_process
     client = Client(demo_server, verbose=False, download_files=False)
     client.predict("red apple", ["ar"], "16", 0.5, 0.65, 3.0, "0", api_name="/on_run")
-    cached = [p for p in (tmp_path / "gradio").rglob("*.png")]
-    assert len(cached) >= 3  # the run's image and maps at least
-    demo.send_signal(signal.SIGTERM)
-    assert demo.wait(timeout=30) == 143
-    assert list((tmp_path / "gradio").iterdir()) == []
-    log = (tmp_path / "server.log").read_text()
-    assert "Closing server" not in log  # Gradio's own line, without the csdgen demo prefix
+    _assert_sigterm_leaves_no_cached_image(request.node.demo_process, tmp_path)
 
 
 def test_ctrl_c_ends_the_demo_even_where_the_page_server_does_not_close(monkeypatch, capsys, tmp_path):
