@@ -45,6 +45,7 @@ from PIL import Image
 
 from csdgen.decisions import Decision
 from csdgen.evaluation.compare import to_csv
+from csdgen.interrupts import restore_ctrl_c
 from csdgen.evaluation.maps import COLOURS, save_png
 from csdgen.models.defaults import FAMILY_DEFAULTS, FamilyDefaults
 from csdgen.sampling import MAX_SEED, SamplingConfig
@@ -537,10 +538,8 @@ def serve(model_path: str | None = None, host: str = "127.0.0.1", port: int | No
         from csdgen.serve.app import bind_socket
 
         bind_socket(host, port).close()
-    if block and threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        # started as a background job of a script (`csdgen demo &`), which ignores SIGINT: Ctrl-C (kill -INT) stops
-        # it all the same, as it stops csdgen serve, start-up included
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if block:  # a background job of a script (`csdgen demo &`) ignores SIGINT: Ctrl-C stops it all the same
+        restore_ctrl_c()
     from .torch_threads import call_in_thread
 
     # loaded in a thread that ends with the load: the thread of a run then holds the process's only

@@ -34,10 +34,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    import signal
+    from csdgen.interrupts import restore_ctrl_c
 
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # a background job of a script (`csdgen demo &`): Ctrl-C
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # stops it all the same, its imports included
+    restore_ctrl_c()  # a background job of a script (`csdgen demo &`): Ctrl-C stops it, its imports included
     from csdgen.demo import serve
 
     from ._common import choose_dtype, needs_model, print_run_line, refuse_builtin_layout

@@ -335,10 +335,9 @@ def _run_replicas(args) -> int:
     if "RAY_ADDRESS" not in os.environ and args.replica_cpus > (os.cpu_count() or 1):  # its torch threads too
         raise ValueError(f"--replica-cpus {args.replica_cpus}: this machine has {os.cpu_count()} CPUs; allowed "
                          f"1..{os.cpu_count()} on a local Ray (each replica runs that many torch threads)")
-    import signal
+    from csdgen.interrupts import restore_ctrl_c
 
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started as `csdgen serve --replicas N &`: SIGINT
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # stops it from here on, start-up included
+    restore_ctrl_c()  # started as `csdgen serve --replicas N &`: SIGINT stops it from here on, start-up included
     sock = bind_socket(args.host, args.port)  # a taken port fails before Ray starts; 0: a free one for Ray's proxy
     port = sock.getsockname()[1]
     sock.close()
