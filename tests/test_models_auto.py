@@ -397,7 +397,7 @@ def test_checkpoint_tensor_names_reads_the_index_the_headers_or_the_bin_files_al
     that is not one is named."""
     from safetensors import safe_open
 
-    from csdgen.models._transformers import checkpoint_tensor_names
+    from csdgen.models._transformers import check_weight_files, checkpoint_tensor_names
 
     expected = set()
     for file in Path(chameleon_dir).glob("*.safetensors"):
@@ -430,6 +430,12 @@ def test_checkpoint_tensor_names_reads_the_index_the_headers_or_the_bin_files_al
     torch.save([1, 2], garbage / "pytorch_model.bin")
     with pytest.raises(ValueError, match=re.escape(f"{str(garbage / 'pytorch_model.bin')!r} holds a list, not a state dict")):
         checkpoint_tensor_names(garbage)
+    (garbage / "pytorch_model.bin").unlink()
+    (garbage / "model.safetensors").mkdir()  # a folder of that name: "Is a directory" from open(), a bare OSError
+    for read in (checkpoint_tensor_names, check_weight_files):
+        with pytest.raises(ValueError, match=re.escape(f"{str(garbage / 'model.safetensors')!r} is a folder, not a "
+                                                       "safetensors file")):
+            read(garbage)
 
 
 @pytest.mark.parametrize("weight_map", [["a", "b"], "model.safetensors", None])

@@ -221,10 +221,13 @@ def _safetensors_header(file: Path) -> tuple[int, dict[str, Any]]:
     8-byte little-endian header length, then that many bytes of JSON; safetensors' own specification).
 
     Raises:
-        ValueError: the header cannot be read or is not a JSON object (naming the file).
+        ValueError: the header cannot be read or is not a JSON object, or the name is a folder's (naming it).
     """
     import json
 
+    if file.is_dir():
+        raise ValueError(f"{str(file)!r} is a folder, not a safetensors file; allowed: the weight files a model's "
+                         f"save_pretrained wrote")
     size = file.stat().st_size
     with open(file, "rb") as f:
         head = f.read(8)
