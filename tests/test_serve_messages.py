@@ -255,7 +255,7 @@ def test_serve_answers_which_class_a_prompt_decoded(tiny_server):
     assert [d["revised_prompt"] for d in body["data"]] == [CLASS_NAMES[3]] * 2
     r = _post_tiny(tiny_server, {"prompt": "random", "n": 1})
     assert r.status_code == 400 and "this server draws no random class" in r.json()["error"]["message"]
-    assert r.json()["error"]["message"].startswith("prompt='random': "), r.json()  # not "prompt: prompt='random'"
+    assert r.json()["error"]["message"].startswith('prompt="random": '), r.json()  # not 'prompt: prompt="random"'
     r = _post_tiny(tiny_server, {"prompt": "no such class", "n": 1})
     message = r.json()["error"]["message"]
     assert r.status_code == 400 and message.startswith("prompt: unknown class 'no such class' ("), message
@@ -329,7 +329,7 @@ def test_serve_a_key_given_twice_is_a_400_naming_it(tiny_server):
     r = _post_raw(tiny_server, b'{"prompt":"1","seed":0,"method":"ar","n":1,"n":4}')
     assert r.status_code == 400
     error = error_of(r)
-    assert error["code"] == "invalid_json" and error["param"] == "n" and "'n' more than once" in error["message"]
+    assert error["code"] == "invalid_json" and error["param"] == "n" and '"n" more than once' in error["message"]
     r = _post_raw(tiny_server, b'{"prompt":"1","windw\\ud800":1,"windw\\ud800":2}')  # echoed as its escape
     assert r.status_code == 400 and error_of(r)["param"] == "windw\\ud800"
     r.content.decode("utf-8")
@@ -344,7 +344,7 @@ def test_serve_lone_surrogate_in_a_field_name_is_a_400_in_valid_utf8(tiny_server
     r.content.decode("utf-8")  # strict: the body is valid UTF-8
     error = error_of(r)
     assert error["code"] == "unknown_parameter" and error["param"] == "windw\\ud800"
-    assert "unknown field 'windw\\ud800'" in error["message"]
+    assert 'unknown field "windw\\ud800"' in error["message"]
 
 
 def test_serve_lone_surrogate_in_echoed_values_answers_valid_utf8(tiny_server):

@@ -48,7 +48,7 @@ from starlette.requests import ClientDisconnect
 from .logs import AccessLine, log, log_config
 from .metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from .scheduler import Scheduler
-from .schemas import MAX_BODY_BYTES, MAX_PROMPT_CHARS, APIError, ServeDefaults, error_body, parse_request
+from .schemas import MAX_BODY_BYTES, MAX_PROMPT_CHARS, APIError, ServeDefaults, _shown, error_body, parse_request
 
 __all__ = ["ServedModel", "create_app", "run_server", "BackgroundServer", "bind_socket"]
 
@@ -96,7 +96,7 @@ class ServedModel:
         self.classes = hasattr(model, "class_ids")
         if self.classes:
             names = getattr(model, "class_names", None) or []
-            example = f"e.g. {names[0]!r} or '0'" if names else "e.g. '0'"
+            example = f"e.g. {_shown(names[0])} or \"0\"" if names else "e.g. \"0\""
             self.prompt_help = (f"a class of the model, by name or by its index 0..{model.num_classes - 1} written "
                                 f"as a string ({example})")
         else:
@@ -119,7 +119,7 @@ class ServedModel:
             text = str(exc).replace(f" ({LIST_HINT})", "").replace(f"; {LIST_HINT}", "")
             message = f"prompt: {text}" if "allowed" in text else f"prompt: {text}; allowed: {self.prompt_help}"
             if self.classes and getattr(getattr(self.model, "classes", None), "is_random", lambda _: False)(prompt):
-                message = f"prompt={prompt!r}: this server draws no random class; allowed: {self.prompt_help}"
+                message = f"prompt={_shown(prompt)}: this server draws no random class; allowed: {self.prompt_help}"
             raise APIError(400, message, param="prompt", code="invalid_value") from None
         lengths = getattr(session, "prompt_lengths", None)
         return prompt, int(lengths[0]) if lengths is not None and len(lengths) else 0
@@ -369,7 +369,7 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
         try:
             body = json.loads(raw, object_pairs_hook=_unique_keys)
         except _RepeatedKey as exc:
-            raise APIError(400, f"the request body gives the key {exc.key!r} more than once in one object; allowed: "
+            raise APIError(400, f"the request body gives the key {_shown(exc.key)} more than once in one object; allowed: "
                                 f"each key once (JSON leaves a repeated key's value undefined, RFC 8259 section 4)",
                            param=exc.key, code="invalid_json") from None
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -494,7 +494,7 @@ def create_app(served: ServedModel, *, capacity: int = 16, max_queue: int = 256,
     @app.get("/v1/models/{model_id:path}")
     async def model_info(model_id: str):
         if model_id not in served.names:
-            raise APIError(404, f"the model {model_id!r} does not exist on this server; allowed: {', '.join(served.names)}",
+            raise APIError(404, f"the model {_shown(model_id)} does not exist on this server; allowed: {', '.join(served.names)}",
                            param="model", code="model_not_found")
         return {"id": served.name, "object": "model", "created": started, "owned_by": "csdgen"}
 

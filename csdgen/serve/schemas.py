@@ -27,6 +27,7 @@ forwards, instead of ``partial_images`` spread over the image; a request gives o
 
 from __future__ import annotations
 
+import json
 import math
 import secrets
 from dataclasses import dataclass, field
@@ -86,6 +87,15 @@ class APIError(Exception):
 
     def body(self) -> dict:
         return error_body(self.message, self.type, self.param, self.code)
+
+
+def _shown(value: Any) -> str:
+    """A request's value as JSON writes it (``true``, ``null``, ``"text"``, ``[1, 2]``): what the client sent, not
+    Python's spelling (``True``, ``None``, ``'text'``); ``repr`` for what JSON cannot write."""
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 def _bad(param: str, message: str, code: str = "invalid_value", status: int = 400) -> APIError:
@@ -172,7 +182,7 @@ def _integer(body: dict, name: str, default: Any, low: int | None = None, high: 
     if not _is_int(value) or (low is not None and value < low) or (high is not None and value > high):
         span = (f"an integer {low}..{high}" if high is not None else f"an integer >= {low}" if low is not None
                 else "an integer")
-        raise _bad(name, f"{name}={value!r}: allowed {span}{' or null' if allow_null else ''}")
+        raise _bad(name, f"{name}={_shown(value)}: allowed {span}{' or null' if allow_null else ''}")
     return value
 
 
@@ -181,7 +191,7 @@ def _number(body: dict, name: str, default: Any) -> Any:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _bad(name, f"{name}={value!r}: allowed a finite number")
+        raise _bad(name, f"{name}={_shown(value)}: allowed a finite number")
     return float(value)
 
 
@@ -190,7 +200,7 @@ def _choice(body: dict, name: str, default: Any, allowed: tuple, why: str = "") 
     if value is None:
         return default
     if not isinstance(value, str) or value not in allowed:
-        raise _bad(name, f"{name}={value!r}: allowed {', '.join(allowed)}{why}")
+        raise _bad(name, f"{name}={_shown(value)}: allowed {', '.join(allowed)}{why}")
     return value
 
 
@@ -257,23 +267,23 @@ def parse_request(body: Any, served) -> ImageRequest:
                        code="invalid_type")
     unknown = [k for k in body if k not in OPENAI_FIELDS + NULL_ONLY_FIELDS + CSDGEN_FIELDS]
     if unknown:  # param: the name as valid text (a lone surrogate as its escape), as repr writes it in the message
-        raise _bad(_text(unknown[0]), f"unknown field {unknown[0]!r}; allowed: {', '.join(OPENAI_FIELDS + CSDGEN_FIELDS)}",
+        raise _bad(_text(unknown[0]), f"unknown field {_shown(unknown[0])}; allowed: {', '.join(OPENAI_FIELDS + CSDGEN_FIELDS)}",
                    code="unknown_parameter")
     for name in NULL_ONLY_FIELDS:
         if body.get(name) is not None:
-            raise _bad(name, f"{name}={body[name]!r}: not supported by this server (its images are the model's own "
+            raise _bad(name, f"{name}={_shown(body[name])}: not supported by this server (its images are the model's own "
                              f"{served.size_text} PNGs); allowed: null or leave it out", code="unsupported_value")
     d: ServeDefaults = served.defaults
 
     model = body.get("model")
     if model is not None and (not isinstance(model, str) or model not in served.names):
-        raise APIError(404, f"the model {model!r} does not exist on this server; allowed: {', '.join(served.names)}",
+        raise APIError(404, f"the model {_shown(model)} does not exist on this server; allowed: {', '.join(served.names)}",
                        param="model", code="model_not_found")
     if "prompt" not in body or body["prompt"] is None:
         raise _bad("prompt", f"prompt is required; allowed: {served.prompt_help}", code="missing_required_parameter")
     prompt = body["prompt"]
     if not isinstance(prompt, str) or not prompt.strip():
-        raise _bad("prompt", f"prompt={prompt!r}: allowed a non-empty string ({served.prompt_help})")
+        raise _bad("prompt", f"prompt={_shown(prompt)}: allowed a non-empty string ({served.prompt_help})")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise _bad("prompt", f"prompt has {len(prompt)} characters; allowed at most {MAX_PROMPT_CHARS}")
     bad = _lone_surrogate(prompt)
@@ -283,13 +293,13 @@ def parse_request(body: Any, served) -> ImageRequest:
     n = body.get("n", 1)
     n = 1 if n is None else n
     if not _is_int(n) or n < 1:
-        raise _bad("n", f"n={n!r}: allowed an integer 1..{d.max_images}")
+        raise _bad("n", f"n={_shown(n)}: allowed an integer 1..{d.max_images}")
     if n > d.max_images:
         raise APIError(413, f"n={n}: this server makes at most {d.max_images} images per request; allowed 1..{d.max_images}",
                        param="n", code="too_many_images")
     size = body.get("size")
     if size is not None and size not in ("auto", served.size_text):
-        raise _bad("size", f"size={size!r}: allowed {served.size_text} (this model's size) or auto")
+        raise _bad("size", f"size={_shown(size)}: allowed {served.size_text} (this model's size) or auto")
     _choice(body, "response_format", "b64_json", ("b64_json",), " (this server keeps no files to link to)")
     _choice(body, "output_format", "png", ("png",))
     _choice(body, "background", "auto", ("auto", "opaque"), " (the model's images have no transparency)")
@@ -297,12 +307,12 @@ def parse_request(body: Any, served) -> ImageRequest:
     _choice(body, "moderation", "auto", ("auto", "low"))
     for name in ("user", "safety_identifier"):
         if body.get(name) is not None and not isinstance(body[name], str):
-            raise _bad(name, f"{name}={body[name]!r}: allowed a string")
+            raise _bad(name, f"{name}={_shown(body[name])}: allowed a string")
     stream = body.get("stream", False)
     if stream is None:
         stream = False
     if not isinstance(stream, bool):
-        raise _bad("stream", f"stream={stream!r}: allowed true or false")
+        raise _bad("stream", f"stream={_shown(stream)}: allowed true or false")
     partial_images = _integer(body, "partial_images", None, 0, 3)
     partial_every = _integer(body, "partial_every", None, 1)
     if partial_images is not None and partial_every is not None:  # two spacings of the same events: one wins silently
@@ -311,7 +321,7 @@ def parse_request(body: Any, served) -> ImageRequest:
                                     f"many spread over the image; partial_every: one every that many forwards)")
     return_tokens = body.get("return_tokens", False)
     if not isinstance(return_tokens, bool):
-        raise _bad("return_tokens", f"return_tokens={return_tokens!r}: allowed true or false")
+        raise _bad("return_tokens", f"return_tokens={_shown(return_tokens)}: allowed true or false")
 
     if isinstance(body.get("method"), str) and body["method"].lower() in METHODS:  # any case, as the library and
         body = {**body, "method": body["method"].lower()}  # the CLI take it; a bad name is answered as given
@@ -323,12 +333,12 @@ def parse_request(body: Any, served) -> ImageRequest:
     if isinstance(window, str):
         window = window.lower()
     if not (window == "auto" or (_is_int(window) and 1 <= window <= N)):
-        raise _bad("window", f"window={window!r}: allowed an integer 1..{N} (tokens per image) or 'auto'")
+        raise _bad("window", f"window={_shown(window)}: allowed an integer 1..{N} (tokens per image) or \"auto\"")
     seed = body.get("seed")
     if seed is None:
         seed = secrets.randbits(SEED_BITS)
     elif not _is_int(seed) or not 0 <= seed < 2**SEED_BITS:
-        raise _bad("seed", f"seed={seed!r}: allowed an integer in 0..{2**SEED_BITS - 1}")
+        raise _bad("seed", f"seed={_shown(seed)}: allowed an integer in 0..{2**SEED_BITS - 1}")
     draft_init = _choice(body, "draft_init", d.draft_init, tuple(DRAFT_INITS))
     refresh = _choice(body, "refresh", d.refresh, tuple(REFRESH_MODES))
     entropy_unit = _choice(body, "entropy_unit", d.entropy_unit, ("nats", "normalized"))
@@ -374,7 +384,7 @@ def parse_request(body: Any, served) -> ImageRequest:
     given_delta = _number(body, "lantern_delta", None)
     lantern_delta = given_delta if given_delta is not None else d.lantern_delta
     if lantern_delta is not None and not 0.0 <= lantern_delta <= 1.0:
-        raise _bad("lantern_delta", f"lantern_delta={lantern_delta!r}: allowed a number in [0, 1] (LANTERN's added-mass budget)")
+        raise _bad("lantern_delta", f"lantern_delta={_shown(lantern_delta)}: allowed a number in [0, 1] (LANTERN's added-mass budget)")
     options = {"gsd": {"radius": gsd_radius}, "lantern": {"delta": lantern_delta}}.get(method, {})
     if any(v is not None for v in options.values()):
         from csdgen.models.base import optional_codebook
@@ -393,7 +403,7 @@ def parse_request(body: Any, served) -> ImageRequest:
 
             usable = [m for m in METHODS if m not in ("gsd", "lantern")] if optional_codebook(served.model) is None \
                 else list(METHODS)
-            message = f"method={method!r}: {message}; allowed: {', '.join(usable)}"
+            message = f"method={_shown(method)}: {message}; allowed: {', '.join(usable)}"
         raise _bad(param, message) from None
     refresh = settings["refresh"]
     condition, input_tokens = served.condition(prompt, sampling.guided)
