@@ -1,7 +1,7 @@
 """benchmarks/builtin_report.py, the one command after training: bench rows with top-1 class
 agreement, the AR noise floor, step compression, the entropy/texture evidence and the grid, on
-tiny random built-in weights (3 images; the real emoji row of the grid replaced by blank tiles,
-since the npm package is training-time data)."""
+tiny random built-in weights (2 images, the fewest the report takes; the real emoji row of the grid
+replaced by blank tiles, since the npm package is training-time data)."""
 
 import json
 import sys
@@ -46,13 +46,13 @@ def test_report_on_tiny_weights(weights, tmp_path, monkeypatch):
     blank = lambda model, classes: np.full((len(classes), 64, 64, 3), 255, np.uint8)  # noqa: E731
     monkeypatch.setattr(builtin_grid, "real_images", blank)
     out = tmp_path / "report"
-    argv = ["--weights", str(weights), "--out", str(out), "--images", "3", "--window", "16",
+    argv = ["--weights", str(weights), "--out", str(out), "--images", "2", "--window", "16",
             "--grid-classes", "dog face,red apple", "--grid-seeds", "0", "--threads", "1", "--docs", str(tmp_path / "docs")]
     assert builtin_report.main(argv) == 0
     report = json.loads((out / "builtin_report.json").read_text())
     assert list(report["rows"]) == ["ar", "sjd", "sjd-coupled", "csd", "ar@seed1"]
     for name, row in report["rows"].items():
-        assert row["images"] == 3
+        assert row["images"] == 2
         assert 0 <= row["top1_agreement"] <= 1 and 0 <= row["class_probability"] <= 1
         assert row["step_compression"] >= 1.0 - 1e-9
     assert report["rows"]["ar"]["step_compression"] == 1.0
@@ -70,7 +70,7 @@ def test_report_on_tiny_weights(weights, tmp_path, monkeypatch):
     assert (width, height) == (builtin_grid.LABEL_W + 2 * builtin_grid.CELL, 3 * builtin_grid.CELL + builtin_grid.NAME_H)
     assert (tmp_path / "docs" / "builtin_grid.png").read_bytes() == (out / "builtin_grid.png").read_bytes()
     text = (out / "builtin_report.md").read_text()
-    assert "| csd | 3 | 16 |" in text and "Entropy against texture" in text and "--images 3" in text
+    assert "| csd | 2 | 16 |" in text and "Entropy against texture" in text and "--images 2" in text
     # rerun resumes bench (no new images) and gives the same figures
     assert builtin_report.main(argv) == 0
     again = json.loads((out / "builtin_report.json").read_text())

@@ -90,8 +90,9 @@ def test_a_table_whose_times_come_from_more_than_one_run_says_so(weights, tmp_pa
     assert "caveat: the wall times come from 2 runs of this command" in printed, printed
     assert "caveat: the wall times come from 2 runs" in (out / "compare.md").read_text()
     sweep_out = tmp_path / "sweep"
-    sweep = ["sweep", "--weights", weights, "--csd-lam", "0.5", "--windows", 8, "--baselines", "", "--batch-size", 2,
-             "--out", sweep_out]
+    sweep = ["sweep", "--weights", weights, "--csd-lam", "0.5", "--addition-c", "", "--gsd-radius", "",
+             "--lantern-delta", "", "--windows", 8, "--baselines", "", "--batch-size", 2,
+             "--out", sweep_out]  # AR and one CSD point: the caveat is the runs', not the grid's
     assert run(*sweep, "-n", 2) == 0 and "caveat" not in capsys.readouterr().out
     assert run(*sweep, "-n", 3) == 0
     assert "caveat: the wall times come from 2 runs of this command" in (sweep_out / "sweep.md").read_text()
@@ -99,24 +100,24 @@ def test_a_table_whose_times_come_from_more_than_one_run_says_so(weights, tmp_pa
 
 def test_compare_into_a_folder_with_other_settings_refuses_and_loses_no_cached_run(weights, tmp_path, capsys):
     out = tmp_path / "compare"
-    common = ["compare", "--weights", weights, "--methods", "csd", "--window", 8, "--batch-size", 2, "--out", out]
-    assert run(*common, "-n", 4) == 0
+    common = ["compare", "--weights", weights, "--methods", "csd", "--window", 8, "--batch-size", 3, "--out", out]
+    assert run(*common, "-n", 3) == 0  # one batch
     before = _cache_state(out)
     assert run(*common, "-n", 2) == 0  # fewer images: read from the cache, which stays as it was
     assert _cache_state(out) == before
     assert "| csd | 2 |" in capsys.readouterr().out.replace("  ", " ")
-    err = cli_error(capsys, *common, "-n", 4, "--lam", 0.3)
+    err = cli_error(capsys, *common, "-n", 3, "--lam", 0.3)
     assert "run_csd.json" in err and "holds a run with other settings (preset.method.lam: 0.5 there, 0.3 here)" in err
-    err = cli_error(capsys, *common, "-n", 4, "--delta", 0.3)
+    err = cli_error(capsys, *common, "-n", 3, "--delta", 0.3)
     assert "(preset.method.delta: 0.65 there, 0.3 here)" in err
-    err = cli_error(capsys, *common, "-n", 4, "--entropy-unit", "normalized")
+    err = cli_error(capsys, *common, "-n", 3, "--entropy-unit", "normalized")
     assert '(preset.method.entropy_unit: "nats" there, "normalized" here)' in err
-    err = cli_error(capsys, *common, "-n", 4, "--class", "red apple")  # image 0 of the cache is "dog face"
+    err = cli_error(capsys, *common, "-n", 3, "--class", "red apple")  # image 0 of the cache is "dog face"
     assert "holds image 0 for class" in err
     assert _cache_state(out) == before
-    assert run(*common, "-n", 6) == 0  # more images: the cache is continued, its first four kept
+    assert run(*common, "-n", 5) == 0  # more images (a second batch): the cache is continued, its first three kept
     meta = json.loads((out / "run_csd.json").read_text())
-    assert len(meta["steps"]) == 6 and meta["steps"][:4] == json.loads(before["run_csd.json"])["steps"]
+    assert len(meta["steps"]) == 5 and meta["steps"][:3] == json.loads(before["run_csd.json"])["steps"]
 
 
 def test_ar_cache_is_kept_when_only_settings_ar_does_not_use_change(weights, tmp_path, capsys):
