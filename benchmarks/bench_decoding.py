@@ -75,10 +75,11 @@ def load_model(kind: str, weights: Path | None = None):
 
 
 def forward_times(model, batch: int, widths: list[int], sampling: SamplingConfig, repeats: int) -> dict[int, float]:
-    """Median seconds of one forward of each width at half the image, on a session of ``batch`` images."""
+    """Median seconds of one forward of each width at half the image (earlier where the widest would pass
+    the image's last token), on a session of ``batch`` images."""
     session = model.start([i % getattr(model, "num_classes", 1) for i in range(batch)], None, sampling.guided)
     session.prefill()
-    half = model.num_image_tokens // 2
+    half = max(0, min(model.num_image_tokens // 2, model.num_image_tokens - 1 - max(widths)))
     tokens = torch.randint(model.codebook_size, (batch, model.num_image_tokens), device=model.device)
     session.forward(tokens[:, :half], torch.zeros(batch, dtype=torch.long))
     times = {}

@@ -74,6 +74,13 @@ def weights(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def weights_8x8(tmp_path_factory):
+    """Tiny weights of an 8 x 8 grid (64 tokens an image, 32 x 32 pixels): for runs whose test checks what a
+    command or script does, not images of the shipped size; ``from builtin_fixture import weights_8x8``."""
+    return make_tiny_weights(tmp_path_factory.mktemp("weights_8x8"), grid=8)
+
+
+@pytest.fixture(scope="module")
 def builtin(weights):
     """The built-in model class loaded from the module's tiny weights; ``from builtin_fixture import builtin``."""
     from csdgen.models.builtin import load_builtin_model

@@ -11,10 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from builtin_fixture import weights  # noqa: F401 (a fixture)
+from builtin_fixture import weights_8x8  # noqa: F401 (a fixture)
 from csdgen.engine.acceptance_model import _AcceptanceModel
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def weights(weights_8x8):
+    """The scripts' --weights: tiny random weights of 64 tokens an image (what a script prints, not the shipped model's figures)."""
+    return weights_8x8
 
 
 def test_bench_overhead_reduced_run_prints_one_line_per_case(tmp_path):

@@ -14,9 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from builtin_fixture import weights  # noqa: F401 (a fixture)
+from builtin_fixture import weights_8x8  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def weights(weights_8x8):
+    """The scripts' --weights: tiny random weights of 64 tokens an image (what a script prints, not the shipped model's figures)."""
+    return weights_8x8
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
 
