@@ -530,12 +530,17 @@ def _generate(url: str, **body):
 @needs_ray
 @pytest.mark.slow
 def test_ray_replicas_give_the_image_one_server_gives(ray_replicas, tiny_weights):
+    """One server of the same ``csdgen serve`` options, run in this process (what each replica runs:
+    csdgen.cli.serve.served_model)."""
+    from csdgen import cli
+    from csdgen.cli.serve import served_model
+    from csdgen.serve import BackgroundServer, create_app
+
     body = {"prompt": "1", "n": 2, "seed": 12, "window": 8, "method": "csd"}
-    proc, lines, seen = _spawn("--weights", str(tiny_weights), "--max-batch", "4")
-    try:
-        single = _generate(_address(proc, lines, seen), **body)[0]
-    finally:
-        _stop(proc, seen)
+    served, capacity, _ = served_model(cli.build_parser().parse_args(["serve", "--weights", str(tiny_weights),
+                                                                      "--max-batch", "4"]))
+    with BackgroundServer(create_app(served, capacity=capacity)) as server:
+        single = _generate(server.url, **body)[0]
     replicated = _generate(ray_replicas, **body)[0]
     assert replicated == single and single[0] != single[1]
     assert base64.b64decode(single[0])[:8] == b"\x89PNG\r\n\x1a\n"
