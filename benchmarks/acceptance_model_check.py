@@ -19,13 +19,12 @@ play no part, so any thread count gives the same figures.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import numpy as np
 import torch
 
 import csdgen
-from csdgen.cli._options import count
+from csdgen.cli._options import count, path
 from csdgen.engine import loop as engine_loop
 from csdgen.engine.window import _AutoWindow, _Learned
 from csdgen.models.builtin import load_builtin_model
@@ -67,7 +66,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=count(1), default=40, help="images per width and method (default 40)")
     parser.add_argument("--first", type=count(0), default=5000, help="the first image index (default 5000)")
-    parser.add_argument("--weights", type=Path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
+    parser.add_argument("--weights", type=path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
     args = parser.parse_args()
     model = load_builtin_model(args.weights)
     sampling = SamplingConfig(guidance_scale=model.defaults.guidance_scale)

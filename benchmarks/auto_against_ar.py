@@ -26,12 +26,11 @@ import argparse
 import collections
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
 import csdgen
-from csdgen.cli._options import count
+from csdgen.cli._options import count, path
 from csdgen.engine import loop as engine_loop
 from csdgen.engine import window as engine_window
 from csdgen.models import _static
@@ -92,7 +91,7 @@ def main() -> None:
     parser.add_argument("--batch", type=count(1), default=16, help="images per call (default 16)")
     parser.add_argument("--method", default="sjd", help="auto's method (default sjd)")
     parser.add_argument("--pairs", type=count(1), default=6, help="rounds of one AR and one auto call (default 6)")
-    parser.add_argument("--weights", type=Path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
+    parser.add_argument("--weights", type=path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
     args = parser.parse_args()
     model = load_builtin_model(args.weights)
     sampling = SamplingConfig(guidance_scale=model.defaults.guidance_scale)

@@ -53,7 +53,7 @@ from pathlib import Path
 import torch
 
 import csdgen
-from csdgen.cli._options import count, real
+from csdgen.cli._options import count, path, real
 from csdgen.sampling import SamplingConfig
 
 
@@ -176,7 +176,7 @@ def _method_list(text: str) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["builtin", "random"], default="builtin")
-    parser.add_argument("--weights", type=Path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
+    parser.add_argument("--weights", type=path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
     parser.add_argument("--batches", type=_batch_list, default=[1, 2, 16], help="batch sizes (default 1,2,16)")
     parser.add_argument("--window", type=count(2), default=32, help="the fixed window auto is compared with")
     parser.add_argument("--repeats", type=count(1), default=3,

@@ -1042,6 +1042,8 @@ def environment(device: torch.device) -> dict:
 
 
 def parse_args(argv):
+    from csdgen.cli._options import path  # the CLI's path check: an empty --weights is refused, not read as "."
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
     p.add_argument("--quick", action="store_true", help="reduced sizes (a tiny Llama for 'forward'; the CPU smoke test)")
@@ -1052,7 +1054,7 @@ def parse_args(argv):
                    help="compile the static engine's steps (auto: on CUDA only, as csdgen does)")
     p.add_argument("--isolate", choices=["auto", "on", "off"], default="auto",
                    help="each check in a process of its own (auto: on CUDA)")
-    p.add_argument("--weights", type=Path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
+    p.add_argument("--weights", type=path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--child-result", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)

@@ -62,7 +62,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_header import commit as checkout_commit  # noqa: E402
 from bench_serve import _fractions, poisson_arrivals, quantile  # noqa: E402  (the same arrivals and figures as the HTTP benchmark)
 
-from csdgen.cli._options import count, real  # noqa: E402
+from csdgen.cli._options import count, path, real  # noqa: E402
 
 MODES = ("continuous", "static")
 positive = real(0.0, low_open=True, allowed="a number > 0")
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the built-in model's dtype, as csdgen serve --dtype (default float32)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None, help="write every figure here")
-    p.add_argument("--weights", type=Path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
+    p.add_argument("--weights", type=path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_header import commit as checkout_commit  # noqa: E402
 from bench_serve import per_client_counts  # noqa: E402  (--per-client read as the HTTP benchmark reads it)
-from csdgen.cli._options import METHODS, count, numbers, one_of  # noqa: E402  (the CLI's own argument checks)
+from csdgen.cli._options import METHODS, count, numbers, one_of, path  # noqa: E402  (the CLI's own argument checks)
 
 
 def configs(text: str) -> list[tuple[str, int | str]]:
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="the built-in model's dtype (default float32)")
     p.add_argument("--json", type=Path, default=None, help="write every figure here (JSON)")
-    p.add_argument("--weights", type=Path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
+    p.add_argument("--weights", type=path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     per_client = per_client_counts(p, args.per_client, args.clients)

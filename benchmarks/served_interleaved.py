@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_header import command_line  # noqa: E402
 from served_closed_loop import CAPACITY, configs  # noqa: E402  (the same method:window syntax)
 
-from csdgen.cli._options import count  # noqa: E402  (the CLI's own argument checks)
+from csdgen.cli._options import count, path  # noqa: E402  (the CLI's own argument checks)
 from csdgen.jsonio import write_json  # noqa: E402
 
 
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16",
                    help="the built-in model's dtype (default bfloat16)")
     p.add_argument("--json", type=Path, default=None, help="write every figure here (JSON)")
-    p.add_argument("--weights", type=Path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
+    p.add_argument("--weights", type=path, default=None, help="built-in model weights folder (default: shipped with csdgen)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
