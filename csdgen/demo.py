@@ -45,8 +45,8 @@ from PIL import Image
 
 from csdgen.decisions import Decision
 from csdgen.evaluation.compare import to_csv
-from csdgen.interrupts import restore_ctrl_c
 from csdgen.evaluation.maps import COLOURS, save_png
+from csdgen.interrupts import restore_ctrl_c
 from csdgen.models.defaults import FAMILY_DEFAULTS, FamilyDefaults
 from csdgen.sampling import MAX_SEED, SamplingConfig
 from csdgen.demo_inputs import (

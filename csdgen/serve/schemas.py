@@ -266,7 +266,7 @@ def parse_request(body: Any, served) -> ImageRequest:
         raise APIError(400, f"the request body is a JSON {kinds.get(type(body), type(body).__name__)}; allowed: a JSON object with a prompt",
                        code="invalid_type")
     unknown = [k for k in body if k not in OPENAI_FIELDS + NULL_ONLY_FIELDS + CSDGEN_FIELDS]
-    if unknown:  # param: the name as valid text (a lone surrogate as its escape), as repr writes it in the message
+    if unknown:  # param: the name as valid text (a lone surrogate as its escape), as the message's JSON writes it
         raise _bad(_text(unknown[0]), f"unknown field {_shown(unknown[0])}; allowed: {', '.join(OPENAI_FIELDS + CSDGEN_FIELDS)}",
                    code="unknown_parameter")
     for name in NULL_ONLY_FIELDS:
