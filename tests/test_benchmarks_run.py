@@ -17,12 +17,6 @@ from csdgen.engine.acceptance_model import _AcceptanceModel
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def weights(weights_8x8):
-    """The scripts' --weights: tiny random weights of 64 tokens an image (what a script prints, not the shipped model's figures)."""
-    return weights_8x8
-
-
 def test_bench_overhead_reduced_run_prints_one_line_per_case(tmp_path):
     out = tmp_path / "overhead.json"
     run = subprocess.run(
@@ -53,10 +47,10 @@ def test_bench_decoding_pairs_rounds_and_says_when_three_percent_is_not_told_apa
     assert mean == 0 and half == 0
 
 
-def test_bench_decoding_reduced_run_prints_the_goal_lines(weights):
+def test_bench_decoding_reduced_run_prints_the_goal_lines(weights_8x8):
     run = subprocess.run(
         [sys.executable, "benchmarks/bench_decoding.py", "--batches", "1", "--repeats", "2", "--images", "1", "--min-batches", "1",
-         "--timing-repeats", "1", "--no-profile", "--methods", "csd", "--weights", str(weights)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+         "--timing-repeats", "1", "--no-profile", "--methods", "csd", "--weights", str(weights_8x8)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     goals = [line for line in run.stdout.splitlines() if line.startswith("goal ") and " batch 1:" in line]
     # --methods csd: AR and CSD run, SJD does not
@@ -94,8 +88,8 @@ def test_bench_decoding_refuses_bad_arguments_in_one_line(capsys):
         assert stop.value.code == 2 and says in capsys.readouterr().err, args
 
 
-def test_acceptance_model_check_prints_raw_and_calibrated_errors_per_width(weights):
-    run = subprocess.run([sys.executable, "benchmarks/acceptance_model_check.py", "--images", "1", "--weights", str(weights)],
+def test_acceptance_model_check_prints_raw_and_calibrated_errors_per_width(weights_8x8):
+    run = subprocess.run([sys.executable, "benchmarks/acceptance_model_check.py", "--images", "1", "--weights", str(weights_8x8)],
                          cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert run.returncode == 0, run.stderr[-2000:]
     for method in ("SJD", "CSD"):
@@ -111,9 +105,9 @@ def test_acceptance_model_check_prints_raw_and_calibrated_errors_per_width(weigh
         assert f"W{source}   +0 %" in line or f"W{source}   -0 %" in line, line
 
 
-def test_auto_against_ar_prints_every_pair_and_the_parts_of_an_iteration(weights):
+def test_auto_against_ar_prints_every_pair_and_the_parts_of_an_iteration(weights_8x8):
     run = subprocess.run([sys.executable, "benchmarks/auto_against_ar.py", "--batch", "2", "--pairs", "2",
-                          "--weights", str(weights)], cwd=ROOT,
+                          "--weights", str(weights_8x8)], cwd=ROOT,
                          capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert run.returncode == 0, run.stderr[-2000:]
     lines = run.stdout.splitlines()
@@ -182,28 +176,28 @@ def test_bench_serve_refuses_bad_load_arguments_naming_them_and_takes_repeated_p
     assert bench.per_client_counts(parser, [3], [1, 4]) == [3, 3]
 
 
-def test_bench_serve_against_a_running_server_reports_its_own_batching_and_max_batch(tmp_path, capsys, weights):
+def test_bench_serve_against_a_running_server_reports_its_own_batching_and_max_batch(tmp_path, capsys, weights_8x8):
     """``--url``: the table's batching and max batch are the server's (its /health), not the
     benchmark's own --modes and --max-batch defaults, and prompts are classes of --weights."""
     from csdgen.models.builtin import load_builtin_model
     from csdgen.serve import BackgroundServer, ServedModel, create_app
 
     bench = _bench_serve()
-    app = create_app(ServedModel(load_builtin_model(weights), "tiny"), capacity=3, batching="static")
+    app = create_app(ServedModel(load_builtin_model(weights_8x8), "tiny"), capacity=3, batching="static")
     with BackgroundServer(app) as server:
         bench.main(["--url", server.url, "--clients", "1", "--per-client", "2", "--methods", "ar",
-                    "--weights", str(weights), "--json", str(tmp_path / "url.json")])
+                    "--weights", str(weights_8x8), "--json", str(tmp_path / "url.json")])
     rows = json.loads((tmp_path / "url.json").read_text())["rows"]
     assert [(r["mode"], r["max_batch"], r["requests"], r["errors"]) for r in rows] == [("static", 3, 2, 0)]
     assert "| ar | static | 3 | 1 |" in capsys.readouterr().out
 
 
-def test_bench_serve_open_loop_reduced_run_reports_latency_and_queue_wait(tmp_path, weights):
+def test_bench_serve_open_loop_reduced_run_reports_latency_and_queue_wait(tmp_path, weights_8x8):
     out = tmp_path / "open.json"
     run = subprocess.run(
         [sys.executable, "benchmarks/bench_serve.py", "--arrivals", "poisson", "--rate", "1", "--capacity", "4",
          "--requests", "4", "--duration", "3", "--drain", "120", "--methods", "csd", "--modes", "continuous",
-         "--threads", "1", "--weights", str(weights), "--json", str(out)],
+         "--threads", "1", "--weights", str(weights_8x8), "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert run.returncode == 0, run.stderr[-2000:] + run.stdout[-2000:]
     assert "| csd | continuous | 16 | 1 | " in run.stdout and "p99 s | queue wait s" in run.stdout, run.stdout
@@ -216,11 +210,11 @@ def test_bench_serve_open_loop_reduced_run_reports_latency_and_queue_wait(tmp_pa
     assert cell["occupancy"] >= 1.0
 
 
-def test_bench_serve_closed_loop_per_client_sends_the_same_requests_every_round(tmp_path, weights):
+def test_bench_serve_closed_loop_per_client_sends_the_same_requests_every_round(tmp_path, weights_8x8):
     out = tmp_path / "closed.json"
     run = subprocess.run(
         [sys.executable, "benchmarks/bench_serve.py", "--clients", "1,2", "--per-client", "2,1", "--repeat", "2",
-         "--methods", "ar", "--modes", "continuous", "--check", "0", "--threads", "1", "--weights", str(weights),
+         "--methods", "ar", "--modes", "continuous", "--check", "0", "--threads", "1", "--weights", str(weights_8x8),
          "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert run.returncode == 0, run.stderr[-2000:] + run.stdout[-2000:]
@@ -252,10 +246,10 @@ def test_served_closed_loop_names_a_bad_configuration(capsys):
     assert loop.configs("AR:1,CSD:auto") == [("ar", 1), ("csd", "auto")]
 
 
-def test_served_closed_loop_runs_the_configurations_in_turn_round_by_round(tmp_path, weights):
+def test_served_closed_loop_runs_the_configurations_in_turn_round_by_round(tmp_path, weights_8x8):
     out = tmp_path / "closed.json"
     run = subprocess.run([sys.executable, "benchmarks/served_closed_loop.py", "--threads", "1", "--per-client", "1",
-                          "--rounds", "2", "--configs", "ar:1,sjd:4", "--json", str(out), "--weights", str(weights)], cwd=ROOT,
+                          "--rounds", "2", "--configs", "ar:1,sjd:4", "--json", str(out), "--weights", str(weights_8x8)], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     cells = json.loads(out.read_text())["cells"]  # what benchmarks/gpu_check.py's serve_closed reads
@@ -272,11 +266,11 @@ def test_served_closed_loop_runs_the_configurations_in_turn_round_by_round(tmp_p
     assert bad.returncode == 2 and "--per-client 2,1,1: allowed one number, or one per --clients entry (2)" in bad.stderr
 
 
-def test_served_interleaved_takes_turns_and_gives_each_segment_its_ratio_to_the_first(tmp_path, weights):
+def test_served_interleaved_takes_turns_and_gives_each_segment_its_ratio_to_the_first(tmp_path, weights_8x8):
     out = tmp_path / "interleaved.json"
     run = subprocess.run([sys.executable, "benchmarks/served_interleaved.py", "--threads", "1", "--images", "2",
                           "--segments", "2", "--segment-iterations", "3", "--configs", "ar:1,sjd:2", "--json", str(out),
-                          "--weights", str(weights)],
+                          "--weights", str(weights_8x8)],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("# python benchmarks/served_interleaved.py --threads 1")

@@ -17,12 +17,6 @@ import torch
 from builtin_fixture import weights_8x8  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def weights(weights_8x8):
-    """The scripts' --weights: tiny random weights of 64 tokens an image (what a script prints, not the shipped model's figures)."""
-    return weights_8x8
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
 
@@ -34,10 +28,10 @@ def _gpu_check():
     return module
 
 
-def test_quick_run_on_the_cpu_prints_one_line_per_check_and_writes_the_json(tmp_path, weights):
+def test_quick_run_on_the_cpu_prints_one_line_per_check_and_writes_the_json(tmp_path, weights_8x8):
     checks = "logits,grow,continuous,syncs,forward,speedup,dtype,compile,quant"  # serve: its own test below
     run = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--device", "cpu", "--quick", "--out", str(tmp_path),
-                          "--only", checks, "--weights", str(weights)], cwd=ROOT, capture_output=True, text=True, timeout=600, env=ENV)
+                          "--only", checks, "--weights", str(weights_8x8)], cwd=ROOT, capture_output=True, text=True, timeout=600, env=ENV)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     lines = [line for line in run.stdout.splitlines() if line.startswith("check ")]
     assert [line.split()[1] for line in lines] == checks.split(","), run.stdout
@@ -58,9 +52,9 @@ def test_quick_run_on_the_cpu_prints_one_line_per_check_and_writes_the_json(tmp_
         assert quant["int8_weight_bytes"] < 0.6 * quant["float32_weight_bytes"], quant
 
 
-def test_an_isolated_check_runs_in_its_own_process_and_reports_back(tmp_path, weights):
+def test_an_isolated_check_runs_in_its_own_process_and_reports_back(tmp_path, weights_8x8):
     run = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--device", "cpu", "--quick", "--only", "dtype",
-                          "--isolate", "on", "--out", str(tmp_path), "--weights", str(weights)], cwd=ROOT,
+                          "--isolate", "on", "--out", str(tmp_path), "--weights", str(weights_8x8)], cwd=ROOT,
                          capture_output=True, text=True, timeout=300, env=ENV)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "checks in their own processes" in run.stdout
@@ -143,11 +137,11 @@ def test_serve_is_skipped_in_one_line_where_the_server_cannot_be_imported(monkey
     assert outcome.status == "SKIP" and outcome.line.startswith("fastapi, uvicorn cannot be imported here")
 
 
-def test_serve_open_replays_arrivals_into_both_batchings_and_reports_their_p95(tmp_path, weights):
+def test_serve_open_replays_arrivals_into_both_batchings_and_reports_their_p95(tmp_path, weights_8x8):
     """The open-loop check on the CPU (reduced: 2 slots, 3 s of arrivals): benchmarks/serve_replay.py
     runs the server's scheduler for continuous and static batching on the same arrivals."""
     run = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--device", "cpu", "--quick", "--out", str(tmp_path),
-                          "--only", "serve_open", "--weights", str(weights)], cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)
+                          "--only", "serve_open", "--weights", str(weights_8x8)], cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     line = next(line for line in run.stdout.splitlines() if line.startswith("check serve_open"))
     assert line.split()[2] == "INFO" and "x static's" in line and "0 errors" in line, line
